@@ -1,0 +1,143 @@
+"""Read a HyperPyYAML file (``cosyvoice3.yaml``) as plain data, never as code.
+
+HyperPyYAML's tags (``!new:pkg.Class``, ``!name:pkg.func``, ``!apply:pkg.func``, ``!ref <key>``)
+normally import and call what they name. A model directory is untrusted data, so here every tag
+becomes an inert :class:`Tagged` node that records the tag, the dotted target and its arguments,
+and ``!ref`` expressions are resolved against the document with a tiny arithmetic evaluator
+(numbers and ``+ - * /`` only). Nothing named in the file is imported or executed.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ModelDirError
+
+
+@dataclass
+class Tagged:
+    """An inert stand-in for a ``!new:`` / ``!name:`` / ``!apply:`` node."""
+
+    kind: str  # "new", "name" or "apply"
+    target: str  # the dotted path the tag names (never imported)
+    args: dict[str, Any] = field(default_factory=dict)
+    positional: list[Any] = field(default_factory=list)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.args[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.args.get(key, default)
+
+
+@dataclass
+class Ref:
+    """An unresolved ``!ref`` expression such as ``<chunk_size> * <token_mel_ratio>``."""
+
+    expr: str
+
+
+class _DataLoader(yaml.SafeLoader):
+    """SafeLoader that turns HyperPyYAML tags into data."""
+
+
+def _tagged(kind: str):
+    def construct(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> Tagged:
+        if isinstance(node, yaml.MappingNode):
+            return Tagged(kind, suffix, args=loader.construct_mapping(node, deep=True))
+        if isinstance(node, yaml.SequenceNode):
+            return Tagged(kind, suffix, positional=loader.construct_sequence(node, deep=True))
+        value = loader.construct_scalar(node)
+        return Tagged(kind, suffix, positional=[] if value in ("", None) else [value])
+
+    return construct
+
+
+for _kind in ("new", "name", "apply"):
+    _DataLoader.add_multi_constructor(f"!{_kind}:", _tagged(_kind))
+_DataLoader.add_constructor("!ref", lambda loader, node: Ref(str(loader.construct_scalar(node))))
+# yaml 1.1 reads "1e-06" as a string; accept it as a float like HyperPyYAML (ruamel) does.
+_DataLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)$"),
+    list("-+0123456789"),
+)
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+        ast.FloorDiv: operator.floordiv, ast.USub: operator.neg, ast.UAdd: operator.pos}
+
+
+def _eval_arith(expr: str) -> Any:
+    """Evaluate numbers and + - * / only; anything else is an error, never executed."""
+
+    def ev(node: ast.AST) -> Any:
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, str)):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](ev(node.left), ev(node.right))
+        if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](ev(node.operand))
+        raise ValueError(f"unsupported expression element {ast.dump(node)}")
+
+    return ev(ast.parse(expr, mode="eval"))
+
+
+_REF = re.compile(r"<([^<>]+)>")
+
+
+def _lookup(doc: dict[str, Any], dotted: str) -> Any:
+    node: Any = doc
+    for part in dotted.replace("[", ".").replace("]", "").split("."):
+        if isinstance(node, Tagged):
+            node = node.args[part]
+        elif isinstance(node, list):
+            node = node[int(part)]
+        else:
+            node = node[part]
+    return node
+
+
+def _resolve(node: Any, doc: dict[str, Any], depth: int = 0) -> Any:
+    if depth > 50:
+        raise ValueError("!ref nesting too deep (cycle?)")
+    if isinstance(node, Ref):
+        refs = _REF.findall(node.expr)
+        if len(refs) == 1 and node.expr.strip() == f"<{refs[0]}>":
+            return _resolve(_lookup(doc, refs[0]), doc, depth + 1)
+        values = {r: _resolve(_lookup(doc, r), doc, depth + 1) for r in refs}
+        text = _REF.sub(lambda m: repr(values[m.group(1)]), node.expr)
+        return _eval_arith(text)
+    if isinstance(node, Tagged):
+        node.args = {k: _resolve(v, doc, depth + 1) for k, v in node.args.items()}
+        node.positional = [_resolve(v, doc, depth + 1) for v in node.positional]
+        return node
+    if isinstance(node, dict):
+        return {k: _resolve(v, doc, depth + 1) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_resolve(v, doc, depth + 1) for v in node]
+    return node
+
+
+def load_hyperyaml(path: Path, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Parse ``path`` into plain data with every ``!ref`` resolved; tags become :class:`Tagged`."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        doc = yaml.load(text, Loader=_DataLoader)  # noqa: S506 - a SafeLoader subclass
+    except (OSError, yaml.YAMLError) as exc:
+        raise ModelDirError(f"{path}: cannot read as YAML: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise ModelDirError(f"{path}: expected a mapping at the top level")
+    doc.update(overrides or {})
+    try:
+        return _resolve(doc, doc)
+    except (KeyError, ValueError, IndexError, TypeError) as exc:
+        raise ModelDirError(f"{path}: cannot resolve a !ref: {exc}") from exc

@@ -1,0 +1,183 @@
+"""Tiny model directories in the released Fun-CosyVoice3-0.5B layout.
+
+The released weights cannot be downloaded here, so the real loading code is exercised on small
+directories this module writes: the same file names, the same yaml structure (HyperPyYAML tags
+included) and the same checkpoint key names, at a size that runs in seconds on two CPU cores.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import QWEN_DIR, YAML_NAME
+
+
+@dataclass(frozen=True)
+class TinySizes:
+    """Sizes of a tiny model directory (released values in comments)."""
+
+    llm_hidden: int = 64  # 896
+    llm_layers: int = 2  # 24
+    llm_heads: int = 4  # 14
+    llm_kv_heads: int = 2  # 2
+    llm_intermediate: int = 128  # 4864
+    text_vocab: int = 151936  # 151936 (kept: the tokenizer's special ids must fit)
+    speech_token_size: int = 6561  # 6561 (kept: the FSQ code space and silent ids are fixed)
+    pre_lookahead_channels: int = 32  # 1024
+    dit_dim: int = 64  # 1024
+    dit_depth: int = 2  # 22
+    dit_heads: int = 4  # 16
+    dit_dim_head: int = 16  # 64
+    hift_base_channels: int = 16  # 512
+    f0_cond_channels: int = 32  # 512
+
+
+def render_yaml(sizes: TinySizes) -> str:
+    """The released ``cosyvoice3.yaml`` structure with the sizes of ``sizes`` (inference entries)."""
+    s = sizes
+    return f"""# cosyclone tiny model: the released cosyvoice3.yaml layout at tiny size.
+__set_seed1: !apply:random.seed [1986]
+__set_seed2: !apply:numpy.random.seed [1986]
+__set_seed3: !apply:torch.manual_seed [1986]
+__set_seed4: !apply:torch.cuda.manual_seed_all [1986]
+
+sample_rate: 24000
+llm_input_size: {s.llm_hidden}
+llm_output_size: {s.llm_hidden}
+spk_embed_dim: 192
+qwen_pretrain_path: ''
+token_frame_rate: 25
+token_mel_ratio: 2
+chunk_size: 25
+num_decoding_left_chunks: -1
+
+llm: !new:cosyvoice.llm.llm.CosyVoice3LM
+    llm_input_size: !ref <llm_input_size>
+    llm_output_size: !ref <llm_output_size>
+    speech_token_size: {s.speech_token_size}
+    length_normalized_loss: True
+    lsm_weight: 0
+    mix_ratio: [5, 15]
+    llm: !new:cosyvoice.llm.llm.Qwen2Encoder
+        pretrain_path: !ref <qwen_pretrain_path>
+    sampling: !name:cosyvoice.utils.common.ras_sampling
+        top_p: 0.8
+        top_k: 25
+        win_size: 10
+        tau_r: 0.1
+
+flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithDiT
+    input_size: 80
+    output_size: 80
+    spk_embed_dim: !ref <spk_embed_dim>
+    output_type: 'mel'
+    vocab_size: {s.speech_token_size}
+    input_frame_rate: !ref <token_frame_rate>
+    only_mask_loss: True
+    token_mel_ratio: !ref <token_mel_ratio>
+    pre_lookahead_len: 3
+    pre_lookahead_layer: !new:cosyvoice.transformer.upsample_encoder.PreLookaheadLayer
+        in_channels: 80
+        channels: {s.pre_lookahead_channels}
+        pre_lookahead_len: 3
+    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
+        in_channels: 240
+        n_spks: 1
+        spk_emb_dim: 80
+        cfm_params: !new:omegaconf.DictConfig
+            content:
+                sigma_min: 1e-06
+                solver: 'euler'
+                t_scheduler: 'cosine'
+                training_cfg_rate: 0.2
+                inference_cfg_rate: 0.7
+                reg_loss_type: 'l1'
+        estimator: !new:cosyvoice.flow.DiT.dit.DiT
+            dim: {s.dit_dim}
+            depth: {s.dit_depth}
+            heads: {s.dit_heads}
+            dim_head: {s.dit_dim_head}
+            ff_mult: 2
+            mel_dim: 80
+            mu_dim: 80
+            spk_dim: 80
+            out_channels: 80
+            static_chunk_size: !ref <chunk_size> * <token_mel_ratio>
+            num_decoding_left_chunks: !ref <num_decoding_left_chunks>
+
+hift: !new:cosyvoice.hifigan.generator.CausalHiFTGenerator
+    in_channels: 80
+    base_channels: {s.hift_base_channels}
+    nb_harmonics: 8
+    sampling_rate: !ref <sample_rate>
+    nsf_alpha: 0.1
+    nsf_sigma: 0.003
+    nsf_voiced_threshold: 10
+    upsample_rates: [8, 5, 3]
+    upsample_kernel_sizes: [16, 11, 7]
+    istft_params:
+        n_fft: 16
+        hop_len: 4
+    resblock_kernel_sizes: [3, 7, 11]
+    resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]]
+    source_resblock_kernel_sizes: [7, 7, 11]
+    source_resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]]
+    lrelu_slope: 0.1
+    audio_limit: 0.99
+    conv_pre_look_right: 4
+    f0_predictor: !new:cosyvoice.hifigan.f0_predictor.CausalConvRNNF0Predictor
+        num_class: 1
+        in_channels: 80
+        cond_channels: {s.f0_cond_channels}
+
+feat_extractor: !name:matcha.utils.audio.mel_spectrogram
+    n_fft: 1920
+    num_mels: 80
+    sampling_rate: !ref <sample_rate>
+    hop_size: 480
+    win_size: 1920
+    fmin: 0
+    fmax: null
+    center: False
+get_tokenizer: !name:cosyvoice.tokenizer.tokenizer.get_qwen_tokenizer
+    token_path: !ref <qwen_pretrain_path>
+    skip_special_tokens: True
+    version: cosyvoice3
+allowed_special: 'all'
+"""
+
+
+def qwen_config_json(sizes: TinySizes) -> dict:
+    """A Qwen2 ``config.json`` for ``CosyVoice-BlankEN`` at tiny size."""
+    s = sizes
+    return {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_size": s.llm_hidden,
+        "num_hidden_layers": s.llm_layers,
+        "num_attention_heads": s.llm_heads,
+        "num_key_value_heads": s.llm_kv_heads,
+        "intermediate_size": s.llm_intermediate,
+        "vocab_size": s.text_vocab,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-06,
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": True,
+        "hidden_act": "silu",
+        "use_sliding_window": False,
+        "bos_token_id": 151643,
+        "eos_token_id": 151643,
+        "torch_dtype": "float32",
+    }
+
+
+def write_tiny_config(root: str | Path, sizes: TinySizes | None = None) -> Path:
+    """Write ``cosyvoice3.yaml`` and ``CosyVoice-BlankEN/config.json`` (no weights, no tokenizer)."""
+    sizes = sizes or TinySizes()
+    root = Path(root)
+    (root / QWEN_DIR).mkdir(parents=True, exist_ok=True)
+    (root / YAML_NAME).write_text(render_yaml(sizes), encoding="utf-8")
+    (root / QWEN_DIR / "config.json").write_text(json.dumps(qwen_config_json(sizes), indent=2) + "\n")
+    return root
