@@ -1,0 +1,220 @@
+"""The manifest: one JSON object per line, validated before any model work.
+
+Validation is per row: a bad row becomes a :class:`~cosyclone.errors.ManifestError` naming its
+1-based line and field, and is skipped, while good rows still run. Only a file that cannot be
+read at all (missing, not UTF-8) is "unusable input" for the whole run.
+
+Schema (see README): ``id`` (safe file name), ``prompt_audio`` (path relative to the manifest's
+folder), ``prompt_text``, ``text``; optional ``mode`` (zero_shot | cross_lingual | instruct2),
+``instruct`` (required for instruct2), ``seed`` (int), ``speed`` (positive number).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import CosycloneError, ManifestError
+
+MODES = ("zero_shot", "cross_lingual", "instruct2")
+REQUIRED = ("id", "prompt_audio", "prompt_text", "text")
+OPTIONAL = ("mode", "instruct", "seed", "speed")
+KNOWN = frozenset(REQUIRED + OPTIONAL)
+_UNSAFE_CHARS = ("/", "\\", "\x00", ":")
+
+
+@dataclass(frozen=True)
+class ManifestRow:
+    """One validated row of the manifest."""
+
+    line: int  # 1-based line number in the manifest file
+    id: str  # unique, safe as a file name (wavs/<id>.wav)
+    prompt_audio: Path  # absolute path of the reference recording
+    prompt_text: str  # transcript of the reference recording (may be empty for cross_lingual)
+    text: str  # text to synthesize (non-empty)
+    mode: str = "zero_shot"  # zero_shot | cross_lingual | instruct2
+    instruct: str = ""  # instruction text (instruct2 only)
+    seed: int | None = None  # per-row seed; None derives one from the run seed and the id
+    speed: float = 1.0  # speaking-rate factor handed to the frontend
+
+
+@dataclass
+class Manifest:
+    """The result of reading a manifest: the good rows (in file order) and the per-row errors."""
+
+    path: Path  # the manifest file
+    rows: list[ManifestRow] = field(default_factory=list)  # valid rows, file order
+    errors: list[ManifestError] = field(default_factory=list)  # one per rejected line
+    total_lines: int = 0  # non-blank lines seen
+    ordinals: dict[int, int] = field(default_factory=dict)  # line number -> 0-based non-blank ordinal
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def shard(self, shard: Shard) -> Manifest:
+        """The rows and errors of ``shard``, split over all non-blank lines (valid or not).
+
+        Splitting by line rather than by valid row keeps the split identical on machines that
+        judge a row differently (e.g. a prompt file present on one of them only).
+        """
+        start, stop = shard.bounds(self.total_lines)
+        inside = {line for line, k in self.ordinals.items() if start <= k < stop}
+        return Manifest(path=self.path, rows=[r for r in self.rows if r.line in inside],
+                        errors=[e for e in self.errors if e.line in inside], total_lines=stop - start,
+                        ordinals={line: self.ordinals[line] - start for line in inside})
+
+
+def check_id(value: object) -> str | None:
+    """Why ``value`` is not a safe row id (None when it is): ids become file names."""
+    if not isinstance(value, str):
+        return "must be a string"
+    if value.strip() == "" or value != value.strip():
+        return "must be non-empty without leading/trailing spaces"
+    if value in (".", "..") or ".." in value:
+        return "must not contain '..'"
+    if any(ch in value for ch in _UNSAFE_CHARS):
+        return "must not contain path separators ('/', '\\', ':') or NUL"
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        return "must not contain control characters"
+    if value.startswith(".") or value.startswith("-"):
+        return "must not start with '.' or '-'"
+    if len(value.encode("utf-8")) > 200:
+        return "is longer than 200 bytes"
+    return None
+
+
+def _check_audio(path: Path) -> str | None:
+    """Why ``path`` cannot serve as prompt audio (None when soundfile can read its header)."""
+    if not path.is_file():
+        return f"file not found: {path}"
+    try:
+        import soundfile as sf
+
+        info = sf.info(str(path))
+    except Exception as exc:  # libsndfile raises RuntimeError/LibsndfileError/TypeError
+        return f"unreadable audio {path}: {exc}"
+    if info.frames <= 0:
+        return f"audio has no samples: {path}"
+    return None
+
+
+def parse_row(obj: object, *, line: int, base: Path, check_audio: bool = True) -> ManifestRow:
+    """Validate one decoded JSON object; raise :class:`ManifestError` naming line and field."""
+    if not isinstance(obj, dict):
+        raise ManifestError("each line must be a JSON object", line=line)
+    rid = obj.get("id")
+    rid_s = rid if isinstance(rid, str) else None
+    unknown = sorted(set(obj) - KNOWN)
+    if unknown:
+        raise ManifestError(f"unknown field (allowed: {', '.join(sorted(KNOWN))})", line=line,
+                            field=unknown[0], row_id=rid_s)
+    for name in REQUIRED:
+        if name not in obj:
+            raise ManifestError("required field missing", line=line, field=name, row_id=rid_s)
+    why = check_id(rid)
+    if why:
+        raise ManifestError(f"unsafe id {rid!r}: {why}", line=line, field="id")
+    for name in ("prompt_audio", "prompt_text", "text", "instruct"):
+        if name in obj and not isinstance(obj[name], str):
+            raise ManifestError("must be a string", line=line, field=name, row_id=rid_s)
+    text = obj["text"]
+    if not text.strip():
+        raise ManifestError("text is empty", line=line, field="text", row_id=rid_s)
+    mode = obj.get("mode", "zero_shot")
+    if mode not in MODES:
+        raise ManifestError(f"mode {mode!r} is not one of {', '.join(MODES)}", line=line, field="mode",
+                            row_id=rid_s)
+    instruct = obj.get("instruct", "") or ""
+    if mode == "instruct2" and not instruct.strip():
+        raise ManifestError("instruct2 needs a non-empty instruct", line=line, field="instruct", row_id=rid_s)
+    if mode == "zero_shot" and not obj["prompt_text"].strip():
+        raise ManifestError("zero_shot needs the prompt's transcript", line=line, field="prompt_text",
+                            row_id=rid_s)
+    seed = obj.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ManifestError("seed must be a non-negative integer", line=line, field="seed", row_id=rid_s)
+    speed = obj.get("speed", 1.0)
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0.25 <= float(speed) <= 4.0:
+        raise ManifestError("speed must be a number in [0.25, 4]", line=line, field="speed", row_id=rid_s)
+    if not obj["prompt_audio"].strip():
+        raise ManifestError("prompt_audio is empty", line=line, field="prompt_audio", row_id=rid_s)
+    audio = Path(obj["prompt_audio"]).expanduser()
+    audio = audio if audio.is_absolute() else (base / audio)
+    if check_audio:
+        why = _check_audio(audio)
+        if why:
+            raise ManifestError(why, line=line, field="prompt_audio", row_id=rid_s)
+    return ManifestRow(line=line, id=rid, prompt_audio=audio, prompt_text=obj["prompt_text"], text=text,
+                       mode=mode, instruct=instruct, seed=seed, speed=float(speed))
+
+
+def read_manifest(path: str | Path, *, check_audio: bool = True) -> Manifest:
+    """Read and validate a JSONL manifest; per-row problems land in ``Manifest.errors``.
+
+    Raises :class:`CosycloneError` only when the file itself is unusable (missing, not UTF-8).
+    Duplicate ids: the first occurrence is kept, later ones are errors.
+    """
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise CosycloneError(f"{path}: manifest not found")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise CosycloneError(f"{path}: manifest is not UTF-8 text: {exc}") from exc
+    base = path.resolve().parent
+    out = Manifest(path=path)
+    seen: dict[str, int] = {}
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        out.ordinals[number] = out.total_lines
+        out.total_lines += 1
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            out.errors.append(ManifestError(f"invalid JSON: {exc.msg} (column {exc.colno})", line=number))
+            continue
+        try:
+            row = parse_row(obj, line=number, base=base, check_audio=check_audio)
+        except ManifestError as exc:
+            out.errors.append(exc)
+            continue
+        if row.id in seen:
+            out.errors.append(ManifestError(f"duplicate id (first used on line {seen[row.id]})", line=number,
+                                            field="id", row_id=row.id))
+            continue
+        seen[row.id] = number
+        out.rows.append(row)
+    return out
+
+
+@dataclass(frozen=True)
+class Shard:
+    """``--shard i/N``: the i-th (0-based) of N contiguous slices of the valid rows."""
+
+    index: int  # 0 <= index < count
+    count: int  # number of shards (>= 1)
+
+    @classmethod
+    def parse(cls, text: str) -> Shard:
+        try:
+            a, b = text.split("/")
+            shard = cls(int(a), int(b))
+        except ValueError as exc:
+            raise CosycloneError(f"--shard must look like i/N (e.g. 0/4), not {text!r}") from exc
+        if shard.count < 1 or not 0 <= shard.index < shard.count:
+            raise CosycloneError(f"--shard {text}: need N >= 1 and 0 <= i < N")
+        return shard
+
+    def bounds(self, n: int) -> tuple[int, int]:
+        """[start, stop) of this shard over ``n`` items; sizes differ by at most one."""
+        start = (n * self.index) // self.count
+        stop = (n * (self.index + 1)) // self.count
+        return start, stop
+
+    def select(self, rows: Sequence[ManifestRow]) -> list[ManifestRow]:
+        start, stop = self.bounds(len(rows))
+        return list(rows[start:stop])

@@ -1,0 +1,119 @@
+"""Per-row and per-batch sampler diagnostics.
+
+The original bug report that motivated these counters read "81 sampler calls, 46 entirely NaN":
+fp16 logits overflowed, ``torch.multinomial`` raised for the whole batch and nobody could tell
+which utterance went wrong or how often. :class:`~cosyclone.talker.sampler.BatchSampler` therefore
+keeps one set of counters per *original* row (accumulated on the device, read once at
+``finish()``) and turns them into one :class:`SamplerRowDiagnostics` per row, the way whisper's
+``DecodingResult`` reports per-utterance facts next to the tokens.
+
+Counter definitions (all count *row-steps*, i.e. one ``sample()`` call for one row):
+
+* ``steps``: row-steps the row took part in (including the step on which it was aborted).
+* ``nan_steps``: the row's logits held at least one NaN (before any mask).
+* ``all_nan_steps``: every logit of the row was NaN.
+* ``posinf_steps``: at least one +inf logit (before masks).
+* ``no_finite_steps``: after masks and the non-finite policy no candidate was left
+  (everything NaN or -inf); under ``exclude`` this aborts the row with ``no_finite_logits``.
+* ``ras_fallbacks``: the repetition check fired and a replacement was drawn from the full
+  distribution with the repeated id excluded.
+* ``ras_sole_restores``: the repetition check fired but the repeated id was the only legal
+  candidate, so it was returned unchanged.
+* ``min_len_suppressed``: the min-length rule was active and masked at least one stop id that
+  was still a legal candidate (finite or +inf) — i.e. a step on which the rule removed mass
+  from stopping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: Options whose behaviour is the pre-fix / official code kept only for comparisons.
+LEGACY_POLICIES = frozenset({"legacy-zero"})
+LEGACY_DRAWS = frozenset({"legacy-multinomial"})
+
+
+@dataclass
+class SamplerRowDiagnostics:
+    """What the sampler saw for one original row (one utterance segment)."""
+
+    row_id: str  # the caller's row id (also part of the row seed)
+    seed: int  # the row seed the randomness was derived from
+    steps: int = 0  # row-steps sampled (see module docstring)
+    tokens_emitted: int = 0  # non-stop tokens returned; the talker may overwrite (after silent filter)
+    stop_reason: str | None = None  # "no_finite_logits" / "error" when aborted; else set by the caller
+    nan_steps: int = 0  # steps with any NaN logit
+    all_nan_steps: int = 0  # steps whose logits were entirely NaN
+    posinf_steps: int = 0  # steps with any +inf logit
+    no_finite_steps: int = 0  # steps with no candidate left after masks
+    ras_fallbacks: int = 0  # repetition check fired, replacement drawn
+    ras_sole_restores: int = 0  # repetition check fired, repeated id was the only candidate
+    min_len_suppressed: int = 0  # steps on which min-len masking removed a legal stop id
+    policy: str = "exclude"  # nonfinite_policy in force ("legacy-zero" is LEGACY)
+    draw: str = "race"  # draw method in force ("legacy-multinomial" is LEGACY)
+    error: str | None = None  # message for stop_reason "error" / "no_finite_logits"
+
+    @property
+    def legacy(self) -> bool:
+        """True when a LEGACY (pre-fix) policy or draw produced these tokens."""
+        return self.policy in LEGACY_POLICIES or self.draw in LEGACY_DRAWS
+
+    @property
+    def aborted(self) -> bool:
+        """True when the sampler itself ended the row (not a stop token or max length)."""
+        return self.stop_reason in ("no_finite_logits", "error")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict (for manifests / logs); includes the ``legacy`` flag."""
+        out = asdict(self)
+        out["legacy"] = self.legacy
+        return out
+
+
+@dataclass
+class BatchDiagnostics:
+    """Aggregate over rows, worded like the bug report: "N sampler calls, M entirely NaN".
+
+    "Sampler calls" are row-steps: the official code calls its sampler once per row per step, so
+    summing ``steps`` over rows keeps the report's meaning for batched decoding.
+    """
+
+    rows: list[SamplerRowDiagnostics] = field(default_factory=list)
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[SamplerRowDiagnostics]) -> BatchDiagnostics:
+        return cls(rows=list(rows))
+
+    def _sum(self, name: str) -> int:
+        return sum(int(getattr(r, name)) for r in self.rows)
+
+    @property
+    def sampler_calls(self) -> int:
+        return self._sum("steps")
+
+    @property
+    def entirely_nan(self) -> int:
+        return self._sum("all_nan_steps")
+
+    @property
+    def aborted_rows(self) -> list[str]:
+        return [r.row_id for r in self.rows if r.aborted]
+
+    def summary_line(self) -> str:
+        """``"81 sampler calls, 46 entirely NaN"`` plus non-zero extras and a LEGACY marker."""
+        parts = [f"{self.sampler_calls} sampler calls, {self.entirely_nan} entirely NaN"]
+        for name, label in (("nan_steps", "with NaN"), ("posinf_steps", "with +inf"),
+                            ("no_finite_steps", "without finite logits"),
+                            ("ras_fallbacks", "RAS fallbacks"), ("ras_sole_restores", "RAS sole-token restores"),
+                            ("min_len_suppressed", "min-len suppressed stops")):
+            n = self._sum(name)
+            if n and name != "nan_steps" or (name == "nan_steps" and n != self.entirely_nan):
+                parts.append(f"{n} {label}")
+        if self.aborted_rows:
+            parts.append(f"{len(self.aborted_rows)} rows aborted")
+        line = ", ".join(parts)
+        if any(r.legacy for r in self.rows):
+            line += " [LEGACY sampler behaviour]"
+        return line

@@ -1,0 +1,454 @@
+"""Batched repetition-aware sampling (RAS) for the CosyVoice3 talker.
+
+What the released model does per row (``cosyvoice/utils/common.py``, spec section 4):
+
+1. **Nucleus**: ``p = softmax(scores)``; stable descending sort; keep entries while the running
+   sum of kept probabilities is ``< top_p`` and fewer than ``top_k`` are kept (the entry that
+   crosses ``top_p`` is kept too); draw one of them proportionally to ``p``.
+2. **Repetition check**: count the pick among the row's last ``win_size`` returned tokens; if the
+   count is ``>= win_size * tau_r`` (1.0 with the released values) exclude that id and draw from
+   the softmax of the *entire* score vector (stop ids included).  If excluding it leaves nothing,
+   the original pick is returned unchanged (a "sole-token restore"; the official code would have
+   drawn from an all-NaN softmax here).
+
+What this module adds, and why:
+
+* **Batched, sync-free draws.**  Every draw is an exponential race: ``argmax_i p_i / q_i`` with
+  ``q_i ~ Exp(1)`` i.i.d., which picks ``i`` with probability ``p_i / sum(p)`` — exactly what
+  ``torch.multinomial`` does, but as pure tensor ops (no host sync, no per-row loop).  It is done
+  in log space (``log p_i - log q_i``) so that probabilities that underflow in float32 keep a
+  finite key and excluded entries (``-inf``) can never win.
+* **Batch-independent randomness.**  The ``q`` noise is *counter based*: a 32-bit integer hash of
+  (row key, step, draw index, vocabulary index) computed with int64 tensor ops, turned into a
+  uniform in (0, 1) and then into ``-log u``.  The row key comes from the row's seed alone, so a
+  row's tokens do not depend on which rows share its batch, on the batch size or on its position
+  (per-row ``torch.Generator`` objects would need a loop per step; a hash is one batched kernel
+  and reproducible across devices).  All multiplications keep operands below 2**32 x 2**31, so
+  no int64 overflow happens anywhere.
+* **min-length.**  ``min_len_rule="block-all-stop"`` (default) masks every stop id
+  (``>= speech_token_size``) while ``step < min_len``: the release-time code re-drew until a
+  non-stop id came up, which is the same distribution as masking all stop ids and renormalising,
+  and it really forbids an early stop.  ``"official-head"`` reproduces HEAD's quirk of masking only
+  index ``speech_token_size`` (the *sos* id in CosyVoice 3, pitfall 8.6), for parity runs.
+* **Non-finite logits** (after masks) follow ``nonfinite_policy``: ``"exclude"`` (default) drops
+  NaN / -inf from the candidates, lets a row holding +inf pick uniformly among its +inf entries
+  (never turning them into -inf), and aborts a row with no candidate (``no_finite_logits``) while
+  the other rows continue; ``"error"`` aborts a row at its first NaN / +inf (or empty candidate
+  set) with a message; ``"legacy-zero"`` is the LEGACY pre-fix behaviour (NaN -> 0.0 logit).
+  Nothing raises for bad logits.
+* ``draw="legacy-multinomial"`` is a LEGACY per-row ``torch.multinomial`` path (one generator per
+  row seeded with the row seed) that consumes random numbers exactly like the official code; it
+  loops and syncs, and exists only for comparisons with seeded official runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from ..config import SamplingConfig
+from .diagnostics import SamplerRowDiagnostics
+
+NonfinitePolicy = Literal["exclude", "error", "legacy-zero"]
+DrawMethod = Literal["race", "legacy-multinomial"]
+MinLenRule = Literal["block-all-stop", "official-head"]
+
+NONFINITE_POLICIES: tuple[str, ...] = ("exclude", "error", "legacy-zero")
+DRAW_METHODS: tuple[str, ...] = ("race", "legacy-multinomial")
+MIN_LEN_RULES: tuple[str, ...] = ("block-all-stop", "official-head")
+
+#: Help text for CLIs; LEGACY choices are labelled as such.
+NONFINITE_POLICY_HELP = (
+    "exclude: NaN/-inf are never sampled, +inf entries are picked uniformly, a row with nothing "
+    "finite is aborted (no_finite_logits); error: abort a row at its first NaN/+inf; "
+    "legacy-zero: LEGACY pre-fix behaviour, NaN is treated as a 0.0 logit.")
+DRAW_HELP = ("race: batched exponential-race draw, per-row counter-based noise (default); "
+             "legacy-multinomial: LEGACY per-row torch.multinomial, for comparisons only.")
+MIN_LEN_RULE_HELP = ("block-all-stop: all stop ids are forbidden before min_len (release-time "
+                     "behaviour, default); official-head: mask only id speech_token_size (HEAD quirk).")
+
+# stop_reason values set by the sampler itself
+NO_FINITE = "no_finite_logits"
+ERROR = "error"
+
+_M32 = 0xFFFFFFFF
+_ERR_NONE, _ERR_NONFINITE, _ERR_EMPTY = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class SamplerOptions:
+    """Sampler settings; defaults are the released yaml's ``ras_sampling`` plus the fixed policies."""
+
+    top_p: float = 0.8  # nucleus mass: keep while the running sum of kept probs is < top_p
+    top_k: int = 25  # nucleus size cap (top_k=1 -> arg-max)
+    win_size: int = 10  # repetition window: the row's last win_size returned tokens
+    tau_r: float = 0.1  # repetition threshold ratio: fall back when count >= win_size * tau_r
+    nonfinite_policy: NonfinitePolicy = "exclude"  # see NONFINITE_POLICY_HELP ("legacy-zero" is LEGACY)
+    draw: DrawMethod = "race"  # see DRAW_HELP ("legacy-multinomial" is LEGACY)
+    min_len_rule: MinLenRule = "block-all-stop"  # see MIN_LEN_RULE_HELP
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if self.win_size < 1:
+            raise ValueError(f"win_size must be >= 1, got {self.win_size}")
+        if self.nonfinite_policy not in NONFINITE_POLICIES:
+            raise ValueError(f"nonfinite_policy must be one of {NONFINITE_POLICIES}, got {self.nonfinite_policy!r}")
+        if self.draw not in DRAW_METHODS:
+            raise ValueError(f"draw must be one of {DRAW_METHODS}, got {self.draw!r}")
+        if self.min_len_rule not in MIN_LEN_RULES:
+            raise ValueError(f"min_len_rule must be one of {MIN_LEN_RULES}, got {self.min_len_rule!r}")
+
+    @classmethod
+    def from_config(cls, cfg: SamplingConfig, **overrides: object) -> SamplerOptions:
+        """Options from the model's ``llm.sampling`` block; keyword overrides win."""
+        base = cls(top_p=cfg.top_p, top_k=cfg.top_k, win_size=cfg.win_size, tau_r=cfg.tau_r)
+        return replace(base, **overrides) if overrides else base  # type: ignore[arg-type]
+
+    @property
+    def repetition_threshold(self) -> float:
+        """``win_size * tau_r``; a count at or above it triggers the fallback."""
+        return self.win_size * self.tau_r
+
+    @property
+    def legacy(self) -> bool:
+        return self.nonfinite_policy == "legacy-zero" or self.draw == "legacy-multinomial"
+
+
+def row_seed(run_seed: int, row_id: str) -> int:
+    """Seed of one row: a stable 63-bit hash of (run seed, row id).
+
+    Deriving it from the row id (not the batch position) is what makes a row's tokens independent
+    of batching; blake2b keeps it stable across processes and Python versions (``hash()`` is not).
+    """
+    digest = hashlib.blake2b(f"{int(run_seed)}\x00{row_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Counter-based noise
+
+
+def _mix32(h: Tensor | int) -> Tensor | int:
+    """A 32-bit avalanche hash on values in [0, 2**32); works on Python ints and int64 tensors.
+
+    Both multipliers are < 2**31, so products stay < 2**63 and int64 never overflows.
+    """
+    h = h ^ (h >> 16)
+    h = (h * 0x7FEB352D) & _M32
+    h = h ^ (h >> 15)
+    h = (h * 0x446CA68B) & _M32
+    return h ^ (h >> 16)
+
+
+def row_key(seed: int) -> int:
+    """Fold a seed of any size into the 32-bit key used by :func:`uniform_noise`."""
+    seed = int(seed) & ((1 << 64) - 1)
+    return int(_mix32(_mix32((seed & _M32) ^ 0x2545F491) ^ (seed >> 32)))
+
+
+def _vocab_hash(vocab: int, device: torch.device) -> Tensor:
+    return _mix32((torch.arange(vocab, dtype=torch.int64, device=device) * 0x61C88647 + 0x1B873593) & _M32)
+
+
+def uniform_noise(keys: Tensor, step: int, draw: int, vocab: int, *, vocab_hash: Tensor | None = None) -> Tensor:
+    """Uniforms in (0, 1), shape (b, vocab), a pure function of (key, step, draw, vocab index).
+
+    ``keys`` is an int64 tensor (b,) of :func:`row_key` values.  24 random bits per entry; the
+    +0.5 keeps u away from 0 and 1 so ``-log u`` and ``log(-log u)`` stay finite.
+    """
+    ctr = int(_mix32((int(_mix32((int(step) & _M32) ^ 0x68E31DA4)) ^ (int(draw) * 0x3C6EF372 + 0x5BD1E995)) & _M32))
+    base = _mix32(keys ^ ctr)
+    vh = _vocab_hash(vocab, keys.device) if vocab_hash is None else vocab_hash
+    h = _mix32(_mix32(base[:, None] ^ vh[None, :]) ^ 0x27D4EB2F)
+    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+
+
+def race_keys(logp: Tensor, u: Tensor) -> Tensor:
+    """Exponential-race keys ``log p - log q`` with ``q = -log u ~ Exp(1)``; argmax draws from p."""
+    return logp - torch.log(-torch.log(u))
+
+
+def nucleus_keep(probs: Tensor, top_p: float, top_k: int) -> Tensor:
+    """Boolean (b, V) mask of the nucleus candidates of each row of ``probs`` (spec section 4).
+
+    Stable descending sort; entry j (in sorted order) is kept iff j < top_k and the sum of the
+    entries before it is < top_p.
+    """
+    k = min(int(top_k), probs.shape[-1])
+    sorted_p, sorted_idx = torch.sort(probs, dim=-1, descending=True, stable=True)
+    head = sorted_p[:, :k]
+    # running sum *before* each entry (an exclusive cumsum; entry 0 sees 0.0 and is always kept)
+    before = torch.zeros_like(head)
+    if k > 1:
+        before[:, 1:] = torch.cumsum(head, dim=-1)[:, :-1]
+    keep_sorted = before < top_p
+    keep = torch.zeros_like(probs, dtype=torch.bool)
+    return keep.scatter_(1, sorted_idx[:, :k], keep_sorted)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class BatchSampler:
+    """RAS sampler over a batch whose rows may finish at different steps.
+
+    The sampler is created once per batch with one entry per *original* row; each ``sample()``
+    call gets the logits of the rows still running and their indices into the original batch.
+    It keeps each row's token history (for the repetition window) and counters on the device, so
+    a decode step costs no host synchronisation (except with the LEGACY multinomial draw).
+    """
+
+    def __init__(self, options: SamplerOptions, *, row_ids: Sequence[str], row_seeds: Sequence[int],
+                 min_len: Sequence[int], speech_token_size: int, device: torch.device | str) -> None:
+        n = len(row_ids)
+        if len(row_seeds) != n or len(min_len) != n:
+            raise ValueError(f"row_ids ({n}), row_seeds ({len(row_seeds)}) and min_len ({len(min_len)}) "
+                             "must have the same length")
+        self.options = options
+        self.row_ids = [str(r) for r in row_ids]
+        self.row_seeds = [int(s) for s in row_seeds]
+        self.speech_token_size = int(speech_token_size)
+        self.device = torch.device(device)
+        dev = self.device
+        i64 = dict(dtype=torch.int64, device=dev)
+        self._keys = torch.tensor([row_key(s) for s in self.row_seeds], **i64)
+        self._min_len = torch.tensor([int(m) for m in min_len], **i64)
+        self._hist = torch.full((n, options.win_size), -1, **i64)  # ring buffer of returned tokens
+        self._hist_count = torch.zeros(n, **i64)
+        self._dead = torch.zeros(n, dtype=torch.bool, device=dev)  # aborted rows
+        self._stopped = torch.zeros(n, dtype=torch.bool, device=dev)  # a stop id was returned
+        self._err_kind = torch.zeros(n, **i64)
+        self._err_step = torch.full((n,), -1, **i64)
+        self._err_nan = torch.zeros(n, **i64)
+        self._err_posinf = torch.zeros(n, **i64)
+        names = ("steps", "tokens_emitted", "nan_steps", "all_nan_steps", "posinf_steps", "no_finite_steps",
+                 "ras_fallbacks", "ras_sole_restores", "min_len_suppressed")
+        self._counter_names = names
+        self._counters = torch.zeros(len(names), n, **i64)  # one stacked tensor: a single read at finish
+        self._vocab_hash: Tensor | None = None
+        self._generators: list[torch.Generator] | None = None
+        if options.draw == "legacy-multinomial":
+            self._generators = []
+            for s in self.row_seeds:
+                g = torch.Generator(device=dev)
+                g.manual_seed(s)
+                self._generators.append(g)
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _count(self, name: str, rows: Tensor, values: Tensor) -> None:
+        idx = self._counter_names.index(name)
+        self._counters[idx].index_add_(0, rows, values.to(torch.int64))
+
+    def _noise(self, rows: Tensor, step: int, draw: int, vocab: int) -> Tensor:
+        if self._vocab_hash is None or self._vocab_hash.numel() != vocab:
+            self._vocab_hash = _vocab_hash(vocab, self.device)
+        return uniform_noise(self._keys[rows], step, draw, vocab, vocab_hash=self._vocab_hash)
+
+    # -- the step --------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def sample(self, logits: Tensor, rows: Tensor, step: int) -> tuple[Tensor, Tensor]:
+        """Draw one token per row.
+
+        ``logits`` (b, V) float (log-probs or raw logits: softmax is shift-invariant); ``rows``
+        (b,) int64 indices into the original batch (unique within a call); ``step`` the decode
+        step (0 = first generated token), used by the min-length rule and the noise counter.
+        Returns ``(tokens int64 (b,), aborted bool (b,))``.  Tokens ``>= speech_token_size`` mean
+        "stop"; an aborted row gets ``speech_token_size`` so a careless caller stops it too.
+        """
+        opt = self.options
+        rows = rows.to(device=self.device, dtype=torch.int64)
+        x = logits.detach().to(device=self.device, dtype=torch.float32).clone()
+        b, vocab = x.shape
+        S = self.speech_token_size
+        neg_inf = float("-inf")
+        was_dead = self._dead[rows]
+        live = ~was_dead
+        self._count("steps", rows, live)
+
+        # --- raw statistics (before any mask) ---
+        isnan = torch.isnan(x)
+        isposinf = torch.isposinf(x)
+        any_nan = isnan.any(1)
+        self._count("nan_steps", rows, live & any_nan)
+        self._count("all_nan_steps", rows, live & isnan.all(1))
+        self._count("posinf_steps", rows, live & isposinf.any(1))
+
+        # --- min-length mask ---
+        active = (step < self._min_len[rows])[:, None]
+        cols = torch.arange(vocab, device=self.device)[None, :]
+        # official-head: HEAD masks index speech_token_size (= sos in CosyVoice 3) only
+        stop_cols = cols >= S if opt.min_len_rule == "block-all-stop" else cols == S
+        masked = active & stop_cols
+        legal_before = ~isnan & (x != neg_inf)
+        self._count("min_len_suppressed", rows, live & (masked & legal_before).any(1))
+        x = x.masked_fill(masked, neg_inf)
+
+        # --- non-finite policy ---
+        if opt.nonfinite_policy == "legacy-zero":
+            # LEGACY: the pre-fix behaviour, NaN read as a 0.0 logit (an almost-uniform draw)
+            x = torch.nan_to_num(x, nan=0.0, posinf=float("inf"), neginf=neg_inf)
+        isnan = torch.isnan(x)
+        posinf = torch.isposinf(x)
+        cand = ~isnan & (x != neg_inf)
+        row_posinf = posinf.any(1)
+        empty = ~cand.any(1)
+        self._count("no_finite_steps", rows, live & empty)
+        abort = empty.clone()
+        if opt.nonfinite_policy == "error":
+            n_nan = isnan.sum(1)
+            n_pinf = posinf.sum(1)
+            bad = (n_nan > 0) | row_posinf
+            abort = abort | bad
+            first = live & abort & (self._err_step[rows] < 0)
+            kind = torch.where(bad, torch.full_like(n_nan, _ERR_NONFINITE), torch.full_like(n_nan, _ERR_EMPTY))
+            self._err_kind[rows] = torch.where(first, kind, self._err_kind[rows])
+            self._err_step[rows] = torch.where(first, torch.full_like(n_nan, int(step)), self._err_step[rows])
+            self._err_nan[rows] = torch.where(first, n_nan, self._err_nan[rows])
+            self._err_posinf[rows] = torch.where(first, n_pinf, self._err_posinf[rows])
+        else:
+            first = live & abort & (self._err_step[rows] < 0)
+            self._err_kind[rows] = torch.where(first, torch.full_like(rows, _ERR_EMPTY), self._err_kind[rows])
+            self._err_step[rows] = torch.where(first, torch.full_like(rows, int(step)), self._err_step[rows])
+        abort = abort | was_dead
+
+        # A +inf row draws uniformly among its +inf entries: logits 0 there, -inf elsewhere.
+        x = torch.where(row_posinf[:, None], torch.where(posinf, 0.0, neg_inf), x)
+        x = torch.where(cand | row_posinf[:, None], x, neg_inf)
+        x = torch.where(abort[:, None] | empty[:, None], torch.zeros_like(x), x)  # garbage rows: keep math finite
+        cand = x != neg_inf
+
+        logp = torch.log_softmax(x, dim=-1)
+        probs = logp.exp()
+        keep = nucleus_keep(probs, opt.top_p, opt.top_k)
+        keep = torch.where(row_posinf[:, None], cand, keep) & cand
+
+        if opt.draw == "legacy-multinomial":
+            tokens, fell, restored = self._legacy_draw(x, probs, keep, rows, abort)
+        else:
+            key0 = torch.where(keep, race_keys(logp, self._noise(rows, step, 0, vocab)), neg_inf)
+            pick = key0.argmax(1)
+            repeated = self._repeated(rows, pick)
+            # exclude the repeated id: work on a copy, the original row stays intact
+            x_fb = x.scatter(1, pick[:, None], neg_inf)
+            has_other = (x_fb != neg_inf).any(1)
+            logp_fb = torch.log_softmax(torch.where(has_other[:, None], x_fb, torch.zeros_like(x_fb)), dim=-1)
+            key1 = torch.where(x_fb != neg_inf, race_keys(logp_fb, self._noise(rows, step, 1, vocab)), neg_inf)
+            fb_pick = key1.argmax(1)
+            fell = repeated & has_other
+            restored = repeated & ~has_other  # sole-token restore: return the original pick
+            tokens = torch.where(fell, fb_pick, pick)
+
+        ok = ~abort
+        self._count("ras_fallbacks", rows, ok & fell)
+        self._count("ras_sole_restores", rows, ok & restored)
+        tokens = torch.where(abort, torch.full_like(tokens, S), tokens)
+        self._record(rows, tokens, ok)
+        self._count("tokens_emitted", rows, ok & (tokens < S))
+        self._stopped[rows] = self._stopped[rows] | (ok & (tokens >= S))
+        self._dead[rows] = self._dead[rows] | abort
+        return tokens, abort
+
+    def _repeated(self, rows: Tensor, pick: Tensor) -> Tensor:
+        """Did ``pick`` occur at least ``win_size * tau_r`` times in the row's last win_size tokens?"""
+        count = (self._hist[rows] == pick[:, None]).sum(1)
+        return count.to(torch.float64) >= self.options.repetition_threshold
+
+    def _record(self, rows: Tensor, tokens: Tensor, ok: Tensor) -> None:
+        """Append returned tokens of non-aborted rows to the ring buffer (no boolean indexing: no sync)."""
+        pos = self._hist_count[rows] % self.options.win_size
+        old = self._hist[rows, pos]
+        self._hist[rows, pos] = torch.where(ok, tokens, old)
+        self._hist_count[rows] = self._hist_count[rows] + ok.to(torch.int64)
+
+    def _legacy_draw(self, x: Tensor, probs: Tensor, keep: Tensor, rows: Tensor,
+                     abort: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """LEGACY: official-style per-row ``multinomial`` draws (loops and syncs; comparisons only).
+
+        Consumes each row's generator like ``nucleus_sampling`` then ``random_sampling`` do: one
+        multinomial over the kept probabilities in sorted order, and one over the full softmax
+        (repeated id at -inf) when the repetition check fires.
+        """
+        assert self._generators is not None
+        b = x.shape[0]
+        tokens = torch.zeros(b, dtype=torch.int64, device=self.device)
+        fell = torch.zeros(b, dtype=torch.bool, device=self.device)
+        restored = torch.zeros(b, dtype=torch.bool, device=self.device)
+        rows_host = rows.tolist()
+        abort_host = abort.tolist()
+        for i, r in enumerate(rows_host):
+            if abort_host[i]:
+                continue
+            g = self._generators[r]
+            p_sorted, idx_sorted = torch.sort(probs[i], descending=True, stable=True)
+            k = int(keep[i].sum())
+            if k == 0:
+                k = 1
+            kept_p = p_sorted[:k]
+            if float(kept_p.sum()) <= 0.0:
+                kept_p = torch.ones_like(kept_p)
+            t = int(idx_sorted[:k][torch.multinomial(kept_p, 1, replacement=True, generator=g)])
+            tok = t
+            if bool(self._repeated(rows[i:i + 1], torch.tensor([t], device=self.device))[0]):
+                row = x[i].clone()
+                row[t] = float("-inf")
+                if bool((row != float("-inf")).any()):
+                    tok = int(torch.multinomial(row.softmax(0), 1, replacement=True, generator=g))
+                    fell[i] = True
+                else:
+                    restored[i] = True
+            tokens[i] = tok
+        return tokens, fell, restored
+
+    # -- the end ---------------------------------------------------------------------------------
+
+    def finish(self, stop_reasons: Sequence[str | None] | None = None,
+               tokens_emitted: Sequence[int | None] | None = None) -> list[SamplerRowDiagnostics]:
+        """One :class:`SamplerRowDiagnostics` per original row; counters are read here, once.
+
+        ``stop_reason`` is "no_finite_logits"/"error" for rows the sampler aborted; otherwise the
+        caller's ``stop_reasons[i]`` when given, else "stop_token" if the sampler returned a stop id,
+        else None (the caller knows about max length).  ``tokens_emitted`` overrides the sampler's
+        count of non-stop tokens (e.g. after the silent filter).
+        """
+        counters = self._counters.cpu().tolist()
+        dead = self._dead.cpu().tolist()
+        stopped = self._stopped.cpu().tolist()
+        err = torch.stack([self._err_kind, self._err_step, self._err_nan, self._err_posinf]).cpu().tolist()
+        out: list[SamplerRowDiagnostics] = []
+        opt = self.options
+        for i, rid in enumerate(self.row_ids):
+            vals = {name: int(counters[k][i]) for k, name in enumerate(self._counter_names)}
+            d = SamplerRowDiagnostics(row_id=rid, seed=self.row_seeds[i], policy=opt.nonfinite_policy,
+                                      draw=opt.draw, **vals)
+            if dead[i]:
+                kind, step, n_nan, n_pinf = (int(v[i]) for v in err)
+                if opt.nonfinite_policy == "error":
+                    d.stop_reason = ERROR
+                    if kind == _ERR_NONFINITE:
+                        d.error = (f"row {rid!r}: non-finite logits at step {step}: {n_nan} NaN, {n_pinf} +inf "
+                                   "(nonfinite_policy='error')")
+                    else:
+                        d.error = f"row {rid!r}: no finite logits left after masks at step {step}"
+                else:
+                    d.stop_reason = NO_FINITE
+                    d.error = f"row {rid!r}: no finite logits left after masks at step {step}"
+                    if opt.nonfinite_policy == "legacy-zero":
+                        d.error += " (LEGACY nonfinite_policy='legacy-zero')"
+            elif stop_reasons is not None and stop_reasons[i] is not None:
+                d.stop_reason = stop_reasons[i]
+            elif stopped[i]:
+                d.stop_reason = "stop_token"
+            if tokens_emitted is not None and tokens_emitted[i] is not None:
+                d.tokens_emitted = int(tokens_emitted[i])  # type: ignore[arg-type]
+            out.append(d)
+        return out

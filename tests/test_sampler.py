@@ -1,0 +1,261 @@
+"""Unit and distribution tests for the batched RAS sampler (cosyclone/talker/sampler.py)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from cosyclone.config import SamplingConfig
+from cosyclone.talker.diagnostics import BatchDiagnostics, SamplerRowDiagnostics
+from cosyclone.talker.sampler import BatchSampler, SamplerOptions, row_seed
+
+NEG = float("-inf")
+NAN = float("nan")
+INF = float("inf")
+
+
+def make(n: int, *, vocab_s: int = 20, min_len: int = 0, seeds: list[int] | None = None,
+         **opts: object) -> BatchSampler:
+    return BatchSampler(SamplerOptions(**opts), row_ids=[f"r{i}" for i in range(n)],  # type: ignore[arg-type]
+                        row_seeds=seeds if seeds is not None else list(range(n)), min_len=[min_len] * n,
+                        speech_token_size=vocab_s, device="cpu")
+
+
+def chi2(counts: Counter[int], probs: torch.Tensor, n: int) -> float:
+    p = probs.double()
+    return sum((counts.get(i, 0) - n * float(p[i])) ** 2 / (n * float(p[i])) for i in range(len(p)) if p[i] > 0)
+
+
+# --- options / seeds ------------------------------------------------------------------------------
+
+def test_options_from_config_and_overrides() -> None:
+    o = SamplerOptions.from_config(SamplingConfig())
+    assert (o.top_p, o.top_k, o.win_size, o.tau_r) == (0.8, 25, 10, 0.1)
+    assert o.nonfinite_policy == "exclude" and o.draw == "race" and o.min_len_rule == "block-all-stop"
+    assert o.repetition_threshold == pytest.approx(1.0)
+    o2 = SamplerOptions.from_config(SamplingConfig(top_k=5), top_p=0.5, nonfinite_policy="legacy-zero")
+    assert (o2.top_k, o2.top_p, o2.legacy) == (5, 0.5, True)
+    with pytest.raises(ValueError):
+        SamplerOptions(nonfinite_policy="zero")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        SamplerOptions(top_k=0)
+
+
+def test_row_seed_stable_and_distinct() -> None:
+    assert row_seed(7, "a") == row_seed(7, "a")
+    assert len({row_seed(7, "a"), row_seed(7, "b"), row_seed(8, "a")}) == 3
+    assert 0 <= row_seed(-3, "x") < 2**63
+
+
+# --- distribution ---------------------------------------------------------------------------------
+
+LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])
+N_DRAWS = 6000
+CHI2_DF7_P1E4 = 29.88  # chi-square critical value, 7 degrees of freedom, p = 1e-4
+
+
+def _draws(logits: torch.Tensor, **opts: object) -> Counter[int]:
+    s = make(N_DRAWS, vocab_s=100, **opts)
+    tokens, aborted = s.sample(logits.expand(N_DRAWS, -1), torch.arange(N_DRAWS), 0)
+    assert not aborted.any()
+    return Counter(tokens.tolist())
+
+
+def test_race_full_distribution_matches_softmax() -> None:
+    counts = _draws(LOGITS, top_p=1.0, top_k=100)
+    assert chi2(counts, torch.softmax(LOGITS, 0), N_DRAWS) < CHI2_DF7_P1E4
+    # the bound has power: a slightly wrong distribution (temperature 0.8) and uniform are rejected
+    assert chi2(counts, torch.softmax(LOGITS / 0.8, 0), N_DRAWS) > CHI2_DF7_P1E4
+    assert chi2(counts, torch.full((8,), 1 / 8), N_DRAWS) > CHI2_DF7_P1E4
+
+
+def test_race_across_steps_matches_softmax() -> None:
+    """One row, many steps (win_size large enough to never repeat-check is impossible; use tau_r huge)."""
+    s = make(1, vocab_s=100, top_p=1.0, top_k=100, tau_r=1e9)
+    toks = [int(s.sample(LOGITS[None], torch.tensor([0]), k)[0][0]) for k in range(3000)]
+    assert chi2(Counter(toks), torch.softmax(LOGITS, 0), 3000) < CHI2_DF7_P1E4
+
+
+def test_nucleus_distribution_matches_renormalized_kept() -> None:
+    p = torch.softmax(LOGITS, 0)
+    # LOGITS is sorted: keep while the sum before an entry is < 0.8
+    cum = torch.cumsum(p, 0)
+    n_keep = int((torch.cat([torch.zeros(1), cum[:-1]]) < 0.8).sum())
+    assert 3 <= n_keep <= 5
+    kept = torch.zeros(8)
+    kept[:n_keep] = p[:n_keep] / p[:n_keep].sum()
+    counts = _draws(LOGITS)
+    assert set(counts) <= set(range(n_keep))
+    crit = {2: 18.42, 3: 21.11, 4: 23.51}[n_keep - 1]  # chi-square p = 1e-4 by degrees of freedom
+    assert chi2(counts, kept, N_DRAWS) < crit
+    assert chi2(counts, torch.softmax(LOGITS[:n_keep] / 0.8, 0), N_DRAWS) > crit  # wrong dist rejected
+    top_k = _draws(LOGITS, top_k=3)
+    assert set(top_k) <= {0, 1, 2}
+    assert chi2(top_k, p[:3] / p[:3].sum(), N_DRAWS) < 21.1  # df=2, p=1e-4 is 18.4; margin
+
+
+def test_ras_fallback_distribution_excludes_repeat() -> None:
+    """History holds the arg-max; with top_k=1 the fallback draws softmax minus that id."""
+    n = N_DRAWS
+    s = make(n, vocab_s=100, top_k=1)
+    rows = torch.arange(n)
+    x0 = torch.full((n, 8), NEG)
+    x0[:, 0] = 0.0
+    s.sample(x0, rows, 0)
+    tokens, _ = s.sample(LOGITS.expand(n, -1), rows, 1)
+    q = torch.softmax(LOGITS, 0)
+    q[0] = 0.0
+    q = q / q.sum()
+    counts = Counter(tokens.tolist())
+    assert 0 not in counts
+    assert chi2(counts, q, n) < 27.9  # df=6
+    assert sum(d.ras_fallbacks for d in s.finish()) == n
+
+
+# --- RAS specifics --------------------------------------------------------------------------------
+
+def test_sole_token_restore_at_nonzero_index() -> None:
+    s = make(1, vocab_s=50)
+    x = torch.full((1, 60), NEG)
+    x[0, 37] = -2.0
+    for step in range(3):
+        tok, aborted = s.sample(x, torch.tensor([0]), step)
+        assert int(tok[0]) == 37 and not bool(aborted[0])
+    d = s.finish()[0]
+    assert (d.ras_sole_restores, d.ras_fallbacks, d.steps, d.tokens_emitted) == (2, 0, 3, 3)
+
+
+def test_repeat_outside_window_does_not_trigger() -> None:
+    s = make(1, vocab_s=50, win_size=3, top_k=1)
+    for step, tok in enumerate([5, 1, 2, 3]):
+        x = torch.full((1, 60), NEG)
+        x[0, tok] = 0.0
+        s.sample(x, torch.tensor([0]), step)
+    x = torch.zeros((1, 60))
+    x[0, 5] = 5.0
+    assert int(s.sample(x, torch.tensor([0]), 4)[0][0]) == 5
+    assert s.finish()[0].ras_fallbacks == 0
+
+
+# --- min length -----------------------------------------------------------------------------------
+
+def test_min_len_block_all_stop_and_official_head() -> None:
+    vs = 10
+    x = torch.full((64, 16), -5.0)
+    x[:, vs:] = 5.0  # stop ids dominate
+    for rule, forbidden in (("block-all-stop", set(range(vs, 16))), ("official-head", {vs})):
+        s = make(64, vocab_s=vs, min_len=3, min_len_rule=rule, top_p=1.0, top_k=100)
+        rows = torch.arange(64)
+        for step in range(3):
+            tokens, _ = s.sample(x, rows, step)
+            assert not (set(tokens.tolist()) & forbidden), rule
+        tokens, _ = s.sample(x, rows, 3)  # after min_len stopping is allowed (and likely)
+        assert (tokens >= vs).any()
+        assert all(d.min_len_suppressed == 3 for d in s.finish())
+
+
+# --- non-finite policies --------------------------------------------------------------------------
+
+def test_exclude_aborts_only_the_bad_row() -> None:
+    s = make(3)
+    x = torch.randn(3, 30)
+    x[1] = NAN
+    x[2, :29] = NAN
+    tokens, aborted = s.sample(x, torch.arange(3), 0)
+    assert aborted.tolist() == [False, True, False]
+    assert int(tokens[2]) == 29 and int(tokens[1]) >= 20
+    tokens, aborted = s.sample(torch.randn(3, 30), torch.arange(3), 1)
+    assert aborted.tolist() == [False, True, False]  # stays aborted
+    d = s.finish(stop_reasons=["max_len", None, None])
+    assert d[1].stop_reason == "no_finite_logits" and d[1].all_nan_steps == 1 and d[1].steps == 1
+    assert d[0].stop_reason == "max_len" and d[2].nan_steps == 1 and d[2].stop_reason is None
+    assert "1 entirely NaN" in BatchDiagnostics.from_rows(d).summary_line()
+
+
+def test_posinf_row_picks_uniformly_among_posinf() -> None:
+    n = 2000
+    s = make(n, vocab_s=100)
+    x = torch.randn(n, 12)
+    x[:, [3, 8, 11]] = INF
+    x[:, 5] = NAN
+    tokens, aborted = s.sample(x, torch.arange(n), 0)
+    assert not aborted.any()
+    c = Counter(tokens.tolist())
+    assert set(c) == {3, 8, 11}
+    assert chi2(c, torch.tensor([0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 1]) / 3.0, n) < 18.4  # df=2
+
+
+def test_error_policy_aborts_with_message() -> None:
+    s = make(2, nonfinite_policy="error")
+    x = torch.randn(2, 30)
+    x[0, 4] = NAN
+    tokens, aborted = s.sample(x, torch.arange(2), 2)
+    assert aborted.tolist() == [True, False]
+    d = s.finish()
+    assert d[0].stop_reason == "error" and "step 2" in (d[0].error or "") and "1 NaN" in (d[0].error or "")
+    assert d[1].stop_reason is None and d[1].error is None
+
+
+def test_legacy_zero_is_labelled_and_samples_all_nan() -> None:
+    s = make(1, nonfinite_policy="legacy-zero")
+    tokens, aborted = s.sample(torch.full((1, 30), NAN), torch.tensor([0]), 0)
+    assert not bool(aborted[0])
+    d = s.finish()[0]
+    assert d.legacy and d.to_dict()["legacy"] and d.policy == "legacy-zero"
+    assert "LEGACY" in BatchDiagnostics.from_rows([d]).summary_line()
+
+
+def test_legacy_multinomial_runs_and_respects_masks() -> None:
+    s = make(4, draw="legacy-multinomial", min_len=5)
+    x = torch.randn(4, 30)
+    x[:, 7] = NEG
+    x[3] = NAN
+    tokens, aborted = s.sample(x, torch.arange(4), 0)
+    assert aborted.tolist() == [False, False, False, True]
+    assert all(t < 20 and t != 7 for t in tokens[:3].tolist())
+
+
+# --- batch independence ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("draw", ["race", "legacy-multinomial"])
+def test_batch_independence(draw: str) -> None:
+    torch.manual_seed(0)
+    steps, vocab = 12, 40
+    logits = torch.randn(steps, 8, vocab) * 2  # step, batch slot, vocab
+    target = torch.randn(steps, vocab) * 2
+
+    def run(pos: int, n: int) -> list[int]:
+        seeds = [row_seed(1, f"o{i}") for i in range(n)]
+        seeds[pos] = row_seed(1, "target")
+        s = BatchSampler(SamplerOptions(draw=draw), row_ids=[f"o{i}" for i in range(n)],  # type: ignore[arg-type]
+                         row_seeds=seeds, min_len=[4] * n, speech_token_size=30, device="cpu")
+        out = []
+        for k in range(steps):
+            x = logits[k, :n].clone()
+            x[pos] = target[k]
+            tokens, _ = s.sample(x, torch.arange(n), k)
+            out.append(int(tokens[pos]))
+        return out
+
+    alone = run(0, 1)
+    assert run(0, 8) == alone
+    assert run(7, 8) == alone
+
+
+def test_subset_rows_and_history() -> None:
+    """Rows leave the batch: passing a subset by index keeps each row's own stream."""
+    torch.manual_seed(1)
+    x = torch.randn(6, 3, 25)
+    full = make(3, vocab_s=20)
+    part = make(3, vocab_s=20)
+    a = [full.sample(x[k], torch.arange(3), k)[0] for k in range(6)]
+    b = [part.sample(x[k, [2]], torch.tensor([2]), k)[0] for k in range(6)]
+    assert [int(t[2]) for t in a] == [int(t[0]) for t in b]
+
+
+def test_diagnostics_dataclass() -> None:
+    d = SamplerRowDiagnostics(row_id="a", seed=1, steps=81, all_nan_steps=46, nan_steps=46)
+    assert BatchDiagnostics.from_rows([d]).summary_line() == "81 sampler calls, 46 entirely NaN"
+    assert d.to_dict()["row_id"] == "a" and not d.aborted
