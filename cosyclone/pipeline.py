@@ -219,7 +219,9 @@ def _code2wav(stages: Stages, items: Sequence[tuple[Any, list[int]]], opts: RunO
                            for r, _ in items], dev)
     feats = [torch.as_tensor(_embed(r, "speech_feat")).reshape(-1, 80) for r, _ in items]
     pfeat, _ = _pad(feats, dev)
-    emb = torch.stack([torch.as_tensor(_embed(r, "embedding")).reshape(-1) for r, _ in items]).to(dev)
+    pfeat = pfeat.to(stages.policy.dtype)
+    emb = torch.stack([torch.as_tensor(_embed(r, "embedding")).reshape(-1) for r, _ in items])
+    emb = emb.to(dev, dtype=stages.policy.dtype)
     t0 = time.perf_counter()
     mel, mel_len = stages.flow.inference(tok, tok_len, ptok, ptok_len, pfeat, emb, n_timesteps=opts.n_timesteps)
     t1 = time.perf_counter()

@@ -181,3 +181,43 @@ def write_tiny_config(root: str | Path, sizes: TinySizes | None = None) -> Path:
     (root / YAML_NAME).write_text(render_yaml(sizes), encoding="utf-8")
     (root / QWEN_DIR / "config.json").write_text(json.dumps(qwen_config_json(sizes), indent=2) + "\n")
     return root
+
+
+def _released_hift_keys(state: dict) -> dict:
+    """The released hift.pt carries every key under ``generator.`` (the official loader strips it)."""
+    return {f"generator.{k}": v for k, v in state.items()}
+
+
+def make_tiny_model(root: str | Path, sizes: TinySizes | None = None, seed: int = 0) -> Path:
+    """Write a complete tiny model directory in the released layout (weights dummy-initialized).
+
+    yaml + ``CosyVoice-BlankEN`` config and tokenizer, both ONNX models, and ``llm.pt`` /
+    ``flow.pt`` / ``hift.pt`` as ``torch.save`` of the state dicts of the stages' own modules built
+    with ``load_format="dummy"``, so the real loaders read them back strictly.
+    """
+    import torch
+
+    from .code2wav.flow import build_flow
+    from .code2wav.hift import build_hift
+    from .config import load_model_config
+    from .device import resolve
+    from .frontend.tiny_assets import write_tiny_onnx, write_tiny_tokenizer
+    from .talker.model import build_talker
+
+    root = Path(root)
+    write_tiny_config(root, sizes)
+    write_tiny_tokenizer(root / QWEN_DIR)
+    write_tiny_onnx(root)
+    cfg = load_model_config(root)
+    policy = resolve("cpu", "fp32")
+    torch.manual_seed(seed)
+    for name, build, adapt in (("llm.pt", build_talker, None), ("flow.pt", build_flow, None),
+                               ("hift.pt", build_hift, _released_hift_keys)):
+        module = build(cfg, policy, load_format="dummy")
+        state = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
+        if adapt is not None:
+            state = adapt(state)
+        tmp = root / f".{name}.tmp"
+        torch.save(state, tmp)
+        tmp.replace(root / name)
+    return root

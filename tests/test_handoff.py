@@ -43,7 +43,7 @@ def test_round_trip_every_dtype(dtype: torch.dtype) -> None:
 
 
 def test_bf16_nan_payload_bits_survive() -> None:
-    raw = torch.tensor([0x7FC1, 0xFF81, 0x0001, 0x8000], dtype=torch.int16)
+    raw = torch.tensor([0x7FC1, 0xFF81, 0x0001, 0x8000], dtype=torch.int32).to(torch.int16)
     t = raw.view(torch.bfloat16)
     assert _bits_equal(handoff.loads(handoff.dumps({"t": t}))["t"], t)
 

@@ -1,0 +1,223 @@
+"""The ``cosyclone`` command: synth, validate, make-tiny-model, inspect.
+
+Exit codes: 0 = every row done; 3 = some rows failed or were rejected by validation (the others
+were produced); 2 = unusable input (manifest or model directory unreadable, bad options).
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+import time
+from pathlib import Path
+
+import typer
+
+from . import __version__
+from .errors import CosycloneError
+
+EXIT_OK, EXIT_USAGE, EXIT_ROWS_FAILED = 0, 2, 3
+app = typer.Typer(add_completion=False, help="Offline batched CosyVoice3 voice cloning.")
+
+
+def _fail(msg: str) -> None:
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(EXIT_USAGE)
+
+
+def _load_cfg(model_dir: Path | None, load_format: str):
+    from .config import load_model_config, released_config
+
+    if model_dir is not None:
+        return load_model_config(model_dir)
+    if load_format != "dummy":
+        _fail("give --model-dir DIR, or --load-format dummy for random weights at released size")
+    return released_config()
+
+
+@app.command()
+def validate(manifest: Path = typer.Argument(..., help="JSONL manifest")) -> None:
+    """Validate a manifest (no model work); exit 3 when any row is rejected."""
+    from .manifest import read_manifest
+
+    try:
+        m = read_manifest(manifest)
+    except CosycloneError as exc:
+        _fail(str(exc))
+    for err in m.errors:
+        typer.echo(f"{manifest}: {err}")
+    typer.echo(f"{len(m.rows)} valid rows, {len(m.errors)} rejected")
+    raise typer.Exit(EXIT_ROWS_FAILED if m.errors else EXIT_OK)
+
+
+@app.command()
+def synth(
+    manifest: Path = typer.Argument(..., help="JSONL manifest (see README for the schema)"),
+    model_dir: Path | None = typer.Option(None, "--model-dir", help="Fun-CosyVoice3-0.5B directory"),
+    load_format: str = typer.Option("auto", help="auto (read weights) | dummy (random weights)"),
+    out: Path = typer.Option(Path("out"), "--out", help="output folder"),
+    device: str = typer.Option("auto", help="auto | cuda | rocm | cpu"),
+    dtype: str = typer.Option("auto", help="auto | bf16 | fp16 | fp32"),
+    batch_size: int = typer.Option(8, help="rows per batch"),
+    seed: int = typer.Option(0, help="run seed (row seeds derive from it and the row id)"),
+    top_p: float | None = typer.Option(None, help="sampler top-p (default: model yaml)"),
+    top_k: int | None = typer.Option(None, help="sampler top-k"),
+    win_size: int | None = typer.Option(None, help="RAS window"),
+    tau_r: float | None = typer.Option(None, help="RAS threshold ratio"),
+    nonfinite_policy: str = typer.Option("exclude", help="exclude | error | legacy-zero (LEGACY, official)"),
+    draw: str = typer.Option("race", help="race | legacy-multinomial (LEGACY, official)"),
+    shard: str | None = typer.Option(None, help="i/N: this machine's contiguous slice"),
+    overwrite: bool = typer.Option(False, help="redo every row (default: resume)"),
+    dry_run: bool = typer.Option(False, help="validate and plan only"),
+    max_tokens: int | None = typer.Option(None, help="cap speech tokens per segment (tests, bench)"),
+    n_timesteps: int | None = typer.Option(None, help="flow Euler steps"),
+    float_wav: bool = typer.Option(False, help="32-bit float WAVs instead of PCM16"),
+) -> None:
+    """Synthesize every row of MANIFEST into OUT/wavs/<id>.wav plus diagnostics and a summary."""
+    from .device import resolve
+    from .manifest import Shard, read_manifest
+    from .pipeline import RunOptions, load_stages, run
+    from .writer import BackgroundWriter, WriterOptions, completed_rows, render_summary, write_summary
+
+    t_start = time.perf_counter()
+    try:
+        m = read_manifest(manifest)
+        if shard:
+            m = m.shard(Shard.parse(shard))
+        for name, value, allowed in (("--nonfinite-policy", nonfinite_policy, ("exclude", "error", "legacy-zero")),
+                                     ("--draw", draw, ("race", "legacy-multinomial")),
+                                     ("--load-format", load_format, ("auto", "dummy"))):
+            if value not in allowed:
+                raise CosycloneError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
+        policy = resolve(device, dtype)
+        cfg = _load_cfg(model_dir, load_format)
+    except CosycloneError as exc:
+        _fail(str(exc))
+    for err in m.errors:
+        typer.echo(f"{manifest}: {err}", err=True)
+    if "legacy" in nonfinite_policy or "legacy" in draw:
+        typer.echo("warning: LEGACY sampler behaviour requested (official, pre-fix); diagnostics are labelled",
+                   err=True)
+    done = set() if overwrite else completed_rows(out, [r.id for r in m.rows])
+    todo = [r for r in m.rows if r.id not in done]
+    if dry_run:
+        typer.echo(f"{len(m.rows)} valid rows, {len(m.errors)} rejected, {len(done)} already done, "
+                   f"{len(todo)} to synthesize on {policy.device} ({policy.dtype})")
+        raise typer.Exit(EXIT_ROWS_FAILED if m.errors else EXIT_OK)
+
+    opts = RunOptions(seed=seed, batch_size=batch_size, top_p=top_p, top_k=top_k, win_size=win_size,
+                      tau_r=tau_r, nonfinite_policy=nonfinite_policy, draw=draw, max_tokens=max_tokens,
+                      n_timesteps=n_timesteps, load_format="dummy" if load_format == "dummy" else "auto")
+    try:
+        stages = load_stages(cfg, policy, opts.load_format) if todo else None
+    except CosycloneError as exc:
+        _fail(str(exc))
+    from tqdm import tqdm
+
+    tty = sys.stderr.isatty()
+    writer = BackgroundWriter(WriterOptions(out_dir=out, float_wav=float_wav, sample_rate=cfg.hift.sampling_rate),
+                              truncate=overwrite)
+    bar = tqdm(total=len(todo), desc="synth", unit="row", disable=not tty)
+    t_model = time.perf_counter()
+    try:
+        records = run(stages, todo, opts, writer.submit, progress=bar.update) if todo else []
+    finally:
+        bar.close()
+        writer.close()
+    wall = time.perf_counter() - t_model
+    summary = _summary(records, m, done, opts, cfg, policy, out, wall, time.perf_counter() - t_start, model_dir,
+                       load_format, shard, float_wav)
+    write_summary(out, summary)
+    render_summary(summary, tty=sys.stdout.isatty())
+    failed = summary["failed"] + summary["invalid"]
+    raise typer.Exit(EXIT_ROWS_FAILED if failed else EXIT_OK)
+
+
+def _summary(records, m, done, opts, cfg, policy, out, wall, total_wall, model_dir, load_format, shard,
+             float_wav) -> dict:
+    from dataclasses import asdict
+
+    import torch
+
+    sampler_rows = [s for r in records for s in r.diagnostics.get("sampler", [])]
+    calls = sum(int(s.get("steps", 0)) for s in sampler_rows)
+    all_nan = sum(int(s.get("all_nan_steps", 0)) for s in sampler_rows)
+    nan_rows = sum(1 for r in records if any(s.get("nan_steps", 0) for s in r.diagnostics.get("sampler", [])))
+    audio = sum(float(r.diagnostics.get("audio_seconds", 0.0)) for r in records)
+    ok = sum(1 for r in records if r.diagnostics.get("status") == "ok")
+    return {
+        "rows": len(m.rows), "done": ok, "skipped": len(done), "failed": len(records) - ok,
+        "invalid": len(m.errors), "invalid_rows": [str(e) for e in m.errors],
+        "failed_rows": {r.row_id: r.diagnostics.get("error") for r in records if r.diagnostics.get("status") != "ok"},
+        "nan_rows": nan_rows, "nan_summary": f"{calls} sampler calls, {all_nan} entirely NaN",
+        "audio_seconds": audio, "wall_seconds": wall, "total_wall_seconds": total_wall,
+        "throughput_audio_s_per_s": audio / wall if wall > 0 else 0.0,
+        "rtf": wall / audio if audio > 0 else None,
+        "versions": {"cosyclone": __version__, "torch": torch.__version__, "python": platform.python_version()},
+        "model_dir": str(model_dir) if model_dir else None, "model_yaml_sha256": cfg.yaml_sha256 or None,
+        "load_format": load_format, "device": str(policy.device), "dtype": str(policy.dtype),
+        "shard": shard, "float_wav": float_wav, "options": asdict(opts), "out_dir": str(out),
+    }
+
+
+@app.command("make-tiny-model")
+def make_tiny_model_cmd(directory: Path = typer.Argument(...),
+                        force: bool = typer.Option(False, help="replace an existing directory's files")) -> None:
+    """Write a complete tiny model directory in the released layout."""
+    from .tiny import make_tiny_model
+
+    if directory.exists() and any(directory.iterdir()) and not force:
+        _fail(f"{directory} exists and is not empty (use --force)")
+    make_tiny_model(directory)
+    typer.echo(f"tiny model written to {directory}")
+
+
+@app.command()
+def inspect(model_dir: Path = typer.Argument(...), device: str = typer.Option("auto"),
+            dtype: str = typer.Option("auto")) -> None:
+    """Geometry, parameter counts, key check against the expected layout, device and providers."""
+    from .checkpoint import check_keys, read_state_file
+    from .config import load_model_config
+    from .device import resolve
+
+    try:
+        cfg = load_model_config(model_dir)
+        policy = resolve(device, dtype)
+    except CosycloneError as exc:
+        _fail(str(exc))
+    q = cfg.talker.qwen
+    typer.echo(f"model dir: {model_dir} (yaml sha256 {cfg.yaml_sha256[:16]})")
+    typer.echo(f"talker: hidden {q.hidden_size}, layers {q.num_hidden_layers}, heads {q.num_attention_heads}/"
+               f"{q.num_key_value_heads}, speech tokens {cfg.talker.speech_token_size}")
+    typer.echo(f"flow DiT: dim {cfg.flow.dit.dim}, depth {cfg.flow.dit.depth}; hift base {cfg.hift.base_channels}")
+    typer.echo(f"device: {policy.device} ({policy.backend}, {policy.dtype})")
+    try:
+        import onnxruntime as ort
+
+        typer.echo(f"onnxruntime providers: {', '.join(ort.get_available_providers())}")
+    except ImportError:
+        typer.echo("onnxruntime: not installed")
+    bad = False
+    try:
+        from .code2wav.flow import build_flow
+        from .code2wav.hift import build_hift
+        from .talker.model import build_talker
+
+        cpu = resolve("cpu", "fp32")
+        for name, build in (("llm.pt", build_talker), ("flow.pt", build_flow), ("hift.pt", build_hift)):
+            module = build(cfg, cpu, load_format="dummy")
+            n = sum(p.numel() for p in module.parameters())
+            try:
+                rep = check_keys(module, read_state_file(model_dir / name), name)
+                status = "keys ok" if rep.ok else rep.render(limit=5)
+                # released hift.pt / llm.pt key forms may need the stage's adapter; report, don't fail
+            except CosycloneError as exc:
+                status, bad = str(exc), True
+            typer.echo(f"{name}: {n / 1e6:.2f} M parameters; {status}")
+    except ImportError as exc:
+        typer.echo(f"stage modules unavailable: {exc}")
+    raise typer.Exit(EXIT_USAGE if bad else EXIT_OK)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()
