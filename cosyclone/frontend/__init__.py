@@ -1,0 +1,69 @@
+"""Frontend: prompt audio + texts → per-segment :class:`~cosyclone.conditioning.Request` s.
+
+Prompt features (tokens, CAM++ embedding, flow mel) are computed once per row and shared by all
+of its segments. Modules: audio (load/resample), features (mels, fbank), onnx (sessions),
+text (tokenizer, prompt formats, normalization), tiny_assets (test stand-ins).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from cosyclone.conditioning import Request
+from cosyclone.config import QWEN_DIR, ModelConfig
+from cosyclone.frontend.audio import check_prompt, load_audio, resample
+from cosyclone.frontend.features import align_prompt, flow_mel
+from cosyclone.frontend.onnx import OnnxModels
+from cosyclone.frontend.text import TextFrontend
+
+__all__ = ["Frontend", "PromptFeatures"]
+
+
+class PromptFeatures(dict):
+    """{"speech_token": (P,) long, "speech_feat": (2P, 80) float32, "embedding": (192,) float32}."""
+
+
+class Frontend:
+    """Builds conditioning for the talker/flow from a model directory's ONNX models and tokenizer."""
+
+    def __init__(self, cfg: ModelConfig, providers: list[str] | None = None) -> None:
+        self.cfg = cfg
+        self.onnx = OnnxModels(cfg.path("campplus.onnx").parent, providers)
+        self.text = TextFrontend(cfg.path(QWEN_DIR))
+
+    def prompt_features(self, prompt_audio: str | Path | tuple[torch.Tensor, int], *,
+                        row_id: str | None = None) -> PromptFeatures:
+        """Prompt wave (path or (wave (N,), sr)) → aligned tokens, flow mel and speaker embedding."""
+        fe = self.cfg.frontend
+        if isinstance(prompt_audio, tuple):
+            wave, sr = prompt_audio
+            wave = wave.to(torch.float32).reshape(-1) if wave.dim() == 1 else wave.to(torch.float32).mean(0)
+            check_prompt(wave, sr, row_id=row_id, min_sr=fe.min_prompt_sample_rate,
+                         max_seconds=fe.max_prompt_seconds)
+        else:
+            wave, sr = load_audio(prompt_audio, row_id=row_id, min_sr=fe.min_prompt_sample_rate,
+                                  max_seconds=fe.max_prompt_seconds)
+        w16 = resample(wave, sr, 16000)
+        w24 = resample(wave, sr, fe.sample_rate)
+        tokens = self.onnx.speech_tokens(w16)
+        embedding = self.onnx.speaker_embedding(w16)
+        m = fe.mel
+        mel, _ = flow_mel(w24[None], n_fft=m.n_fft, num_mels=m.num_mels, sampling_rate=m.sampling_rate,
+                          hop_size=m.hop_size, win_size=m.win_size, fmin=m.fmin, fmax=m.fmax)
+        feat, tokens = align_prompt(mel[0].T.contiguous(), tokens, fe.token_mel_ratio)
+        return PromptFeatures(speech_token=tokens, speech_feat=feat, embedding=embedding)
+
+    def prepare(self, row_id: str, prompt_audio: str | Path | tuple[torch.Tensor, int],
+                prompt_text: str | None, text: str, mode: str = "zero_shot", instruct: str | None = None,
+                seed: int = 0, speed: float = 1.0) -> list[Request]:
+        """One :class:`Request` per target segment; text is checked before any audio work."""
+        prompt_ids, segments = self.text.build_text(mode, prompt_text, text, instruct, row_id=row_id)
+        feats = self.prompt_features(prompt_audio, row_id=row_id)
+        out = []
+        for i, seg in enumerate(segments):
+            ids = torch.tensor(prompt_ids + seg, dtype=torch.long)
+            out.append(Request(row_id=row_id, segment=i, text_ids=ids, target_len=len(seg),
+                               embed=dict(feats), seed=seed, speed=speed, mode=mode))
+        return out

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import torch
@@ -26,13 +27,14 @@ class _TinySpeechTokenizer(nn.Module):
         super().__init__()
         self.conv1 = nn.Conv1d(128, 8, 3, stride=2, padding=1)
         self.conv2 = nn.Conv1d(8, 4, 3, stride=2, padding=1)
+        self.register_buffer("mix", torch.tensor([1.0, 3.0, 9.0, 27.0])[None, :, None])
 
     def forward(self, feats: torch.Tensor, feats_length: torch.Tensor) -> torch.Tensor:
         """feats (1, 128, T), feats_length (1,) int32 → tokens (1, ceil(T/4)) int64."""
         t = torch.arange(feats.shape[2], device=feats.device)[None, None, :]
         x = feats * (t < feats_length.to(torch.int64)[:, None, None]).to(feats.dtype)
         h = self.conv2(torch.tanh(self.conv1(x)))
-        score = (h * torch.tensor([1.0, 3.0, 9.0, 27.0])[None, :, None]).sum(1).abs() * 997.0
+        score = (h * self.mix).sum(1).abs() * 997.0
         return torch.remainder(torch.floor(score), float(SPEECH_TOKEN_SIZE)).to(torch.int64)
 
 
@@ -57,7 +59,8 @@ def write_tiny_onnx(model_dir: str | Path, seed: int = 0) -> tuple[Path, Path]:
     torch.manual_seed(seed)
     tok, spk = _TinySpeechTokenizer().eval(), _TinyCampplus().eval()
     tok_path, spk_path = model_dir / "speech_tokenizer_v3.onnx", model_dir / "campplus.onnx"
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the legacy exporter's deprecation notices
         torch.onnx.export(tok, (torch.randn(1, 128, 37), torch.tensor([37], dtype=torch.int32)),
                           str(tok_path), input_names=["feats", "feats_length"], output_names=["indices"],
                           dynamic_axes={"feats": {2: "T"}, "indices": {1: "P"}}, opset_version=17,
@@ -83,8 +86,8 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 _MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("e", "r"), ("a", "n"), ("o", "n"),
            ("Ġ", "a"), ("r", "e"), ("Ġ", "s")]
-_QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
-               r"|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+_QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 _SPECIALS = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645}
 
 
@@ -96,6 +99,9 @@ def write_tiny_tokenizer(qwen_dir: str | Path) -> Path:
     vocab = {alphabet[b]: b for b in range(256)}
     for a, b in _MERGES:
         vocab[a + b] = len(vocab)
+    # The specials live in the (sparse) BPE vocab too: tokenizers renumbers added tokens the model
+    # does not know densely, whereas known ones keep their id and new ones get max(id) + 1.
+    vocab.update(_SPECIALS)
     (qwen_dir / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     merges = "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in _MERGES)
     (qwen_dir / "merges.txt").write_text(merges, encoding="utf-8")

@@ -1,0 +1,316 @@
+"""CosyVoice3's causal HiFT vocoder (CausalHiFTGenerator + CausalConvRNNF0Predictor), batched.
+
+Why the structure looks like this:
+* parameters keep the official names (``X.parametrizations.weight.original0/1``) so released
+  ``hift.pt`` files load strictly; :meth:`CausalHiFTGenerator.fold_weight_norm` then bakes
+  ``g * v / ||v||`` into plain conv weights, because recomputing the norm every call is waste;
+* the F0 predictor runs in float64 (the official code does, "precision is crucial");
+* the construction-time noise tables are not parameters: they are set with
+  :meth:`CausalHiFTGenerator.set_noise_tables` (released ones come from ``noise.py``);
+* batching is exact: rows of equal length run together, rows of different lengths run in
+  separate groups, because the centred STFT (reflect padding) and iSTFT at a row's end would
+  otherwise see the neighbouring padded samples.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.utils import parametrizations, parametrize
+
+from ..checkpoint import StateDict, init_dummy, load_module_file
+from ..config import HiFTConfig, ModelConfig
+from ..device import DevicePolicy
+
+
+def _wn(conv: nn.Conv1d) -> nn.Conv1d:
+    """Weight-norm (dim 0) with the parametrization API, giving the official key names."""
+    return parametrizations.weight_norm(conv)
+
+
+def causal_pad_amount(kernel_size: int, dilation: int) -> int:
+    """Zeros a causal conv pads so that output length equals input length."""
+    return 2 * ((kernel_size * dilation - dilation) // 2) + ((kernel_size + 1) % 2)
+
+
+class CausalConv1d(nn.Conv1d):
+    """Conv1d, stride 1, padding 0 plus explicit zero padding on one side.
+
+    ``causal_type='left'`` pads before (pure causal); ``'right'`` pads after (look-ahead).
+    Input/output (B, C, T) with equal T.
+    """
+
+    def __init__(self, cin: int, cout: int, kernel_size: int, dilation: int = 1,
+                 causal_type: str = "left", bias: bool = True) -> None:
+        super().__init__(cin, cout, kernel_size, stride=1, padding=0, dilation=dilation, bias=bias)
+        self.causal_pad = causal_pad_amount(kernel_size, dilation)
+        self.causal_type = causal_type
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, Cin, T) -> (B, Cout, T)
+        pad = (self.causal_pad, 0) if self.causal_type == "left" else (0, self.causal_pad)
+        return super().forward(F.pad(x, pad))
+
+
+class CausalConv1dUpsample(nn.Conv1d):
+    """Nearest upsample ×stride, left-pad k−1 zeros, conv k. (B, Cin, T) -> (B, Cout, stride·T)."""
+
+    def __init__(self, cin: int, cout: int, kernel_size: int, stride: int) -> None:
+        super().__init__(cin, cout, kernel_size, stride=1, padding=0)
+        self.up = stride
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = F.interpolate(x, scale_factor=float(self.up), mode="nearest")
+        return super().forward(F.pad(x, (self.kernel_size[0] - 1, 0)))
+
+
+class CausalConv1dDownSample(nn.Conv1d):
+    """Left-pad stride−1 zeros, conv k with stride. (B, Cin, T) -> (B, Cout, ~T/stride)."""
+
+    def __init__(self, cin: int, cout: int, kernel_size: int, stride: int) -> None:
+        super().__init__(cin, cout, kernel_size, stride=stride, padding=0)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return super().forward(F.pad(x, (self.stride[0] - 1, 0)))
+
+
+class Snake(nn.Module):
+    """y = x + sin²(αx)/(α + 1e-9), α per channel (alpha_logscale False). x (B, C, T)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.alpha = nn.Parameter(torch.ones(channels))
+
+    def forward(self, x: Tensor) -> Tensor:
+        a = self.alpha.unsqueeze(0).unsqueeze(-1)
+        return x + 1.0 / (a + 1e-9) * torch.sin(x * a).pow(2)
+
+
+class ResBlock(nn.Module):
+    """Snake residual block with left-causal dilated convs (key names as official)."""
+
+    def __init__(self, channels: int, kernel_size: int, dilations: tuple[int, ...]) -> None:
+        super().__init__()
+        self.convs1 = nn.ModuleList(_wn(CausalConv1d(channels, channels, kernel_size, d)) for d in dilations)
+        self.convs2 = nn.ModuleList(_wn(CausalConv1d(channels, channels, kernel_size, 1)) for _ in dilations)
+        self.activations1 = nn.ModuleList(Snake(channels) for _ in dilations)
+        self.activations2 = nn.ModuleList(Snake(channels) for _ in dilations)
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, C, T) -> (B, C, T)
+        for c1, c2, a1, a2 in zip(self.convs1, self.convs2, self.activations1, self.activations2):
+            x = x + c2(a2(c1(a1(x))))
+        return x
+
+
+class CausalConvRNNF0Predictor(nn.Module):
+    """Mel (B, 80, T) -> F0 (B, T); condnet0 looks 3 frames right, the rest are left-causal."""
+
+    def __init__(self, in_channels: int = 80, cond_channels: int = 512, num_class: int = 1) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [_wn(CausalConv1d(in_channels, cond_channels, 4, causal_type="right")), nn.ELU()]
+        for _ in range(4):
+            layers += [_wn(CausalConv1d(cond_channels, cond_channels, 3)), nn.ELU()]
+        self.condnet = nn.Sequential(*layers)
+        self.classifier = nn.Linear(cond_channels, num_class)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.condnet(x).transpose(1, 2)
+        return torch.abs(self.classifier(x).squeeze(-1))
+
+
+class SourceModuleHnNSF(nn.Module):
+    """Holds the 9→1 merge layer (``m_source.l_linear``); the sine math lives in the generator."""
+
+    def __init__(self, harmonics: int) -> None:
+        super().__init__()
+        self.l_linear = nn.Linear(harmonics, 1)
+
+
+class CausalHiFTGenerator(nn.Module):
+    """Mel (B, 80, T) at 50 Hz -> waveform (B, 480·T) at 24 kHz."""
+
+    def __init__(self, cfg: HiFTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.harmonics = cfg.nb_harmonics + 1
+        self.upsample_scale = math.prod(cfg.upsample_rates) * cfg.hop_len
+        base = cfg.base_channels
+        self.m_source = SourceModuleHnNSF(self.harmonics)
+        self.conv_pre = _wn(CausalConv1d(cfg.in_channels, base, cfg.conv_pre_look_right + 1, causal_type="right"))
+        self.ups = nn.ModuleList(
+            _wn(CausalConv1dUpsample(base // 2**i, base // 2 ** (i + 1), k, u))
+            for i, (u, k) in enumerate(zip(cfg.upsample_rates, cfg.upsample_kernel_sizes)))
+        down_rates = [1, *list(cfg.upsample_rates[::-1][:-1])]
+        cum = [math.prod(down_rates[: i + 1]) for i in range(len(down_rates))][::-1]
+        self.source_downs = nn.ModuleList()
+        self.source_resblocks = nn.ModuleList()
+        src_ch = cfg.n_fft + 2
+        for i, (u, k, d) in enumerate(zip(cum, cfg.source_resblock_kernel_sizes, cfg.source_resblock_dilation_sizes)):
+            ch = base // 2 ** (i + 1)
+            if u == 1:
+                self.source_downs.append(CausalConv1d(src_ch, ch, 1))
+            else:
+                self.source_downs.append(CausalConv1dDownSample(src_ch, ch, u * 2, u))
+            self.source_resblocks.append(ResBlock(ch, k, tuple(d)))
+        self.resblocks = nn.ModuleList()
+        for i in range(len(self.ups)):
+            ch = base // 2 ** (i + 1)
+            for k, d in zip(cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes):
+                self.resblocks.append(ResBlock(ch, k, tuple(d)))
+        self.conv_post = _wn(CausalConv1d(base // 2 ** len(self.ups), cfg.n_fft + 2, 7))
+        self.f0_predictor = CausalConvRNNF0Predictor(cfg.f0_in_channels, cfg.f0_cond_channels, cfg.f0_num_class)
+        self.register_buffer("stft_window", torch.hann_window(cfg.n_fft, periodic=True), persistent=False)
+        self.sine_waves: Tensor | None = None  # (1, N, 9) uniform [0,1) construction-time table
+
+    # ---- loading -----------------------------------------------------------------------------
+
+    @staticmethod
+    def adapt_keys(state: Mapping[str, Tensor]) -> StateDict:
+        """Strip ``generator.`` and map legacy ``weight_g``/``weight_v`` to original0/original1."""
+        out: StateDict = {}
+        for key, val in state.items():
+            key = key.replace("generator.", "")
+            if key.endswith(".weight_g"):
+                key = key[: -len("weight_g")] + "parametrizations.weight.original0"
+            elif key.endswith(".weight_v"):
+                key = key[: -len("weight_v")] + "parametrizations.weight.original1"
+            out[key] = val
+        return out
+
+    @torch.no_grad()
+    def fold_weight_norm(self) -> CausalHiFTGenerator:
+        """Replace every weight-norm parametrization by its plain weight g·v/‖v‖ (after loading)."""
+        for module in self.modules():
+            if parametrize.is_parametrized(module, "weight"):
+                parametrize.remove_parametrizations(module, "weight", leave_parametrized=True)
+        return self
+
+    def set_noise_tables(self, sine_waves: Tensor) -> None:
+        """Install the uniform source-noise table (1, N, 9); N must cover 480·T of every call."""
+        self.sine_waves = sine_waves.float()
+
+    # ---- STFT ----------------------------------------------------------------------------------
+
+    def _window_for(self, x: Tensor) -> Tensor:
+        """The Hann window on ``x``'s device/dtype; a moved copy replaces the buffer (kept)."""
+        if self.stft_window.device != x.device or self.stft_window.dtype != x.dtype:
+            self.stft_window = self.stft_window.to(device=x.device, dtype=x.dtype)
+        return self.stft_window
+
+    def _stft(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """x (B, L) -> real, imag (B, n_fft/2+1, L/hop+1), centred with reflect padding."""
+        spec = torch.stft(x, self.cfg.n_fft, self.cfg.hop_len, self.cfg.n_fft, window=self._window_for(x),
+                          center=True, pad_mode="reflect", return_complex=True)
+        return spec.real, spec.imag
+
+    def _istft(self, magnitude: Tensor, phase: Tensor) -> Tensor:
+        """(B, 9, F) magnitude/phase -> (B, hop·(F−1)) samples."""
+        magnitude = torch.clip(magnitude, max=1e2)
+        spec = torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))
+        return torch.istft(spec, self.cfg.n_fft, self.cfg.hop_len, self.cfg.n_fft,
+                           window=self._window_for(magnitude), center=True)
+
+    # ---- stages --------------------------------------------------------------------------------
+
+    def predict_f0(self, mel: Tensor) -> Tensor:
+        """mel (B, 80, T) -> f0 (B, T) float32, computed in float64."""
+        p = next(self.f0_predictor.parameters())
+        if p.dtype != torch.float64:
+            self.f0_predictor.double()
+        return self.f0_predictor(mel.double()).float()
+
+    def source(self, f0: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """f0 (B, T) -> source (B, 1, L), sine_waves (B, L, 9), uv (B, L, 1), noise (B, L, 9).
+
+        Causal SineGen2: per-frame phase increments, cumulative sum, nearest-upsampled phase.
+        """
+        cfg = self.cfg
+        up = self.upsample_scale
+        bsz, frames = f0.shape
+        length = frames * up
+        f0_up = f0.unsqueeze(-1).repeat_interleave(up, dim=1)  # (B, L, 1)
+        harm = torch.arange(1, self.harmonics + 1, device=f0.device, dtype=f0.dtype)
+        # rad at sample 480k+239/240 equals the frame value, so linear down-sampling is the frame itself.
+        rad = (f0.unsqueeze(-1) * harm / cfg.sampling_rate) % 1  # (B, T, 9)
+        phase = torch.cumsum(rad, dim=1) * 2 * math.pi
+        phase = (phase.transpose(1, 2) * up).repeat_interleave(up, dim=2).transpose(1, 2)  # (B, L, 9)
+        sines = torch.sin(phase) * cfg.nsf_alpha
+        uv = (f0_up > cfg.nsf_voiced_threshold).to(sines.dtype)
+        noise_amp = uv * cfg.nsf_sigma + (1 - uv) * cfg.nsf_alpha / 3
+        if self.sine_waves is None or self.sine_waves.shape[1] < length:
+            raise RuntimeError(f"HiFT source-noise table missing or shorter than {length} samples; "
+                               "call set_noise_tables (build_hift does this)")
+        table = self.sine_waves[:, :length].to(device=f0.device, dtype=sines.dtype)
+        noise = noise_amp * table
+        sine_waves = sines * uv + noise
+        merged = torch.tanh(self.m_source.l_linear(sine_waves.to(self.m_source.l_linear.weight.dtype)))
+        return merged.transpose(1, 2), sine_waves, uv, noise
+
+    def decode(self, mel: Tensor, source: Tensor) -> Tensor:
+        """mel (B, 80, T), source (B, 1, L) -> waveform (B, L) clamped to ±audio_limit."""
+        cfg = self.cfg
+        real, imag = self._stft(source.squeeze(1))
+        s_stft = torch.cat([real, imag], dim=1)
+        x = self.conv_pre(mel)
+        nk = len(cfg.resblock_kernel_sizes)
+        for i, up in enumerate(self.ups):
+            x = F.leaky_relu(x, cfg.lrelu_slope)
+            x = up(x)
+            if i == len(self.ups) - 1:
+                x = F.pad(x, (1, 0), mode="reflect")
+            x = x + self.source_resblocks[i](self.source_downs[i](s_stft))
+            acc = self.resblocks[i * nk](x)
+            for j in range(1, nk):
+                acc = acc + self.resblocks[i * nk + j](x)
+            x = acc / nk
+        x = F.leaky_relu(x)
+        x = self.conv_post(x)
+        half = cfg.n_fft // 2 + 1
+        magnitude = torch.exp(x[:, :half])
+        phase = torch.sin(x[:, half:])
+        wav = self._istft(magnitude, phase)
+        return torch.clamp(wav, -cfg.audio_limit, cfg.audio_limit)
+
+    @torch.inference_mode()
+    def inference(self, mel: Tensor, mel_len: Tensor) -> tuple[Tensor, Tensor]:
+        """mel (B, 80, T), mel_len (B,) -> wav (B, 480·T) zero beyond each row, wav_len (B,)."""
+        bsz, _, frames = mel.shape
+        up = self.upsample_scale
+        lens = mel_len.to(torch.long).cpu()
+        wav = torch.zeros(bsz, frames * up, device=mel.device, dtype=torch.float32)
+        for n in sorted(set(lens.tolist())):
+            if n <= 0:
+                continue
+            rows = (lens == n).nonzero().squeeze(1).to(mel.device)
+            sub = mel.index_select(0, rows)[:, :, :n].float()
+            f0 = self.predict_f0(sub)
+            src = self.source(f0)[0]
+            wav[rows, : n * up] = self.decode(sub, src).float()
+        return wav, lens.to(mel.device) * up
+
+
+def load_hift_file(model: CausalHiFTGenerator, path: object) -> CausalHiFTGenerator:
+    """Strict-load either weight-norm form (with or without ``generator.``) and fold."""
+    load_module_file(model, path, adapter=CausalHiFTGenerator.adapt_keys)  # type: ignore[arg-type]
+    return model.fold_weight_norm()
+
+
+def build_hift(cfg: ModelConfig, policy: DevicePolicy, load_format: str = "auto") -> CausalHiFTGenerator:
+    """Build, load (``auto``: <model_dir>/hift.pt; ``dummy``: seeded values), fold, install noise."""
+    from .noise import hift_sine_waves
+
+    model = CausalHiFTGenerator(cfg.hift)
+    if load_format == "dummy":
+        init_dummy(model)
+        model.fold_weight_norm()
+    elif load_format == "auto":
+        load_hift_file(model, cfg.path("hift.pt"))
+    else:
+        raise ValueError(f"load_format must be 'auto' or 'dummy', not {load_format!r}")
+    model = model.to(policy.device).eval()
+    model.f0_predictor.double()
+    model.set_noise_tables(hift_sine_waves(cfg.hift.noise_samples))
+    return model

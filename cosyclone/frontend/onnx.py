@@ -1,0 +1,83 @@
+"""onnxruntime sessions for the two released frontend models (speech tokenizer, CAM++).
+
+One session per (model file, providers) per process: building a session costs far more than a
+call, and the batch CLI prepares many rows. Input/output names are read from the session (the
+official code addresses them by position), so released and tiny models both work.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from cosyclone.errors import ModelDirError
+from cosyclone.frontend.features import kaldi_fbank, mean_normalize, whisper_log_mel
+
+_SESSIONS: dict[tuple[str, tuple[str, ...]], object] = {}
+_LOCK = threading.Lock()
+MAX_TOKENIZER_SECONDS = 30.0
+
+
+def default_providers() -> list[str]:
+    """CUDA or ROCm execution provider when this onnxruntime build has one, else CPU."""
+    import onnxruntime as ort
+
+    avail = ort.get_available_providers()
+    out = [p for p in ("CUDAExecutionProvider", "ROCMExecutionProvider") if p in avail]
+    return out + ["CPUExecutionProvider"]
+
+
+def get_session(path: str | Path, providers: list[str] | None = None) -> object:
+    """The cached ``InferenceSession`` for ``path`` (graph opt ALL, 1 intra-op thread as upstream)."""
+    import onnxruntime as ort
+
+    path = Path(path).resolve()
+    provs = tuple(providers or default_providers())
+    key = (str(path), provs)
+    with _LOCK:
+        sess = _SESSIONS.get(key)
+        if sess is None:
+            if not path.is_file():
+                raise ModelDirError(f"ONNX model not found: {path}")
+            opts = ort.SessionOptions()
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            opts.intra_op_num_threads = 1
+            try:
+                sess = ort.InferenceSession(str(path), sess_options=opts, providers=list(provs))
+            except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
+                raise ModelDirError(f"cannot load ONNX model {path}: {exc}") from exc
+            _SESSIONS[key] = sess
+        return sess
+
+
+class OnnxModels:
+    """The speech tokenizer and CAM++ of one model directory, sessions shared process-wide."""
+
+    def __init__(self, model_dir: str | Path, providers: list[str] | None = None) -> None:
+        self.model_dir = Path(model_dir)
+        self.providers = providers
+        self._tok = get_session(self.model_dir / "speech_tokenizer_v3.onnx", providers)
+        self._spk = get_session(self.model_dir / "campplus.onnx", providers)
+
+    def speech_tokens(self, wave16: torch.Tensor) -> torch.Tensor:
+        """16 kHz wave (N,) → speech tokens LongTensor (P,) (whisper log-mel → ONNX)."""
+        wave16 = wave16.reshape(-1)
+        if wave16.numel() / 16000 > MAX_TOKENIZER_SECONDS:
+            raise ModelDirError(f"speech tokenizer accepts at most {MAX_TOKENIZER_SECONDS:g} s of audio")
+        feats, frames = whisper_log_mel(wave16[None])
+        ins = self._tok.get_inputs()
+        feed = {ins[0].name: feats.numpy().astype(np.float32),
+                ins[1].name: np.asarray([int(frames[0])], dtype=np.int32)}
+        out = self._tok.run([self._tok.get_outputs()[0].name], feed)[0]
+        return torch.from_numpy(np.asarray(out).reshape(-1).astype(np.int64))
+
+    def speaker_embedding(self, wave16: torch.Tensor) -> torch.Tensor:
+        """16 kHz wave (N,) → CAM++ speaker embedding (192,) float32 (mean-normalized fbank in)."""
+        feats, frames = kaldi_fbank(wave16.reshape(1, -1))
+        feats = mean_normalize(feats, frames)
+        ins = self._spk.get_inputs()
+        out = self._spk.run([self._spk.get_outputs()[0].name], {ins[0].name: feats.numpy().astype(np.float32)})[0]
+        return torch.from_numpy(np.asarray(out, dtype=np.float32).reshape(-1).copy())
