@@ -137,9 +137,7 @@ def synthesize_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptio
         t0 = time.perf_counter()
         try:
             reqs = stages.frontend.prepare(row.id, row.prompt_audio, row.prompt_text, row.text, row.mode,
-                                           row.instruct, oc.seed)
-            if row.speed != 1.0:
-                reqs = [_with_speed(r, row.speed) for r in reqs]
+                                           row.instruct, oc.seed, row.speed)
             segments.extend((row.id, r) for r in reqs)
         except Exception as exc:  # a bad prompt or text fails its row only
             oc.status, oc.error = "failed", f"frontend: {type(exc).__name__}: {exc}"
@@ -199,15 +197,6 @@ def synthesize_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptio
             oc.audio_seconds = len(wav) / sr
         records.append(RowRecord(row_id=row.id, wav=wav, diagnostics=oc.to_dict()))
     return records
-
-
-def _with_speed(req: Any, speed: float) -> Any:
-    from dataclasses import replace
-
-    try:
-        return replace(req, speed=speed)
-    except (TypeError, ValueError):
-        return req
 
 
 def _code2wav(stages: Stages, items: Sequence[tuple[Any, list[int]]], opts: RunOptions,

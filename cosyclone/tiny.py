@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import QWEN_DIR, YAML_NAME
+from .config import CHECKPOINTS, QWEN_DIR, YAML_NAME
 
 
 @dataclass(frozen=True)
@@ -197,8 +197,9 @@ def make_tiny_model(root: str | Path, sizes: TinySizes | None = None, seed: int 
     """
     import torch
 
+    from .checkpoint import init_dummy
     from .code2wav.flow import build_flow
-    from .code2wav.hift import build_hift
+    from .code2wav.hift import CausalHiFTGenerator
     from .config import load_model_config
     from .device import resolve
     from .frontend.tiny_assets import write_tiny_onnx, write_tiny_tokenizer
@@ -211,12 +212,15 @@ def make_tiny_model(root: str | Path, sizes: TinySizes | None = None, seed: int 
     cfg = load_model_config(root)
     policy = resolve("cpu", "fp32")
     torch.manual_seed(seed)
-    for name, build, adapt in (("llm.pt", build_talker, None), ("flow.pt", build_flow, None),
-                               ("hift.pt", build_hift, _released_hift_keys)):
-        module = build(cfg, policy, load_format="dummy")
+    for name in CHECKPOINTS:
+        if name == "hift.pt":
+            # build_hift folds weight norm; the released file holds the unfolded g/v parametrizations
+            module = init_dummy(CausalHiFTGenerator(cfg.hift), seed=seed)
+        else:
+            module = (build_talker if name == "llm.pt" else build_flow)(cfg, policy, load_format="dummy")
         state = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
-        if adapt is not None:
-            state = adapt(state)
+        if name == "hift.pt":
+            state = _released_hift_keys(state)
         tmp = root / f".{name}.tmp"
         torch.save(state, tmp)
         tmp.replace(root / name)

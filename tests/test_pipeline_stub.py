@@ -46,7 +46,7 @@ class Res:
 
 
 class Frontend:
-    def prepare(self, row_id, prompt_audio, prompt_text, text, mode, instruct, seed):
+    def prepare(self, row_id, prompt_audio, prompt_text, text, mode, instruct, seed, speed=1.0):
         if "frontend-fail" in text:
             raise ValueError("cannot tokenize")
         embed = {"speech_token": torch.zeros(5, dtype=torch.long), "speech_feat": torch.zeros(10, 80),

@@ -15,7 +15,7 @@ Why the structure looks like this:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -100,7 +100,7 @@ class ResBlock(nn.Module):
         self.activations2 = nn.ModuleList(Snake(channels) for _ in dilations)
 
     def forward(self, x: Tensor) -> Tensor:  # (B, C, T) -> (B, C, T)
-        for c1, c2, a1, a2 in zip(self.convs1, self.convs2, self.activations1, self.activations2):
+        for c1, c2, a1, a2 in zip(self.convs1, self.convs2, self.activations1, self.activations2, strict=True):
             x = x + c2(a2(c1(a1(x))))
         return x
 
@@ -142,13 +142,13 @@ class CausalHiFTGenerator(nn.Module):
         self.conv_pre = _wn(CausalConv1d(cfg.in_channels, base, cfg.conv_pre_look_right + 1, causal_type="right"))
         self.ups = nn.ModuleList(
             _wn(CausalConv1dUpsample(base // 2**i, base // 2 ** (i + 1), k, u))
-            for i, (u, k) in enumerate(zip(cfg.upsample_rates, cfg.upsample_kernel_sizes)))
+            for i, (u, k) in enumerate(zip(cfg.upsample_rates, cfg.upsample_kernel_sizes, strict=True)))
         down_rates = [1, *list(cfg.upsample_rates[::-1][:-1])]
         cum = [math.prod(down_rates[: i + 1]) for i in range(len(down_rates))][::-1]
         self.source_downs = nn.ModuleList()
         self.source_resblocks = nn.ModuleList()
         src_ch = cfg.n_fft + 2
-        for i, (u, k, d) in enumerate(zip(cum, cfg.source_resblock_kernel_sizes, cfg.source_resblock_dilation_sizes)):
+        for i, (u, k, d) in enumerate(zip(cum, cfg.source_resblock_kernel_sizes, cfg.source_resblock_dilation_sizes, strict=True)):
             ch = base // 2 ** (i + 1)
             if u == 1:
                 self.source_downs.append(CausalConv1d(src_ch, ch, 1))
@@ -158,12 +158,13 @@ class CausalHiFTGenerator(nn.Module):
         self.resblocks = nn.ModuleList()
         for i in range(len(self.ups)):
             ch = base // 2 ** (i + 1)
-            for k, d in zip(cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes):
+            for k, d in zip(cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes, strict=True):
                 self.resblocks.append(ResBlock(ch, k, tuple(d)))
         self.conv_post = _wn(CausalConv1d(base // 2 ** len(self.ups), cfg.n_fft + 2, 7))
         self.f0_predictor = CausalConvRNNF0Predictor(cfg.f0_in_channels, cfg.f0_cond_channels, cfg.f0_num_class)
         self.register_buffer("stft_window", torch.hann_window(cfg.n_fft, periodic=True), persistent=False)
         self.sine_waves: Tensor | None = None  # (1, N, 9) uniform [0,1) construction-time table
+        self.noise_factory: Callable[[int], Tensor] | None = None  # draws an exact prefix on demand
 
     # ---- loading -----------------------------------------------------------------------------
 
@@ -240,6 +241,8 @@ class CausalHiFTGenerator(nn.Module):
         sines = torch.sin(phase) * cfg.nsf_alpha
         uv = (f0_up > cfg.nsf_voiced_threshold).to(sines.dtype)
         noise_amp = uv * cfg.nsf_sigma + (1 - uv) * cfg.nsf_alpha / 3
+        if (self.sine_waves is None or self.sine_waves.shape[1] < length) and self.noise_factory is not None:
+            self.sine_waves = self.noise_factory(length)  # exact prefix of the released table
         if self.sine_waves is None or self.sine_waves.shape[1] < length:
             raise RuntimeError(f"HiFT source-noise table missing or shorter than {length} samples; "
                                "call set_noise_tables (build_hift does this)")
@@ -295,6 +298,7 @@ class CausalHiFTGenerator(nn.Module):
 def load_hift_file(model: CausalHiFTGenerator, path: object) -> CausalHiFTGenerator:
     """Strict-load either weight-norm form (with or without ``generator.``) and fold."""
     load_module_file(model, path, adapter=CausalHiFTGenerator.adapt_keys)  # type: ignore[arg-type]
+    model.f0_predictor.double()  # fold g·v/‖v‖ in float64, as the official float64 F0 path computes it
     return model.fold_weight_norm()
 
 
@@ -305,6 +309,7 @@ def build_hift(cfg: ModelConfig, policy: DevicePolicy, load_format: str = "auto"
     model = CausalHiFTGenerator(cfg.hift)
     if load_format == "dummy":
         init_dummy(model)
+        model.f0_predictor.double()
         model.fold_weight_norm()
     elif load_format == "auto":
         load_hift_file(model, cfg.path("hift.pt"))
@@ -312,5 +317,5 @@ def build_hift(cfg: ModelConfig, policy: DevicePolicy, load_format: str = "auto"
         raise ValueError(f"load_format must be 'auto' or 'dummy', not {load_format!r}")
     model = model.to(policy.device).eval()
     model.f0_predictor.double()
-    model.set_noise_tables(hift_sine_waves(cfg.hift.noise_samples))
+    model.noise_factory = hift_sine_waves
     return model

@@ -1,3 +1,47 @@
+"""Construction-time noise tables of the released modules, rebuilt exactly on private generators.
+
+The official constructors reseed the global RNG with 0 and then draw their tables; we replay the
+same draws on a private ``torch.Generator`` (same seed, shapes, order), so the global RNG is never
+touched and the values are bit-identical.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# =============================================================================================
+# Flow (CausalConditionalCFM) noise (owner: flow engineer)
+# =============================================================================================
+#
+# ``rand_noise = torch.randn(1, 80, 15000)`` right after ``set_all_random_seed(0)``. randn's first
+# columns are *not* a prefix of a smaller draw (values are laid out row-major over 80 x 15000), so
+# the whole table is drawn once per (seed, frames) and cached (4.8 MB).
+
+_FLOW_TABLES: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def flow_noise_table(*, seed: int = 0, total_frames: int = 15000, mel_dim: int = 80) -> torch.Tensor:
+    """The full ``(1, mel_dim, total_frames)`` float32 CPU table (cached; do not modify in place)."""
+    key = (seed, total_frames, mel_dim)
+    table = _FLOW_TABLES.get(key)
+    if table is None:
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        table = torch.randn(1, mel_dim, total_frames, generator=gen)
+        _FLOW_TABLES[key] = table
+    return table
+
+
+def flow_noise(frames: int, seed: int = 0, *, total_frames: int = 15000, mel_dim: int = 80) -> torch.Tensor:
+    """First ``frames`` columns of the CFM table: ``(1, mel_dim, frames)`` float32 on the CPU.
+
+    Equals ``torch.manual_seed(seed); torch.randn(1, mel_dim, total_frames)[:, :, :frames]``.
+    More than ``total_frames`` frames is an error (the official code fails there too).
+    """
+    if frames > total_frames:
+        raise ValueError(f"flow noise: {frames} mel frames requested but the fixed table has only "
+                         f"{total_frames} (prompt + target speech longer than {total_frames / 50:.0f} s)")
+    return flow_noise_table(seed=seed, total_frames=total_frames, mel_dim=mel_dim)[:, :, :frames]
+
 
 # =============================================================================================
 # HiFT construction-time noise tables (owner: HiFT engineer). The flow section (``flow_noise``)

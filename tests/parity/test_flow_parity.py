@@ -1,0 +1,123 @@
+"""Flow parity against the captured official calls (vectors/flow): estimator, CFM, full inference."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from cosyclone.checkpoint import load_module_file
+from cosyclone.code2wav.flow import CausalMaskedDiffWithDiT
+from cosyclone.code2wav.noise import flow_noise
+from cosyclone.config import DiTConfig, FlowConfig
+
+from .conftest import VECTORS, load_vector_set
+
+# fp64-vs-fp32 gaps in vectors.json are ~2e-6; allow a few times that for BLAS differences.
+ATOL = 2e-5
+
+
+def small_flow_config(meta: dict[str, Any]) -> FlowConfig:
+    """The reduced FlowConfig described by ``small_config`` in vectors.json."""
+    sc = meta["small_config"]
+    est = sc["estimator"]
+    cfm = sc["decoder"]["cfm_params"]
+    defaults = FlowConfig()
+    return FlowConfig(
+        input_size=sc["input_size"], output_size=sc["output_size"], spk_embed_dim=sc["spk_embed_dim"],
+        vocab_size=sc["vocab_size"], token_mel_ratio=sc["token_mel_ratio"],
+        pre_lookahead_len=sc["pre_lookahead_len"], pre_lookahead_channels=sc["pre_lookahead_layer"]["channels"],
+        dit=DiTConfig(dim=est["dim"], depth=est["depth"], heads=est["heads"], dim_head=est["dim_head"],
+                      ff_mult=est["ff_mult"], mel_dim=est["mel_dim"], mu_dim=est["mu_dim"],
+                      spk_dim=est["spk_dim"], out_channels=est["out_channels"],
+                      static_chunk_size=est["static_chunk_size"]),
+        cfm=type(defaults.cfm)(sigma_min=cfm["sigma_min"], t_scheduler=cfm["t_scheduler"],
+                               inference_cfg_rate=cfm["inference_cfg_rate"]),
+    )
+
+
+@pytest.fixture(scope="module")
+def flow_set() -> tuple[dict[str, Any], dict[str, torch.Tensor], CausalMaskedDiffWithDiT]:
+    meta, tensors = load_vector_set("flow")
+    model = CausalMaskedDiffWithDiT(small_flow_config(meta))
+    load_module_file(model, VECTORS / meta["weights_file"])
+    return meta, tensors, model.eval()
+
+
+def _maxabs(a: torch.Tensor, b: torch.Tensor) -> float:
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return (a.float() - b.float()).abs().max().item()
+
+
+def _lens(v: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    tok, pt = v["inputs.token"], v["inputs.prompt_token"]
+    return tok, torch.tensor([tok.shape[1]]), pt, torch.tensor([pt.shape[1]])
+
+
+def test_noise_slice(flow_set) -> None:
+    _, v, _ = flow_set
+    ref = v["inputs.rand_noise_slice"]
+    assert torch.equal(flow_noise(ref.shape[2]), ref)
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_estimator(flow_set, streaming: bool) -> None:
+    _, v, model = flow_set
+    with torch.inference_mode():
+        out = model.decoder.estimator(v["estimator.in.x"], v["estimator.in.mask"], v["estimator.in.mu"],
+                                      v["estimator.in.t"], v["estimator.in.spks"], v["estimator.in.cond"],
+                                      streaming=streaming)
+    assert _maxabs(out, v[f"estimator.streaming_{streaming}.out"]) < ATOL
+
+
+def test_conditions(flow_set) -> None:
+    _, v, model = flow_set
+    tok, tl, pt, pl = _lens(v)
+    with torch.inference_mode():
+        mu, mask, spks, cond, pre = model.conditions(tok, tl, pt, pl, v["inputs.prompt_feat"], v["inputs.embedding"])
+    for name, got in [("pre_lookahead_out", pre), ("decoder_mu", mu), ("decoder_mask", mask),
+                      ("decoder_spks", spks), ("decoder_cond", cond)]:
+        assert _maxabs(got, v[f"inference.{name}"]) < ATOL, name
+
+
+@pytest.mark.parametrize("steps", [2, 10])
+def test_decoder(flow_set, steps: int) -> None:
+    _, v, model = flow_set
+    out = model.decoder(v["inference.decoder_mu"], v["inference.decoder_mask"], v["inference.decoder_spks"],
+                        v["inference.decoder_cond"], n_timesteps=steps)
+    assert _maxabs(out, v[f"decoder.n{steps}.out"]) < ATOL
+
+
+def test_euler_trace(flow_set) -> None:
+    _, v, model = flow_set
+    trace: list[dict[str, torch.Tensor]] = []
+    model.decoder(v["inference.decoder_mu"], v["inference.decoder_mask"], v["inference.decoder_spks"],
+                  v["inference.decoder_cond"], n_timesteps=10, trace=trace)
+    assert _maxabs(torch.stack([s["t"] for s in trace]), v["inference.euler_t"]) < 1e-6
+    for ours, ref in [("x_in", "euler_x_in"), ("v_cond", "euler_dphi_cond"), ("v_uncond", "euler_dphi_uncond")]:
+        assert _maxabs(torch.cat([s[ours] for s in trace]), v[f"inference.{ref}"]) < ATOL, ours
+
+
+def test_inference(flow_set) -> None:
+    _, v, model = flow_set
+    tok, tl, pt, pl = _lens(v)
+    mel, mel_len = model.inference(tok, tl, pt, pl, v["inputs.prompt_feat"], v["inputs.embedding"])
+    assert mel.dtype == torch.float32
+    assert mel_len.tolist() == [2 * tok.shape[1]]
+    assert _maxabs(mel, v["inference.feat"]) < ATOL
+
+
+def test_inference_batched_with_reference_row(flow_set) -> None:
+    """The captured row inside a batch with a much shorter row keeps its reference output."""
+    _, v, model = flow_set
+    tok, tl, pt, pl = _lens(v)
+    feat, emb = v["inputs.prompt_feat"], v["inputs.embedding"]
+    tok2 = torch.cat([tok, tok.flip(1)])
+    pt2 = torch.cat([pt, pt.flip(1)])
+    feat2 = torch.cat([feat, feat.flip(1)])
+    mel, mel_len = model.inference(tok2, torch.tensor([tok.shape[1], 5]), pt2, torch.tensor([pt.shape[1], 3]),
+                                   feat2, torch.cat([emb, -emb]))
+    assert mel_len.tolist() == [2 * tok.shape[1], 10]
+    assert _maxabs(mel[:1], v["inference.feat"]) < ATOL
+    assert mel[1, :, 10:].abs().max().item() == 0.0
