@@ -108,14 +108,16 @@ class RotaryEmbedding(nn.Module):
 def apply_rotary(t: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate the first ``cos.shape[-1]`` channels of full-width ``t (B, T, H*Dh)``, pairs (2j, 2j+1).
 
-    Computed in float32 and cast back, as x-transformers does with autocast off.
+    Computed in float32 and cast back, as x-transformers does with autocast off. Writes the rotated
+    channels into ``t`` in place (callers pass a fresh projection) instead of concatenating the
+    full width again.
     """
     rot = cos.shape[-1]
-    head, rest = t[..., :rot].float(), t[..., rot:]
+    head = t[..., :rot].float()
     pairs = head.unflatten(-1, (-1, 2))
     rotated_half = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
-    out = head * cos + rotated_half * sin
-    return torch.cat([out.to(t.dtype), rest], dim=-1)
+    t[..., :rot] = (head * cos + rotated_half * sin).to(t.dtype)
+    return t
 
 
 class Attention(nn.Module):
@@ -131,9 +133,10 @@ class Attention(nn.Module):
         self.to_v = nn.Linear(dim, inner)
         self.to_out = nn.ModuleList([nn.Linear(inner, dim), nn.Dropout(0.0)])
 
-    def forward(self, x: Tensor, attn_mask: Tensor, query_keep: Tensor, cos: Tensor, sin: Tensor,
+    def forward(self, x: Tensor, attn_mask: Tensor | None, query_keep: Tensor | None, cos: Tensor, sin: Tensor,
                 *, fused: tuple[Tensor, Tensor] | None = None) -> Tensor:
-        """``x (B, T, D)``; ``attn_mask (B, 1, T|1, T)`` bool (True = attend); ``query_keep (B, T, 1)``."""
+        """``x (B, T, D)``; ``attn_mask (B, 1, T|1, T)`` bool (True = attend) or None (no padding);
+        ``query_keep (B, T, 1)`` bool or None (keep every output row)."""
         if fused is not None:
             q, k, v = F.linear(x, fused[0], fused[1]).chunk(3, dim=-1)
         else:
@@ -145,7 +148,7 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=0.0)
         out = out.transpose(1, 2).reshape(b, t, self.heads * self.dim_head)
         out = self.to_out[0](out)
-        return out.masked_fill(~query_keep, 0.0)
+        return out if query_keep is None else out.masked_fill(~query_keep, 0.0)
 
 
 class AdaLayerNormZero(nn.Module):
@@ -190,15 +193,15 @@ class DiTBlock(nn.Module):
         self.attn = Attention(dim, heads, dim_head)
         self.ff = FeedForward(dim, ff_mult)
 
-    def forward(self, x: Tensor, temb_act: Tensor, attn_mask: Tensor, query_keep: Tensor, cos: Tensor,
+    def forward(self, x: Tensor, temb_act: Tensor, attn_mask: Tensor | None, query_keep: Tensor | None, cos: Tensor,
                 sin: Tensor, *, fused: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """``x (B, T, D)``; ``temb_act = SiLU(temb) (B, D)``."""
         mods = self.attn_norm.linear(temb_act).unsqueeze(1)
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mods.chunk(6, dim=-1)
-        h = _norm(x) * (1 + scale_msa) + shift_msa
-        x = x + gate_msa * self.attn(h, attn_mask, query_keep, cos, sin, fused=fused)
-        h = _norm(x) * (1 + scale_mlp) + shift_mlp
-        return x + gate_mlp * self.ff(h)
+        h = torch.addcmul(shift_msa, _norm(x), 1 + scale_msa)
+        x = torch.addcmul(x, gate_msa, self.attn(h, attn_mask, query_keep, cos, sin, fused=fused))
+        h = torch.addcmul(shift_mlp, _norm(x), 1 + scale_mlp)
+        return torch.addcmul(x, gate_mlp, self.ff(h))
 
 
 def chunk_mask(mask: Tensor, chunk: int) -> Tensor:
@@ -259,10 +262,13 @@ class DiT(nn.Module):
         freqs = self.rotary_embed.freqs(seq)
         cos, sin = freqs.cos(), freqs.sin()
         key_mask = mask.bool()  # (B, 1, T)
+        padded = not bool(key_mask.all())  # without padding skip masks (faster SDPA, no masked_fill)
+        attn_mask: Tensor | None = None
+        query_keep: Tensor | None = None
         if streaming:
             attn_mask = chunk_mask(mask, self.cfg.static_chunk_size)
-            query_keep = attn_mask[:, 0, -1].unsqueeze(-1)
-        else:
+            query_keep = attn_mask[:, 0, -1].unsqueeze(-1) if padded else None
+        elif padded:
             attn_mask = key_mask.unsqueeze(1)  # (B, 1, 1, T), broadcast over queries
             query_keep = key_mask[:, 0].unsqueeze(-1)
         for i, blk in enumerate(self.transformer_blocks):

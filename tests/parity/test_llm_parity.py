@@ -1,0 +1,108 @@
+"""Parity of the talker against the official CosyVoice3LM reference vectors (small model).
+
+Sizes come from the vectors' JSON (``qwen2_config``, ``cosyvoice3lm_args``); weights are read by
+``checkpoint.load_module_file``, the same loader that reads ``llm.pt``. Tolerances: the reference's
+own fp64-vs-fp32 gap is ~1e-6, so fp32 must agree within a few 1e-6.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cosyclone.config import QwenGeometry, TalkerConfig
+from cosyclone.talker.decode import DecodeOptions, ForcedSampler, TalkerRequest, generate
+from cosyclone.talker.model import CosyVoice3LM, load_talker_weights
+
+from .conftest import VECTORS, load_vector_set
+
+ATOL = 2e-5  # ~20x the reference's own fp64-vs-fp32 gap (tolerance_observed ~1e-6)
+
+
+def _talker_config(meta: dict) -> TalkerConfig:
+    q = meta["qwen2_config"]
+    fields = set(QwenGeometry.__dataclass_fields__)
+    geometry = QwenGeometry(**{k: v for k, v in q.items() if k in fields})
+    args = meta["cosyvoice3lm_args"]
+    return TalkerConfig(qwen=geometry, llm_input_size=args["llm_input_size"],
+                        llm_output_size=args["llm_output_size"], speech_token_size=args["speech_token_size"])
+
+
+def _model(dtype: torch.dtype = torch.float32) -> tuple[CosyVoice3LM, dict, dict]:
+    meta, vec = load_vector_set("llm")
+    model = CosyVoice3LM(_talker_config(meta)).eval()
+    report = load_talker_weights(model, VECTORS / meta["weights_file"])
+    assert report.ok
+    return model.to(dtype), meta, vec
+
+
+def _request(vec: dict, meta: dict) -> TalkerRequest:
+    text_ids = torch.cat([vec["inputs.prompt_text_small_vocab"][0], vec["inputs.text"][0]])
+    return TalkerRequest(row_id="r0", text_ids=text_ids, target_len=int(vec["inputs.text"].shape[1]),
+                         prompt_speech_tokens=vec["inputs.prompt_speech_token"][0], seed=0)
+
+
+def test_derived_ids_and_lengths() -> None:
+    model, meta, vec = _model()
+    d = meta["derived"]
+    cfg = model.cfg
+    assert (cfg.sos, cfg.eos, cfg.task_id, cfg.fill, cfg.decoder_size) == (
+        d["sos"], d["eos_token"], d["task_id"], d["fill_token"], d["llm_decoder_out"])
+    lt = vec["inputs.text"].shape[1]
+    assert int(cfg.min_len_ratio * lt) == d["min_len"] and int(cfg.max_len_ratio * lt) == d["max_len"]
+
+
+@torch.no_grad()
+def test_input_assembly() -> None:
+    model, meta, vec = _model()
+    req = _request(vec, meta)
+    got = model.assemble(req.text_ids, req.prompt_speech_tokens)
+    torch.testing.assert_close(got, vec["decode.lm_input"][0], atol=0, rtol=0)
+
+
+@torch.no_grad()
+def test_forward_logits() -> None:
+    model, _, vec = _model()
+    hidden, logits = model(vec["forward.input_embeds"])
+    torch.testing.assert_close(hidden, vec["forward.hidden"], atol=ATOL, rtol=0)
+    torch.testing.assert_close(logits, vec["forward.logits"], atol=ATOL, rtol=0)
+    torch.testing.assert_close(torch.log_softmax(logits, -1), vec["forward.logp"], atol=ATOL, rtol=0)
+
+
+@torch.no_grad()
+def test_forced_decode_every_step() -> None:
+    """Every decode step's scores (prefill, then cached steps) and the yielded tokens."""
+    model, meta, vec = _model()
+    forced = vec["inputs.forced_tokens"].tolist()
+    n_steps = meta["calls"][0]["number_of_steps"]
+    seen: list[torch.Tensor] = []
+
+    def hook(logits: torch.Tensor, rows: torch.Tensor, step: int) -> torch.Tensor:
+        seen.append(logits[0].clone())
+        return logits
+
+    sampler = ForcedSampler([forced], stop_token=model.cfg.eos)
+    # official-head min_len rule: index S (sos) masked while step < min_len; reproduce that mask here
+    opts = DecodeOptions(custom_sampler=sampler, logits_hook=hook, silent_filter=False)
+    (res,) = generate(model, [_request(vec, meta)], opts)
+    assert res.tokens == vec["decode.yielded_tokens"].tolist() and res.stop_reason == "eos"
+    assert len(seen) == n_steps
+    min_len = meta["derived"]["min_len"]
+    S = model.cfg.speech_token_size
+    for n, got in enumerate(seen):
+        ref = vec[f"decode.step{n}.logp_after_ignore_eos"]
+        if n < min_len:
+            got = got.clone()
+            got[S] = float("-inf")
+        torch.testing.assert_close(got, ref, atol=ATOL, rtol=0)
+
+
+@torch.no_grad()
+def test_bf16_logits_close_to_fp32() -> None:
+    model, _, vec = _model()
+    x = vec["forward.input_embeds"]
+    _, ref = model(x)
+    model16 = model.to(torch.bfloat16)
+    _, got = model16(x.to(torch.bfloat16))
+    assert got.dtype == torch.float32  # logits leave the model in fp32
+    err = (got - ref).abs().max().item()
+    assert err < 0.03 * max(1.0, ref.abs().max().item()), err  # bf16: ~3 significant digits
