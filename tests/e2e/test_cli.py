@@ -118,3 +118,20 @@ def test_validate_and_dry_run(model_dir: Path, manifest: Path, tmp_path: Path) -
     assert res.exit_code == 0 and "4 valid rows" in res.output
     assert runner.invoke(app, ["validate", str(tmp_path / "nope.jsonl")]).exit_code == 2
     assert np.isfinite(1.0)
+
+
+def test_inspect_checks_keys_the_way_stages_load_them(model_dir: Path, tmp_path: Path) -> None:
+    ok = runner.invoke(app, ["inspect", str(model_dir)])
+    assert ok.exit_code == 0, ok.output
+    assert ok.output.count("keys ok") == 3  # hift.pt carries `generator.` + weight-norm keys: adapted
+
+    import torch
+
+    broken = tmp_path / "broken"
+    shutil.copytree(model_dir, broken)
+    state = torch.load(broken / "flow.pt", weights_only=True)
+    state.pop("input_embedding.weight")
+    torch.save(state, broken / "flow.pt")
+    bad = runner.invoke(app, ["inspect", str(broken)])
+    assert bad.exit_code == 2
+    assert "missing (1): input_embedding.weight" in bad.output
