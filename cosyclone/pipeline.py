@@ -89,7 +89,15 @@ def load_stages(cfg: ModelConfig, policy: DevicePolicy, load_format: str) -> Sta
     hift = build_hift(cfg, policy, load_format=load_format)
     for m in (talker, flow, hift):
         m.eval()
-    return Stages(cfg=cfg, policy=policy, frontend=Frontend(cfg), talker=talker, flow=flow, hift=hift)
+    frontend_cfg = cfg
+    if cfg.model_dir is None:  # dummy weights without a model directory: built-in frontend assets
+        from dataclasses import replace
+
+        from .tiny import builtin_frontend_dir
+
+        frontend_cfg = replace(cfg, model_dir=builtin_frontend_dir())
+    return Stages(cfg=cfg, policy=policy, frontend=Frontend(frontend_cfg), talker=talker, flow=flow,
+                  hift=hift)
 
 
 def _sampler_options(cfg: ModelConfig, opts: RunOptions) -> Any:

@@ -135,3 +135,20 @@ def test_inspect_checks_keys_the_way_stages_load_them(model_dir: Path, tmp_path:
     bad = runner.invoke(app, ["inspect", str(broken)])
     assert bad.exit_code == 2
     assert "missing (1): input_embedding.weight" in bad.output
+
+
+def test_dummy_run_without_model_dir_gets_builtin_frontend_assets(manifest: Path) -> None:
+    from cosyclone.config import released_config
+    from cosyclone.frontend import Frontend
+    from cosyclone.tiny import builtin_frontend_dir
+
+    root = builtin_frontend_dir()
+    assert builtin_frontend_dir() == root  # written once per process
+    cfg = released_config()
+    from dataclasses import replace
+
+    frontend = Frontend(replace(cfg, model_dir=root))
+    row = json.loads(manifest.read_text().splitlines()[0])
+    requests = frontend.prepare(row["id"], manifest.parent / row["prompt_audio"], row.get("prompt_text"),
+                                row["text"], row.get("mode", "zero_shot"), row.get("instruct"), 0, 1.0)
+    assert requests and requests[0].embed["embedding"].shape[-1] == cfg.frontend.spk_embed_dim
