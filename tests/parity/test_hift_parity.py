@@ -15,7 +15,7 @@ def _model(meta: dict) -> CausalHiFTGenerator:
     sc = meta["small_config"]
     cfg = replace(HiFTConfig(), base_channels=sc["base_channels"], f0_cond_channels=sc["f0_predictor"]["cond_channels"])
     model = CausalHiFTGenerator(cfg)
-    load_hift_file(model, VECTORS / "hift" / "weights.safetensors")
+    load_hift_file(model, VECTORS / meta["weights_file"].split()[0])  # file name as the JSON gives it
     return model.eval()
 
 

@@ -48,7 +48,7 @@ def _prime(sampler: BatchSampler, history: list[int], vocab: int) -> int:
 def test_nucleus_candidate_sets(vec: tuple[dict[str, Any], dict[str, torch.Tensor]]) -> None:
     meta, t = vec
     cases = _cases(meta)
-    assert len(cases) == 12
+    assert cases, "the vectors' JSON lists no nucleus cases"
     for key, case, top_p, top_k in cases:
         scores = t[f"scores.{case}"][None, :]
         probs = torch.softmax(scores, dim=-1)
