@@ -1,8 +1,23 @@
 """``make bench``: the stage benchmarks (when present) plus the end-to-end figure.
 
-End to end: a 16-row manifest through the real CLI on full-size dummy weights (released geometry,
-random values), reported as audio seconds per wall second against the official per-request
-figure on this machine (BASELINE_CPU.md: 4.0 s of audio in 24.95 s, batch 1).
+End to end: a 16-row manifest through the real CLI (a subprocess, one batch) on full-size dummy
+weights (released geometry, random values), shaped like BASELINE_CPU.md's request so that the
+figure compares like for like with the official per-request one (4.0 s of audio in 24.95 s,
+batch 1): every row generates exactly ``COSYCLONE_BENCH_TOKENS`` speech tokens (``--min-tokens`` =
+``--max-tokens``, as the baseline masked the stop ids to get exactly 100), with a 3.0 s prompt
+(75 prompt speech tokens), a prompt text of 20 ids ending in ``<|endofprompt|>`` and a target
+text of 30 ids (measured with the run's own tokenizer), 10 Euler steps. Reported: audio seconds
+per wall second of the three stages (what the baseline timed) and of the whole model run
+(frontend included), and the per-stage seconds summed from ``diagnostics.jsonl``.
+
+Environment (all optional):
+
+* ``COSYCLONE_BENCH_ROWS`` rows (16); ``COSYCLONE_BENCH_BATCH`` rows per batch (= rows);
+* ``COSYCLONE_BENCH_TOKENS`` speech tokens per row (100);
+* ``COSYCLONE_BENCH_DTYPE`` ``--dtype`` (fp32, as the baseline); ``COSYCLONE_BENCH_DEVICE`` (auto);
+* ``COSYCLONE_BENCH_MODEL_DIR`` a model directory (e.g. from ``cosyclone make-tiny-model``) read
+  with ``--model-dir`` instead of ``--load-format dummy``;
+* ``COSYCLONE_BENCH_N_TIMESTEPS`` flow Euler steps (unset: the model's, 10).
 """
 
 from __future__ import annotations
@@ -15,12 +30,43 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OFFICIAL_AUDIO_S, OFFICIAL_WALL_S = 4.0, 24.95
-E2E_ROWS = int(os.environ.get("COSYCLONE_BENCH_ROWS", "16"))
-E2E_MAX_TOKENS = int(os.environ.get("COSYCLONE_BENCH_MAX_TOKENS", "25"))
+OFFICIAL_STAGE_S = {"talker": 10.96, "flow": 13.22, "hift": 0.76}  # per request, BASELINE_CPU.md
+BASELINE_PROMPT_IDS, BASELINE_TEXT_IDS, BASELINE_PROMPT_S = 20, 30, 3.0
+ENDOFPROMPT = "<|endofprompt|>"
+PROMPT_WORDS = "this is the reference speaker talking to you about the weather and the sea and the sky today"
+TEXTS = ("the quick brown fox jumps over the lazy dog while the cat sleeps by the warm fire all day long",
+         "tomorrow will be sunny with a light breeze from the west and a few clouds in the late afternoon",
+         "please read this sentence slowly and calmly so that everyone in the room can follow every word",
+         "we walked along the quiet river bank and watched the boats drift past under the old stone bridge")
+
+
+@dataclass(frozen=True)
+class E2EConfig:
+    """What the end-to-end run looks like (see the module docstring for the environment names)."""
+
+    rows: int = 16  # manifest rows
+    tokens: int = 100  # speech tokens every row generates (min = max)
+    batch_size: int = 16  # rows per batch
+    dtype: str = "fp32"  # --dtype
+    device: str = "auto"  # --device
+    model_dir: Path | None = None  # --model-dir; None = --load-format dummy (released size)
+    n_timesteps: int | None = None  # --n-timesteps; None = the model's (10)
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> E2EConfig:
+        env = dict(os.environ if env is None else env)
+        rows = int(env.get("COSYCLONE_BENCH_ROWS", "16"))
+        steps = env.get("COSYCLONE_BENCH_N_TIMESTEPS")
+        model_dir = env.get("COSYCLONE_BENCH_MODEL_DIR")
+        return cls(rows=rows, tokens=int(env.get("COSYCLONE_BENCH_TOKENS", "100")),
+                   batch_size=int(env.get("COSYCLONE_BENCH_BATCH", str(rows))),
+                   dtype=env.get("COSYCLONE_BENCH_DTYPE", "fp32"), device=env.get("COSYCLONE_BENCH_DEVICE", "auto"),
+                   model_dir=Path(model_dir) if model_dir else None, n_timesteps=int(steps) if steps else None)
 
 
 def run_stage_benchmarks() -> None:
@@ -32,42 +78,147 @@ def run_stage_benchmarks() -> None:
         importlib.import_module(f"benchmarks.{name}").main()
 
 
-def end_to_end() -> dict:
+def _frontend(cfg: E2EConfig):
+    """The frontend the run will use (the model directory's, or the dummy run's built-in assets)."""
+    from dataclasses import replace
+
+    from cosyclone.config import load_model_config, released_config
+    from cosyclone.frontend import Frontend
+    from cosyclone.tiny import builtin_frontend_dir
+
+    if cfg.model_dir is not None:
+        return Frontend(load_model_config(cfg.model_dir))
+    return Frontend(replace(released_config(), model_dir=builtin_frontend_dir()))
+
+
+def _fit(count, base: str, n: int, suffix: str = "") -> tuple[str, int]:
+    """The longest prefix of ``base`` (+ ``suffix``) whose id count is <= n, and that count."""
+    best = (base[:1] + suffix, count(base[:1] + suffix))
+    for end in range(1, len(base) + 1):
+        cand = base[:end].rstrip() + suffix
+        k = count(cand)
+        if k > n:
+            break
+        best = (cand, k)
+    return best
+
+
+def build_manifest(cfg: E2EConfig, folder: Path) -> dict:
+    """Write ``folder/m.jsonl`` and its 3.0 s prompts; return the measured shapes of a row."""
+    import numpy as np
+    import soundfile as sf
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for k in (1, 2, 3):  # the example speakers, cut or padded with silence to exactly 3.0 s
+        wav, sr = sf.read(str(ROOT / "manifests" / "prompts" / f"speaker{k}.wav"), dtype="float32")
+        n = int(round(BASELINE_PROMPT_S * sr))
+        sf.write(str(folder / f"prompt{k}.wav"), np.pad(wav, (0, max(0, n - len(wav))))[:n], sr, subtype="PCM_16")
+    fe = _frontend(cfg)
+
+    def prompt_ids(text: str) -> int:
+        return len(fe.text.build_text("zero_shot", text, "x")[0])
+
+    def text_ids(text: str) -> int:
+        return sum(len(s) for s in fe.text.build_text("zero_shot", "x" + ENDOFPROMPT, text)[1])
+
+    prompt_text, n_prompt = _fit(prompt_ids, PROMPT_WORDS, BASELINE_PROMPT_IDS, ENDOFPROMPT)
+    texts = [_fit(text_ids, t, BASELINE_TEXT_IDS) for t in TEXTS]
+    rows = [{"id": f"b{i:02d}", "prompt_audio": f"prompt{i % 3 + 1}.wav", "prompt_text": prompt_text,
+             "text": texts[i % len(texts)][0]} for i in range(cfg.rows)]
+    (folder / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prompt_tokens = sorted({int(fe.prompt_features(folder / f"prompt{k}.wav")["speech_token"].numel())
+                            for k in (1, 2, 3)})
+    return {"prompt_ids": n_prompt, "text_ids": sorted({k for _, k in texts}), "prompt_tokens": prompt_tokens,
+            "prompt_seconds": BASELINE_PROMPT_S}
+
+
+def synth_args(cfg: E2EConfig, manifest: Path, out: Path) -> list[str]:
+    """``cosyclone`` arguments of the end-to-end run."""
+    args = ["synth", str(manifest), "--out", str(out), "--max-tokens", str(cfg.tokens), "--min-tokens",
+            str(cfg.tokens), "--batch-size", str(cfg.batch_size), "--dtype", cfg.dtype, "--device", cfg.device,
+            "--overwrite"]
+    args += ["--model-dir", str(cfg.model_dir)] if cfg.model_dir is not None else ["--load-format", "dummy"]
+    if cfg.n_timesteps is not None:
+        args += ["--n-timesteps", str(cfg.n_timesteps)]
+    return args
+
+
+def summarize(cfg: E2EConfig, out: Path) -> dict:
+    """The figures of a finished run from ``summary.json`` and ``diagnostics.jsonl``."""
+    summary = json.loads((out / "summary.json").read_text())
+    lines = []
+    for raw in (out / "diagnostics.jsonl").read_text().splitlines():
+        try:
+            lines.append(json.loads(raw))
+        except json.JSONDecodeError:
+            continue
+    ok = [d for d in lines if d.get("status") == "ok"]
+    stages = {k: sum(float(d.get("seconds", {}).get(k, 0.0)) for d in lines)
+              for k in ("frontend", "talker", "flow", "hift")}
+    tokens = [sum(d.get("tokens", [])) for d in ok]
+    steps = [sum(int(s.get("steps", 0)) for s in d.get("sampler", [])) for d in ok]
+    audio = float(summary["audio_seconds"])
+    model_wall = float(summary["wall_seconds"])
+    stage_wall = stages["talker"] + stages["flow"] + stages["hift"]
+    official = OFFICIAL_AUDIO_S / OFFICIAL_WALL_S
+    ours = audio / stage_wall if stage_wall > 0 else 0.0
+    return {"rows": cfg.rows, "rows_ok": len(ok), "tokens_requested": cfg.tokens,
+            "tokens_per_row": (min(tokens), max(tokens)) if tokens else (0, 0),
+            "sampled_per_row": (min(steps), max(steps)) if steps else (0, 0),
+            "audio_s": audio, "model_wall_s": model_wall, "stage_s": stages, "stage_wall_s": stage_wall,
+            "audio_s_per_wall_s": ours, "audio_s_per_model_wall_s": audio / model_wall if model_wall > 0 else 0.0,
+            "official_audio_s_per_wall_s": official, "ratio_vs_official": ours / official,
+            "device": summary.get("device"), "dtype": summary.get("dtype"), "batch_size": cfg.batch_size,
+            "load_format": "full-size dummy" if cfg.model_dir is None else str(cfg.model_dir),
+            "n_timesteps": summary.get("options", {}).get("n_timesteps")}
+
+
+def end_to_end(cfg: E2EConfig | None = None) -> dict:
+    cfg = cfg or E2EConfig.from_env()
     tmp = Path(tempfile.mkdtemp(prefix="cosyclone-bench-"))
     try:
-        shutil.copytree(ROOT / "manifests" / "prompts", tmp / "prompts")
-        words = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog"]
-        rows = [{"id": f"b{i:02d}", "prompt_audio": f"prompts/speaker{i % 3 + 1}.wav",
-                 "prompt_text": "this is the reference speaker", "text": " ".join(words[: 4 + i % 6])}
-                for i in range(E2E_ROWS)]
-        (tmp / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        cmd = [sys.executable, "-m", "cosyclone.cli", "synth", str(tmp / "m.jsonl"), "--load-format", "dummy",
-               "--out", str(tmp / "out"), "--max-tokens", str(E2E_MAX_TOKENS), "--batch-size", "16",
-               "--overwrite"]
+        shape = build_manifest(cfg, tmp)
+        cmd = [sys.executable, "-m", "cosyclone.cli", *synth_args(cfg, tmp / "m.jsonl", tmp / "out")]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         wall = time.perf_counter() - t0
         if proc.returncode not in (0, 3):
             print(proc.stdout, proc.stderr)
             raise SystemExit(f"end-to-end run failed with exit code {proc.returncode}")
-        summary = json.loads((tmp / "out" / "summary.json").read_text())
+        fig = summarize(cfg, tmp / "out")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    audio = float(summary["audio_seconds"])
-    ours = audio / summary["wall_seconds"]
-    official = OFFICIAL_AUDIO_S / OFFICIAL_WALL_S
-    return {"rows": E2E_ROWS, "max_tokens": E2E_MAX_TOKENS, "audio_s": audio,
-            "model_wall_s": summary["wall_seconds"], "process_wall_s": wall,
-            "audio_s_per_wall_s": ours, "official_audio_s_per_wall_s": official, "ratio_vs_official": ours / official}
+    return {**fig, **shape, "process_wall_s": wall}
+
+
+def render(fig: dict) -> str:
+    """The printed end-to-end line: the figure, the per-stage seconds and what differs from the baseline."""
+    rows, st = fig["rows"], fig["stage_s"]
+    lo, hi = fig["tokens_per_row"]
+    per_stage = ", ".join(f"{k} {st[k]:.2f} s ({st[k] / max(1, rows):.2f} s/row vs official {OFFICIAL_STAGE_S[k]:.2f})"
+                          for k in ("talker", "flow", "hift"))
+    tokens = f"{lo}" if lo == hi else f"{lo}-{hi}"
+    steps = "default" if fig["n_timesteps"] is None else fig["n_timesteps"]
+    return (f"[end-to-end] {rows} rows x {fig['tokens_requested']} tokens (min = max; {tokens} reached flow), "
+            f"prompt {fig['prompt_seconds']:.1f} s = {'/'.join(map(str, fig['prompt_tokens']))} tokens, prompt "
+            f"text {fig['prompt_ids']} + text {'/'.join(map(str, fig['text_ids']))} ids, {fig['load_format']} weights: "
+            f"{fig['audio_s']:.1f} s audio in {fig['stage_wall_s']:.1f} s of talker+flow+hift -> "
+            f"{fig['audio_s_per_wall_s']:.3f} audio s per wall s vs official "
+            f"{OFFICIAL_AUDIO_S:.1f}/{OFFICIAL_WALL_S:.2f} = {fig['official_audio_s_per_wall_s']:.3f} "
+            f"(ratio {fig['ratio_vs_official']:.2f}x)\n"
+            f"  per stage: {per_stage}; frontend {st['frontend']:.2f} s (not in the baseline)\n"
+            f"  whole model run incl. frontend: {fig['model_wall_s']:.1f} s -> {fig['audio_s_per_model_wall_s']:.3f} "
+            f"audio s per wall s; process incl. load {fig['process_wall_s']:.1f} s\n"
+            f"  differs from the baseline: {rows} rows in batches of {fig['batch_size']} (baseline: batch 1), "
+            f"cosyclone's stages instead of the official modules, {fig['device']} {fig['dtype']} "
+            f"(baseline: 2-thread CPU float32), flow steps {steps} (baseline 10), one timed run without warm-up "
+            f"(baseline: median of 3 after a warm-up), stop ids blocked below min_len (baseline: masked to -inf), "
+            f"silent-token filter on; stage seconds are the sums in diagnostics.jsonl")
 
 
 def main() -> None:
     run_stage_benchmarks()
-    fig = end_to_end()
-    print(f"[end-to-end] {fig['rows']} rows, <= {fig['max_tokens']} tokens/row, full-size dummy weights: "
-          f"{fig['audio_s']:.1f} s audio in {fig['model_wall_s']:.1f} s -> {fig['audio_s_per_wall_s']:.3f} "
-          f"audio s per wall s vs official {fig['official_audio_s_per_wall_s']:.3f} "
-          f"(ratio {fig['ratio_vs_official']:.2f}x; process incl. load {fig['process_wall_s']:.1f} s)")
+    print(render(end_to_end()))
 
 
 if __name__ == "__main__":

@@ -58,7 +58,11 @@ def synth(
     out: Path = typer.Option(Path("out"), "--out", help="output folder"),
     device: str = typer.Option("auto", help="auto | cuda | rocm | cpu"),
     dtype: str = typer.Option("auto", help="auto | bf16 | fp16 | fp32"),
-    batch_size: int = typer.Option(8, help="rows per batch"),
+    batch_size: int = typer.Option(8, help="max rows per batch"),
+    token_budget: int | None = typer.Option(
+        None, help="max padded work per batch: rows x the largest row estimate, where a row's estimate is "
+                   "the characters of prompt_text + text + instruct plus 25 per second of prompt audio; "
+                   "a row over budget runs alone (default: --batch-size only)"),
     seed: int = typer.Option(0, help="run seed (row seeds derive from it and the row id)"),
     top_p: float | None = typer.Option(None, help="sampler top-p (default: model yaml)"),
     top_k: int | None = typer.Option(None, help="sampler top-k"),
@@ -70,13 +74,16 @@ def synth(
     overwrite: bool = typer.Option(False, help="redo every row (default: resume)"),
     dry_run: bool = typer.Option(False, help="validate and plan only"),
     max_tokens: int | None = typer.Option(None, help="cap speech tokens per segment (tests, bench)"),
+    min_tokens: int | None = typer.Option(None, hidden=True,
+                                          help="ADVANCED: block stop ids below this many tokens per segment "
+                                               "(with --max-tokens equal: exactly that many, for benchmarks)"),
     n_timesteps: int | None = typer.Option(None, help="flow Euler steps"),
     float_wav: bool = typer.Option(False, help="32-bit float WAVs instead of PCM16"),
 ) -> None:
     """Synthesize every row of MANIFEST into OUT/wavs/<id>.wav plus diagnostics and a summary."""
     from .device import resolve
     from .manifest import Shard, read_manifest
-    from .pipeline import RunOptions, load_stages, run
+    from .pipeline import RunOptions, load_stages, plan_batches, run
     from .writer import BackgroundWriter, WriterOptions, completed_rows, render_summary, write_summary
 
     t_start = time.perf_counter()
@@ -89,6 +96,13 @@ def synth(
                                      ("--load-format", load_format, ("auto", "dummy"))):
             if value not in allowed:
                 raise CosycloneError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
+        for name, value, low in (("--batch-size", batch_size, 1), ("--token-budget", token_budget, 1),
+                                 ("--max-tokens", max_tokens, 1), ("--min-tokens", min_tokens, 0),
+                                 ("--n-timesteps", n_timesteps, 1)):
+            if value is not None and value < low:
+                raise CosycloneError(f"{name} must be at least {low}, not {value}")
+        if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
+            raise CosycloneError(f"--min-tokens {min_tokens} is above --max-tokens {max_tokens}")
         policy = resolve(device, dtype)
         cfg = _load_cfg(model_dir, load_format)
     except CosycloneError as exc:
@@ -101,13 +115,15 @@ def synth(
     done = set() if overwrite else completed_rows(out, [r.id for r in m.rows])
     todo = [r for r in m.rows if r.id not in done]
     if dry_run:
+        n_batches = len(plan_batches(todo, batch_size, token_budget))
         typer.echo(f"{len(m.rows)} valid rows, {len(m.errors)} rejected, {len(done)} already done, "
-                   f"{len(todo)} to synthesize on {policy.device} ({policy.dtype})")
+                   f"{len(todo)} to synthesize in {n_batches} batches on {policy.device} ({policy.dtype})")
         raise typer.Exit(EXIT_ROWS_FAILED if m.errors else EXIT_OK)
 
-    opts = RunOptions(seed=seed, batch_size=batch_size, top_p=top_p, top_k=top_k, win_size=win_size,
-                      tau_r=tau_r, nonfinite_policy=nonfinite_policy, draw=draw, max_tokens=max_tokens,
-                      n_timesteps=n_timesteps, load_format="dummy" if load_format == "dummy" else "auto")
+    opts = RunOptions(seed=seed, batch_size=batch_size, token_budget=token_budget, top_p=top_p, top_k=top_k,
+                      win_size=win_size, tau_r=tau_r, nonfinite_policy=nonfinite_policy, draw=draw,
+                      max_tokens=max_tokens, min_tokens=min_tokens, n_timesteps=n_timesteps,
+                      load_format="dummy" if load_format == "dummy" else "auto")
     try:
         stages = load_stages(cfg, policy, opts.load_format) if todo else None
     except CosycloneError as exc:

@@ -38,6 +38,7 @@ class ManifestRow:
     instruct: str = ""  # instruction text (instruct2 only)
     seed: int | None = None  # per-row seed; None derives one from the run seed and the id
     speed: float = 1.0  # speaking-rate factor handed to the frontend
+    prompt_seconds: float = 0.0  # prompt_audio duration from its header (0.0 when audio was not checked)
 
 
 @dataclass
@@ -86,19 +87,19 @@ def check_id(value: object) -> str | None:
     return None
 
 
-def _check_audio(path: Path) -> str | None:
-    """Why ``path`` cannot serve as prompt audio (None when soundfile can read its header)."""
+def _check_audio(path: Path) -> tuple[str | None, float]:
+    """(why ``path`` cannot serve as prompt audio or None, its duration in seconds from the header)."""
     if not path.is_file():
-        return f"file not found: {path}"
+        return f"file not found: {path}", 0.0
     try:
         import soundfile as sf
 
         info = sf.info(str(path))
     except Exception as exc:  # libsndfile raises RuntimeError/LibsndfileError/TypeError
-        return f"unreadable audio {path}: {exc}"
+        return f"unreadable audio {path}: {exc}", 0.0
     if info.frames <= 0:
-        return f"audio has no samples: {path}"
-    return None
+        return f"audio has no samples: {path}", 0.0
+    return None, float(info.frames) / float(info.samplerate or 1)
 
 
 def parse_row(obj: object, *, line: int, base: Path, check_audio: bool = True) -> ManifestRow:
@@ -143,12 +144,13 @@ def parse_row(obj: object, *, line: int, base: Path, check_audio: bool = True) -
         raise ManifestError("prompt_audio is empty", line=line, field="prompt_audio", row_id=rid_s)
     audio = Path(obj["prompt_audio"]).expanduser()
     audio = audio if audio.is_absolute() else (base / audio)
+    seconds = 0.0
     if check_audio:
-        why = _check_audio(audio)
+        why, seconds = _check_audio(audio)
         if why:
             raise ManifestError(why, line=line, field="prompt_audio", row_id=rid_s)
     return ManifestRow(line=line, id=rid, prompt_audio=audio, prompt_text=obj["prompt_text"], text=text,
-                       mode=mode, instruct=instruct, seed=seed, speed=float(speed))
+                       mode=mode, instruct=instruct, seed=seed, speed=float(speed), prompt_seconds=seconds)
 
 
 def read_manifest(path: str | Path, *, check_audio: bool = True) -> Manifest:

@@ -37,6 +37,19 @@ def test_good_rows_and_defaults(folder: Path) -> None:
     assert m.ok and [r.id for r in m.rows] == ["a", "b"]
     assert m.rows[0].mode == "zero_shot" and m.rows[0].seed is None
     assert m.rows[1].prompt_audio == (folder / "p.wav").resolve()
+    assert m.rows[0].prompt_seconds == pytest.approx(0.1)  # from the header, for --token-budget
+    assert read_manifest(folder / "m.jsonl", check_audio=False).rows[0].prompt_seconds == 0.0
+
+
+def test_example_manifest_prompts_are_speech_length_recordings() -> None:
+    root = Path(__file__).resolve().parents[1] / "manifests"
+    m = read_manifest(root / "example.jsonl")
+    assert m.ok and len(m.rows) == 4
+    for r in m.rows:
+        info = sf.info(str(r.prompt_audio))
+        assert info.channels == 1 and info.subtype == "PCM_16" and info.samplerate >= 16000
+        assert 2.0 <= r.prompt_seconds <= 5.0
+    assert (root / "make_prompts.sh").is_file()
 
 
 @pytest.mark.parametrize(("bad", "field"), [

@@ -55,11 +55,15 @@ class Frontend:
                 for k, part in enumerate(text.split("|"))]
 
 
+SEEN_OPTIONS: list = []
+
+
 def generate(model, requests, options):
+    SEEN_OPTIONS.append(options)
     out = []
     for r in requests:
         g = torch.Generator().manual_seed(r.seed)
-        n = min(options.max_len_override or 50, 2 + r.target_len)
+        n = min(options.max_len_override or 50, max(options.min_len_override or 0, 2 + r.target_len))
         toks = torch.randint(0, 6561, (n,), generator=g).tolist()
         stop = "no_finite_logits" if r.row_id.startswith("nan") else "max_len"
         out.append(Res(r.row_id, toks, toks, stop, SamplerRowDiagnostics(row_id=r.row_id, seed=r.seed, steps=n,
@@ -90,6 +94,7 @@ def stubbed(monkeypatch: pytest.MonkeyPatch) -> None:
         sampler: object
         silent_filter: bool = True
         max_len_override: int | None = None
+        min_len_override: int | None = None
 
     dec.DecodeOptions, dec.generate = DecodeOptions, generate
     monkeypatch.setitem(sys.modules, "cosyclone.conditioning", cond)
@@ -130,11 +135,84 @@ def test_cli_on_stub_stages(stubbed: None, tmp_path: Path) -> None:
     assert (out / "wavs" / "a.wav").read_bytes() == before
 
 
-def test_plan_batches_groups_by_length() -> None:
+def test_min_tokens_reaches_decode_options(stubbed: None, tmp_path: Path) -> None:
+    m = make_manifest(tmp_path, {"a": "one", "b": "three"})
+    out = tmp_path / "out"
+    SEEN_OPTIONS.clear()
+    args = ["synth", str(m), "--load-format", "dummy", "--out", str(out), "--device", "cpu",
+            "--max-tokens", "9", "--min-tokens", "9"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 3, res.output  # the `{oops` line
+    assert SEEN_OPTIONS and all(o.min_len_override == 9 and o.max_len_override == 9 for o in SEEN_OPTIONS)
+    d = {x["id"]: x for x in map(json.loads, (out / "diagnostics.jsonl").read_text().splitlines())}
+    assert d["a"]["tokens"] == [9] and d["b"]["tokens"] == [9]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["options"]["min_tokens"] == 9 and summary["options"]["token_budget"] is None
+    bad = CliRunner().invoke(app, [*args[:-4], "--max-tokens", "4", "--min-tokens", "5"])
+    assert bad.exit_code == 2 and "--min-tokens 5 is above --max-tokens 4" in bad.output
+    assert "--min-tokens" not in CliRunner().invoke(app, ["synth", "--help"]).output  # advanced: hidden
+
+
+def _rows(costs: list[int], prompt_seconds: float = 0.0) -> list:
     from cosyclone.manifest import ManifestRow
 
-    rows = [ManifestRow(i, f"r{i}", Path("p"), "", "x" * n) for i, n in enumerate([9, 1, 5, 2])]
-    assert [[r.id for r in b] for b in pipeline.plan_batches(rows, 2)] == [["r1", "r3"], ["r2", "r0"]]
+    return [ManifestRow(i + 1, f"r{i}", Path("p"), "", "x" * n, prompt_seconds=prompt_seconds)
+            for i, n in enumerate(costs)]
+
+
+def _ids(batches: list) -> list[list[str]]:
+    return [[r.id for r in b] for b in batches]
+
+
+def test_plan_batches_groups_by_length() -> None:
+    rows = _rows([9, 1, 5, 2])
+    assert _ids(pipeline.plan_batches(rows, 2)) == [["r1", "r3"], ["r2", "r0"]]
+    assert _ids(pipeline.plan_batches(rows, 8)) == [["r1", "r3", "r2", "r0"]]
+    assert _ids(pipeline.plan_batches(list(reversed(rows)), 2)) == [["r1", "r3"], ["r2", "r0"]]
+
+
+def test_row_cost_counts_characters_and_prompt_tokens() -> None:
+    from cosyclone.manifest import ManifestRow
+
+    row = ManifestRow(1, "a", Path("p"), "abc", "hello", instruct="xy", prompt_seconds=3.0)
+    assert pipeline.row_cost(row) == 3 + 5 + 2 + 75
+    assert pipeline.row_cost(ManifestRow(1, "a", Path("p"), "", "")) == 1
+
+
+def test_plan_batches_with_token_budget() -> None:
+    rows = _rows([10, 30, 10, 20, 10, 40])
+    # sorted: r0 r2 r4 (10) r3 (20) r1 (30) r5 (40); padded work = rows x widest row
+    assert _ids(pipeline.plan_batches(rows, 8, token_budget=40)) == [["r0", "r2", "r4"], ["r3"], ["r1"], ["r5"]]
+    assert _ids(pipeline.plan_batches(rows, 8, token_budget=60)) == [["r0", "r2", "r4"], ["r3", "r1"], ["r5"]]
+    assert _ids(pipeline.plan_batches(rows, 2, token_budget=1000)) == [["r0", "r2"], ["r4", "r3"], ["r1", "r5"]]
+    # a single row over the budget still gets a batch of its own
+    assert _ids(pipeline.plan_batches(rows, 8, token_budget=5)) == [["r0"], ["r2"], ["r4"], ["r3"], ["r1"], ["r5"]]
+    # the prompt counts: 25 tokens per second of prompt audio
+    assert _ids(pipeline.plan_batches(_rows([10, 10], prompt_seconds=2.0), 8, token_budget=119)) == [["r0"], ["r1"]]
+    assert _ids(pipeline.plan_batches(_rows([10, 10], prompt_seconds=2.0), 8, token_budget=120)) == [["r0", "r1"]]
+    # deterministic, and every row lands in exactly one batch
+    for budget in (1, 25, 47, 90, 10**6):
+        for size in (1, 3, 8):
+            a, b = pipeline.plan_batches(rows, size, budget), pipeline.plan_batches(rows[::-1], size, budget)
+            assert _ids(a) == _ids(b)
+            assert sorted(r.id for batch in a for r in batch) == sorted(r.id for r in rows)
+            assert all(len(batch) <= size for batch in a)
+            assert all(len(batch) == 1 or len(batch) * max(map(pipeline.row_cost, batch)) <= budget for batch in a)
+
+
+def test_cli_token_budget_plans_batches(stubbed: None, tmp_path: Path) -> None:
+    m = make_manifest(tmp_path, {"a": "one", "b": "three", "c": "seven"})
+    args = ["synth", str(m), "--load-format", "dummy", "--out", str(tmp_path / "o"), "--device", "cpu"]
+    wide = CliRunner().invoke(app, [*args, "--dry-run"])
+    assert "3 to synthesize in 1 batches" in wide.output, wide.output
+    # row costs: 3 (prompt_text) + text + 25 (1 s prompt) = 31, 33, 33 -> [a, b] (2 x 33), [c]
+    tight = CliRunner().invoke(app, [*args, "--dry-run", "--token-budget", "66"])
+    assert "3 to synthesize in 2 batches" in tight.output, tight.output
+    res = CliRunner().invoke(app, [*args, "--token-budget", "66"])
+    assert res.exit_code == 3, res.output
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["done"] == 3 and summary["options"]["token_budget"] == 66
+    assert CliRunner().invoke(app, [*args, "--token-budget", "0"]).exit_code == 2
 
 
 def test_released_config_loads_without_dir() -> None:

@@ -17,7 +17,7 @@ from cosyclone.tiny import TinySizes, write_tiny_config
 LLM_JSON = Path(__file__).resolve().parents[1] / ".." / "shared" / "reference" / "state_dicts" / "llm.json"
 CPU = DevicePolicy(torch.device("cpu"), torch.float32, "cpu")
 SMALL = TalkerConfig(qwen=QwenGeometry(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                       num_key_value_heads=2, intermediate_size=48, vocab_size=64),
+                                       num_key_value_heads=2, intermediate_size=48, vocab_size=72),
                      llm_input_size=32, llm_output_size=32, speech_token_size=40)
 
 
@@ -112,3 +112,22 @@ def test_bf16_logits_are_fp32() -> None:
     with torch.no_grad():
         _, logits = model(torch.randn(1, 4, 32, dtype=torch.bfloat16))
     assert logits.dtype == torch.float32
+
+
+def test_fused_projections_keep_released_names_both_ways() -> None:
+    """q/k/v and gate/up run as one matmul each, yet state_dict and load_state_dict use llm.pt names."""
+    src = CosyVoice3LM(SMALL)
+    keys = set(src.state_dict())
+    layer = "llm.model.model.layers.0."
+    for name in ("self_attn.q_proj.weight", "self_attn.k_proj.bias", "self_attn.v_proj.weight",
+                 "mlp.gate_proj.weight", "mlp.up_proj.weight"):
+        assert layer + name in keys
+    assert not any("qkv_proj" in k or "gate_up_proj" in k for k in keys)
+    state = {k: torch.randn_like(v) for k, v in src.state_dict().items()}
+    dst = CosyVoice3LM(SMALL)
+    dst.load_state_dict(state, strict=True)
+    attn = dst.llm.model.model.layers[0].self_attn
+    joined = torch.cat([state[layer + f"self_attn.{p}_proj.weight"] for p in "qkv"])
+    assert torch.equal(attn.qkv_proj.weight, joined)
+    for k, v in dst.state_dict().items():
+        assert torch.equal(v, state[k]), k

@@ -9,8 +9,9 @@ checkpoint carries it). Two details matter for parity (spec pitfalls 2 and 10):
 * the input projection sees ``[x, cond, mu, spk]``; AdaLN chunks are shift/scale/gate (attn) then
   shift/scale/gate (MLP); the final AdaLN is (scale, shift).
 
-For speed the three q/k/v projections can run as one matmul: :meth:`DiT.fused_qkv` concatenates
-the weights once per inference call (the state_dict keeps the three separate names).
+For speed the three q/k/v projections are stored as one matrix ``to_qkv`` (see
+:mod:`cosyclone.fused`); ``state_dict()``/``load_state_dict()`` keep the released ``to_q``/``to_k``/
+``to_v`` names.
 """
 
 from __future__ import annotations
@@ -22,8 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import DiTConfig
-
-FusedQKV = list[tuple[Tensor, Tensor]]
+from ..fused import FusedLinears
 
 
 class SinusTimeEmbedding(nn.Module):
@@ -120,27 +120,23 @@ def apply_rotary(t: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return t
 
 
-class Attention(nn.Module):
-    """Masked multi-head self-attention with F5-style rotary on full-width q/k."""
+class Attention(FusedLinears):
+    """Masked multi-head self-attention with F5-style rotary on full-width q/k; ``to_qkv`` fused."""
 
     def __init__(self, dim: int, heads: int, dim_head: int) -> None:
         super().__init__()
         inner = heads * dim_head
         self.heads = heads
         self.dim_head = dim_head
-        self.to_q = nn.Linear(dim, inner)
-        self.to_k = nn.Linear(dim, inner)
-        self.to_v = nn.Linear(dim, inner)
+        self.to_qkv = self.fused_linear("to_qkv", dim, (("to_q", inner), ("to_k", inner), ("to_v", inner)),
+                                        bias=True)
         self.to_out = nn.ModuleList([nn.Linear(inner, dim), nn.Dropout(0.0)])
 
-    def forward(self, x: Tensor, attn_mask: Tensor | None, query_keep: Tensor | None, cos: Tensor, sin: Tensor,
-                *, fused: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    def forward(self, x: Tensor, attn_mask: Tensor | None, query_keep: Tensor | None, cos: Tensor,
+                sin: Tensor) -> Tensor:
         """``x (B, T, D)``; ``attn_mask (B, 1, T|1, T)`` bool (True = attend) or None (no padding);
         ``query_keep (B, T, 1)`` bool or None (keep every output row)."""
-        if fused is not None:
-            q, k, v = F.linear(x, fused[0], fused[1]).chunk(3, dim=-1)
-        else:
-            q, k, v = self.to_q(x), self.to_k(x), self.to_v(x)
+        q, k, v = self.to_qkv(x).chunk(3, dim=-1)
         q = apply_rotary(q, cos, sin)
         k = apply_rotary(k, cos, sin)
         b, t, _ = x.shape
@@ -194,12 +190,12 @@ class DiTBlock(nn.Module):
         self.ff = FeedForward(dim, ff_mult)
 
     def forward(self, x: Tensor, temb_act: Tensor, attn_mask: Tensor | None, query_keep: Tensor | None, cos: Tensor,
-                sin: Tensor, *, fused: tuple[Tensor, Tensor] | None = None) -> Tensor:
+                sin: Tensor) -> Tensor:
         """``x (B, T, D)``; ``temb_act = SiLU(temb) (B, D)``."""
         mods = self.attn_norm.linear(temb_act).unsqueeze(1)
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mods.chunk(6, dim=-1)
         h = torch.addcmul(shift_msa, _norm(x), 1 + scale_msa)
-        x = torch.addcmul(x, gate_msa, self.attn(h, attn_mask, query_keep, cos, sin, fused=fused))
+        x = torch.addcmul(x, gate_msa, self.attn(h, attn_mask, query_keep, cos, sin))
         h = torch.addcmul(shift_mlp, _norm(x), 1 + scale_mlp)
         return torch.addcmul(x, gate_mlp, self.ff(h))
 
@@ -233,17 +229,8 @@ class DiT(nn.Module):
         self.norm_out = AdaLayerNormZeroFinal(cfg.dim)
         self.proj_out = nn.Linear(cfg.dim, cfg.out_channels)
 
-    def fused_qkv(self) -> FusedQKV:
-        """Per block ``(W (3I, D), b (3I,))``: one matmul instead of three; build once per call."""
-        out: FusedQKV = []
-        for blk in self.transformer_blocks:
-            a = blk.attn
-            out.append((torch.cat([a.to_q.weight, a.to_k.weight, a.to_v.weight], dim=0),
-                        torch.cat([a.to_q.bias, a.to_k.bias, a.to_v.bias], dim=0)))
-        return out
-
     def forward(self, x: Tensor, mask: Tensor, mu: Tensor, t: Tensor, spks: Tensor, cond: Tensor, *,
-                streaming: bool = False, fused: FusedQKV | None = None) -> Tensor:
+                streaming: bool = False) -> Tensor:
         """One velocity evaluation.
 
         Args:
@@ -271,8 +258,8 @@ class DiT(nn.Module):
         elif padded:
             attn_mask = key_mask.unsqueeze(1)  # (B, 1, 1, T), broadcast over queries
             query_keep = key_mask[:, 0].unsqueeze(-1)
-        for i, blk in enumerate(self.transformer_blocks):
-            h = blk(h, temb_act, attn_mask, query_keep, cos, sin, fused=None if fused is None else fused[i])
+        for blk in self.transformer_blocks:
+            h = blk(h, temb_act, attn_mask, query_keep, cos, sin)
         scale, shift = self.norm_out.linear(temb_act).unsqueeze(1).chunk(2, dim=-1)
         h = _norm(h) * (1 + scale) + shift
         return self.proj_out(h).transpose(1, 2)

@@ -83,13 +83,11 @@ class CausalConditionalCFM(nn.Module):
         mu_in = torch.cat([mu, torch.zeros_like(mu)], dim=0).to(dtype)
         spks_in = torch.cat([spks, torch.zeros_like(spks)], dim=0).to(dtype)
         cond_in = torch.cat([cond, torch.zeros_like(cond)], dim=0).to(dtype)
-        fused = self.estimator.fused_qkv()
         t, dt = t_span[0], t_span[1] - t_span[0]
         for step in range(1, n_timesteps + 1):
             x_in = torch.cat([x, x], dim=0).to(dtype)
             t_in = t.expand(2 * b)
-            v = self.estimator(x_in, mask_in, mu_in, t_in, spks_in, cond_in, streaming=streaming,
-                               fused=fused).float()
+            v = self.estimator(x_in, mask_in, mu_in, t_in, spks_in, cond_in, streaming=streaming).float()
             v_c, v_u = v[:b], v[b:]
             if trace is not None:
                 trace.append({"t": t.clone(), "x_in": x.clone(), "v_cond": v_c.clone(), "v_uncond": v_u.clone()})
