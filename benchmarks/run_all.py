@@ -17,7 +17,9 @@ Environment (all optional):
 * ``COSYCLONE_BENCH_DTYPE`` ``--dtype`` (fp32, as the baseline); ``COSYCLONE_BENCH_DEVICE`` (auto);
 * ``COSYCLONE_BENCH_MODEL_DIR`` a model directory (e.g. from ``cosyclone make-tiny-model``) read
   with ``--model-dir`` instead of ``--load-format dummy``;
-* ``COSYCLONE_BENCH_N_TIMESTEPS`` flow Euler steps (unset: the model's, 10).
+* ``COSYCLONE_BENCH_N_TIMESTEPS`` flow Euler steps (unset: the model's, 10);
+* ``COSYCLONE_BENCH_E2E_ALSO`` comma-separated further ``--dtype`` values to run the same end-to-end
+  workload in after the first (``bf16``: this CPU has AMX; empty: only ``COSYCLONE_BENCH_DTYPE``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,8 +82,6 @@ def run_stage_benchmarks() -> None:
 
 def _frontend(cfg: E2EConfig):
     """The frontend the run will use (the model directory's, or the dummy run's built-in assets)."""
-    from dataclasses import replace
-
     from cosyclone.config import load_model_config, released_config
     from cosyclone.frontend import Frontend
     from cosyclone.tiny import builtin_frontend_dir
@@ -218,7 +218,10 @@ def render(fig: dict) -> str:
 
 def main() -> None:
     run_stage_benchmarks()
-    print(render(end_to_end()))
+    base = E2EConfig.from_env()
+    extra = os.environ.get("COSYCLONE_BENCH_E2E_ALSO", "bf16")
+    for dtype in dict.fromkeys([base.dtype, *(d for d in extra.split(",") if d)]):  # ordered, no repeats
+        print(render(end_to_end(replace(base, dtype=dtype))), flush=True)
 
 
 if __name__ == "__main__":
