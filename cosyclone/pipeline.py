@@ -219,7 +219,9 @@ def synthesize_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptio
 
 def _code2wav(stages: Stages, items: Sequence[tuple[Any, list[int]]], opts: RunOptions,
               outcomes: dict[str, RowOutcome], rids: Sequence[str]) -> dict[int, np.ndarray]:
-    """Batched flow.inference + hift.inference over (Request, tokens) items -> float32 waves."""
+    """Batched token2wav over (Request, tokens) items -> float32 waves (each segment at its ``speed``)."""
+    from .code2wav.token2wav import token2wav
+
     dev = stages.policy.device
     tok, tok_len = _pad([torch.as_tensor(t, dtype=torch.long) for _, t in items], dev)
     ptok, ptok_len = _pad([torch.as_tensor(_embed(r, "speech_token"), dtype=torch.long).reshape(-1)
@@ -229,16 +231,12 @@ def _code2wav(stages: Stages, items: Sequence[tuple[Any, list[int]]], opts: RunO
     pfeat = pfeat.to(stages.policy.dtype)
     emb = torch.stack([torch.as_tensor(_embed(r, "embedding")).reshape(-1) for r, _ in items])
     emb = emb.to(dev, dtype=stages.policy.dtype)
-    t0 = time.perf_counter()
-    mel, mel_len = stages.flow.inference(tok, tok_len, ptok, ptok_len, pfeat, emb, n_timesteps=opts.n_timesteps)
-    t1 = time.perf_counter()
-    wav, wav_len = stages.hift.inference(mel, mel_len)
-    t2 = time.perf_counter()
+    res = token2wav(stages.flow, stages.hift, tok, tok_len, ptok, ptok_len, pfeat, emb,
+                    speed=[float(r.speed) for r, _ in items], n_timesteps=opts.n_timesteps)
     for rid in rids:
-        outcomes[rid].seconds["flow"] = outcomes[rid].seconds.get("flow", 0.0) + (t1 - t0) / len(items)
-        outcomes[rid].seconds["hift"] = outcomes[rid].seconds.get("hift", 0.0) + (t2 - t1) / len(items)
-    wav = wav.float().cpu().numpy()
-    return {k: wav[k, : int(wav_len[k])].astype(np.float32) for k in range(len(items))}
+        outcomes[rid].seconds["flow"] = outcomes[rid].seconds.get("flow", 0.0) + res.flow_seconds / len(items)
+        outcomes[rid].seconds["hift"] = outcomes[rid].seconds.get("hift", 0.0) + res.hift_seconds / len(items)
+    return {k: w.numpy().astype(np.float32, copy=False) for k, w in enumerate(res.wavs)}
 
 
 PROMPT_TOKENS_PER_SECOND = 25  # speech tokens per second of prompt audio (token_frame_rate)

@@ -35,9 +35,11 @@ def test_adapter_legacy_and_prefix() -> None:
     assert CausalHiFTGenerator.adapt_keys(legacy).keys() == model.state_dict().keys()
 
 
-def _dummy() -> CausalHiFTGenerator:
+def _dummy(std: float = 0.02) -> CausalHiFTGenerator:
+    """Tiny HiFT with seeded weights; a larger ``std`` makes the source branch loud enough that a
+    wrong STFT/iSTFT edge at a row's end shows (~1e-3) far above float rounding (~1e-7)."""
     model = CausalHiFTGenerator(SMALL)
-    init_dummy(model)
+    init_dummy(model, std=std)
     model.f0_predictor.double()
     model.fold_weight_norm().eval()
     model.noise_factory = hift_sine_waves
@@ -52,14 +54,47 @@ def test_window_follows_input_dtype() -> None:
 
 
 def test_batch_rows_equal_alone() -> None:
+    """Rows of very different lengths share one padded batch and each equals the row run alone."""
+    model = _dummy(std=0.3)
+    lens = [3, 11, 20]
+    torch.manual_seed(0)
+    mel = torch.randn(len(lens), 80, 20)
+    wav, wav_len = model.inference(mel, torch.tensor(lens))
+    assert wav.shape == (3, 20 * 480) and wav_len.tolist() == [n * 480 for n in lens]
+    for b, n in enumerate(lens):
+        alone, alone_len = model.inference(mel[b : b + 1, :, :n], torch.tensor([n]))
+        assert int(alone_len[0]) == n * 480
+        assert (wav[b, : n * 480] - alone[0]).abs().max().item() < 1e-6, (b, n)
+        assert torch.all(wav[b, n * 480 :] == 0)
+        assert alone[0].abs().max().item() > 1e-2  # loud enough for 1e-6 to be a strict bound
+
+
+def test_padding_garbage_does_not_matter() -> None:
+    """Huge values, inf and NaN past a row's end change nothing (the look-ahead convs see zeros)."""
+    model = _dummy(std=0.3)
+    lens = torch.tensor([20, 3, 11, 0])
+    torch.manual_seed(1)
+    mel = torch.randn(4, 80, 20)
+    clean = mel.clone()
+    for b, n in enumerate(lens.tolist()):
+        clean[b, :, n:] = 0
+        mel[b, :, n:] = torch.randn(80, 20 - n) * 1e4
+    mel[1, 5, 7], mel[2, 0, 15] = float("nan"), float("inf")
+    got, got_len = model.inference(mel, lens)
+    ref, _ = model.inference(clean, lens)
+    assert torch.isfinite(got).all() and got_len.tolist() == [9600, 1440, 5280, 0]
+    assert torch.equal(got, ref)
+    assert torch.all(got[3] == 0)
+
+
+def test_frame_arithmetic() -> None:
+    """480·n samples -> 120·n+1 centred STFT frames -> iSTFT back to 480·n samples (checked, not assumed)."""
     model = _dummy()
-    mel = torch.randn(2, 80, 9)
-    wav, lens = model.inference(mel, torch.tensor([9, 3]))
-    a, _ = model.inference(mel[1:, :, :3], torch.tensor([3]))
-    b, _ = model.inference(mel[:1], torch.tensor([9]))
-    assert lens.tolist() == [4320, 1440]
-    assert torch.equal(wav[1, :1440], a[0]) and torch.all(wav[1, 1440:] == 0)
-    assert torch.equal(wav[0], b[0])
+    for n in (1, 3, 7):
+        real, _ = model._stft(torch.randn(1, n * 480))
+        assert real.shape[-1] == model.frames_for(n) == 120 * n + 1
+        x = torch.randn(1, 18, model.frames_for(n))
+        assert model.to_wave(x).shape[-1] == n * 480
 
 
 def test_noise_tables_released_values() -> None:

@@ -7,9 +7,16 @@ Why the structure looks like this:
 * the F0 predictor runs in float64 (the official code does, "precision is crucial");
 * the construction-time noise tables are not parameters: they are set with
   :meth:`CausalHiFTGenerator.set_noise_tables` (released ones come from ``noise.py``);
-* batching is exact: rows of equal length run together, rows of different lengths run in
-  separate groups, because the centred STFT (reflect padding) and iSTFT at a row's end would
-  otherwise see the neighbouring padded samples.
+* batching is exact with one padded batch: rows of different lengths run together through the
+  conv network, which is left-causal except ``conv_pre`` and the F0 predictor's first conv; those
+  look a few frames right and pad zeros there themselves, so :meth:`CausalHiFTGenerator.inference`
+  zeroes the mel past each row's end and a row's valid frames see exactly what they see alone.
+  The F0 predictor and the sine source (cumulative phase, a noise-table prefix shared by all
+  rows) are causal as well and run batched on that zero-padded mel.
+  The only non-causal steps run per row at the row's own length: the centred (reflect-padded)
+  STFT of the source, whose spectra are then right-padded to the batch's frame count, and the
+  iSTFT of the row's valid frames (its end's overlap-add must not see the neighbouring padding).
+  Both are tiny (n_fft 16, hop 4) next to the convs. Padded outputs are garbage and are zeroed.
 """
 
 from __future__ import annotations
@@ -252,11 +259,40 @@ class CausalHiFTGenerator(nn.Module):
         merged = torch.tanh(self.m_source.l_linear(sine_waves.to(self.m_source.l_linear.weight.dtype)))
         return merged.transpose(1, 2), sine_waves, uv, noise
 
-    def decode(self, mel: Tensor, source: Tensor) -> Tensor:
-        """mel (B, 80, T), source (B, 1, L) -> waveform (B, L) clamped to ±audio_limit."""
+    def frames_for(self, mel_frames: int) -> int:
+        """STFT frames (= conv_post frames) for ``mel_frames`` mel frames: 120·T + 1 at release size.
+
+        The source has ``480·T`` samples; a centred STFT with hop 4 gives ``480·T/4 + 1`` frames, and
+        the decoder's last stage reaches the same count via ``120·T`` upsampled frames + 1 reflect pad.
+        """
+        return mel_frames * self.upsample_scale // self.cfg.hop_len + 1
+
+    def source_stft(self, source: Tensor, mel_len: Tensor | None = None) -> Tensor:
+        """source (B, 1, 480·T) -> s_stft (B, n_fft+2, 120·T+1): [real; imag] of the centred STFT.
+
+        With ``mel_len`` (B,), row b's STFT is taken of its own ``480·mel_len[b]`` samples (so the
+        reflect padding at its end mirrors its own samples, as when it runs alone) and zero-padded
+        on the right to the batch's frame count; rows of equal length share one call.
+        """
+        sig = source.squeeze(1)
+        frames = source.shape[-1] // self.upsample_scale
+        if mel_len is None:
+            real, imag = self._stft(sig)
+            return torch.cat([real, imag], dim=1)
+        out = sig.new_zeros(sig.shape[0], self.cfg.n_fft + 2, self.frames_for(frames))
+        for n, rows in _rows_by_length(mel_len):
+            real, imag = self._stft(sig.index_select(0, rows)[:, : n * self.upsample_scale])
+            out[rows, :, : real.shape[-1]] = torch.cat([real, imag], dim=1)
+        return out
+
+    def network(self, mel: Tensor, s_stft: Tensor) -> Tensor:
+        """mel (B, 80, T), s_stft (B, n_fft+2, 120·T+1) -> conv_post output (B, n_fft+2, 120·T+1).
+
+        Output frames <= 120·n depend only on STFT frames <= 120·n, on mel frames < n and on the
+        few frames after them that the look-ahead convs read (zeros for a row run alone), which is
+        what makes padded batching exact once the mel is zero past each row's end.
+        """
         cfg = self.cfg
-        real, imag = self._stft(source.squeeze(1))
-        s_stft = torch.cat([real, imag], dim=1)
         x = self.conv_pre(mel)
         nk = len(cfg.resblock_kernel_sizes)
         for i, up in enumerate(self.ups):
@@ -270,29 +306,68 @@ class CausalHiFTGenerator(nn.Module):
                 acc = acc + self.resblocks[i * nk + j](x)
             x = acc / nk
         x = F.leaky_relu(x)
-        x = self.conv_post(x)
-        half = cfg.n_fft // 2 + 1
-        magnitude = torch.exp(x[:, :half])
-        phase = torch.sin(x[:, half:])
-        wav = self._istft(magnitude, phase)
-        return torch.clamp(wav, -cfg.audio_limit, cfg.audio_limit)
+        return self.conv_post(x)
+
+    def to_wave(self, x: Tensor, mel_len: Tensor | None = None) -> Tensor:
+        """conv_post output (B, n_fft+2, 120·T+1) -> waveform (B, 480·T) clamped to ±audio_limit.
+
+        With ``mel_len``, row b's iSTFT runs on its own ``120·mel_len[b]+1`` frames, giving
+        ``480·mel_len[b]`` samples (the centred iSTFT's end normalisation and overlap-add must not see
+        the padded frames); the rest of the row stays zero.
+        """
+        half = self.cfg.n_fft // 2 + 1
+        if mel_len is None:
+            wav = self._istft(torch.exp(x[:, :half]), torch.sin(x[:, half:]))
+        else:
+            frames = (x.shape[-1] - 1) // (self.upsample_scale // self.cfg.hop_len)
+            wav = x.new_zeros(x.shape[0], frames * self.upsample_scale)
+            for n, rows in _rows_by_length(mel_len):
+                sub = x.index_select(0, rows)[:, :, : self.frames_for(n)]
+                wav[rows, : n * self.upsample_scale] = self._istft(torch.exp(sub[:, :half]), torch.sin(sub[:, half:]))
+        return torch.clamp(wav, -self.cfg.audio_limit, self.cfg.audio_limit)
+
+    def decode(self, mel: Tensor, source: Tensor, mel_len: Tensor | None = None) -> Tensor:
+        """mel (B, 80, T), source (B, 1, 480·T) -> waveform (B, 480·T) clamped to ±audio_limit.
+
+        Without ``mel_len`` every row is taken to fill all T frames (the official single-row call);
+        with it, see :meth:`source_stft` and :meth:`to_wave` (the mel must already be zero past each
+        row's end, as :meth:`inference` makes it).
+        """
+        return self.to_wave(self.network(mel, self.source_stft(source, mel_len)), mel_len)
 
     @torch.inference_mode()
     def inference(self, mel: Tensor, mel_len: Tensor) -> tuple[Tensor, Tensor]:
-        """mel (B, 80, T), mel_len (B,) -> wav (B, 480·T) zero beyond each row, wav_len (B,)."""
+        """mel (B, 80, T), mel_len (B,) -> wav (B, 480·T) zero beyond each row, wav_len (B,).
+
+        One padded batch: whatever the mel holds past a row's end (the pipeline's padding may be
+        garbage) is replaced by zeros, the look-ahead convs' own padding value, so each row equals
+        the row run alone (up to batch-size-dependent float rounding of the convs).
+        """
         bsz, _, frames = mel.shape
         up = self.upsample_scale
-        lens = mel_len.to(torch.long).cpu()
+        lens = mel_len.to(torch.long).cpu().clamp(min=0, max=frames)
         wav = torch.zeros(bsz, frames * up, device=mel.device, dtype=torch.float32)
-        for n in sorted(set(lens.tolist())):
-            if n <= 0:
-                continue
-            rows = (lens == n).nonzero().squeeze(1).to(mel.device)
-            sub = mel.index_select(0, rows)[:, :, :n].float()
-            f0 = self.predict_f0(sub)
-            src = self.source(f0)[0]
-            wav[rows, : n * up] = self.decode(sub, src).float()
-        return wav, lens.to(mel.device) * up
+        width = int(lens.max()) if bsz else 0
+        if width == 0:
+            return wav, lens.to(mel.device) * up
+        dev_lens = lens.to(mel.device)
+        sub = mel[:, :, :width].float()
+        valid = torch.arange(width, device=mel.device).unsqueeze(0) < dev_lens.unsqueeze(1)  # (B, T')
+        sub = torch.where(valid.unsqueeze(1), sub, sub.new_zeros(()))
+        f0 = self.predict_f0(sub)
+        src = self.source(f0)[0]
+        wav[:, : width * up] = self.decode(sub, src, dev_lens).float()
+        return wav, dev_lens * up
+
+
+def _rows_by_length(mel_len: Tensor) -> list[tuple[int, Tensor]]:
+    """Group row indices by length: [(n, rows (k,) long on mel_len's device)], n > 0, ascending n."""
+    lens = mel_len.to(torch.long).cpu()
+    groups = []
+    for n in sorted(set(lens.tolist())):
+        if n > 0:
+            groups.append((n, (lens == n).nonzero().squeeze(1).to(mel_len.device)))
+    return groups
 
 
 def load_hift_file(model: CausalHiFTGenerator, path: object) -> CausalHiFTGenerator:

@@ -251,7 +251,9 @@ def test_speed_and_seed_fields_accepted(model_dir: Path, manifest: Path, tmp_pat
     assert res.exit_code == 0, res.output
     d = diags(out)
     assert d["slow"]["status"] == "ok" and d["fast"]["status"] == "ok" and d["fast"]["seed"] == 42
-    assert all(sf.info(str(out / "wavs" / f"{k}.wav")).frames > 0 for k in d)
+    for k, speed in (("slow", 0.8), ("fast", 1.25)):  # speed resamples each segment's mel to int(2n/speed)
+        want = sum(int(2 * n / speed) * 480 for n in d[k]["tokens"])
+        assert sf.info(str(out / "wavs" / f"{k}.wav")).frames == want > 0, (k, d[k]["tokens"])
 
 
 def test_example_manifest_with_min_tokens_and_token_budget(model_dir: Path, tmp_path: Path) -> None:

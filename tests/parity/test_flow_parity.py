@@ -7,42 +7,20 @@ from typing import Any
 import pytest
 import torch
 
-from cosyclone.checkpoint import load_module_file
 from cosyclone.code2wav.flow import CausalMaskedDiffWithDiT
 from cosyclone.code2wav.noise import flow_noise
-from cosyclone.config import DiTConfig, FlowConfig
 
-from .conftest import VECTORS, load_vector_set
+from .conftest import load_vector_set
+from .models import small_flow
 
 # fp64-vs-fp32 gaps in vectors.json are ~2e-6; allow a few times that for BLAS differences.
 ATOL = 2e-5
 
 
-def small_flow_config(meta: dict[str, Any]) -> FlowConfig:
-    """The reduced FlowConfig described by ``small_config`` in vectors.json."""
-    sc = meta["small_config"]
-    est = sc["estimator"]
-    cfm = sc["decoder"]["cfm_params"]
-    defaults = FlowConfig()
-    return FlowConfig(
-        input_size=sc["input_size"], output_size=sc["output_size"], spk_embed_dim=sc["spk_embed_dim"],
-        vocab_size=sc["vocab_size"], token_mel_ratio=sc["token_mel_ratio"],
-        pre_lookahead_len=sc["pre_lookahead_len"], pre_lookahead_channels=sc["pre_lookahead_layer"]["channels"],
-        dit=DiTConfig(dim=est["dim"], depth=est["depth"], heads=est["heads"], dim_head=est["dim_head"],
-                      ff_mult=est["ff_mult"], mel_dim=est["mel_dim"], mu_dim=est["mu_dim"],
-                      spk_dim=est["spk_dim"], out_channels=est["out_channels"],
-                      static_chunk_size=est["static_chunk_size"]),
-        cfm=type(defaults.cfm)(sigma_min=cfm["sigma_min"], t_scheduler=cfm["t_scheduler"],
-                               inference_cfg_rate=cfm["inference_cfg_rate"]),
-    )
-
-
 @pytest.fixture(scope="module")
 def flow_set() -> tuple[dict[str, Any], dict[str, torch.Tensor], CausalMaskedDiffWithDiT]:
     meta, tensors = load_vector_set("flow")
-    model = CausalMaskedDiffWithDiT(small_flow_config(meta))
-    load_module_file(model, VECTORS / meta["weights_file"])
-    return meta, tensors, model.eval()
+    return meta, tensors, small_flow(meta)
 
 
 def _maxabs(a: torch.Tensor, b: torch.Tensor) -> float:

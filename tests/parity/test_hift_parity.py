@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
-from cosyclone.code2wav.hift import CausalHiFTGenerator, load_hift_file
-from cosyclone.config import HiFTConfig
-from tests.parity.conftest import VECTORS, load_vector_set
-
-
-def _model(meta: dict) -> CausalHiFTGenerator:
-    sc = meta["small_config"]
-    cfg = replace(HiFTConfig(), base_channels=sc["base_channels"], f0_cond_channels=sc["f0_predictor"]["cond_channels"])
-    model = CausalHiFTGenerator(cfg)
-    load_hift_file(model, VECTORS / meta["weights_file"].split()[0])  # file name as the JSON gives it
-    return model.eval()
+from tests.parity.conftest import load_vector_set
+from tests.parity.models import small_hift
 
 
 def test_hift_inference_parity() -> None:
     meta, vec = load_vector_set("hift")
-    model = _model(meta)
+    model = small_hift(meta)
     model.set_noise_tables(vec["tables.sine_waves_slice"])
     mel = vec["inputs.mel"]
     with torch.inference_mode():

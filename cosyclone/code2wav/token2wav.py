@@ -1,0 +1,101 @@
+"""Speech tokens -> waveforms for a batch: flow, per-row speed change, HiFT (official ``token2wav``).
+
+The official non-streaming ``CosyVoice3Model.token2wav`` changes the speaking rate after the flow,
+on the mel: when ``speed != 1`` it linearly interpolates the mel along time to ``int(T / speed)``
+frames (``F.interpolate(mel, size=int(T / speed), mode='linear')``, align_corners False) before
+HiFT. The tokens and the flow are untouched, so a row's audio has ``int(2·tokens / speed)·480``
+samples. In a batch every row has its own length and speed, so each row's valid frames are
+interpolated on their own (the interpolation must not see the padding) and the results re-padded.
+
+:func:`token2wav` is the one code path from tokens to audio: the pipeline calls it, and the
+token2wav parity test runs through it, so the test proves what the pipeline does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def speed_frames(frames: int, speed: float) -> int:
+    """Mel frames after the speed change: ``int(frames / speed)`` as the official code computes it."""
+    return int(frames / float(speed))
+
+
+def change_speed(mel: Tensor, mel_len: Tensor, speed: Sequence[float]) -> tuple[Tensor, Tensor]:
+    """Resample each row's mel along time by its own speed factor (``> 1`` is faster, shorter).
+
+    Args:
+        mel: ``(B, C, T)`` padded mel; row b's first ``mel_len[b]`` frames are valid.
+        mel_len: ``(B,)`` valid frames per row.
+        speed: ``B`` positive factors; rows with 1.0 are copied unchanged.
+    Returns:
+        ``mel (B, C, T')`` zero past each row's new length, ``mel_len (B,)`` with
+        ``T'_b = int(mel_len[b] / speed[b])`` (the mel's padded width when every speed is 1.0).
+    """
+    if len(speed) != mel.shape[0]:
+        raise ValueError(f"change_speed: {len(speed)} speeds for a batch of {mel.shape[0]} rows")
+    if any(float(s) <= 0 for s in speed):
+        raise ValueError(f"change_speed: speeds must be positive, got {list(speed)}")
+    if all(float(s) == 1.0 for s in speed):
+        return mel, mel_len
+    lens = [int(n) for n in mel_len.tolist()]
+    new_lens = [speed_frames(n, float(s)) for n, s in zip(lens, speed, strict=True)]
+    out = mel.new_zeros(mel.shape[0], mel.shape[1], max(new_lens, default=0))
+    for b, (n, m, s) in enumerate(zip(lens, new_lens, speed, strict=True)):
+        if m <= 0:
+            continue  # the official call fails here (interpolate to 0 frames); we emit no audio
+        row = mel[b : b + 1, :, :n]
+        out[b, :, :m] = row[0] if float(s) == 1.0 else F.interpolate(row, size=m, mode="linear")[0]
+    return out, torch.tensor(new_lens, dtype=mel_len.dtype, device=mel_len.device)
+
+
+@dataclass
+class Token2WavResult:
+    """Per-row waveforms and the wall time of each stage (for the caller to share out per row).
+
+    ``hift_seconds`` includes the speed change (a few interpolations, negligible next to HiFT).
+    """
+
+    wavs: list[Tensor]  # B float32 CPU tensors (samples,), samples = 480 x mel frames after speed
+    mel_len: Tensor  # (B,) mel frames given to HiFT (after the speed change), CPU
+    flow_seconds: float
+    hift_seconds: float
+
+
+@torch.inference_mode()
+def token2wav(flow: Any, hift: Any, token: Tensor, token_len: Tensor, prompt_token: Tensor,
+              prompt_token_len: Tensor, prompt_feat: Tensor, embedding: Tensor, *,
+              speed: Sequence[float] | None = None, n_timesteps: int | None = None) -> Token2WavResult:
+    """Batched non-streaming token2wav: ``flow.inference`` -> per-row speed change -> ``hift.inference``.
+
+    Args:
+        flow: a flow with ``inference(token, token_len, prompt_token, prompt_token_len, prompt_feat,
+            embedding, *, n_timesteps)`` -> ``(mel (B, 80, T), mel_len (B,))``.
+        hift: a vocoder with ``inference(mel (B, 80, T), mel_len (B,))`` -> ``(wav (B, S), wav_len (B,))``.
+        token: ``(B, N)`` long target tokens, ``token_len (B,)``; prompt_token ``(B, P)``,
+            prompt_token_len ``(B,)``; prompt_feat ``(B, 2P, 80)``; embedding ``(B, 192)``.
+        speed: one factor per row (default all 1.0, which skips the interpolation entirely).
+        n_timesteps: flow Euler steps (None: the flow's configured default).
+    Returns:
+        :class:`Token2WavResult` with row b's waveform trimmed to its own length.
+    """
+    bsz = int(token.shape[0])
+    speeds = [1.0] * bsz if speed is None else [float(s) for s in speed]
+    t0 = time.perf_counter()
+    mel, mel_len = flow.inference(token, token_len, prompt_token, prompt_token_len, prompt_feat, embedding,
+                                  n_timesteps=n_timesteps)
+    mel_len = mel_len.cpu()  # also waits for the flow on an accelerator, so the timing is honest
+    t1 = time.perf_counter()
+    mel, mel_len = change_speed(mel, mel_len, speeds)
+    wav, wav_len = hift.inference(mel, mel_len.to(mel.device))
+    wav, wav_len = wav.float().cpu(), wav_len.cpu()
+    t2 = time.perf_counter()
+    wavs = [wav[b, : int(wav_len[b])].clone() for b in range(bsz)]
+    return Token2WavResult(wavs=wavs, mel_len=mel_len, flow_seconds=t1 - t0, hift_seconds=t2 - t1)
