@@ -145,13 +145,10 @@ def synth_args(cfg: E2EConfig, manifest: Path, out: Path) -> list[str]:
 
 def summarize(cfg: E2EConfig, out: Path) -> dict:
     """The figures of a finished run from ``summary.json`` and ``diagnostics.jsonl``."""
+    from cosyclone.writer import read_diagnostics
+
     summary = json.loads((out / "summary.json").read_text())
-    lines = []
-    for raw in (out / "diagnostics.jsonl").read_text().splitlines():
-        try:
-            lines.append(json.loads(raw))
-        except json.JSONDecodeError:
-            continue
+    lines = list(read_diagnostics(out).values())
     ok = [d for d in lines if d.get("status") == "ok"]
     stages = {k: sum(float(d.get("seconds", {}).get(k, 0.0)) for d in lines)
               for k in ("frontend", "talker", "flow", "hift")}

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from cosyclone.checkpoint import init_dummy
-from cosyclone.code2wav.hift import CausalHiFTGenerator
+from cosyclone.code2wav.hift import CausalHiFTGenerator, _chunks_by_length
 from cosyclone.code2wav.noise import hift_rand_ini, hift_sine_waves
 from cosyclone.config import HiFTConfig
 
@@ -59,7 +59,7 @@ def test_batch_rows_equal_alone() -> None:
     lens = [3, 11, 20]
     torch.manual_seed(0)
     mel = torch.randn(len(lens), 80, 20)
-    wav, wav_len = model.inference(mel, torch.tensor(lens))
+    wav, wav_len = model.inference(mel, torch.tensor(lens), max_frames=0)  # 0: one padded batch
     assert wav.shape == (3, 20 * 480) and wav_len.tolist() == [n * 480 for n in lens]
     for b, n in enumerate(lens):
         alone, alone_len = model.inference(mel[b : b + 1, :, :n], torch.tensor([n]))
@@ -67,6 +67,22 @@ def test_batch_rows_equal_alone() -> None:
         assert (wav[b, : n * 480] - alone[0]).abs().max().item() < 1e-6, (b, n)
         assert torch.all(wav[b, n * 480 :] == 0)
         assert alone[0].abs().max().item() > 1e-2  # loud enough for 1e-6 to be a strict bound
+
+
+def test_row_chunks_equal_one_padded_batch() -> None:
+    """CPU chunking (rows sorted by length, at most max_frames padded frames a call) changes nothing."""
+    model = _dummy(std=0.3)
+    lens = torch.tensor([20, 3, 11, 5, 0, 9])
+    torch.manual_seed(2)
+    mel = torch.randn(len(lens), 80, 20)
+    whole, whole_len = model.inference(mel, lens, max_frames=0)
+    chunks = _chunks_by_length(lens, 24)
+    assert sorted(i for c in chunks for i in c) == list(range(len(lens))) and len(chunks) > 2
+    assert all(len(c) * max(1, max(int(lens[i]) for i in c)) <= 24 or len(c) == 1 for c in chunks)
+    got, got_len = model.inference(mel, lens, max_frames=24)
+    assert torch.equal(got_len, whole_len) and got.shape == whole.shape
+    assert (got - whole).abs().max().item() < 1e-6
+    assert torch.all(got[4] == 0)
 
 
 def test_padding_garbage_does_not_matter() -> None:
