@@ -116,6 +116,19 @@ def test_batch_equals_rows_alone() -> None:
         assert mel[i, :, n2:].abs().max().item() == 0.0 if n2 < mel.shape[2] else True
 
 
+def test_cpu_chunks_equal_one_batch() -> None:
+    """token2wav's flow chunking (length-sorted, at most max_tokens padded positions a call) changes no row."""
+    from cosyclone.code2wav.token2wav import run_flow
+
+    model = build_flow(ModelConfig(flow=TINY), CPU, load_format="dummy")
+    gen = torch.Generator().manual_seed(3)
+    rows = [_row(gen, n, p) for n, p in [(30, 10), (2, 3), (12, 40), (5, 5), (1, 0)]]
+    whole, whole_len = run_flow(model, *_batch(rows), n_timesteps=2, max_tokens=0)
+    got, got_len = run_flow(model, *_batch(rows), n_timesteps=2, max_tokens=30)  # 40 and 52: alone
+    assert torch.equal(got_len, whole_len) and got.shape == whole.shape == (5, 80, 60)
+    torch.testing.assert_close(got, whole, atol=1e-5, rtol=1e-5)
+
+
 def test_too_long_raises() -> None:
     model = build_flow(ModelConfig(flow=replace(TINY, cfm=replace(TINY.cfm, noise_frames=15000))), CPU,
                        load_format="dummy")

@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 
 from cosyclone.checkpoint import init_dummy
-from cosyclone.code2wav.hift import CausalHiFTGenerator, _chunks_by_length
+from cosyclone.code2wav.batching import chunks_by_length
+from cosyclone.code2wav.hift import CausalHiFTGenerator
 from cosyclone.code2wav.noise import hift_rand_ini, hift_sine_waves
 from cosyclone.config import HiFTConfig
 
@@ -76,7 +77,7 @@ def test_row_chunks_equal_one_padded_batch() -> None:
     torch.manual_seed(2)
     mel = torch.randn(len(lens), 80, 20)
     whole, whole_len = model.inference(mel, lens, max_frames=0)
-    chunks = _chunks_by_length(lens, 24)
+    chunks = chunks_by_length(lens.tolist(), 24)
     assert sorted(i for c in chunks for i in c) == list(range(len(lens))) and len(chunks) > 2
     assert all(len(c) * max(1, max(int(lens[i]) for i in c)) <= 24 or len(c) == 1 for c in chunks)
     got, got_len = model.inference(mel, lens, max_frames=24)
