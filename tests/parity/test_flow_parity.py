@@ -99,3 +99,19 @@ def test_inference_batched_with_reference_row(flow_set) -> None:
     assert mel_len.tolist() == [2 * tok.shape[1], 10]
     assert _maxabs(mel[:1], v["inference.feat"]) < ATOL
     assert mel[1, :, 10:].abs().max().item() == 0.0
+
+
+def test_bf16_inference_close_to_reference(flow_set) -> None:
+    """``--dtype bf16`` (the fast CPU path on AMX) keeps the mel within bf16 rounding of the official one."""
+    import copy
+
+    _, v, model = flow_set
+    bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    bf16.reset_buffers()  # as build_flow does: inv_freq stays float32
+    tok, tl, pt, pl = _lens(v)
+    mel, _ = bf16.inference(tok, tl, pt, pl, v["inputs.prompt_feat"].to(torch.bfloat16),
+                            v["inputs.embedding"].to(torch.bfloat16))
+    ref = v["inference.feat"]
+    err = _maxabs(mel, ref)
+    assert mel.dtype == torch.float32 and err > 0  # really ran in bf16
+    assert err < 0.03 * max(1.0, ref.abs().max().item()), err  # bf16: ~3 significant digits, 10 steps
