@@ -144,6 +144,10 @@ def synth(
     summary = _summary(records, m, done, opts, cfg, policy, out, wall, time.perf_counter() - t_start, model_dir,
                        load_format, shard, float_wav)
     write_summary(out, summary)
+    for rec in records:  # the rows that failed after validation, by manifest line (details in diagnostics)
+        d = rec.diagnostics
+        if d.get("status") != "ok":
+            typer.echo(f"{manifest}: line {d.get('line')}, row {rec.row_id!r}: {d.get('error')}", err=True)
     render_summary(summary, tty=sys.stdout.isatty())
     failed = summary["failed"] + summary["invalid"]
     raise typer.Exit(EXIT_ROWS_FAILED if failed else EXIT_OK)

@@ -99,7 +99,16 @@ def _check_audio(path: Path) -> tuple[str | None, float]:
         return f"unreadable audio {path}: {exc}", 0.0
     if info.frames <= 0:
         return f"audio has no samples: {path}", 0.0
-    return None, float(info.frames) / float(info.samplerate or 1)
+    from .frontend.audio import MAX_PROMPT_SECONDS, MIN_SAMPLE_RATE  # the frontend's own limits
+
+    seconds = float(info.frames) / float(info.samplerate or 1)
+    if info.samplerate < MIN_SAMPLE_RATE:
+        return (f"{path} is {info.samplerate} Hz; at least {MIN_SAMPLE_RATE} Hz is required (use a wide-band "
+                "recording; upsampling telephone audio does not help)"), seconds
+    if seconds > MAX_PROMPT_SECONDS:
+        return (f"{path} is {seconds:.2f} s; the speech tokenizer accepts at most {MAX_PROMPT_SECONDS:g} s "
+                "(trim the prompt)"), seconds
+    return None, seconds
 
 
 def parse_row(obj: object, *, line: int, base: Path, check_audio: bool = True) -> ManifestRow:

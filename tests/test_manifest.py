@@ -99,3 +99,14 @@ def test_shard_parse() -> None:
     for bad in ("4/4", "x", "1/0", "-1/2"):
         with pytest.raises(CosycloneError):
             Shard.parse(bad)
+
+
+def test_prompt_rate_and_length_checked_from_the_header(folder: Path) -> None:
+    """The frontend's limits (>= 16 kHz, <= 30 s) reject a row at validation, naming line and field."""
+    sf.write(str(folder / "phone.wav"), np.zeros(800, np.float32), 8000)
+    sf.write(str(folder / "long.wav"), np.zeros(31 * 16000, np.float32), 16000)
+    m = read_manifest(write(folder, [row("a"), row("b", prompt_audio="phone.wav"), row("c", prompt_audio="long.wav")]))
+    assert [r.id for r in m.rows] == ["a"]
+    errors = [str(e) for e in m.errors]
+    assert "line 2" in errors[0] and "prompt_audio" in errors[0] and "8000 Hz" in errors[0]
+    assert "line 3" in errors[1] and "prompt_audio" in errors[1] and "31.00 s" in errors[1]
