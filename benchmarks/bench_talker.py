@@ -78,7 +78,7 @@ def run(report: Callable[[str], None] = print, batches: tuple[int, ...] = (1, 4,
     report(f"copy bandwidth {bw / 1e9:.1f} GB/s; official {OFFICIAL_TOK_S} tok/s; "
            f"{STEPS} decode steps after a {PROMPT_LEN}-position prompt")
     out: dict[str, float] = {}
-    for dtype, sizes in ((torch.float32, batches), (torch.bfloat16, (16,))):
+    for dtype, sizes in ((torch.float32, batches), (torch.bfloat16, batches)):
         model = build_talker(cfg, DevicePolicy(torch.device("cpu"), dtype, "cpu"), load_format="dummy")
         wb = step_weight_bytes(model)
         floor = bw / wb
