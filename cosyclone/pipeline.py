@@ -79,14 +79,8 @@ class Stages:
     hift: Any
 
 
-def load_stages(cfg: ModelConfig, policy: DevicePolicy, load_format: str, *,
-                flow_dtype: torch.dtype | None = None) -> Stages:
-    """Build frontend and the three models (``load_format`` dummy reads no weight file).
-
-    ``flow_dtype`` overrides ``policy.dtype`` for the flow's DiT only: on CPUs with AMX the DiT's
-    large matmuls run about 2.5x faster in bf16, while batch-1 talker decoding (matrix-vector
-    products) is fastest in fp32, so the best CPU setting can differ per stage.
-    """
+def load_stages(cfg: ModelConfig, policy: DevicePolicy, load_format: str) -> Stages:
+    """Build frontend and the three models (``load_format`` dummy reads no weight file)."""
     from dataclasses import replace
 
     from .code2wav.flow import build_flow
@@ -95,8 +89,7 @@ def load_stages(cfg: ModelConfig, policy: DevicePolicy, load_format: str, *,
     from .talker.model import build_talker
 
     talker = build_talker(cfg, policy, load_format=load_format)
-    flow_policy = policy if flow_dtype is None else replace(policy, dtype=flow_dtype)
-    flow = build_flow(cfg, flow_policy, load_format=load_format)
+    flow = build_flow(cfg, policy, load_format=load_format)
     hift = build_hift(cfg, policy, load_format=load_format)
     for m in (talker, flow, hift):
         m.eval()
@@ -262,23 +255,11 @@ def plan_batches(rows: Sequence[ManifestRow], batch_size: int,
     keep ``len(batch) * max(row_cost)`` (its padded work) within the budget; a single row over the
     budget still gets a batch of its own.
     """
-    ordered = sorted(rows, key=lambda r: (row_cost(r), r.line))
-    size = max(1, batch_size)
-    batches: list[list[ManifestRow]] = []
-    current: list[ManifestRow] = []
-    widest = 0
-    for row in ordered:
-        cost = row_cost(row)
-        grown = max(widest, cost)
-        full = len(current) >= size or (token_budget is not None and (len(current) + 1) * grown > token_budget)
-        if current and full:
-            batches.append(current)
-            current, grown = [], cost
-        current.append(row)
-        widest = grown
-    if current:
-        batches.append(current)
-    return batches
+    from .batching import chunks_by_length
+
+    by_line = sorted(rows, key=lambda r: r.line)  # ties in cost break by manifest line
+    chunks = chunks_by_length([row_cost(r) for r in by_line], token_budget or 0, max_rows=max(1, batch_size))
+    return [[by_line[i] for i in chunk] for chunk in chunks]
 
 
 def run(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptions,

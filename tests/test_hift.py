@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
+from cosyclone.batching import chunks_by_length
 from cosyclone.checkpoint import init_dummy
-from cosyclone.code2wav.batching import chunks_by_length
 from cosyclone.code2wav.hift import CausalHiFTGenerator
 from cosyclone.code2wav.noise import hift_rand_ini, hift_sine_waves
 from cosyclone.config import HiFTConfig

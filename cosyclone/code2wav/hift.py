@@ -29,10 +29,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parametrizations, parametrize
 
+from ..batching import chunks_by_length
 from ..checkpoint import StateDict, init_dummy, load_module_file
 from ..config import HiFTConfig, ModelConfig
 from ..device import DevicePolicy
-from .batching import chunks_by_length
 
 
 def _wn(conv: nn.Conv1d) -> nn.Conv1d:

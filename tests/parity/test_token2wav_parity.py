@@ -31,6 +31,12 @@ def _weights(meta: dict[str, Any], component: str) -> Any:
     return VECTORS / name
 
 
+def _vocoder_set(meta: dict[str, Any], flow_set: str) -> str:
+    """The vector set of the other weights file (the vocoder's; its folder also holds its noise tables)."""
+    (name,) = [w.split("/")[0] for w in meta["weights"] if w.split("/")[0] != flow_set]
+    return name
+
+
 def _speed(output_name: str) -> float:
     match = re.fullmatch(r"speed([0-9.]+)\.speech", output_name)
     assert match, output_name
@@ -45,9 +51,10 @@ def t2w() -> dict[str, Any]:
     wanted = [n.strip() for n in names.split(",")]
     assert [n.split(".", 1)[1] for n in wanted] == list(FLOW_INPUTS), wanted
     flow_meta, flow_vec = load_vector_set(component)
-    hift_meta, hift_vec = load_vector_set("hift")
-    flow = small_flow(flow_meta, _weights(meta, "flow"))
-    hift = small_hift(hift_meta, _weights(meta, "hift"))
+    vocoder = _vocoder_set(meta, component)
+    hift_meta, hift_vec = load_vector_set(vocoder)
+    flow = small_flow(flow_meta, _weights(meta, component))
+    hift = small_hift(hift_meta, _weights(meta, vocoder))
     hift.set_noise_tables(hift_vec["tables.sine_waves_slice"])
     return {"meta": meta, "outputs": outputs, "inputs": [flow_vec[n] for n in wanted], "flow": flow, "hift": hift,
             "noise": flow_vec["inputs.rand_noise_slice"]}
