@@ -63,7 +63,7 @@ def to_talker_request(req: Request) -> Any:
     from cosyclone.talker.decode import TalkerRequest
 
     return TalkerRequest(row_id=req.row_id, text_ids=req.text_ids.to(torch.long), target_len=req.target_len,
-                         prompt_speech_tokens=req.llm_prompt_tokens, seed=req.seed)
+                         prompt_speech_tokens=req.llm_prompt_tokens, seed=req.seed, segment=req.segment)
 
 
 def _pad(seqs: Sequence[torch.Tensor], value: float = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -260,3 +260,90 @@ def test_diagnostics_dataclass() -> None:
     d = SamplerRowDiagnostics(row_id="a", seed=1, steps=81, all_nan_steps=46, nan_steps=46)
     assert BatchDiagnostics.from_rows([d]).summary_line() == "81 sampler calls, 46 entirely NaN"
     assert d.to_dict()["row_id"] == "a" and not d.aborted
+
+
+# --- seeds, segments and the 64-bit noise key -----------------------------------------------------
+
+def test_the_seed_given_is_the_seed_reported_with_its_segment() -> None:
+    s = BatchSampler(SamplerOptions(), row_ids=["a", "a", "b"], row_seeds=[123, 123, 2**70 + 5],
+                     segments=[0, 1, 0], min_len=[0] * 3, speech_token_size=20, device="cpu")
+    s.sample(torch.zeros(3, 25), torch.arange(3), 0)
+    d = s.finish()
+    assert [(x.seed, x.segment) for x in d] == [(123, 0), (123, 1), (2**70 + 5, 0)]
+    assert d[1].to_dict()["seed"] == 123 and d[1].to_dict()["segment"] == 1
+
+
+def test_each_segment_of_a_row_draws_its_own_noise() -> None:
+    """Same row, same seed, same logits: segment 1 must not replay segment 0's random numbers."""
+    steps, vocab = 40, 64
+    logits = torch.zeros(steps, vocab)  # uniform: the token is decided by the noise alone
+    s = BatchSampler(SamplerOptions(top_p=1.0, top_k=vocab, win_size=1, tau_r=100.0), row_ids=["a", "a"],
+                     row_seeds=[7, 7], segments=[0, 1], min_len=[steps] * 2, speech_token_size=vocab - 1,
+                     device="cpu")
+    toks = [s.sample(logits[k].expand(2, -1), torch.arange(2), k)[0].tolist() for k in range(steps)]
+    same = sum(a == b for a, b in toks)
+    assert same <= 6, toks  # independent uniform draws over 63 ids agree ~0.6 times in 40 steps
+
+
+def test_segment_streams_are_batch_invariant() -> None:
+    """A row's second segment gets the same tokens alone as next to its first segment and other rows."""
+    torch.manual_seed(3)
+    steps, vocab = 10, 40
+    logits = torch.randn(steps, 5, vocab) * 2
+
+    def run(order: list[tuple[int, int]]) -> dict[tuple[int, int], list[int]]:
+        s = BatchSampler(SamplerOptions(), row_ids=[f"r{r}" for r, _ in order],
+                         row_seeds=[row_seed(9, f"r{r}") for r, _ in order], segments=[g for _, g in order],
+                         min_len=[4] * len(order), speech_token_size=30, device="cpu")
+        out: dict[tuple[int, int], list[int]] = {key: [] for key in order}
+        for k in range(steps):
+            x = torch.stack([logits[k, 2 * r + g] for r, g in order])
+            tokens, _ = s.sample(x, torch.arange(len(order)), k)
+            for key, t in zip(order, tokens.tolist(), strict=True):
+                out[key].append(t)
+        return out
+
+    together = run([(0, 0), (0, 1), (1, 0), (1, 1), (2, 0)])
+    for key in together:
+        assert run([key])[key] == together[key], key
+    assert run([(1, 1), (0, 1), (2, 0), (0, 0), (1, 0)]) == together  # position in the batch is irrelevant
+
+
+def test_noise_uses_all_64_key_bits() -> None:
+    """Keys equal in their low (or high) 32 bits still get unrelated noise; and it is a pure function."""
+    from cosyclone.talker.sampler import stream_key, uniform_noise
+
+    def signed(k: int) -> int:
+        k &= (1 << 64) - 1
+        return k - (1 << 64) if k >= (1 << 63) else k
+
+    base = stream_key(1, 0)
+    keys = torch.tensor([signed(base ^ m) for m in (0, 1 << 40, 1, 1 << 63)], dtype=torch.int64)
+    u = uniform_noise(keys, 5, 0, 4096)
+    for i in range(1, 4):
+        assert (u[0] == u[i]).float().mean() < 0.01, i  # 24-bit uniforms: equal entries are rare
+    torch.testing.assert_close(uniform_noise(keys[[2, 0]], 5, 0, 4096), u[[2, 0]], rtol=0, atol=0)
+    assert not torch.equal(uniform_noise(keys[:1], 6, 0, 4096), u[:1])  # step is part of the counter
+    assert not torch.equal(uniform_noise(keys[:1], 5, 1, 4096), u[:1])  # so is the draw index
+    # distinct (seed, segment) pairs, including seeds that agree modulo 2**32 or 2**64, get distinct keys
+    pairs = [(s, g) for s in (0, 1, 2**32, 2**32 + 1, 2**64, 2**64 + 1) for g in (0, 1, 2)]
+    assert len({stream_key(s, g) for s, g in pairs}) == len(pairs)
+    assert all(-(2**63) <= stream_key(s, g) < 2**63 for s, g in pairs)
+
+
+def test_keys_a_32_bit_fold_would_merge_get_different_noise() -> None:
+    """The old key was ``mix(mix(lo ^ c) ^ hi)``: 32 bits, so for any key another one folds onto it
+    (mix is a bijection: pick hi2 to match). Such a pair must still get different noise now."""
+    from cosyclone.talker.sampler import _mix32, uniform_noise
+
+    def fold32(key: int) -> int:
+        lo, hi = key & 0xFFFFFFFF, (key >> 32) & 0xFFFFFFFF
+        return int(_mix32(int(_mix32(lo ^ 0x2545F491)) ^ hi))
+
+    lo1, hi1, lo2 = 0x12345678, 0x0BADBEEF, 0x0FEDCBA9
+    hi2 = int(_mix32(lo1 ^ 0x2545F491)) ^ hi1 ^ int(_mix32(lo2 ^ 0x2545F491))
+    k1, k2 = (hi1 << 32) | lo1, (hi2 << 32) | lo2
+    k2 = k2 - (1 << 64) if k2 >= (1 << 63) else k2
+    assert k1 != k2 and fold32(k1) == fold32(k2 & ((1 << 64) - 1))  # one stream under a 32-bit key
+    u = uniform_noise(torch.tensor([k1, k2], dtype=torch.int64), 0, 0, 4096)
+    assert (u[0] == u[1]).float().mean() < 0.01

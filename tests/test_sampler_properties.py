@@ -95,10 +95,10 @@ def test_never_returns_illegal_and_counters_match(sc: dict) -> None:
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.integers(0, 2**64 - 1), st.integers(0, 10_000), st.integers(1, 300))
-def test_noise_in_open_interval(seed: int, step: int, vocab: int) -> None:
-    from cosyclone.talker.sampler import row_key, uniform_noise
+@given(st.integers(0, 2**70), st.integers(0, 50), st.integers(0, 10_000), st.integers(1, 300))
+def test_noise_in_open_interval(seed: int, segment: int, step: int, vocab: int) -> None:
+    from cosyclone.talker.sampler import stream_key, uniform_noise
 
-    u = uniform_noise(torch.tensor([row_key(seed)]), step, 0, vocab)
+    u = uniform_noise(torch.tensor([stream_key(seed, segment)]), step, 0, vocab)
     assert u.shape == (1, vocab) and bool(((u > 0) & (u < 1)).all())
     assert torch.isfinite(torch.log(-torch.log(u))).all()

@@ -11,8 +11,10 @@ One small host read per step (the sampled tokens and abort flags, (2, b) int64) 
 the silent-token filter and compaction; everything else stays on the device.
 
 The sampler is anything that satisfies :class:`TokenSampler`; by default the RAS
-``BatchSampler`` from :mod:`cosyclone.talker.sampler` (imported lazily), seeded per row with
-``row_seed(request.seed, row_id)``.
+``BatchSampler`` from :mod:`cosyclone.talker.sampler` (imported lazily). Each request carries its
+row's seed, already derived once by the caller (manifest ``seed``, else ``row_seed(--seed, id)``),
+and its segment index; the sampler draws from ``stream_key(seed, segment)`` and reports that seed
+unchanged. Nothing here hashes the seed again.
 """
 
 from __future__ import annotations
@@ -53,11 +55,12 @@ class TokenSampler(Protocol):
 class TalkerRequest:
     """One row to decode."""
 
-    row_id: str  # stable id: names diagnostics and seeds the row's sampler
+    row_id: str  # stable id: names the diagnostics
     text_ids: Tensor  # (L,) int64: prompt text ids ++ target text ids
     target_len: int  # number of target text ids (min/max length are ratios of this)
     prompt_speech_tokens: Tensor  # (P,) int64 prompt speech tokens (may be empty)
-    seed: int = 0  # run seed; the row's seed is row_seed(seed, row_id)
+    seed: int = 0  # the row's seed, used as given (the noise stream is stream_key(seed, segment))
+    segment: int = 0  # index of this text segment within its row: each segment gets its own noise stream
 
 
 @dataclass(frozen=True)
@@ -161,12 +164,12 @@ def _make_sampler(model: CosyVoice3LM, requests: Sequence[TalkerRequest], option
                   min_len: list[int]) -> TokenSampler:
     if options.custom_sampler is not None:
         return options.custom_sampler
-    from .sampler import BatchSampler, SamplerOptions, row_seed  # lazy: the sampler is another module
+    from .sampler import BatchSampler, SamplerOptions  # lazy: the sampler is another module
 
     opts = options.sampler or SamplerOptions.from_config(model.cfg.sampling)
-    return BatchSampler(opts, row_ids=[r.row_id for r in requests],
-                        row_seeds=[row_seed(r.seed, r.row_id) for r in requests],
-                        min_len=min_len, speech_token_size=model.cfg.speech_token_size, device=model.device)
+    return BatchSampler(opts, row_ids=[r.row_id for r in requests], row_seeds=[r.seed for r in requests],
+                        segments=[r.segment for r in requests], min_len=min_len,
+                        speech_token_size=model.cfg.speech_token_size, device=model.device)
 
 
 def _prompt_batch(model: CosyVoice3LM, requests: Sequence[TalkerRequest]) -> tuple[Tensor, Tensor]:

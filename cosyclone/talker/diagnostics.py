@@ -39,8 +39,9 @@ LEGACY_DRAWS = frozenset({"legacy-multinomial"})
 class SamplerRowDiagnostics:
     """What the sampler saw for one original row (one utterance segment)."""
 
-    row_id: str  # the caller's row id (also part of the row seed)
-    seed: int  # the row seed the randomness was derived from
+    row_id: str  # the caller's row id
+    seed: int  # the row's seed, as the row record reports it (manifest seed, else from --seed and the id)
+    segment: int = 0  # text-segment index within the row; the noise stream is stream_key(seed, segment)
     steps: int = 0  # row-steps sampled (see module docstring)
     tokens_emitted: int = 0  # non-stop tokens returned; the talker may overwrite (after silent filter)
     stop_reason: str | None = None  # "no_finite_logits" / "error" when aborted; else set by the caller

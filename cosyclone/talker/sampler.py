@@ -18,13 +18,17 @@ What this module adds, and why:
   ``torch.multinomial`` does, but as pure tensor ops (no host sync, no per-row loop).  It is done
   in log space (``log p_i - log q_i``) so that probabilities that underflow in float32 keep a
   finite key and excluded entries (``-inf``) can never win.
-* **Batch-independent randomness.**  The ``q`` noise is *counter based*: a 32-bit integer hash of
-  (row key, step, draw index, vocabulary index) computed with int64 tensor ops, turned into a
-  uniform in (0, 1) and then into ``-log u``.  The row key comes from the row's seed alone, so a
-  row's tokens do not depend on which rows share its batch, on the batch size or on its position
-  (per-row ``torch.Generator`` objects would need a loop per step; a hash is one batched kernel
-  and reproducible across devices).  All multiplications keep operands below 2**32 x 2**31, so
-  no int64 overflow happens anywhere.
+* **Batch-independent randomness.**  The ``q`` noise is *counter based*: an integer hash of
+  (stream key, step, draw index, vocabulary index) computed with int64 tensor ops on the device,
+  turned into a uniform in (0, 1) and then into ``-log u``.  A stream key is 64 bits, derived
+  from the row's seed and the segment index (:func:`stream_key`), so every text segment of a row
+  draws its own randoms and a row's tokens do not depend on which rows share its batch, on the
+  batch size or on its position (per-row ``torch.Generator`` objects would need a loop per step; a
+  hash is one batched kernel and reproducible across devices).  Both 32-bit halves of the key
+  stay separate lanes of the hash (see :func:`uniform_noise`): two distinct keys never get the
+  same noise vector at a step, so distinct rows collide with probability ~2**-64 per pair (a
+  32-bit key would give ~116 colliding pairs per million rows).  All multiplications keep
+  operands below 2**32 x 2**31, so no int64 overflow happens anywhere.
 * **min-length.**  ``min_len_rule="block-all-stop"`` (default) masks every stop id
   (``>= speech_token_size``) while ``step < min_len``: the release-time code re-drew until a
   non-stop id came up, which is the same distribution as masking all stop ids and renormalising,
@@ -38,7 +42,8 @@ What this module adds, and why:
   Nothing raises for bad logits.
 * ``draw="legacy-multinomial"`` is a LEGACY per-row ``torch.multinomial`` path (one generator per
   row seeded with the row seed) that consumes random numbers exactly like the official code; it
-  loops and syncs, and exists only for comparisons with seeded official runs.
+  loops and syncs, and exists only for comparisons with seeded official runs (segment 0 seeds its
+  generator with the row seed itself, later segments with their stream key).
 """
 
 from __future__ import annotations
@@ -123,8 +128,9 @@ class SamplerOptions:
 
 
 def row_seed(run_seed: int, row_id: str) -> int:
-    """Seed of one row: a stable 63-bit hash of (run seed, row id).
+    """Seed of one row without a manifest ``seed``: a stable 63-bit hash of (run seed, row id).
 
+    Derived once per row, by the pipeline; the talker and sampler use the value they are given.
     Deriving it from the row id (not the batch position) is what makes a row's tokens independent
     of batching; blake2b keeps it stable across processes and Python versions (``hash()`` is not).
     """
@@ -139,7 +145,8 @@ def row_seed(run_seed: int, row_id: str) -> int:
 def _mix32(h: Tensor | int) -> Tensor | int:
     """A 32-bit avalanche hash on values in [0, 2**32); works on Python ints and int64 tensors.
 
-    Both multipliers are < 2**31, so products stay < 2**63 and int64 never overflows.
+    A bijection of [0, 2**32) (xor-shifts and odd multipliers mod 2**32). Both multipliers are
+    < 2**31, so products stay < 2**63 and int64 never overflows.
     """
     h = h ^ (h >> 16)
     h = (h * 0x7FEB352D) & _M32
@@ -148,10 +155,15 @@ def _mix32(h: Tensor | int) -> Tensor | int:
     return h ^ (h >> 16)
 
 
-def row_key(seed: int) -> int:
-    """Fold a seed of any size into the 32-bit key used by :func:`uniform_noise`."""
-    seed = int(seed) & ((1 << 64) - 1)
-    return int(_mix32(_mix32((seed & _M32) ^ 0x2545F491) ^ (seed >> 32)))
+def stream_key(seed: int, segment: int = 0) -> int:
+    """The 64-bit noise key of one text segment of a row, as a signed int64 value.
+
+    A blake2b hash of (seed, segment): any seed size (a manifest seed may exceed 64 bits) and the
+    segment index give distinct streams; the signed form is what an int64 tensor holds.
+    """
+    digest = hashlib.blake2b(f"noise\x00{int(seed)}\x00{int(segment)}".encode(), digest_size=8).digest()
+    key = int.from_bytes(digest, "little")
+    return key - (1 << 64) if key >= (1 << 63) else key
 
 
 def _vocab_hash(vocab: int, device: torch.device) -> Tensor:
@@ -161,13 +173,21 @@ def _vocab_hash(vocab: int, device: torch.device) -> Tensor:
 def uniform_noise(keys: Tensor, step: int, draw: int, vocab: int, *, vocab_hash: Tensor | None = None) -> Tensor:
     """Uniforms in (0, 1), shape (b, vocab), a pure function of (key, step, draw, vocab index).
 
-    ``keys`` is an int64 tensor (b,) of :func:`row_key` values.  24 random bits per entry; the
-    +0.5 keeps u away from 0 and 1 so ``-log u`` and ``log(-log u)`` stay finite.
+    ``keys`` is an int64 tensor (b,) of :func:`stream_key` values (all 64 bits are used).  The
+    key's low and high halves go through separate bijective mixes with the step/draw counter, so
+    per row and step the pair ``(a, c)`` differs for any two distinct keys; each entry is then
+    ``mix(mix(a ^ vocab_hash[v]) ^ c)``.  24 random bits per entry; the +0.5 keeps u away from 0
+    and 1 so ``-log u`` and ``log(-log u)`` stay finite.  Pure tensor ops: no host sync.
     """
     ctr = int(_mix32((int(_mix32((int(step) & _M32) ^ 0x68E31DA4)) ^ (int(draw) * 0x3C6EF372 + 0x5BD1E995)) & _M32))
-    base = _mix32(keys ^ ctr)
+    ctr_hi = int(_mix32(ctr ^ 0x27D4EB2F))
+    keys = keys.to(torch.int64)
+    lo = keys & _M32
+    hi = (keys >> 32) & _M32  # arithmetic shift of a negative key, then masked: the high 32 bits
+    a = _mix32(lo ^ ctr)
+    c = _mix32(hi ^ ctr_hi)
     vh = _vocab_hash(vocab, keys.device) if vocab_hash is None else vocab_hash
-    h = _mix32(_mix32(base[:, None] ^ vh[None, :]) ^ 0x27D4EB2F)
+    h = _mix32(_mix32(a[:, None] ^ vh[None, :]) ^ c[:, None])
     return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
 
 
@@ -207,19 +227,26 @@ class BatchSampler:
     """
 
     def __init__(self, options: SamplerOptions, *, row_ids: Sequence[str], row_seeds: Sequence[int],
-                 min_len: Sequence[int], speech_token_size: int, device: torch.device | str) -> None:
+                 min_len: Sequence[int], speech_token_size: int, device: torch.device | str,
+                 segments: Sequence[int] | None = None) -> None:
+        """``row_seeds[i]`` is entry i's row seed, used as given (reported unchanged in its
+        diagnostics); ``segments[i]`` its text-segment index (default 0). Entry i draws from the
+        noise stream ``stream_key(row_seeds[i], segments[i])``.
+        """
         n = len(row_ids)
-        if len(row_seeds) != n or len(min_len) != n:
-            raise ValueError(f"row_ids ({n}), row_seeds ({len(row_seeds)}) and min_len ({len(min_len)}) "
-                             "must have the same length")
+        segs = [0] * n if segments is None else [int(g) for g in segments]
+        if len(row_seeds) != n or len(min_len) != n or len(segs) != n:
+            raise ValueError(f"row_ids ({n}), row_seeds ({len(row_seeds)}), min_len ({len(min_len)}) and "
+                             f"segments ({len(segs)}) must have the same length")
         self.options = options
         self.row_ids = [str(r) for r in row_ids]
         self.row_seeds = [int(s) for s in row_seeds]
+        self.segments = segs
         self.speech_token_size = int(speech_token_size)
         self.device = torch.device(device)
         dev = self.device
         i64 = dict(dtype=torch.int64, device=dev)
-        self._keys = torch.tensor([row_key(s) for s in self.row_seeds], **i64)
+        self._keys = torch.tensor([stream_key(s, g) for s, g in zip(self.row_seeds, segs, strict=True)], **i64)
         self._min_len = torch.tensor([int(m) for m in min_len], **i64)
         self._hist = torch.full((n, options.win_size), -1, **i64)  # ring buffer of returned tokens
         self._hist_count = torch.zeros(n, **i64)
@@ -237,9 +264,9 @@ class BatchSampler:
         self._generators: list[torch.Generator] | None = None
         if options.draw == "legacy-multinomial":
             self._generators = []
-            for s in self.row_seeds:
+            for s, seg in zip(self.row_seeds, segs, strict=True):
                 g = torch.Generator(device=dev)
-                g.manual_seed(s)
+                g.manual_seed((s if seg == 0 else stream_key(s, seg)) & ((1 << 64) - 1))
                 self._generators.append(g)
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -259,7 +286,9 @@ class BatchSampler:
     def sample(self, logits: Tensor, rows: Tensor, step: int) -> tuple[Tensor, Tensor]:
         """Draw one token per row.
 
-        ``logits`` (b, V) float (log-probs or raw logits: softmax is shift-invariant); ``rows``
+        ``logits`` (b, V) float, RAW (the talker hands unnormalised logits, so the non-finite
+        policy below sees a NaN entry as one entry; log-probs also work, softmax being
+        shift-invariant), converted to fp32 here whatever the run dtype; ``rows``
         (b,) int64 indices into the original batch (unique within a call); ``step`` the decode
         step (0 = first generated token), used by the min-length rule and the noise counter.
         Returns ``(tokens int64 (b,), aborted bool (b,))``.  Tokens ``>= speech_token_size`` mean
@@ -428,7 +457,8 @@ class BatchSampler:
         opt = self.options
         for i, rid in enumerate(self.row_ids):
             vals = {name: int(counters[k][i]) for k, name in enumerate(self._counter_names)}
-            d = SamplerRowDiagnostics(row_id=rid, seed=self.row_seeds[i], policy=opt.nonfinite_policy,
+            d = SamplerRowDiagnostics(row_id=rid, seed=self.row_seeds[i], segment=self.segments[i],
+                                      policy=opt.nonfinite_policy,
                                       draw=opt.draw, **vals)
             if dead[i]:
                 kind, step, n_nan, n_pinf = (int(v[i]) for v in err)
