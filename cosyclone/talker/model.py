@@ -9,7 +9,11 @@ the 151936-wide text logits are never computed (Hugging Face computes them every
 Math (spec 3.2): pre-norm blocks, RMSNorm computed in fp32 and cast back before the weight,
 half-split RoPE with theta from the config, GQA via ``F.scaled_dot_product_attention``, SwiGLU MLP,
 biases on q/k/v only. The hidden state handed to ``llm_decoder`` is the final RMSNorm's output.
-Decoder logits are always returned in fp32 (sampling in fp32 even when the model runs bf16).
+Decoder logits are raw (no log-softmax: the sampler's non-finite policy must see one NaN entry as
+one entry, not a row turned NaN by the normalisation) and fp32: the speech-token head
+(``llm_decoder``, 6761 x 896) keeps fp32 weights and runs in fp32 even when the backbone runs
+bf16/fp16, because bf16 logits reorder near-tied candidates often enough to change sampled tokens
+(``benchmarks/bench_dtype_agreement.py`` measures it).
 """
 
 from __future__ import annotations
@@ -213,7 +217,8 @@ class CosyVoice3LM(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.llm_decoder.weight.dtype
+        """Run dtype of the backbone (and the KV cache); the speech-token head stays fp32."""
+        return self.speech_embedding.weight.dtype
 
     def embed_text(self, ids: Tensor) -> Tensor:
         """Qwen2 token embedding (unscaled): (..., L) -> (..., L, D)."""
@@ -233,9 +238,10 @@ class CosyVoice3LM(nn.Module):
             parts.append(self.embed_speech(prompt_speech_tokens.to(dev)))
         return torch.cat(parts, dim=0)
 
-    def decoder_logp(self, hidden: Tensor) -> Tensor:
-        """``log_softmax(llm_decoder(h))`` in fp32: (..., D) -> (..., S+200)."""
-        return torch.log_softmax(self.llm_decoder(hidden).float(), dim=-1)
+    def decoder_logits(self, hidden: Tensor) -> Tensor:
+        """Raw fp32 logits ``llm_decoder(h)``: (..., D) any dtype -> (..., S+200) fp32, unnormalised."""
+        w = self.llm_decoder.weight
+        return F.linear(hidden.to(w.dtype), w).float()
 
     # -- whole-sequence forward (no cache), for parity and tests ---------------------------------
 
@@ -260,7 +266,7 @@ class CosyVoice3LM(nn.Module):
         finally:
             for layer, cache in zip(self.backbone.layers, saved, strict=True):
                 layer.self_attn.kv_cache = cache
-        return hidden, self.llm_decoder(hidden).float()
+        return hidden, self.decoder_logits(hidden)
 
     # -- cached decoding ---------------------------------------------------------------------------
 
@@ -282,7 +288,7 @@ class CosyVoice3LM(nn.Module):
             layer.self_attn.kv_cache.keep_rows(index)
 
     def prefill(self, embeds: Tensor, lengths: Tensor) -> Tensor:
-        """Fill the cache from right-padded ``embeds`` (B, T, D); return fp32 logp (B, V) at ``lengths-1``."""
+        """Fill the cache from right-padded ``embeds`` (B, T, D); return raw fp32 logits (B, V) at ``lengths-1``."""
         b, t, _ = embeds.shape
         dev = embeds.device
         positions = torch.arange(t, device=dev).expand(b, t)
@@ -290,10 +296,10 @@ class CosyVoice3LM(nn.Module):
         mask = causal_mask(t, t, dev) & valid[:, None, None, :]
         hidden = self.backbone(embeds, positions, mask, slots=None, kv_len=t)
         last = hidden[torch.arange(b, device=dev), lengths - 1]
-        return self.decoder_logp(last)
+        return self.decoder_logits(last)
 
     def step(self, embeds: Tensor, positions: Tensor, kv_len: int) -> Tensor:
-        """One decode step: ``embeds`` (B, 1, D) at ``positions`` (B,) -> fp32 logp (B, V).
+        """One decode step: ``embeds`` (B, 1, D) at ``positions`` (B,) -> raw fp32 logits (B, V).
 
         Row b writes slot ``positions[b]`` and attends slots ``0..positions[b]``; ``kv_len`` (host
         int, ``max(positions)+1``) bounds the cache view so work grows with the longest row only.
@@ -301,7 +307,7 @@ class CosyVoice3LM(nn.Module):
         dev = embeds.device
         mask = (torch.arange(kv_len, device=dev)[None, :] <= positions[:, None])[:, None, None, :]
         hidden = self.backbone(embeds, positions[:, None], mask, slots=positions, kv_len=kv_len)
-        return self.decoder_logp(hidden[:, 0])
+        return self.decoder_logits(hidden[:, 0])
 
 
 def causal_mask(q_len: int, k_len: int, device: torch.device) -> Tensor:
@@ -311,7 +317,7 @@ def causal_mask(q_len: int, k_len: int, device: torch.device) -> Tensor:
 
 def build_talker(cfg: ModelConfig, policy: DevicePolicy, load_format: str = "auto", *,
                  seed: int = 0) -> CosyVoice3LM:
-    """Build the talker on ``policy.device`` in ``policy.dtype``.
+    """Build the talker on ``policy.device`` in ``policy.dtype`` (its speech-token head in fp32).
 
     ``"auto"`` strict-loads ``<model_dir>/llm.pt`` (ignoring the tied lm_head copy); ``"dummy"``
     fills seeded random weights and never opens a file. The module is built on the meta device and
@@ -321,7 +327,9 @@ def build_talker(cfg: ModelConfig, policy: DevicePolicy, load_format: str = "aut
         raise ModelDirError(f"load_format must be 'auto' or 'dummy', not {load_format!r}")
     with torch.device("meta"):
         model = CosyVoice3LM(cfg.talker)
-    model = model.to(dtype=policy.dtype).to_empty(device=policy.device)
+    model = model.to(dtype=policy.dtype)
+    model.llm_decoder.to(torch.float32)  # the speech-token head runs fp32 in every run dtype (module doc)
+    model = model.to_empty(device=policy.device)
     model.backbone.reset_rope()
     if load_format == "dummy":
         init_dummy(model, seed=seed)
