@@ -1,4 +1,18 @@
-"""Device and dtype selection: CUDA, ROCm (torch's HIP build reports itself as ``cuda``) or CPU."""
+"""Device and dtype selection: CUDA, ROCm (torch's HIP build reports itself as ``cuda``) or CPU.
+
+What ``--dtype`` means, stage by stage:
+
+* ``auto``: bf16 on a CUDA or ROCm GPU for which ``torch.cuda.is_bf16_supported()`` is true
+  (NVIDIA Ampere and newer, AMD MI200/MI300), fp32 on older GPUs and on CPU. ``auto`` never picks
+  fp16. The resolved name is what the run records (``summary.json`` options ``dtype``).
+* The talker backbone and the flow's DiT run in the run dtype. The talker's speech-token head and
+  the sampler are fp32 in every dtype, and so is HiFT (its F0 predictor in float64).
+* fp32 means fp32: TF32 is switched off for matmuls and cuDNN convolutions (:func:`apply_precision`)
+  whatever the run dtype, because every fp32 op of this pipeline (head, sampler, HiFT, and all of
+  an fp32 run) is fp32 on purpose. TF32 would give fp32 runs 10-bit mantissas on CUDA only.
+* fp16 is accepted with a warning (:data:`FP16_WARNING`): the Qwen2 backbone is known to overflow
+  fp16's range; HiFT is refused fp16 (always fp32).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +24,21 @@ from .errors import CosycloneError
 
 _DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
            "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+#: Help text of ``--dtype`` (CLI).
+DTYPE_HELP = ("auto | bf16 | fp16 | fp32. auto: bf16 on CUDA/ROCm GPUs with bf16 support (Ampere+, MI200+), "
+              "else fp32; fp32 on CPU; never fp16. The talker's speech-token head, the sampler and HiFT "
+              "always run fp32; TF32 is off. fp16 warns: the talker backbone can overflow.")
+
+#: Printed when a run uses fp16: where fp16 is known to overflow, and what is counted.
+FP16_WARNING = (
+    "fp16: the talker's Qwen2 backbone can overflow fp16's range (max 65504) in its residual stream "
+    "and MLP activations, the known source of NaN logits in CosyVoice runs (spec 8.22a); such steps "
+    "are counted per row (nan_steps) and excluded by the sampler, and a row left with no finite logit "
+    "fails (no_finite_logits). The speech-token head and sampler run fp32; the flow's DiT runs fp16 "
+    "(not known to overflow, not verified on released weights); HiFT is refused fp16 and runs fp32. "
+    "Prefer bf16.")
 
 
 @dataclass(frozen=True)
@@ -17,8 +46,24 @@ class DevicePolicy:
     """Where and in which precision the models run."""
 
     device: torch.device  # the torch device every module and buffer lives on
-    dtype: torch.dtype  # run dtype of the talker and the DiT (HiFT's F0 predictor stays float64)
+    dtype: torch.dtype  # run dtype of the talker backbone and the DiT (head, sampler, HiFT: fp32)
     backend: str  # "cuda", "rocm" or "cpu", for diagnostics
+    requested_dtype: str = "auto"  # the --dtype word this policy was resolved from
+
+    @property
+    def dtype_name(self) -> str:
+        """``fp32`` | ``bf16`` | ``fp16``: the resolved run dtype as the run records it."""
+        return dtype_name(self.dtype)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """Warnings a run in this precision must print (fp16: :data:`FP16_WARNING`)."""
+        return (FP16_WARNING,) if self.dtype == torch.float16 else ()
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The short name (``fp32``/``bf16``/``fp16``) of a run dtype."""
+    return _NAMES.get(dtype, str(dtype).removeprefix("torch."))
 
 
 def backend_name() -> str:
@@ -28,8 +73,20 @@ def backend_name() -> str:
     return "cpu"
 
 
+def apply_precision() -> None:
+    """fp32 is fp32: no TF32 in matmuls (``torch.backends.cuda.matmul``) or cuDNN convolutions.
+
+    Process-wide torch switches (they exist, and are observable, on CPU builds too); on a GPU
+    without them fp32 matmuls and convs would silently run with a 10-bit mantissa.
+    """
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+
+
 def resolve(device: str = "auto", dtype: str = "auto") -> DevicePolicy:
-    """Turn CLI words into a :class:`DevicePolicy`; a missing accelerator is a clear error."""
+    """Turn CLI words into a :class:`DevicePolicy` (and switch TF32 off); a missing accelerator is a
+    clear error. See the module docstring for what ``auto`` picks."""
     device = device.lower()
     found = backend_name()
     if device == "auto":
@@ -46,10 +103,11 @@ def resolve(device: str = "auto", dtype: str = "auto") -> DevicePolicy:
     else:
         raise CosycloneError(f"--device must be auto, cuda, rocm or cpu, not {device!r}")
     if dtype == "auto":
-        # fp32 on CPU is the faithful default; bf16 on GPUs that support it.
+        # fp32 on CPU is the faithful default; bf16 on GPUs that support it; never fp16.
         run_dtype = torch.bfloat16 if dev.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
     else:
         if dtype.lower() not in _DTYPES:
             raise CosycloneError(f"--dtype must be auto, bf16, fp16 or fp32, not {dtype!r}")
         run_dtype = _DTYPES[dtype.lower()]
-    return DevicePolicy(device=dev, dtype=run_dtype, backend=device)
+    apply_precision()
+    return DevicePolicy(device=dev, dtype=run_dtype, backend=device, requested_dtype=dtype.lower())
