@@ -57,7 +57,8 @@ def synth(
     load_format: str = typer.Option("auto", help="auto (read weights) | dummy (random weights)"),
     out: Path = typer.Option(Path("out"), "--out", help="output folder"),
     device: str = typer.Option("auto", help="auto | cuda | rocm | cpu"),
-    dtype: str = typer.Option("auto", help="auto | bf16 | fp16 | fp32"),
+    dtype: str = typer.Option("auto", help="auto | bf16 | fp16 | fp32 (auto: bf16 on GPUs with bf16, else fp32; "
+                                           "head, sampler and HiFT always fp32; see README)"),
     batch_size: int = typer.Option(8, help="max rows per batch"),
     token_budget: int | None = typer.Option(
         None, help="max padded work per batch: rows x the largest row estimate, where a row's estimate is "
@@ -70,6 +71,8 @@ def synth(
     tau_r: float | None = typer.Option(None, help="RAS threshold ratio"),
     nonfinite_policy: str = typer.Option("exclude", help="exclude | error | legacy-zero (LEGACY, official)"),
     draw: str = typer.Option("race", help="race | legacy-multinomial (LEGACY, official)"),
+    nonfinite_audio: str = typer.Option("fail", help="fail | zero (LEGACY): what NaN/inf audio samples do; "
+                                                     "counted per row either way"),
     shard: str | None = typer.Option(None, help="i/N: this machine's contiguous slice"),
     overwrite: bool = typer.Option(False, help="redo every row (default: resume)"),
     dry_run: bool = typer.Option(False, help="validate and plan only"),
@@ -93,6 +96,7 @@ def synth(
             m = m.shard(Shard.parse(shard))
         for name, value, allowed in (("--nonfinite-policy", nonfinite_policy, ("exclude", "error", "legacy-zero")),
                                      ("--draw", draw, ("race", "legacy-multinomial")),
+                                     ("--nonfinite-audio", nonfinite_audio, ("fail", "zero")),
                                      ("--load-format", load_format, ("auto", "dummy"))):
             if value not in allowed:
                 raise CosycloneError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
@@ -112,18 +116,24 @@ def synth(
     if "legacy" in nonfinite_policy or "legacy" in draw:
         typer.echo("warning: LEGACY sampler behaviour requested (official, pre-fix); diagnostics are labelled",
                    err=True)
+    if nonfinite_audio == "zero":
+        typer.echo("warning: --nonfinite-audio zero: NaN/inf audio samples are written as 0/+-1 (LEGACY); "
+                   "counted per row (nonfinite_audio_samples)", err=True)
+    for warning in policy.warnings:
+        typer.echo(f"warning: {warning}", err=True)
     done = set() if overwrite else completed_rows(out, [r.id for r in m.rows])
     todo = [r for r in m.rows if r.id not in done]
     if dry_run:
         n_batches = len(plan_batches(todo, batch_size, token_budget))
         typer.echo(f"{len(m.rows)} valid rows, {len(m.errors)} rejected, {len(done)} already done, "
-                   f"{len(todo)} to synthesize in {n_batches} batches on {policy.device} ({policy.dtype})")
+                   f"{len(todo)} to synthesize in {n_batches} batches on {policy.device} ({policy.dtype_name})")
         raise typer.Exit(EXIT_ROWS_FAILED if m.errors else EXIT_OK)
 
     opts = RunOptions(seed=seed, batch_size=batch_size, token_budget=token_budget, top_p=top_p, top_k=top_k,
                       win_size=win_size, tau_r=tau_r, nonfinite_policy=nonfinite_policy, draw=draw,
                       max_tokens=max_tokens, min_tokens=min_tokens, n_timesteps=n_timesteps,
-                      load_format="dummy" if load_format == "dummy" else "auto")
+                      load_format="dummy" if load_format == "dummy" else "auto", nonfinite_audio=nonfinite_audio,
+                      device=policy.device.type, dtype=policy.dtype_name)
     try:
         stages = load_stages(cfg, policy, opts.load_format) if todo else None
     except CosycloneError as exc:
@@ -163,19 +173,28 @@ def _summary(records, m, done, opts, cfg, policy, out, wall, total_wall, model_d
     calls = sum(int(s.get("steps", 0)) for s in sampler_rows)
     all_nan = sum(int(s.get("all_nan_steps", 0)) for s in sampler_rows)
     nan_rows = sum(1 for r in records if any(s.get("nan_steps", 0) for s in r.diagnostics.get("sampler", [])))
+    bad_audio = [int(r.diagnostics.get("nonfinite_audio_samples", 0)) for r in records]
+    reasons: dict[str, int] = {}
+    for r in records:
+        if r.diagnostics.get("status") != "ok":
+            key = str(r.diagnostics.get("reason"))
+            reasons[key] = reasons.get(key, 0) + 1
     audio = sum(float(r.diagnostics.get("audio_seconds", 0.0)) for r in records)
     ok = sum(1 for r in records if r.diagnostics.get("status") == "ok")
     return {
         "rows": len(m.rows), "done": ok, "skipped": len(done), "failed": len(records) - ok,
         "invalid": len(m.errors), "invalid_rows": [str(e) for e in m.errors],
         "failed_rows": {r.row_id: r.diagnostics.get("error") for r in records if r.diagnostics.get("status") != "ok"},
+        "failed_reasons": reasons,
         "nan_rows": nan_rows, "nan_summary": f"{calls} sampler calls, {all_nan} entirely NaN",
+        "nonfinite_audio_rows": sum(1 for n in bad_audio if n), "nonfinite_audio_samples": sum(bad_audio),
         "audio_seconds": audio, "wall_seconds": wall, "total_wall_seconds": total_wall,
         "throughput_audio_s_per_s": audio / wall if wall > 0 else 0.0,
         "rtf": wall / audio if audio > 0 else None,
         "versions": {"cosyclone": __version__, "torch": torch.__version__, "python": platform.python_version()},
         "model_dir": str(model_dir) if model_dir else None, "model_yaml_sha256": cfg.yaml_sha256 or None,
-        "load_format": load_format, "device": str(policy.device), "dtype": str(policy.dtype),
+        "load_format": load_format, "device": str(policy.device), "dtype": policy.dtype_name,
+        "dtype_requested": policy.requested_dtype,
         "shard": shard, "float_wav": float_wav, "options": asdict(opts), "out_dir": str(out),
     }
 

@@ -3,14 +3,17 @@
 This module only wires the stages together (it re-implements none of them). Rows are sorted by
 text length and cut into batches so that padding stays small in both stages; every segment of a
 row goes through the same batch, and the row's audio is the in-order concatenation of its
-segments. A row that fails in the frontend or the talker (e.g. ``no_finite_logits``) is written as
-a diagnostics line with its error, and the rest of the batch continues. File writing happens on
-the :class:`~cosyclone.writer.BackgroundWriter` thread.
+segments. A row that fails in any stage is written as a diagnostics line with its ``reason``
+(``no_finite_logits``, ``nonfinite_audio``, ``empty_after_speed``, ``exception``, ...) and error, and
+the rest of the batch continues; an exception is recorded with its type, message and traceback.
+A row's seed is derived here once (:func:`_row_seed`) and handed, unchanged, to every stage.
+File writing happens on the :class:`~cosyclone.writer.BackgroundWriter` thread.
 """
 
 from __future__ import annotations
 
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,10 +24,23 @@ import torch
 
 from .config import ModelConfig
 from .device import DevicePolicy
+from .errors import CosycloneError
 from .manifest import ManifestRow
 from .writer import RowRecord
 
 _ABORTS = ("no_finite_logits", "error")
+
+# Why a row failed (``RowOutcome.reason``); sampler aborts use their stop reason
+# ("no_finite_logits", "error").
+BAD_INPUT = "bad_input"  # a CosycloneError raised in a stage: something the user can fix, named in `error`
+EXCEPTION = "exception"  # any other exception in a stage: type, message and traceback are recorded
+NO_TOKENS = "no_speech_tokens"  # the talker stopped before emitting a speech token
+EMPTY_AFTER_SPEED = "empty_after_speed"  # the row's speed leaves a segment 0 mel frames (int(2n / speed) == 0)
+NONFINITE_AUDIO = "nonfinite_audio"  # code2wav produced NaN/inf samples (under --nonfinite-audio fail)
+
+#: ``--nonfinite-audio``: fail (default) fails a row with any NaN/inf sample (NONFINITE_AUDIO); zero
+#: (LEGACY) writes NaN as 0 and +-inf as +-1. Both count the samples (``nonfinite_audio_samples``).
+NONFINITE_AUDIO_POLICIES = ("fail", "zero")
 
 
 @dataclass(frozen=True)
@@ -44,6 +60,13 @@ class RunOptions:
     min_tokens: int | None = None  # stop ids blocked below this many tokens per segment (bench: min = max)
     n_timesteps: int | None = None  # flow Euler steps (None = model yaml, 10)
     load_format: str = "auto"  # auto (read the .pt files) | dummy (random weights)
+    nonfinite_audio: str = "fail"  # fail | zero (LEGACY): what a NaN/inf audio sample does (NONFINITE_AUDIO_POLICIES)
+    device: str = "cpu"  # resolved device type the stages run on (recorded; never "auto")
+    dtype: str = "fp32"  # resolved run dtype fp32 | bf16 | fp16 (recorded; never "auto"; see device.py)
+
+    def __post_init__(self) -> None:
+        if self.nonfinite_audio not in NONFINITE_AUDIO_POLICIES:
+            raise ValueError(f"nonfinite_audio must be one of {NONFINITE_AUDIO_POLICIES}, not {self.nonfinite_audio!r}")
 
 
 @dataclass
@@ -52,12 +75,16 @@ class RowOutcome:
 
     row_id: str
     line: int
-    seed: int
+    seed: int  # the row's seed, derived once (manifest seed, else row_seed(--seed, id)); the sampler uses it
     status: str = "ok"  # ok | failed
-    error: str | None = None
+    error: str | None = None  # "<stage>: <what happened>" for a failed row
+    reason: str | None = None  # why it failed: BAD_INPUT, EXCEPTION, NO_TOKENS, ... or the sampler's stop reason
+    error_type: str | None = None  # exception class name when a stage raised
+    traceback: str | None = None  # formatted traceback when a stage raised something other than CosycloneError
     stop_reasons: list[str] = field(default_factory=list)  # one per segment
     tokens: list[int] = field(default_factory=list)  # speech tokens per segment (after silent filter)
     audio_seconds: float = 0.0
+    nonfinite_audio_samples: int = 0  # NaN/inf samples in the row's code2wav output (failed or zeroed)
     seconds: dict[str, float] = field(default_factory=dict)  # frontend / talker / flow / hift shares
     sampler: list[dict[str, Any]] = field(default_factory=list)  # SamplerRowDiagnostics.to_dict per segment
 
@@ -65,6 +92,22 @@ class RowOutcome:
         out = asdict(self)
         out["id"] = out.pop("row_id")
         return out
+
+    def fail(self, stage: str, reason: str, message: str) -> None:
+        """Mark the row failed (the first failure wins: later stages do not overwrite it)."""
+        if self.status == "ok":
+            self.status, self.reason, self.error = "failed", reason, f"{stage}: {message}"
+
+    def fail_exc(self, stage: str, exc: BaseException, *, note: str = "") -> None:
+        """Mark the row failed by an exception: type and message always, the traceback unless the
+        exception is a :class:`CosycloneError` (a user-fixable error whose message says it all)."""
+        if self.status != "ok":
+            return
+        user = isinstance(exc, CosycloneError)
+        self.fail(stage, BAD_INPUT if user else EXCEPTION, f"{type(exc).__name__}: {exc}{note}")
+        self.error_type = type(exc).__name__
+        if not user:
+            self.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
 
 
 @dataclass
@@ -129,6 +172,7 @@ def _embed(req: Any, key: str) -> torch.Tensor:
 
 
 def _row_seed(run_seed: int, row: ManifestRow) -> int:
+    """The row's seed, derived once: the manifest ``seed`` as given, else ``row_seed(--seed, id)``."""
     from .talker.sampler import row_seed
 
     return int(row.seed) if row.seed is not None else row_seed(run_seed, row.id)
@@ -136,7 +180,12 @@ def _row_seed(run_seed: int, row: ManifestRow) -> int:
 
 @torch.inference_mode()
 def synthesize_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptions) -> list[RowRecord]:
-    """Run one batch of rows through every stage; failures stay confined to their row."""
+    """Run one batch of rows through every stage; failures stay confined to their row.
+
+    A stage that raises for the whole batch is retried row by row (segment by segment in the
+    talker), so an exception fails only the rows that raise it alone, with its type, message and
+    traceback recorded (:meth:`RowOutcome.fail_exc`).
+    """
     from .conditioning import to_talker_request
     from .talker.decode import DecodeOptions, generate
 
@@ -150,7 +199,7 @@ def synthesize_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptio
                                            row.instruct, oc.seed, row.speed)
             segments.extend((row.id, r) for r in reqs)
         except Exception as exc:  # a bad prompt or text fails its row only
-            oc.status, oc.error = "failed", f"frontend: {type(exc).__name__}: {exc}"
+            oc.fail_exc("frontend", exc)
         oc.seconds["frontend"] = time.perf_counter() - t0
 
     # stage 0: talker, all segments of the batch at once
@@ -162,40 +211,53 @@ def synthesize_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptio
         try:
             outs = generate(stages.talker, [to_talker_request(r) for _, r in segments], dec)
             results = dict(enumerate(outs))
-        except Exception as exc:  # a batch-level failure: retry row by row to isolate it
+        except Exception as exc:  # a batch-level failure: retry segment by segment to isolate it
             for i, (rid, r) in enumerate(segments):
+                if outcomes[rid].status != "ok":
+                    continue  # an earlier segment of this row already failed alone
                 try:
                     results[i] = generate(stages.talker, [to_talker_request(r)], dec)[0]
                 except Exception as exc_row:
-                    outcomes[rid].status = "failed"
-                    outcomes[rid].error = f"talker: {type(exc_row).__name__}: {exc_row} (batch: {exc})"
+                    outcomes[rid].fail_exc("talker", exc_row, note=f" (the batch raised {type(exc).__name__}: {exc})")
         share = (time.perf_counter() - t0) / max(1, len(segments))
         for rid, _ in segments:
             outcomes[rid].seconds["talker"] = outcomes[rid].seconds.get("talker", 0.0) + share
-    for i, (rid, _) in enumerate(segments):
+    ratio = stages.cfg.flow.token_mel_ratio
+    for i, (rid, req) in enumerate(segments):
         res, oc = results.get(i), outcomes[rid]
         if res is None:
             continue
         oc.stop_reasons.append(res.stop_reason)
         oc.tokens.append(len(res.tokens))
         oc.sampler.append(res.diagnostics.to_dict())
-        if res.stop_reason in _ABORTS and oc.status == "ok":
+        if res.stop_reason in _ABORTS:
             err = getattr(res.diagnostics, "error", None)
-            oc.status, oc.error = "failed", f"talker: {res.stop_reason}" + (f": {err}" if err else "")
-        elif not res.tokens and oc.status == "ok":
-            oc.status, oc.error = "failed", "talker: no speech tokens generated"
+            oc.fail("talker", res.stop_reason, res.stop_reason + (f": {err}" if err else ""))
+        elif not res.tokens:
+            oc.fail("talker", NO_TOKENS, "no speech tokens generated")
+        elif _frames_after_speed(ratio * len(res.tokens), float(req.speed)) <= 0:
+            oc.fail("code2wav", EMPTY_AFTER_SPEED,
+                    f"speed {float(req.speed):g} leaves segment {req.segment} with 0 mel frames "
+                    f"({len(res.tokens)} tokens = {ratio * len(res.tokens)} frames, "
+                    f"int({ratio * len(res.tokens)} / {float(req.speed):g}) = 0)")
 
     # stage 1: flow + HiFT for the segments of rows still alive
     live = [(i, rid, r) for i, (rid, r) in enumerate(segments) if outcomes[rid].status == "ok"]
     audio: dict[int, np.ndarray] = {}
     if live:
         try:
-            audio = _code2wav(stages, [(r, results[i].tokens) for i, _, r in live], opts, outcomes,
-                              [rid for _, rid, _ in live])
-            audio = {live[k][0]: a for k, a in audio.items()}
-        except Exception as exc:
-            for _, rid, _ in live:
-                outcomes[rid].status, outcomes[rid].error = "failed", f"code2wav: {type(exc).__name__}: {exc}"
+            audio = _code2wav(stages, live, results, opts, outcomes)
+        except Exception as exc:  # retry row by row: an exception fails only the rows that raise it alone
+            for rid in dict.fromkeys(rid for _, rid, _ in live):
+                mine = [x for x in live if x[1] == rid]
+                try:
+                    audio.update(_code2wav(stages, mine, results, opts, outcomes))
+                except Exception as exc_row:
+                    outcomes[rid].fail_exc("code2wav", exc_row,
+                                           note=f" (the batch raised {type(exc).__name__}: {exc})")
+    for i, rid, _ in live:
+        if i in audio:
+            audio[i] = _check_audio(outcomes[rid], audio[i], opts.nonfinite_audio)
 
     records = []
     sr = stages.cfg.hift.sampling_rate
@@ -210,11 +272,37 @@ def synthesize_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptio
     return records
 
 
-def _code2wav(stages: Stages, items: Sequence[tuple[Any, list[int]]], opts: RunOptions,
-              outcomes: dict[str, RowOutcome], rids: Sequence[str]) -> dict[int, np.ndarray]:
-    """Batched token2wav over (Request, tokens) items -> float32 waves (each segment at its ``speed``)."""
+def _frames_after_speed(frames: int, speed: float) -> int:
+    from .code2wav.token2wav import speed_frames
+
+    return speed_frames(frames, speed)
+
+
+def _check_audio(oc: RowOutcome, wav: np.ndarray, policy: str) -> np.ndarray:
+    """Count a segment's NaN/inf samples; fail the row (``fail``) or zero them as LEGACY did (``zero``)."""
+    finite = np.isfinite(wav)
+    bad = int(wav.size - np.count_nonzero(finite))
+    if not bad:
+        return wav
+    oc.nonfinite_audio_samples += bad
+    if policy == "zero":
+        return np.nan_to_num(wav, nan=0.0, posinf=1.0, neginf=-1.0)
+    n_nan = int(np.isnan(wav).sum())
+    oc.fail("code2wav", NONFINITE_AUDIO, f"nonfinite_audio: {bad} of {wav.size} samples of a segment are not "
+                                          f"finite ({n_nan} NaN, {bad - n_nan} inf); --nonfinite-audio zero "
+                                          "writes them as 0 / +-1 instead")
+    return wav
+
+
+def _code2wav(stages: Stages, live: Sequence[tuple[int, str, Any]], results: dict[int, Any], opts: RunOptions,
+              outcomes: dict[str, RowOutcome]) -> dict[int, np.ndarray]:
+    """Batched token2wav over ``live`` (segment index, row id, Request) -> {segment index: float32 wave}.
+
+    Each segment is changed to its own ``speed``; flow and HiFT time is shared out per segment.
+    """
     from .code2wav.token2wav import token2wav
 
+    items = [(r, results[i].tokens) for i, _, r in live]
     dev = stages.policy.device
     tok, tok_len = _pad([torch.as_tensor(t, dtype=torch.long) for _, t in items], dev)
     ptok, ptok_len = _pad([torch.as_tensor(_embed(r, "speech_token"), dtype=torch.long).reshape(-1)
@@ -226,10 +314,10 @@ def _code2wav(stages: Stages, items: Sequence[tuple[Any, list[int]]], opts: RunO
     emb = emb.to(dev, dtype=stages.policy.dtype)
     res = token2wav(stages.flow, stages.hift, tok, tok_len, ptok, ptok_len, pfeat, emb,
                     speed=[float(r.speed) for r, _ in items], n_timesteps=opts.n_timesteps)
-    for rid in rids:
+    for _, rid, _ in live:
         outcomes[rid].seconds["flow"] = outcomes[rid].seconds.get("flow", 0.0) + res.flow_seconds / len(items)
         outcomes[rid].seconds["hift"] = outcomes[rid].seconds.get("hift", 0.0) + res.hift_seconds / len(items)
-    return {k: w.numpy().astype(np.float32, copy=False) for k, w in enumerate(res.wavs)}
+    return {i: w.numpy().astype(np.float32, copy=False) for (i, _, _), w in zip(live, res.wavs, strict=True)}
 
 
 PROMPT_TOKENS_PER_SECOND = 25  # speech tokens per second of prompt audio (token_frame_rate)
@@ -267,13 +355,30 @@ def run(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptions,
     """Synthesize ``rows`` batch by batch, handing each record to ``submit`` (the writer) at once."""
     out: list[RowRecord] = []
     for batch in plan_batches(rows, opts.batch_size, opts.token_budget):
-        for rec in synthesize_batch(stages, batch, opts):
+        for rec in _synthesize_isolated(stages, batch, opts):
             rec.diagnostics["wav"] = f"wavs/{rec.row_id}.wav" if rec.wav is not None else None
             submit(rec)
             out.append(RowRecord(row_id=rec.row_id, wav=None, diagnostics=rec.diagnostics))
         if progress is not None:
             progress(len(batch))
     return out
+
+
+def _synthesize_isolated(stages: Stages, batch: Sequence[ManifestRow], opts: RunOptions) -> list[RowRecord]:
+    """:func:`synthesize_batch`, and if it raises (a bug outside the stages' own guards), each row
+    alone; a row that still raises becomes a failed record with its traceback, never a dead run."""
+    try:
+        return synthesize_batch(stages, batch, opts)
+    except Exception as exc:
+        records = []
+        for row in batch:
+            try:
+                records.extend(synthesize_batch(stages, [row], opts))
+            except Exception as exc_row:
+                oc = RowOutcome(row_id=row.id, line=row.line, seed=_row_seed(opts.seed, row))
+                oc.fail_exc("pipeline", exc_row, note=f" (the batch raised {type(exc).__name__}: {exc})")
+                records.append(RowRecord(row_id=row.id, wav=None, diagnostics=oc.to_dict()))
+        return records
 
 
 def model_paths_hint(model_dir: Path | None) -> str:

@@ -51,13 +51,20 @@ def wav_path(out_dir: Path, row_id: str) -> Path:
 
 
 def write_wav_atomic(path: Path, wav: np.ndarray, *, sample_rate: int, float_wav: bool) -> None:
-    """Write ``wav`` to ``path`` through a temporary file and an atomic rename."""
+    """Write ``wav`` to ``path`` through a temporary file and an atomic rename.
+
+    Samples are clipped to [-1, 1]; a non-finite sample is refused, never silently zeroed: the
+    pipeline decides what NaN/inf audio means (``--nonfinite-audio``) and counts it per row.
+    """
     import soundfile as sf
 
+    data = np.asarray(wav, dtype=np.float32).reshape(-1)
+    if not np.isfinite(data).all():
+        raise ValueError(f"{path.name}: {int((~np.isfinite(data)).sum())} non-finite samples reached the writer "
+                         "(the pipeline fails such rows or zeroes them under --nonfinite-audio zero)")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    data = np.asarray(wav, dtype=np.float32).reshape(-1)
-    data = np.clip(np.nan_to_num(data, nan=0.0, posinf=1.0, neginf=-1.0), -1.0, 1.0)
+    data = np.clip(data, -1.0, 1.0)
     sf.write(str(tmp), data, sample_rate, subtype="FLOAT" if float_wav else "PCM_16", format="WAV")
     os.replace(tmp, path)
 
@@ -169,6 +176,7 @@ def render_summary(summary: dict[str, Any], *, tty: bool) -> None:
     keys = [("rows", "rows in run"), ("done", "rows ok"), ("skipped", "resumed (skipped)"),
             ("failed", "rows failed"), ("invalid", "invalid manifest rows"), ("audio_seconds", "audio s"),
             ("wall_seconds", "wall s"), ("rtf", "real-time factor"), ("nan_summary", "sampler"),
+            ("nonfinite_audio_samples", "non-finite audio samples"),
             ("out_dir", "outputs")]
     if tty:
         from rich.console import Console

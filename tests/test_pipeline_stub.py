@@ -7,8 +7,6 @@ output-file logic testable in milliseconds.
 from __future__ import annotations
 
 import json
-import sys
-import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,20 +83,13 @@ class Hift:
 
 @pytest.fixture()
 def stubbed(monkeypatch: pytest.MonkeyPatch) -> None:
-    cond = types.ModuleType("cosyclone.conditioning")
-    cond.to_talker_request = lambda r: r
-    dec = types.ModuleType("cosyclone.talker.decode")
+    """Stub the stages on the real modules (replacing whole modules in sys.modules broke any import
+    of their other names, e.g. the frontend's ``Request``, depending on test order)."""
+    import cosyclone.conditioning as cond
+    import cosyclone.talker.decode as dec
 
-    @dataclass(frozen=True)
-    class DecodeOptions:
-        sampler: object
-        silent_filter: bool = True
-        max_len_override: int | None = None
-        min_len_override: int | None = None
-
-    dec.DecodeOptions, dec.generate = DecodeOptions, generate
-    monkeypatch.setitem(sys.modules, "cosyclone.conditioning", cond)
-    monkeypatch.setitem(sys.modules, "cosyclone.talker.decode", dec)
+    monkeypatch.setattr(cond, "to_talker_request", lambda r: r)
+    monkeypatch.setattr(dec, "generate", generate)
     monkeypatch.setattr(pipeline, "load_stages", lambda cfg, policy, fmt: pipeline.Stages(
         cfg, policy, Frontend(), None, Flow(), Hift()))
 

@@ -1,0 +1,195 @@
+"""Per-row verdicts of the pipeline on stub stages: seeds derived once, non-finite audio, a speed
+that leaves no frames, and exceptions that fail their own rows only (type, message, traceback)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import cosyclone.talker.decode as dec
+from cosyclone import pipeline
+from cosyclone.cli import app
+from cosyclone.config import released_config
+from cosyclone.device import resolve
+from cosyclone.errors import CosycloneError
+from cosyclone.manifest import ManifestRow
+from cosyclone.talker.sampler import row_seed
+from cosyclone.writer import write_wav_atomic
+from tests.test_pipeline_stub import Flow, Frontend, Hift, generate, make_manifest
+
+
+@pytest.fixture(autouse=True)
+def stubbed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The talker and conditioning stubbed on the real modules (no model work in these tests)."""
+    import cosyclone.conditioning as cond
+
+    monkeypatch.setattr(cond, "to_talker_request", lambda r: r)
+    monkeypatch.setattr(dec, "generate", generate)
+
+
+MARK = {"nanwav": 1.0, "infwav": 2.0, "c2w-boom": 3.0}  # text word -> embedding[0] marker the stubs read
+
+
+class MarkingFrontend(Frontend):
+    """The stub frontend, plus a marker in the speaker embedding so code2wav stubs know the row."""
+
+    def prepare(self, row_id, prompt_audio, prompt_text, text, mode, instruct, seed, speed=1.0):
+        if "user-error" in text:
+            raise CosycloneError(f"row {row_id!r}: the text is not speakable")
+        reqs = super().prepare(row_id, prompt_audio, prompt_text, text, mode, instruct, seed, speed)
+        emb = torch.zeros(192)
+        emb[0] = next((v for k, v in MARK.items() if k in text), 0.0)
+        out = []
+        for r in reqs:
+            r = type(r)(r.row_id, r.segment, r.text_ids, r.target_len, {**r.embed, "embedding": emb}, r.seed, speed)
+            out.append(r)
+        return out
+
+
+class MarkedFlow(Flow):
+    def inference(self, token, token_len, prompt_token, prompt_token_len, prompt_feat, embedding, *, n_timesteps=None):
+        if (embedding[:, 0] == 3.0).any():
+            raise IndexError("flow stub: index 99 is out of bounds")
+        mel, mel_len = super().inference(token, token_len, prompt_token, prompt_token_len, prompt_feat, embedding)
+        return mel + embedding[:, :1, None] * 1000.0, mel_len  # the marker travels to HiFT in the mel
+
+
+class MarkedHift(Hift):
+    def inference(self, mel, mel_len):
+        wav, wav_len = super().inference(mel, mel_len)
+        marker = (mel[:, 0, 0] / 1000.0).round()
+        wav[marker == 1.0, 5:17] = float("nan")  # 12 NaN samples in each nanwav segment
+        wav[marker == 2.0, :3] = float("inf")
+        return wav, wav_len
+
+
+def _stages() -> pipeline.Stages:
+    return pipeline.Stages(released_config(), resolve("cpu", "fp32"), MarkingFrontend(), None, MarkedFlow(),
+                           MarkedHift())
+
+
+def _rows(texts: dict[str, str], **fields: object) -> list[ManifestRow]:
+    return [ManifestRow(i + 1, rid, Path("p.wav"), "ref", text, **fields.get(rid, {}))  # type: ignore[arg-type]
+            for i, (rid, text) in enumerate(texts.items())]
+
+
+def _run(rows: list[ManifestRow], **opts: object) -> dict[str, dict]:
+    recs = pipeline.run(_stages(), rows, pipeline.RunOptions(max_tokens=4, **opts), lambda rec: None)  # type: ignore[arg-type]
+    return {r.row_id: r.diagnostics for r in recs}
+
+
+def test_row_seed_is_derived_once_and_reported_as_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, set[int]] = {}
+
+    def spy(model, requests, options):
+        for r in requests:
+            seen.setdefault(r.row_id, set()).add(r.seed)
+        return generate(model, requests, options)
+
+    monkeypatch.setattr(dec, "generate", spy)
+    d = _run(_rows({"given": "one|two", "derived": "three"}, given={"seed": 123}), seed=9)
+    assert d["given"]["seed"] == 123 and seen["given"] == {123}  # every segment, as the manifest gave it
+    assert d["derived"]["seed"] == row_seed(9, "derived") and seen["derived"] == {row_seed(9, "derived")}
+    assert [s["seed"] for s in d["given"]["sampler"]] == [123, 123]
+
+
+def test_nonfinite_audio_fails_the_row_by_default_and_counts_it() -> None:
+    d = _run(_rows({"ok": "fine", "n": "nanwav|nanwav", "i": "infwav"}), batch_size=8)
+    assert d["ok"]["status"] == "ok" and d["ok"]["nonfinite_audio_samples"] == 0
+    assert d["n"]["status"] == "failed" and d["n"]["reason"] == "nonfinite_audio"
+    assert d["n"]["nonfinite_audio_samples"] == 24 and "12 NaN" in d["n"]["error"]  # 12 per segment
+    assert d["i"]["reason"] == "nonfinite_audio" and d["i"]["nonfinite_audio_samples"] == 3 and "3 inf" in d["i"]["error"]
+
+
+def test_nonfinite_audio_zero_keeps_the_old_output_and_still_counts() -> None:
+    written: list = []
+    pipeline.run(_stages(), _rows({"n": "nanwav", "i": "infwav"}),
+                 pipeline.RunOptions(max_tokens=4, nonfinite_audio="zero"), written.append)
+    d = {r.row_id: r.diagnostics for r in written}
+    wav = {r.row_id: r.wav for r in written}
+    assert d["n"]["status"] == d["i"]["status"] == "ok"
+    assert d["n"]["nonfinite_audio_samples"] == 12 and d["i"]["nonfinite_audio_samples"] == 3
+    assert np.isfinite(wav["n"]).all() and (wav["n"][5:17] == 0).all() and (wav["i"][:3] == 1.0).all()
+    with pytest.raises(ValueError):
+        pipeline.RunOptions(nonfinite_audio="ignore")
+
+
+def test_the_writer_refuses_nonfinite_samples_instead_of_zeroing_them(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="non-finite"):
+        write_wav_atomic(tmp_path / "x.wav", np.array([0.1, np.nan], np.float32), sample_rate=24000, float_wav=True)
+    assert not (tmp_path / "x.wav").exists()
+
+
+def test_a_speed_that_leaves_no_mel_frames_fails_the_row() -> None:
+    """1 token = 2 mel frames; at speed 3, int(2 / 3) = 0 frames: an error, not an empty ok WAV."""
+    written: list = []
+    pipeline.run(_stages(), _rows({"fast": "x", "fine": "y"}, fast={"speed": 3.0}, fine={"speed": 2.0}),
+                 pipeline.RunOptions(max_tokens=1), written.append)
+    d = {r.row_id: r for r in written}
+    assert d["fast"].diagnostics["status"] == "failed" and d["fast"].wav is None
+    assert d["fast"].diagnostics["reason"] == "empty_after_speed" and "speed 3" in d["fast"].diagnostics["error"]
+    assert d["fine"].diagnostics["status"] == "ok" and d["fine"].wav.size == 480  # int(2 / 2) = 1 frame
+
+
+def test_stage_exceptions_fail_their_rows_with_type_message_and_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    def talker(model, requests, options):
+        if any(r.row_id == "t-boom" for r in requests):
+            raise RuntimeError("talker stub: shape mismatch")
+        return generate(model, requests, options)
+
+    monkeypatch.setattr(dec, "generate", talker)
+    d = _run(_rows({"a": "one|two", "t-boom": "x", "c": "c2w-boom", "f": "frontend-fail", "u": "user-error",
+                    "b": "three"}), batch_size=8)
+    assert d["a"]["status"] == d["b"]["status"] == "ok"  # the batch's other rows are produced
+    t = d["t-boom"]
+    assert (t["status"], t["reason"], t["error_type"]) == ("failed", "exception", "RuntimeError")
+    assert t["error"].startswith("talker: RuntimeError: talker stub: shape mismatch")
+    assert "Traceback" in t["traceback"] and "in talker" in t["traceback"]
+    c = d["c"]
+    assert (c["reason"], c["error_type"]) == ("exception", "IndexError") and "in inference" in c["traceback"]
+    assert c["error"].startswith("code2wav: IndexError: flow stub")
+    f = d["f"]
+    assert (f["reason"], f["error_type"]) == ("exception", "ValueError") and "cannot tokenize" in f["traceback"]
+    u = d["u"]  # a user-fixable error: type and message, no traceback
+    assert (u["reason"], u["error_type"], u["traceback"]) == ("bad_input", "CosycloneError", None)
+    assert "not speakable" in u["error"]
+    assert all(d[k]["traceback"] is None for k in ("a", "b"))
+
+
+def test_a_bug_outside_the_stage_guards_fails_only_its_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = pipeline._check_audio
+
+    def check(oc, wav, policy):
+        if oc.row_id == "bug":
+            raise KeyError("bookkeeping bug")
+        return real(oc, wav, policy)
+
+    monkeypatch.setattr(pipeline, "_check_audio", check)
+    d = _run(_rows({"a": "one", "bug": "two", "b": "three"}), batch_size=8)
+    assert d["a"]["status"] == d["b"]["status"] == "ok"
+    assert d["bug"]["reason"] == "exception" and d["bug"]["error_type"] == "KeyError"
+    assert d["bug"]["error"].startswith("pipeline: KeyError") and "in check" in d["bug"]["traceback"]
+
+
+def test_cli_summary_counts_nonfinite_audio_and_failure_reasons(monkeypatch: pytest.MonkeyPatch,
+                                                                tmp_path: Path) -> None:
+    monkeypatch.setattr(pipeline, "load_stages", lambda cfg, policy, fmt: _stages())
+    m = make_manifest(tmp_path, {"a": "fine", "n": "nanwav", "i": "infwav"})
+    base = ["synth", str(m), "--load-format", "dummy", "--device", "cpu", "--max-tokens", "4"]
+    res = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "fail")])
+    assert res.exit_code == 3, res.output
+    s = json.loads((tmp_path / "fail" / "summary.json").read_text())
+    assert (s["nonfinite_audio_rows"], s["nonfinite_audio_samples"]) == (2, 15)
+    assert s["failed_reasons"] == {"nonfinite_audio": 2} and s["options"]["nonfinite_audio"] == "fail"
+    assert s["options"]["dtype"] == "fp32" and s["dtype"] == "fp32" and s["dtype_requested"] == "auto"
+    res = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "zero"), "--nonfinite-audio", "zero"])
+    assert res.exit_code == 3, res.output  # only the manifest's invalid line
+    s = json.loads((tmp_path / "zero" / "summary.json").read_text())
+    assert s["done"] == 3 and (s["nonfinite_audio_rows"], s["nonfinite_audio_samples"]) == (2, 15)
+    assert "--nonfinite-audio zero" in res.output
+    assert CliRunner().invoke(app, [*base, "--out", str(tmp_path / "x"), "--nonfinite-audio", "skip"]).exit_code == 2
