@@ -1,4 +1,4 @@
-"""The ``cosyclone`` command: synth, validate, make-tiny-model, inspect.
+"""The ``cosyclone`` command: synth, validate, eval, make-tiny-model, inspect.
 
 Exit codes: 0 = every row done; 3 = some rows failed or were rejected by validation (the others
 were produced); 2 = unusable input (manifest or model directory unreadable, bad options).
@@ -15,6 +15,7 @@ import typer
 
 from . import __version__
 from .errors import CosycloneError
+from .eval.command import eval_command
 
 EXIT_OK, EXIT_USAGE, EXIT_ROWS_FAILED = 0, 2, 3
 app = typer.Typer(add_completion=False, help="Offline batched CosyVoice3 voice cloning.")
@@ -197,6 +198,9 @@ def _summary(records, m, done, opts, cfg, policy, out, wall, total_wall, model_d
         "dtype_requested": policy.requested_dtype,
         "shard": shard, "float_wav": float_wav, "options": asdict(opts), "out_dir": str(out),
     }
+
+
+app.command("eval")(eval_command)  # cosyclone/eval/command.py (models from the optional eval extra)
 
 
 @app.command("make-tiny-model")

@@ -76,8 +76,18 @@ class OnnxModels:
 
     def speaker_embedding(self, wave16: torch.Tensor) -> torch.Tensor:
         """16 kHz wave (N,) → CAM++ speaker embedding (192,) float32 (mean-normalized fbank in)."""
-        feats, frames = kaldi_fbank(wave16.reshape(1, -1))
-        feats = mean_normalize(feats, frames)
-        ins = self._spk.get_inputs()
-        out = self._spk.run([self._spk.get_outputs()[0].name], {ins[0].name: feats.numpy().astype(np.float32)})[0]
-        return torch.from_numpy(np.asarray(out, dtype=np.float32).reshape(-1).copy())
+        return campplus_embedding(self._spk, wave16)
+
+
+def campplus_embedding(session: object, wave16: torch.Tensor) -> torch.Tensor:
+    """16 kHz wave (N,) → embedding (D,) float32 from a CAM++ ``session`` (192 dims for the released one).
+
+    Module-level so that ``cosyclone eval`` scores speaker similarity with exactly the features the
+    frontend conditions on, without loading the speech tokenizer.
+    """
+    feats, frames = kaldi_fbank(wave16.reshape(1, -1))
+    feats = mean_normalize(feats, frames)
+    ins = session.get_inputs()  # type: ignore[attr-defined]
+    out = session.run([session.get_outputs()[0].name],  # type: ignore[attr-defined]
+                      {ins[0].name: feats.numpy().astype(np.float32)})[0]
+    return torch.from_numpy(np.asarray(out, dtype=np.float32).reshape(-1).copy())

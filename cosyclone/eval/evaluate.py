@@ -1,0 +1,276 @@
+"""``cosyclone eval``: score every synthesized row of a folder, write eval.jsonl, the summary and redo.jsonl.
+
+One pass over the manifest's rows in batches of the ASR batch size: read the WAVs, run the signal
+checks, transcribe the batch, score the text, embed prompt and output with each speaker backend,
+and judge the row against the thresholds. A row that cannot be scored (unreadable WAV, a
+backend error) gets an ``error`` record and the others go on; rows the folder has no audio for
+get a ``skipped`` record naming why. Nothing is downloaded and nothing in the folder but
+``eval.jsonl``, ``eval_summary.json`` and (with thresholds) ``redo.jsonl`` is written.
+
+Transcripts are reused from the folder's previous ``eval.jsonl`` when the WAV's sha256 and the ASR
+key (model hashes, decoding options, language hint) are unchanged: in a nightly
+synth -> eval -> synth redo -> eval loop only the redone rows are transcribed again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cosyclone import __version__
+from cosyclone.errors import CosycloneError
+from cosyclone.eval.asr import AsrOptions, Transcript, WhisperASR
+from cosyclone.eval.audio_checks import AudioCheckOptions, check_audio
+from cosyclone.eval.folder import Folder, FolderRow, read_folder
+from cosyclone.eval.metrics import infer_language, score
+from cosyclone.eval.redo import REDO_NAME, current_seed, redo_seed, write_redo
+from cosyclone.eval.speaker import SpeakerEncoder, build_encoder, cosine
+from cosyclone.eval.summary import summarize, write_summary
+from cosyclone.eval.thresholds import Thresholds, failures
+
+EVAL_NAME = "eval.jsonl"
+ASR_RATE = 16000
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """What ``cosyclone eval`` measures and how it judges."""
+
+    asr: AsrOptions  # the ASR model and its decoding options
+    speaker_models: tuple[str, ...] = ("resemblyzer",)  # speaker backends, in order (first = thresholded)
+    model_dir: Path | None = None  # CosyVoice3 model directory (for the campplus backend)
+    thresholds: Thresholds = Thresholds()  # what a good row stays within (redo.jsonl when any is set)
+    audio: AudioCheckOptions = AudioCheckOptions()  # silence / clipping detector settings
+    redo_unsynthesized: bool = False  # also list rows that failed or are missing in redo.jsonl
+    reuse_transcripts: bool = True  # reuse the previous eval.jsonl's transcript of an unchanged WAV
+
+
+@dataclass
+class EvalResult:
+    """The records written, the summary, and where redo.jsonl went (None without thresholds)."""
+
+    records: list[dict[str, Any]]  # one per valid manifest row, manifest order
+    summary: dict[str, Any]  # what eval_summary.json holds
+    redo_path: Path | None = None  # OUT/redo.jsonl when thresholds were given
+    redo_ids: list[str] = field(default_factory=list)  # the rows it lists, manifest order
+
+
+def _read_wave(path: Path) -> tuple[np.ndarray, int]:
+    import soundfile as sf
+
+    data, sr = sf.read(str(path), dtype="float32", always_2d=True)
+    return (data.mean(axis=1) if data.shape[1] > 1 else data[:, 0]).astype(np.float32), int(sr)
+
+
+def _to_16k(wave: np.ndarray, sr: int) -> np.ndarray:
+    import torch
+
+    from cosyclone.frontend.audio import resample
+
+    x = np.nan_to_num(wave, nan=0.0, posinf=1.0, neginf=-1.0)
+    if sr == ASR_RATE:
+        return np.ascontiguousarray(x, dtype=np.float32)
+    return resample(torch.from_numpy(np.ascontiguousarray(x)), sr, ASR_RATE).numpy().astype(np.float32)
+
+
+def _previous(out_dir: Path) -> dict[str, dict[str, Any]]:
+    """The previous eval.jsonl's records by id (empty when there is none)."""
+    path = out_dir / EVAL_NAME
+    found: dict[str, dict[str, Any]] = {}
+    if not path.is_file():
+        return found
+    for raw in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("id"), str):
+            found[obj["id"]] = obj
+    return found
+
+
+def _asr_key(asr_info: dict[str, Any], hint: str | None) -> str:
+    core = {k: asr_info.get(k) for k in ("backend", "model", "sha256", "beam_size", "compute_type", "device",
+                                         "language")}
+    blob = json.dumps({"asr": core, "hint": hint}, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:32]
+
+
+class _Scorer:
+    """The loaded models and caches of one eval run."""
+
+    def __init__(self, options: EvalOptions, asr: WhisperASR, encoders: Sequence[SpeakerEncoder],
+                 previous: dict[str, dict[str, Any]]) -> None:
+        self.options, self.asr, self.encoders, self.previous = options, asr, list(encoders), previous
+        self.asr_info = asr.info()
+        self.models = {"asr": self.asr_info, "speaker": {e.name: e.info() for e in self.encoders}}
+        self.backend = options.thresholds.similarity_backend or (self.encoders[0].name if self.encoders else None)
+        self._prompt_cache: dict[tuple[str, str], np.ndarray] = {}
+        self.reused = 0
+
+    def prompt_embedding(self, enc: SpeakerEncoder, path: Path) -> np.ndarray:
+        key = (enc.name, str(path))
+        if key not in self._prompt_cache:
+            wave, sr = _read_wave(path)
+            self._prompt_cache[key] = enc.embed(_to_16k(wave, sr))
+        return self._prompt_cache[key]
+
+    def batch(self, rows: Sequence[FolderRow]) -> list[dict[str, Any]]:
+        """Score a batch of rows that have audio (one ASR call for those not reused)."""
+        records: list[dict[str, Any]] = []
+        waves: list[np.ndarray | None] = []
+        for frow in rows:
+            rec = _base_record(frow)
+            try:
+                data = frow.wav.read_bytes()
+                rec["wav_sha256"] = hashlib.sha256(data).hexdigest()
+                wave, sr = _read_wave(frow.wav)
+                rec.update(check_audio(wave, sr, self.options.audio).to_dict())
+                waves.append(_to_16k(wave, sr))
+            except Exception as exc:  # unreadable or truncated WAV: this row only
+                rec.update(status="error", error=f"cannot read {frow.wav}: {type(exc).__name__}: {exc}")
+                waves.append(None)
+            records.append(rec)
+        hints = [infer_language(f.row.text) for f in rows]
+        todo: list[int] = []
+        transcripts: dict[int, Transcript] = {}
+        for i, (rec, (hint, _)) in enumerate(zip(records, hints, strict=True)):
+            if waves[i] is None:
+                continue
+            rec["asr_key"] = _asr_key(self.asr_info, self.options.asr.language or hint)
+            prev = self.previous.get(rec["id"]) if self.options.reuse_transcripts else None
+            if (prev and prev.get("wav_sha256") == rec["wav_sha256"] and prev.get("asr_key") == rec["asr_key"]
+                    and isinstance(prev.get("transcript"), str)):
+                transcripts[i] = Transcript(prev["transcript"], str(prev.get("asr_language")),
+                                            str(prev.get("asr_language_source")), prev.get("asr_language_probability"))
+                rec["transcript_reused"] = True
+                self.reused += 1
+            else:
+                todo.append(i)
+        if todo:
+            try:
+                got = self.asr.transcribe([waves[i] for i in todo],  # type: ignore[misc]
+                                          [self.options.asr.language or hints[i][0] for i in todo])
+                transcripts.update(zip(todo, got, strict=True))
+            except Exception as exc:  # an ASR failure fails the rows of this batch, not the run
+                for i in todo:
+                    records[i].update(status="error", error=f"asr: {type(exc).__name__}: {exc}")
+        for i, (frow, rec) in enumerate(zip(rows, records, strict=True)):
+            if rec["status"] == "error" or i not in transcripts:
+                continue
+            try:
+                self._score_row(frow, rec, transcripts[i], waves[i], hints[i])  # type: ignore[arg-type]
+            except Exception as exc:  # a backend error on one row
+                rec.update(status="error", error=f"{type(exc).__name__}: {exc}")
+        return records
+
+    def _score_row(self, frow: FolderRow, rec: dict[str, Any], tr: Transcript, wave16: np.ndarray,
+                   hint: tuple[str | None, str]) -> None:
+        forced = self.options.asr.language
+        language, source = (forced, "forced") if forced else hint
+        if language is None:
+            language, source = tr.language, f"asr ({tr.language_source})"
+        s = score(frow.row.text, tr.text, language)
+        rec.update(transcript=tr.text, asr_language=tr.language, asr_language_source=tr.language_source,
+                   asr_language_probability=tr.language_probability, language=language,
+                   language_source=source, metric=s.metric, reference_norm=s.reference,
+                   transcript_norm=s.hypothesis, wer=s.wer, cer=s.cer, error_rate=s.error_rate,
+                   similarity_ratio=s.similarity_ratio, ref_words=s.ref_words, word_edits=s.word_edits,
+                   ref_chars=s.ref_chars, char_edits=s.char_edits)
+        sims: dict[str, float] = {}
+        for enc in self.encoders:
+            sims[enc.name] = cosine(self.prompt_embedding(enc, Path(frow.row.prompt_audio)), enc.embed(wave16))
+        rec["speaker_similarity"] = sims
+        rec["fails"] = failures(rec, self.options.thresholds, self.backend)
+        rec["models"] = self.models
+
+
+def _base_record(frow: FolderRow) -> dict[str, Any]:
+    return {"id": frow.row.id, "line": frow.row.line, "status": "ok", "seed": current_seed(frow),
+            "wav": f"wavs/{frow.row.id}.wav", "text": frow.row.text, "mode": frow.row.mode,
+            "prompt_audio": str(frow.row.prompt_audio)}
+
+
+def load_models(options: EvalOptions) -> tuple[WhisperASR, list[SpeakerEncoder]]:
+    """The ASR model and the speaker encoders ``options`` name (raises CosycloneError on bad input)."""
+    if options.thresholds.min_similarity is not None and not options.speaker_models:
+        raise CosycloneError("--min-similarity needs a speaker model (--speaker-model resemblyzer|campplus)")
+    if len(set(options.speaker_models)) != len(options.speaker_models):
+        raise CosycloneError("--speaker-model lists a backend twice")
+    encoders = [build_encoder(name, model_dir=options.model_dir) for name in options.speaker_models]
+    b = options.thresholds.similarity_backend
+    if b is not None and b not in options.speaker_models:
+        raise CosycloneError(f"--similarity-backend {b} is not among --speaker-model {list(options.speaker_models)}")
+    return WhisperASR(options.asr), encoders
+
+
+def evaluate(out_dir: str | Path, manifest: str | Path, options: EvalOptions, *,
+             asr: WhisperASR | None = None, encoders: Sequence[SpeakerEncoder] | None = None,
+             progress: Callable[[int], None] | None = None) -> EvalResult:
+    """Score the folder, write eval.jsonl + eval_summary.json (+ redo.jsonl with thresholds).
+
+    ``asr`` / ``encoders`` are loaded from ``options`` unless given (tests share one loaded model).
+    """
+    t0 = time.perf_counter()
+    out_dir = Path(out_dir)
+    folder = read_folder(out_dir, manifest)
+    if asr is None or encoders is None:
+        loaded_asr, loaded_enc = load_models(options)
+        asr, encoders = asr or loaded_asr, loaded_enc if encoders is None else encoders
+    scorer = _Scorer(options, asr, encoders, _previous(out_dir))
+    by_id: dict[str, dict[str, Any]] = {}
+    scorable = [f for f in folder.rows if f.skip is None]
+    bs = max(1, options.asr.batch_size)
+    for start in range(0, len(scorable), bs):
+        batch = scorable[start:start + bs]
+        for rec in scorer.batch(batch):
+            by_id[rec["id"]] = rec
+        if progress is not None:
+            progress(len(batch))
+    records = []
+    for frow in folder.rows:
+        rec = by_id.get(frow.row.id)
+        if rec is None:
+            rec = _base_record(frow)
+            rec.update(status="skipped", skip_reason=frow.skip,
+                       synth_error=(frow.diagnostics or {}).get("error"))
+        elif rec["status"] == "error":
+            rec["models"] = scorer.models
+        records.append(rec)
+    return _finish(out_dir, folder, records, options, scorer, time.perf_counter() - t0)
+
+
+def _finish(out_dir: Path, folder: Folder, records: list[dict[str, Any]], options: EvalOptions,
+            scorer: _Scorer, wall: float) -> EvalResult:
+    t = options.thresholds
+    redo_rows: list[FolderRow] = []
+    if t.any:
+        for frow, rec in zip(folder.rows, records, strict=True):
+            bad = (rec["status"] == "ok" and rec.get("fails")) or (
+                options.redo_unsynthesized and rec["status"] == "skipped")
+            if bad:
+                rec["redo_seed"] = redo_seed(frow.row.id, current_seed(frow))
+                redo_rows.append(frow)
+    path = out_dir / EVAL_NAME
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        for rec in records:
+            fh.write(json.dumps(rec, ensure_ascii=False, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    redo_path = write_redo(out_dir, redo_rows) if t.any else None
+    extra = {"out_dir": str(out_dir), "manifest": str(folder.manifest), "invalid_rows": len(folder.invalid),
+             "not_in_manifest": len(folder.unknown_ids), "transcripts_reused": scorer.reused,
+             "redo": {"path": REDO_NAME, "rows": len(redo_rows)} if redo_path is not None else None,
+             "models": scorer.models, "wall_seconds": wall, "cosyclone": __version__}
+    summary = summarize(records, thresholds=t, backend=scorer.backend, extra=extra)
+    write_summary(out_dir, summary)
+    return EvalResult(records=records, summary=summary, redo_path=redo_path,
+                      redo_ids=[f.row.id for f in redo_rows])

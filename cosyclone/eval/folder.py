@@ -1,0 +1,101 @@
+"""Read a synthesis output folder as eval sees it: the manifest's rows, their WAVs and their status.
+
+Only the two things every version of the folder has are read: ``OUT/wavs/<id>.wav`` and
+``OUT/diagnostics.jsonl`` (one JSON object per line with at least ``id`` and ``status``; when an
+id has several lines the last one wins, a line that does not parse is skipped). The rows, their
+order and their fields come from the manifest the user names, so eval needs no other file of the
+folder and keeps working while the folder's bookkeeping evolves.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cosyclone.errors import CosycloneError, ManifestError
+from cosyclone.manifest import ManifestRow, read_manifest
+
+DIAGNOSTICS = "diagnostics.jsonl"
+WAVS = "wavs"
+
+# Why a manifest row is not scored.
+NOT_SYNTHESIZED = "not_synthesized"  # no diagnostics line for the id
+SYNTH_FAILED = "synth_failed"  # its latest diagnostics line says the row failed
+WAV_MISSING = "wav_missing"  # diagnostics say ok but the WAV is not there
+
+
+@dataclass(frozen=True)
+class FolderRow:
+    """One valid manifest row and what the folder holds for it."""
+
+    row: ManifestRow  # the validated manifest row (prompt_audio already absolute)
+    raw: dict[str, Any]  # the manifest line's JSON object as written (for redo.jsonl)
+    wav: Path  # OUT/wavs/<id>.wav (may not exist)
+    diagnostics: dict[str, Any] | None  # the row's latest diagnostics line
+    skip: str | None  # None when the row is scored, else one of the reasons above
+
+    @property
+    def seed(self) -> int | None:
+        """The seed that made the WAV (diagnostics), else the manifest's; None when neither says."""
+        d = self.diagnostics or {}
+        s = d.get("seed")
+        if isinstance(s, int) and not isinstance(s, bool):
+            return s
+        return self.row.seed
+
+
+@dataclass
+class Folder:
+    """The rows of a manifest as found in one output folder."""
+
+    out_dir: Path  # the synthesis output folder
+    manifest: Path  # the manifest that names the rows
+    rows: list[FolderRow] = field(default_factory=list)  # valid manifest rows, manifest order
+    invalid: list[ManifestError] = field(default_factory=list)  # manifest lines rejected by validation
+    unknown_ids: list[str] = field(default_factory=list)  # ids with diagnostics but not in the manifest
+
+
+def read_status(out_dir: Path) -> dict[str, dict[str, Any]]:
+    """The latest diagnostics object per id (last line wins; lines that do not parse are skipped)."""
+    path = Path(out_dir) / DIAGNOSTICS
+    found: dict[str, dict[str, Any]] = {}
+    if not path.is_file():
+        return found
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for raw in fh:
+            try:
+                obj = json.loads(raw)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(obj, dict) and isinstance(obj.get("id"), str):
+                found[obj["id"]] = obj
+    return found
+
+
+def read_folder(out_dir: str | Path, manifest: str | Path) -> Folder:
+    """Pair every valid row of ``manifest`` with its WAV and latest status in ``out_dir``."""
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir():
+        raise CosycloneError(f"{out_dir}: output folder not found")
+    m = read_manifest(manifest)
+    lines = Path(m.path).read_text(encoding="utf-8").splitlines()
+    status = read_status(out_dir)
+    folder = Folder(out_dir=out_dir, manifest=Path(m.path), invalid=list(m.errors))
+    for row in m.rows:
+        raw = json.loads(lines[row.line - 1])
+        wav = out_dir / WAVS / f"{row.id}.wav"
+        diag = status.get(row.id)
+        if diag is None:
+            skip: str | None = NOT_SYNTHESIZED
+        elif diag.get("status") != "ok":
+            skip = SYNTH_FAILED
+        elif not wav.is_file():
+            skip = WAV_MISSING
+        else:
+            skip = None
+        folder.rows.append(FolderRow(row=row, raw=raw, wav=wav, diagnostics=diag, skip=skip))
+    known = {r.row.id for r in folder.rows}
+    folder.unknown_ids = sorted(i for i in status if i not in known)
+    return folder
