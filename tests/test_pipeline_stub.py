@@ -99,7 +99,7 @@ def stubbed(monkeypatch: pytest.MonkeyPatch) -> None:
     dec.DecodeOptions, dec.generate = DecodeOptions, generate
     monkeypatch.setitem(sys.modules, "cosyclone.conditioning", cond)
     monkeypatch.setitem(sys.modules, "cosyclone.talker.decode", dec)
-    monkeypatch.setattr(pipeline, "load_stages", lambda cfg, policy, fmt: pipeline.Stages(
+    monkeypatch.setattr(pipeline, "load_stages", lambda cfg, policy, fmt, **kw: pipeline.Stages(
         cfg, policy, Frontend(), None, Flow(), Hift()))
 
 
