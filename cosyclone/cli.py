@@ -6,6 +6,7 @@ were produced); 2 = unusable input (manifest or model directory unreadable, bad 
 
 from __future__ import annotations
 
+import json
 import platform
 import sys
 import time
@@ -36,19 +37,95 @@ def _load_cfg(model_dir: Path | None, load_format: str):
     return released_config()
 
 
+TEXT_FRONTEND_HELP = ("wetext (the official normalizer: numbers, dates, units spelled out) | none (the official "
+                      "code without a normalizer: inflect spells digits only)")
+
+
 @app.command()
-def validate(manifest: Path = typer.Argument(..., help="JSONL manifest")) -> None:
-    """Validate a manifest (no model work); exit 3 when any row is rejected."""
-    from .manifest import read_manifest
+def validate(
+    manifest: Path = typer.Argument(..., help="JSONL manifest"),
+    model_dir: Path | None = typer.Option(None, "--model-dir",
+                                          help="model directory: its tokenizer gives the real token counts "
+                                               "(default: a built-in stand-in tokenizer)"),
+    show_text: bool = typer.Option(False, "--show-text", help="print each row's normalized segments and token counts"),
+    json_out: bool = typer.Option(False, "--json", help="one JSON object per manifest row on stdout: {id, mode, "
+                                                        "prompt_ids, segments: [{text, ids}]} or {id, error}"),
+    text_frontend: str = typer.Option("wetext", "--text-frontend", help=TEXT_FRONTEND_HELP),
+) -> None:
+    """Validate a manifest (no model weights are read); exit 3 when any row is rejected.
+
+    With --model-dir, --show-text or --json each row's text is also planned as the LLM will read
+    it (normalized, split, tokenized) and checked against the model's position limit.
+    """
+    from .errors import ManifestError
+    from .manifest import ManifestRow, read_manifest
+    from .pipeline import PROMPT_TOKENS_PER_SECOND
 
     try:
-        m = read_manifest(manifest)
+        m = read_manifest(manifest, text_frontend=text_frontend)
+        text, cfg = _text_side(model_dir, text_frontend) if (show_text or json_out or model_dir) else (None, None)
     except CosycloneError as exc:
         _fail(str(exc))
-    for err in m.errors:
+    report = sys.stderr if json_out else sys.stdout
+    if text is not None and model_dir is None:
+        typer.echo("note: no --model-dir: token counts come from the built-in stand-in tokenizer (bytes, not the "
+                   "model's vocabulary), so English segments can differ; give --model-dir for real counts",
+                   err=True)
+    entries: list[tuple[int, object]] = [(e.line or 0, e) for e in m.errors] + [(r.line, r) for r in m.rows]
+    rejected = len(m.errors)
+    for _, item in sorted(entries, key=lambda e: e[0]):
+        if not isinstance(item, ManifestRow):
+            _emit_row_error(manifest, item, json_out)
+            continue
+        if text is None:
+            continue
+        try:
+            plan = text.plan(item.mode, item.prompt_text, item.text, item.instruct, row_id=item.id)
+            speech = round(PROMPT_TOKENS_PER_SECOND * item.prompt_seconds) if item.mode == "zero_shot" else 0
+            plan.check_fit(max_positions=cfg.talker.qwen.max_position_embeddings,
+                           max_len_ratio=cfg.talker.max_len_ratio, prompt_speech_tokens=speech, row_id=item.id)
+        except CosycloneError as exc:
+            rejected += 1
+            reason = str(exc).removeprefix(f"row {item.id!r}: ")
+            _emit_row_error(manifest, ManifestError(reason, line=item.line, field="text", row_id=item.id), json_out)
+            continue
+        if json_out:
+            typer.echo(json.dumps({"id": item.id, "mode": item.mode, "prompt_ids": list(plan.prompt_ids),
+                                   "segments": [{"text": s.text, "ids": list(s.ids)} for s in plan.segments]},
+                                  ensure_ascii=False))
+        elif show_text:
+            typer.echo(f"line {item.line}, id {item.id!r}, {item.mode}: prompt {len(plan.prompt_ids)} tokens"
+                       + (f" {plan.prompt_text!r}" if plan.prompt_text else ""))
+            for i, seg in enumerate(plan.segments, start=1):
+                typer.echo(f"  segment {i}/{len(plan.segments)}, {len(seg.ids)} tokens: {seg.text}")
+    typer.echo(f"{len(m.rows) + len(m.errors) - rejected} valid rows, {rejected} rejected", file=report)
+    raise typer.Exit(EXIT_ROWS_FAILED if rejected else EXIT_OK)
+
+
+def _text_side(model_dir: Path | None, text_frontend: str):
+    """(TextFrontend, the config whose position limits apply) for ``validate``; no weights are read.
+
+    Without a model directory the built-in stand-in tokenizer is used, as dummy runs do.
+    """
+    from .config import QWEN_DIR, load_model_config, released_config
+    from .frontend.text import TextFrontend
+
+    if model_dir is not None:
+        cfg = load_model_config(model_dir)
+        return TextFrontend(model_dir / QWEN_DIR, text_frontend=text_frontend), cfg
+    import tempfile
+
+    from .frontend.tiny_assets import write_tiny_tokenizer
+
+    qwen = write_tiny_tokenizer(Path(tempfile.mkdtemp(prefix="cosyclone-validate-")) / QWEN_DIR)
+    return TextFrontend(qwen, text_frontend=text_frontend), released_config()
+
+
+def _emit_row_error(manifest: Path, err, json_out: bool) -> None:
+    if json_out:
+        typer.echo(json.dumps({"id": err.row_id, "error": str(err)}, ensure_ascii=False))
+    else:
         typer.echo(f"{manifest}: {err}")
-    typer.echo(f"{len(m.rows)} valid rows, {len(m.errors)} rejected")
-    raise typer.Exit(EXIT_ROWS_FAILED if m.errors else EXIT_OK)
 
 
 @app.command()
@@ -83,6 +160,7 @@ def synth(
                                                "(with --max-tokens equal: exactly that many, for benchmarks)"),
     n_timesteps: int | None = typer.Option(None, help="flow Euler steps"),
     float_wav: bool = typer.Option(False, help="32-bit float WAVs instead of PCM16"),
+    text_frontend: str = typer.Option("wetext", "--text-frontend", help=TEXT_FRONTEND_HELP),
 ) -> None:
     """Synthesize every row of MANIFEST into OUT/wavs/<id>.wav plus diagnostics and a summary."""
     from .device import resolve
@@ -92,7 +170,7 @@ def synth(
 
     t_start = time.perf_counter()
     try:
-        m = read_manifest(manifest)
+        m = read_manifest(manifest, text_frontend=text_frontend)
         if shard:
             m = m.shard(Shard.parse(shard))
         for name, value, allowed in (("--nonfinite-policy", nonfinite_policy, ("exclude", "error", "legacy-zero")),
@@ -134,9 +212,9 @@ def synth(
                       win_size=win_size, tau_r=tau_r, nonfinite_policy=nonfinite_policy, draw=draw,
                       max_tokens=max_tokens, min_tokens=min_tokens, n_timesteps=n_timesteps,
                       load_format="dummy" if load_format == "dummy" else "auto", nonfinite_audio=nonfinite_audio,
-                      device=policy.device.type, dtype=policy.dtype_name)
+                      device=policy.device.type, dtype=policy.dtype_name, text_frontend=text_frontend)
     try:
-        stages = load_stages(cfg, policy, opts.load_format) if todo else None
+        stages = load_stages(cfg, policy, opts.load_format, text_frontend=opts.text_frontend) if todo else None
     except CosycloneError as exc:
         _fail(str(exc))
     from tqdm import tqdm
@@ -192,7 +270,8 @@ def _summary(records, m, done, opts, cfg, policy, out, wall, total_wall, model_d
         "audio_seconds": audio, "wall_seconds": wall, "total_wall_seconds": total_wall,
         "throughput_audio_s_per_s": audio / wall if wall > 0 else 0.0,
         "rtf": wall / audio if audio > 0 else None,
-        "versions": {"cosyclone": __version__, "torch": torch.__version__, "python": platform.python_version()},
+        "versions": {"cosyclone": __version__, "torch": torch.__version__, "python": platform.python_version(),
+                     **_text_versions(opts.text_frontend)},
         "model_dir": str(model_dir) if model_dir else None, "model_yaml_sha256": cfg.yaml_sha256 or None,
         "load_format": load_format, "device": str(policy.device), "dtype": policy.dtype_name,
         "dtype_requested": policy.requested_dtype,
@@ -201,6 +280,13 @@ def _summary(records, m, done, opts, cfg, policy, out, wall, total_wall, model_d
 
 
 app.command("eval")(eval_command)  # cosyclone/eval/command.py (models from the optional eval extra)
+
+
+def _text_versions(text_frontend: str) -> dict[str, str]:
+    """The text normalizer's package versions (they change what the model reads)."""
+    from .frontend.normalize import get_normalizer
+
+    return {k: v for k, v in get_normalizer(text_frontend).version().items() if k != "text_frontend"}
 
 
 @app.command("make-tiny-model")

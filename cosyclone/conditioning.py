@@ -26,6 +26,7 @@ class Request:
     text_ids: LongTensor (L,) = prompt text ids ++ target segment ids (what the LLM reads).
     target_len: number of target ids at the end of text_ids (min/max length count only these).
     embed: {"speech_token": (P,) long, "speech_feat": (2P, 80) float32, "embedding": (192,) float32}.
+    segment_text: the normalized text of this segment (what the target ids spell), for the run record.
     """
 
     row_id: str
@@ -37,6 +38,7 @@ class Request:
     speed: float = 1.0
     mode: str = "zero_shot"
     meta: dict[str, Any] = field(default_factory=dict)
+    segment_text: str = ""  # normalized segment text (cross_lingual: with the system prefix); target_len counts its ids
 
     def __post_init__(self) -> None:
         tok, feat = self.embed["speech_token"], self.embed["speech_feat"]
@@ -45,6 +47,11 @@ class Request:
                                  f"{tok.shape[0]} prompt tokens (must be exactly 2x)")
         if not 0 < self.target_len <= self.text_ids.numel():
             raise CosycloneError(f"row {self.row_id!r}: target_len {self.target_len} outside 1..{self.text_ids.numel()}")
+
+    @property
+    def prompt_len(self) -> int:
+        """Number of prompt-text ids at the start of ``text_ids`` (0 in cross_lingual)."""
+        return int(self.text_ids.numel()) - self.target_len
 
     @property
     def llm_prompt_tokens(self) -> torch.Tensor:
@@ -79,7 +86,7 @@ def _pad(seqs: Sequence[torch.Tensor], value: float = 0) -> tuple[torch.Tensor, 
 def batch_requests(reqs: Sequence[Request]) -> dict[str, Any]:
     """Pad requests into one nested dict (all tensors batch-first, lengths alongside).
 
-    {"row_id": [str], "segment": [int], "seed": [int], "speed": [float], "mode": [str],
+    {"row_id": [str], "segment": [int], "seed": [int], "speed": [float], "mode": [str], "segment_text": [str],
      "text_ids": (B, L) long, "text_len": (B,), "target_len": (B,),
      "llm_prompt_token": (B, P') long, "llm_prompt_token_len": (B,),
      "embed": {"speech_token": (B, P) long, "speech_token_len": (B,),
@@ -94,7 +101,7 @@ def batch_requests(reqs: Sequence[Request]) -> dict[str, Any]:
     return {
         "row_id": [r.row_id for r in reqs], "segment": [r.segment for r in reqs],
         "seed": [int(r.seed) for r in reqs], "speed": [float(r.speed) for r in reqs],
-        "mode": [r.mode for r in reqs],
+        "mode": [r.mode for r in reqs], "segment_text": [r.segment_text for r in reqs],
         "text_ids": text, "text_len": text_len,
         "target_len": torch.tensor([r.target_len for r in reqs], dtype=torch.long),
         "llm_prompt_token": llm_tok, "llm_prompt_token_len": llm_len,
@@ -113,6 +120,7 @@ def unbatch(batch: Mapping[str, Any]) -> list[dict[str, Any]]:
         rows.append({
             "row_id": row_id, "segment": int(batch["segment"][i]), "seed": int(batch["seed"][i]),
             "speed": float(batch["speed"][i]), "mode": batch["mode"][i],
+            "segment_text": str(batch.get("segment_text", [""] * len(batch["row_id"]))[i]),
             "text_ids": batch["text_ids"][i, :int(batch["text_len"][i])].clone(),
             "target_len": int(batch["target_len"][i]),
             "embed": {"speech_token": emb["speech_token"][i, :p].clone(),

@@ -5,8 +5,14 @@ Validation is per row: a bad row becomes a :class:`~cosyclone.errors.ManifestErr
 read at all (missing, not UTF-8) is "unusable input" for the whole run.
 
 Schema (see README): ``id`` (safe file name), ``prompt_audio`` (path relative to the manifest's
-folder), ``prompt_text``, ``text``; optional ``mode`` (zero_shot | cross_lingual | instruct2),
-``instruct`` (required for instruct2), ``seed`` (int), ``speed`` (positive number).
+folder), ``text``; optional ``mode`` (zero_shot | cross_lingual | instruct2), ``prompt_text`` (the
+prompt's transcript: required for zero_shot, the only mode whose LLM reads it; ignored otherwise, as
+officially), ``instruct`` (required for instruct2), ``seed`` (int), ``speed`` (positive number).
+
+A ``text`` is checked as the model will read it: blank, or nothing left to speak once normalized
+(only emoji, only punctuation such as "..."), or a system prefix where the mode has none, is an
+error of that row. The normalizer is loaded once per process, and what it produced here is reused
+by the frontend (see :mod:`cosyclone.frontend.normalize`).
 """
 
 from __future__ import annotations
@@ -19,8 +25,8 @@ from pathlib import Path
 from .errors import CosycloneError, ManifestError
 
 MODES = ("zero_shot", "cross_lingual", "instruct2")
-REQUIRED = ("id", "prompt_audio", "prompt_text", "text")
-OPTIONAL = ("mode", "instruct", "seed", "speed")
+REQUIRED = ("id", "prompt_audio", "text")
+OPTIONAL = ("mode", "prompt_text", "instruct", "seed", "speed")
 KNOWN = frozenset(REQUIRED + OPTIONAL)
 _UNSAFE_CHARS = ("/", "\\", "\x00", ":")
 
@@ -32,8 +38,8 @@ class ManifestRow:
     line: int  # 1-based line number in the manifest file
     id: str  # unique, safe as a file name (wavs/<id>.wav)
     prompt_audio: Path  # absolute path of the reference recording
-    prompt_text: str  # transcript of the reference recording (may be empty for cross_lingual)
-    text: str  # text to synthesize (non-empty)
+    prompt_text: str  # transcript of the reference recording ("" when absent; zero_shot requires it)
+    text: str  # text to synthesize (something to speak)
     mode: str = "zero_shot"  # zero_shot | cross_lingual | instruct2
     instruct: str = ""  # instruction text (instruct2 only)
     seed: int | None = None  # per-row seed; None derives one from the run seed and the id
@@ -111,8 +117,13 @@ def _check_audio(path: Path) -> tuple[str | None, float]:
     return None, seconds
 
 
-def parse_row(obj: object, *, line: int, base: Path, check_audio: bool = True) -> ManifestRow:
-    """Validate one decoded JSON object; raise :class:`ManifestError` naming line and field."""
+def parse_row(obj: object, *, line: int, base: Path, check_audio: bool = True,
+              text_frontend: str | None = "wetext") -> ManifestRow:
+    """Validate one decoded JSON object; raise :class:`ManifestError` naming line and field.
+
+    ``text_frontend`` (wetext | none) normalizes ``text`` to check it has something to speak;
+    None skips that check (the other text checks remain).
+    """
     if not isinstance(obj, dict):
         raise ManifestError("each line must be a JSON object", line=line)
     rid = obj.get("id")
@@ -132,17 +143,21 @@ def parse_row(obj: object, *, line: int, base: Path, check_audio: bool = True) -
             raise ManifestError("must be a string", line=line, field=name, row_id=rid_s)
     text = obj["text"]
     if not text.strip():
-        raise ManifestError("text is empty", line=line, field="text", row_id=rid_s)
+        raise ManifestError("text is empty or only whitespace", line=line, field="text", row_id=rid_s)
     mode = obj.get("mode", "zero_shot")
     if mode not in MODES:
         raise ManifestError(f"mode {mode!r} is not one of {', '.join(MODES)}", line=line, field="mode",
                             row_id=rid_s)
+    prompt_text = obj.get("prompt_text", "") or ""
     instruct = obj.get("instruct", "") or ""
     if mode == "instruct2" and not instruct.strip():
         raise ManifestError("instruct2 needs a non-empty instruct", line=line, field="instruct", row_id=rid_s)
-    if mode == "zero_shot" and not obj["prompt_text"].strip():
+    if mode == "zero_shot" and not prompt_text.strip():
         raise ManifestError("zero_shot needs the prompt's transcript", line=line, field="prompt_text",
                             row_id=rid_s)
+    problem = _text_problem(mode, text, text_frontend)
+    if problem:
+        raise ManifestError(problem, line=line, field="text", row_id=rid_s)
     seed = obj.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise ManifestError("seed must be a non-negative integer", line=line, field="seed", row_id=rid_s)
@@ -158,17 +173,34 @@ def parse_row(obj: object, *, line: int, base: Path, check_audio: bool = True) -
         why, seconds = _check_audio(audio)
         if why:
             raise ManifestError(why, line=line, field="prompt_audio", row_id=rid_s)
-    return ManifestRow(line=line, id=rid, prompt_audio=audio, prompt_text=obj["prompt_text"], text=text,
+    return ManifestRow(line=line, id=rid, prompt_audio=audio, prompt_text=prompt_text, text=text,
                        mode=mode, instruct=instruct, seed=seed, speed=float(speed), prompt_seconds=seconds)
 
 
-def read_manifest(path: str | Path, *, check_audio: bool = True) -> Manifest:
+def _text_problem(mode: str, text: str, text_frontend: str | None) -> str | None:
+    from .frontend.text import target_parts, text_problem
+
+    if text_frontend is None:
+        try:
+            target_parts(mode, text)
+        except CosycloneError as exc:
+            return str(exc)
+        return None
+    return text_problem(mode, text, text_frontend=text_frontend)
+
+
+def read_manifest(path: str | Path, *, check_audio: bool = True, text_frontend: str | None = "wetext") -> Manifest:
     """Read and validate a JSONL manifest; per-row problems land in ``Manifest.errors``.
 
-    Raises :class:`CosycloneError` only when the file itself is unusable (missing, not UTF-8).
-    Duplicate ids: the first occurrence is kept, later ones are errors.
+    Raises :class:`CosycloneError` only when the file itself is unusable (missing, not UTF-8) or
+    the text normalizer ``text_frontend`` cannot be loaded. Duplicate ids: the first occurrence is
+    kept, later ones are errors.
     """
     path = Path(path).expanduser()
+    if text_frontend is not None:
+        from .frontend.normalize import get_normalizer
+
+        get_normalizer(text_frontend)  # a missing or broken normalizer stops here, before any row
     if not path.is_file():
         raise CosycloneError(f"{path}: manifest not found")
     try:
@@ -189,7 +221,7 @@ def read_manifest(path: str | Path, *, check_audio: bool = True) -> Manifest:
             out.errors.append(ManifestError(f"invalid JSON: {exc.msg} (column {exc.colno})", line=number))
             continue
         try:
-            row = parse_row(obj, line=number, base=base, check_audio=check_audio)
+            row = parse_row(obj, line=number, base=base, check_audio=check_audio, text_frontend=text_frontend)
         except ManifestError as exc:
             out.errors.append(exc)
             continue

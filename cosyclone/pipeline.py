@@ -60,6 +60,7 @@ class RunOptions:
     min_tokens: int | None = None  # stop ids blocked below this many tokens per segment (bench: min = max)
     n_timesteps: int | None = None  # flow Euler steps (None = model yaml, 10)
     load_format: str = "auto"  # auto (read the .pt files) | dummy (random weights)
+    text_frontend: str = "wetext"  # wetext (official normalizer) | none (official code without one)
     nonfinite_audio: str = "fail"  # fail | zero (LEGACY): what a NaN/inf audio sample does (NONFINITE_AUDIO_POLICIES)
     device: str = "cpu"  # resolved device type the stages run on (recorded; never "auto")
     dtype: str = "fp32"  # resolved run dtype fp32 | bf16 | fp16 (recorded; never "auto"; see device.py)
@@ -122,7 +123,8 @@ class Stages:
     hift: Any
 
 
-def load_stages(cfg: ModelConfig, policy: DevicePolicy, load_format: str) -> Stages:
+def load_stages(cfg: ModelConfig, policy: DevicePolicy, load_format: str, *,
+                text_frontend: str = "wetext") -> Stages:
     """Build frontend and the three models (``load_format`` dummy reads no weight file)."""
     from dataclasses import replace
 
@@ -141,8 +143,8 @@ def load_stages(cfg: ModelConfig, policy: DevicePolicy, load_format: str) -> Sta
         from .tiny import builtin_frontend_dir
 
         frontend_cfg = replace(cfg, model_dir=builtin_frontend_dir())
-    return Stages(cfg=cfg, policy=policy, frontend=Frontend(frontend_cfg), talker=talker, flow=flow,
-                  hift=hift)
+    return Stages(cfg=cfg, policy=policy, frontend=Frontend(frontend_cfg, text_frontend=text_frontend),
+                  talker=talker, flow=flow, hift=hift)
 
 
 def _sampler_options(cfg: ModelConfig, opts: RunOptions) -> Any:

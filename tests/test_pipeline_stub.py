@@ -90,7 +90,7 @@ def stubbed(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(cond, "to_talker_request", lambda r: r)
     monkeypatch.setattr(dec, "generate", generate)
-    monkeypatch.setattr(pipeline, "load_stages", lambda cfg, policy, fmt: pipeline.Stages(
+    monkeypatch.setattr(pipeline, "load_stages", lambda cfg, policy, fmt, **kw: pipeline.Stages(
         cfg, policy, Frontend(), None, Flow(), Hift()))
 
 

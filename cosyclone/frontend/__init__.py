@@ -2,7 +2,8 @@
 
 Prompt features (tokens, CAM++ embedding, flow mel) are computed once per row and shared by all
 of its segments. Modules: audio (load/resample), features (mels, fbank), onnx (sessions),
-text (tokenizer, prompt formats, normalization), tiny_assets (test stand-ins).
+text (tokenizer, what the LLM reads per mode), normalize (the official text normalization),
+tiny_assets (test stand-ins).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from cosyclone.conditioning import Request
+from cosyclone.conditioning import LLM_PROMPT_MODES, Request
 from cosyclone.config import QWEN_DIR, ModelConfig
 from cosyclone.frontend.audio import check_prompt, load_audio, resample
 from cosyclone.frontend.features import align_prompt, flow_mel
@@ -28,10 +29,11 @@ class PromptFeatures(dict):
 class Frontend:
     """Builds conditioning for the talker/flow from a model directory's ONNX models and tokenizer."""
 
-    def __init__(self, cfg: ModelConfig, providers: list[str] | None = None) -> None:
+    def __init__(self, cfg: ModelConfig, providers: list[str] | None = None, *,
+                 text_frontend: str = "wetext") -> None:
         self.cfg = cfg
+        self.text = TextFrontend(cfg.path(QWEN_DIR), text_frontend=text_frontend)  # fails first when unusable
         self.onnx = OnnxModels(cfg.path("campplus.onnx").parent, providers)
-        self.text = TextFrontend(cfg.path(QWEN_DIR))
 
     def prompt_features(self, prompt_audio: str | Path | tuple[torch.Tensor, int], *,
                         row_id: str | None = None) -> PromptFeatures:
@@ -58,12 +60,21 @@ class Frontend:
     def prepare(self, row_id: str, prompt_audio: str | Path | tuple[torch.Tensor, int],
                 prompt_text: str | None, text: str, mode: str = "zero_shot", instruct: str | None = None,
                 seed: int = 0, speed: float = 1.0) -> list[Request]:
-        """One :class:`Request` per target segment; text is checked before any audio work."""
-        prompt_ids, segments = self.text.build_text(mode, prompt_text, text, instruct, row_id=row_id)
+        """One :class:`Request` per target segment; text is checked before any audio work.
+
+        Each Request carries its segment's normalized text (``segment_text``) and target id count
+        (``target_len``), so the run record shows what the model read. A segment that could
+        overflow the LLM's positions is refused here, before the talker.
+        """
+        plan = self.text.plan(mode, prompt_text, text, instruct, row_id=row_id)
         feats = self.prompt_features(prompt_audio, row_id=row_id)
+        llm_speech = int(feats["speech_token"].numel()) if mode in LLM_PROMPT_MODES else 0
+        talker = self.cfg.talker
+        plan.check_fit(max_positions=talker.qwen.max_position_embeddings, max_len_ratio=talker.max_len_ratio,
+                       prompt_speech_tokens=llm_speech, row_id=row_id)
         out = []
-        for i, seg in enumerate(segments):
-            ids = torch.tensor(prompt_ids + seg, dtype=torch.long)
-            out.append(Request(row_id=row_id, segment=i, text_ids=ids, target_len=len(seg),
-                               embed=dict(feats), seed=seed, speed=speed, mode=mode))
+        for i, seg in enumerate(plan.segments):
+            ids = torch.tensor(plan.prompt_ids + seg.ids, dtype=torch.long)
+            out.append(Request(row_id=row_id, segment=i, text_ids=ids, target_len=len(seg.ids),
+                               embed=dict(feats), seed=seed, speed=speed, mode=mode, segment_text=seg.text))
         return out

@@ -1,23 +1,30 @@
-"""Text side of the frontend: CosyVoice3 tokenizer, prompt formats, normalization and splitting.
+"""Text side of the frontend: the CosyVoice3 tokenizer and what the LLM reads in each mode.
 
-The LLM refuses input without ``<|endofprompt|>`` (id 151646) — pitfall 7 — so every mode's
-prompt is checked here; a missing system prefix is added (never sent silently broken).
-Normalization follows spec 1.4 without external tools (wetext/inflect are used when installed).
+One rule for every mode (docs/text_frontend.md): a row written as the official README writes it
+gets the official ids, and a row that leaves the system prefix out gets the ids of the same row
+with it. zero_shot: ``You are a helpful assistant.<|endofprompt|>`` + transcript is the prompt
+(verbatim: the markup switches normalization off, as officially). cross_lingual: the prefix goes in
+front of the target text, verbatim; a text the official splitter cuts into several segments is
+normalized and split like any other, with the prefix in front of every segment. instruct2:
+``You are a helpful assistant. <instruction><|endofprompt|>`` is the prompt. The target text is
+normalized and split by :mod:`cosyclone.frontend.normalize`. The LLM refuses input without
+``<|endofprompt|>`` (id 151646), so every plan is checked for it.
 """
 
 from __future__ import annotations
 
-import re
-import unicodedata
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from cosyclone.config import ENDOFPROMPT, SYSTEM_PREFIX
 from cosyclone.errors import CosycloneError
+from cosyclone.frontend.normalize import TextError, get_normalizer, has_speech
 
 ENDOFPROMPT_ID = 151646
 MODES = ("zero_shot", "cross_lingual", "instruct2")
-INSTRUCT_PREFIX = "You are a helpful assistant. "
+INSTRUCT_SYSTEM = "You are a helpful assistant."  # what the official README's instructions start with
+INSTRUCT_PREFIX = INSTRUCT_SYSTEM + " "
+
 
 def _words(s: str) -> list[str]:
     return s.split()
@@ -39,138 +46,113 @@ SPECIAL_TOKENS: list[str] = ["<|im_start|>", "<|im_end|>", *_NAMED, *[f"[{p}]" f
 assert len(_CMU) == 84 and len(_PINYIN) == 176 and len(SPECIAL_TOKENS) == 280
 
 
-class TextError(CosycloneError):
-    """Text input cannot be turned into a valid CosyVoice3 prompt."""
+__all__ = ["ENDOFPROMPT_ID", "MODES", "SPECIAL_TOKENS", "Segment", "TextError", "TextFrontend", "TextPlan",
+           "instruct_prompt", "target_parts", "text_problem", "zero_shot_prompt"]
 
 
 # ---------------------------------------------------------------------------------------------
-# Numbers → English words (inflect style: "one hundred and twenty-three")
-
-_ONES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
-         "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
-_TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
-_SCALES = ["", "thousand", "million", "billion", "trillion", "quadrillion"]
+# The prompt of each mode (tokenizer-free, shared with manifest validation)
 
 
-def _under_1000(n: int) -> str:
-    """0 < n < 1000 in words."""
-    parts = []
-    if n >= 100:
-        parts.append(f"{_ONES[n // 100]} hundred")
-        n %= 100
-        if n:
-            parts.append("and")
-    if n >= 20:
-        parts.append(_TENS[n // 10] + (f"-{_ONES[n % 10]}" if n % 10 else ""))
-    elif n:
-        parts.append(_ONES[n])
-    return " ".join(parts)
+def zero_shot_prompt(prompt_text: str) -> str:
+    """The zero_shot prompt text: the transcript behind the system prefix (kept when already there)."""
+    return prompt_text if ENDOFPROMPT in prompt_text else SYSTEM_PREFIX + prompt_text
 
 
-def number_to_words(digits: str) -> str:
-    """A digit string → English words; over 18 digits it is read digit by digit."""
-    n = int(digits)
-    if n == 0:
-        return "zero"
-    if len(digits.lstrip("0")) > 18:
-        return " ".join(_ONES[int(d)] for d in digits)
-    groups = []
-    scale = 0
-    while n:
-        n, rem = divmod(n, 1000)
-        if rem:
-            groups.append((scale, rem))
-        scale += 1
-    words = []
-    for i, (sc, rem) in enumerate(reversed(groups)):
-        w = _under_1000(rem)
-        if i == len(groups) - 1 and sc == 0 and rem < 100 and len(groups) > 1:
-            w = "and " + w
-        words.append(w + (f" {_SCALES[sc]}" if sc else ""))
-    return ", ".join(words).replace(", and ", " and ")
+def instruct_prompt(instruct: str) -> str:
+    """The instruct2 prompt: ``You are a helpful assistant. <instruction><|endofprompt|>``.
+
+    An instruction that already holds ``<|endofprompt|>`` is used as written; one that starts with
+    the system sentence only gets the closing ``<|endofprompt|>``.
+    """
+    if ENDOFPROMPT in instruct:
+        return instruct
+    if instruct.startswith(INSTRUCT_SYSTEM):
+        return instruct + ENDOFPROMPT
+    return INSTRUCT_PREFIX + instruct + ENDOFPROMPT
 
 
-def _spell_numbers(text: str) -> str:
+def target_parts(mode: str, text: str) -> tuple[str, str]:
+    """(system part, text to speak) of a row's target text; raises :class:`TextError` when misplaced.
+
+    cross_lingual: everything up to the first ``<|endofprompt|>`` is the system part (the prefix
+    when the row leaves it out). Other modes: no system part; ``<|endofprompt|>`` in the target
+    would make the LLM read a second system prompt, so it is refused.
+    """
+    if mode == "cross_lingual":
+        cut = text.find(ENDOFPROMPT)
+        head, body = (SYSTEM_PREFIX, text) if cut < 0 else (text[:cut + len(ENDOFPROMPT)], text[cut + len(ENDOFPROMPT):])
+        if ENDOFPROMPT in body:
+            raise TextError(f"text holds {ENDOFPROMPT} more than once")
+        return head, body
+    if ENDOFPROMPT in text:
+        where = "prompt_text" if mode == "zero_shot" else "instruct"
+        raise TextError(f"text must not contain {ENDOFPROMPT} in {mode} (the system prompt belongs in {where})")
+    return "", text
+
+
+def text_problem(mode: str, text: str, *, text_frontend: str = "wetext") -> str | None:
+    """Why ``text`` cannot be spoken in ``mode`` (None when it can); no tokenizer needed."""
+    if not text.strip():
+        return "text is empty or only whitespace"
     try:
-        import inflect  # optional, the upstream choice
-        eng = inflect.engine()
-
-        def conv(m: re.Match[str]) -> str:
-            return str(eng.number_to_words(m.group()))
-    except ImportError:
-        def conv(m: re.Match[str]) -> str:
-            return number_to_words(m.group())
-    return re.sub(r"\d+", conv, text)
-
-
-# ---------------------------------------------------------------------------------------------
-# Normalization and splitting (spec 1.4)
-
-_ZH_MARKS = "。？！；：、.?!;"
-_EN_MARKS = ".?!;:"
-
-
-def _is_only_punct(s: str) -> bool:
-    return all(unicodedata.category(c)[0] in "PS" for c in s)
-
-
-def _contains_zh(text: str) -> bool:
-    return any("\u4e00" <= c <= "\u9fff" for c in text)
-
-
-def split_paragraph(text: str, length: Callable[[str], int], lang: str, token_max_n: int = 80,
-                    token_min_n: int = 60, merge_len: int = 20) -> list[str]:
-    """Cut after sentence marks, then greedily pack pieces into segments of ~60..80 units."""
-    marks = _ZH_MARKS if lang == "zh" else _EN_MARKS
-    if text and text[-1] not in marks:
-        text += "。" if lang == "zh" else "."
-    pieces: list[str] = []
-    start = 0
-    i = 0
-    while i < len(text):
-        if text[i] in marks:
-            end = i + 1
-            if end < len(text) and text[end] in "\"”":
-                end += 1
-            pieces.append(text[start:end])
-            start = i = end
-            continue
-        i += 1
-    if start < len(text):
-        pieces.append(text[start:])
-    out: list[str] = []
-    cur = ""
-    for piece in pieces:
-        if length(cur + piece) > token_max_n and length(cur) > token_min_n:
-            out.append(cur)
-            cur = ""
-        cur += piece
-    if cur:
-        if length(cur) < merge_len and out:
-            out[-1] += cur
-        else:
-            out.append(cur)
-    return out
-
-
-def _zh_rules(text: str) -> str:
-    text = text.replace("\n", "")
-    text = re.sub(r"(?<=[^\x21-\x7e]) | (?=[^\x21-\x7e])|^ | $", "", text)
-    text = re.sub(r"(?<![\x21-\x7e]) (?![\x21-\x7e])", "", text)
-    text = text.replace("²", "平方").replace("³", "立方").replace(".", "。").replace(" - ", "，")
-    text = re.sub(r"[（）【】`]", "", text).replace("——", " ")
-    return re.sub(r"[，,、]+$", "。", text)
+        _, body = target_parts(mode, text)
+    except TextError as exc:
+        return str(exc)
+    if not body.strip():
+        return "text has nothing after the system prefix"
+    if not get_normalizer(text_frontend).speakable(body):
+        return "text has nothing to speak (only punctuation, symbols or emoji)"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One target segment: the text the LLM reads after the prompt, and its ids."""
+
+    text: str  # normalized segment (cross_lingual: with the system part in front)
+    ids: tuple[int, ...]  # its token ids
+
+
+@dataclass(frozen=True)
+class TextPlan:
+    """What the LLM reads for one row: ``prompt_ids + segment.ids`` for each segment."""
+
+    mode: str  # zero_shot | cross_lingual | instruct2
+    prompt_text: str  # the prompt text as tokenized ("" for cross_lingual)
+    prompt_ids: tuple[int, ...]  # its ids (() for cross_lingual)
+    segments: tuple[Segment, ...]  # at least one
+
+    def positions(self, index: int, *, prompt_speech_tokens: int, max_len_ratio: float) -> int:
+        """LLM positions segment ``index`` can need: sos, text, task id, prompt speech, longest decode."""
+        n = len(self.segments[index].ids)
+        return 2 + len(self.prompt_ids) + n + prompt_speech_tokens + max(1, int(max_len_ratio * n))
+
+    def check_fit(self, *, max_positions: int, max_len_ratio: float, prompt_speech_tokens: int = 0,
+                  row_id: str | None = None) -> None:
+        """Raise :class:`TextError` when a segment cannot fit the LLM's ``max_positions``."""
+        where = f"row {row_id!r}: " if row_id is not None else ""
+        for i in range(len(self.segments)):
+            need = self.positions(i, prompt_speech_tokens=prompt_speech_tokens, max_len_ratio=max_len_ratio)
+            if need > max_positions:
+                raise TextError(
+                    f"{where}segment {i + 1} of {len(self.segments)} has {len(self.segments[i].ids)} text tokens and "
+                    f"can need {need} positions (with {len(self.prompt_ids)} prompt tokens and "
+                    f"{prompt_speech_tokens} prompt speech tokens); the model has {max_positions}. Add sentence "
+                    f"punctuation so the text can be split, or shorten it")
 
 
 class TextFrontend:
-    """Qwen2 tokenizer + CosyVoice3's added tokens, prompt assembly and text normalization."""
+    """Qwen2 tokenizer + CosyVoice3's added tokens, and the per-mode plan of what the LLM reads."""
 
-    def __init__(self, qwen_dir: str | Path, *, text_frontend: bool = True) -> None:
+    def __init__(self, qwen_dir: str | Path, *, text_frontend: str = "wetext") -> None:
         from transformers import AutoTokenizer
 
+        self.normalizer = get_normalizer(text_frontend)  # first: a missing normalizer fails at load
+        self.text_frontend = text_frontend
         self.qwen_dir = Path(qwen_dir)
         try:
             tok = AutoTokenizer.from_pretrained(str(self.qwen_dir))
@@ -183,69 +165,58 @@ class TextFrontend:
             raise CosycloneError(f"tokenizer in {self.qwen_dir}: {ENDOFPROMPT} got id {got}, expected "
                                  f"{ENDOFPROMPT_ID} — this is not the CosyVoice-BlankEN tokenizer")
         self.tokenizer = tok
-        self.text_frontend = text_frontend
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (no BOS/EOS; added tokens matched atomically)."""
         return [int(i) for i in self.tokenizer([text])["input_ids"][0]]
 
-    def normalize(self, text: str, split: bool = True) -> list[str]:
-        """Spec 1.4: text → segments (or a one-element list when ``split`` is False)."""
-        if not self.text_frontend or not text or ("<|" in text and "|>" in text):
-            return [text]
-        text = text.strip()
-        try:
-            from wetext import Normalizer  # optional
-            text = Normalizer(lang="zh" if _contains_zh(text) else "en").normalize(text)
-        except Exception:  # not installed, or its API differs: the built-in rules below suffice
-            pass
-        if _contains_zh(text):
-            text = _zh_rules(text)
-            segs = split_paragraph(text, len, "zh") if split else [text]
-        else:
-            text = _spell_numbers(text)
-            segs = split_paragraph(text, lambda s: len(self.encode(s)), "en") if split else [text]
-        segs = [s for s in segs if not _is_only_punct(s)]
-        return segs if split else segs[:1] or [text]
+    def count_tokens(self, text: str) -> int:
+        """Number of ids of ``text`` (the splitter's length for non-Chinese text)."""
+        return len(self.tokenizer([text])["input_ids"][0])
 
-    def build_text(self, mode: str, prompt_text: str | None, text: str, instruct: str | None = None,
-                   *, row_id: str | None = None) -> tuple[list[int], list[list[int]]]:
-        """(prompt ids, per-segment target ids) for a mode; 151646 is guaranteed to occur.
+    def segments(self, text: str) -> list[str]:
+        """The official ``text_normalize(text, split=True)`` with this tokenizer's lengths."""
+        return self.normalizer.segments(text, self.count_tokens)
 
-        zero_shot: SYSTEM_PREFIX + transcript, tokenized apart from each target segment.
-        cross_lingual: no prompt text; the prefix goes in front of the target (one segment).
-        instruct2: "You are a helpful assistant. <instruction><|endofprompt|>" as prompt text.
-        """
+    def plan(self, mode: str, prompt_text: str | None, text: str, instruct: str | None = None, *,
+             row_id: str | None = None) -> TextPlan:
+        """The row's :class:`TextPlan`; raises :class:`TextError` naming the row when it cannot be spoken."""
         where = f"row {row_id!r}: " if row_id is not None else ""
         if mode not in MODES:
             raise TextError(f"{where}unknown mode {mode!r}; expected one of {', '.join(MODES)}")
-        if not text or not text.strip():
-            raise TextError(f"{where}empty target text")
+        problem = text_problem(mode, text or "", text_frontend=self.text_frontend)
+        if problem:
+            raise TextError(where + problem)
+        head, body = target_parts(mode, text)
         if mode == "zero_shot":
-            if not prompt_text:
+            if not prompt_text or not prompt_text.strip():
                 raise TextError(f"{where}zero_shot needs the prompt transcript (prompt_text)")
-            if ENDOFPROMPT not in prompt_text:
-                prompt_text = SYSTEM_PREFIX + prompt_text
-            prompt = self.normalize(prompt_text, split=False)[0]
-            segments = self.normalize(text)
-        elif mode == "cross_lingual":
-            if ENDOFPROMPT not in text:
-                text = SYSTEM_PREFIX + text
-            prompt = ""
-            segments = self.normalize(text)
-        else:
-            if not instruct:
+            prompt = zero_shot_prompt(prompt_text)
+        elif mode == "instruct2":
+            if not instruct or not instruct.strip():
                 raise TextError(f"{where}instruct2 needs an instruction (instruct)")
-            prompt = instruct if ENDOFPROMPT in instruct else f"{INSTRUCT_PREFIX}{instruct}{ENDOFPROMPT}"
-            segments = self.normalize(text)
-        if ENDOFPROMPT in text and mode != "cross_lingual":
-            raise TextError(f"{where}target text must not contain {ENDOFPROMPT} in {mode} mode")
-        prompt_ids = self.encode(prompt) if prompt else []
-        seg_ids = [self.encode(s) for s in segments]
-        seg_ids = [s for s in seg_ids if s]
-        if not seg_ids:
-            raise TextError(f"{where}target text has nothing to speak after normalization")
-        for ids in seg_ids:
-            if ENDOFPROMPT_ID not in prompt_ids and ENDOFPROMPT_ID not in ids:
-                raise TextError(f"{where}{ENDOFPROMPT} (id {ENDOFPROMPT_ID}) missing from the LLM input")
-        return prompt_ids, seg_ids
+            prompt = instruct_prompt(instruct)
+        else:
+            prompt = ""
+        pieces = self.segments(body)
+        if not any(has_speech(p) for p in pieces):  # speakable() said yes; kept as a guard
+            raise TextError(f"{where}text has nothing to speak after normalization")
+        if mode == "cross_lingual":
+            # One segment: exactly the official text (verbatim behind the prefix). More: the official
+            # code would feed it unsplit and overflow; split it and repeat the prefix.
+            texts = [head + body] if len(pieces) == 1 else [head + p for p in pieces]
+        else:
+            texts = pieces
+        prompt_ids = tuple(self.encode(prompt)) if prompt else ()
+        segments = tuple(Segment(text=t, ids=tuple(self.encode(t))) for t in texts)
+        for i, seg in enumerate(segments):
+            if ENDOFPROMPT_ID not in prompt_ids and ENDOFPROMPT_ID not in seg.ids:
+                raise TextError(f"{where}{ENDOFPROMPT} (id {ENDOFPROMPT_ID}) missing from the LLM input of "
+                                f"segment {i + 1}")
+        return TextPlan(mode=mode, prompt_text=prompt, prompt_ids=prompt_ids, segments=segments)
+
+    def build_text(self, mode: str, prompt_text: str | None, text: str, instruct: str | None = None,
+                   *, row_id: str | None = None) -> tuple[list[int], list[list[int]]]:
+        """(prompt ids, per-segment target ids) of :meth:`plan`."""
+        plan = self.plan(mode, prompt_text, text, instruct, row_id=row_id)
+        return list(plan.prompt_ids), [list(s.ids) for s in plan.segments]
