@@ -178,7 +178,7 @@ def test_a_bug_outside_the_stage_guards_fails_only_its_row(monkeypatch: pytest.M
 
 def test_cli_summary_counts_nonfinite_audio_and_failure_reasons(monkeypatch: pytest.MonkeyPatch,
                                                                 tmp_path: Path) -> None:
-    monkeypatch.setattr(pipeline, "load_stages", lambda cfg, policy, fmt: _stages())
+    monkeypatch.setattr(pipeline, "load_stages", lambda cfg, policy, fmt, **kw: _stages())
     m = make_manifest(tmp_path, {"a": "fine", "n": "nanwav", "i": "infwav"})
     base = ["synth", str(m), "--load-format", "dummy", "--device", "cpu", "--max-tokens", "4"]
     res = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "fail")])
