@@ -92,3 +92,11 @@ def magnitude_log_bound(spec: Tensor, delta: Tensor, banks: Tensor, *, floor: fl
 def output_rounding(values: Tensor) -> Tensor:
     """Step 5: both sides are float32 numbers."""
     return 2.0 * EPS32 * values.to(torch.float64).abs()
+
+
+def float32_noise(meta: dict, *prefixes: str) -> float:
+    """Largest ``tolerance_observed.fp64_vs_fp32_maxabs`` of the outputs starting with ``prefixes``:
+    how far the official float32 computation itself is from its float64 twin on this vector set."""
+    gaps = meta.get("tolerance_observed", {}).get("fp64_vs_fp32_maxabs", {})
+    values = [v for k, v in gaps.items() if isinstance(v, (int, float)) and k.startswith(prefixes or ("",))]
+    return float(max(values, default=0.0))
