@@ -13,7 +13,8 @@ that needs it, naming what is missing; without it the test is skipped with one r
 every such test (pytest's ``-rs`` then prints it once) and the session header says what is missing.
 
 Use :func:`reference_set` (or the ``reference_set`` fixture of ``tests/conftest.py``):
-``folder = reference_set("text")``; :func:`load_vector_set` also reads the json and tensors.
+``folder = reference_set("text")``; :func:`load_vector_set` also reads the json and tensors;
+:func:`reference_tokenizer` gives ``tokenizer/qwen2`` beside the vectors.
 """
 
 from __future__ import annotations
@@ -160,6 +161,19 @@ def state_dict_summary() -> dict[str, Any]:
     if missing:
         _unavailable("reference state-dict manifests", "state-dict manifests", state_dicts_dir(), missing)
     return json.loads((state_dicts_dir() / "summary.json").read_text())
+
+
+TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
+
+
+def reference_tokenizer(name: str = "qwen2") -> Path:
+    """``<reference>/tokenizer/<name>`` (the vocabulary the text vectors were made with), beside the
+    vectors folder; fails or skips like :func:`reference_set` when a file is missing."""
+    folder = vectors_dir().parent / "tokenizer" / name
+    missing = tuple(f for f in TOKENIZER_FILES if not (folder / f).is_file())
+    if missing:
+        _unavailable(f"reference tokenizer {name!r}", "tokenizer", folder, missing)
+    return folder
 
 
 def header_lines() -> list[str]:

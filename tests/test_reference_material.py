@@ -87,3 +87,4 @@ def test_the_reference_material_is_complete() -> None:
     for name in reference.listed_sets():
         reference.reference_set(name)
     reference.state_dict_summary()
+    reference.reference_tokenizer("qwen2")
