@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint bench demo clean
+.PHONY: install test test-gpu lint bench demo clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -19,8 +19,14 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The CPU suite. Reference vectors: $$COSYCLONE_REFERENCE_VECTORS, default ../shared/reference/vectors;
+# COSYCLONE_REQUIRE_REFERENCE=1 (set by .ci/run) turns missing reference material into failures.
 test: $(STAMP)
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests -m "not gpu"
+
+# The GPU check script: only the tests marked `gpu` (run it on a CUDA/ROCm machine).
+test-gpu: $(STAMP)
+	$(BIN)/python -m pytest tests -m gpu -p no:cacheprovider
 
 lint: $(STAMP)
 	$(BIN)/ruff check cosyclone tests benchmarks

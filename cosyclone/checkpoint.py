@@ -10,6 +10,8 @@ of a sensible scale at any size, on the target device.
 
 from __future__ import annotations
 
+import pickle
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,8 +25,17 @@ StateDict = dict[str, torch.Tensor]
 KeyAdapter = Callable[[StateDict], StateDict]
 
 
+_REFUSED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+
+
 def read_state_file(path: str | Path) -> StateDict:
-    """Read a ``.pt`` (weights-only, memory-mapped) or ``.safetensors`` file into a flat dict."""
+    """Read a ``.pt`` (weights-only, memory-mapped) or ``.safetensors`` file into a flat dict.
+
+    A ``.pt`` file is unpickled with torch's weights-only unpickler, which refuses every object
+    that is not a tensor, container or number; cosyclone never retries without it (a checkpoint
+    is data, and running code from a model directory is not an option), so the error says what
+    the file holds and how to turn it into plain tensors instead of repeating torch's advice.
+    """
     path = Path(path)
     if not path.is_file():
         raise ModelDirError(f"{path}: checkpoint file missing")
@@ -34,12 +45,25 @@ def read_state_file(path: str | Path) -> StateDict:
 
             return dict(load_file(str(path)))
         obj = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
-    except Exception as exc:  # pickle errors, truncated files, unsafe globals
-        raise ModelDirError(f"{path}: cannot read as a weights-only checkpoint: {exc}") from exc
+    except pickle.UnpicklingError as exc:  # the weights-only unpickler refused an object
+        found = _REFUSED_GLOBAL.search(str(exc))
+        what = f"an object of type {found.group(1)}" if found else "a pickled object that is not a tensor"
+        raise ModelDirError(
+            f"{path}: refused: the file holds {what}, not only tensors. Checkpoints are read as data "
+            "(tensors, dicts, numbers), never as code; save the plain state dict instead "
+            "(torch.save(module.state_dict(), path)) or convert it to .safetensors") from None
+    except Exception as exc:  # truncated or corrupt files, wrong format
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        raise ModelDirError(f"{path}: cannot read as a torch checkpoint ({type(exc).__name__}: {first})") from exc
     if isinstance(obj, Mapping) and "state_dict" in obj and isinstance(obj["state_dict"], Mapping):
         obj = obj["state_dict"]
-    if not isinstance(obj, Mapping) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise ModelDirError(f"{path}: expected a flat mapping of parameter names to tensors")
+    if not isinstance(obj, Mapping):
+        raise ModelDirError(f"{path}: expected a mapping of parameter names to tensors, found {type(obj).__name__}")
+    odd = [f"{k!r} ({type(v).__name__})" for k, v in obj.items() if not isinstance(v, torch.Tensor)]
+    if odd:
+        more = f" and {len(odd) - 3} more" if len(odd) > 3 else ""
+        raise ModelDirError(f"{path}: not a flat state dict: entries that are not tensors: "
+                            f"{', '.join(odd[:3])}{more}")
     return dict(obj)
 
 
@@ -56,6 +80,13 @@ class LoadReport:
     @property
     def ok(self) -> bool:
         return not (self.missing or self.unexpected or self.mismatched)
+
+    @property
+    def geometry_mismatch(self) -> bool:
+        """True when the file was written for another geometry: a tensor of another shape, or
+        numbered blocks (``layers.N.``, ``transformer_blocks.N.``) missing or unexpected."""
+        numbered = re.compile(r"\.\d+\.")
+        return bool(self.mismatched) or any(numbered.search(k) for k in self.missing + self.unexpected)
 
     def render(self, limit: int = 12) -> str:
         def cut(items: list[str]) -> str:
@@ -89,17 +120,49 @@ def check_keys(module: nn.Module, state: Mapping[str, torch.Tensor], source: str
     return report
 
 
+def check_tied(state: Mapping[str, torch.Tensor], tied: Mapping[str, str], source: str) -> None:
+    """Each ``alias -> target`` pair of ``tied`` present in ``state`` must hold the same tensor.
+
+    The released ``llm.pt`` stores the tied ``llm.model.lm_head.weight`` beside the embedding it
+    shares storage with (the official strict load needs both keys). The module keeps one copy; a
+    file where the two differ is not a tied model (the official load would end up with the
+    alias's values in both places), so it is refused rather than half-used.
+    """
+    for alias, target in tied.items():
+        if alias not in state:
+            continue
+        a, b = state[alias], state.get(target)
+        if b is None:
+            raise ModelDirError(f"{source}: {alias} is present but {target}, the weight it is tied to, is not")
+        same = a.shape == b.shape and a.dtype == b.dtype and (
+            (a.data_ptr() == b.data_ptr() and a.stride() == b.stride()) or torch.equal(a, b))
+        if not same:
+            raise ModelDirError(f"{source}: {alias} differs from {target}; the model ties these weights "
+                                "(one tensor), so a file with two different values cannot be loaded faithfully")
+
+
+class CheckpointKeyError(ModelDirError):
+    """A strict key check failed; ``report`` says how (missing, unexpected, mis-shaped)."""
+
+    def __init__(self, report: LoadReport) -> None:
+        super().__init__(report.render())
+        self.report = report
+
+
 def load_strict(module: nn.Module, state: Mapping[str, torch.Tensor], *, source: str,
-                ignore: tuple[str, ...] = ()) -> LoadReport:
+                ignore: tuple[str, ...] = (), tied: Mapping[str, str] | None = None) -> LoadReport:
     """Strictly load ``state`` into ``module``, casting each tensor to the parameter's dtype/device.
 
-    ``ignore`` names keys the file must be allowed to carry although the module does not use them
-    (e.g. the talker's tied ``llm.model.lm_head.weight``). Raises :class:`ModelDirError` with the
-    report when keys do not match.
+    ``ignore`` names keys the file may carry although the module does not use them; ``tied``
+    maps keys the file may carry as copies of another key (``alias -> target``): they are checked
+    equal to the target (:func:`check_tied`) and not loaded. Raises :class:`CheckpointKeyError`
+    with the report when keys do not match.
     """
-    report = check_keys(module, state, source, ignore)
+    tied = dict(tied or {})
+    check_tied(state, tied, source)
+    report = check_keys(module, state, source, ignore + tuple(tied))
     if not report.ok:
-        raise ModelDirError(report.render())
+        raise CheckpointKeyError(report)
     targets = module.state_dict(keep_vars=True)
     with torch.no_grad():
         for key, dst in targets.items():
@@ -111,12 +174,12 @@ def load_strict(module: nn.Module, state: Mapping[str, torch.Tensor], *, source:
 
 
 def load_module_file(module: nn.Module, path: str | Path, *, adapter: KeyAdapter | None = None,
-                     ignore: tuple[str, ...] = ()) -> LoadReport:
+                     ignore: tuple[str, ...] = (), tied: Mapping[str, str] | None = None) -> LoadReport:
     """Read ``path`` (pt or safetensors), apply a key-form ``adapter``, and strict-load it."""
     state = read_state_file(path)
     if adapter is not None:
         state = adapter(state)
-    return load_strict(module, state, source=str(path), ignore=ignore)
+    return load_strict(module, state, source=str(path), ignore=ignore, tied=tied)
 
 
 @torch.no_grad()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -301,11 +302,44 @@ def make_tiny_model_cmd(directory: Path = typer.Argument(...),
     typer.echo(f"tiny model written to {directory}")
 
 
+TEXT_NORMALIZERS = ("wetext", "inflect")  # what the official frontend normalizes with when ttsfrd is absent
+
+
+def _declared_requirements() -> set[str]:
+    """Names of the installed cosyclone distribution's required dependencies (extras excluded)."""
+    from importlib import metadata
+
+    try:
+        reqs = metadata.requires("cosyclone") or []
+    except metadata.PackageNotFoundError:
+        return set()
+    names = set()
+    for req in reqs:
+        marker = req.split(";", 1)[1] if ";" in req else ""
+        if "extra" in marker:  # e.g. 'pytest>=8; extra == "dev"'
+            continue
+        names.add(re.split(r"[\s<>=!~;\[(]", req.strip(), maxsplit=1)[0].lower().replace("_", "-"))
+    return names
+
+
+def _import_status(name: str) -> tuple[bool, str]:
+    """(importable, "version x" or the import error) without letting an error escape."""
+    import importlib
+
+    try:
+        mod = importlib.import_module(name)
+    except Exception as exc:  # ImportError, or a broken install raising anything at import time
+        return False, f"{type(exc).__name__}: {exc}"
+    return True, f"version {getattr(mod, '__version__', 'unknown')}"
+
+
 @app.command()
 def inspect(model_dir: Path = typer.Argument(...), device: str = typer.Option("auto"),
             dtype: str = typer.Option("auto")) -> None:
-    """Geometry, parameter counts, key check against the expected layout, device and providers."""
-    from .checkpoint import check_keys, read_state_file
+    """Geometry, parameter counts, key check against the expected layout, device, providers and
+    the text normalizers. Exits 2 when a checkpoint does not match, a stage module or a required
+    package does not import."""
+    from .checkpoint import check_keys, check_tied, read_state_file
     from .config import load_model_config
     from .device import resolve
 
@@ -320,41 +354,53 @@ def inspect(model_dir: Path = typer.Argument(...), device: str = typer.Option("a
                f"{q.num_key_value_heads}, speech tokens {cfg.talker.speech_token_size}")
     typer.echo(f"flow DiT: dim {cfg.flow.dit.dim}, depth {cfg.flow.dit.depth}; hift base {cfg.hift.base_channels}")
     typer.echo(f"device: {policy.device} ({policy.backend}, {policy.dtype})")
+    bad = False
     try:
         import onnxruntime as ort
 
         typer.echo(f"onnxruntime providers: {', '.join(ort.get_available_providers())}")
-    except ImportError:
-        typer.echo("onnxruntime: not installed")
-    bad = False
+    except ImportError as exc:
+        typer.echo(f"onnxruntime: NOT importable ({exc})")
+        bad = True
+    required = _declared_requirements()
+    for name in TEXT_NORMALIZERS:
+        ok, detail = _import_status(name)
+        need = "required" if name in required else "optional"
+        typer.echo(f"text normalizer {name} ({need}): {'ok, ' + detail if ok else 'NOT importable: ' + detail}")
+        bad = bad or (not ok and need == "required")
     try:
         import torch
 
         from .code2wav.flow import CausalMaskedDiffWithDiT
         from .code2wav.hift import CausalHiFTGenerator
-        from .talker.model import CosyVoice3LM
-
-        # Each file is checked the way its stage loads it: the same key adapter and ignored keys,
-        # against modules built on the meta device (shapes only, no memory, no random init).
-        checks = (
-            ("llm.pt", lambda: CosyVoice3LM(cfg.talker), None, ("llm.model.lm_head.weight",)),
-            ("flow.pt", lambda: CausalMaskedDiffWithDiT(cfg.flow), None, ()),
-            ("hift.pt", lambda: CausalHiFTGenerator(cfg.hift), CausalHiFTGenerator.adapt_keys, ()),
-        )
-        for name, factory, adapter, ignore in checks:
-            with torch.device("meta"):
-                module = factory()
-            n = sum(p.numel() for p in module.parameters())
-            try:
-                state = read_state_file(model_dir / name)
-                rep = check_keys(module, adapter(state) if adapter else state, name, ignore)
-                status = "keys ok" if rep.ok else rep.render(limit=5)
-                bad = bad or not rep.ok
-            except CosycloneError as exc:
-                status, bad = str(exc), True
-            typer.echo(f"{name}: {n / 1e6:.2f} M parameters; {status}")
-    except ImportError as exc:
-        typer.echo(f"stage modules unavailable: {exc}")
+        from .talker.model import TIED_LM_HEAD, TIED_TO, CosyVoice3LM
+    except Exception as exc:  # a stage that does not import is a broken install, not a pass
+        typer.echo(f"stage modules: NOT importable ({type(exc).__name__}: {exc})")
+        raise typer.Exit(EXIT_USAGE) from None
+    # Each file is checked the way its stage loads it: the same key adapter and tied keys,
+    # against modules built on the meta device (shapes only, no memory, no random init).
+    checks = (
+        ("llm.pt", lambda: CosyVoice3LM(cfg.talker), None, {TIED_LM_HEAD: TIED_TO}),
+        ("flow.pt", lambda: CausalMaskedDiffWithDiT(cfg.flow), None, {}),
+        ("hift.pt", lambda: CausalHiFTGenerator(cfg.hift), CausalHiFTGenerator.adapt_keys, {}),
+    )
+    for name, factory, adapter, tied in checks:
+        with torch.device("meta"):
+            module = factory()
+        n = sum(p.numel() for p in module.parameters())
+        try:
+            state = read_state_file(model_dir / name)
+            state = adapter(state) if adapter else state
+            check_tied(state, tied, name)
+            rep = check_keys(module, state, name, tuple(tied))
+            status = "keys ok" if rep.ok else rep.render(limit=5)
+            absent = [k for k in tied if k not in state]
+            if rep.ok and absent:
+                status += f" (no {', '.join(absent)}: the official strict load needs it)"
+            bad = bad or not rep.ok
+        except CosycloneError as exc:
+            status, bad = str(exc), True
+        typer.echo(f"{name}: {n / 1e6:.2f} M parameters; {status}")
     raise typer.Exit(EXIT_USAGE if bad else EXIT_OK)
 
 

@@ -4,12 +4,14 @@ HyperPyYAML's tags (``!new:pkg.Class``, ``!name:pkg.func``, ``!apply:pkg.func``,
 normally import and call what they name. A model directory is untrusted data, so here every tag
 becomes an inert :class:`Tagged` node that records the tag, the dotted target and its arguments,
 and ``!ref`` expressions are resolved against the document with a tiny arithmetic evaluator
-(numbers and ``+ - * /`` only). Nothing named in the file is imported or executed.
+(finite numbers up to 2**63 and ``+ - * / //`` only: no strings, so no string repetition). Nothing
+named in the file is imported or executed, and no value it builds can grow without bound.
 """
 
 from __future__ import annotations
 
 import ast
+import math
 import operator
 import re
 from dataclasses import dataclass, field
@@ -72,23 +74,47 @@ _DataLoader.add_implicit_resolver(
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
         ast.FloorDiv: operator.floordiv, ast.USub: operator.neg, ast.UAdd: operator.pos}
+# Largest magnitude an arithmetic !ref may produce or consume. The released yaml multiplies two
+# small ints (``<chunk_size> * <token_mel_ratio>``); the bound keeps a hostile file from building
+# huge integers by chained multiplication (2**63 is what a config value can sensibly be).
+MAX_MAGNITUDE = 2**63
 
 
-def _eval_arith(expr: str) -> Any:
-    """Evaluate numbers and + - * / only; anything else is an error, never executed."""
+def _number(value: Any, expr: str) -> int | float:
+    """An operand or result of ``!ref`` arithmetic: a finite int/float within MAX_MAGNITUDE."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"!ref arithmetic on a {type(value).__name__} ({value!r:.40}) in {expr!r}: "
+                         "only numbers may be combined")
+    if not math.isfinite(value) or abs(value) > MAX_MAGNITUDE:
+        raise ValueError(f"!ref arithmetic out of range in {expr!r} (|value| must be <= 2**63)")
+    return value
 
-    def ev(node: ast.AST) -> Any:
+
+def _eval_arith(expr: str) -> int | float:
+    """Evaluate numbers and + - * / // only; strings, names and calls are errors, never executed.
+
+    Every operand and every intermediate result is checked by :func:`_number`, so ``'x' * 10**9``
+    (a string repeated) or a chain of multiplications cannot build an object of unbounded size.
+    """
+    if len(expr) > 1000:
+        raise ValueError(f"!ref expression too long ({len(expr)} characters)")
+
+    def ev(node: ast.AST) -> int | float:
         if isinstance(node, ast.Expression):
             return ev(node.body)
-        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, str)):
-            return node.value
+        if isinstance(node, ast.Constant):
+            return _number(node.value, expr)
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-            return _OPS[type(node.op)](ev(node.left), ev(node.right))
+            return _number(_OPS[type(node.op)](ev(node.left), ev(node.right)), expr)
         if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
-            return _OPS[type(node.op)](ev(node.operand))
-        raise ValueError(f"unsupported expression element {ast.dump(node)}")
+            return _number(_OPS[type(node.op)](ev(node.operand)), expr)
+        raise ValueError(f"unsupported expression element {ast.dump(node)} in {expr!r}")
 
-    return ev(ast.parse(expr, mode="eval"))
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError as exc:
+        raise ValueError(f"cannot parse !ref expression {expr!r}: {exc.msg}") from None
+    return ev(tree)
 
 
 _REF = re.compile(r"<([^<>]+)>")
@@ -106,25 +132,50 @@ def _lookup(doc: dict[str, Any], dotted: str) -> Any:
     return node
 
 
-def _resolve(node: Any, doc: dict[str, Any], depth: int = 0) -> Any:
-    if depth > 50:
-        raise ValueError("!ref nesting too deep (cycle?)")
-    if isinstance(node, Ref):
-        refs = _REF.findall(node.expr)
-        if len(refs) == 1 and node.expr.strip() == f"<{refs[0]}>":
-            return _resolve(_lookup(doc, refs[0]), doc, depth + 1)
-        values = {r: _resolve(_lookup(doc, r), doc, depth + 1) for r in refs}
-        text = _REF.sub(lambda m: repr(values[m.group(1)]), node.expr)
-        return _eval_arith(text)
-    if isinstance(node, Tagged):
-        node.args = {k: _resolve(v, doc, depth + 1) for k, v in node.args.items()}
-        node.positional = [_resolve(v, doc, depth + 1) for v in node.positional]
+class _Resolver:
+    """Resolves ``!ref`` nodes; each referenced key is resolved once (memoized), cycles are errors.
+
+    Without the memo a chain of keys each referring twice to the previous one would cost 2**n
+    evaluations for n keys.
+    """
+
+    def __init__(self, doc: dict[str, Any]) -> None:
+        self.doc = doc
+        self.memo: dict[str, Any] = {}
+        self.active: set[str] = set()
+
+    def ref(self, key: str, depth: int) -> Any:
+        if key in self.memo:
+            return self.memo[key]
+        if key in self.active:
+            raise ValueError(f"!ref cycle through <{key}>")
+        self.active.add(key)
+        try:
+            value = self.resolve(_lookup(self.doc, key), depth + 1)
+        finally:
+            self.active.discard(key)
+        self.memo[key] = value
+        return value
+
+    def resolve(self, node: Any, depth: int = 0) -> Any:
+        if depth > 50:
+            raise ValueError("!ref nesting too deep")
+        if isinstance(node, Ref):
+            refs = _REF.findall(node.expr)
+            if len(refs) == 1 and node.expr.strip() == f"<{refs[0]}>":
+                return self.ref(refs[0], depth)
+            values = {r: _number(self.ref(r, depth), node.expr) for r in refs}
+            text = _REF.sub(lambda m: repr(values[m.group(1)]), node.expr)
+            return _eval_arith(text)
+        if isinstance(node, Tagged):
+            node.args = {k: self.resolve(v, depth + 1) for k, v in node.args.items()}
+            node.positional = [self.resolve(v, depth + 1) for v in node.positional]
+            return node
+        if isinstance(node, dict):
+            return {k: self.resolve(v, depth + 1) for k, v in node.items()}
+        if isinstance(node, list):
+            return [self.resolve(v, depth + 1) for v in node]
         return node
-    if isinstance(node, dict):
-        return {k: _resolve(v, doc, depth + 1) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_resolve(v, doc, depth + 1) for v in node]
-    return node
 
 
 def load_hyperyaml(path: Path, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -138,6 +189,6 @@ def load_hyperyaml(path: Path, overrides: dict[str, Any] | None = None) -> dict[
         raise ModelDirError(f"{path}: expected a mapping at the top level")
     doc.update(overrides or {})
     try:
-        return _resolve(doc, doc)
+        return _Resolver(doc).resolve(doc)
     except (KeyError, ValueError, IndexError, TypeError) as exc:
         raise ModelDirError(f"{path}: cannot resolve a !ref: {exc}") from exc

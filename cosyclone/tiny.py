@@ -8,6 +8,7 @@ included) and the same checkpoint key names, at a size that runs in seconds on t
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -188,12 +189,52 @@ def _released_hift_keys(state: dict) -> dict:
     return {f"generator.{k}": v for k, v in state.items()}
 
 
+def _released_llm_keys(state: dict) -> dict:
+    """llm.pt as the official ``state_dict()`` writes it: the tied ``llm.model.lm_head.weight``
+    is a second key for the embedding tensor (same storage), and the official strict load needs it."""
+    from .talker.model import TIED_LM_HEAD, TIED_TO
+
+    return {**state, TIED_LM_HEAD: state[TIED_TO]}
+
+
+HF_PREFIX = "llm.model."  # llm.pt's Qwen2ForCausalLM lives here; Hugging Face files drop the prefix
+
+
+def qwen_pretrained_state(llm_state: dict) -> dict:
+    """The Qwen2 backbone of ``llm.pt`` in Hugging Face layout (``model.embed_tokens.weight``, ...).
+
+    That is what ``CosyVoice-BlankEN/model.safetensors`` holds: the official ``Qwen2Encoder``
+    builds its model with ``Qwen2ForCausalLM.from_pretrained(<model_dir>/CosyVoice-BlankEN)``
+    before ``llm.pt`` is loaded over it. The tied ``lm_head.weight`` is left out, as
+    ``save_pretrained`` leaves out tied copies (``tie_word_embeddings`` restores it).
+    """
+    from .talker.model import TIED_LM_HEAD
+
+    return {k[len(HF_PREFIX):]: v.detach().cpu().clone().contiguous() for k, v in llm_state.items()
+            if k.startswith(HF_PREFIX) and k != TIED_LM_HEAD}
+
+
+def write_qwen_pretrained(qwen_dir: Path, llm_state: dict) -> Path:
+    """Write ``model.safetensors`` (metadata ``format: pt``, as transformers writes it)."""
+    from safetensors.torch import save_file
+
+    path = qwen_dir / "model.safetensors"
+    tmp = qwen_dir / ".model.safetensors.tmp"
+    save_file(qwen_pretrained_state(llm_state), str(tmp), metadata={"format": "pt"})
+    if (qwen_dir / "config.json").is_file():
+        shutil.copymode(qwen_dir / "config.json", tmp)  # safetensors writes 0600; match the other files
+    tmp.replace(path)
+    return path
+
+
 def make_tiny_model(root: str | Path, sizes: TinySizes | None = None, seed: int = 0) -> Path:
     """Write a complete tiny model directory in the released layout (weights dummy-initialized).
 
-    yaml + ``CosyVoice-BlankEN`` config and tokenizer, both ONNX models, and ``llm.pt`` /
-    ``flow.pt`` / ``hift.pt`` as ``torch.save`` of the state dicts of the stages' own modules built
-    with ``load_format="dummy"``, so the real loaders read them back strictly.
+    yaml + ``CosyVoice-BlankEN`` (config, tokenizer and the Qwen2 weights as ``model.safetensors``),
+    both ONNX models, and ``llm.pt`` / ``flow.pt`` / ``hift.pt`` as ``torch.save`` of the state
+    dicts of the stages' own modules built with ``load_format="dummy"``, in the key forms of the
+    released files (``llm.pt`` with the tied lm_head key, ``hift.pt`` under ``generator.``), so
+    both cosyclone's loaders and the official strict loads read them back.
     """
     import torch
 
@@ -221,6 +262,9 @@ def make_tiny_model(root: str | Path, sizes: TinySizes | None = None, seed: int 
         state = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
         if name == "hift.pt":
             state = _released_hift_keys(state)
+        if name == "llm.pt":
+            write_qwen_pretrained(root / QWEN_DIR, state)
+            state = _released_llm_keys(state)
         tmp = root / f".{name}.tmp"
         torch.save(state, tmp)
         tmp.replace(root / name)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,25 +12,15 @@ from cosyclone.code2wav.flow import CausalMaskedDiffWithDiT, build_flow, cosine_
 from cosyclone.code2wav.noise import flow_noise
 from cosyclone.config import DiTConfig, FlowConfig, ModelConfig
 from cosyclone.device import DevicePolicy
+from tests.reference import state_dict_manifest
 
 CPU = DevicePolicy(device=torch.device("cpu"), dtype=torch.float32, backend="cpu")
 TINY = FlowConfig(vocab_size=40, pre_lookahead_channels=16,
                   dit=DiTConfig(dim=32, depth=2, heads=2, dim_head=16, ff_mult=2))
 
 
-def _state_dicts_dir() -> Path:
-    import os
-
-    env = os.environ.get("COSYCLONE_REFERENCE_VECTORS")
-    vec = Path(env) if env else Path(__file__).parents[1] / ".." / "shared" / "reference" / "vectors"
-    return vec.resolve().parent / "state_dicts"
-
-
 def test_state_dict_matches_released_flow_json() -> None:
-    ref_file = _state_dicts_dir() / "flow.json"
-    if not ref_file.is_file():
-        pytest.skip(f"{ref_file} not found")
-    ref = {e["key"]: tuple(e["shape"]) for e in json.loads(ref_file.read_text())}
+    ref = {e["key"]: tuple(e["shape"]) for e in state_dict_manifest("flow")}
     with torch.device("meta"):
         model = CausalMaskedDiffWithDiT(FlowConfig())
     ours = {k: tuple(v.shape) for k, v in model.state_dict().items()}

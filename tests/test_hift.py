@@ -2,30 +2,64 @@
 
 from __future__ import annotations
 
-import json
+import hashlib
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
 from cosyclone.batching import chunks_by_length
 from cosyclone.checkpoint import init_dummy
 from cosyclone.code2wav.hift import CausalHiFTGenerator
-from cosyclone.code2wav.noise import hift_rand_ini, hift_sine_waves
+from cosyclone.code2wav.noise import flow_noise_table, hift_rand_ini, hift_sine_waves
 from cosyclone.config import HiFTConfig
+from tests.reference import state_dict_manifest, state_dict_summary
 
-REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "reference" / "state_dicts"
 SMALL = replace(HiFTConfig(), base_channels=8, f0_cond_channels=8)
+
+# SHA-256 of the float32 bytes (C order) of the released construction-time tables, as VECTORS.md
+# and state_dicts/summary.json give them. No checkpoint holds these tables: the digests are the
+# only proof that the private-generator replay in noise.py draws the released values.
+RELEASED_TABLE_SHA256 = {
+    "hift.m_source.l_sin_gen.sine_waves": "2f60f92217f65e9f2728d4e662f520432603d88e7a24f78666cc88bb76247f61",
+    "hift.m_source.l_sin_gen.rand_ini": "7dd3ebf888575a2514d2ae7a19adadd351540458ca331fc9518a361f0dee9d01",
+    "hift.stft_window": "d7ffe209e353d8cece11bc1f02f63a66f1721dafd2069aedc048b3b419995069",
+    "flow.decoder.rand_noise": "584a26e6eaad944407a96c5999aaa5cd0a6a359309a841eade68bf805c072322",
+}
+SINE_WAVES_SAMPLES = 7_200_000  # the released table is (1, 7200000, 9): 300 s at 24 kHz
+
+
+def _sha256(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
 
 
 def test_released_state_dict_on_meta() -> None:
     with torch.device("meta"):
         model = CausalHiFTGenerator(HiFTConfig())
     sd = {k: list(v.shape) for k, v in model.state_dict().items()}
-    if (REF / "hift.json").is_file():
-        ref = json.loads((REF / "hift.json").read_text())
-        assert list(sd) == [e["key"] for e in ref]
-        assert all(sd[e["key"]] == e["shape"] for e in ref)
+    ref = state_dict_manifest("hift")
+    assert list(sd) == [e["key"] for e in ref]
+    assert all(sd[e["key"]] == e["shape"] for e in ref)
+
+
+def test_noise_tables_have_the_released_sha256() -> None:
+    """The full 7.2M x 9 sine-noise table, rand_ini, the STFT window and the CFM noise, bit for bit."""
+    full = hift_sine_waves(SINE_WAVES_SAMPLES)
+    assert full.shape == (1, SINE_WAVES_SAMPLES, 9) and full.dtype == torch.float32
+    got = {"hift.m_source.l_sin_gen.sine_waves": _sha256(full),
+           "hift.m_source.l_sin_gen.rand_ini": _sha256(hift_rand_ini()),
+           "hift.stft_window": _sha256(CausalHiFTGenerator(SMALL).stft_window),
+           "flow.decoder.rand_noise": _sha256(flow_noise_table())}
+    assert got == RELEASED_TABLE_SHA256
+    # what the vocoder draws on demand is an exact prefix of that table
+    assert torch.equal(hift_sine_waves(4800), full[:, :4800])
+
+
+def test_pinned_digests_are_the_reference_summary() -> None:
+    """The constants above are the ones the reference capture recorded (state_dicts/summary.json)."""
+    tables = state_dict_summary()["construction_time_tables_not_in_any_checkpoint"]
+    for name, digest in RELEASED_TABLE_SHA256.items():
+        assert tables[name]["sha256_of_float32_bytes"] == digest, name
+    assert tables["hift.m_source.l_sin_gen.sine_waves"]["shape"] == [1, SINE_WAVES_SAMPLES, 9]
 
 
 def test_adapter_legacy_and_prefix() -> None:

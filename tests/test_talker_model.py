@@ -13,8 +13,8 @@ from cosyclone.device import DevicePolicy
 from cosyclone.errors import ModelDirError
 from cosyclone.talker.model import TIED_LM_HEAD, CosyVoice3LM, build_talker, load_talker_weights
 from cosyclone.tiny import TinySizes, write_tiny_config
+from tests.reference import state_dict_manifest
 
-LLM_JSON = Path(__file__).resolve().parents[1] / ".." / "shared" / "reference" / "state_dicts" / "llm.json"
 CPU = DevicePolicy(torch.device("cpu"), torch.float32, "cpu")
 SMALL = TalkerConfig(qwen=QwenGeometry(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                        num_key_value_heads=2, intermediate_size=48, vocab_size=72),
@@ -26,9 +26,7 @@ def _tiny_dir(tmp_path: Path) -> Path:
 
 
 def test_state_dict_matches_llm_json_at_released_size() -> None:
-    if not LLM_JSON.is_file():
-        pytest.skip(f"{LLM_JSON} missing")
-    ref = {e["key"]: tuple(e["shape"]) for e in json.loads(LLM_JSON.read_text())}
+    ref = {e["key"]: tuple(e["shape"]) for e in state_dict_manifest("llm")}
     with torch.device("meta"):
         model = CosyVoice3LM(released_config().talker)
     got = {k: tuple(v.shape) for k, v in model.state_dict().items()}

@@ -170,7 +170,10 @@ class CausalHiFTGenerator(nn.Module):
                 self.resblocks.append(ResBlock(ch, k, tuple(d)))
         self.conv_post = _wn(CausalConv1d(base // 2 ** len(self.ups), cfg.n_fft + 2, 7))
         self.f0_predictor = CausalConvRNNF0Predictor(cfg.f0_in_channels, cfg.f0_cond_channels, cfg.f0_num_class)
-        self.register_buffer("stft_window", torch.hann_window(cfg.n_fft, periodic=True), persistent=False)
+        # the released window is scipy's float64 Hann rounded to float32 (its SHA-256 is pinned in
+        # tests/test_hift.py); torch's float32 hann_window differs in the last bit of 9 of 16 values
+        window = torch.hann_window(cfg.n_fft, periodic=True, dtype=torch.float64).to(torch.float32)
+        self.register_buffer("stft_window", window, persistent=False)
         self.sine_waves: Tensor | None = None  # (1, N, 9) uniform [0,1) construction-time table
         self.noise_factory: Callable[[int], Tensor] | None = None  # draws an exact prefix on demand
 

@@ -72,7 +72,9 @@ def _sinc_kernel(orig: int, new: int, width_zc: int, rolloff: float) -> tuple[to
     base = min(orig, new) * rolloff
     width = math.ceil(width_zc * orig / base)
     idx = torch.arange(-width, width + orig, dtype=torch.float64) / orig
-    t = torch.arange(0, -new, -1, dtype=torch.float64)[:, None] / new + idx[None, :]
+    # torchaudio divides an integer arange here, i.e. the phase offsets -i/new are float32 values
+    # (the default dtype) before the float64 sum; doing the same keeps the kernel bit-identical.
+    t = (torch.arange(0, -new, -1)[:, None] / new).to(torch.float32).to(torch.float64) + idx[None, :]
     t = (t * base).clamp(-width_zc, width_zc)
     window = torch.cos(t * math.pi / width_zc / 2) ** 2
     t = t * math.pi

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..checkpoint import LoadReport, init_dummy, load_module_file
+from ..checkpoint import CheckpointKeyError, LoadReport, init_dummy, load_module_file
 from ..config import QWEN_DIR, ModelConfig, QwenGeometry, TalkerConfig, validate_geometry
 from ..device import DevicePolicy
 from ..errors import ModelDirError
@@ -33,6 +33,7 @@ from .kv_cache import KVCache
 
 #: The tied text head the released ``llm.pt`` carries; accepted by the loader and never used.
 TIED_LM_HEAD = "llm.model.lm_head.weight"
+TIED_TO = "llm.model.model.embed_tokens.weight"  # the tensor TIED_LM_HEAD is a copy of in llm.pt
 
 
 class RMSNorm(nn.Module):
@@ -339,11 +340,12 @@ def build_talker(cfg: ModelConfig, policy: DevicePolicy, load_format: str = "aut
 
 
 def load_talker_weights(model: CosyVoice3LM, path: str | Path, *, qwen_config: str | Path | None = None) -> LoadReport:
-    """Strict-load a ``.pt``/``.safetensors`` talker file; a shape mismatch names both files."""
+    """Strict-load a ``.pt``/``.safetensors`` talker file (the tied lm_head copy, when present,
+    must equal the embedding); a geometry mismatch names both files."""
     try:
-        return load_module_file(model, path, ignore=(TIED_LM_HEAD,))
-    except ModelDirError as exc:
-        if qwen_config is None:
+        return load_module_file(model, path, tied={TIED_LM_HEAD: TIED_TO})
+    except CheckpointKeyError as exc:
+        if qwen_config is None or not exc.report.geometry_mismatch:
             raise
         g = model.geometry
         raise ModelDirError(

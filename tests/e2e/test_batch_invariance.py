@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from cosyclone.cli import app
 
-from .test_cli import ROOT, diags, pytestmark  # noqa: F401 - same skip as the CLI tests
+from .test_cli import ROOT, diags
 
 # no --max-tokens: each row runs to its own max_len (20 x its text ids), so lengths differ
 TEXTS = ("hi", "a longer sentence, with a comma", "medium text", "one more of another size")

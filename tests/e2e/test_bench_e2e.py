@@ -8,11 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from benchmarks import run_all
 from cosyclone.cli import app
-
-from .test_cli import pytestmark  # noqa: F401 - same skip as the CLI tests
-
-run_all = pytest.importorskip("benchmarks.run_all")
 
 
 def test_config_from_env() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -14,22 +13,6 @@ from typer.testing import CliRunner
 
 from cosyclone.cli import app
 
-_STAGES = ("cosyclone.talker.model", "cosyclone.talker.decode", "cosyclone.code2wav.flow",
-           "cosyclone.code2wav.hift", "cosyclone.conditioning", "cosyclone.frontend.tiny_assets")
-
-
-def _missing() -> list[str]:
-    out = []
-    for name in _STAGES:
-        try:
-            if importlib.util.find_spec(name) is None:
-                out.append(name)
-        except ModuleNotFoundError:
-            out.append(name)
-    return out
-
-
-pytestmark = pytest.mark.skipif(bool(_missing()), reason=f"stage modules not written yet: {_missing()}")
 runner = CliRunner()
 MAX_TOKENS = 6
 ROOT = Path(__file__).resolve().parents[2]
@@ -277,7 +260,6 @@ def test_validate_and_dry_run(model_dir: Path, manifest: Path, tmp_path: Path) -
     res = synth(manifest, model_dir, tmp_path / "o", "--dry-run")
     assert res.exit_code == 0 and "4 valid rows" in res.output
     assert runner.invoke(app, ["validate", str(tmp_path / "nope.jsonl")]).exit_code == 2
-    assert np.isfinite(1.0)
 
 
 def test_inspect_checks_keys_the_way_stages_load_them(model_dir: Path, tmp_path: Path) -> None:

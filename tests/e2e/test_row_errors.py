@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from cosyclone.cli import app
 
-from .test_cli import ROOT, diags, pytestmark  # noqa: F401 - same skip as the CLI tests
+from .test_cli import ROOT, diags
 
 
 def test_stage_failure_names_the_manifest_line(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -1,11 +1,17 @@
-"""HiFT parity against the official reference vectors (small config, stored noise slices)."""
+"""HiFT parity against the official reference vectors (small config, stored noise slices).
+
+Tolerances: the vectors' own float64-vs-float32 gaps (``tolerance_observed``) are 5e-7 for the
+waveform, 6e-6 for the source, 2.3e-5 for the float32 phase accumulation of the sines and 5e-5
+for the source STFT; the limits below are 4-20x those (VECTORS.md's suggested values), measured
+errors are 10-100x below them. F0 is computed in float64 on both sides: relative 1e-6.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from tests.parity.conftest import load_vector_set
 from tests.parity.models import small_hift
+from tests.reference import load_vector_set
 
 
 def test_hift_inference_parity() -> None:
@@ -14,9 +20,10 @@ def test_hift_inference_parity() -> None:
     model.set_noise_tables(vec["tables.sine_waves_slice"])
     mel = vec["inputs.mel"]
     with torch.inference_mode():
+        assert torch.equal(model.stft_window, vec["tables.stft_window"])
         f0 = model.predict_f0(mel)
         src, sines, uv, noise = model.source(f0)
-        assert (f0.double() - vec["inference.f0"]).abs().max() < 1e-4
+        torch.testing.assert_close(f0.double(), vec["inference.f0"].double(), rtol=1e-6, atol=0)
         assert torch.equal(uv, vec["inference.uv"])
         assert (noise - vec["inference.sine_noise"]).abs().max() < 1e-7
         assert (sines - vec["inference.sine_waves"]).abs().max() < 1e-4
@@ -28,4 +35,4 @@ def test_hift_inference_parity() -> None:
         assert (dec - vec["decode.speech"]).abs().max() < 1e-5
         wav, wav_len = model.inference(mel, torch.tensor([mel.shape[-1]]))
         assert int(wav_len[0]) == wav.shape[1]
-        assert (wav - vec["inference.speech"]).abs().max() < 1e-4
+        assert (wav - vec["inference.speech"]).abs().max() < 1e-5
