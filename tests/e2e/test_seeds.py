@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from cosyclone.cli import app
 from cosyclone.talker.sampler import row_seed
 
-from .test_cli import ROOT, diags, pytestmark  # noqa: F401 - same skip as the CLI tests
+from .test_cli import ROOT, diags
 
 # two sentences long enough for the tiny frontend to cut the text into two segments
 TWO_SEGMENTS = "Hello there. This is a test of the splitter. " * 4
