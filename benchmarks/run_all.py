@@ -145,17 +145,18 @@ def synth_args(cfg: E2EConfig, manifest: Path, out: Path) -> list[str]:
 
 def summarize(cfg: E2EConfig, out: Path) -> dict:
     """The figures of a finished run from ``summary.json`` and ``diagnostics.jsonl``."""
-    from cosyclone.writer import read_diagnostics
+    from cosyclone.runfolder import read_records
 
     summary = json.loads((out / "summary.json").read_text())
-    lines = list(read_diagnostics(out).values())
+    lines = list(read_records(out).values())
     ok = [d for d in lines if d.get("status") == "ok"]
     stages = {k: sum(float(d.get("seconds", {}).get(k, 0.0)) for d in lines)
               for k in ("frontend", "talker", "flow", "hift")}
     tokens = [sum(d.get("tokens", [])) for d in ok]
     steps = [sum(int(s.get("steps", 0)) for s in d.get("sampler", [])) for d in ok]
     audio = float(summary["audio_seconds"])
-    model_wall = float(summary["wall_seconds"])
+    run = summary["last_run"]  # the invocation's own figures (the top level totals the folder)
+    model_wall = float(run["wall_seconds"])
     stage_wall = stages["talker"] + stages["flow"] + stages["hift"]
     official = OFFICIAL_AUDIO_S / OFFICIAL_WALL_S
     ours = audio / stage_wall if stage_wall > 0 else 0.0
@@ -165,9 +166,9 @@ def summarize(cfg: E2EConfig, out: Path) -> dict:
             "audio_s": audio, "model_wall_s": model_wall, "stage_s": stages, "stage_wall_s": stage_wall,
             "audio_s_per_wall_s": ours, "audio_s_per_model_wall_s": audio / model_wall if model_wall > 0 else 0.0,
             "official_audio_s_per_wall_s": official, "ratio_vs_official": ours / official,
-            "device": summary.get("device"), "dtype": summary.get("dtype"), "batch_size": cfg.batch_size,
+            "device": run.get("device"), "dtype": run.get("dtype"), "batch_size": cfg.batch_size,
             "load_format": "full-size dummy" if cfg.model_dir is None else str(cfg.model_dir),
-            "n_timesteps": summary.get("options", {}).get("n_timesteps")}
+            "n_timesteps": run.get("options", {}).get("n_timesteps")}
 
 
 def end_to_end(cfg: E2EConfig | None = None) -> dict:

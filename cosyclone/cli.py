@@ -1,7 +1,9 @@
 """The ``cosyclone`` command: synth, validate, eval, make-tiny-model, inspect.
 
 Exit codes: 0 = every row done; 3 = some rows failed or were rejected by validation (the others
-were produced); 2 = unusable input (manifest or model directory unreadable, bad options).
+were produced); 2 = unusable input (manifest or model directory unreadable, bad options);
+4 = the output folder cannot be written (not writable, disk full: rows finished before are kept);
+5 = another ``synth`` is writing the same folder (and shard).
 """
 
 from __future__ import annotations
@@ -162,18 +164,23 @@ def synth(
     n_timesteps: int | None = typer.Option(None, help="flow Euler steps"),
     float_wav: bool = typer.Option(False, help="32-bit float WAVs instead of PCM16"),
     text_frontend: str = typer.Option("wetext", "--text-frontend", help=TEXT_FRONTEND_HELP),
+    quiet: bool = typer.Option(False, "--quiet", help="print only the end summary (and errors)"),
+    progress_interval: float = typer.Option(30.0, help="seconds between progress lines when stderr is not a "
+                                                       "terminal (a terminal gets a live bar)"),
 ) -> None:
-    """Synthesize every row of MANIFEST into OUT/wavs/<id>.wav plus diagnostics and a summary."""
+    """Synthesize every row of MANIFEST into OUT/wavs/<id>.wav, one record per row and folder totals.
+
+    Rerunning resumes: a row is skipped only when its WAV is complete and its fingerprint (text,
+    prompt, seed, model, dtype, options, ...) is unchanged; changed rows are redone and counted.
+    """
     from .device import resolve
     from .manifest import Shard, read_manifest
     from .pipeline import RunOptions, load_stages, plan_batches, run
-    from .writer import BackgroundWriter, WriterOptions, completed_rows, render_summary, write_summary
 
-    t_start = time.perf_counter()
+    t_start = time.time()
     try:
-        m = read_manifest(manifest, text_frontend=text_frontend)
-        if shard:
-            m = m.shard(Shard.parse(shard))
+        full = read_manifest(manifest, text_frontend=text_frontend)
+        m = full.shard(Shard.parse(shard)) if shard else full
         for name, value, allowed in (("--nonfinite-policy", nonfinite_policy, ("exclude", "error", "legacy-zero")),
                                      ("--draw", draw, ("race", "legacy-multinomial")),
                                      ("--nonfinite-audio", nonfinite_audio, ("fail", "zero")),
@@ -182,7 +189,7 @@ def synth(
                 raise CosycloneError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
         for name, value, low in (("--batch-size", batch_size, 1), ("--token-budget", token_budget, 1),
                                  ("--max-tokens", max_tokens, 1), ("--min-tokens", min_tokens, 0),
-                                 ("--n-timesteps", n_timesteps, 1)):
+                                 ("--n-timesteps", n_timesteps, 1), ("--progress-interval", progress_interval, 0.1)):
             if value is not None and value < low:
                 raise CosycloneError(f"{name} must be at least {low}, not {value}")
         if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
@@ -191,93 +198,218 @@ def synth(
         cfg = _load_cfg(model_dir, load_format)
     except CosycloneError as exc:
         _fail(str(exc))
+    say = (lambda msg: None) if quiet else (lambda msg: typer.echo(msg, err=True))
     for err in m.errors:
         typer.echo(f"{manifest}: {err}", err=True)
     if "legacy" in nonfinite_policy or "legacy" in draw:
-        typer.echo("warning: LEGACY sampler behaviour requested (official, pre-fix); diagnostics are labelled",
-                   err=True)
+        say("warning: LEGACY sampler behaviour requested (official, pre-fix); diagnostics are labelled")
     if nonfinite_audio == "zero":
-        typer.echo("warning: --nonfinite-audio zero: NaN/inf audio samples are written as 0/+-1 (LEGACY); "
-                   "counted per row (nonfinite_audio_samples)", err=True)
+        say("warning: --nonfinite-audio zero: NaN/inf audio samples are written as 0/+-1 (LEGACY); "
+            "counted per row (nonfinite_audio_samples)")
     for warning in policy.warnings:
-        typer.echo(f"warning: {warning}", err=True)
-    done = set() if overwrite else completed_rows(out, [r.id for r in m.rows])
-    todo = [r for r in m.rows if r.id not in done]
-    if dry_run:
-        n_batches = len(plan_batches(todo, batch_size, token_budget))
-        typer.echo(f"{len(m.rows)} valid rows, {len(m.errors)} rejected, {len(done)} already done, "
-                   f"{len(todo)} to synthesize in {n_batches} batches on {policy.device} ({policy.dtype_name})")
-        raise typer.Exit(EXIT_ROWS_FAILED if m.errors else EXIT_OK)
-
+        say(f"warning: {warning}")
     opts = RunOptions(seed=seed, batch_size=batch_size, token_budget=token_budget, top_p=top_p, top_k=top_k,
                       win_size=win_size, tau_r=tau_r, nonfinite_policy=nonfinite_policy, draw=draw,
                       max_tokens=max_tokens, min_tokens=min_tokens, n_timesteps=n_timesteps,
                       load_format="dummy" if load_format == "dummy" else "auto", nonfinite_audio=nonfinite_audio,
                       device=policy.device.type, dtype=policy.dtype_name, text_frontend=text_frontend)
+    from . import runfolder
+
+    tag = runfolder.shard_tag(shard)
+    lock = runfolder.FolderLock(out, tag, " ".join(sys.argv))
+    try:
+        runfolder.check_writable(out)  # before any model loads
+        if not dry_run:
+            lock.acquire()
+    except runfolder.FolderBusy as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_BUSY) from None
+    except runfolder.OutputFolderError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_WRITE) from None
+    try:
+        _synth_locked(manifest, full, m, out, tag, opts, cfg, policy, model_dir, load_format, shard, float_wav,
+                      dry_run, overwrite, quiet, progress_interval, t_start, say, load_stages, plan_batches, run)
+    finally:
+        lock.release()
+
+
+EXIT_WRITE, EXIT_BUSY = 4, 5  # an output file could not be written; another synth holds the folder
+
+#: RunOptions fields that change a row's audio (the fingerprint's ``options`` part); batching does not.
+AUDIO_OPTIONS = ("top_p", "top_k", "win_size", "tau_r", "nonfinite_policy", "draw", "max_tokens", "min_tokens",
+                 "n_timesteps", "load_format", "text_frontend", "nonfinite_audio")
+
+
+def _synth_locked(manifest, full, m, out, tag, opts, cfg, policy, model_dir, load_format, shard, float_wav,
+                  dry_run, overwrite, quiet, progress_interval, t_start, say, load_stages, plan_batches,
+                  run) -> None:
+    """The part of ``synth`` that runs holding the folder lock: plan, synthesize, compact, total."""
+    import socket
+    import uuid
+    from dataclasses import asdict
+
+    from . import report as totals_mod
+    from . import runfolder
+    from .pipeline import _row_seed
+    from .progress import Progress
+    from .writer import BackgroundWriter, WriterOptions, write_summary
+
+    removed = [] if dry_run else runfolder.remove_stale_temporaries(out)
+    if removed:
+        say(f"removed {len(removed)} temporary files left by a killed run")
+    hashes = runfolder.HashCache()
+    try:
+        ctx = runfolder.RunContext(
+            model=runfolder.model_content_hash(model_dir, hashes,
+                                               dummy_tag="released" if load_format == "dummy" else ""),
+            dtype=opts.dtype, device=opts.device,
+            options={**{k: getattr(opts, k) for k in AUDIO_OPTIONS}, "float_wav": float_wav})
+        fps = {r.id: runfolder.row_fingerprint(r, _row_seed(opts.seed, r), ctx, hashes) for r in m.rows}
+    except OSError as exc:
+        _fail(f"cannot hash the inputs: {exc}")
+    hashes.save()
+    plan = runfolder.plan_resume(out, m.rows, fps, all_ids=[r.id for r in full.rows], overwrite=overwrite)
+    todo = plan.todo
+    if plan.describe():
+        say(plan.describe())
+    if dry_run:
+        n_batches = len(plan_batches(todo, opts.batch_size, opts.token_budget))
+        typer.echo(f"{len(m.rows)} valid rows, {len(m.errors)} rejected, {len(plan.done)} already done, "
+                   f"{len(todo)} to synthesize in {n_batches} batches on {policy.device} ({policy.dtype_name})")
+        raise typer.Exit(EXIT_ROWS_FAILED if m.errors else EXIT_OK)
+
+    run_id = uuid.uuid4().hex[:12]
+    by_id = {r.id: r for r in todo}
+
     try:
         stages = load_stages(cfg, policy, opts.load_format, text_frontend=opts.text_frontend) if todo else None
     except CosycloneError as exc:
         _fail(str(exc))
-    from tqdm import tqdm
-
-    tty = sys.stderr.isatty()
     writer = BackgroundWriter(WriterOptions(out_dir=out, float_wav=float_wav, sample_rate=cfg.hift.sampling_rate),
-                              truncate=overwrite)
-    bar = tqdm(total=len(todo), desc="synth", unit="row", disable=not tty)
+                              runfolder.journal_path(out, tag))
+
+    def submit(rec) -> None:
+        """Stamp the record with what made it (fingerprint, row fields, run) and hand it to the writer."""
+        row, (fp, parts) = by_id[rec.row_id], fps[rec.row_id]
+        rec.diagnostics.update(fingerprint=fp, fingerprint_parts=parts, run_id=run_id, text=row.text,
+                               prompt_text=row.prompt_text, prompt_audio=str(row.prompt_audio), mode=row.mode,
+                               instruct=row.instruct, speed=row.speed, manifest=str(manifest), shard=shard)
+        writer.submit(rec)
+
+    bar = Progress(len(todo), interval=progress_interval, quiet=quiet)
     t_model = time.perf_counter()
+    records: list = []
+    write_error: str | None = None
     try:
-        records = run(stages, todo, opts, writer.submit, progress=bar.update) if todo else []
+        records = run(stages, todo, opts, submit, progress=bar.update) if todo else []
+    except runfolder.OutputFolderError as exc:
+        write_error = str(exc)
     finally:
         bar.close()
-        writer.close()
+        try:
+            writer.close()
+        except runfolder.OutputFolderError as exc:
+            write_error = write_error or str(exc)
     wall = time.perf_counter() - t_model
-    summary = _summary(records, m, done, opts, cfg, policy, out, wall, time.perf_counter() - t_start, model_dir,
-                       load_format, shard, float_wav)
-    write_summary(out, summary)
-    for rec in records:  # the rows that failed after validation, by manifest line (details in diagnostics)
-        d = rec.diagnostics
+    try:
+        current = runfolder.compact(out, tag)
+    except runfolder.OutputFolderError as exc:
+        write_error = write_error or str(exc)
+        current = runfolder.read_records(out)
+    made = [r.diagnostics for r in records]
+    audio = sum(float(d.get("audio_seconds") or 0.0) for d in made if d.get("status") == "ok")
+    n_ok = sum(1 for d in made if d.get("status") == "ok")
+    last_run = {
+        "run_id": run_id, "started_at": t_start, "finished_at": time.time(), "argv": sys.argv,
+        "host": socket.gethostname(), "manifest": str(manifest), "shard": shard,
+        "rows_in_manifest": len(m.rows), "invalid": len(m.errors), "invalid_rows": [str(e) for e in m.errors],
+        "todo": len(todo), "done": n_ok, "failed": len(made) - n_ok, "skipped": len(plan.done),
+        "redone": len(plan.redone), "redone_by": plan.redone_counts(), "retried": len(plan.retried),
+        "not_written": len(todo) - len(made),
+        "failed_rows": {d["id"]: d.get("error") for d in made if d.get("status") != "ok"},
+        "rows_not_in_manifest": len(plan.foreign), "write_error": write_error,
+        "audio_seconds": audio, "wall_seconds": wall, "total_wall_seconds": time.time() - t_start,
+        "rows_per_s": len(made) / wall if wall > 0 and made else 0.0,
+        "throughput_audio_s_per_s": audio / wall if wall > 0 else 0.0, "rtf": wall / audio if audio > 0 else None,
+        "versions": _versions(opts.text_frontend), "devices": _devices(policy),
+        "model_dir": str(model_dir) if model_dir else None, "model_hash": ctx.model,
+        "model_yaml_sha256": cfg.yaml_sha256 or None, "load_format": load_format, "device": str(policy.device),
+        "dtype": policy.dtype_name, "dtype_requested": policy.requested_dtype, "float_wav": float_wav,
+        "options": asdict(opts), "algorithm": runfolder.ALGORITHM_VERSION,
+    }
+    folder = totals_mod.folder_totals(current.values())
+    summary = {**folder, "out_dir": str(out), "last_run": last_run}
+    try:
+        write_summary(out, summary)
+        runfolder.append_jsonl(out / runfolder.RUNS_NAME, last_run)
+    except runfolder.OutputFolderError as exc:
+        write_error = write_error or str(exc)
+    for d in made:  # the rows that failed after validation, by manifest line (details in diagnostics)
         if d.get("status") != "ok":
-            typer.echo(f"{manifest}: line {d.get('line')}, row {rec.row_id!r}: {d.get('error')}", err=True)
-    render_summary(summary, tty=sys.stdout.isatty())
-    failed = summary["failed"] + summary["invalid"]
+            typer.echo(f"{manifest}: line {d.get('line')}, row {d['id']!r}: {d.get('error')}", err=True)
+    extra = {"this run": f"{n_ok} done, {len(made) - n_ok} failed, {len(plan.done)} skipped, "
+                         f"{len(plan.redone)} redone, {len(m.errors)} invalid",
+             "this run audio-s/s": last_run["throughput_audio_s_per_s"], "outputs": str(out)}
+    totals_mod.render(folder, title=f"cosyclone synth: {out}", tty=sys.stdout.isatty(), extra=extra)
+    if write_error:
+        typer.echo(f"error: {write_error}. The {writer.written} rows written before it are kept and no "
+                   "partial file is left; free space (or fix permissions) and rerun the same command to resume",
+                   err=True)
+        raise typer.Exit(EXIT_WRITE)
+    failed = last_run["failed"] + last_run["invalid"]
     raise typer.Exit(EXIT_ROWS_FAILED if failed else EXIT_OK)
 
 
-def _summary(records, m, done, opts, cfg, policy, out, wall, total_wall, model_dir, load_format, shard,
-             float_wav) -> dict:
-    from dataclasses import asdict
-
+def _devices(policy) -> list[str]:
     import torch
 
-    sampler_rows = [s for r in records for s in r.diagnostics.get("sampler", [])]
-    calls = sum(int(s.get("steps", 0)) for s in sampler_rows)
-    all_nan = sum(int(s.get("all_nan_steps", 0)) for s in sampler_rows)
-    nan_rows = sum(1 for r in records if any(s.get("nan_steps", 0) for s in r.diagnostics.get("sampler", [])))
-    bad_audio = [int(r.diagnostics.get("nonfinite_audio_samples", 0)) for r in records]
-    reasons: dict[str, int] = {}
-    for r in records:
-        if r.diagnostics.get("status") != "ok":
-            key = str(r.diagnostics.get("reason"))
-            reasons[key] = reasons.get(key, 0) + 1
-    audio = sum(float(r.diagnostics.get("audio_seconds", 0.0)) for r in records)
-    ok = sum(1 for r in records if r.diagnostics.get("status") == "ok")
-    return {
-        "rows": len(m.rows), "done": ok, "skipped": len(done), "failed": len(records) - ok,
-        "invalid": len(m.errors), "invalid_rows": [str(e) for e in m.errors],
-        "failed_rows": {r.row_id: r.diagnostics.get("error") for r in records if r.diagnostics.get("status") != "ok"},
-        "failed_reasons": reasons,
-        "nan_rows": nan_rows, "nan_summary": f"{calls} sampler calls, {all_nan} entirely NaN",
-        "nonfinite_audio_rows": sum(1 for n in bad_audio if n), "nonfinite_audio_samples": sum(bad_audio),
-        "audio_seconds": audio, "wall_seconds": wall, "total_wall_seconds": total_wall,
-        "throughput_audio_s_per_s": audio / wall if wall > 0 else 0.0,
-        "rtf": wall / audio if audio > 0 else None,
-        "versions": {"cosyclone": __version__, "torch": torch.__version__, "python": platform.python_version(),
-                     **_text_versions(opts.text_frontend)},
-        "model_dir": str(model_dir) if model_dir else None, "model_yaml_sha256": cfg.yaml_sha256 or None,
-        "load_format": load_format, "device": str(policy.device), "dtype": policy.dtype_name,
-        "dtype_requested": policy.requested_dtype,
-        "shard": shard, "float_wav": float_wav, "options": asdict(opts), "out_dir": str(out),
-    }
+    if policy.device.type == "cuda" and torch.cuda.is_available():
+        return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return [platform.processor() or platform.machine()]
+
+
+def _versions(text_frontend: str) -> dict[str, str]:
+    import torch
+
+    return {"cosyclone": __version__, "torch": torch.__version__, "python": platform.python_version(),
+            **_text_versions(text_frontend)}
+
+
+@app.command()
+def report(
+    folders: list[Path] = typer.Argument(..., help="run folders (shards of one dataset are merged)"),
+    json_out: bool = typer.Option(False, "--json", help="print the totals as one JSON object"),
+) -> None:
+    """Totals recomputed from the row records of one or more run folders (shards merged)."""
+    from . import report as totals_mod
+    from .eval.summary import load_eval_summary
+
+    for folder in folders:
+        if not folder.is_dir():
+            _fail(f"{folder}: not a folder")
+    records, warnings = totals_mod.merge_folders(folders)
+    totals = totals_mod.folder_totals(records.values())
+    evals = {str(f): e for f in folders if (e := load_eval_summary(f)) is not None}
+    for w in warnings:
+        typer.echo(f"warning: {w}", err=True)
+    if json_out:
+        typer.echo(json.dumps({**totals, "folders": [str(f) for f in folders], "eval": evals or None},
+                              sort_keys=True))
+        raise typer.Exit(EXIT_OK)
+    title = "cosyclone report: " + ", ".join(str(f) for f in folders)
+    totals_mod.render(totals, title=title, tty=sys.stdout.isatty())
+    if evals:
+        from .eval.summary import eval_summary_renderable
+
+        for folder, e in evals.items():
+            if sys.stdout.isatty():
+                from rich.console import Console
+
+                Console().print(eval_summary_renderable(e))
+            else:
+                typer.echo(f"eval of {folder}: {json.dumps(e, sort_keys=True)}")
+    raise typer.Exit(EXIT_OK)
 
 
 app.command("eval")(eval_command)  # cosyclone/eval/command.py (models from the optional eval extra)

@@ -188,8 +188,7 @@ def synthesize_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptio
     talker), so an exception fails only the rows that raise it alone, with its type, message and
     traceback recorded (:meth:`RowOutcome.fail_exc`).
     """
-    from .conditioning import to_talker_request
-    from .talker.decode import DecodeOptions, generate
+    from .talker.decode import DecodeOptions
 
     outcomes = {r.id: RowOutcome(row_id=r.id, line=r.line, seed=_row_seed(opts.seed, r)) for r in rows}
     segments: list[tuple[str, Any]] = []  # (row id, Request) in row then segment order
@@ -210,17 +209,7 @@ def synthesize_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptio
     results: dict[int, Any] = {}
     if segments:
         t0 = time.perf_counter()
-        try:
-            outs = generate(stages.talker, [to_talker_request(r) for _, r in segments], dec)
-            results = dict(enumerate(outs))
-        except Exception as exc:  # a batch-level failure: retry segment by segment to isolate it
-            for i, (rid, r) in enumerate(segments):
-                if outcomes[rid].status != "ok":
-                    continue  # an earlier segment of this row already failed alone
-                try:
-                    results[i] = generate(stages.talker, [to_talker_request(r)], dec)[0]
-                except Exception as exc_row:
-                    outcomes[rid].fail_exc("talker", exc_row, note=f" (the batch raised {type(exc).__name__}: {exc})")
+        results = _generate_isolated(stages, segments, dec, outcomes)
         share = (time.perf_counter() - t0) / max(1, len(segments))
         for rid, _ in segments:
             outcomes[rid].seconds["talker"] = outcomes[rid].seconds.get("talker", 0.0) + share
@@ -272,6 +261,57 @@ def synthesize_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptio
             oc.audio_seconds = len(wav) / sr
         records.append(RowRecord(row_id=row.id, wav=wav, diagnostics=oc.to_dict()))
     return records
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """True for a device (or host allocator) out-of-memory error, whatever the backend calls it."""
+    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or (
+        isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
+
+
+def _generate_isolated(stages: Stages, segments: Sequence[tuple[str, Any]], dec: Any,
+                       outcomes: dict[str, RowOutcome]) -> dict[int, Any]:
+    """The talker over ``segments`` -> {segment index: result}, with failures confined.
+
+    Out of memory halves the batch and retries each half (down to one segment, which then fails
+    its row); any other batch-level exception retries segment by segment, so only the segments that
+    raise alone fail their rows. A row's tokens do not depend on its batch-mates, so the retries
+    give the same audio as the whole batch would have.
+    """
+    from .conditioning import to_talker_request
+    from .talker.decode import generate
+
+    def attempt(idx: list[int]) -> dict[int, Any]:
+        outs = generate(stages.talker, [to_talker_request(segments[i][1]) for i in idx], dec)
+        return dict(zip(idx, outs, strict=True))
+
+    def solve(idx: list[int]) -> dict[int, Any]:
+        idx = [i for i in idx if outcomes[segments[i][0]].status == "ok"]
+        if not idx:
+            return {}
+        try:
+            return attempt(idx)
+        except Exception as exc:
+            if len(idx) > 1 and is_out_of_memory(exc):
+                if stages.policy.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                half = len(idx) // 2
+                return {**solve(idx[:half]), **solve(idx[half:])}
+            if len(idx) == 1:
+                outcomes[segments[idx[0]][0]].fail_exc("talker", exc)
+                return {}
+            found: dict[int, Any] = {}
+            for i in idx:  # isolate: only the segments that raise alone fail their rows
+                if outcomes[segments[i][0]].status != "ok":
+                    continue  # an earlier segment of this row already failed alone
+                try:
+                    found.update(attempt([i]))
+                except Exception as exc_row:
+                    outcomes[segments[i][0]].fail_exc(
+                        "talker", exc_row, note=f" (the batch raised {type(exc).__name__}: {exc})")
+            return found
+
+    return solve(list(range(len(segments))))
 
 
 def _frames_after_speed(frames: int, speed: float) -> int:
@@ -353,16 +393,21 @@ def plan_batches(rows: Sequence[ManifestRow], batch_size: int,
 
 
 def run(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptions,
-        submit: Callable[[RowRecord], None], progress: Callable[[int], None] | None = None) -> list[RowRecord]:
-    """Synthesize ``rows`` batch by batch, handing each record to ``submit`` (the writer) at once."""
+        submit: Callable[[RowRecord], None],
+        progress: Callable[[RowRecord], None] | None = None) -> list[RowRecord]:
+    """Synthesize ``rows`` batch by batch, handing each record to ``submit`` (the writer) at once.
+
+    ``progress`` is called once per finished row with its record (after ``submit``). The returned
+    records keep their diagnostics but not their audio (the writer has it).
+    """
     out: list[RowRecord] = []
     for batch in plan_batches(rows, opts.batch_size, opts.token_budget):
         for rec in _synthesize_isolated(stages, batch, opts):
             rec.diagnostics["wav"] = f"wavs/{rec.row_id}.wav" if rec.wav is not None else None
             submit(rec)
             out.append(RowRecord(row_id=rec.row_id, wav=None, diagnostics=rec.diagnostics))
-        if progress is not None:
-            progress(len(batch))
+            if progress is not None:
+                progress(rec)
     return out
 
 

@@ -1,31 +1,33 @@
-"""Output files: ``wavs/<id>.wav``, ``diagnostics.jsonl`` and ``summary.json``.
+"""Output files of a run: ``wavs/<id>.wav`` and the row records (see :mod:`cosyclone.runfolder`).
 
-Crash safety is by construction: a WAV is written to a temporary name in the same folder and
-renamed (atomic on POSIX), and only *then* is the row's diagnostics line appended whole and
-flushed. A row therefore counts as done exactly when its diagnostics line says ``ok`` and its WAV
-exists, which is what :func:`completed_rows` checks on resume. A line cut by a kill is ignored (it
-does not parse) and the next append starts on a fresh line.
+Crash safety is by construction: a WAV is encoded in memory, written to a temporary name in the
+same folder, fsynced and renamed (atomic on POSIX), the directory fsynced, and only *then* is the
+row's record appended whole to this writer's journal and fsynced. A row therefore counts as done
+exactly when its record says ``ok`` and its WAV holds the recorded samples. A write that fails
+(disk full, permission) removes its temporary file and stops the run with
+:class:`~cosyclone.runfolder.OutputFolderError`.
 
 :class:`BackgroundWriter` runs the file work on its own thread so the model never waits on disk.
 """
 
 from __future__ import annotations
 
+import io
 import json
-import os
 import queue
 import threading
-from collections.abc import Iterable
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from . import runfolder
+
 SAMPLE_RATE = 24000
-DIAG_NAME = "diagnostics.jsonl"
 SUMMARY_NAME = "summary.json"
-WAV_DIR = "wavs"
+WAV_DIR = runfolder.WAV_DIR
 
 
 @dataclass(frozen=True)
@@ -50,83 +52,48 @@ def wav_path(out_dir: Path, row_id: str) -> Path:
     return Path(out_dir) / WAV_DIR / f"{row_id}.wav"
 
 
-def write_wav_atomic(path: Path, wav: np.ndarray, *, sample_rate: int, float_wav: bool) -> None:
-    """Write ``wav`` to ``path`` through a temporary file and an atomic rename.
+def encode_wav(wav: np.ndarray, *, sample_rate: int, float_wav: bool) -> bytes:
+    """The WAV file's bytes (PCM16, or 32-bit float), samples clipped to [-1, 1].
 
-    Samples are clipped to [-1, 1]; a non-finite sample is refused, never silently zeroed: the
-    pipeline decides what NaN/inf audio means (``--nonfinite-audio``) and counts it per row.
+    A non-finite sample is refused, never silently zeroed: the pipeline decides what NaN/inf audio
+    means (``--nonfinite-audio``) and counts it per row.
     """
     import soundfile as sf
 
     data = np.asarray(wav, dtype=np.float32).reshape(-1)
     if not np.isfinite(data).all():
-        raise ValueError(f"{path.name}: {int((~np.isfinite(data)).sum())} non-finite samples reached the writer "
+        raise ValueError(f"{int((~np.isfinite(data)).sum())} non-finite samples reached the writer "
                          "(the pipeline fails such rows or zeroes them under --nonfinite-audio zero)")
+    buf = io.BytesIO()
+    sf.write(buf, np.clip(data, -1.0, 1.0), sample_rate, subtype="FLOAT" if float_wav else "PCM_16", format="WAV")
+    return buf.getvalue()
+
+
+def write_wav_atomic(path: Path, wav: np.ndarray, *, sample_rate: int, float_wav: bool) -> None:
+    """Write ``wav`` to ``path`` durably: temporary file, fsync, rename, directory fsync."""
+    try:
+        data = encode_wav(wav, sample_rate=sample_rate, float_wav=float_wav)
+    except ValueError as exc:
+        raise ValueError(f"{path.name}: {exc}") from None
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    data = np.clip(data, -1.0, 1.0)
-    sf.write(str(tmp), data, sample_rate, subtype="FLOAT" if float_wav else "PCM_16", format="WAV")
-    os.replace(tmp, path)
-
-
-def read_diagnostics(out_dir: Path) -> dict[str, dict[str, Any]]:
-    """The last complete diagnostics line per row id (lines that do not parse are skipped)."""
-    path = Path(out_dir) / DIAG_NAME
-    found: dict[str, dict[str, Any]] = {}
-    if not path.is_file():
-        return found
-    for raw in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict) and isinstance(obj.get("id"), str):
-            found[obj["id"]] = obj
-    return found
-
-
-def completed_rows(out_dir: Path, ids: Iterable[str]) -> set[str]:
-    """Ids whose diagnostics line says ``ok`` and whose WAV exists: these are skipped on resume."""
-    diags = read_diagnostics(out_dir)
-    done = set()
-    for rid in ids:
-        d = diags.get(rid)
-        if d is not None and d.get("status") == "ok" and wav_path(out_dir, rid).is_file():
-            done.add(rid)
-    return done
-
-
-class DiagnosticsLog:
-    """Append-only JSONL: each line written whole and flushed (and fsynced) before returning."""
-
-    def __init__(self, path: Path, *, truncate: bool = False) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if truncate and path.exists():
-            path.unlink()
-        needs_newline = path.is_file() and path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")
-        self._fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        if needs_newline:  # a previous run was killed mid-line: start clean
-            self._fh.write("\n")
-            self._fh.flush()
-
-    def append(self, obj: dict[str, Any]) -> None:
-        self._fh.write(json.dumps(obj, ensure_ascii=False, sort_keys=True) + "\n")
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
-
-    def close(self) -> None:
-        self._fh.close()
+    runfolder.write_bytes_atomic(path, data)
 
 
 class BackgroundWriter:
-    """Writes :class:`RowRecord`s on a worker thread; ``close()`` waits and re-raises its error."""
+    """Writes :class:`RowRecord`s on a worker thread; ``close()`` waits and re-raises its error.
 
-    def __init__(self, options: WriterOptions, *, truncate: bool = False, max_queue: int = 64) -> None:
+    Records go to ``journal`` (this writer's journal in the folder); a failed row's stale WAV from
+    an earlier attempt is removed (its record now says why there is none), and the traceback of a
+    non-user error moves to ``errors.jsonl`` so the row records stay readable.
+    """
+
+    def __init__(self, options: WriterOptions, journal: Path, *, max_queue: int = 64) -> None:
         self.options = options
-        self._log = DiagnosticsLog(Path(options.out_dir) / DIAG_NAME, truncate=truncate)
+        self._journal = runfolder.Journal(journal)
         (Path(options.out_dir) / WAV_DIR).mkdir(parents=True, exist_ok=True)
         self._queue: queue.Queue[RowRecord | None] = queue.Queue(maxsize=max_queue)
         self._error: BaseException | None = None
+        self.written = 0
         self._thread = threading.Thread(target=self._work, name="cosyclone-writer", daemon=True)
         self._thread.start()
 
@@ -139,15 +106,29 @@ class BackgroundWriter:
                 continue
             try:
                 self.write_now(rec)
-            except BaseException as exc:  # surfaced by close()
+            except BaseException as exc:  # surfaced by submit() / close()
                 self._error = exc
 
     def write_now(self, rec: RowRecord) -> None:
-        """WAV first (atomic), then its diagnostics line: the line is the commit record."""
+        """WAV first (atomic), then its record: the record is the commit."""
+        out = Path(self.options.out_dir)
+        d = dict(rec.diagnostics)
+        path = wav_path(out, rec.row_id)
         if rec.wav is not None:
-            write_wav_atomic(wav_path(self.options.out_dir, rec.row_id), rec.wav,
-                             sample_rate=self.options.sample_rate, float_wav=self.options.float_wav)
-        self._log.append(rec.diagnostics)
+            write_wav_atomic(path, rec.wav, sample_rate=self.options.sample_rate, float_wav=self.options.float_wav)
+            d["samples"], d["sample_rate"] = int(np.asarray(rec.wav).size), self.options.sample_rate
+        elif path.exists():
+            path.unlink()
+            runfolder.fsync_dir(path.parent)
+        tb = d.pop("traceback", None)
+        if tb:
+            runfolder.append_jsonl(out / runfolder.ERRORS_NAME,
+                                   {"id": rec.row_id, "run_id": d.get("run_id"), "time": time.time(),
+                                    "error_type": d.get("error_type"), "error": d.get("error"), "traceback": tb})
+            d["traceback"] = f"see {runfolder.ERRORS_NAME}"
+        d.setdefault("finished_at", time.time())
+        self._journal.append(d)
+        self.written += 1
 
     def submit(self, rec: RowRecord) -> None:
         if self._error is not None:
@@ -157,7 +138,7 @@ class BackgroundWriter:
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join()
-        self._log.close()
+        self._journal.close()
         if self._error is not None:
             raise self._error
 
@@ -165,33 +146,5 @@ class BackgroundWriter:
 def write_summary(out_dir: Path, summary: dict[str, Any]) -> Path:
     """``summary.json``, written atomically."""
     path = Path(out_dir) / SUMMARY_NAME
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    runfolder.write_bytes_atomic(path, (json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n").encode())
     return path
-
-
-def render_summary(summary: dict[str, Any], *, tty: bool) -> None:
-    """A rich table on a terminal; a few plain ``key: value`` lines otherwise."""
-    keys = [("rows", "rows in run"), ("done", "rows ok"), ("skipped", "resumed (skipped)"),
-            ("failed", "rows failed"), ("invalid", "invalid manifest rows"), ("audio_seconds", "audio s"),
-            ("wall_seconds", "wall s"), ("rtf", "real-time factor"), ("nan_summary", "sampler"),
-            ("nonfinite_audio_samples", "non-finite audio samples"),
-            ("out_dir", "outputs")]
-    if tty:
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(title="cosyclone synth", show_header=False)
-        for key, label in keys:
-            table.add_row(label, _fmt(summary.get(key)))
-        Console().print(table)
-    else:
-        for key, label in keys:
-            print(f"{label}: {_fmt(summary.get(key))}")
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.3f}"
-    return "" if value is None else str(value)

@@ -185,8 +185,9 @@ def test_cli_summary_counts_nonfinite_audio_and_failure_reasons(monkeypatch: pyt
     assert res.exit_code == 3, res.output
     s = json.loads((tmp_path / "fail" / "summary.json").read_text())
     assert (s["nonfinite_audio_rows"], s["nonfinite_audio_samples"]) == (2, 15)
-    assert s["failed_reasons"] == {"nonfinite_audio": 2} and s["options"]["nonfinite_audio"] == "fail"
-    assert s["options"]["dtype"] == "fp32" and s["dtype"] == "fp32" and s["dtype_requested"] == "auto"
+    run = s["last_run"]
+    assert s["failed_reasons"] == {"nonfinite_audio": 2} and run["options"]["nonfinite_audio"] == "fail"
+    assert run["options"]["dtype"] == "fp32" and run["dtype"] == "fp32" and run["dtype_requested"] == "auto"
     res = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "zero"), "--nonfinite-audio", "zero"])
     assert res.exit_code == 3, res.output  # only the manifest's invalid line
     s = json.loads((tmp_path / "zero" / "summary.json").read_text())

@@ -114,7 +114,7 @@ def test_cli_on_stub_stages(stubbed: None, tmp_path: Path) -> None:
     wav, sr = sf.read(str(out / "wavs" / "a.wav"))
     assert sr == 24000 and len(wav) == 2 * 4 * 2 * 480
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["done"] == 2 and summary["failed"] == 2 and summary["invalid"] == 1
+    assert summary["done"] == 2 and summary["failed"] == 2 and summary["last_run"]["invalid"] == 1
     assert summary["nan_summary"].endswith("entirely NaN")
     before = (out / "wavs" / "a.wav").read_bytes()
     (out / "wavs" / "b.wav").unlink()
@@ -122,7 +122,7 @@ def test_cli_on_stub_stages(stubbed: None, tmp_path: Path) -> None:
     (out / "diagnostics.jsonl").write_text(text[:-5])  # killed mid-line
     res = CliRunner().invoke(app, args)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["skipped"] == 1 and (out / "wavs" / "b.wav").is_file()
+    assert summary["last_run"]["skipped"] == 1 and (out / "wavs" / "b.wav").is_file()
     assert (out / "wavs" / "a.wav").read_bytes() == before
 
 
@@ -138,7 +138,7 @@ def test_min_tokens_reaches_decode_options(stubbed: None, tmp_path: Path) -> Non
     d = {x["id"]: x for x in map(json.loads, (out / "diagnostics.jsonl").read_text().splitlines())}
     assert d["a"]["tokens"] == [9] and d["b"]["tokens"] == [9]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["options"]["min_tokens"] == 9 and summary["options"]["token_budget"] is None
+    assert summary["last_run"]["options"]["min_tokens"] == 9 and summary["last_run"]["options"]["token_budget"] is None
     bad = CliRunner().invoke(app, [*args[:-4], "--max-tokens", "4", "--min-tokens", "5"])
     assert bad.exit_code == 2 and "--min-tokens 5 is above --max-tokens 4" in bad.output
     assert "--min-tokens" not in CliRunner().invoke(app, ["synth", "--help"]).output  # advanced: hidden
@@ -202,7 +202,7 @@ def test_cli_token_budget_plans_batches(stubbed: None, tmp_path: Path) -> None:
     res = CliRunner().invoke(app, [*args, "--token-budget", "66"])
     assert res.exit_code == 3, res.output
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
-    assert summary["done"] == 3 and summary["options"]["token_budget"] == 66
+    assert summary["last_run"]["done"] == 3 and summary["last_run"]["options"]["token_budget"] == 66
     assert CliRunner().invoke(app, [*args, "--token-budget", "0"]).exit_code == 2
 
 
@@ -211,15 +211,23 @@ def test_released_config_loads_without_dir() -> None:
 
 
 def test_writer_atomic_float_and_torn_line(tmp_path: Path) -> None:
-    from cosyclone.writer import BackgroundWriter, RowRecord, WriterOptions, completed_rows, read_diagnostics
+    from cosyclone.runfolder import is_complete, journal_path, read_records
+    from cosyclone.writer import BackgroundWriter, RowRecord, WriterOptions
 
     (tmp_path / "diagnostics.jsonl").write_text('{"id": "old", "status": "ok"}\n{"id": "torn", "sta')
-    w = BackgroundWriter(WriterOptions(out_dir=tmp_path, float_wav=True))
+    (tmp_path / "wavs").mkdir()
+    (tmp_path / "wavs" / "y.wav").write_bytes(b"stale audio of an earlier attempt")
+    w = BackgroundWriter(WriterOptions(out_dir=tmp_path, float_wav=True), journal_path(tmp_path, "all"))
     w.submit(RowRecord("x", np.full(480, 0.25, np.float32), {"id": "x", "status": "ok"}))
-    w.submit(RowRecord("y", None, {"id": "y", "status": "failed", "error": "boom"}))
+    w.submit(RowRecord("y", None, {"id": "y", "status": "failed", "error": "boom", "traceback": "Traceback..."}))
     w.close()
     data, sr = sf.read(str(tmp_path / "wavs" / "x.wav"), dtype="float32")
     assert sr == 24000 and np.allclose(data, 0.25) and sf.info(str(tmp_path / "wavs" / "x.wav")).subtype == "FLOAT"
     assert not list((tmp_path / "wavs").glob(".*tmp*"))
-    assert set(read_diagnostics(tmp_path)) == {"old", "x", "y"}
-    assert completed_rows(tmp_path, ["old", "x", "y"]) == {"x"}
+    records = read_records(tmp_path)
+    assert set(records) == {"old", "x", "y"} and records["x"]["samples"] == 480
+    assert [r for r in records if is_complete(tmp_path, records[r])] == ["x"]
+    assert not (tmp_path / "wavs" / "y.wav").exists()  # a failed row leaves no stale WAV behind
+    errors = [json.loads(x) for x in (tmp_path / "errors.jsonl").read_text().splitlines()]
+    assert errors[0]["id"] == "y" and errors[0]["traceback"] == "Traceback..."
+    assert records["y"]["traceback"] == "see errors.jsonl"

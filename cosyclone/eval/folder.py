@@ -58,20 +58,10 @@ class Folder:
 
 
 def read_status(out_dir: Path) -> dict[str, dict[str, Any]]:
-    """The latest diagnostics object per id (last line wins; lines that do not parse are skipped)."""
-    path = Path(out_dir) / DIAGNOSTICS
-    found: dict[str, dict[str, Any]] = {}
-    if not path.is_file():
-        return found
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for raw in fh:
-            try:
-                obj = json.loads(raw)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(obj, dict) and isinstance(obj.get("id"), str):
-                found[obj["id"]] = obj
-    return found
+    """The current record per id, as synth and ``report`` read it (diagnostics plus any journal)."""
+    from ..runfolder import read_records
+
+    return read_records(Path(out_dir))
 
 
 def read_folder(out_dir: str | Path, manifest: str | Path) -> Folder:

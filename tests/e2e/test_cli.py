@@ -108,12 +108,13 @@ def test_outputs_are_24k_wavs_of_the_expected_length_with_complete_diagnostics(
         assert line["audio_seconds"] == pytest.approx(len(data) / 24000)
         assert np.isfinite(data).all() and np.abs(data).max() > 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["done"] == 4 and summary["failed"] == 0 and summary["invalid"] == 0
+    assert summary["done"] == 4 and summary["failed"] == 0 and summary["last_run"]["invalid"] == 0
     assert summary["audio_seconds"] == pytest.approx(sum(d["audio_seconds"] for d in lines))
     assert summary["nan_summary"] == f"{sum(s['steps'] for d in lines for s in d['sampler'])} sampler calls, 0 entirely NaN"
-    for key in ("versions", "model_yaml_sha256", "options", "throughput_audio_s_per_s", "rtf"):
-        assert summary[key] is not None
-    assert summary["options"]["max_tokens"] == MAX_TOKENS and summary["options"]["n_timesteps"] == 2
+    for key in ("versions", "model_yaml_sha256", "options", "throughput_audio_s_per_s", "rtf", "model_hash"):
+        assert summary["last_run"][key] is not None
+    assert summary["last_run"]["options"]["max_tokens"] == MAX_TOKENS
+    assert summary["last_run"]["options"]["n_timesteps"] == 2
 
 
 def test_resume_after_a_kill_redoes_exactly_the_missing_rows(model_dir: Path, manifest: Path,
@@ -123,26 +124,28 @@ def test_resume_after_a_kill_redoes_exactly_the_missing_rows(model_dir: Path, ma
     first = wav_bytes(out)
     log = out / "diagnostics.jsonl"
     lines = log.read_text().splitlines(keepends=True)
+    assert len(lines) == 4  # compacted: one record per row
     torn = json.loads(lines[-1])["id"]  # the kill cut this row's line in half
-    gone = next(json.loads(x)["id"] for x in lines if json.loads(x)["id"] != torn)  # this row's WAV is lost
+    gone = json.loads(lines[0])["id"]  # this row's WAV is lost
     log.write_text("".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
     (out / "wavs" / f"{gone}.wav").unlink()
-    before = len(diag_lines(out))
 
     res = synth(manifest, model_dir, out)
     assert res.exit_code == 0, res.output
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["skipped"] == 2 and summary["done"] == 2 and summary["failed"] == 0
-    redone = [d["id"] for d in diag_lines(out)[before:]]
-    assert sorted(redone) == sorted({torn, gone})
+    run = summary["last_run"]
+    assert run["skipped"] == 2 and run["done"] == 2 and summary["done"] == 4 and summary["failed"] == 0
+    redone = sorted(rid for rid, d in diags(out).items() if d["run_id"] == run["run_id"])
+    assert redone == sorted({torn, gone})
     assert wav_bytes(out) == first  # the redone rows come out byte-identical
-    assert all(d["status"] == "ok" for d in diags(out).values()) and len(diags(out)) == 4
+    assert all(d["status"] == "ok" for d in diags(out).values()) and len(diag_lines(out)) == 4
 
-    # nothing left to do: no model work, no new lines
+    # nothing left to do: no model work, the same records
+    before = log.read_text()
     res = synth(manifest, model_dir, out)
     assert res.exit_code == 0, res.output
-    assert json.loads((out / "summary.json").read_text())["skipped"] == 4
-    assert len(diag_lines(out)) == before + 2
+    assert json.loads((out / "summary.json").read_text())["last_run"]["skipped"] == 4
+    assert log.read_text() == before
 
 
 def test_reruns_with_the_same_seed_are_byte_identical(model_dir: Path, manifest: Path, tmp_path: Path) -> None:
@@ -155,7 +158,8 @@ def test_reruns_with_the_same_seed_are_byte_identical(model_dir: Path, manifest:
     assert wav_bytes(tmp_path / "b") == first
 
     def stable(out: Path) -> dict:
-        return {k: {f: v for f, v in d.items() if f != "seconds"} for k, d in diags(out).items()}
+        return {k: {f: v for f, v in d.items() if f not in ("seconds", "finished_at", "run_id")}
+                for k, d in diags(out).items()}
 
     assert stable(tmp_path / "b") == stable(tmp_path / "a")
     assert synth(manifest, model_dir, tmp_path / "c", "--seed", "12").exit_code == 0
@@ -191,7 +195,7 @@ def test_bad_rows_isolated(model_dir: Path, manifest: Path, tmp_path: Path) -> N
     assert sorted(diags(out)) == ["r0", "r1", "r2", "r3"]
     assert not (out / "x.wav").exists() and not (tmp_path / "x.wav").exists()
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["done"] == 4 and summary["invalid"] == 6 and len(summary["invalid_rows"]) == 6
+    assert summary["done"] == 4 and summary["last_run"]["invalid"] == 6 and len(summary["last_run"]["invalid_rows"]) == 6
     assert diags(out)["r1"]["line"] == 2  # the first occurrence of a duplicate id is the one kept
 
     val = runner.invoke(app, ["validate", str(manifest)])
@@ -215,8 +219,8 @@ def test_shards_disjoint_and_covering(model_dir: Path, manifest: Path, tmp_path:
             got += sorted(diags(out))
             assert sorted(p.stem for p in (out / "wavs").glob("*.wav")) == sorted(diags(out))
             summary = json.loads((out / "summary.json").read_text())
-            invalid += summary["invalid"]
-            assert summary["shard"] == f"{i}/{n}"
+            invalid += summary["last_run"]["invalid"]
+            assert summary["last_run"]["shard"] == f"{i}/{n}"
         assert sorted(got) == ["r0", "r1", "r2", "r3", "r4"] and len(set(got)) == len(got)
         assert invalid == 1
     assert synth(manifest, model_dir, tmp_path / "x", "--shard", "2/2").exit_code == 2
@@ -252,7 +256,7 @@ def test_example_manifest_with_min_tokens_and_token_budget(model_dir: Path, tmp_
         assert all(s["steps"] == 4 for s in line["sampler"]), line  # min = max: exactly 4 tokens sampled
     assert d["weather"]["seed"] == 7
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["options"]["min_tokens"] == 4 and summary["options"]["token_budget"] == 1
+    assert summary["last_run"]["options"]["min_tokens"] == 4 and summary["last_run"]["options"]["token_budget"] == 1
 
 
 def test_validate_and_dry_run(model_dir: Path, manifest: Path, tmp_path: Path) -> None:
