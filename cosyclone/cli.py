@@ -322,14 +322,12 @@ def _declared_requirements() -> set[str]:
     return names
 
 
-def _module_of(dist: str) -> str:
-    """The top-level module a distribution installs (``pyyaml`` -> ``yaml``), else its own name."""
-    from importlib import metadata
+_IMPORT_NAMES = {"pyyaml": "yaml"}  # declared distributions whose module has another name
 
-    own = dist.replace("-", "_")
-    found = sorted(m for m, dists in metadata.packages_distributions().items()
-                   if dist in {d.lower().replace("_", "-") for d in dists} and not m.startswith("_"))
-    return own if own in found or not found else found[0]
+
+def _module_of(dist: str) -> str:
+    """The module a declared distribution is imported as (``pyyaml`` -> ``yaml``)."""
+    return _IMPORT_NAMES.get(dist, dist.replace("-", "_"))
 
 
 def _import_status(name: str) -> tuple[bool, str]:
