@@ -28,23 +28,21 @@ KeyAdapter = Callable[[StateDict], StateDict]
 _REFUSED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
 
 
-def read_state_file(path: str | Path) -> StateDict:
-    """Read a ``.pt`` (weights-only, memory-mapped) or ``.safetensors`` file into a flat dict.
+def load_torch_data(path: str | Path, *, mmap: bool = True) -> object:
+    """``torch.load`` with the weights-only unpickler, and errors that say what the file holds.
 
-    A ``.pt`` file is unpickled with torch's weights-only unpickler, which refuses every object
-    that is not a tensor, container or number; cosyclone never retries without it (a checkpoint
-    is data, and running code from a model directory is not an option), so the error says what
-    the file holds and how to turn it into plain tensors instead of repeating torch's advice.
+    The weights-only unpickler refuses every object that is not a tensor, container or number;
+    cosyclone never retries without it (a checkpoint is data, and running code from a model
+    directory is not an option), so a refusal names the object type the file holds and how to
+    turn it into plain tensors, instead of repeating torch's advice to load it unsafely. Used for
+    every ``.pt`` file cosyclone reads (the model directory's and the eval speaker encoder's).
+    ``mmap`` needs the zip format of torch >= 1.6; pass False for older files.
     """
     path = Path(path)
     if not path.is_file():
         raise ModelDirError(f"{path}: checkpoint file missing")
     try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            return dict(load_file(str(path)))
-        obj = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+        return torch.load(str(path), map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as exc:  # the weights-only unpickler refused an object
         found = _REFUSED_GLOBAL.search(str(exc))
         what = f"an object of type {found.group(1)}" if found else "a pickled object that is not a tensor"
@@ -55,6 +53,22 @@ def read_state_file(path: str | Path) -> StateDict:
     except Exception as exc:  # truncated or corrupt files, wrong format
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         raise ModelDirError(f"{path}: cannot read as a torch checkpoint ({type(exc).__name__}: {first})") from exc
+
+
+def read_state_file(path: str | Path) -> StateDict:
+    """Read a ``.pt`` (weights-only, memory-mapped: :func:`load_torch_data`) or ``.safetensors``
+    file into a flat dict of tensors; anything else in it is named in the error."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        if not path.is_file():
+            raise ModelDirError(f"{path}: checkpoint file missing")
+        from safetensors.torch import load_file
+
+        try:
+            return dict(load_file(str(path)))
+        except Exception as exc:  # truncated or not a safetensors file
+            raise ModelDirError(f"{path}: cannot read as safetensors ({type(exc).__name__}: {exc})") from exc
+    obj = load_torch_data(path)
     if isinstance(obj, Mapping) and "state_dict" in obj and isinstance(obj["state_dict"], Mapping):
         obj = obj["state_dict"]
     if not isinstance(obj, Mapping):

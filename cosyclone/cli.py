@@ -454,6 +454,14 @@ def _declared_requirements() -> set[str]:
     return names
 
 
+_IMPORT_NAMES = {"pyyaml": "yaml"}  # declared distributions whose module has another name
+
+
+def _module_of(dist: str) -> str:
+    """The module a declared distribution is imported as (``pyyaml`` -> ``yaml``)."""
+    return _IMPORT_NAMES.get(dist, dist.replace("-", "_"))
+
+
 def _import_status(name: str) -> tuple[bool, str]:
     """(importable, "version x" or the import error) without letting an error escape."""
     import importlib
@@ -500,12 +508,24 @@ def inspect(model_dir: Path = typer.Argument(...), device: str = typer.Option("a
         need = "required" if name in required else "optional"
         typer.echo(f"text normalizer {name} ({need}): {'ok, ' + detail if ok else 'NOT importable: ' + detail}")
         bad = bad or (not ok and need == "required")
+    # Required packages that stages import only when they run (the tokenizer's transformers,
+    # safetensors, soundfile, ...): a broken one must fail here, not on the first row of a run.
+    for dist in sorted(required - set(TEXT_NORMALIZERS) - {"onnxruntime"}):
+        ok, detail = _import_status(_module_of(dist))
+        if not ok:
+            typer.echo(f"required package {dist}: NOT importable: {detail}")
+            bad = True
     try:
+        import importlib
+
         import torch
 
         from .code2wav.flow import CausalMaskedDiffWithDiT
         from .code2wav.hift import CausalHiFTGenerator
         from .talker.model import TIED_LM_HEAD, TIED_TO, CosyVoice3LM
+
+        for stage in ("cosyclone.frontend", "cosyclone.pipeline", "cosyclone.writer"):  # the rest of a run
+            importlib.import_module(stage)
     except Exception as exc:  # a stage that does not import is a broken install, not a pass
         typer.echo(f"stage modules: NOT importable ({type(exc).__name__}: {exc})")
         raise typer.Exit(EXIT_USAGE) from None

@@ -51,6 +51,20 @@ def test_refused_object_says_why_and_never_suggests_unsafe_loading(tmp_path: Pat
     assert "this must never run" not in capsys.readouterr().out
 
 
+def test_the_eval_speaker_weights_are_refused_the_same_way(tmp_path: Path) -> None:
+    """Every ``.pt`` cosyclone reads goes through the same weights-only reader (here the eval's
+    speaker encoder weights): the refusal names the type and gives no unsafe advice."""
+    from cosyclone.errors import CosycloneError
+    from cosyclone.eval.speaker import ResemblyzerEncoder
+
+    path = tmp_path / "pretrained.pt"
+    torch.save({"model_state": {}, "args": argparse.Namespace(lr=1)}, path)
+    with pytest.raises(CosycloneError) as err:
+        ResemblyzerEncoder(weights=path)
+    assert "holds an object of type argparse.Namespace, not only tensors" in str(err.value)
+    assert "weights_only" not in str(err.value) and err.value.__cause__ is None
+
+
 def test_non_tensor_entries_are_named(tmp_path: Path) -> None:
     path = tmp_path / "x.pt"
     torch.save({"w": torch.zeros(2), "epoch": 3, "note": "hi"}, path)
@@ -109,6 +123,17 @@ def test_inspect_fails_when_a_stage_or_a_required_normalizer_does_not_import(
         m.setattr(cli, "_declared_requirements", lambda: {"wetext"})
         res = CliRunner().invoke(app, ["inspect", str(tiny_model_dir), "--device", "cpu"])
     assert res.exit_code == 2 and "text normalizer wetext (required): NOT importable" in res.output
+    # modules and packages a run imports only when it gets there (frontend, tokenizer) count too
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "cosyclone.frontend", None)
+        res = CliRunner().invoke(app, ["inspect", str(tiny_model_dir), "--device", "cpu"])
+    assert res.exit_code == 2 and "stage modules: NOT importable" in res.output
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "safetensors", None)
+        m.setattr(cli, "_declared_requirements", lambda: {"safetensors", "pyyaml"})
+        res = CliRunner().invoke(app, ["inspect", str(tiny_model_dir), "--device", "cpu"])
+    assert res.exit_code == 2 and "required package safetensors: NOT importable" in res.output
+    assert "pyyaml" not in res.output  # the module of pyyaml is yaml, which imports
 
 
 def test_inspect_verifies_the_tied_head(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -7,7 +7,6 @@ so the ids are compared with the official frontend's recorded ids (vectors/text)
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -17,23 +16,15 @@ from typer.testing import CliRunner
 
 from cosyclone.cli import app
 from cosyclone.config import QWEN_DIR, SYSTEM_PREFIX
+from tests.reference import reference_set, reference_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
 
 
-def _reference() -> Path:
-    env = os.environ.get("COSYCLONE_REFERENCE_VECTORS")
-    vectors = Path(env).expanduser() if env else ROOT / ".." / "shared" / "reference" / "vectors"
-    return vectors.resolve()
-
-
 @pytest.fixture(scope="module")
 def vectors() -> dict[str, Any]:
-    path = _reference() / "text" / "vectors.json"
-    if not path.is_file():
-        pytest.fail(f"text reference vectors missing: {path} (set COSYCLONE_REFERENCE_VECTORS)")
-    return json.loads(path.read_text(encoding="utf-8"))
+    return json.loads((reference_set("text") / "vectors.json").read_text(encoding="utf-8"))
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +34,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     qwen = d / QWEN_DIR
     for name in ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json"):
         (qwen / name).unlink(missing_ok=True)
-    ref = _reference().parent / "tokenizer" / "qwen2"
+    ref = reference_tokenizer()
     for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
         shutil.copy(ref / name, qwen / name)
     return d

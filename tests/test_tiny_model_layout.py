@@ -106,3 +106,16 @@ def test_our_loader_accepts_the_tied_head_and_refuses_a_different_one(tiny: Path
     state.pop(TIED_LM_HEAD)  # files without the copy (older cosyclone tiny dirs) still load
     torch.save(state, bad)
     assert load_talker_weights(model, bad).ok
+
+
+def test_qwen_folder_tokenizer_loads_as_the_official_get_qwen_tokenizer_loads_it(tiny: Path) -> None:
+    """The official tokenizer is ``AutoTokenizer.from_pretrained(<dir>/CosyVoice-BlankEN)`` plus its
+    special tokens; the folder's files must load that way and give ids inside the tiny vocabulary."""
+    import json
+
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(tiny / "CosyVoice-BlankEN"))
+    ids = tok.encode("hello world, 你好")
+    vocab = json.loads((tiny / "CosyVoice-BlankEN" / "config.json").read_text())["vocab_size"]
+    assert ids and all(0 <= i < vocab for i in ids)

@@ -146,10 +146,12 @@ class ResemblyzerEncoder:
 
         self.cfg = cfg
         self.path = Path(weights) if weights is not None else resemblyzer_weights()
-        try:
-            ckpt = torch.load(self.path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # a truncated or foreign file
-            raise CosycloneError(f"cannot read Resemblyzer weights {self.path}: {exc}") from exc
+        from cosyclone.checkpoint import load_torch_data
+
+        try:  # weights-only; a refusal names the object type, never advises unsafe loading
+            ckpt = load_torch_data(self.path, mmap=False)
+        except CosycloneError as exc:
+            raise CosycloneError(f"cannot read Resemblyzer weights: {exc}") from None
         state = ckpt.get("model_state", ckpt) if isinstance(ckpt, dict) else ckpt
         self.net = _GE2E(cfg).eval()
         own = {k: v for k, v in state.items() if k.startswith(("lstm.", "linear."))}

@@ -37,6 +37,19 @@ written ``eps = 2u`` below):
    so the log error is <= ``dE / max(E - dE, f)``. Whisper's ``max(x, max - 8)`` moves by at
    most the error of x plus that of the maximum.
 5. Output. Both results are float32 numbers: + 2 eps |value|.
+
+Which CPU. Each step bounds *every* float32 evaluation order and every accurate FFT algorithm,
+so the bound does not depend on the kernel that made the vectors or the one a test runs on:
+AVX2-only AMD EPYC (where the old global tolerances failed by single outlier bins), AVX-512
+Zen 4 (where this was written and run) and Intel Xeon with AMX differ only in summation order
+and FFT radix, which the worst case already covers. AMX itself has no float32 arithmetic; torch
+keeps float32 matmuls in float32 unless the matmul precision is lowered, and
+``cosyclone.device`` pins it to "highest". The flow, LLM and HiFT parity tests compare two
+float32 runs instead (ours here, the official one on the capture machine): there
+``|ours - ref| <= |ours - exact| + |ref - exact|``, both terms of the order of the float32 noise
+the vectors' JSON measured on the capture machine (``float32_noise``), which another kernel changes
+in summation order but not in size (it grows like ``sqrt(K) * eps * |x|`` with reduction length
+``K`` for any order); their 10-20x margins over that noise cover both terms on any of these CPUs.
 """
 
 from __future__ import annotations

@@ -4,14 +4,13 @@ Every case is checked by one rule (docs/text_frontend.md): a row written as the 
 writes it must give the official ids; a row that leaves the system prefix out must give the ids of
 the same row with it; a case in the deviations table must give the table's cosyclone column, and a
 case the official code cannot speak must be a per-row error. The vectors and the Qwen2 vocabulary
-they were made with are required: missing files fail these tests rather than skip them.
+they were made with come from the one resolver (``tests/reference.py``): missing files skip these
+tests with the shared reason, or fail them under ``COSYCLONE_REQUIRE_REFERENCE=1`` (``.ci/run``).
 """
 
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,33 +18,21 @@ import pytest
 from cosyclone.config import ENDOFPROMPT, SYSTEM_PREFIX
 from cosyclone.frontend.normalize import TextError, get_normalizer
 from cosyclone.frontend.text import TextFrontend
+from tests.reference import reference_set, reference_tokenizer
 from tests.text_table import VARIANTS, Deviation, deviations
 
 MODE_OF = {"zs_zh": "zero_shot", "zs_en": "zero_shot", "zs_en_noprefix": "zero_shot", "xl_prefix": "cross_lingual",
            "xl_noprefix": "cross_lingual", "instruct2": "instruct2"}
 
 
-def _vectors_dir() -> Path:
-    env = os.environ.get("COSYCLONE_REFERENCE_VECTORS")
-    if env:
-        return Path(env).expanduser().resolve()
-    return (Path(__file__).resolve().parents[2] / ".." / "shared" / "reference" / "vectors").resolve()
-
-
 @pytest.fixture(scope="module")
 def vectors() -> dict[str, Any]:
-    path = _vectors_dir() / "text" / "vectors.json"
-    if not path.is_file():
-        pytest.fail(f"text reference vectors missing: {path} (set COSYCLONE_REFERENCE_VECTORS)")
-    return json.loads(path.read_text(encoding="utf-8"))
+    return json.loads((reference_set("text") / "vectors.json").read_text(encoding="utf-8"))
 
 
 @pytest.fixture(scope="module")
 def fe(vectors: dict[str, Any]) -> TextFrontend:
-    qwen = _vectors_dir().parent / "tokenizer" / "qwen2"
-    if not (qwen / "vocab.json").is_file():
-        pytest.fail(f"reference Qwen2 vocabulary missing: {qwen}")
-    return TextFrontend(qwen)
+    return TextFrontend(reference_tokenizer())
 
 
 def _table() -> dict[tuple[str, str], Deviation]:
