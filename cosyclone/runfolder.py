@@ -477,6 +477,13 @@ def _start_ticks(pid: int) -> int | None:
         return None
 
 
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
 def _holder_alive(info: Mapping[str, Any]) -> bool:
     if info.get("host") != socket.gethostname():
         return True  # another host: cannot tell, so it holds
@@ -512,7 +519,8 @@ class FolderLock:
 
     def acquire(self) -> None:
         for path, info in self._conflicts():
-            if _holder_alive(info) and info:
+            young = not info and time.time() - _mtime(path) < 10.0  # being written by a starter right now
+            if young or (info and _holder_alive(info)):
                 when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(info.get("started", 0))))
                 raise FolderBusy(f"{self.path.parent.parent} is being written by another cosyclone synth "
                                  f"(pid {info.get('pid')} on {info.get('host')}, started {when}, "

@@ -161,6 +161,32 @@ def test_stage_exceptions_fail_their_rows_with_type_message_and_traceback(monkey
     assert all(d[k]["traceback"] is None for k in ("a", "b"))
 
 
+def test_talker_out_of_memory_halves_the_batch_and_gives_the_same_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = _rows({f"r{i}": f"text{i}|more{i}" for i in range(6)})
+    whole = _run(rows, batch_size=8)
+    sizes: list[int] = []
+
+    def small_device(model, requests, options):
+        sizes.append(len(requests))
+        if len(requests) > 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return generate(model, requests, options)
+
+    monkeypatch.setattr(dec, "generate", small_device)
+    halved = _run(rows, batch_size=8)
+    assert sizes == [12, 6, 3, 3, 6, 3, 3]  # 12 segments -> halves -> quarters, each retried once
+    strip = {"seconds"}
+    assert {k: {f: v for f, v in d.items() if f not in strip} for k, d in halved.items()} == \
+        {k: {f: v for f, v in d.items() if f not in strip} for k, d in whole.items()}
+
+    def always_oom(model, requests, options):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(dec, "generate", always_oom)
+    d = _run(rows[:2], batch_size=8)
+    assert all(x["status"] == "failed" and x["error_type"] == "OutOfMemoryError" for x in d.values())
+
+
 def test_a_bug_outside_the_stage_guards_fails_only_its_row(monkeypatch: pytest.MonkeyPatch) -> None:
     real = pipeline._check_audio
 

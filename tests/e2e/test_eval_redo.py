@@ -2,10 +2,8 @@
 the rows eval listed, in place, with their new seeds, and leaves every other row as it was.
 
 No ASR is needed here: redo.jsonl is written by the same function eval calls (write_redo) for
-the rows a --max-wer would have failed. Until the run folder resumes by fingerprint (issue 13:
-a row is skipped only when its fingerprint, seed included, matches), synth skips any row whose id
-is already done, so this test is expected to fail; strict, so that it turns red the day it passes
-and the marker is removed with the merge.
+the rows a --max-wer would have failed. It works because the run folder resumes by fingerprint:
+a row is skipped only when its fingerprint, seed included, matches.
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ import json
 import shutil
 from pathlib import Path
 
-import pytest
 from typer.testing import CliRunner
 
 from cosyclone.cli import app
@@ -30,14 +27,11 @@ def _synth(manifest: Path, model_dir: Path, out: Path):
 
 
 def _latest(out: Path) -> dict[str, dict]:
-    found = {}
-    for raw in (out / "diagnostics.jsonl").read_text().splitlines():
-        d = json.loads(raw)
-        found[d["id"]] = d
-    return found
+    lines = [json.loads(raw) for raw in (out / "diagnostics.jsonl").read_text().splitlines()]
+    assert len({d["id"] for d in lines}) == len(lines)  # one record per row
+    return {d["id"]: d for d in lines}
 
 
-@pytest.mark.xfail(strict=True, reason="needs resume by fingerprint (issue 13): today synth skips done ids")
 def test_synth_of_redo_jsonl_redoes_exactly_the_listed_rows_in_place(tiny_model_dir: Path, tmp_path: Path):
     shutil.copytree(ROOT / "manifests" / "prompts", tmp_path / "prompts")
     rows = [{"id": f"r{i}", "prompt_audio": "prompts/speaker1.wav", "prompt_text": "reference words",
@@ -56,6 +50,7 @@ def test_synth_of_redo_jsonl_redoes_exactly_the_listed_rows_in_place(tiny_model_
 
     after = _latest(out)
     assert after["r1"]["seed"] == redo_seed("r1", before["r1"]["seed"])
-    assert (out / "wavs" / "r1.wav").read_bytes() != wav_before["r1"]
+    assert after["r1"]["run_id"] != before["r1"]["run_id"] and after["r1"]["fingerprint"] != before["r1"]["fingerprint"]
+    assert after["r1"]["fingerprint_parts"]["seed"] != before["r1"]["fingerprint_parts"]["seed"]
     for rid in ("r0", "r2"):
         assert after[rid] == before[rid] and (out / "wavs" / f"{rid}.wav").read_bytes() == wav_before[rid]
