@@ -264,3 +264,20 @@ def test_the_folder_loads_as_an_audiofolder_dataset(tiny_model_dir: Path, tmp_pa
         assert Path(audio["path"]).name == f"{rid}.wav" and r["text"] == records[rid]["text"]
         assert audio["sampling_rate"] == 24000 and len(audio["array"]) == records[rid]["samples"]
         assert r["duration"] == pytest.approx(records[rid]["audio_seconds"]) and r["prompt_audio"]
+
+
+def test_progress_prints_a_line_per_interval_in_a_log_and_nothing_with_quiet(tiny_model_dir: Path,
+                                                                            tmp_path: Path) -> None:
+    m = write_manifest(tmp_path, 3)
+    res = cli(m, tiny_model_dir, tmp_path / "a", "--batch-size", "1", "--progress-interval", "0.1")
+    assert res.exit_code == 0, res.output
+    lines = [x for x in res.output.splitlines() if x.startswith("synth: ")]
+    assert len(lines) >= 2 and lines[-1].startswith("synth: 3/3 rows (100%)")  # ticks, then the final line
+    assert all("rows/s" in x and "audio-s/s" in x and "ETA" in x for x in lines)
+    rows = [json.loads(x) for x in m.read_text().splitlines()]
+    rows[0]["text"] = "changed."
+    m.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    quiet = cli(m, tiny_model_dir, tmp_path / "a", "--quiet", "--progress-interval", "0.1")
+    assert quiet.exit_code == 0 and "redone" not in quiet.output
+    assert not [x for x in quiet.output.splitlines() if x.startswith("synth: ")]
+    assert "cosyclone synth" in quiet.output  # the end summary only
