@@ -278,6 +278,6 @@ def test_progress_prints_a_line_per_interval_in_a_log_and_nothing_with_quiet(tin
     rows[0]["text"] = "changed."
     m.write_text("".join(json.dumps(r) + "\n" for r in rows))
     quiet = cli(m, tiny_model_dir, tmp_path / "a", "--quiet", "--progress-interval", "0.1")
-    assert quiet.exit_code == 0 and "redone" not in quiet.output
+    assert quiet.exit_code == 0 and "rows redone:" not in quiet.output
     assert not [x for x in quiet.output.splitlines() if x.startswith("synth: ")]
     assert "cosyclone synth" in quiet.output  # the end summary only
