@@ -3,9 +3,13 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# On a machine without a GPU install the CPU build of torch (a CUDA build is several GB).
-# CUDA / ROCm users: `make install TORCH_SPEC="torch" TORCH_INDEX=` (or preinstall torch yourself).
+# torch is installed only when none is importable. By default the CPU build, from PyTorch's CPU index
+# (PyPI's Linux wheel is the CUDA build, several GB). GPU machines: the index of your CUDA/ROCm version,
+# e.g. `make install TORCH_INDEX=https://download.pytorch.org/whl/cu128`, `TORCH_INDEX=` for PyPI's
+# default build, or preinstall torch into $(VENV) yourself. Only torch comes from that index (--no-deps):
+# its dependencies come with cosyclone's from the default index on the next line.
 TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 STAMP := $(VENV)/.installed
 
 .PHONY: install test test-gpu lint bench demo clean
@@ -13,7 +17,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--no-deps --index-url "$(TORCH_INDEX)") "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q -e ".[dev,eval]"
 	touch $(STAMP)
 
@@ -38,6 +42,10 @@ demo: $(STAMP)
 	$(BIN)/cosyclone make-tiny-model .tiny-model --force
 	$(BIN)/cosyclone synth manifests/example.jsonl --model-dir .tiny-model --out demo --overwrite
 	@echo "WAVs are in demo/wavs/, per-row diagnostics in demo/diagnostics.jsonl, totals in demo/summary.json"
+	@echo "NOTE: .tiny-model has tiny RANDOM weights, so these WAVs are noise, not speech: the demo checks the"
+	@echo "install and shows the outputs. For speech, download Fun-CosyVoice3-0.5B-2512 (README, 'First answers'):"
+	@echo "  $(BIN)/cosyclone synth manifests/example.jsonl --model-dir /models/Fun-CosyVoice3-0.5B --out out"
+	@echo "The cosyclone command is $(BIN)/cosyclone; or run 'source $(BIN)/activate' once and type 'cosyclone'."
 
 clean:
 	rm -rf $(VENV) .tiny-model demo .pytest_cache

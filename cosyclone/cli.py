@@ -1,9 +1,11 @@
-"""The ``cosyclone`` command: synth, validate, eval, make-tiny-model, inspect.
+"""The ``cosyclone`` command: synth, say, validate, eval, make-tiny-model, inspect.
 
 Exit codes: 0 = every row done; 3 = some rows failed or were rejected by validation (the others
 were produced); 2 = unusable input (manifest or model directory unreadable, bad options);
 4 = the output folder cannot be written (not writable, disk full: rows finished before are kept);
 5 = another ``synth`` is writing the same folder (and shard).
+``say`` (one utterance): 0 = WAV written; 2 = unusable input (bad option, model directory, or the
+utterance itself rejected by validation); 3 = the utterance failed during synthesis (no WAV).
 """
 
 from __future__ import annotations
@@ -22,7 +24,37 @@ from .errors import CosycloneError
 from .eval.command import eval_command
 
 EXIT_OK, EXIT_USAGE, EXIT_ROWS_FAILED = 0, 2, 3
+MODEL_DIR_ENV = "COSYCLONE_MODEL_DIR"  # the default --model-dir of synth and say
 app = typer.Typer(add_completion=False, help="Offline batched CosyVoice3 voice cloning.")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"cosyclone {__version__}")
+        raise typer.Exit(EXIT_OK)
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                       help="print the version and exit")) -> None:
+    """Offline batched CosyVoice3 voice cloning (synth: a manifest; say: one utterance)."""
+
+
+# Options shared by synth and say. Sampler defaults come from the model directory's yaml
+# (llm.sampling: released top_k 25, top_p 0.8, win_size 10, tau_r 0.1); the length ratios from the
+# official Qwen2LM.inference defaults (2 and 20), which the yaml does not set.
+MODEL_DIR_HELP = f"Fun-CosyVoice3-0.5B directory (default: ${MODEL_DIR_ENV})"
+THREADS_HELP = ("CPU threads for torch and for the ONNX frontend models (default: torch's own, one per core; "
+                "ONNX 1, as upstream)")
+TOP_K_HELP = "RAS top-k: sample among the k likeliest speech tokens (default: model yaml, released 25)"
+TOP_P_HELP = ("RAS top-p: sample among the likeliest tokens whose probabilities sum to p, in (0, 1] "
+              "(default: model yaml, released 0.8)")
+WIN_HELP = "RAS window: how many previous tokens the repetition check looks at (default: model yaml, released 10)"
+TAU_HELP = ("RAS threshold ratio: a token drawn more than tau_r x window times in the window is redrawn from "
+            "the full distribution (default: model yaml, released 0.1)")
+MIN_RATIO_HELP = ("stop ids are blocked until a segment has int(ratio x its text tokens) speech tokens "
+                  "(the official min-length rule; default 2)")
+MAX_RATIO_HELP = "a segment stops at int(ratio x its text tokens) speech tokens, reason max_len (default 20)"
 
 
 def _fail(msg: str) -> None:
@@ -134,7 +166,7 @@ def _emit_row_error(manifest: Path, err, json_out: bool) -> None:
 @app.command()
 def synth(
     manifest: Path = typer.Argument(..., help="JSONL manifest (see README for the schema)"),
-    model_dir: Path | None = typer.Option(None, "--model-dir", help="Fun-CosyVoice3-0.5B directory"),
+    model_dir: Path | None = typer.Option(None, "--model-dir", envvar=MODEL_DIR_ENV, help=MODEL_DIR_HELP),
     load_format: str = typer.Option("auto", help="auto (read weights) | dummy (random weights)"),
     out: Path = typer.Option(Path("out"), "--out", help="output folder"),
     device: str = typer.Option("auto", help="auto | cuda | rocm | cpu"),
@@ -146,10 +178,12 @@ def synth(
                    "the characters of prompt_text + text + instruct plus 25 per second of prompt audio; "
                    "a row over budget runs alone (default: --batch-size only)"),
     seed: int = typer.Option(0, help="run seed (row seeds derive from it and the row id)"),
-    top_p: float | None = typer.Option(None, help="sampler top-p (default: model yaml)"),
-    top_k: int | None = typer.Option(None, help="sampler top-k"),
-    win_size: int | None = typer.Option(None, help="RAS window"),
-    tau_r: float | None = typer.Option(None, help="RAS threshold ratio"),
+    top_p: float | None = typer.Option(None, min=1e-6, max=1.0, help=TOP_P_HELP),
+    top_k: int | None = typer.Option(None, min=1, help=TOP_K_HELP),
+    win_size: int | None = typer.Option(None, min=1, help=WIN_HELP),
+    tau_r: float | None = typer.Option(None, min=0.0, help=TAU_HELP),
+    min_len_ratio: float | None = typer.Option(None, min=0.0, help=MIN_RATIO_HELP),
+    max_len_ratio: float | None = typer.Option(None, min=1e-6, help=MAX_RATIO_HELP),
     nonfinite_policy: str = typer.Option("exclude", help="exclude | error | legacy-zero (LEGACY, official)"),
     draw: str = typer.Option("race", help="race | legacy-multinomial (LEGACY, official)"),
     nonfinite_audio: str = typer.Option("fail", help="fail | zero (LEGACY): what NaN/inf audio samples do; "
@@ -164,6 +198,7 @@ def synth(
     n_timesteps: int | None = typer.Option(None, help="flow Euler steps"),
     float_wav: bool = typer.Option(False, help="32-bit float WAVs instead of PCM16"),
     text_frontend: str = typer.Option("wetext", "--text-frontend", help=TEXT_FRONTEND_HELP),
+    threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
     quiet: bool = typer.Option(False, "--quiet", help="print only the end summary (and errors)"),
     progress_interval: float = typer.Option(30.0, help="seconds between progress lines when stderr is not a "
                                                        "terminal (a terminal gets a live bar)"),
@@ -173,7 +208,7 @@ def synth(
     Rerunning resumes: a row is skipped only when its WAV is complete and its fingerprint (text,
     prompt, seed, model, dtype, options, ...) is unchanged; changed rows are redone and counted.
     """
-    from .device import resolve
+    from .device import resolve, set_threads
     from .manifest import Shard, read_manifest
     from .pipeline import RunOptions, load_stages, plan_batches, run
 
@@ -196,6 +231,7 @@ def synth(
             raise CosycloneError(f"--min-tokens {min_tokens} is above --max-tokens {max_tokens}")
         policy = resolve(device, dtype)
         cfg = _load_cfg(model_dir, load_format)
+        set_threads(threads)
     except CosycloneError as exc:
         _fail(str(exc))
     say = (lambda msg: None) if quiet else (lambda msg: typer.echo(msg, err=True))
@@ -209,7 +245,8 @@ def synth(
     for warning in policy.warnings:
         say(f"warning: {warning}")
     opts = RunOptions(seed=seed, batch_size=batch_size, token_budget=token_budget, top_p=top_p, top_k=top_k,
-                      win_size=win_size, tau_r=tau_r, nonfinite_policy=nonfinite_policy, draw=draw,
+                      win_size=win_size, tau_r=tau_r, min_len_ratio=min_len_ratio, max_len_ratio=max_len_ratio,
+                      nonfinite_policy=nonfinite_policy, draw=draw,
                       max_tokens=max_tokens, min_tokens=min_tokens, n_timesteps=n_timesteps,
                       load_format="dummy" if load_format == "dummy" else "auto", nonfinite_audio=nonfinite_audio,
                       device=policy.device.type, dtype=policy.dtype_name, text_frontend=text_frontend)
@@ -237,8 +274,8 @@ def synth(
 EXIT_WRITE, EXIT_BUSY = 4, 5  # an output file could not be written; another synth holds the folder
 
 #: RunOptions fields that change a row's audio (the fingerprint's ``options`` part); batching does not.
-AUDIO_OPTIONS = ("top_p", "top_k", "win_size", "tau_r", "nonfinite_policy", "draw", "max_tokens", "min_tokens",
-                 "n_timesteps", "load_format", "text_frontend", "nonfinite_audio")
+AUDIO_OPTIONS = ("top_p", "top_k", "win_size", "tau_r", "min_len_ratio", "max_len_ratio", "nonfinite_policy",
+                 "draw", "max_tokens", "min_tokens", "n_timesteps", "load_format", "text_frontend", "nonfinite_audio")
 
 
 def _synth_locked(manifest, full, m, out, tag, opts, cfg, policy, model_dir, load_format, shard, float_wav,
@@ -359,6 +396,94 @@ def _synth_locked(manifest, full, m, out, tag, opts, cfg, policy, model_dir, loa
         raise typer.Exit(EXIT_WRITE)
     failed = last_run["failed"] + last_run["invalid"]
     raise typer.Exit(EXIT_ROWS_FAILED if failed else EXIT_OK)
+
+
+@app.command()
+def say(
+    text: str = typer.Argument(..., help="the text to speak"),
+    prompt_audio: Path = typer.Option(..., "--prompt-audio", help="the voice to clone: a WAV/FLAC/OGG recording, "
+                                                                   ">= 16 kHz, <= 30 s"),
+    out: Path = typer.Option(Path("say.wav"), "-o", "--out", help="output WAV (24 kHz mono, PCM16)"),
+    prompt_text: str | None = typer.Option(None, "--prompt-text", help="transcript of the prompt audio "
+                                                                        "(required in zero_shot)"),
+    mode: str = typer.Option("zero_shot", "--mode", help="zero_shot | cross_lingual | instruct2"),
+    instruct: str | None = typer.Option(None, "--instruct", help="the instruction (instruct2)"),
+    seed: int | None = typer.Option(None, "--seed", min=0,
+                                    help="the utterance's seed, as a manifest row's seed (default: derived from "
+                                         "run seed 0 and the output's file stem, as synth derives a row's from "
+                                         "its id)"),
+    speed: float = typer.Option(1.0, "--speed", help="speaking-rate factor in [0.25, 4]"),
+    model_dir: Path | None = typer.Option(None, "--model-dir", envvar=MODEL_DIR_ENV, help=MODEL_DIR_HELP),
+    load_format: str = typer.Option("auto", help="auto (read weights) | dummy (random weights)"),
+    device: str = typer.Option("auto", help="auto | cuda | rocm | cpu"),
+    dtype: str = typer.Option("auto", help="auto | bf16 | fp16 | fp32 (as synth)"),
+    top_p: float | None = typer.Option(None, min=1e-6, max=1.0, help=TOP_P_HELP),
+    top_k: int | None = typer.Option(None, min=1, help=TOP_K_HELP),
+    win_size: int | None = typer.Option(None, min=1, help=WIN_HELP),
+    tau_r: float | None = typer.Option(None, min=0.0, help=TAU_HELP),
+    min_len_ratio: float | None = typer.Option(None, min=0.0, help=MIN_RATIO_HELP),
+    max_len_ratio: float | None = typer.Option(None, min=1e-6, help=MAX_RATIO_HELP),
+    max_tokens: int | None = typer.Option(None, min=1, help="cap speech tokens per segment (tests)"),
+    n_timesteps: int | None = typer.Option(None, min=1, help="flow Euler steps (default: the model's 10)"),
+    float_wav: bool = typer.Option(False, help="32-bit float WAV instead of PCM16"),
+    text_frontend: str = typer.Option("wetext", "--text-frontend", help=TEXT_FRONTEND_HELP),
+    threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
+) -> None:
+    """Speak one TEXT in the voice of --prompt-audio into -o OUT (try a voice before writing a manifest).
+
+    The same engine and checks as synth (the Python API's CosyClone.synthesize); prints the
+    utterance's diagnostics briefly.
+    """
+    from .api import CosyClone, utterance, validate_rows
+    from .errors import ManifestError
+    from .manifest import check_id
+    from .writer import write_wav_atomic
+
+    row_id = out.stem if check_id(out.stem) is None else "say"
+    t0 = time.perf_counter()
+    try:
+        if out.is_dir():
+            raise CosycloneError(f"-o {out} is a directory; give the WAV file to write")
+        row = utterance(text, prompt_audio.expanduser().resolve(), prompt_text, mode=mode, instruct=instruct,
+                        seed=seed, speed=speed, id=row_id)
+        validate_rows([row], text_frontend=text_frontend)  # before loading the model: fail in seconds
+        tts = CosyClone(model_dir, load_format=load_format, device=device, dtype=dtype,
+                        text_frontend=text_frontend, threads=threads, top_p=top_p, top_k=top_k,
+                        win_size=win_size, tau_r=tau_r, min_len_ratio=min_len_ratio, max_len_ratio=max_len_ratio,
+                        max_tokens=max_tokens, n_timesteps=n_timesteps)
+        for warning in tts.warnings:
+            typer.echo(f"warning: {warning}", err=True)
+        res = tts.synthesize_rows([row])[0]
+    except ManifestError as exc:  # the utterance itself: name the option, not a manifest line
+        flag = {"text": "TEXT", "prompt_audio": "--prompt-audio", "prompt_text": "--prompt-text",
+                "mode": "--mode", "instruct": "--instruct", "seed": "--seed", "speed": "--speed"}
+        _fail(f"{flag.get(exc.field or '', exc.field or 'input')}: {exc.reason}")
+    except CosycloneError as exc:
+        _fail(str(exc))
+    d = res.diagnostics
+    if not res.ok or res.audio is None:
+        typer.echo(f"error: synthesis failed ({d.get('reason')}): {d.get('error')}", err=True)
+        raise typer.Exit(EXIT_ROWS_FAILED)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_wav_atomic(out, res.audio, sample_rate=res.sample_rate, float_wav=float_wav)
+    except (OSError, CosycloneError) as exc:  # disk full, no permission: nothing partial is left
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_WRITE) from None
+    wall = time.perf_counter() - t0
+    sampler = d.get("sampler", [])
+    nan = sum(int(x.get("nan_steps", 0)) for x in sampler)
+    secs = d.get("seconds", {})
+    typer.echo(f"wrote {out}: {d['audio_seconds']:.2f} s at {res.sample_rate} Hz "
+               f"({'float32' if float_wav else 'PCM16'}), {mode}, seed {d['seed']}")
+    typer.echo(f"  {len(d['tokens'])} segment(s), tokens {d['tokens']}, stop {d['stop_reasons']}; "
+               f"sampler steps {sum(int(x.get('steps', 0)) for x in sampler)}, NaN steps {nan}, "
+               f"RAS fallbacks {sum(int(x.get('ras_fallbacks', 0)) for x in sampler)}")
+    typer.echo(f"  {wall:.1f} s in all with loading; synthesis " + ", ".join(
+        f"{k} {v:.2f} s" for k, v in secs.items()) + f" ({tts.policy.device}, {tts.policy.dtype_name})")
+    if nan:
+        typer.echo(f"warning: {nan} sampler steps had NaN logits (excluded; see README, --dtype)", err=True)
+    raise typer.Exit(EXIT_OK)
 
 
 def _devices(policy) -> list[str]:

@@ -111,3 +111,18 @@ def resolve(device: str = "auto", dtype: str = "auto") -> DevicePolicy:
         run_dtype = _DTYPES[dtype.lower()]
     apply_precision()
     return DevicePolicy(device=dev, dtype=run_dtype, backend=device, requested_dtype=dtype.lower())
+
+
+def set_threads(n: int | None) -> None:
+    """``--threads N``: torch's intra-op threads and the ONNX sessions' (speech tokenizer, CAM++).
+
+    None leaves both as they are (torch: its default, one per core; ONNX: 1, as upstream).
+    """
+    if n is None:
+        return
+    if n < 1:
+        raise CosycloneError(f"--threads must be at least 1, not {n}")
+    from .frontend.onnx import set_intra_op_threads
+
+    torch.set_num_threads(int(n))
+    set_intra_op_threads(int(n))

@@ -18,7 +18,7 @@ by the frontend (see :mod:`cosyclone.frontend.normalize`).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,6 +95,8 @@ def check_id(value: object) -> str | None:
 
 def _check_audio(path: Path) -> tuple[str | None, float]:
     """(why ``path`` cannot serve as prompt audio or None, its duration in seconds from the header)."""
+    if path.is_dir():
+        return f"{path} is a directory, not an audio file (give the path of a WAV/FLAC/OGG file)", 0.0
     if not path.is_file():
         return f"file not found: {path}", 0.0
     try:
@@ -193,8 +195,9 @@ def read_manifest(path: str | Path, *, check_audio: bool = True, text_frontend: 
     """Read and validate a JSONL manifest; per-row problems land in ``Manifest.errors``.
 
     Raises :class:`CosycloneError` only when the file itself is unusable (missing, not UTF-8) or
-    the text normalizer ``text_frontend`` cannot be loaded. Duplicate ids: the first occurrence is
-    kept, later ones are errors.
+    the text normalizer ``text_frontend`` cannot be loaded. Duplicate ids (also ids equal after
+    NFKC normalization and case folding, :func:`id_key`): the first occurrence is kept, later
+    ones are errors naming the first one's line.
     """
     path = Path(path).expanduser()
     if text_frontend is not None:
@@ -209,29 +212,69 @@ def read_manifest(path: str | Path, *, check_audio: bool = True, text_frontend: 
         raise CosycloneError(f"{path}: manifest is not UTF-8 text: {exc}") from exc
     base = path.resolve().parent
     out = Manifest(path=path)
-    seen: dict[str, int] = {}
-    for number, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
+    numbered = ((number, raw) for number, raw in enumerate(lines, start=1) if raw.strip())
+    _collect(out, numbered, base=base, check_audio=check_audio, text_frontend=text_frontend, as_json=True)
+    return out
+
+
+def rows_from_dicts(objs: Sequence[object], *, base: str | Path = ".", check_audio: bool = True,
+                    text_frontend: str | None = "wetext") -> Manifest:
+    """Validate Python objects as manifest rows (the Python API's way in), exactly as
+    :func:`read_manifest` validates a file's lines: item k (0-based) is reported as line k + 1.
+
+    Relative ``prompt_audio`` paths are taken from ``base`` (default: the working directory).
+    """
+    base = Path(base).expanduser().resolve()
+    if text_frontend is not None:
+        from .frontend.normalize import get_normalizer
+
+        get_normalizer(text_frontend)
+    out = Manifest(path=base / "<rows>")
+    _collect(out, enumerate(objs, start=1), base=base, check_audio=check_audio, text_frontend=text_frontend,
+             as_json=False)
+    return out
+
+
+def id_key(row_id: str) -> str:
+    """The file-system identity of an id: NFKC-normalized and case-folded (NFKC again after
+    folding, which can denormalize). Ids with equal keys look alike, or are the same file on
+    case-insensitive or normalizing file systems (macOS, Windows), so they are duplicates."""
+    import unicodedata
+
+    return unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", row_id).casefold())
+
+
+def _collect(out: Manifest, numbered: Iterable[tuple[int, object]], *, base: Path, check_audio: bool,
+             text_frontend: str | None, as_json: bool) -> None:
+    """Validate ``(line number, item)`` pairs into ``out`` (rows, errors); items are JSON text
+    (``as_json``, a manifest's lines) or already decoded objects (the Python API)."""
+    seen: dict[str, tuple[int, str]] = {}  # id_key -> (first line, first id)
+    for number, raw in numbered:
         out.ordinals[number] = out.total_lines
         out.total_lines += 1
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            out.errors.append(ManifestError(f"invalid JSON: {exc.msg} (column {exc.colno})", line=number))
-            continue
+        obj = raw
+        if as_json:
+            try:
+                obj = json.loads(str(raw))
+            except json.JSONDecodeError as exc:
+                out.errors.append(ManifestError(f"invalid JSON: {exc.msg} (column {exc.colno})", line=number))
+                continue
         try:
             row = parse_row(obj, line=number, base=base, check_audio=check_audio, text_frontend=text_frontend)
         except ManifestError as exc:
             out.errors.append(exc)
             continue
-        if row.id in seen:
-            out.errors.append(ManifestError(f"duplicate id (first used on line {seen[row.id]})", line=number,
+        key = id_key(row.id)
+        if key in seen:
+            first_line, first_id = seen[key]
+            how = "duplicate id" if first_id == row.id else (
+                f"duplicate id: {row.id!r} and {first_id!r} are equal after Unicode normalization (NFKC) and "
+                "case folding, so they would be look-alike files here and the same file on macOS and Windows")
+            out.errors.append(ManifestError(f"{how} (first used on line {first_line})", line=number,
                                             field="id", row_id=row.id))
             continue
-        seen[row.id] = number
+        seen[key] = (number, row.id)
         out.rows.append(row)
-    return out
 
 
 @dataclass(frozen=True)

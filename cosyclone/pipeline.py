@@ -54,6 +54,8 @@ class RunOptions:
     top_k: int | None = None  # sampler top-k (None = model yaml)
     win_size: int | None = None  # RAS window (None = model yaml)
     tau_r: float | None = None  # RAS threshold ratio (None = model yaml)
+    min_len_ratio: float | None = None  # stop ids blocked below int(ratio x target text ids) tokens (None: 2)
+    max_len_ratio: float | None = None  # at most int(ratio x target text ids) tokens per segment (None: 20)
     nonfinite_policy: str = "exclude"  # exclude | error | legacy-zero (LEGACY)
     draw: str = "race"  # race | legacy-multinomial (LEGACY)
     max_tokens: int | None = None  # cap on speech tokens per segment (tests / bench)
@@ -192,12 +194,14 @@ def synthesize_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptio
 
     outcomes = {r.id: RowOutcome(row_id=r.id, line=r.line, seed=_row_seed(opts.seed, r)) for r in rows}
     segments: list[tuple[str, Any]] = []  # (row id, Request) in row then segment order
+    # the position check must use the run's max length ratio when it overrides the model's
+    fit = {} if opts.max_len_ratio is None else {"max_len_ratio": opts.max_len_ratio}
     for row in rows:
         oc = outcomes[row.id]
         t0 = time.perf_counter()
         try:
             reqs = stages.frontend.prepare(row.id, row.prompt_audio, row.prompt_text, row.text, row.mode,
-                                           row.instruct, oc.seed, row.speed)
+                                           row.instruct, oc.seed, row.speed, **fit)
             segments.extend((row.id, r) for r in reqs)
         except Exception as exc:  # a bad prompt or text fails its row only
             oc.fail_exc("frontend", exc)
@@ -205,7 +209,8 @@ def synthesize_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptio
 
     # stage 0: talker, all segments of the batch at once
     dec = DecodeOptions(sampler=_sampler_options(stages.cfg, opts), max_len_override=opts.max_tokens,
-                        min_len_override=opts.min_tokens)
+                        min_len_override=opts.min_tokens, min_len_ratio=opts.min_len_ratio,
+                        max_len_ratio=opts.max_len_ratio)
     results: dict[int, Any] = {}
     if segments:
         t0 = time.perf_counter()

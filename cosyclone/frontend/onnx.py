@@ -16,9 +16,20 @@ import torch
 from cosyclone.errors import ModelDirError
 from cosyclone.frontend.features import kaldi_fbank, mean_normalize, whisper_log_mel
 
-_SESSIONS: dict[tuple[str, tuple[str, ...]], object] = {}
+_SESSIONS: dict[tuple[str, tuple[str, ...], int], object] = {}
 _LOCK = threading.Lock()
 MAX_TOKENIZER_SECONDS = 30.0
+_INTRA_OP_THREADS = [1]  # upstream's 1 thread; ``--threads N`` sets N (see set_intra_op_threads)
+
+
+def set_intra_op_threads(n: int) -> None:
+    """Intra-op threads of the sessions built from now on (``--threads``; upstream uses 1).
+
+    Sessions are cached per thread count, so a later call builds new ones rather than
+    silently keeping the old count."""
+    if n < 1:
+        raise ValueError(f"intra-op threads must be at least 1, not {n}")
+    _INTRA_OP_THREADS[0] = int(n)
 
 
 def default_providers() -> list[str]:
@@ -31,12 +42,14 @@ def default_providers() -> list[str]:
 
 
 def get_session(path: str | Path, providers: list[str] | None = None) -> object:
-    """The cached ``InferenceSession`` for ``path`` (graph opt ALL, 1 intra-op thread as upstream)."""
+    """The cached ``InferenceSession`` for ``path`` (graph opt ALL, 1 intra-op thread as upstream
+    unless :func:`set_intra_op_threads` said otherwise)."""
     import onnxruntime as ort
 
     path = Path(path).resolve()
     provs = tuple(providers or default_providers())
-    key = (str(path), provs)
+    threads = _INTRA_OP_THREADS[0]
+    key = (str(path), provs, threads)
     with _LOCK:
         sess = _SESSIONS.get(key)
         if sess is None:
@@ -44,7 +57,7 @@ def get_session(path: str | Path, providers: list[str] | None = None) -> object:
                 raise ModelDirError(f"ONNX model not found: {path}")
             opts = ort.SessionOptions()
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            opts.intra_op_num_threads = 1
+            opts.intra_op_num_threads = threads
             try:
                 sess = ort.InferenceSession(str(path), sess_options=opts, providers=list(provs))
             except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types

@@ -72,6 +72,8 @@ class DecodeOptions:
     silent_filter: bool = True  # drop silent ids after MAX_SILENT consecutive ones from ``tokens``
     max_len_override: int | None = None  # cap on generated tokens per row instead of int(20 * target_len)
     min_len_override: int | None = None  # stop ids blocked below this many tokens instead of int(2 * target_len)
+    min_len_ratio: float | None = None  # min tokens = int(ratio * target_len); None = the model's (official 2)
+    max_len_ratio: float | None = None  # max tokens = int(ratio * target_len); None = the model's (official 20)
     logits_hook: LogitsHook | None = None  # (logits (b,V), rows (b,), step) -> logits; fault injection
     compact_fraction: float = 0.5  # drop finished rows from the batch once this fraction of active rows is done
 
@@ -190,10 +192,12 @@ def generate(model: CosyVoice3LM, requests: Sequence[TalkerRequest],
     cfg = model.cfg
     S = cfg.speech_token_size
     n = len(requests)
+    min_ratio = cfg.min_len_ratio if options.min_len_ratio is None else options.min_len_ratio
+    max_ratio = cfg.max_len_ratio if options.max_len_ratio is None else options.max_len_ratio
     min_len = [options.min_len_override if options.min_len_override is not None
-               else int(cfg.min_len_ratio * r.target_len) for r in requests]
+               else int(min_ratio * r.target_len) for r in requests]
     max_len = [options.max_len_override if options.max_len_override is not None
-               else int(cfg.max_len_ratio * r.target_len) for r in requests]
+               else int(max_ratio * r.target_len) for r in requests]
     sampler = _make_sampler(model, requests, options, min_len)
 
     embeds, lengths = _prompt_batch(model, requests)
