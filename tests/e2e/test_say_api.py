@@ -174,7 +174,7 @@ def test_synth_records_sampler_options_and_threads(tiny_model_dir: Path, tmp_pat
 
         set_threads(before)
         set_intra_op_threads(1)
-    opts = json.loads((tmp_path / "out" / "summary.json").read_text())["options"]
+    opts = json.loads((tmp_path / "out" / "summary.json").read_text())["last_run"]["options"]
     assert (opts["top_k"], opts["top_p"], opts["win_size"], opts["tau_r"]) == (5, 0.5, 4, 0.2)
     assert (opts["min_len_ratio"], opts["max_len_ratio"]) == (0.0, 3.0)
     res = runner.invoke(app, ["synth", str(manifest), "--dry-run", "--load-format", "dummy", "--threads", "0"])
