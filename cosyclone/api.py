@@ -175,7 +175,7 @@ class CosyClone:
         return validate_rows(rows, base=base, text_frontend=self.text_frontend)
 
     def run(self, rows: Sequence[ManifestRow], opts: Any = None, submit: Callable[[Any], None] | None = None,
-            progress: Callable[[int], None] | None = None) -> list[Any]:
+            progress: Callable[[Any], None] | None = None) -> list[Any]:
         """:func:`cosyclone.pipeline.run` on the loaded stages (``opts`` default: this object's)."""
         from .pipeline import run
 

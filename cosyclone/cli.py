@@ -210,7 +210,7 @@ def synth(
     """
     from .device import resolve, set_threads
     from .manifest import Shard, read_manifest
-    from .pipeline import RunOptions, load_stages, plan_batches, run
+    from .pipeline import RunOptions
 
     t_start = time.time()
     try:
@@ -266,7 +266,7 @@ def synth(
         raise typer.Exit(EXIT_WRITE) from None
     try:
         _synth_locked(manifest, full, m, out, tag, opts, cfg, policy, model_dir, load_format, shard, float_wav,
-                      dry_run, overwrite, quiet, progress_interval, t_start, say, load_stages, plan_batches, run)
+                      dry_run, overwrite, quiet, progress_interval, t_start, say)
     finally:
         lock.release()
 
@@ -279,16 +279,20 @@ AUDIO_OPTIONS = ("top_p", "top_k", "win_size", "tau_r", "min_len_ratio", "max_le
 
 
 def _synth_locked(manifest, full, m, out, tag, opts, cfg, policy, model_dir, load_format, shard, float_wav,
-                  dry_run, overwrite, quiet, progress_interval, t_start, say, load_stages, plan_batches,
-                  run) -> None:
-    """The part of ``synth`` that runs holding the folder lock: plan, synthesize, compact, total."""
+                  dry_run, overwrite, quiet, progress_interval, t_start, say) -> None:
+    """The part of ``synth`` that runs holding the folder lock: plan, synthesize, compact, total.
+
+    The model is the Python API's :class:`~cosyclone.api.CosyClone` (the same loading and wiring
+    that ``say`` and library users get); this function adds the run folder around it.
+    """
     import socket
     import uuid
-    from dataclasses import asdict
+    from dataclasses import asdict, fields
 
     from . import report as totals_mod
     from . import runfolder
-    from .pipeline import _row_seed
+    from .api import CosyClone
+    from .pipeline import _row_seed, plan_batches
     from .progress import Progress
     from .writer import BackgroundWriter, WriterOptions, write_summary
 
@@ -319,8 +323,11 @@ def _synth_locked(manifest, full, m, out, tag, opts, cfg, policy, model_dir, loa
     run_id = uuid.uuid4().hex[:12]
     by_id = {r.id: r for r in todo}
 
+    own = ("load_format", "text_frontend", "device", "dtype")  # CosyClone's own arguments
     try:
-        stages = load_stages(cfg, policy, opts.load_format, text_frontend=opts.text_frontend) if todo else None
+        tts = CosyClone(model_dir, load_format=opts.load_format, device=opts.device, dtype=opts.dtype,
+                        text_frontend=opts.text_frontend,
+                        **{f.name: getattr(opts, f.name) for f in fields(opts) if f.name not in own}) if todo else None
     except CosycloneError as exc:
         _fail(str(exc))
     writer = BackgroundWriter(WriterOptions(out_dir=out, float_wav=float_wav, sample_rate=cfg.hift.sampling_rate),
@@ -339,7 +346,7 @@ def _synth_locked(manifest, full, m, out, tag, opts, cfg, policy, model_dir, loa
     records: list = []
     write_error: str | None = None
     try:
-        records = run(stages, todo, opts, submit, progress=bar.update) if todo else []
+        records = tts.run(todo, opts, submit, progress=bar.update) if tts is not None else []
     except runfolder.OutputFolderError as exc:
         write_error = str(exc)
     finally:
