@@ -55,6 +55,13 @@ TAU_HELP = ("RAS threshold ratio: a token drawn more than tau_r x window times i
 MIN_RATIO_HELP = ("stop ids are blocked until a segment has int(ratio x its text tokens) speech tokens "
                   "(the official min-length rule; default 2)")
 MAX_RATIO_HELP = "a segment stops at int(ratio x its text tokens) speech tokens, reason max_len (default 20)"
+# The sampler options, shared by synth and say (one definition, the same checks and help).
+TOP_P_OPTION = typer.Option(None, min=1e-6, max=1.0, help=TOP_P_HELP)
+TOP_K_OPTION = typer.Option(None, min=1, help=TOP_K_HELP)
+WIN_OPTION = typer.Option(None, min=1, help=WIN_HELP)
+TAU_OPTION = typer.Option(None, min=0.0, help=TAU_HELP)
+MIN_RATIO_OPTION = typer.Option(None, min=0.0, help=MIN_RATIO_HELP)
+MAX_RATIO_OPTION = typer.Option(None, min=1e-6, help=MAX_RATIO_HELP)
 
 
 def _fail(msg: str) -> None:
@@ -178,12 +185,12 @@ def synth(
                    "the characters of prompt_text + text + instruct plus 25 per second of prompt audio; "
                    "a row over budget runs alone (default: --batch-size only)"),
     seed: int = typer.Option(0, help="run seed (row seeds derive from it and the row id)"),
-    top_p: float | None = typer.Option(None, min=1e-6, max=1.0, help=TOP_P_HELP),
-    top_k: int | None = typer.Option(None, min=1, help=TOP_K_HELP),
-    win_size: int | None = typer.Option(None, min=1, help=WIN_HELP),
-    tau_r: float | None = typer.Option(None, min=0.0, help=TAU_HELP),
-    min_len_ratio: float | None = typer.Option(None, min=0.0, help=MIN_RATIO_HELP),
-    max_len_ratio: float | None = typer.Option(None, min=1e-6, help=MAX_RATIO_HELP),
+    top_p: float | None = TOP_P_OPTION,
+    top_k: int | None = TOP_K_OPTION,
+    win_size: int | None = WIN_OPTION,
+    tau_r: float | None = TAU_OPTION,
+    min_len_ratio: float | None = MIN_RATIO_OPTION,
+    max_len_ratio: float | None = MAX_RATIO_OPTION,
     nonfinite_policy: str = typer.Option("exclude", help="exclude | error | legacy-zero (LEGACY, official)"),
     draw: str = typer.Option("race", help="race | legacy-multinomial (LEGACY, official)"),
     nonfinite_audio: str = typer.Option("fail", help="fail | zero (LEGACY): what NaN/inf audio samples do; "
@@ -424,12 +431,12 @@ def say(
     load_format: str = typer.Option("auto", help="auto (read weights) | dummy (random weights)"),
     device: str = typer.Option("auto", help="auto | cuda | rocm | cpu"),
     dtype: str = typer.Option("auto", help="auto | bf16 | fp16 | fp32 (as synth)"),
-    top_p: float | None = typer.Option(None, min=1e-6, max=1.0, help=TOP_P_HELP),
-    top_k: int | None = typer.Option(None, min=1, help=TOP_K_HELP),
-    win_size: int | None = typer.Option(None, min=1, help=WIN_HELP),
-    tau_r: float | None = typer.Option(None, min=0.0, help=TAU_HELP),
-    min_len_ratio: float | None = typer.Option(None, min=0.0, help=MIN_RATIO_HELP),
-    max_len_ratio: float | None = typer.Option(None, min=1e-6, help=MAX_RATIO_HELP),
+    top_p: float | None = TOP_P_OPTION,
+    top_k: int | None = TOP_K_OPTION,
+    win_size: int | None = WIN_OPTION,
+    tau_r: float | None = TAU_OPTION,
+    min_len_ratio: float | None = MIN_RATIO_OPTION,
+    max_len_ratio: float | None = MAX_RATIO_OPTION,
     max_tokens: int | None = typer.Option(None, min=1, help="cap speech tokens per segment (tests)"),
     n_timesteps: int | None = typer.Option(None, min=1, help="flow Euler steps (default: the model's 10)"),
     float_wav: bool = typer.Option(False, help="32-bit float WAV instead of PCM16"),
