@@ -219,3 +219,27 @@ def test_the_committed_fixture_is_a_consistent_run_folder():
     for f in folder.rows:
         info = sf.info(str(f.wav))
         assert (info.samplerate, info.channels) == (16000, 1) and 2.0 < info.duration < 5.0
+
+
+def test_report_shows_the_eval_summary_beside_the_synthesis_totals(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from cosyclone.cli import app
+
+    (tmp_path / "diagnostics.jsonl").write_text(
+        json.dumps({"id": "r0", "status": "ok", "audio_seconds": 2.0, "sampler": [{"steps": 5, "nan_steps": 1}]})
+        + "\n" + json.dumps({"id": "r1", "status": "failed", "reason": "no_finite_logits", "sampler": []}) + "\n")
+    rec = {"id": "r0", "status": "ok", "metric": "wer", "wer": 0.1, "error_rate": 0.1, "cer": 0.05,
+           "similarity_ratio": 0.9, "ref_words": 10, "word_edits": 1, "ref_chars": 40, "char_edits": 2,
+           "speaker_similarity": {"resemblyzer": 0.8}, "language": "en", "duration_s": 2.0,
+           "lead_silence_s": 0.1, "trail_silence_s": 0.2, "clipped_fraction": 0.0}
+    t = Thresholds(max_wer=0.2)
+    rec["fails"] = failures(rec, t, "resemblyzer")
+    write_summary(tmp_path, summarize([rec], thresholds=t, backend="resemblyzer", extra={}))
+    res = CliRunner().invoke(app, ["report", str(tmp_path), "--json"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.output)
+    assert (got["rows"], got["done"], got["failed_reasons"]) == (2, 1, {"no_finite_logits": 1})
+    assert got["sampler"]["rows_with_nan"] == 1 and got["eval"][str(tmp_path)]["scored"] == 1
+    plain = CliRunner().invoke(app, ["report", str(tmp_path)])
+    assert "rows: 2" in plain.output and f"eval of {tmp_path}" in plain.output
