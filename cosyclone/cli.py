@@ -162,11 +162,17 @@ def synth(
     n_timesteps: int | None = typer.Option(None, help="flow Euler steps"),
     float_wav: bool = typer.Option(False, help="32-bit float WAVs instead of PCM16"),
     text_frontend: str = typer.Option("wetext", "--text-frontend", help=TEXT_FRONTEND_HELP),
+    engine: str = typer.Option("local", help="local (this process) | ray (a Ray Data actor pool: one model per "
+                                             "GPU, or per CPU; needs pip install 'cosyclone[ray]')"),
+    ray_address: str | None = typer.Option(None, "--ray-address",
+                                           help="Ray cluster to join (auto, HOST:6379, ray://HOST:10001; default: "
+                                                "the one `ray start` began here, else a local one)"),
 ) -> None:
     """Synthesize every row of MANIFEST into OUT/wavs/<id>.wav plus diagnostics and a summary."""
     from .device import resolve
     from .manifest import Shard, read_manifest
     from .pipeline import RunOptions, load_stages, plan_batches, run
+    from .ray_engine import require_ray, run_ray
     from .writer import BackgroundWriter, WriterOptions, completed_rows, render_summary, write_summary
 
     t_start = time.perf_counter()
@@ -177,7 +183,8 @@ def synth(
         for name, value, allowed in (("--nonfinite-policy", nonfinite_policy, ("exclude", "error", "legacy-zero")),
                                      ("--draw", draw, ("race", "legacy-multinomial")),
                                      ("--nonfinite-audio", nonfinite_audio, ("fail", "zero")),
-                                     ("--load-format", load_format, ("auto", "dummy"))):
+                                     ("--load-format", load_format, ("auto", "dummy")),
+                                     ("--engine", engine, ("local", "ray"))):
             if value not in allowed:
                 raise CosycloneError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
         for name, value, low in (("--batch-size", batch_size, 1), ("--token-budget", token_budget, 1),
@@ -189,6 +196,8 @@ def synth(
             raise CosycloneError(f"--min-tokens {min_tokens} is above --max-tokens {max_tokens}")
         policy = resolve(device, dtype)
         cfg = _load_cfg(model_dir, load_format)
+        if engine == "ray":
+            require_ray()  # before any work: say how to install it
     except CosycloneError as exc:
         _fail(str(exc))
     for err in m.errors:
@@ -215,7 +224,8 @@ def synth(
                       load_format="dummy" if load_format == "dummy" else "auto", nonfinite_audio=nonfinite_audio,
                       device=policy.device.type, dtype=policy.dtype_name, text_frontend=text_frontend)
     try:
-        stages = load_stages(cfg, policy, opts.load_format, text_frontend=opts.text_frontend) if todo else None
+        stages = (load_stages(cfg, policy, opts.load_format, text_frontend=opts.text_frontend)
+                  if todo and engine == "local" else None)  # ray: each actor loads its own
     except CosycloneError as exc:
         _fail(str(exc))
     from tqdm import tqdm
@@ -226,7 +236,9 @@ def synth(
     bar = tqdm(total=len(todo), desc="synth", unit="row", disable=not tty)
     t_model = time.perf_counter()
     try:
-        records = run(stages, todo, opts, writer.submit, progress=bar.update) if todo else []
+        records = ((run_ray(cfg, policy, todo, opts, writer.submit, progress=lambda _rec: bar.update(1),
+                             address=ray_address) if engine == "ray"
+                    else run(stages, todo, opts, writer.submit, progress=bar.update)) if todo else [])
     finally:
         bar.close()
         writer.close()

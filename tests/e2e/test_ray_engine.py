@@ -1,0 +1,196 @@
+"""``--engine ray`` on a local 2-CPU Ray cluster, through the real CLI on the tiny model.
+
+The local engine's output is the reference (at the actors' thread count, see ``local_out``): the
+same manifest gives the same audio bits (float WAVs, so every sample bit counts; compared as
+samples, since libsndfile stamps the write time into a float WAV's PEAK chunk) and the same diagnostics and totals; a worker killed mid-batch costs
+nothing (each row written exactly once, same bytes); a rerun redoes only what is missing.
+One Ray session serves the module (its start is the slow part); each run builds its own actor pool.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cosyclone.cli import app
+from cosyclone.ray_engine import PID_FILE_ENV
+
+from .test_cli import ROOT, diag_lines, diags
+
+pytestmark = pytest.mark.ray
+
+N_ROWS, BATCH = 12, 4
+TEXTS = ("hi there", "a longer sentence, with a comma in it", "medium text", "one more of another size")
+TIMING = ("seconds",)  # diagnostics fields that are wall-clock measurements, not results
+SUMMARY_RESULTS = ("rows", "done", "skipped", "failed", "invalid", "failed_reasons", "nan_rows", "nan_summary",
+                   "nonfinite_audio_rows", "nonfinite_audio_samples", "audio_seconds", "options")
+
+
+@pytest.fixture(scope="module")
+def ray_pid_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A local Ray cluster of 2 CPUs for the module; its workers append their pid per batch to the file."""
+    import ray
+
+    pid_file = tmp_path_factory.mktemp("ray") / "pids.txt"
+    old = os.environ.get(PID_FILE_ENV)
+    os.environ[PID_FILE_ENV] = str(pid_file)  # before ray.init: the workers inherit the environment
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield pid_file
+    finally:
+        ray.shutdown()
+        if old is None:
+            os.environ.pop(PID_FILE_ENV, None)
+        else:
+            os.environ[PID_FILE_ENV] = old
+
+
+@pytest.fixture(scope="module")
+def manifest(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("manifest")
+    shutil.copytree(ROOT / "manifests" / "prompts", folder / "prompts")
+    rows = [{"id": f"row{i:02d}", "prompt_audio": f"prompts/speaker{i % 3 + 1}.wav",
+             "prompt_text": "reference words " * (i % 4 + 1), "text": TEXTS[i % len(TEXTS)] + f" number {i}"}
+            for i in range(N_ROWS)]
+    path = folder / "m.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _synth(manifest: Path, model_dir: Path, out: Path, engine: str) -> str:
+    res = CliRunner().invoke(app, ["synth", str(manifest), "--model-dir", str(model_dir), "--out", str(out),
+                                   "--device", "cpu", "--max-tokens", "6", "--n-timesteps", "2", "--float-wav",
+                                   "--batch-size", str(BATCH), "--seed", "3", "--engine", engine])
+    assert res.exit_code == 0, res.output
+    return res.output
+
+
+def wav_bits(out: Path) -> dict[str, bytes]:
+    """Each WAV's samples, bit for bit (float32), and its sample rate."""
+    import soundfile as sf
+
+    found = {}
+    for p in sorted((out / "wavs").glob("*.wav")):
+        data, sr = sf.read(str(p), dtype="float32")
+        found[p.name] = f"{sr}:".encode() + data.tobytes()
+    return found
+
+
+def _results(out: Path) -> dict[str, dict]:
+    return {rid: {k: v for k, v in d.items() if k not in TIMING} for rid, d in diags(out).items()}
+
+
+def _summary(out: Path) -> dict:
+    s = json.loads((out / "summary.json").read_text())
+    return {k: s[k] for k in SUMMARY_RESULTS}
+
+
+@pytest.fixture(scope="module")
+def local_out(manifest: Path, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The local engine at the actors' torch thread count: on CPU, fp32 bytes depend on the count
+    (1 and 2 threads differ in the last bits, for the local engine alone), never on the batch's process."""
+    import torch
+
+    out = tmp_path_factory.mktemp("local") / "out"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # what a half-CPU actor runs (ray_engine.actor_threads)
+    try:
+        _synth(manifest, tiny_model_dir, out, "local")
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+@pytest.fixture(scope="module")
+def ray_out(ray_pid_file: Path, manifest: Path, tiny_model_dir: Path,
+            tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("ray") / "out"
+    _synth(manifest, tiny_model_dir, out, "ray")
+    return out
+
+
+def test_ray_engine_gives_the_local_engines_bytes_diagnostics_and_totals(local_out: Path, ray_out: Path,
+                                                                        ray_pid_file: Path) -> None:
+    local, ray = wav_bits(local_out), wav_bits(ray_out)
+    assert len(local) == N_ROWS and local == ray
+    assert _results(ray_out) == _results(local_out)  # status, tokens, seeds, stop reasons, sampler counters
+    assert all(d["status"] == "ok" for d in _results(ray_out).values())
+    assert len(diag_lines(ray_out)) == N_ROWS  # each row written once
+    assert _summary(ray_out) == _summary(local_out)
+    assert len(set(ray_pid_file.read_text().split())) == 2  # the batches really ran in two actor processes
+
+
+def test_rerun_redoes_nothing_then_exactly_the_missing_rows(ray_out: Path, local_out: Path, manifest: Path,
+                                                           tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    shutil.copytree(ray_out, out)
+    before = (out / "diagnostics.jsonl").read_bytes()
+    mtimes = {p.name: p.stat().st_mtime_ns for p in (out / "wavs").iterdir()}
+    _synth(manifest, tiny_model_dir, out, "ray")
+    assert (out / "diagnostics.jsonl").read_bytes() == before  # not a line added
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "wavs").iterdir()} == mtimes
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["skipped"], summary["done"]) == (N_ROWS, 0)
+
+    lost = ["row01", "row06", "row11"]  # as if the cluster died before these were written
+    for rid in lost:
+        (out / "wavs" / f"{rid}.wav").unlink()
+    _synth(manifest, tiny_model_dir, out, "ray")
+    added = diag_lines(out)[N_ROWS:]
+    assert sorted(d["id"] for d in added) == lost
+    assert wav_bits(out) == wav_bits(local_out)
+
+
+def test_a_worker_killed_mid_batch_loses_no_row_and_writes_none_twice(ray_pid_file: Path, local_out: Path,
+                                                                     manifest: Path, tiny_model_dir: Path,
+                                                                     tmp_path: Path) -> None:
+    ray_pid_file.write_text("")
+    killed: list[int] = []
+    stop = threading.Event()
+
+    def kill_first_worker() -> None:  # SIGKILL the first actor the moment it starts a batch
+        while not stop.is_set():
+            pids = ray_pid_file.read_text().split()
+            if pids:
+                os.kill(int(pids[0]), signal.SIGKILL)
+                killed.append(int(pids[0]))
+                return
+            time.sleep(0.005)
+
+    killer = threading.Thread(target=kill_first_worker, daemon=True)
+    killer.start()
+    try:
+        _synth(manifest, tiny_model_dir, tmp_path / "out", "ray")
+    finally:
+        stop.set()
+        killer.join()
+    assert len(killed) == 1
+    starts = Counter(int(p) for p in ray_pid_file.read_text().split())
+    assert starts[killed[0]] == 1  # the killed process never ran another batch
+    assert sum(starts.values()) == N_ROWS // BATCH + 1  # its batch ran again elsewhere, the others once
+    lines = diag_lines(tmp_path / "out")
+    assert sorted(d["id"] for d in lines) == sorted(diags(local_out))  # every row exactly once
+    assert all(d["status"] == "ok" for d in lines)
+    assert wav_bits(tmp_path / "out") == wav_bits(local_out)
+
+
+def test_without_ray_installed_engine_ray_says_how_to_install_it(manifest: Path, tiny_model_dir: Path,
+                                                                 tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
+    res = CliRunner().invoke(app, ["synth", str(manifest), "--model-dir", str(tiny_model_dir),
+                                   "--out", str(tmp_path / "out"), "--engine", "ray"])
+    assert res.exit_code == 2
+    assert "pip install 'cosyclone[ray]'" in res.output
+    assert not (tmp_path / "out").exists()  # nothing was started
