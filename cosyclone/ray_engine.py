@@ -15,9 +15,9 @@ the diagnostics line as JSON and the wave as a float32 numpy array. The driver h
 repeat rows the driver already has, and those are dropped by id.
 
 Resources: on a GPU policy each actor asks for ``num_gpus=1`` and one CPU, and there is one actor
-per GPU in the cluster; on CPU each actor asks for half a CPU (torch then runs one thread in it)
-and there is one actor per cluster CPU, so Ray Data's own tasks always find a free CPU (whole-CPU
-actors on a 2-core machine leave none and the run never starts).
+per GPU in the cluster. On CPU each actor asks for half a CPU and runs one torch thread, one actor
+per cluster CPU: whole-CPU actors would hold every CPU of a small machine, and a Ray Data task that
+needs one (a file read, say) would wait for ever; half CPUs leave room for the driver and Ray's tasks.
 """
 
 from __future__ import annotations
