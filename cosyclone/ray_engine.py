@@ -71,6 +71,9 @@ class SynthActor:
     """One model replica: stages loaded once, then one planned batch per call (Ray Data ``map_batches``)."""
 
     def __init__(self, cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, threads: int | None) -> None:
+        from .device import apply_precision
+
+        apply_precision()  # process-wide (no TF32): the driver's resolve() switched only the driver's process
         if threads is not None:  # explicit, not Ray's OMP_NUM_THREADS: CPU bytes depend on the thread count
             import torch
 

@@ -18,6 +18,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -195,3 +196,40 @@ def test_without_ray_installed_engine_ray_says_how_to_install_it(manifest: Path,
     assert res.exit_code == 2
     assert "pip install 'cosyclone[ray]'" in res.output
     assert not (tmp_path / "out").exists()  # nothing was started
+
+
+def test_rows_travel_as_plain_json_data_and_come_back_equal(manifest: Path) -> None:
+    from cosyclone.manifest import read_manifest
+    from cosyclone.ray_engine import row_from_dict, row_to_dict
+
+    rows = read_manifest(manifest).rows
+    rows += [replace(rows[0], id="seeded", seed=7, speed=1.25)]
+    back = [row_from_dict(d) for d in json.loads(json.dumps([row_to_dict(r) for r in rows]))]
+    assert back == rows and isinstance(back[0].prompt_audio, Path)
+
+
+def test_actor_resources_one_gpu_each_or_half_a_cpu_with_one_thread() -> None:
+    import torch
+
+    from cosyclone.device import DevicePolicy
+    from cosyclone.ray_engine import actor_resources, actor_threads, default_actors
+
+    cpu = DevicePolicy(device=torch.device("cpu"), dtype=torch.float32, backend="cpu")
+    gpu = DevicePolicy(device=torch.device("cuda"), dtype=torch.bfloat16, backend="cuda")
+    assert actor_resources(cpu, None) == {"num_cpus": 0.5} and actor_threads(cpu, {"num_cpus": 0.5}) == 1
+    assert actor_threads(cpu, actor_resources(cpu, 4.0)) == 4
+    assert actor_resources(gpu, None) == {"num_cpus": 1.0, "num_gpus": 1} and actor_threads(gpu, {"num_cpus": 1}) is None
+    assert default_actors(cpu, {"CPU": 2.0}) == 2 and default_actors(gpu, {"CPU": 64.0, "GPU": 8.0}) == 8
+
+
+def test_an_actor_switches_tf32_off_in_its_own_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver's resolve() sets the no-TF32 switches for its process only; each actor sets its own."""
+    import torch
+
+    from cosyclone import ray_engine
+    from cosyclone.pipeline import RunOptions
+
+    monkeypatch.setattr(ray_engine, "load_stages", lambda *a, **k: None)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)  # a fresh process's default
+    ray_engine.SynthActor(None, None, RunOptions(), None)  # type: ignore[arg-type]
+    assert torch.backends.cudnn.allow_tf32 is False
