@@ -239,6 +239,8 @@ def synth(
         records = ((run_ray(cfg, policy, todo, opts, writer.submit, progress=lambda _rec: bar.update(1),
                              address=ray_address) if engine == "ray"
                     else run(stages, todo, opts, writer.submit, progress=bar.update)) if todo else [])
+    except CosycloneError as exc:  # ray: a model that did not load in the actors, a lost row
+        _fail(str(exc))
     finally:
         bar.close()
         writer.close()

@@ -44,6 +44,7 @@ CPU_PER_GPU_ACTOR = 1.0  # the CPU a GPU actor asks for next to its GPU (fronten
 #: Test hook: when set in the workers' environment, each actor appends ``<pid>\n`` to this file as
 #: it starts a batch, so a test can kill a worker that is known to be mid-batch.
 PID_FILE_ENV = "COSYCLONE_RAY_PID_FILE"
+LOAD_ERROR = "load_error"  # the key of the one result an actor returns when its model did not load
 
 
 def require_ray() -> Any:
@@ -79,8 +80,12 @@ class SynthActor:
 
             torch.set_num_threads(threads)
         self.opts = opts
-        self.stages = load_stages(cfg, policy, opts.load_format, text_frontend=opts.text_frontend)
         self._pid_file = os.environ.get(PID_FILE_ENV)
+        self.load_error: str | None = None
+        try:
+            self.stages = load_stages(cfg, policy, opts.load_format, text_frontend=opts.text_frontend)
+        except CosycloneError as exc:  # a bad model directory: told to the driver by the first batch
+            self.load_error = str(exc)  # (raised here, Ray would bury it in an ActorDiedError traceback)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
         from .pipeline import _synthesize_isolated
@@ -88,6 +93,9 @@ class SynthActor:
         ids: list[str] = []
         diags: list[str] = []
         wavs: list[np.ndarray] = []
+        if self.load_error is not None:
+            return {"id": np.array([""], dtype=object), "wav": [np.zeros(0, np.float32)],
+                    "diagnostics": np.array([json.dumps({LOAD_ERROR: self.load_error})], dtype=object)}
         for rows_json in batch["rows"]:
             if self._pid_file:
                 with open(self._pid_file, "a", encoding="utf-8") as fh:
@@ -183,6 +191,8 @@ def _records(ds: Any) -> Iterator[RowRecord]:
     """The dataset's results as records, in arrival order (wav None for a failed row)."""
     for item in ds.iter_rows():
         diagnostics = json.loads(item["diagnostics"])
+        if LOAD_ERROR in diagnostics:  # the same error the local engine stops with before any row
+            raise CosycloneError(diagnostics[LOAD_ERROR])
         ok = diagnostics.get("status") == "ok"
         wav = np.asarray(item["wav"], dtype=np.float32).reshape(-1) if ok else None
         yield RowRecord(row_id=str(item["id"]), wav=wav, diagnostics=diagnostics)

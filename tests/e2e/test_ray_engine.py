@@ -233,3 +233,18 @@ def test_an_actor_switches_tf32_off_in_its_own_process(monkeypatch: pytest.Monke
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)  # a fresh process's default
     ray_engine.SynthActor(None, None, RunOptions(), None)  # type: ignore[arg-type]
     assert torch.backends.cudnn.allow_tf32 is False
+
+
+def test_a_model_that_does_not_load_in_the_actors_stops_the_run_as_locally(ray_pid_file: Path, manifest: Path,
+                                                                          tiny_model_dir: Path,
+                                                                          tmp_path: Path) -> None:
+    bad = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, bad)
+    (bad / "flow.pt").write_bytes(b"not a checkpoint")
+    one = tmp_path / "one.jsonl"
+    one.write_text(manifest.read_text().splitlines()[0].replace('"prompts/', f'"{manifest.parent}/prompts/') + "\n")
+    res = CliRunner().invoke(app, ["synth", str(one), "--model-dir", str(bad), "--out", str(tmp_path / "out"),
+                                   "--device", "cpu", "--engine", "ray"])
+    assert res.exit_code == 2, res.output
+    assert "flow.pt: cannot read as a torch checkpoint" in res.output
+    assert diag_lines(tmp_path / "out") == []  # no row written
