@@ -143,7 +143,13 @@ def run_ray(cfg: ModelConfig, policy: DevicePolicy, rows: Sequence[ManifestRow],
     """
     if not rows:
         return []
+    import builtins
+
     ray = require_ray()
+    # Ray's distributed tqdm replaces builtins.print process-wide when the first worker log line
+    # reaches the driver; keep this process's print ours.
+    os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
+    saved_print = builtins.print
     started = False
     if not ray.is_initialized():
         ray.init(address=address, log_to_driver=True)
@@ -153,6 +159,7 @@ def run_ray(cfg: ModelConfig, policy: DevicePolicy, rows: Sequence[ManifestRow],
     finally:
         if started:
             ray.shutdown()
+        builtins.print = saved_print
 
 
 def _run(ray: Any, cfg: ModelConfig, policy: DevicePolicy, rows: Sequence[ManifestRow], opts: RunOptions,

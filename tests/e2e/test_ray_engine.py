@@ -41,8 +41,11 @@ SUMMARY_RESULTS = ("rows", "done", "skipped", "failed", "invalid", "failed_reaso
 @pytest.fixture(scope="module")
 def ray_pid_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A local Ray cluster of 2 CPUs for the module; its workers append their pid per batch to the file."""
+    import builtins
+
     import ray
 
+    saved_print = builtins.print  # Ray may patch print process-wide; the rest of the session needs it
     pid_file = tmp_path_factory.mktemp("ray") / "pids.txt"
     old = os.environ.get(PID_FILE_ENV)
     os.environ[PID_FILE_ENV] = str(pid_file)  # before ray.init: the workers inherit the environment
@@ -51,6 +54,7 @@ def ray_pid_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield pid_file
     finally:
         ray.shutdown()
+        builtins.print = saved_print
         if old is None:
             os.environ.pop(PID_FILE_ENV, None)
         else:
@@ -248,3 +252,11 @@ def test_a_model_that_does_not_load_in_the_actors_stops_the_run_as_locally(ray_p
     assert res.exit_code == 2, res.output
     assert "flow.pt: cannot read as a torch checkpoint" in res.output
     assert diag_lines(tmp_path / "out") == []  # no row written
+
+
+def test_print_is_still_the_builtin_after_the_ray_runs(ray_out: Path) -> None:
+    """Ray's tqdm patches builtins.print in the driver on the first worker log line (the kill above makes
+    one); run_ray keeps ours. Last in the module on purpose."""
+    import builtins
+
+    assert builtins.print.__module__ == "builtins", builtins.print.__module__
