@@ -25,6 +25,7 @@ Environment (all optional):
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import shutil
@@ -72,9 +73,12 @@ class E2EConfig:
 
 
 def run_stage_benchmarks() -> None:
-    for name in ("bench_talker", "bench_sampler", "bench_code2wav", "bench_dtype_agreement", "bench_text"):
+    for name in ("bench_talker", "bench_sampler", "bench_code2wav", "bench_dtype_agreement", "bench_text", "bench_ray"):
         if not (ROOT / "benchmarks" / f"{name}.py").is_file():
             print(f"[{name}] not present, skipped")
+            continue
+        if name == "bench_ray" and importlib.util.find_spec("ray") is None:
+            print(f"[{name}] ray not installed (pip install 'cosyclone[ray]'), skipped")
             continue
         print(f"[{name}]")
         importlib.import_module(f"benchmarks.{name}").main()

@@ -209,6 +209,11 @@ def synth(
     quiet: bool = typer.Option(False, "--quiet", help="print only the end summary (and errors)"),
     progress_interval: float = typer.Option(30.0, help="seconds between progress lines when stderr is not a "
                                                        "terminal (a terminal gets a live bar)"),
+    engine: str = typer.Option("local", help="local (this process) | ray (a Ray Data actor pool: one model per "
+                                             "GPU, or per CPU; needs pip install 'cosyclone[ray]')"),
+    ray_address: str | None = typer.Option(None, "--ray-address",
+                                           help="Ray cluster to join (auto, HOST:6379, ray://HOST:10001; default: "
+                                                "the one `ray start` began here, else a local one)"),
 ) -> None:
     """Synthesize every row of MANIFEST into OUT/wavs/<id>.wav, one record per row and folder totals.
 
@@ -218,6 +223,7 @@ def synth(
     from .device import resolve, set_threads
     from .manifest import Shard, read_manifest
     from .pipeline import RunOptions
+    from .ray_engine import require_ray
 
     t_start = time.time()
     try:
@@ -226,7 +232,8 @@ def synth(
         for name, value, allowed in (("--nonfinite-policy", nonfinite_policy, ("exclude", "error", "legacy-zero")),
                                      ("--draw", draw, ("race", "legacy-multinomial")),
                                      ("--nonfinite-audio", nonfinite_audio, ("fail", "zero")),
-                                     ("--load-format", load_format, ("auto", "dummy"))):
+                                     ("--load-format", load_format, ("auto", "dummy")),
+                                     ("--engine", engine, ("local", "ray"))):
             if value not in allowed:
                 raise CosycloneError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
         for name, value, low in (("--batch-size", batch_size, 1), ("--token-budget", token_budget, 1),
@@ -239,6 +246,8 @@ def synth(
         policy = resolve(device, dtype)
         cfg = _load_cfg(model_dir, load_format)
         set_threads(threads)
+        if engine == "ray":
+            require_ray()  # before any work: say how to install it
     except CosycloneError as exc:
         _fail(str(exc))
     say = (lambda msg: None) if quiet else (lambda msg: typer.echo(msg, err=True))
@@ -273,7 +282,7 @@ def synth(
         raise typer.Exit(EXIT_WRITE) from None
     try:
         _synth_locked(manifest, full, m, out, tag, opts, cfg, policy, model_dir, load_format, shard, float_wav,
-                      dry_run, overwrite, quiet, progress_interval, t_start, say)
+                      dry_run, overwrite, quiet, progress_interval, t_start, say, engine, ray_address)
     finally:
         lock.release()
 
@@ -286,11 +295,14 @@ AUDIO_OPTIONS = ("top_p", "top_k", "win_size", "tau_r", "min_len_ratio", "max_le
 
 
 def _synth_locked(manifest, full, m, out, tag, opts, cfg, policy, model_dir, load_format, shard, float_wav,
-                  dry_run, overwrite, quiet, progress_interval, t_start, say) -> None:
+                  dry_run, overwrite, quiet, progress_interval, t_start, say, engine="local",
+                  ray_address=None) -> None:
     """The part of ``synth`` that runs holding the folder lock: plan, synthesize, compact, total.
 
     The model is the Python API's :class:`~cosyclone.api.CosyClone` (the same loading and wiring
-    that ``say`` and library users get); this function adds the run folder around it.
+    that ``say`` and library users get); this function adds the run folder around it. With
+    ``engine="ray"`` the same stages run in Ray actors (:mod:`cosyclone.ray_engine`), each loading
+    its own model, and their records come back to this writer.
     """
     import socket
     import uuid
@@ -332,9 +344,10 @@ def _synth_locked(manifest, full, m, out, tag, opts, cfg, policy, model_dir, loa
 
     own = ("load_format", "text_frontend", "device", "dtype")  # CosyClone's own arguments
     try:
-        tts = CosyClone(model_dir, load_format=opts.load_format, device=opts.device, dtype=opts.dtype,
+        tts = (CosyClone(model_dir, load_format=opts.load_format, device=opts.device, dtype=opts.dtype,
                         text_frontend=opts.text_frontend,
-                        **{f.name: getattr(opts, f.name) for f in fields(opts) if f.name not in own}) if todo else None
+                        **{f.name: getattr(opts, f.name) for f in fields(opts) if f.name not in own})
+               if todo and engine == "local" else None)  # ray: each actor loads its own
     except CosycloneError as exc:
         _fail(str(exc))
     writer = BackgroundWriter(WriterOptions(out_dir=out, float_wav=float_wav, sample_rate=cfg.hift.sampling_rate),
@@ -353,9 +366,16 @@ def _synth_locked(manifest, full, m, out, tag, opts, cfg, policy, model_dir, loa
     records: list = []
     write_error: str | None = None
     try:
-        records = tts.run(todo, opts, submit, progress=bar.update) if tts is not None else []
+        if todo and engine == "ray":
+            from .ray_engine import run_ray
+
+            records = run_ray(cfg, policy, todo, opts, submit, progress=bar.update, address=ray_address)
+        elif tts is not None:
+            records = tts.run(todo, opts, submit, progress=bar.update)
     except runfolder.OutputFolderError as exc:
         write_error = str(exc)
+    except CosycloneError as exc:  # ray: a model that did not load in the actors, a lost row
+        _fail(str(exc))
     finally:
         bar.close()
         try:
