@@ -78,7 +78,8 @@ class DecodeOptions:
     sync_every: int = 4  # steps between host reads of the finished flags
     kv_bucket: int | None = 64  # cells a step reads, rounded up to this (None: the whole capacity, fixed shape)
     capacity: int | None = None  # cache cells per slot (None: longest prompt + largest max_len)
-    compile: bool = False  # torch.compile(step, fullgraph=True); use with kv_bucket=None and a fixed capacity
+    compile: str | None = None  # torch.compile backend for the step ("inductor", "eager", ...; fullgraph=True);
+    # use with kv_bucket=None (one shape) and a fixed capacity; ignored with a custom sampler or logits hook
 
 
 @dataclass
@@ -214,7 +215,9 @@ class _Scheduler:
         self.done: dict[int, Any] = {}  # request index -> Harvest
         self.host_steps = options.custom_sampler is not None or options.logits_hook is not None
         step = self.engine.step
-        self.step_fn: Callable[[], None] = torch.compile(step, fullgraph=True) if options.compile else step
+        self.step_fn: Callable[[], None] = step
+        if options.compile:
+            self.step_fn = torch.compile(step, fullgraph=True, backend=options.compile)
 
     def admit(self) -> None:
         """Fill free slots (lowest first) with the next pending requests, prefilled together."""
