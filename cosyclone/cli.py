@@ -180,6 +180,9 @@ def synth(
     dtype: str = typer.Option("auto", help="auto | bf16 | fp16 | fp32 (auto: bf16 on GPUs with bf16, else fp32; "
                                            "head, sampler and HiFT always fp32; see README)"),
     batch_size: int = typer.Option(8, help="max rows per batch"),
+    talker_slots: int | None = typer.Option(
+        None, help="rows the talker decodes at once; the batch's other segments take a slot as one frees "
+                   "(continuous batching, same output; default: the whole batch at once)"),
     token_budget: int | None = typer.Option(
         None, help="max padded work per batch: rows x the largest row estimate, where a row's estimate is "
                    "the characters of prompt_text + text + instruct plus 25 per second of prompt audio; "
@@ -265,7 +268,8 @@ def synth(
                       nonfinite_policy=nonfinite_policy, draw=draw,
                       max_tokens=max_tokens, min_tokens=min_tokens, n_timesteps=n_timesteps,
                       load_format="dummy" if load_format == "dummy" else "auto", nonfinite_audio=nonfinite_audio,
-                      device=policy.device.type, dtype=policy.dtype_name, text_frontend=text_frontend)
+                      device=policy.device.type, dtype=policy.dtype_name, text_frontend=text_frontend,
+                      talker_slots=talker_slots)
     from . import runfolder
 
     tag = runfolder.shard_tag(shard)

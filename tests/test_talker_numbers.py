@@ -96,7 +96,7 @@ def test_speech_token_head_is_fp32_in_bf16_and_fp16_runs(tmp_path: Path) -> None
         want = torch.nn.functional.linear(hidden.float(), ref.llm_decoder.weight)
         torch.testing.assert_close(logits, want, rtol=0, atol=0)
         m.setup_cache(1, 4)
-        assert m.backbone.layers[0].self_attn.kv_cache.k.dtype == dtype
+        assert m.cache.k.dtype == dtype
         m.clear_cache()
 
 

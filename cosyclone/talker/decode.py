@@ -19,6 +19,7 @@ unchanged. Nothing here hashes the seed again.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -75,7 +76,12 @@ class DecodeOptions:
     min_len_ratio: float | None = None  # min tokens = int(ratio * target_len); None = the model's (official 2)
     max_len_ratio: float | None = None  # max tokens = int(ratio * target_len); None = the model's (official 20)
     logits_hook: LogitsHook | None = None  # (logits (b,V), rows (b,), step) -> logits; fault injection
-    compact_fraction: float = 0.5  # drop finished rows from the batch once this fraction of active rows is done
+    slots: int | None = None  # rows decoded at once; more requests wait and take a slot as one frees (None: all)
+    sync_every: int = 4  # steps between host reads of the finished flags
+    kv_bucket: int | None = 64  # cells a step reads, rounded up to this (None: the whole capacity, fixed shape)
+    capacity: int | None = None  # cache cells per slot (None: longest prompt + largest max_len)
+    compile: str | None = None  # torch.compile backend for the step ("inductor", "eager", ...; fullgraph=True);
+    # use with kv_bucket=None (one shape) and a fixed capacity; ignored with a custom sampler or logits hook
 
 
 @dataclass
@@ -162,16 +168,9 @@ def silent_filter(tokens: Sequence[int], silent: frozenset[int] = SILENT_TOKENS,
 # Decoding
 
 
-def _make_sampler(model: CosyVoice3LM, requests: Sequence[TalkerRequest], options: DecodeOptions,
-                  min_len: list[int]) -> TokenSampler:
-    if options.custom_sampler is not None:
-        return options.custom_sampler
-    from .sampler import BatchSampler, SamplerOptions  # lazy: the sampler is another module
-
-    opts = options.sampler or SamplerOptions.from_config(model.cfg.sampling)
-    return BatchSampler(opts, row_ids=[r.row_id for r in requests], row_seeds=[r.seed for r in requests],
-                        segments=[r.segment for r in requests], min_len=min_len,
-                        speech_token_size=model.cfg.speech_token_size, device=model.device)
+def prompt_length(request: TalkerRequest) -> int:
+    """Length of a request's assembled input: sos, text ids, task id, prompt speech tokens."""
+    return int(request.text_ids.numel()) + int(request.prompt_speech_tokens.numel()) + 2
 
 
 def _prompt_batch(model: CosyVoice3LM, requests: Sequence[TalkerRequest]) -> tuple[Tensor, Tensor]:
@@ -182,89 +181,170 @@ def _prompt_batch(model: CosyVoice3LM, requests: Sequence[TalkerRequest]) -> tup
     return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), lengths
 
 
+class _Scheduler:
+    """Host side of one :func:`generate` call: which request sits in which slot, admission of the
+    next pending request into a free slot, reading finished slots. It never needs a device value
+    to know a slot's position: a row admitted at global step a has taken g - a draws at step g."""
+
+    def __init__(self, model: CosyVoice3LM, requests: Sequence[TalkerRequest], options: DecodeOptions,
+                 min_len: list[int], max_len: list[int]) -> None:
+        from .engine import SlotEngine  # lazy: the engine imports the sampler modules
+        from .sampler import SamplerOptions, stream_key
+        from .slot_sampler import SlotSampler
+
+        self.model, self.requests, self.options = model, requests, options
+        self.min_len, self.max_len = min_len, max_len
+        n = len(requests)
+        self.plen = [prompt_length(r) for r in requests]
+        self.n_slots = max(1, min(n, options.slots or n))
+        capacity = options.capacity or (max(self.plen) + max(1, max(max_len)))
+        if capacity < max(p + m for p, m in zip(self.plen, max_len, strict=True)):
+            raise ValueError(f"capacity {capacity} is below a row's prompt + max_len")
+        self.capacity = capacity
+        self.sampler_options = None
+        sampler = None
+        if options.custom_sampler is None:
+            self.sampler_options = options.sampler or SamplerOptions.from_config(model.cfg.sampling)
+            sampler = SlotSampler(self.sampler_options, slots=self.n_slots, vocab=model.cfg.decoder_size,
+                                  speech_token_size=model.cfg.speech_token_size, device=model.device)
+        self.keys = [stream_key(r.seed, r.segment) for r in requests]
+        self.engine = SlotEngine(model, slots=self.n_slots, capacity=capacity,
+                                 token_capacity=max(1, max(max_len)), sampler=sampler)
+        self.slot_row: list[int | None] = [None] * self.n_slots
+        self.admitted_at = [0] * self.n_slots
+        self.g = 0  # global step
+        self.pending = deque(i for i in range(n) if max_len[i] > 0)
+        self.done: dict[int, Any] = {}  # request index -> Harvest
+        self.host_steps = options.custom_sampler is not None or options.logits_hook is not None
+        step = self.engine.step
+        self.step_fn: Callable[[], None] = step
+        if options.compile:
+            self.step_fn = torch.compile(step, fullgraph=True, backend=options.compile)
+
+    def admit(self) -> None:
+        """Fill free slots (lowest first) with the next pending requests, prefilled together."""
+        free = [s for s, r in enumerate(self.slot_row) if r is None]
+        take = [(s, self.pending.popleft()) for s in free[:len(self.pending)]]
+        if not take:
+            return
+        slots, rows = [s for s, _ in take], [r for _, r in take]
+        embeds, lengths = _prompt_batch(self.model, [self.requests[r] for r in rows])
+        self.engine.admit(slots, embeds, lengths, [self.max_len[r] for r in rows])
+        sampler = self.engine.sampler
+        if sampler is not None:
+            dev = self.model.device
+            sampler.reset(torch.tensor(slots, device=dev), torch.tensor([self.keys[r] for r in rows], device=dev),
+                          torch.tensor([self.min_len[r] for r in rows], device=dev))
+            if sampler.options.draw == "legacy-multinomial":
+                from .slot_sampler import legacy_generator
+
+                for s, r in take:
+                    req = self.requests[r]
+                    sampler.generators[s] = legacy_generator(req.seed, req.segment, self.keys[r], dev)
+        for s, r in take:
+            self.slot_row[s] = r
+            self.admitted_at[s] = self.g
+
+    def _kv_len(self, window: int) -> int | None:
+        """Cells the next ``window`` steps read: a bucketed bound on every slot's position."""
+        bucket = self.options.kv_bucket
+        if not bucket:
+            return None
+        bound = max(self.plen[r] + self.g - self.admitted_at[s] + window
+                    for s, r in enumerate(self.slot_row) if r is not None)
+        return min(self.capacity, -(-bound // bucket) * bucket)
+
+    def _host_step(self) -> None:
+        """A step whose draw or logits pass through Python (custom sampler, logits hook)."""
+        eng, opts = self.engine, self.options
+        st = eng.state
+        running = st.running.tolist()
+        groups: dict[int, list[int]] = {}
+        for s, r in enumerate(self.slot_row):
+            if r is not None and running[s]:
+                groups.setdefault(self.g - self.admitted_at[s], []).append(s)
+        dev = self.model.device
+        tokens = torch.zeros(self.n_slots, dtype=torch.int64, device=dev)
+        aborted = torch.zeros(self.n_slots, dtype=torch.bool, device=dev)
+        for step, slots in sorted(groups.items()):
+            idx = torch.tensor(slots, dtype=torch.int64, device=dev)
+            rows = torch.tensor([self.slot_row[s] for s in slots], dtype=torch.int64, device=dev)
+            if opts.logits_hook is not None:
+                st.logits[idx] = opts.logits_hook(st.logits[idx], rows, step)
+            if opts.custom_sampler is not None:
+                tok, ab = opts.custom_sampler.sample(st.logits[idx], rows, step)
+                tokens[idx], aborted[idx] = tok.long().to(dev), ab.bool().to(dev)
+        if opts.custom_sampler is not None:
+            eng.advance(tokens, aborted)
+        else:
+            eng.step()
+
+    def run(self) -> None:
+        """Decode until every request has finished."""
+        self.admit()
+        while any(r is not None for r in self.slot_row):
+            window = 1 if self.host_steps else max(1, self.options.sync_every)
+            self.engine._kv_len = self._kv_len(window)
+            for _ in range(window):
+                if self.host_steps:
+                    self._host_step()
+                else:
+                    self.step_fn()
+                self.g += 1
+            running = self.engine.state.running.tolist()  # the one read per window
+            finished = [s for s, r in enumerate(self.slot_row) if r is not None and not running[s]]
+            if finished:
+                for s, h in zip(finished, self.engine.harvest(finished), strict=True):
+                    self.done[self.slot_row[s]] = h  # type: ignore[index]
+                    self.slot_row[s] = None
+            self.admit()
+
+
 @torch.no_grad()
 def generate(model: CosyVoice3LM, requests: Sequence[TalkerRequest],
              options: DecodeOptions | None = None) -> list[TalkerResult]:
-    """Decode every request in one batch; results are in request order."""
+    """Decode every request, ``options.slots`` at a time (default: all at once); results are in
+    request order and do not depend on the slot count or the admission order."""
+    from .engine import REASONS
+    from .sampler import COUNTER_NAMES, row_diagnostics
+
     options = options or DecodeOptions()
     if not requests:
         return []
     cfg = model.cfg
-    S = cfg.speech_token_size
-    n = len(requests)
     min_ratio = cfg.min_len_ratio if options.min_len_ratio is None else options.min_len_ratio
     max_ratio = cfg.max_len_ratio if options.max_len_ratio is None else options.max_len_ratio
     min_len = [options.min_len_override if options.min_len_override is not None
                else int(min_ratio * r.target_len) for r in requests]
     max_len = [options.max_len_override if options.max_len_override is not None
                else int(max_ratio * r.target_len) for r in requests]
-    sampler = _make_sampler(model, requests, options, min_len)
-
-    embeds, lengths = _prompt_batch(model, requests)
-    host_len = lengths.tolist()
-    # finished rows keep advancing until compacted, so size for the longest prompt + longest decode
-    model.setup_cache(n, max(host_len) + max(1, max(max_len)))
-    raw: list[list[int]] = [[] for _ in range(n)]
-    reasons: list[str | None] = [None] * n
+    sched = _Scheduler(model, requests, options, min_len, max_len)
     try:
-        logits = model.prefill(embeds, lengths)
-        active = list(range(n))  # original row of each batch row
-        alive = list(range(n))  # batch rows (indices into ``active``) still being decoded
-        base = lengths  # (b,) first decode position of each batch row
-        dev = model.device
-        step = 0
-        for i, r in enumerate(range(n)):
-            if max_len[r] <= 0:
-                reasons[r] = "max_len"
-                alive.remove(i)
-        while alive:
-            alive_t = torch.tensor(alive, dtype=torch.int64, device=dev)
-            rows_t = torch.tensor([active[i] for i in alive], dtype=torch.int64, device=dev)
-            x = logits if len(alive) == len(active) else logits.index_select(0, alive_t)
-            if options.logits_hook is not None:
-                x = options.logits_hook(x, rows_t, step)
-            tokens, aborted = sampler.sample(x, rows_t, step)
-            host_tok, host_ab = torch.stack([tokens.long(), aborted.long()]).tolist()
-            still: list[int] = []
-            for i, tok, ab in zip(alive, host_tok, host_ab, strict=True):
-                r = active[i]
-                if ab:
-                    reasons[r] = "aborted"
-                elif tok >= S:
-                    reasons[r] = "eos"
-                else:
-                    raw[r].append(tok)
-                    if len(raw[r]) >= max_len[r]:
-                        reasons[r] = "max_len"
-                    else:
-                        still.append(i)
-            if not still:
-                break
-            feed = tokens.clamp(0, cfg.decoder_size - 1).long()
-            if len(alive) != len(active):  # finished-but-not-compacted rows are fed a dummy token
-                full = torch.zeros(len(active), dtype=torch.int64, device=dev)
-                full[alive_t] = feed
-                feed = full
-            if len(active) - len(still) >= max(1, options.compact_fraction * len(active)):
-                keep = torch.tensor(still, dtype=torch.int64, device=dev)
-                model.keep_cache_rows(keep)
-                feed, base = feed.index_select(0, keep), base.index_select(0, keep)
-                active = [active[i] for i in still]
-                still = list(range(len(active)))
-            alive = still
-            positions = base + step
-            kv_len = max(host_len[r] for r in active) + step + 1
-            logits = model.step(model.embed_speech(feed)[:, None], positions, kv_len)
-            step += 1
+        sched.run()
     finally:
         model.clear_cache()
 
+    raw = [sched.done[i].tokens if i in sched.done else [] for i in range(len(requests))]
+    reasons = [REASONS[sched.done[i].reason] if i in sched.done else "max_len" for i in range(len(requests))]
     kept = [silent_filter(t) if options.silent_filter else list(t) for t in raw]
-    diags = sampler.finish([None if x == "aborted" else x for x in reasons], [len(k) for k in kept])
+    if options.custom_sampler is not None:
+        diags = options.custom_sampler.finish([None if x == "aborted" else x for x in reasons],
+                                              [len(k) for k in kept])
+    else:
+        assert sched.sampler_options is not None
+        never = [0] * len(COUNTER_NAMES) + [0, -1, 0, 0]  # a request with max_len <= 0 never takes a slot
+        diags = []
+        for i, req in enumerate(requests):
+            state = sched.done[i].sampler_state if i in sched.done else never
+            counters, err = state[:-4], state[-4:]
+            diags.append(row_diagnostics(sched.sampler_options, req.row_id, req.seed, req.segment, counters,
+                                         dead=reasons[i] == "aborted", err=err,
+                                         stop_reason=None if reasons[i] == "aborted" else reasons[i],
+                                         tokens_emitted=len(kept[i])))
     results: list[TalkerResult] = []
     for r, req in enumerate(requests):
         d = diags[r] if diags else None
-        reason = reasons[r] or "max_len"
+        reason = reasons[r]
         if reason == "aborted":
             reason = getattr(d, "stop_reason", None) or "error"
         results.append(TalkerResult(row_id=req.row_id, tokens=kept[r], raw_tokens=raw[r], stop_reason=reason,

@@ -1,13 +1,16 @@
-"""Preallocated per-layer KV cache kept as non-persistent buffers.
+"""A slot KV cache of fixed capacity: every layer's K and V for ``slots`` rows of ``capacity`` positions.
 
-Why buffers: they follow ``module.to(device)``, never enter ``state_dict()`` (so the checkpoint key
-set stays exactly ``llm.json``), and are allocated once per batch so decode steps never allocate.
-The cache is sized from the same :class:`~cosyclone.config.QwenGeometry` that builds the attention
-layers, so a geometry mismatch cannot silently produce a wrongly shaped cache.
+Why fixed capacity: a decode step whose shapes never change (whatever rows are running, whatever
+their lengths) can be captured once as a CUDA graph or compiled once, and a finished row's slot
+can be handed to the next row without reallocating or compacting anything. Why buffers: they
+follow ``module.to(device)``, never enter ``state_dict()`` (the checkpoint key set stays exactly
+``llm.json``) and keep their addresses for the whole decode (what a captured graph needs).
 
-Layout: ``k``/``v`` are (B, H_kv, T_max, D_head). Row ``b`` keeps its own positions
-``0..len_b-1`` in slots ``0..len_b-1`` (right padding); slots past a row's length hold stale values
-that the attention mask hides.
+Layout: ``k``/``v`` are (L, slots, H_kv, capacity, D_head), one allocation each; layer ``i``
+reads ``k[i]`` (a view). Slot ``s`` keeps its row's positions ``0..len-1`` in cells
+``0..len-1``; cells past a row's length hold stale values of an earlier row, which the attention
+mask hides (a step always writes its cell before attending to it). ``lengths`` (slots,) int64 on
+the device holds each slot's current length: the next decode position.
 """
 
 from __future__ import annotations
@@ -18,41 +21,39 @@ from torch import Tensor, nn
 from ..config import QwenGeometry
 
 
-class KVCache(nn.Module):
-    """One attention layer's K and V cache (B, H_kv, T_max, D_head)."""
+class SlotKVCache(nn.Module):
+    """K/V cells (L, slots, H_kv, capacity, D_head) and per-slot lengths (slots,)."""
 
-    def __init__(self, geometry: QwenGeometry, batch: int, max_len: int, *, dtype: torch.dtype,
+    def __init__(self, geometry: QwenGeometry, slots: int, capacity: int, *, dtype: torch.dtype,
                  device: torch.device | str) -> None:
         super().__init__()
-        shape = (batch, geometry.num_key_value_heads, max_len, geometry.head_dim)
+        shape = (geometry.num_hidden_layers, slots, geometry.num_key_value_heads, capacity, geometry.head_dim)
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("lengths", torch.zeros(slots, dtype=torch.int64, device=device), persistent=False)
 
     @property
-    def batch(self) -> int:
-        return int(self.k.shape[0])
+    def slots(self) -> int:
+        return int(self.k.shape[1])
 
     @property
-    def max_len(self) -> int:
-        return int(self.k.shape[2])
+    def capacity(self) -> int:
+        return int(self.k.shape[3])
 
-    def write_prefix(self, k: Tensor, v: Tensor) -> None:
-        """Write a prefill block (B, H_kv, T, D) into slots ``0..T-1`` of every row."""
+    def write_prefix(self, layer: int, k: Tensor, v: Tensor, slots: Tensor) -> None:
+        """Write a prefill block (b, H_kv, T, D) into cells ``0..T-1`` of the ``slots`` (b,) given."""
         t = k.shape[2]
-        self.k[:, :, :t] = k
-        self.v[:, :, :t] = v
+        self.k[layer, slots, :, :t] = k
+        self.v[layer, slots, :, :t] = v
 
-    def write_at(self, k: Tensor, v: Tensor, slots: Tensor) -> None:
-        """Write one new position per row: ``k``/``v`` (B, H_kv, 1, D) at ``slots`` (B,) int64."""
+    def write_step(self, layer: int, k: Tensor, v: Tensor, positions: Tensor) -> None:
+        """Write one new position per slot: ``k``/``v`` (slots, H_kv, 1, D) at cells ``positions`` (slots,)."""
         rows = torch.arange(k.shape[0], device=k.device)
-        self.k[rows, :, slots] = k[:, :, 0]
-        self.v[rows, :, slots] = v[:, :, 0]
+        self.k[layer, rows, :, positions] = k[:, :, 0]
+        self.v[layer, rows, :, positions] = v[:, :, 0]
 
-    def view(self, length: int) -> tuple[Tensor, Tensor]:
-        """The first ``length`` slots of K and V, (B, H_kv, length, D) views (no copy)."""
-        return self.k[:, :, :length], self.v[:, :, :length]
-
-    def keep_rows(self, index: Tensor) -> None:
-        """Compact the batch to ``index`` (b,) rows, freeing the work of finished rows."""
-        self.k = self.k.index_select(0, index)
-        self.v = self.v.index_select(0, index)
+    def view(self, layer: int, length: int | None = None) -> tuple[Tensor, Tensor]:
+        """Layer ``layer``'s K and V over cells ``0..length-1`` (all cells when None), as views."""
+        if length is None:
+            return self.k[layer], self.v[layer]
+        return self.k[layer, :, :, :length], self.v[layer, :, :, :length]

@@ -18,6 +18,7 @@ bf16/fp16, because bf16 logits reorder near-tied candidates often enough to chan
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -29,11 +30,22 @@ from ..config import QWEN_DIR, ModelConfig, QwenGeometry, TalkerConfig, validate
 from ..device import DevicePolicy
 from ..errors import ModelDirError
 from ..fused import FusedLinears
-from .kv_cache import KVCache
+from .kv_cache import SlotKVCache
 
 #: The tied text head the released ``llm.pt`` carries; accepted by the loader and never used.
 TIED_LM_HEAD = "llm.model.lm_head.weight"
 TIED_TO = "llm.model.model.embed_tokens.weight"  # the tensor TIED_LM_HEAD is a copy of in llm.pt
+
+
+@dataclass(frozen=True)
+class CacheContext:
+    """What one attention layer needs to use the slot cache: the cache, its layer index, and
+    either the prefill's target ``slots`` (b,) or the decode step's ``positions`` (slots,)."""
+
+    cache: SlotKVCache
+    layer: int
+    slots: Tensor | None = None
+    positions: Tensor | None = None
 
 
 class RMSNorm(nn.Module):
@@ -71,15 +83,14 @@ class Attention(FusedLinears):
         self.qkv_proj = self.fused_linear("qkv_proj", g.hidden_size,
                                           (("q_proj", q_dim), ("k_proj", g.kv_dim), ("v_proj", g.kv_dim)), bias=True)
         self.o_proj = nn.Linear(q_dim, g.hidden_size, bias=False)
-        self.kv_cache: KVCache | None = None
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, *,
-                slots: Tensor | None, kv_len: int) -> Tensor:
-        """``x`` (B, T, D); ``cos``/``sin`` (B, T, 1, Dh); ``mask`` (B, 1, T, S) bool (True = attend).
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, ctx: CacheContext | None = None) -> Tensor:
+        """``x`` (B, T, D); ``cos``/``sin`` (B, T, 1, Dh); ``mask`` (B, 1, T, K) bool (True = attend).
 
-        Without a cache (``kv_cache is None``) attention runs over ``x`` itself. With a cache,
-        ``slots is None`` means a prefill (T positions into slots 0..T-1) and otherwise ``slots``
-        (B,) names the one slot per row written this step; attention reads slots ``0..kv_len-1``.
+        Without ``ctx`` attention runs over ``x`` itself. A prefill context (``ctx.slots`` set)
+        also writes this layer's K/V into cells ``0..T-1`` of those slots. A decode context
+        (``ctx.positions`` set, T == 1, one row per slot) writes each slot's new K/V at its
+        position and attends over the cache's first K cells.
         """
         b, t, _ = x.shape
         h, hkv, dh = self.n_heads, self.n_kv, self.head_dim
@@ -89,13 +100,15 @@ class Attention(FusedLinears):
         q = qk[:, :, :h].transpose(1, 2)
         k = qk[:, :, h:].transpose(1, 2)
         v = qkv[:, :, h + hkv:].transpose(1, 2)
-        cache = self.kv_cache
-        if cache is not None:
-            if slots is None:
-                cache.write_prefix(k, v)
-            else:
-                cache.write_at(k, v, slots)
-            k, v = cache.view(kv_len)
+        if ctx is not None and ctx.positions is not None:
+            ctx.cache.write_step(ctx.layer, k, v, ctx.positions)
+            k, v = ctx.cache.view(ctx.layer, mask.shape[-1])
+            # One query per slot: the H/H_kv query heads that share a K/V head become that head's
+            # "query positions", so no GQA flag is needed and a masked fused kernel applies.
+            y = F.scaled_dot_product_attention(q.reshape(b, hkv, h // hkv, dh), k, v, attn_mask=mask)
+            return self.o_proj(y.reshape(b, 1, h * dh))
+        if ctx is not None and ctx.slots is not None:
+            ctx.cache.write_prefix(ctx.layer, k, v, ctx.slots)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=hkv != h)
         return self.o_proj(y.transpose(1, 2).reshape(b, t, h * dh))
 
@@ -124,9 +137,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(g.hidden_size, g.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(g.hidden_size, g.rms_norm_eps)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, *,
-                slots: Tensor | None, kv_len: int) -> Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, slots=slots, kv_len=kv_len)
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, ctx: CacheContext | None = None) -> Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, ctx)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -168,13 +180,19 @@ class Qwen2Model(nn.Module):
                                  f"{self.geometry.max_position_embeddings}")
             self.reset_rope(max(length, 2 * self.rope_cos.shape[0]))
 
-    def forward(self, x: Tensor, positions: Tensor, mask: Tensor, *, slots: Tensor | None = None,
-                kv_len: int = 0) -> Tensor:
-        """``x`` (B, T, D) embeddings at ``positions`` (B, T) int64 -> post-norm hidden (B, T, D)."""
+    def forward(self, x: Tensor, positions: Tensor, mask: Tensor, *, cache: SlotKVCache | None = None,
+                slots: Tensor | None = None, decode: bool = False) -> Tensor:
+        """``x`` (B, T, D) embeddings at ``positions`` (B, T) int64 -> post-norm hidden (B, T, D).
+
+        With ``cache``: ``slots`` (B,) makes this a prefill into those slots; ``decode`` a step
+        with one row per slot (T == 1) at ``positions[:, 0]``.
+        """
         cos = self.rope_cos[positions].to(x.dtype).unsqueeze(2)  # (B, T, 1, Dh): broadcast over heads
         sin = self.rope_sin[positions].to(x.dtype).unsqueeze(2)
-        for layer in self.layers:
-            x = layer(x, cos, sin, mask, slots=slots, kv_len=kv_len)
+        step_pos = positions[:, 0] if decode else None
+        for i, layer in enumerate(self.layers):
+            ctx = None if cache is None else CacheContext(cache, i, slots=slots, positions=step_pos)
+            x = layer(x, cos, sin, mask, ctx)
         return self.norm(x)
 
 
@@ -205,6 +223,7 @@ class CosyVoice3LM(nn.Module):
         self.llm = Qwen2Encoder(cfg.qwen)
         self.llm_decoder = nn.Linear(cfg.llm_output_size, cfg.decoder_size, bias=False)
         self.speech_embedding = nn.Embedding(cfg.decoder_size, cfg.llm_input_size)
+        self.kv_cache: SlotKVCache | None = None  # see setup_cache; holds non-persistent buffers only
 
     # -- pieces ----------------------------------------------------------------------------------
 
@@ -256,64 +275,68 @@ class CosyVoice3LM(nn.Module):
         dev = embeds.device
         self.backbone.ensure_positions(t)
         positions = torch.arange(t, device=dev).expand(b, t)
-        mask = causal_mask(t, t, dev)
-        if lengths is not None:
-            mask = mask & (torch.arange(t, device=dev)[None, :] < lengths.to(dev)[:, None])[:, None, None, :]
-        saved = [layer.self_attn.kv_cache for layer in self.backbone.layers]
-        try:
-            for layer in self.backbone.layers:
-                layer.self_attn.kv_cache = None
-            hidden = self.backbone(embeds, positions, mask.expand(b, 1, t, t))
-        finally:
-            for layer, cache in zip(self.backbone.layers, saved, strict=True):
-                layer.self_attn.kv_cache = cache
+        hidden = self.backbone(embeds, positions, attention_mask(positions, t, lengths))
         return hidden, self.decoder_logits(hidden)
 
     # -- cached decoding ---------------------------------------------------------------------------
 
-    def setup_cache(self, batch: int, max_len: int) -> None:
-        """Allocate every layer's KV cache (B, H_kv, max_len, Dh) in the model's dtype/device."""
-        self.backbone.ensure_positions(max_len)
-        for layer in self.backbone.layers:
-            layer.self_attn.kv_cache = KVCache(self.geometry, batch, max_len, dtype=self.dtype, device=self.device)
+    @property
+    def cache(self) -> SlotKVCache:
+        if self.kv_cache is None:
+            raise RuntimeError("no KV cache: call setup_cache(slots, capacity) first")
+        return self.kv_cache
+
+    def setup_cache(self, slots: int, capacity: int) -> SlotKVCache:
+        """Allocate the slot cache (L, slots, H_kv, capacity, Dh) in the model's dtype/device."""
+        self.backbone.ensure_positions(capacity)
+        self.kv_cache = SlotKVCache(self.geometry, slots, capacity, dtype=self.dtype, device=self.device)
+        return self.kv_cache
 
     def clear_cache(self) -> None:
-        """Drop the KV caches (frees their memory)."""
-        for layer in self.backbone.layers:
-            layer.self_attn.kv_cache = None
+        """Drop the KV cache (frees its memory)."""
+        self.kv_cache = None
 
-    def keep_cache_rows(self, index: Tensor) -> None:
-        """Compact every layer's cache to the rows in ``index`` (b,)."""
-        for layer in self.backbone.layers:
-            assert layer.self_attn.kv_cache is not None
-            layer.self_attn.kv_cache.keep_rows(index)
+    def prefill(self, embeds: Tensor, lengths: Tensor, slots: Tensor | None = None) -> Tensor:
+        """Fill cache ``slots`` (B,) (default 0..B-1) from right-padded ``embeds`` (B, T, D).
 
-    def prefill(self, embeds: Tensor, lengths: Tensor) -> Tensor:
-        """Fill the cache from right-padded ``embeds`` (B, T, D); return raw fp32 logits (B, V) at ``lengths-1``."""
+        Sets those slots' lengths and returns raw fp32 logits (B, V) at ``lengths-1``.
+        """
         b, t, _ = embeds.shape
         dev = embeds.device
+        cache = self.cache
+        slots = torch.arange(b, device=dev) if slots is None else slots.to(dev)
         positions = torch.arange(t, device=dev).expand(b, t)
-        valid = torch.arange(t, device=dev)[None, :] < lengths[:, None]
-        mask = causal_mask(t, t, dev) & valid[:, None, None, :]
-        hidden = self.backbone(embeds, positions, mask, slots=None, kv_len=t)
+        mask = attention_mask(positions, t, lengths)
+        hidden = self.backbone(embeds, positions, mask, cache=cache, slots=slots)
+        cache.lengths[slots] = lengths.to(dev)
         last = hidden[torch.arange(b, device=dev), lengths - 1]
         return self.decoder_logits(last)
 
-    def step(self, embeds: Tensor, positions: Tensor, kv_len: int) -> Tensor:
-        """One decode step: ``embeds`` (B, 1, D) at ``positions`` (B,) -> raw fp32 logits (B, V).
+    def step(self, embeds: Tensor, positions: Tensor, kv_len: int | None = None) -> Tensor:
+        """One fixed-shape decode step: ``embeds`` (slots, 1, D) at ``positions`` (slots,) -> logits (slots, V).
 
-        Row b writes slot ``positions[b]`` and attends slots ``0..positions[b]``; ``kv_len`` (host
-        int, ``max(positions)+1``) bounds the cache view so work grows with the longest row only.
+        Slot s writes cell ``positions[s]`` and attends cells ``0..positions[s]``. ``kv_len``
+        (a host int, default the capacity) bounds the cells read: any value above every
+        position gives the same result, so a caller can bucket it without a device read.
         """
-        dev = embeds.device
-        mask = (torch.arange(kv_len, device=dev)[None, :] <= positions[:, None])[:, None, None, :]
-        hidden = self.backbone(embeds, positions[:, None], mask, slots=positions, kv_len=kv_len)
+        cache = self.cache
+        k = cache.capacity if kv_len is None else int(kv_len)
+        pos = positions[:, None]
+        hidden = self.backbone(embeds, pos, attention_mask(pos, k), cache=cache, decode=True)
         return self.decoder_logits(hidden[:, 0])
 
 
-def causal_mask(q_len: int, k_len: int, device: torch.device) -> Tensor:
-    """Lower-triangular bool mask (1, 1, q_len, k_len) aligned at the end (True = attend)."""
-    return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)[None, None]
+def attention_mask(positions: Tensor, kv_len: int, lengths: Tensor | None = None) -> Tensor:
+    """The one mask rule: query at position p attends key cell j iff ``j <= p`` (and ``j < length``).
+
+    ``positions`` (B, T) int64, ``lengths`` (B,) or None -> (B, 1, T, kv_len) bool (True = attend).
+    Causal prefill, padded whole-sequence passes and decode steps all use it.
+    """
+    keys = torch.arange(kv_len, device=positions.device)
+    mask = keys[None, None, :] <= positions[:, :, None]
+    if lengths is not None:
+        mask = mask & (keys[None, :] < lengths.to(positions.device)[:, None])[:, None, :]
+    return mask[:, None]
 
 
 def build_talker(cfg: ModelConfig, policy: DevicePolicy, load_format: str = "auto", *,

@@ -170,17 +170,28 @@ def _vocab_hash(vocab: int, device: torch.device) -> Tensor:
     return _mix32((torch.arange(vocab, dtype=torch.int64, device=device) * 0x61C88647 + 0x1B873593) & _M32)
 
 
-def uniform_noise(keys: Tensor, step: int, draw: int, vocab: int, *, vocab_hash: Tensor | None = None) -> Tensor:
+def _counter(step: Tensor | int, draw: int) -> tuple[Tensor | int, Tensor | int]:
+    """The two 32-bit counter lanes of (step, draw); ``step`` a Python int or an int64 tensor (b,)."""
+    ctr = _mix32((_mix32((step & _M32) ^ 0x68E31DA4) ^ (int(draw) * 0x3C6EF372 + 0x5BD1E995)) & _M32)
+    return ctr, _mix32(ctr ^ 0x27D4EB2F)
+
+
+def uniform_noise(keys: Tensor, step: Tensor | int, draw: int, vocab: int, *,
+                  vocab_hash: Tensor | None = None) -> Tensor:
     """Uniforms in (0, 1), shape (b, vocab), a pure function of (key, step, draw, vocab index).
 
-    ``keys`` is an int64 tensor (b,) of :func:`stream_key` values (all 64 bits are used).  The
+    ``keys`` is an int64 tensor (b,) of :func:`stream_key` values (all 64 bits are used);
+    ``step`` one int for every row, or an int64 tensor (b,) of per-row steps (rows of a slot
+    batch are at different steps; both forms give the same numbers for the same step). The
     key's low and high halves go through separate bijective mixes with the step/draw counter, so
     per row and step the pair ``(a, c)`` differs for any two distinct keys; each entry is then
     ``mix(mix(a ^ vocab_hash[v]) ^ c)``.  24 random bits per entry; the +0.5 keeps u away from 0
     and 1 so ``-log u`` and ``log(-log u)`` stay finite.  Pure tensor ops: no host sync.
     """
-    ctr = int(_mix32((int(_mix32((int(step) & _M32) ^ 0x68E31DA4)) ^ (int(draw) * 0x3C6EF372 + 0x5BD1E995)) & _M32))
-    ctr_hi = int(_mix32(ctr ^ 0x27D4EB2F))
+    if isinstance(step, Tensor):
+        ctr, ctr_hi = _counter(step.to(torch.int64), draw)
+    else:
+        ctr, ctr_hi = (int(c) for c in _counter(int(step), draw))
     keys = keys.to(torch.int64)
     lo = keys & _M32
     hi = (keys >> 32) & _M32  # arithmetic shift of a negative key, then masked: the high 32 bits
@@ -200,12 +211,30 @@ def nucleus_keep(probs: Tensor, top_p: float, top_k: int) -> Tensor:
     """Boolean (b, V) mask of the nucleus candidates of each row of ``probs`` (spec section 4).
 
     Stable descending sort; entry j (in sorted order) is kept iff j < top_k and the sum of the
-    entries before it is < top_p.
+    entries before it is < top_p.  Done with ``torch.topk`` (no sort of the whole vocabulary):
+    the top-k *values* in descending order are the same whatever order ties come in, so the
+    running sums and the number m of kept entries are exactly the sort's. The kept entries are a
+    prefix of the sorted order (the running sum of non-negative values never decreases): every
+    entry above the m-th value, plus the lowest-indexed entries equal to it (what a stable sort
+    puts first) until there are m.
     """
+    k = min(int(top_k), probs.shape[-1])
+    head = torch.topk(probs, k, dim=-1, sorted=True).values
+    # running sum *before* each entry (an exclusive cumsum; entry 0 sees 0.0 and is always kept)
+    before = torch.cat([torch.zeros_like(head[:, :1]), torch.cumsum(head, dim=-1)[:, :-1]], dim=-1)
+    m = (before < top_p).sum(-1, keepdim=True)  # >= 1
+    last = head.gather(1, m - 1)  # the m-th largest value
+    above = probs > last
+    tied = probs == last
+    need = m - above.sum(-1, keepdim=True)
+    return above | (tied & (torch.cumsum(tied.to(torch.int32), dim=-1) <= need))
+
+
+def nucleus_keep_sorted(probs: Tensor, top_p: float, top_k: int) -> Tensor:
+    """:func:`nucleus_keep` by a full stable sort: the reference the top-k form must equal."""
     k = min(int(top_k), probs.shape[-1])
     sorted_p, sorted_idx = torch.sort(probs, dim=-1, descending=True, stable=True)
     head = sorted_p[:, :k]
-    # running sum *before* each entry (an exclusive cumsum; entry 0 sees 0.0 and is always kept)
     before = torch.zeros_like(head)
     if k > 1:
         before[:, 1:] = torch.cumsum(head, dim=-1)[:, :-1]
@@ -256,8 +285,7 @@ class BatchSampler:
         self._err_step = torch.full((n,), -1, **i64)
         self._err_nan = torch.zeros(n, **i64)
         self._err_posinf = torch.zeros(n, **i64)
-        names = ("steps", "tokens_emitted", "nan_steps", "all_nan_steps", "posinf_steps", "no_finite_steps",
-                 "ras_fallbacks", "ras_sole_restores", "min_len_suppressed")
+        names = COUNTER_NAMES
         self._counter_names = names
         self._counters = torch.zeros(len(names), n, **i64)  # one stacked tensor: a single read at finish
         self._vocab_hash: Tensor | None = None
@@ -358,7 +386,7 @@ class BatchSampler:
 
         logp = torch.log_softmax(x, dim=-1)
         probs = logp.exp()
-        keep = nucleus_keep(probs, opt.top_p, opt.top_k)
+        keep = nucleus_keep_sorted(probs, opt.top_p, opt.top_k)
         keep = torch.where(row_posinf[:, None], cand, keep) & cand
 
         if opt.draw == "legacy-multinomial":
@@ -454,31 +482,50 @@ class BatchSampler:
         stopped = self._stopped.cpu().tolist()
         err = torch.stack([self._err_kind, self._err_step, self._err_nan, self._err_posinf]).cpu().tolist()
         out: list[SamplerRowDiagnostics] = []
-        opt = self.options
         for i, rid in enumerate(self.row_ids):
-            vals = {name: int(counters[k][i]) for k, name in enumerate(self._counter_names)}
-            d = SamplerRowDiagnostics(row_id=rid, seed=self.row_seeds[i], segment=self.segments[i],
-                                      policy=opt.nonfinite_policy,
-                                      draw=opt.draw, **vals)
-            if dead[i]:
-                kind, step, n_nan, n_pinf = (int(v[i]) for v in err)
-                if opt.nonfinite_policy == "error":
-                    d.stop_reason = ERROR
-                    if kind == _ERR_NONFINITE:
-                        d.error = (f"row {rid!r}: non-finite logits at step {step}: {n_nan} NaN, {n_pinf} +inf "
-                                   "(nonfinite_policy='error')")
-                    else:
-                        d.error = f"row {rid!r}: no finite logits left after masks at step {step}"
-                else:
-                    d.stop_reason = NO_FINITE
-                    d.error = f"row {rid!r}: no finite logits left after masks at step {step}"
-                    if opt.nonfinite_policy == "legacy-zero":
-                        d.error += " (LEGACY nonfinite_policy='legacy-zero')"
-            elif stop_reasons is not None and stop_reasons[i] is not None:
-                d.stop_reason = stop_reasons[i]
-            elif stopped[i]:
-                d.stop_reason = "stop_token"
-            if tokens_emitted is not None and tokens_emitted[i] is not None:
-                d.tokens_emitted = int(tokens_emitted[i])  # type: ignore[arg-type]
-            out.append(d)
+            reason = stop_reasons[i] if stop_reasons is not None else None
+            if reason is None and stopped[i]:
+                reason = "stop_token"
+            out.append(row_diagnostics(self.options, rid, self.row_seeds[i], self.segments[i],
+                                       [int(c[i]) for c in counters], dead=bool(dead[i]),
+                                       err=[int(e[i]) for e in err], stop_reason=reason,
+                                       tokens_emitted=None if tokens_emitted is None else tokens_emitted[i]))
         return out
+
+
+#: The per-row counters every sampler keeps, in this order (see :mod:`.diagnostics`).
+COUNTER_NAMES: tuple[str, ...] = ("steps", "tokens_emitted", "nan_steps", "all_nan_steps", "posinf_steps",
+                                  "no_finite_steps", "ras_fallbacks", "ras_sole_restores", "min_len_suppressed")
+
+
+def row_diagnostics(opt: SamplerOptions, row_id: str, seed: int, segment: int, counters: Sequence[int], *,
+                    dead: bool, err: Sequence[int], stop_reason: str | None,
+                    tokens_emitted: int | None = None) -> SamplerRowDiagnostics:
+    """One row's :class:`SamplerRowDiagnostics` from its host-read counters (:data:`COUNTER_NAMES`
+    order) and error record ``(kind, step, n_nan, n_posinf)``.
+
+    ``stop_reason`` is "no_finite_logits"/"error" for a row the sampler aborted (``dead``),
+    otherwise the caller's; ``tokens_emitted`` overrides the sampler's count (after the silent filter).
+    """
+    vals = {name: int(counters[k]) for k, name in enumerate(COUNTER_NAMES)}
+    d = SamplerRowDiagnostics(row_id=row_id, seed=seed, segment=segment, policy=opt.nonfinite_policy,
+                              draw=opt.draw, **vals)
+    if dead:
+        kind, step, n_nan, n_pinf = (int(v) for v in err)
+        if opt.nonfinite_policy == "error":
+            d.stop_reason = ERROR
+            if kind == _ERR_NONFINITE:
+                d.error = (f"row {row_id!r}: non-finite logits at step {step}: {n_nan} NaN, {n_pinf} +inf "
+                           "(nonfinite_policy='error')")
+            else:
+                d.error = f"row {row_id!r}: no finite logits left after masks at step {step}"
+        else:
+            d.stop_reason = NO_FINITE
+            d.error = f"row {row_id!r}: no finite logits left after masks at step {step}"
+            if opt.nonfinite_policy == "legacy-zero":
+                d.error += " (LEGACY nonfinite_policy='legacy-zero')"
+    elif stop_reason is not None:
+        d.stop_reason = stop_reason
+    if tokens_emitted is not None:
+        d.tokens_emitted = int(tokens_emitted)
+    return d

@@ -1,0 +1,266 @@
+"""The decode engine's figures: host cost per step, compiled-step recompiles, continuous vs static
+batching, and how close the flow runs to the machine's own fp32 GEMM rate.
+
+* ``ops_per_step_before`` / ``ops_per_step_after``: aten operations per decode step at tiny
+  geometry, batch 16, default RAS sampler (profiler count of leaf ops, i.e. ops that call no
+  other aten op: the kernels a GPU would be sent), and microseconds per step. Measured by the
+  same snippet on the code before the engine (``--before-rev``, extracted with ``git archive``
+  and run in a subprocess) and on this tree: the difference of two runs of 8 and 24 steps, so
+  prefill and setup cancel out.
+* ``recompiles`` / ``eager_equal``: ``torch.compile(step, fullgraph=True)`` over a manifest of
+  rows of varied lengths flowing through 4 slots; graphs captured beyond the first, and whether
+  the tokens equal eager ones. ``--quick`` uses the "eager" backend (dynamo capture and guards
+  only; inductor takes about 7 minutes on 2 shared cores).
+* ``continuous_vs_static``: wall time of static batches (length-sorted chunks of ``slots`` rows,
+  one ``generate`` each, as the pipeline batches) over continuous batching (one ``generate``
+  with ``slots``), same rows, same tokens (checked). Rows run exactly to their max length
+  (stop ids never win: their decoder rows are zeroed), lengths spread 20..20*k tokens.
+* ``flow_gemm_fraction``: the flow's matmul/conv calls are recorded during one flow inference
+  (full-size dummy weights, fp32, batch 1, 100 tokens, 1 Euler step), replayed alone on random
+  tensors of the same shapes (the machine's GEMM rate on the flow's own shapes), and the
+  fraction is replay time / flow time.
+
+Every figure is measured in this run on this machine; the JSON line names the CPU. Run:
+``python -m benchmarks.bench_engine --quick`` (under 3 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+BEFORE_REV = "5398f88664609b448ef9ec724acfbb8e0841384b"  # main just before the slot engine
+
+# Runs under both trees: only the public generate() API of either.
+OPS_SNIPPET = r"""
+import json, sys, time, torch
+from torch.profiler import ProfilerActivity, profile
+from cosyclone.checkpoint import init_dummy
+from cosyclone.config import QwenGeometry, TalkerConfig
+from cosyclone.talker.decode import DecodeOptions, TalkerRequest, generate
+from cosyclone.talker.model import CosyVoice3LM
+from cosyclone.talker.sampler import SamplerOptions
+torch.set_num_threads(2)
+cfg = TalkerConfig(qwen=QwenGeometry(hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                   num_key_value_heads=2, intermediate_size=96, vocab_size=300),
+                   llm_input_size=64, llm_output_size=64, speech_token_size=6561)
+model = init_dummy(CosyVoice3LM(cfg).eval(), seed=1, std=0.05)
+B = int(sys.argv[1])
+g = torch.Generator().manual_seed(0)
+reqs = [TalkerRequest(row_id=f"r{i}", text_ids=torch.randint(0, 300, (10 + i,), generator=g), target_len=4,
+                      prompt_speech_tokens=torch.randint(0, 6561, (8,), generator=g), seed=i) for i in range(B)]
+def leaf_ops(steps):
+    opts = DecodeOptions(sampler=SamplerOptions(), max_len_override=steps, min_len_override=steps)
+    generate(model, reqs, opts)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        generate(model, reqs, opts)
+    views = {"aten::" + v for v in ("view", "reshape", "_unsafe_view", "as_strided", "transpose", "t", "slice",
+             "select", "expand", "unsqueeze", "squeeze", "permute", "narrow", "split", "chunk", "alias", "detach",
+             "empty", "empty_like", "empty_strided", "resolve_conj", "resolve_neg", "lift_fresh", "unbind")}
+    n = 0
+    for e in prof.events():  # leaf aten ops that do work (views and allocations launch no kernel)
+        if (e.name.startswith("aten::") and e.name not in views
+                and not any(c.name.startswith("aten::") for c in e.cpu_children)):
+            n += 1
+    best = float("inf")
+    for _ in range(2):
+        t0 = time.perf_counter(); generate(model, reqs, opts); best = min(best, time.perf_counter() - t0)
+    return n, best
+a, ta = leaf_ops(8)
+b, tb = leaf_ops(24)
+print(json.dumps({"ops_per_step": (b - a) / 16, "us_per_step": (tb - ta) / 16 * 1e6}))
+"""
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _snippet(tree: Path, batch: int) -> dict[str, float]:
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    out = subprocess.run([sys.executable, "-c", OPS_SNIPPET, str(batch)], env=env, cwd=tree, check=True,
+                         capture_output=True, text=True, timeout=900)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def ops_per_step(rev: str, batch: int) -> dict[str, Any]:
+    """Ops and microseconds per step on the tree before the engine and on this one."""
+    res: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            arch = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "cosyclone"], check=True,
+                                  capture_output=True, timeout=60).stdout
+            subprocess.run(["tar", "-x", "-C", tmp], input=arch, check=True, timeout=60)
+            before = _snippet(Path(tmp), batch)
+            res.update(ops_per_step_before=before["ops_per_step"], us_per_step_before=before["us_per_step"])
+        except (OSError, subprocess.SubprocessError, ValueError) as exc:
+            res.update(ops_per_step_before=None, us_per_step_before=None,
+                       ops_per_step_before_reason=f"could not run the code of {rev[:10]}: {exc}")
+    after = _snippet(ROOT, batch)
+    res.update(ops_per_step_after=after["ops_per_step"], us_per_step_after=after["us_per_step"])
+    return res
+
+
+def compile_check(backend: str) -> dict[str, Any]:
+    """Recompiles after the first capture over a varied manifest, and equality with eager."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from cosyclone.talker.decode import DecodeOptions, generate
+    from cosyclone.talker.sampler import SamplerOptions
+    from tests.test_engine_equivalence import _key, _requests
+    from tests.test_talker_decode import _model
+
+    model = _model()
+    reqs = _requests(12, 5)
+    opts = DecodeOptions(sampler=SamplerOptions(top_k=40, top_p=0.9), slots=4, kv_bucket=None, capacity=160)
+    eager = _key(generate(model, reqs, opts))
+    torch._dynamo.reset()
+    counters.clear()
+    t0 = time.perf_counter()
+    compiled = _key(generate(model, reqs, replace(opts, compile=backend)))
+    return {"recompiles": int(counters["stats"]["unique_graphs"]) - 1, "eager_equal": compiled == eager,
+            "graph_breaks": sum(counters["graph_break"].values()), "compile_backend": backend,
+            "compile_run_s": round(time.perf_counter() - t0, 1)}
+
+
+def continuous_vs_static(full: bool, slots: int) -> dict[str, Any]:
+    """Static length-sorted batches of ``slots`` rows vs one continuous run with ``slots`` slots."""
+    from cosyclone.checkpoint import init_dummy
+    from cosyclone.config import QwenGeometry, TalkerConfig, released_config
+    from cosyclone.talker.decode import DecodeOptions, TalkerRequest, generate
+    from cosyclone.talker.model import CosyVoice3LM
+    from cosyclone.talker.sampler import SamplerOptions
+
+    if full:
+        cfg, rows, spread, label = released_config().talker, 64, 20, "released geometry"
+    else:
+        cfg = TalkerConfig(qwen=QwenGeometry(hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
+                                             num_key_value_heads=2, intermediate_size=384, vocab_size=1000),
+                           llm_input_size=128, llm_output_size=128, speech_token_size=6561)
+        rows, spread, label = 24, 4, "4 layers x 128 (quick)"
+    with torch.device("meta"):
+        model = CosyVoice3LM(cfg)
+    model = init_dummy(model.to_empty(device="cpu"), seed=3).eval()
+    model.backbone.reset_rope()
+    with torch.no_grad():
+        model.llm_decoder.weight[cfg.speech_token_size:] = 0.0  # stop ids never win: rows run to max_len
+    g = torch.Generator().manual_seed(7)
+    targets = [1 + int(torch.randint(0, spread, (1,), generator=g)) for _ in range(rows)]
+    reqs = [TalkerRequest(row_id=f"r{i}", text_ids=torch.randint(0, 1000, (t,), generator=g), target_len=t,
+                          prompt_speech_tokens=torch.randint(0, 6561, (20,), generator=g), seed=i)
+            for i, t in enumerate(targets)]
+    opts = DecodeOptions(sampler=SamplerOptions())
+    order = sorted(range(rows), key=lambda i: (targets[i], i))  # the pipeline's length-aware order
+    t0 = time.perf_counter()
+    static: dict[int, list[int]] = {}
+    for k in range(0, rows, slots):
+        chunk = order[k:k + slots]
+        for i, r in zip(chunk, generate(model, [reqs[i] for i in chunk], opts), strict=True):
+            static[i] = r.raw_tokens
+    t_static = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    cont = generate(model, [reqs[i] for i in order], replace(opts, slots=slots))
+    t_cont = time.perf_counter() - t0
+    same = all(cont[j].raw_tokens == static[i] for j, i in enumerate(order))
+    at_max = sum(len(r.raw_tokens) == r.max_len for r in cont) / rows
+    return {"continuous_vs_static": round(t_static / t_cont, 3), "continuous_equal_static": same,
+            "continuous_geometry": label, "continuous_rows": rows, "continuous_slots": slots,
+            "continuous_lengths": [min(targets) * 20, max(targets) * 20], "rows_at_max_len": at_max,
+            "static_s": round(t_static, 2), "continuous_s": round(t_cont, 2)}
+
+
+def flow_gemm_fraction(tokens: int = 100) -> dict[str, Any]:
+    """Replay time of the flow's own matmul/conv calls alone, over the flow's wall time."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from cosyclone.code2wav.flow import build_flow
+    from cosyclone.config import released_config
+    from cosyclone.device import resolve
+
+    cfg = released_config()
+    flow = build_flow(cfg, resolve("cpu", "fp32"), load_format="dummy")
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randint(0, cfg.flow.vocab_size, (1, tokens), generator=gen), torch.tensor([tokens]),
+         torch.randint(0, cfg.flow.vocab_size, (1, 75), generator=gen), torch.tensor([75]),
+         torch.randn(1, 150, 80, generator=gen), torch.randn(1, 192, generator=gen))
+    a = torch.ops.aten  # under inference_mode composite ops (linear, conv1d) reach the mode undecomposed
+    gemm_ops = {a.mm.default, a.addmm.default, a.bmm.default, a.baddbmm.default, a.convolution.default,
+                a.linear.default, a.matmul.default, a.conv1d.default, a.conv_transpose1d.input, a.einsum.default}
+    calls: list[tuple[Any, tuple[Any, ...]]] = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func in gemm_ops:
+                calls.append((func, tuple(torch.empty_like(a) if isinstance(a, torch.Tensor) else a for a in args)))
+            return func(*args, **(kwargs or {}))
+
+    with torch.inference_mode():
+        flow.inference(*x, n_timesteps=1)  # warm-up
+        t0 = time.perf_counter()
+        flow.inference(*x, n_timesteps=1)
+        t_flow = time.perf_counter() - t0
+        with Record():
+            flow.inference(*x, n_timesteps=1)
+        for func, args in calls[:50]:
+            func(*args)  # warm-up of the replay
+        t0 = time.perf_counter()
+        for func, args in calls:
+            func(*args)
+        t_gemm = time.perf_counter() - t0
+    return {"flow_gemm_fraction": round(t_gemm / t_flow, 3), "flow_s": round(t_flow, 2),
+            "flow_gemm_replay_s": round(t_gemm, 2), "flow_gemm_calls": len(calls),
+            "flow_workload": f"batch 1, {tokens} tokens, 75 prompt tokens, 1 Euler step, fp32"}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small workloads, under 3 minutes on 2 cores")
+    ap.add_argument("--before-rev", default=BEFORE_REV)
+    ap.add_argument("--batch", type=int, default=16, help="rows for the per-step op count")
+    ap.add_argument("--slots", type=int, default=8)
+    ap.add_argument("--compile-backend", default=None, help="default: eager with --quick, else inductor")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    sys.path.insert(0, str(ROOT))
+    out: dict[str, Any] = {"device": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__}
+    t0 = time.perf_counter()
+    out.update(ops_per_step(args.before_rev, args.batch))
+    print(f"ops/step at batch {args.batch}: before {out['ops_per_step_before']}, after {out['ops_per_step_after']}; "
+          f"us/step before {out['us_per_step_before']}, after {out['us_per_step_after']:.0f} [{out['device']}]",
+          flush=True)
+    out.update(compile_check(args.compile_backend or ("eager" if args.quick else "inductor")))
+    print(f"compile: {out['recompiles']} recompiles, eager_equal={out['eager_equal']}", flush=True)
+    out.update(continuous_vs_static(not args.quick, args.slots))
+    print(f"continuous vs static ({out['continuous_geometry']}, {out['continuous_rows']} rows, "
+          f"{out['continuous_slots']} slots): {out['continuous_vs_static']}x, same tokens "
+          f"{out['continuous_equal_static']}", flush=True)
+    try:
+        out.update(flow_gemm_fraction())
+    except Exception as exc:  # a figure that could not be measured is null, with why
+        out.update(flow_gemm_fraction=None, flow_gemm_fraction_reason=f"{type(exc).__name__}: {exc}")
+    out["bench_s"] = round(time.perf_counter() - t0, 1)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""The decode engine: a fixed number of slots, a fixed-shape step, rows entering and leaving slots.
+
+Why: on a GPU the talker's speed is set by the host work of each step, not by the weights. A
+step whose shapes never change (slots x capacity, whatever rows are running) and that needs no
+host value launches the same kernels every time, so it can be compiled once
+(``torch.compile(fullgraph=True)``) or captured as a CUDA graph, and a finished row's slot can be
+handed to the next row of the manifest at once (continuous batching, scheduled by
+:func:`cosyclone.talker.decode.generate`).
+
+One step, all on the device (:meth:`SlotEngine.step`): draw a token per slot from the logits
+the previous forward left in :attr:`SlotState.logits` (:class:`SlotSampler`), apply the stop
+rules (stop id, sampler abort, max length) and record the token, then feed every slot's token
+through the model at its own position and keep the new logits. Slots that are not running
+compute too (fixed shape) but change nothing that is read. The host reads ``running`` every few
+steps and, when a slot has finished, its tokens and counters, in one read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from .kv_cache import SlotKVCache
+from .model import CosyVoice3LM
+from .slot_sampler import SlotSampler
+
+#: Per-slot ``reason`` codes (0 = still running or never used).
+RUNNING, EOS, MAX_LEN, ABORTED = 0, 1, 2, 3
+REASONS = {EOS: "eos", MAX_LEN: "max_len", ABORTED: "aborted"}
+
+
+class SlotState(nn.Module):
+    """Per-slot decode state (registered buffers, (slots, ...) shapes)."""
+
+    def __init__(self, slots: int, token_capacity: int, vocab: int, device: torch.device | str) -> None:
+        super().__init__()
+        i64 = dict(dtype=torch.int64, device=device)
+        buf = self.register_buffer
+        buf("logits", torch.zeros(slots, vocab, dtype=torch.float32, device=device), persistent=False)
+        buf("steps", torch.zeros(slots, **i64), persistent=False)  # draws taken (the sampler's step)
+        buf("n_emit", torch.zeros(slots, **i64), persistent=False)  # speech tokens recorded
+        buf("max_len", torch.zeros(slots, **i64), persistent=False)
+        buf("reason", torch.zeros(slots, **i64), persistent=False)  # RUNNING / EOS / MAX_LEN / ABORTED
+        buf("running", torch.zeros(slots, dtype=torch.bool, device=device), persistent=False)
+        buf("tokens", torch.zeros(slots, token_capacity, **i64), persistent=False)  # recorded tokens
+
+
+@dataclass
+class Harvest:
+    """What one finished slot produced, read to the host once."""
+
+    reason: int  # EOS / MAX_LEN / ABORTED
+    tokens: list[int]
+    sampler_state: list[int]  # SlotSampler.state_rows() row: counters then error record (device sampler only)
+
+
+class SlotEngine(nn.Module):
+    """The model's slot cache, the per-slot state and (optionally) the in-step sampler."""
+
+    def __init__(self, model: CosyVoice3LM, *, slots: int, capacity: int, token_capacity: int,
+                 sampler: SlotSampler | None) -> None:
+        super().__init__()
+        self.model = model
+        self.n_slots = int(slots)
+        self.cache: SlotKVCache = model.setup_cache(slots, capacity)
+        self.state = SlotState(slots, token_capacity, model.cfg.decoder_size, model.device)
+        self.sampler = sampler
+        self.speech_token_size = model.cfg.speech_token_size
+
+    # -- host side ----------------------------------------------------------------------------------
+
+    def admit(self, slots: Sequence[int], embeds: Tensor, lengths: Tensor, max_len: Sequence[int]) -> None:
+        """Prefill new rows (right-padded ``embeds`` (b, T, D), ``lengths`` (b,)) into ``slots``."""
+        dev = self.model.device
+        idx = torch.tensor(list(slots), dtype=torch.int64, device=dev)
+        st = self.state
+        st.logits[idx] = self.model.prefill(embeds, lengths, idx)
+        st.steps[idx] = 0
+        st.n_emit[idx] = 0
+        st.reason[idx] = RUNNING
+        st.max_len[idx] = torch.tensor(list(max_len), dtype=torch.int64, device=dev)
+        st.running[idx] = True
+
+    def harvest(self, slots: Sequence[int]) -> list[Harvest]:
+        """Read finished ``slots``: reason, tokens and sampler counters, in one device read."""
+        st = self.state
+        idx = torch.tensor(list(slots), dtype=torch.int64, device=st.tokens.device)
+        parts = [st.reason[:, None], st.n_emit[:, None], st.tokens]
+        if self.sampler is not None:
+            parts.append(self.sampler.state_rows())
+        rows = torch.cat(parts, dim=1).index_select(0, idx).tolist()
+        cap = st.tokens.shape[1]
+        return [Harvest(reason=int(r[0]), tokens=[int(t) for t in r[2:2 + int(r[1])]],
+                        sampler_state=[int(v) for v in r[2 + cap:]]) for r in rows]
+
+    # -- the step (device only: no host values, fixed shapes) ---------------------------------------
+
+    def advance(self, tokens: Tensor, aborted: Tensor) -> None:
+        """Stop rules and bookkeeping for one draw ``tokens``/``aborted`` (slots,)."""
+        st = self.state
+        live = st.running
+        stop_id = tokens >= self.speech_token_size
+        emit = live & ~aborted & ~stop_id
+        cell = st.n_emit.clamp(max=st.tokens.shape[1] - 1)[:, None]
+        st.tokens.scatter_(1, cell, torch.where(emit, tokens, st.tokens.gather(1, cell)[:, 0])[:, None])
+        st.n_emit.add_(emit.to(torch.int64))
+        full = emit & (st.n_emit >= st.max_len)
+        reason = torch.where(full, MAX_LEN, st.reason)
+        reason = torch.where(live & ~aborted & stop_id, EOS, reason)
+        st.reason.copy_(torch.where(live & aborted, ABORTED, reason))
+        st.steps.add_(live.to(torch.int64))
+        still = emit & ~full
+        st.running.copy_(still)
+        self._feed(tokens, still)
+
+    def _feed(self, tokens: Tensor, still: Tensor) -> None:
+        """Feed every slot's token at its position; rows that go on grow by one cell."""
+        model = self.model
+        cache = self.cache
+        pos = cache.lengths.clamp(max=cache.capacity - 1)
+        feed = tokens.clamp(0, model.cfg.decoder_size - 1)
+        self.state.logits.copy_(model.step(model.embed_speech(feed)[:, None], pos, self._kv_len))
+        cache.lengths.add_(still.to(torch.int64))
+
+    _kv_len: int | None = None  # cells each step reads (None: the capacity); set by the scheduler
+
+    def step(self) -> None:
+        """One fused decode step with the in-step sampler (what a graph captures)."""
+        assert self.sampler is not None
+        st = self.state
+        tokens, aborted = self.sampler(st.logits, st.running, st.steps)
+        self.advance(tokens, aborted)

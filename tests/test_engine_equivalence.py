@@ -1,0 +1,147 @@
+"""The slot engine equals today's sampler and decode loop exactly: same tokens, same stop reasons,
+same diagnostics counters, for every seed, batch size, slot count, admission order and for
+NaN/+inf-injected logits; the top-k nucleus equals the sorted one, ties included."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from cosyclone.talker.decode import DecodeOptions, TalkerRequest, generate
+from cosyclone.talker.sampler import (
+    BatchSampler,
+    SamplerOptions,
+    nucleus_keep,
+    nucleus_keep_sorted,
+    stream_key,
+)
+from cosyclone.talker.slot_sampler import SlotSampler
+from tests.reference_decode import reference_generate
+from tests.test_talker_decode import _model, _req
+
+S, V = 40, 240
+
+
+def _logits(b: int, steps: int, seed: int) -> torch.Tensor:
+    """(steps, b, V) logits with ties, stop ids, NaN, -inf and +inf sprinkled in."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(steps, b, V, generator=g) * 3
+    x[:, :, 60:90] = x[:, :, 60:61]  # a block of exactly tied logits
+    r = torch.rand(steps, b, generator=g)
+    x[r < 0.06] = float("nan")  # whole rows NaN
+    x[(r > 0.06) & (r < 0.1)] = float("-inf")  # whole rows -inf
+    x[:, :, 5][torch.rand(steps, b, generator=g) < 0.3] = float("nan")  # one NaN entry
+    x[:, :, 7][torch.rand(steps, b, generator=g) < 0.05] = float("inf")
+    x[:, :, 8][torch.rand(steps, b, generator=g) < 0.03] = float("inf")
+    x[(r > 0.1) & (r < 0.16)] = 0.0  # uniform rows: every probability tied
+    return x
+
+
+OPTIONS = [SamplerOptions(), SamplerOptions(top_k=3, top_p=0.5), SamplerOptions(top_k=60, top_p=1.0, win_size=3, tau_r=0.5),
+           SamplerOptions(nonfinite_policy="error"), SamplerOptions(nonfinite_policy="legacy-zero"),
+           SamplerOptions(min_len_rule="official-head", top_k=1)]
+
+
+@pytest.mark.parametrize("opts", OPTIONS, ids=lambda o: f"{o.nonfinite_policy}-{o.top_k}-{o.top_p}-{o.min_len_rule}")
+@pytest.mark.parametrize("b,seed", [(1, 0), (3, 1), (8, 2)])
+def test_slot_sampler_equals_batch_sampler(opts: SamplerOptions, b: int, seed: int) -> None:
+    """Rows enter at different global steps (continuous batching) and run for their own number of
+    steps; each slot draws exactly what a per-call BatchSampler draws for that row alone."""
+    steps = 14
+    x = _logits(b, steps, seed)
+    seeds = [seed * 1000 + i for i in range(b)]
+    min_len = [(i * 3) % 7 for i in range(b)]
+    start = [(i * 5) % 4 for i in range(b)]  # global step at which row i enters its slot
+    slot = SlotSampler(opts, slots=b, vocab=V, speech_token_size=S, device="cpu")
+    slot.reset(torch.arange(b), torch.tensor([stream_key(s, 1) for s in seeds]), torch.tensor(min_len))
+    got: list[list[tuple[int, bool]]] = [[] for _ in range(b)]
+    live_left = [steps - start[i] for i in range(b)]
+    for g in range(steps + 4):
+        live = torch.tensor([start[i] <= g and live_left[i] > 0 for i in range(b)])
+        step = torch.tensor([max(0, g - start[i]) for i in range(b)])
+        logits = torch.stack([x[min(steps - 1, max(0, g - start[i])), i] for i in range(b)])
+        tok, ab = slot(logits, live, step)
+        for i in range(b):
+            if bool(live[i]):
+                got[i].append((int(tok[i]), bool(ab[i])))
+                live_left[i] = 0 if bool(ab[i]) else live_left[i] - 1  # an aborted row leaves its slot
+    counters = slot.state_rows().tolist()
+    for i in range(b):
+        ref = BatchSampler(opts, row_ids=[f"r{i}"], row_seeds=[seeds[i]], segments=[1], min_len=[min_len[i]],
+                           speech_token_size=S, device="cpu")
+        want = []
+        for k in range(steps - start[i]):
+            t, a = ref.sample(x[k, i][None], torch.tensor([0]), k)
+            want.append((int(t[0]), bool(a[0])))
+            if bool(a[0]):
+                break
+        assert got[i] == want, i
+        ref_counters = ref._counters[:, 0].tolist()
+        ref_err = [int(ref._err_kind[0]), int(ref._err_step[0]), int(ref._err_nan[0]), int(ref._err_posinf[0])]
+        assert counters[i] == ref_counters + ref_err, i
+    assert any(a for row in got for _, a in row) or opts.nonfinite_policy == "legacy-zero"  # aborts were exercised
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_topk_nucleus_equals_sorted_nucleus_with_ties(seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 4, (16, V), generator=g).float()  # heavy ties
+    x[:4] = 0.0  # all tied
+    probs = torch.softmax(x, -1)
+    for top_p, top_k in ((0.8, 25), (0.3, 5), (1.0, V), (0.05, 1), (0.99, 200)):
+        assert torch.equal(nucleus_keep(probs, top_p, top_k), nucleus_keep_sorted(probs, top_p, top_k))
+
+
+def _requests(n: int, seed: int) -> list[TalkerRequest]:
+    return [replace(_req(seed * 50 + i, 2 + (i * 7 + seed) % 11, (i * 3) % 6, 2 + i % 4), row_id=f"row{i}",
+                    seed=seed * 100 + i, segment=i % 2) for i in range(n)]
+
+
+def _nan_hook(logits: torch.Tensor, rows: torch.Tensor, step: int) -> torch.Tensor:
+    out = logits.clone()
+    for pos, r in enumerate(rows.tolist()):
+        if (r * 7 + step * 3) % 11 == 0:
+            out[pos] = float("nan")  # an all-NaN step aborts the row
+        elif (r + step) % 4 == 0:
+            out[pos, 3] = float("nan")
+        if (r + 2 * step) % 9 == 0:
+            out[pos, 11] = float("inf")
+    return out
+
+
+def _key(res: list) -> list:
+    return [(r.row_id, r.raw_tokens, r.tokens, r.stop_reason, r.diagnostics.to_dict()) for r in res]
+
+
+@pytest.mark.parametrize("seed,n", [(0, 1), (1, 3), (2, 8)])
+@pytest.mark.parametrize("hook", [None, _nan_hook], ids=["clean", "nan"])
+def test_generate_equals_todays_loop_for_any_slot_count_and_order(seed: int, n: int, hook: object) -> None:
+    model = _model()
+    reqs = _requests(n, seed)
+    opts = DecodeOptions(sampler=SamplerOptions(top_k=40, top_p=0.9), logits_hook=hook)  # type: ignore[arg-type]
+    want = _key(reference_generate(model, reqs, opts))
+    assert len({len(w[1]) for w in want}) > 1 or n == 1  # rows of different lengths
+    for slots, sync in ((None, 4), (1, 1), (2, 3), (3, 4)):
+        got = _key(generate(model, reqs, replace(opts, slots=slots, sync_every=sync)))
+        assert got == want, (slots, sync)
+    order = list(reversed(range(n)))  # another admission order: the same rows, reversed
+
+    def reordered(logits: torch.Tensor, rows: torch.Tensor, step: int) -> torch.Tensor:
+        return _nan_hook(logits, torch.tensor([order[r] for r in rows.tolist()]), step)  # faults follow the row
+
+    got = _key(generate(model, [reqs[i] for i in order],
+                        replace(opts, slots=2, logits_hook=reordered if hook is not None else None)))
+    assert [got[order.index(i)] for i in range(n)] == want
+    if hook is not None:
+        assert any(w[3] == "no_finite_logits" for w in want) or n == 1
+
+
+def test_max_len_zero_rows_never_take_a_slot() -> None:
+    model = _model()
+    reqs = _requests(3, 4)
+    opts = DecodeOptions(sampler=SamplerOptions(), max_len_override=0)
+    res = generate(model, reqs, replace(opts, slots=2))
+    assert _key(res) == _key(reference_generate(model, reqs, opts))
+    assert all(r.raw_tokens == [] and r.stop_reason == "max_len" and r.diagnostics.steps == 0 for r in res)
