@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 import soundfile as sf
 import torch
 from typer.testing import CliRunner
@@ -24,6 +25,7 @@ from cosyclone.code2wav.token2wav import token2wav
 from cosyclone.config import load_model_config
 from cosyclone.device import DevicePolicy
 
+from .pcm16 import assert_same_pcm16_up_to_rounding
 from .test_cli import ROOT, diags
 
 CPU = DevicePolicy(torch.device("cpu"), torch.float32, "cpu")
@@ -56,6 +58,8 @@ def test_two_seeds_give_different_pcm16_wavs(tiny_model_dir: Path, tmp_path: Pat
     assert bytes1 != bytes2
     assert a.shape == b.shape and np.mean(a != b) > 0.5  # most samples move, not a stray LSB
     assert np.abs(a - b).max() > 0.01
+    with pytest.raises(AssertionError):  # so the batch-rounding tolerance of other tests sees it too
+        assert_same_pcm16_up_to_rounding(tmp_path / "s1" / "wavs" / "r.wav", tmp_path / "s2" / "wavs" / "r.wav")
 
 
 def test_one_changed_token_changes_the_pcm16_audio(tiny_model_dir: Path) -> None:
