@@ -62,8 +62,9 @@ def test_two_seeds_give_different_pcm16_wavs(tiny_model_dir: Path, tmp_path: Pat
         assert_same_pcm16_up_to_rounding(tmp_path / "s1" / "wavs" / "r.wav", tmp_path / "s2" / "wavs" / "r.wav")
 
 
-def test_one_changed_token_changes_the_pcm16_audio(tiny_model_dir: Path) -> None:
-    """What the byte-identity tests need: a single wrong token (first, middle or last) shows up."""
+def test_one_changed_token_or_speaker_changes_the_pcm16_audio(tiny_model_dir: Path) -> None:
+    """What the byte-identity tests need: a single wrong token (first, middle or last) shows up, and so
+    does another speaker embedding (tests that compare two commands' rows rely on it)."""
     cfg = load_model_config(tiny_model_dir)
     flow, hift = build_flow(cfg, CPU), build_hift(cfg, CPU)
     gen = torch.Generator().manual_seed(0)
@@ -72,8 +73,9 @@ def test_one_changed_token_changes_the_pcm16_audio(tiny_model_dir: Path) -> None
     emb = torch.randn(1, 192, generator=gen)
     base = torch.randint(0, 6561, (1, 6), generator=gen)
 
-    def pcm16(tokens: torch.Tensor) -> np.ndarray:
-        res = token2wav(flow, hift, tokens, torch.tensor([6]), prompt, torch.tensor([8]), feat, emb, n_timesteps=2)
+    def pcm16(tokens: torch.Tensor, speaker: torch.Tensor = emb) -> np.ndarray:
+        res = token2wav(flow, hift, tokens, torch.tensor([6]), prompt, torch.tensor([8]), feat, speaker,
+                        n_timesteps=2)
         wav = res.wavs[0].numpy()
         assert np.isfinite(wav).all()
         return np.round(np.clip(wav, -1, 1) * 32767).astype(np.int16)
@@ -84,3 +86,4 @@ def test_one_changed_token_changes_the_pcm16_audio(tiny_model_dir: Path) -> None
         other = base.clone()
         other[0, pos] = (other[0, pos] + 1000) % 6561
         assert not np.array_equal(pcm16(other), ref), pos
+    assert not np.array_equal(pcm16(base, torch.randn(1, 192, generator=gen)), ref)  # the speaker counts too
