@@ -11,8 +11,12 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .config import CHECKPOINTS, QWEN_DIR, YAML_NAME
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 @dataclass(frozen=True)
@@ -227,6 +231,35 @@ def write_qwen_pretrained(qwen_dir: Path, llm_state: dict) -> Path:
     return path
 
 
+#: Cap on the std of the tiny flow's and HiFT's matrices: at 1.0 :func:`init_dummy` gives every
+#: matrix its variance-keeping ``fan_in ** -0.5``. Its default cap (0.02, the talker's scale) made
+#: the DiT's velocity ~0 (the mel stayed the flow's fixed noise) and HiFT's weight-norm gains ~0.02
+#: (conv_post ~0, so the iSTFT saw magnitude 1 and phase 0 whatever the mel): every wav was the
+#: same ~5e-3 peak waveform, tokens changed its float samples by ~1e-10 and its PCM16 bytes not at
+#: all, so no byte-identity test on the tiny model could see a wrong token.
+CODE2WAV_INIT_STD = 1.0
+#: The tiny flow's token embedding is N(0, 1) (an embedding has no fan-in to scale by): the target
+#: tokens then move the mel by about as much as the fixed noise does, so they decide the audio.
+TOKEN_EMBEDDING_STD = 1.0
+
+
+def audible_init(module: nn.Module, seed: int) -> None:
+    """Re-fill a tiny flow or HiFT so its audio follows its input (see
+    :data:`CODE2WAV_INIT_STD`); seeded and CPU-drawn like :func:`~cosyclone.checkpoint.init_dummy`."""
+    import torch
+    from torch import nn
+
+    from .checkpoint import init_dummy
+
+    init_dummy(module, seed=seed, std=CODE2WAV_INIT_STD)
+    gen = torch.Generator(device="cpu").manual_seed(seed + 1)
+    with torch.no_grad():
+        for sub in module.modules():
+            if isinstance(sub, nn.Embedding):
+                values = torch.randn(sub.weight.shape, generator=gen) * TOKEN_EMBEDDING_STD
+                sub.weight.copy_(values.to(sub.weight.dtype))
+
+
 def make_tiny_model(root: str | Path, sizes: TinySizes | None = None, seed: int = 0) -> Path:
     """Write a complete tiny model directory in the released layout (weights dummy-initialized).
 
@@ -234,11 +267,13 @@ def make_tiny_model(root: str | Path, sizes: TinySizes | None = None, seed: int 
     both ONNX models, and ``llm.pt`` / ``flow.pt`` / ``hift.pt`` as ``torch.save`` of the state
     dicts of the stages' own modules built with ``load_format="dummy"``, in the key forms of the
     released files (``llm.pt`` with the tied lm_head key, ``hift.pt`` under ``generator.``), so
-    both cosyclone's loaders and the official strict loads read them back.
+    both cosyclone's loaders and the official strict loads read them back. The flow and HiFT are
+    re-filled by :func:`audible_init`, so the audio depends on the speech tokens (tests compare
+    wav bytes to catch wrong tokens); the talker keeps the dummy scale, whose near-uniform logits
+    make every seed sample different tokens.
     """
     import torch
 
-    from .checkpoint import init_dummy
     from .code2wav.flow import build_flow
     from .code2wav.hift import CausalHiFTGenerator
     from .config import load_model_config
@@ -256,9 +291,13 @@ def make_tiny_model(root: str | Path, sizes: TinySizes | None = None, seed: int 
     for name in CHECKPOINTS:
         if name == "hift.pt":
             # build_hift folds weight norm; the released file holds the unfolded g/v parametrizations
-            module = init_dummy(CausalHiFTGenerator(cfg.hift), seed=seed)
+            module = CausalHiFTGenerator(cfg.hift)
+            audible_init(module, seed)
+        elif name == "flow.pt":
+            module = build_flow(cfg, policy, load_format="dummy")
+            audible_init(module, seed)
         else:
-            module = (build_talker if name == "llm.pt" else build_flow)(cfg, policy, load_format="dummy")
+            module = build_talker(cfg, policy, load_format="dummy")
         state = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
         if name == "hift.pt":
             state = _released_hift_keys(state)
