@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -157,7 +158,15 @@ def test_rerun_redoes_nothing_then_exactly_the_missing_rows(ray_out: Path, local
     run_id = json.loads((out / "summary.json").read_text())["last_run"]["run_id"]
     assert sorted(d["id"] for d in diag_lines(out) if d["run_id"] == run_id) == lost
     assert len(diag_lines(out)) == N_ROWS
-    assert wav_bits(out) == wav_bits(local_out)
+    # the rows not redone keep their bits; the redone ones ran as one new batch of three, so they
+    # equal the local engine's only up to batch-size float rounding (tests/e2e/pcm16.py)
+    again, local = wav_bits(out), wav_bits(local_out)
+    assert {k: v for k, v in again.items() if k[:-4] not in lost} == {k: v for k, v in local.items()
+                                                                      if k[:-4] not in lost}
+    for rid in lost:
+        x = np.frombuffer(again[f"{rid}.wav"][6:], np.float32)
+        y = np.frombuffer(local[f"{rid}.wav"][6:], np.float32)
+        assert x.shape == y.shape and float(np.abs(x - y).max()) < 1e-4  # a wrong token moves samples by ~0.1
 
 
 def test_a_worker_killed_mid_batch_loses_no_row_and_writes_none_twice(ray_pid_file: Path, local_out: Path,
