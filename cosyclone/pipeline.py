@@ -91,6 +91,8 @@ class RowOutcome:
     nonfinite_audio_samples: int = 0  # NaN/inf samples in the row's code2wav output (failed or zeroed)
     seconds: dict[str, float] = field(default_factory=dict)  # frontend / talker / flow / hift shares
     sampler: list[dict[str, Any]] = field(default_factory=list)  # SamplerRowDiagnostics.to_dict per segment
+    segments: list[dict[str, Any]] = field(default_factory=list)  # what the LLM read, per segment: normalized
+    # text, its target ids ("text_ids") and the prompt text ids before it ("prompt_ids"), counts only
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -204,6 +206,7 @@ def synthesize_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptio
             reqs = stages.frontend.prepare(row.id, row.prompt_audio, row.prompt_text, row.text, row.mode,
                                            row.instruct, oc.seed, row.speed, **fit)
             segments.extend((row.id, r) for r in reqs)
+            oc.segments = [_segment_record(r) for r in reqs]
         except Exception as exc:  # a bad prompt or text fails its row only
             oc.fail_exc("frontend", exc)
         oc.seconds["frontend"] = time.perf_counter() - t0
@@ -267,6 +270,14 @@ def synthesize_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptio
             oc.audio_seconds = len(wav) / sr
         records.append(RowRecord(row_id=row.id, wav=wav, diagnostics=oc.to_dict()))
     return records
+
+
+def _segment_record(req: Any) -> dict[str, Any]:
+    """What the LLM read for one segment, for the row record (a bad row traces to its text)."""
+    ids = getattr(req, "text_ids", None)
+    target = int(getattr(req, "target_len", 0) or 0)
+    total = int(ids.numel()) if isinstance(ids, torch.Tensor) else target
+    return {"text": getattr(req, "segment_text", ""), "text_ids": target, "prompt_ids": max(0, total - target)}
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

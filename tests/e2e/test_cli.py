@@ -101,6 +101,8 @@ def test_outputs_are_24k_wavs_of_the_expected_length_with_complete_diagnostics(
             assert set(seg) >= SAMPLER_FIELDS, SAMPLER_FIELDS - set(seg)
             assert seg["row_id"] == rid and seg["steps"] >= 1 and seg["policy"] == "exclude" and not seg["legacy"]
         assert all(0 < t <= MAX_TOKENS for t in line["tokens"])
+        assert len(line["segments"]) == len(line["tokens"])  # what the LLM read, per segment
+        assert all(seg["text"] and seg["text_ids"] > 0 and seg["prompt_ids"] > 0 for seg in line["segments"])
         info = sf.info(str(out / "wavs" / f"{rid}.wav"))
         assert info.samplerate == 24000 and info.channels == 1 and info.subtype == "PCM_16"
         data, sr = sf.read(str(out / "wavs" / f"{rid}.wav"))
