@@ -27,17 +27,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.machine import cpu_name
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def _rows(folder: Path, n: int) -> list[Any]:

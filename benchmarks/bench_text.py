@@ -19,11 +19,12 @@ rate, sentence chunking is not doing its job.
 from __future__ import annotations
 
 import argparse
-import platform
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from benchmarks.machine import cpu_name
 
 SHORT_EN = ["In 1999 the population was 1,000,000 and it grew by 50% to 1,500,000.",
             "It costs $5.20, or £3.99 in London.", "The meeting starts at 10:30 and ends at 11:45 pm.",
@@ -32,16 +33,6 @@ SHORT_EN = ["In 1999 the population was 1,000,000 and it grew by 50% to 1,500,00
             "Was it worth it? Absolutely! The second phase began on the 3rd of May."]
 SHORT_ZH = ["今天是2024年3月15日，气温25℃。", "我的电话是13800138000，请在10:30之前打给我。", "第1名获得1000000元奖金。",
             "这个API的QPS达到了5000，latency只有20ms。", "好少咯，一般系放嗰啲国庆啊，中秋嗰啲可能会咯。"]
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def long_texts(chars: int) -> list[str]:
