@@ -15,7 +15,10 @@ import platform
 import re
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -285,8 +288,11 @@ def synth(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_WRITE) from None
     try:
-        _synth_locked(manifest, full, m, out, tag, opts, cfg, policy, model_dir, load_format, shard, float_wav,
-                      dry_run, overwrite, quiet, progress_interval, t_start, say, engine, ray_address)
+        _synth_locked(SynthJob(manifest=manifest, full=full, m=m, out=out, tag=tag, opts=opts, cfg=cfg,
+                               policy=policy, model_dir=model_dir, load_format=load_format, shard=shard,
+                               float_wav=float_wav, dry_run=dry_run, overwrite=overwrite, quiet=quiet,
+                               progress_interval=progress_interval, t_start=t_start, engine=engine,
+                               ray_address=ray_address), say)
     finally:
         lock.release()
 
@@ -298,9 +304,32 @@ AUDIO_OPTIONS = ("top_p", "top_k", "win_size", "tau_r", "min_len_ratio", "max_le
                  "draw", "max_tokens", "min_tokens", "n_timesteps", "load_format", "text_frontend", "nonfinite_audio")
 
 
-def _synth_locked(manifest, full, m, out, tag, opts, cfg, policy, model_dir, load_format, shard, float_wav,
-                  dry_run, overwrite, quiet, progress_interval, t_start, say, engine="local",
-                  ray_address=None) -> None:
+@dataclass(frozen=True)
+class SynthJob:
+    """One ``synth`` invocation, validated: what the locked part of the run needs."""
+
+    manifest: Path  # the manifest file as given
+    full: Any  # the whole manifest (Manifest): rows of other shards are not "foreign"
+    m: Any  # this shard's Manifest
+    out: Path  # the run folder
+    tag: str  # this writer's journal/lock name (runfolder.shard_tag)
+    opts: Any  # RunOptions
+    cfg: Any  # ModelConfig (no weights read yet)
+    policy: Any  # DevicePolicy
+    model_dir: Path | None  # None: dummy weights at the released geometry
+    load_format: str  # auto | dummy
+    shard: str | None  # "i/N" or None
+    float_wav: bool  # 32-bit float WAVs
+    dry_run: bool  # plan only
+    overwrite: bool  # redo every row
+    quiet: bool  # only the end summary
+    progress_interval: float  # seconds between progress lines in a log
+    t_start: float  # time.time() at the start of the command
+    engine: str = "local"  # local | ray
+    ray_address: str | None = None  # Ray cluster address
+
+
+def _synth_locked(job: SynthJob, say: Callable[[str], None]) -> None:
     """The part of ``synth`` that runs holding the folder lock: plan, synthesize, compact, total.
 
     The model is the Python API's :class:`~cosyclone.api.CosyClone` (the same loading and wiring
@@ -308,6 +337,12 @@ def _synth_locked(manifest, full, m, out, tag, opts, cfg, policy, model_dir, loa
     ``engine="ray"`` the same stages run in Ray actors (:mod:`cosyclone.ray_engine`), each loading
     its own model, and their records come back to this writer.
     """
+    manifest, full, m, out, tag, opts, cfg, policy = (job.manifest, job.full, job.m, job.out, job.tag, job.opts,
+                                                       job.cfg, job.policy)
+    model_dir, load_format, shard, float_wav = job.model_dir, job.load_format, job.shard, job.float_wav
+    dry_run, overwrite, quiet, progress_interval, t_start = (job.dry_run, job.overwrite, job.quiet,
+                                                            job.progress_interval, job.t_start)
+    engine, ray_address = job.engine, job.ray_address
     import socket
     import uuid
     from dataclasses import asdict, fields
