@@ -19,6 +19,10 @@ batching, and how close the flow runs to the machine's own fp32 GEMM rate.
   (full-size dummy weights, fp32, batch 1, 100 tokens, 1 Euler step), replayed alone on random
   tensors of the same shapes (the machine's GEMM rate on the flow's own shapes), and the
   fraction is replay time / flow time.
+* ``frontend_cache_speedup``: 16 rows sharing 2 prompts through ``Frontend.prepare``, frontend time
+  without the prompt cache over time with it (``--model-dir`` for a real model directory's ONNX
+  models; else the built-in tiny stand-ins, so the ONNX share, and the speedup, are smaller than
+  with the released speech tokenizer and CAM++).
 
 Every figure is measured in this run on this machine; the JSON line names the CPU. Run:
 ``python -m benchmarks.bench_engine --quick`` (under 3 minutes on 2 cores).
@@ -29,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -82,16 +85,6 @@ a, ta = leaf_ops(8)
 b, tb = leaf_ops(24)
 print(json.dumps({"ops_per_step": (b - a) / 16, "us_per_step": (tb - ta) / 16 * 1e6}))
 """
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def _snippet(tree: Path, batch: int) -> dict[str, float]:
@@ -231,6 +224,34 @@ def flow_gemm_fraction(tokens: int = 100) -> dict[str, Any]:
             "flow_workload": f"batch 1, {tokens} tokens, 75 prompt tokens, 1 Euler step, fp32"}
 
 
+def frontend_cache(model_dir: str | None, rows: int = 16, prompts: int = 2) -> dict[str, Any]:
+    """Frontend time over ``rows`` rows sharing ``prompts`` prompts, without and with the prompt cache."""
+    from cosyclone.config import load_model_config, released_config
+    from cosyclone.frontend import Frontend
+    from cosyclone.tiny import builtin_frontend_dir
+
+    cfg = load_model_config(model_dir) if model_dir else replace(released_config(), model_dir=builtin_frontend_dir())
+    audio = [ROOT / "manifests" / "prompts" / f"speaker{k % 3 + 1}.wav" for k in range(prompts)]
+    texts = [f"Sentence number {i}, spoken in one of {prompts} voices." for i in range(rows)]
+
+    def once(entries: int) -> tuple[float, list[Any]]:
+        fe = Frontend(cfg, prompt_cache_entries=entries)
+        fe.prepare("warm", audio[-1], "warm up words", "Warm up.")  # tokenizer and sessions loaded
+        fe.prompt_cache = type(fe.prompt_cache)(entries)  # start cold
+        t0 = time.perf_counter()
+        reqs = [fe.prepare(f"r{i}", audio[i % prompts], "reference words", t, seed=i) for i, t in enumerate(texts)]
+        return time.perf_counter() - t0, reqs
+
+    t_plain, plain = once(0)
+    t_cached, cached = once(256)
+    same = all(torch.equal(a.text_ids, b.text_ids) and all(torch.equal(a.embed[k], b.embed[k]) for k in a.embed)
+               for ra, rb in zip(plain, cached, strict=True) for a, b in zip(ra, rb, strict=True))
+    return {"frontend_cache_speedup": round(t_plain / t_cached, 2), "frontend_cache_equal": same,
+            "frontend_s_without_cache": round(t_plain, 3), "frontend_s_with_cache": round(t_cached, 3),
+            "frontend_workload": f"{rows} rows, {prompts} prompts, "
+                                 + ("model dir ONNX" if model_dir else "built-in tiny ONNX stand-ins")}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small workloads, under 3 minutes on 2 cores")
@@ -239,9 +260,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--compile-backend", default=None, help="default: eager with --quick, else inductor")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--model-dir", default=None, help="frontend assets for the prompt-cache figure")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     sys.path.insert(0, str(ROOT))
+    from benchmarks.machine import cpu_name
+
     out: dict[str, Any] = {"device": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__}
     t0 = time.perf_counter()
     out.update(ops_per_step(args.before_rev, args.batch))
@@ -254,6 +278,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"continuous vs static ({out['continuous_geometry']}, {out['continuous_rows']} rows, "
           f"{out['continuous_slots']} slots): {out['continuous_vs_static']}x, same tokens "
           f"{out['continuous_equal_static']}", flush=True)
+    out.update(frontend_cache(args.model_dir))
+    print(f"frontend, {out['frontend_workload']}: cache {out['frontend_cache_speedup']}x faster, "
+          f"same features {out['frontend_cache_equal']}", flush=True)
     try:
         out.update(flow_gemm_fraction())
     except Exception as exc:  # a figure that could not be measured is null, with why
