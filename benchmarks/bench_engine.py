@@ -16,9 +16,10 @@ batching, and how close the flow runs to the machine's own fp32 GEMM rate.
   with ``slots``), same rows, same tokens (checked). Rows run exactly to their max length
   (stop ids never win: their decoder rows are zeroed), lengths spread 20..20*k tokens.
 * ``flow_gemm_fraction``: the flow's matmul/conv calls are recorded during one flow inference
-  (full-size dummy weights, fp32, batch 1, 100 tokens, 1 Euler step), replayed alone on random
-  tensors of the same shapes (the machine's GEMM rate on the flow's own shapes), and the
-  fraction is replay time / flow time.
+  (full-size dummy weights, fp32, batch 1, 100 tokens, 1 Euler step) with their FLOPs, replayed
+  alone on random tensors of the same shapes and strides (the machine's GEMM rate on the flow's
+  own shapes, ``gemm_gflops``), and the fraction is the flow's rate on those FLOPs
+  (``flow_gflops``) over that rate.
 * ``frontend_cache_speedup``: 16 rows sharing 2 prompts through ``Frontend.prepare``, frontend time
   without the prompt cache over time with it (``--model-dir`` for a real model directory's ONNX
   models; else the built-in tiny stand-ins, so the ONNX share, and the speedup, are smaller than
@@ -181,8 +182,50 @@ def continuous_vs_static(full: bool, slots: int) -> dict[str, Any]:
             "static_s": round(t_static, 2), "continuous_s": round(t_cont, 2)}
 
 
+def _like(x: Any) -> Any:
+    """A fresh tensor of ``x``'s shape and dtype with normal values (uninitialized memory could hold
+    denormals or NaNs, which slow a GEMM down and would understate the machine's rate)."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    if not x.is_floating_point():
+        return x.clone()
+    try:  # the same strides (a transposed operand stays transposed)
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype).normal_()
+    except RuntimeError:  # overlapping strides (an expanded view): a dense copy
+        return torch.randn(x.shape, dtype=x.dtype)
+
+
+def _gemm_flops(func: Any, args: tuple[Any, ...], out: torch.Tensor) -> float:
+    """Multiply-add FLOPs (2 per MAC) of one matmul/conv call, from its operands and output."""
+    a = torch.ops.aten
+    if func in (a.addmm.default, a.baddbmm.default):
+        return 2.0 * out.numel() * args[1].shape[-1]
+    if func in (a.mm.default, a.bmm.default, a.matmul.default, a.linear.default):
+        return 2.0 * out.numel() * args[0].shape[-1]
+    w = args[1]  # conv weight: (Cout, Cin/groups, K) or, transposed, (Cin, Cout/groups, K)
+    transposed = func is a.conv_transpose1d.default or (func is a.convolution.default and bool(args[6]))
+    per_out = w.shape[1] * w[0, 0].numel()
+    return 2.0 * (args[0].numel() if transposed else out.numel()) * per_out
+
+
+def _best(fn: Any, repeats: int = 2) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def flow_gemm_fraction(tokens: int = 100) -> dict[str, Any]:
-    """Replay time of the flow's own matmul/conv calls alone, over the flow's wall time."""
+    """The flow's achieved matmul/conv FLOP rate over the machine's rate on the same calls alone.
+
+    Every matmul/conv call of one flow inference is recorded (op, operand shapes, FLOPs); replaying
+    them alone on fresh random operands gives the machine's fp32 GEMM rate on the flow's own shapes
+    (``gemm_gflops``); the flow's rate is those FLOPs over its wall time (``flow_gflops``). The
+    fraction is their ratio: 1.0 would be a flow that spends its time in nothing but GEMMs.
+    Attention (SDPA) is not a GEMM call here; its FLOPs are reported beside (``flow_attention_gflop``).
+    """
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from cosyclone.code2wav.flow import build_flow
@@ -197,30 +240,44 @@ def flow_gemm_fraction(tokens: int = 100) -> dict[str, Any]:
          torch.randn(1, 150, 80, generator=gen), torch.randn(1, 192, generator=gen))
     a = torch.ops.aten  # under inference_mode composite ops (linear, conv1d) reach the mode undecomposed
     gemm_ops = {a.mm.default, a.addmm.default, a.bmm.default, a.baddbmm.default, a.convolution.default,
-                a.linear.default, a.matmul.default, a.conv1d.default, a.conv_transpose1d.input, a.einsum.default}
+                a.linear.default, a.matmul.default, a.conv1d.default, a.conv1d.padding,
+                a.conv_transpose1d.default}
+    sdpa_ops = {a.scaled_dot_product_attention.default, a._scaled_dot_product_flash_attention_for_cpu.default}
     calls: list[tuple[Any, tuple[Any, ...]]] = []
+    flops = [0.0, 0.0]  # GEMM/conv, attention
+    unknown: set[str] = set()
 
     class Record(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            out = func(*args, **(kwargs or {}))
             if func in gemm_ops:
-                calls.append((func, tuple(torch.empty_like(a) if isinstance(a, torch.Tensor) else a for a in args)))
-            return func(*args, **(kwargs or {}))
+                calls.append((func, tuple(_like(v) for v in args)))
+                flops[0] += _gemm_flops(func, args, out)
+            elif func in sdpa_ops:
+                q, k = args[0], args[1]  # (B, H, L, D): QK^T and PV
+                flops[1] += 4.0 * q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] * q.shape[3]
+            elif "mm" in func.__name__ or "conv" in func.__name__ or "einsum" in func.__name__:
+                unknown.add(func.__name__)  # a GEMM-like op this count does not know
+            return out
 
     with torch.inference_mode():
         flow.inference(*x, n_timesteps=1)  # warm-up
-        t0 = time.perf_counter()
-        flow.inference(*x, n_timesteps=1)
-        t_flow = time.perf_counter() - t0
+        t_flow = _best(lambda: flow.inference(*x, n_timesteps=1))
         with Record():
             flow.inference(*x, n_timesteps=1)
-        for func, args in calls[:50]:
-            func(*args)  # warm-up of the replay
-        t0 = time.perf_counter()
-        for func, args in calls:
-            func(*args)
-        t_gemm = time.perf_counter() - t0
-    return {"flow_gemm_fraction": round(t_gemm / t_flow, 3), "flow_s": round(t_flow, 2),
+
+        def replay() -> None:
+            for func, args in calls:
+                func(*args)
+
+        t_gemm = _best(replay)
+    gemm_gflops = flops[0] / t_gemm / 1e9
+    flow_gflops = flops[0] / t_flow / 1e9
+    return {"flow_gemm_fraction": round(flow_gflops / gemm_gflops, 3), "flow_gflops": round(flow_gflops, 1),
+            "gemm_gflops": round(gemm_gflops, 1), "flow_gemm_gflop": round(flops[0] / 1e9, 2),
+            "flow_attention_gflop": round(flops[1] / 1e9, 2), "flow_s": round(t_flow, 2),
             "flow_gemm_replay_s": round(t_gemm, 2), "flow_gemm_calls": len(calls),
+            "flow_uncounted_ops": sorted(unknown),
             "flow_workload": f"batch 1, {tokens} tokens, 75 prompt tokens, 1 Euler step, fp32"}
 
 
