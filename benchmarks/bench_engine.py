@@ -3,7 +3,10 @@ batching, and how close the flow runs to the machine's own fp32 GEMM rate.
 
 * ``ops_per_step_before`` / ``ops_per_step_after``: aten operations per decode step at tiny
   geometry, batch 16, default RAS sampler (profiler count of leaf ops, i.e. ops that call no
-  other aten op: the kernels a GPU would be sent), and microseconds per step. Measured by the
+  other aten op and are not views, allocations or no-op ``to``/``contiguous``: the kernels a GPU
+  would be sent in eager mode; ``*_top`` names the most frequent), and microseconds per step.
+  Most of today's count is the counter-based noise hash (int multiply/and/xor over (rows, vocab),
+  two draws per step), elementwise work a compiled or graph-captured step fuses. Measured by the
   same snippet on the code before the engine (``--before-rev``, extracted with ``git archive``
   and run in a subprocess) and on this tree: the difference of two runs of 8 and 24 steps, so
   prefill and setup cancel out.
@@ -72,19 +75,25 @@ def leaf_ops(steps):
         generate(model, reqs, opts)
     views = {"aten::" + v for v in ("view", "reshape", "_unsafe_view", "as_strided", "transpose", "t", "slice",
              "select", "expand", "unsqueeze", "squeeze", "permute", "narrow", "split", "chunk", "alias", "detach",
-             "empty", "empty_like", "empty_strided", "resolve_conj", "resolve_neg", "lift_fresh", "unbind")}
-    n = 0
+             "empty", "empty_like", "empty_strided", "resolve_conj", "resolve_neg", "lift_fresh", "unbind",
+             # no kernel either when they are leaves: a to() to the same dtype/device returns self, a
+             # contiguous() of a contiguous tensor too; the rest only read or set metadata
+             "to", "contiguous", "result_type", "_reshape_alias", "resize_", "is_nonzero", "item")}
+    names = {}
     for e in prof.events():  # leaf aten ops that do work (views and allocations launch no kernel)
         if (e.name.startswith("aten::") and e.name not in views
                 and not any(c.name.startswith("aten::") for c in e.cpu_children)):
-            n += 1
+            names[e.name] = names.get(e.name, 0) + 1
     best = float("inf")
     for _ in range(2):
         t0 = time.perf_counter(); generate(model, reqs, opts); best = min(best, time.perf_counter() - t0)
-    return n, best
+    return names, best
 a, ta = leaf_ops(8)
 b, tb = leaf_ops(24)
-print(json.dumps({"ops_per_step": (b - a) / 16, "us_per_step": (tb - ta) / 16 * 1e6}))
+per = {k: (b.get(k, 0) - a.get(k, 0)) / 16 for k in b}
+top = sorted(((v, k[6:]) for k, v in per.items() if v > 0), reverse=True)[:6]
+print(json.dumps({"ops_per_step": sum(per.values()), "us_per_step": (tb - ta) / 16 * 1e6,
+                  "top": [f"{k} {v:g}" for v, k in top]}))
 """
 
 
@@ -104,12 +113,14 @@ def ops_per_step(rev: str, batch: int) -> dict[str, Any]:
                                   capture_output=True, timeout=60).stdout
             subprocess.run(["tar", "-x", "-C", tmp], input=arch, check=True, timeout=60)
             before = _snippet(Path(tmp), batch)
-            res.update(ops_per_step_before=before["ops_per_step"], us_per_step_before=before["us_per_step"])
+            res.update(ops_per_step_before=before["ops_per_step"], us_per_step_before=before["us_per_step"],
+                       ops_per_step_before_top=before["top"])
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             res.update(ops_per_step_before=None, us_per_step_before=None,
                        ops_per_step_before_reason=f"could not run the code of {rev[:10]}: {exc}")
     after = _snippet(ROOT, batch)
-    res.update(ops_per_step_after=after["ops_per_step"], us_per_step_after=after["us_per_step"])
+    res.update(ops_per_step_after=after["ops_per_step"], us_per_step_after=after["us_per_step"],
+               ops_per_step_after_top=after["top"])
     return res
 
 
