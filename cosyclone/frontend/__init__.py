@@ -56,7 +56,10 @@ class Frontend:
         """
         if not self.prompt_cache.max_entries:
             return self._compute_prompt_features(prompt_audio, row_id=row_id)
-        key = (audio_digest(prompt_audio), self._settings)
+        try:
+            key = (audio_digest(prompt_audio), self._settings)
+        except OSError:  # unreadable: the loader raises the error that names the row
+            return self._compute_prompt_features(prompt_audio, row_id=row_id)
         feats = self.prompt_cache.get_or_compute(
             key, lambda: self._compute_prompt_features(prompt_audio, row_id=row_id))
         return PromptFeatures({k: v.clone() for k, v in feats.items()})

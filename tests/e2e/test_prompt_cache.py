@@ -98,3 +98,14 @@ def test_digest_is_of_content_not_name(tmp_path: Path) -> None:
     assert audio_digest(src) == audio_digest(copy) != audio_digest(ROOT / "manifests" / "prompts" / "speaker2.wav")
     wave = torch.randn(1600)
     assert audio_digest((wave, 16000)) == audio_digest((wave.clone(), 16000)) != audio_digest((wave, 24000))
+
+
+def test_a_missing_prompt_fails_with_the_loaders_error(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from cosyclone.config import load_model_config
+    from cosyclone.errors import CosycloneError
+    from cosyclone.frontend import Frontend
+
+    fe = Frontend(load_model_config(tiny_model_dir))
+    with pytest.raises(CosycloneError, match="row7"):
+        fe.prompt_features(tmp_path / "gone.wav", row_id="row7")
+    assert fe.cache_stats()["prompt_audio"]["entries"] == 0
