@@ -3,7 +3,10 @@ batching, and how close the flow runs to the machine's own fp32 GEMM rate.
 
 * ``ops_per_step_before`` / ``ops_per_step_after``: aten operations per decode step at tiny
   geometry, batch 16, default RAS sampler (profiler count of leaf ops, i.e. ops that call no
-  other aten op: the kernels a GPU would be sent), and microseconds per step. Measured by the
+  other aten op and are not views, allocations or no-op ``to``/``contiguous``: the kernels a GPU
+  would be sent in eager mode; ``*_top`` names the most frequent), and microseconds per step.
+  Most of today's count is the counter-based noise hash (int multiply/and/xor over (rows, vocab),
+  two draws per step), elementwise work a compiled or graph-captured step fuses. Measured by the
   same snippet on the code before the engine (``--before-rev``, extracted with ``git archive``
   and run in a subprocess) and on this tree: the difference of two runs of 8 and 24 steps, so
   prefill and setup cancel out.
@@ -16,9 +19,14 @@ batching, and how close the flow runs to the machine's own fp32 GEMM rate.
   with ``slots``), same rows, same tokens (checked). Rows run exactly to their max length
   (stop ids never win: their decoder rows are zeroed), lengths spread 20..20*k tokens.
 * ``flow_gemm_fraction``: the flow's matmul/conv calls are recorded during one flow inference
-  (full-size dummy weights, fp32, batch 1, 100 tokens, 1 Euler step), replayed alone on random
-  tensors of the same shapes (the machine's GEMM rate on the flow's own shapes), and the
-  fraction is replay time / flow time.
+  (full-size dummy weights, fp32, batch 1, 100 tokens, 1 Euler step) with their FLOPs, replayed
+  alone on random tensors of the same shapes and strides (the machine's GEMM rate on the flow's
+  own shapes, ``gemm_gflops``), and the fraction is the flow's rate on those FLOPs
+  (``flow_gflops``) over that rate.
+* ``frontend_cache_speedup``: 16 rows sharing 2 prompts through ``Frontend.prepare``, frontend time
+  without the prompt cache over time with it (``--model-dir`` for a real model directory's ONNX
+  models; else the built-in tiny stand-ins, so the ONNX share, and the speedup, are smaller than
+  with the released speech tokenizer and CAM++).
 
 Every figure is measured in this run on this machine; the JSON line names the CPU. Run:
 ``python -m benchmarks.bench_engine --quick`` (under 3 minutes on 2 cores).
@@ -29,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -68,30 +75,26 @@ def leaf_ops(steps):
         generate(model, reqs, opts)
     views = {"aten::" + v for v in ("view", "reshape", "_unsafe_view", "as_strided", "transpose", "t", "slice",
              "select", "expand", "unsqueeze", "squeeze", "permute", "narrow", "split", "chunk", "alias", "detach",
-             "empty", "empty_like", "empty_strided", "resolve_conj", "resolve_neg", "lift_fresh", "unbind")}
-    n = 0
+             "empty", "empty_like", "empty_strided", "resolve_conj", "resolve_neg", "lift_fresh", "unbind",
+             # no kernel either when they are leaves: a to() to the same dtype/device returns self, a
+             # contiguous() of a contiguous tensor too; the rest only read or set metadata
+             "to", "contiguous", "result_type", "_reshape_alias", "resize_", "is_nonzero", "item")}
+    names = {}
     for e in prof.events():  # leaf aten ops that do work (views and allocations launch no kernel)
         if (e.name.startswith("aten::") and e.name not in views
                 and not any(c.name.startswith("aten::") for c in e.cpu_children)):
-            n += 1
+            names[e.name] = names.get(e.name, 0) + 1
     best = float("inf")
     for _ in range(2):
         t0 = time.perf_counter(); generate(model, reqs, opts); best = min(best, time.perf_counter() - t0)
-    return n, best
+    return names, best
 a, ta = leaf_ops(8)
 b, tb = leaf_ops(24)
-print(json.dumps({"ops_per_step": (b - a) / 16, "us_per_step": (tb - ta) / 16 * 1e6}))
+per = {k: (b.get(k, 0) - a.get(k, 0)) / 16 for k in b}
+top = sorted(((v, k[6:]) for k, v in per.items() if v > 0), reverse=True)[:6]
+print(json.dumps({"ops_per_step": sum(per.values()), "us_per_step": (tb - ta) / 16 * 1e6,
+                  "top": [f"{k} {v:g}" for v, k in top]}))
 """
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def _snippet(tree: Path, batch: int) -> dict[str, float]:
@@ -110,12 +113,14 @@ def ops_per_step(rev: str, batch: int) -> dict[str, Any]:
                                   capture_output=True, timeout=60).stdout
             subprocess.run(["tar", "-x", "-C", tmp], input=arch, check=True, timeout=60)
             before = _snippet(Path(tmp), batch)
-            res.update(ops_per_step_before=before["ops_per_step"], us_per_step_before=before["us_per_step"])
+            res.update(ops_per_step_before=before["ops_per_step"], us_per_step_before=before["us_per_step"],
+                       ops_per_step_before_top=before["top"])
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             res.update(ops_per_step_before=None, us_per_step_before=None,
                        ops_per_step_before_reason=f"could not run the code of {rev[:10]}: {exc}")
     after = _snippet(ROOT, batch)
-    res.update(ops_per_step_after=after["ops_per_step"], us_per_step_after=after["us_per_step"])
+    res.update(ops_per_step_after=after["ops_per_step"], us_per_step_after=after["us_per_step"],
+               ops_per_step_after_top=after["top"])
     return res
 
 
@@ -188,8 +193,50 @@ def continuous_vs_static(full: bool, slots: int) -> dict[str, Any]:
             "static_s": round(t_static, 2), "continuous_s": round(t_cont, 2)}
 
 
+def _like(x: Any) -> Any:
+    """A fresh tensor of ``x``'s shape and dtype with normal values (uninitialized memory could hold
+    denormals or NaNs, which slow a GEMM down and would understate the machine's rate)."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    if not x.is_floating_point():
+        return x.clone()
+    try:  # the same strides (a transposed operand stays transposed)
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype).normal_()
+    except RuntimeError:  # overlapping strides (an expanded view): a dense copy
+        return torch.randn(x.shape, dtype=x.dtype)
+
+
+def _gemm_flops(func: Any, args: tuple[Any, ...], out: torch.Tensor) -> float:
+    """Multiply-add FLOPs (2 per MAC) of one matmul/conv call, from its operands and output."""
+    a = torch.ops.aten
+    if func in (a.addmm.default, a.baddbmm.default):
+        return 2.0 * out.numel() * args[1].shape[-1]
+    if func in (a.mm.default, a.bmm.default, a.matmul.default, a.linear.default):
+        return 2.0 * out.numel() * args[0].shape[-1]
+    w = args[1]  # conv weight: (Cout, Cin/groups, K) or, transposed, (Cin, Cout/groups, K)
+    transposed = func is a.conv_transpose1d.default or (func is a.convolution.default and bool(args[6]))
+    per_out = w.shape[1] * w[0, 0].numel()
+    return 2.0 * (args[0].numel() if transposed else out.numel()) * per_out
+
+
+def _best(fn: Any, repeats: int = 2) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def flow_gemm_fraction(tokens: int = 100) -> dict[str, Any]:
-    """Replay time of the flow's own matmul/conv calls alone, over the flow's wall time."""
+    """The flow's achieved matmul/conv FLOP rate over the machine's rate on the same calls alone.
+
+    Every matmul/conv call of one flow inference is recorded (op, operand shapes, FLOPs); replaying
+    them alone on fresh random operands gives the machine's fp32 GEMM rate on the flow's own shapes
+    (``gemm_gflops``); the flow's rate is those FLOPs over its wall time (``flow_gflops``). The
+    fraction is their ratio: 1.0 would be a flow that spends its time in nothing but GEMMs.
+    Attention (SDPA) is not a GEMM call here; its FLOPs are reported beside (``flow_attention_gflop``).
+    """
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from cosyclone.code2wav.flow import build_flow
@@ -204,31 +251,73 @@ def flow_gemm_fraction(tokens: int = 100) -> dict[str, Any]:
          torch.randn(1, 150, 80, generator=gen), torch.randn(1, 192, generator=gen))
     a = torch.ops.aten  # under inference_mode composite ops (linear, conv1d) reach the mode undecomposed
     gemm_ops = {a.mm.default, a.addmm.default, a.bmm.default, a.baddbmm.default, a.convolution.default,
-                a.linear.default, a.matmul.default, a.conv1d.default, a.conv_transpose1d.input, a.einsum.default}
+                a.linear.default, a.matmul.default, a.conv1d.default, a.conv1d.padding,
+                a.conv_transpose1d.default}
+    sdpa_ops = {a.scaled_dot_product_attention.default, a._scaled_dot_product_flash_attention_for_cpu.default}
     calls: list[tuple[Any, tuple[Any, ...]]] = []
+    flops = [0.0, 0.0]  # GEMM/conv, attention
+    unknown: set[str] = set()
 
     class Record(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            out = func(*args, **(kwargs or {}))
             if func in gemm_ops:
-                calls.append((func, tuple(torch.empty_like(a) if isinstance(a, torch.Tensor) else a for a in args)))
-            return func(*args, **(kwargs or {}))
+                calls.append((func, tuple(_like(v) for v in args)))
+                flops[0] += _gemm_flops(func, args, out)
+            elif func in sdpa_ops:
+                q, k = args[0], args[1]  # (B, H, L, D): QK^T and PV
+                flops[1] += 4.0 * q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] * q.shape[3]
+            elif "mm" in func.__name__ or "conv" in func.__name__ or "einsum" in func.__name__:
+                unknown.add(func.__name__)  # a GEMM-like op this count does not know
+            return out
 
     with torch.inference_mode():
         flow.inference(*x, n_timesteps=1)  # warm-up
-        t0 = time.perf_counter()
-        flow.inference(*x, n_timesteps=1)
-        t_flow = time.perf_counter() - t0
+        t_flow = _best(lambda: flow.inference(*x, n_timesteps=1))
         with Record():
             flow.inference(*x, n_timesteps=1)
-        for func, args in calls[:50]:
-            func(*args)  # warm-up of the replay
-        t0 = time.perf_counter()
-        for func, args in calls:
-            func(*args)
-        t_gemm = time.perf_counter() - t0
-    return {"flow_gemm_fraction": round(t_gemm / t_flow, 3), "flow_s": round(t_flow, 2),
+
+        def replay() -> None:
+            for func, args in calls:
+                func(*args)
+
+        t_gemm = _best(replay)
+    gemm_gflops = flops[0] / t_gemm / 1e9
+    flow_gflops = flops[0] / t_flow / 1e9
+    return {"flow_gemm_fraction": round(flow_gflops / gemm_gflops, 3), "flow_gflops": round(flow_gflops, 1),
+            "gemm_gflops": round(gemm_gflops, 1), "flow_gemm_gflop": round(flops[0] / 1e9, 2),
+            "flow_attention_gflop": round(flops[1] / 1e9, 2), "flow_s": round(t_flow, 2),
             "flow_gemm_replay_s": round(t_gemm, 2), "flow_gemm_calls": len(calls),
+            "flow_uncounted_ops": sorted(unknown),
             "flow_workload": f"batch 1, {tokens} tokens, 75 prompt tokens, 1 Euler step, fp32"}
+
+
+def frontend_cache(model_dir: str | None, rows: int = 16, prompts: int = 2) -> dict[str, Any]:
+    """Frontend time over ``rows`` rows sharing ``prompts`` prompts, without and with the prompt cache."""
+    from cosyclone.config import load_model_config, released_config
+    from cosyclone.frontend import Frontend
+    from cosyclone.tiny import builtin_frontend_dir
+
+    cfg = load_model_config(model_dir) if model_dir else replace(released_config(), model_dir=builtin_frontend_dir())
+    audio = [ROOT / "manifests" / "prompts" / f"speaker{k % 3 + 1}.wav" for k in range(prompts)]
+    texts = [f"Sentence number {i}, spoken in one of {prompts} voices." for i in range(rows)]
+
+    def once(entries: int) -> tuple[float, list[Any]]:
+        fe = Frontend(cfg, prompt_cache_entries=entries)
+        fe.prepare("warm", audio[-1], "warm up words", "Warm up.")  # tokenizer and sessions loaded
+        fe.prompt_cache = type(fe.prompt_cache)(entries)  # start cold
+        t0 = time.perf_counter()
+        reqs = [fe.prepare(f"r{i}", audio[i % prompts], "reference words", t, seed=i) for i, t in enumerate(texts)]
+        return time.perf_counter() - t0, reqs
+
+    t_plain, plain = once(0)
+    t_cached, cached = once(256)
+    same = all(torch.equal(a.text_ids, b.text_ids) and all(torch.equal(a.embed[k], b.embed[k]) for k in a.embed)
+               for ra, rb in zip(plain, cached, strict=True) for a, b in zip(ra, rb, strict=True))
+    return {"frontend_cache_speedup": round(t_plain / t_cached, 2), "frontend_cache_equal": same,
+            "frontend_s_without_cache": round(t_plain, 3), "frontend_s_with_cache": round(t_cached, 3),
+            "frontend_workload": f"{rows} rows, {prompts} prompts, "
+                                 + ("model dir ONNX" if model_dir else "built-in tiny ONNX stand-ins")}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -239,9 +328,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--compile-backend", default=None, help="default: eager with --quick, else inductor")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--model-dir", default=None, help="frontend assets for the prompt-cache figure")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     sys.path.insert(0, str(ROOT))
+    from benchmarks.machine import cpu_name
+
     out: dict[str, Any] = {"device": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__}
     t0 = time.perf_counter()
     out.update(ops_per_step(args.before_rev, args.batch))
@@ -254,6 +346,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"continuous vs static ({out['continuous_geometry']}, {out['continuous_rows']} rows, "
           f"{out['continuous_slots']} slots): {out['continuous_vs_static']}x, same tokens "
           f"{out['continuous_equal_static']}", flush=True)
+    out.update(frontend_cache(args.model_dir))
+    print(f"frontend, {out['frontend_workload']}: cache {out['frontend_cache_speedup']}x faster, "
+          f"same features {out['frontend_cache_equal']}", flush=True)
     try:
         out.update(flow_gemm_fraction())
     except Exception as exc:  # a figure that could not be measured is null, with why

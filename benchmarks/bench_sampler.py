@@ -1,5 +1,8 @@
 """Sampler cost per decode step (batch 16, V = 6761), to print next to the talker's step cost.
 
+It times the per-call reference sampler (``BatchSampler``, tests/samplers.py); the product's
+sampler runs inside the decode step, where bench_engine counts its cost.
+
 Usage: ``python benchmarks/bench_sampler.py [--batch 16] [--vocab 6761] [--steps 200] [--device cpu]``.
 ``main()`` returns the mean seconds per ``sample()`` call so the talker bench can import it.
 """
@@ -7,11 +10,23 @@ Usage: ``python benchmarks/bench_sampler.py [--batch 16] [--vocab 6761] [--steps
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from cosyclone.talker.sampler import BatchSampler, SamplerOptions
+from cosyclone.talker.sampler import SamplerOptions
+
+
+def _test_samplers():  # type: ignore[no-untyped-def]
+    """tests/samplers.py (the samplers live outside the product), importable however this bench runs."""
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from tests import samplers
+
+    return samplers
 
 
 def bench(batch: int = 16, vocab: int = 6761, steps: int = 200, device: str = "cpu",
@@ -20,7 +35,7 @@ def bench(batch: int = 16, vocab: int = 6761, steps: int = 200, device: str = "c
     dev = torch.device(device)
     g = torch.Generator(device="cpu").manual_seed(0)
     logits = torch.log_softmax(torch.randn(batch, vocab, generator=g) * 3, dim=-1).to(dev)
-    sampler = BatchSampler(SamplerOptions(draw=draw), row_ids=[f"r{i}" for i in range(batch)],  # type: ignore[arg-type]
+    sampler = _test_samplers().BatchSampler(SamplerOptions(draw=draw), row_ids=[f"r{i}" for i in range(batch)],  # type: ignore[arg-type]
                            row_seeds=list(range(batch)), min_len=[steps // 4] * batch,
                            speech_token_size=6561, device=dev)
     rows = torch.arange(batch, device=dev)

@@ -7,14 +7,17 @@ segments. A row that fails in any stage is written as a diagnostics line with it
 (``no_finite_logits``, ``nonfinite_audio``, ``empty_after_speed``, ``exception``, ...) and error, and
 the rest of the batch continues; an exception is recorded with its type, message and traceback.
 A row's seed is derived here once (:func:`_row_seed`) and handed, unchanged, to every stage.
-File writing happens on the :class:`~cosyclone.writer.BackgroundWriter` thread.
+File writing happens on the :class:`~cosyclone.writer.BackgroundWriter` thread; the next batch's
+frontend runs on a worker thread while the current batch is in the models (:func:`run`).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -185,31 +188,60 @@ def _row_seed(run_seed: int, row: ManifestRow) -> int:
     return int(row.seed) if row.seed is not None else row_seed(run_seed, row.id)
 
 
+@dataclass
+class PreparedBatch:
+    """A batch after the frontend: its rows' outcomes (frontend failures already marked) and
+    segments, (row id, Request) in row then segment order. Used once, by :func:`synthesize_batch`."""
+
+    rows: list[ManifestRow]
+    outcomes: dict[str, RowOutcome]
+    segments: list[tuple[str, Any]]
+
+
+# The frontend (tokenizer, ONNX sessions, caches) runs one row at a time, whichever thread asks: the
+# prefetch worker may prepare the next batch while a failed batch is retried row by row.
+_FRONTEND_LOCK = threading.Lock()
+
+
 @torch.inference_mode()
-def synthesize_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptions) -> list[RowRecord]:
-    """Run one batch of rows through every stage; failures stay confined to their row.
-
-    A stage that raises for the whole batch is retried row by row (segment by segment in the
-    talker), so an exception fails only the rows that raise it alone, with its type, message and
-    traceback recorded (:meth:`RowOutcome.fail_exc`).
-    """
-    from .talker.decode import DecodeOptions
-
+def prepare_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptions) -> PreparedBatch:
+    """The frontend over ``rows``; a bad prompt or text fails its row only (recorded in its outcome)."""
     outcomes = {r.id: RowOutcome(row_id=r.id, line=r.line, seed=_row_seed(opts.seed, r)) for r in rows}
-    segments: list[tuple[str, Any]] = []  # (row id, Request) in row then segment order
+    segments: list[tuple[str, Any]] = []
     # the position check must use the run's max length ratio when it overrides the model's
     fit = {} if opts.max_len_ratio is None else {"max_len_ratio": opts.max_len_ratio}
     for row in rows:
         oc = outcomes[row.id]
         t0 = time.perf_counter()
         try:
-            reqs = stages.frontend.prepare(row.id, row.prompt_audio, row.prompt_text, row.text, row.mode,
-                                           row.instruct, oc.seed, row.speed, **fit)
+            with _FRONTEND_LOCK:
+                reqs = stages.frontend.prepare(row.id, row.prompt_audio, row.prompt_text, row.text, row.mode,
+                                               row.instruct, oc.seed, row.speed, **fit)
             segments.extend((row.id, r) for r in reqs)
             oc.segments = [_segment_record(r) for r in reqs]
         except Exception as exc:  # a bad prompt or text fails its row only
             oc.fail_exc("frontend", exc)
         oc.seconds["frontend"] = time.perf_counter() - t0
+    return PreparedBatch(rows=list(rows), outcomes=outcomes, segments=segments)
+
+
+@torch.inference_mode()
+def synthesize_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptions,
+                     prepared: PreparedBatch | None = None) -> list[RowRecord]:
+    """Run one batch of rows through every stage; failures stay confined to their row.
+
+    ``prepared`` is this batch's frontend output when it was computed ahead (:func:`run`'s
+    prefetch); without it the frontend runs here. A stage that raises for the whole batch is
+    retried row by row (segment by segment in the talker), so an exception fails only the rows
+    that raise it alone, with its type, message and traceback recorded (:meth:`RowOutcome.fail_exc`).
+    """
+    from .talker.decode import DecodeOptions
+
+    if prepared is None:
+        prepared = prepare_batch(stages, rows, opts)
+    elif [r.id for r in prepared.rows] != [r.id for r in rows]:
+        raise ValueError("prepared batch does not match its rows")
+    outcomes, segments = prepared.outcomes, prepared.segments
 
     # stage 0: talker, all segments of the batch at once
     dec = DecodeOptions(sampler=_sampler_options(stages.cfg, opts), max_len_override=opts.max_tokens,
@@ -411,28 +443,59 @@ def plan_batches(rows: Sequence[ManifestRow], batch_size: int,
 
 def run(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptions,
         submit: Callable[[RowRecord], None],
-        progress: Callable[[RowRecord], None] | None = None) -> list[RowRecord]:
+        progress: Callable[[RowRecord], None] | None = None, *, prefetch: bool = True) -> list[RowRecord]:
     """Synthesize ``rows`` batch by batch, handing each record to ``submit`` (the writer) at once.
 
     ``progress`` is called once per finished row with its record (after ``submit``). The returned
     records keep their diagnostics but not their audio (the writer has it).
+
+    With ``prefetch`` one worker thread runs the frontend of the next batch (and only that one:
+    queue depth 1) while this batch is in the talker and code2wav, so the models do not wait on
+    prompt audio, ONNX and tokenization. The frontend is deterministic and per row, so the records
+    are the same either way; if the worker's batch raises outside its per-row guards, the batch is
+    prepared again on this thread as it would have been without prefetch.
     """
     out: list[RowRecord] = []
-    for batch in plan_batches(rows, opts.batch_size, opts.token_budget):
-        for rec in _synthesize_isolated(stages, batch, opts):
-            rec.diagnostics["wav"] = f"wavs/{rec.row_id}.wav" if rec.wav is not None else None
-            submit(rec)
-            out.append(RowRecord(row_id=rec.row_id, wav=None, diagnostics=rec.diagnostics))
-            if progress is not None:
-                progress(rec)
+    batches = plan_batches(rows, opts.batch_size, opts.token_budget)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cosyclone-frontend") as pool:
+        ahead: Future[PreparedBatch] | None = None
+        if prefetch and batches:
+            ahead = pool.submit(prepare_batch, stages, batches[0], opts)
+        try:
+            for k, batch in enumerate(batches):
+                prepared = _result_or_none(ahead)
+                ahead = None
+                if prefetch and k + 1 < len(batches):
+                    ahead = pool.submit(prepare_batch, stages, batches[k + 1], opts)
+                for rec in _synthesize_isolated(stages, batch, opts, prepared):
+                    rec.diagnostics["wav"] = f"wavs/{rec.row_id}.wav" if rec.wav is not None else None
+                    submit(rec)
+                    out.append(RowRecord(row_id=rec.row_id, wav=None, diagnostics=rec.diagnostics))
+                    if progress is not None:
+                        progress(rec)
+        finally:
+            if ahead is not None:
+                ahead.cancel()
     return out
 
 
-def _synthesize_isolated(stages: Stages, batch: Sequence[ManifestRow], opts: RunOptions) -> list[RowRecord]:
-    """:func:`synthesize_batch`, and if it raises (a bug outside the stages' own guards), each row
-    alone; a row that still raises becomes a failed record with its traceback, never a dead run."""
+def _result_or_none(ahead: Future[PreparedBatch] | None) -> PreparedBatch | None:
+    """The prefetched batch, or None (no prefetch, or it raised: the caller prepares it again)."""
+    if ahead is None:
+        return None
     try:
-        return synthesize_batch(stages, batch, opts)
+        return ahead.result()
+    except Exception:
+        return None
+
+
+def _synthesize_isolated(stages: Stages, batch: Sequence[ManifestRow], opts: RunOptions,
+                         prepared: PreparedBatch | None = None) -> list[RowRecord]:
+    """:func:`synthesize_batch`, and if it raises (a bug outside the stages' own guards), each row
+    alone (its frontend run again); a row that still raises becomes a failed record with its
+    traceback, never a dead run."""
+    try:
+        return synthesize_batch(stages, batch, opts, prepared)
     except Exception as exc:
         records = []
         for row in batch:

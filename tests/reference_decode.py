@@ -15,7 +15,8 @@ import torch
 
 from cosyclone.talker.decode import DecodeOptions, TalkerRequest, TalkerResult, _prompt_batch, silent_filter
 from cosyclone.talker.model import CosyVoice3LM
-from cosyclone.talker.sampler import BatchSampler, SamplerOptions
+from cosyclone.talker.sampler import SamplerOptions
+from tests.samplers import BatchSampler
 
 
 @torch.no_grad()

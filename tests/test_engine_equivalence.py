@@ -10,15 +10,10 @@ import pytest
 import torch
 
 from cosyclone.talker.decode import DecodeOptions, TalkerRequest, generate
-from cosyclone.talker.sampler import (
-    BatchSampler,
-    SamplerOptions,
-    nucleus_keep,
-    nucleus_keep_sorted,
-    stream_key,
-)
+from cosyclone.talker.sampler import SamplerOptions, nucleus_keep, stream_key
 from cosyclone.talker.slot_sampler import SlotSampler
 from tests.reference_decode import reference_generate
+from tests.samplers import BatchSampler, nucleus_keep_sorted
 from tests.test_talker_decode import _model, _req
 
 S, V = 40, 240

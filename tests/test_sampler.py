@@ -9,7 +9,8 @@ import torch
 
 from cosyclone.config import SamplingConfig
 from cosyclone.talker.diagnostics import BatchDiagnostics, SamplerRowDiagnostics
-from cosyclone.talker.sampler import BatchSampler, SamplerOptions, row_seed
+from cosyclone.talker.sampler import SamplerOptions, row_seed
+from tests.samplers import BatchSampler
 
 NEG = float("-inf")
 NAN = float("nan")

@@ -13,7 +13,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cosyclone.talker.sampler import BatchSampler, SamplerOptions
+from cosyclone.talker.sampler import SamplerOptions
+from tests.samplers import BatchSampler
 
 VALUES = st.one_of(st.floats(-30, 30, allow_nan=False, width=32), st.just(float("nan")),
                    st.just(float("inf")), st.just(float("-inf")))

@@ -6,15 +6,9 @@ import torch
 
 from cosyclone.checkpoint import init_dummy
 from cosyclone.config import QwenGeometry, TalkerConfig
-from cosyclone.talker.decode import (
-    DecodeOptions,
-    ForcedSampler,
-    GreedySampler,
-    TalkerRequest,
-    generate,
-    silent_filter,
-)
+from cosyclone.talker.decode import DecodeOptions, TalkerRequest, generate, silent_filter
 from cosyclone.talker.model import CosyVoice3LM
+from tests.samplers import ForcedSampler, GreedySampler
 
 CFG = TalkerConfig(qwen=QwenGeometry(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                      num_key_value_heads=2, intermediate_size=48, vocab_size=64),

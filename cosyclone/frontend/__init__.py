@@ -3,7 +3,7 @@
 Prompt features (tokens, CAM++ embedding, flow mel) are computed once per row and shared by all
 of its segments. Modules: audio (load/resample), features (mels, fbank), onnx (sessions),
 text (tokenizer, what the LLM reads per mode), normalize (the official text normalization),
-tiny_assets (test stand-ins).
+prompt_cache (prompt features cached by audio content), tiny_assets (test stand-ins).
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ import torch
 
 from cosyclone.conditioning import LLM_PROMPT_MODES, Request
 from cosyclone.config import QWEN_DIR, ModelConfig
+from cosyclone.frontend import prompt_cache
 from cosyclone.frontend.audio import check_prompt, load_audio, resample
 from cosyclone.frontend.features import align_prompt, flow_mel
 from cosyclone.frontend.onnx import OnnxModels
+from cosyclone.frontend.prompt_cache import LRUCache, audio_digest
 from cosyclone.frontend.text import TextFrontend
 
 __all__ = ["Frontend", "PromptFeatures"]
@@ -30,14 +32,40 @@ class Frontend:
     """Builds conditioning for the talker/flow from a model directory's ONNX models and tokenizer."""
 
     def __init__(self, cfg: ModelConfig, providers: list[str] | None = None, *,
-                 text_frontend: str = "wetext") -> None:
+                 text_frontend: str = "wetext", prompt_cache_entries: int | None = None) -> None:
         self.cfg = cfg
-        self.text = TextFrontend(cfg.path(QWEN_DIR), text_frontend=text_frontend)  # fails first when unusable
+        if prompt_cache_entries is None:  # read at build time, so a run (or test) can set it process-wide
+            prompt_cache_entries = prompt_cache.DEFAULT_ENTRIES
+        self.text = TextFrontend(cfg.path(QWEN_DIR), text_frontend=text_frontend,  # fails first when unusable
+                                 prompt_cache_entries=prompt_cache_entries)
         self.onnx = OnnxModels(cfg.path("campplus.onnx").parent, providers)
+        # prompt audio content -> features; the frontend settings and providers shape them too
+        self.prompt_cache: LRUCache[PromptFeatures] = LRUCache(prompt_cache_entries)
+        self._settings = repr((cfg.frontend, providers))
+
+    def cache_stats(self) -> dict[str, dict[str, int]]:
+        """Hits, misses and entries of the prompt-audio and prompt-text caches."""
+        return {"prompt_audio": self.prompt_cache.stats(), "prompt_text": self.text.prompt_ids_cache.stats()}
 
     def prompt_features(self, prompt_audio: str | Path | tuple[torch.Tensor, int], *,
                         row_id: str | None = None) -> PromptFeatures:
-        """Prompt wave (path or (wave (N,), sr)) → aligned tokens, flow mel and speaker embedding."""
+        """Prompt wave (path or (wave (N,), sr)) → aligned tokens, flow mel and speaker embedding.
+
+        Computed once per distinct prompt content (:mod:`~cosyclone.frontend.prompt_cache`); each
+        call gets its own copies, so no caller can change what later rows read.
+        """
+        if not self.prompt_cache.max_entries:
+            return self._compute_prompt_features(prompt_audio, row_id=row_id)
+        try:
+            key = (audio_digest(prompt_audio), self._settings)
+        except OSError:  # unreadable: the loader raises the error that names the row
+            return self._compute_prompt_features(prompt_audio, row_id=row_id)
+        feats = self.prompt_cache.get_or_compute(
+            key, lambda: self._compute_prompt_features(prompt_audio, row_id=row_id))
+        return PromptFeatures({k: v.clone() for k, v in feats.items()})
+
+    def _compute_prompt_features(self, prompt_audio: str | Path | tuple[torch.Tensor, int], *,
+                                 row_id: str | None = None) -> PromptFeatures:
         fe = self.cfg.frontend
         if isinstance(prompt_audio, tuple):
             wave, sr = prompt_audio

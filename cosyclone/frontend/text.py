@@ -18,7 +18,9 @@ from pathlib import Path
 
 from cosyclone.config import ENDOFPROMPT, SYSTEM_PREFIX
 from cosyclone.errors import CosycloneError
+from cosyclone.frontend import prompt_cache
 from cosyclone.frontend.normalize import TextError, get_normalizer, has_speech
+from cosyclone.frontend.prompt_cache import LRUCache
 
 ENDOFPROMPT_ID = 151646
 MODES = ("zero_shot", "cross_lingual", "instruct2")
@@ -148,8 +150,13 @@ class TextPlan:
 class TextFrontend:
     """Qwen2 tokenizer + CosyVoice3's added tokens, and the per-mode plan of what the LLM reads."""
 
-    def __init__(self, qwen_dir: str | Path, *, text_frontend: str = "wetext") -> None:
+    def __init__(self, qwen_dir: str | Path, *, text_frontend: str = "wetext",
+                 prompt_cache_entries: int | None = None) -> None:
         from transformers import AutoTokenizer
+
+        # a prompt transcript (or instruction) shared by many rows is tokenized once
+        entries = prompt_cache.DEFAULT_ENTRIES if prompt_cache_entries is None else prompt_cache_entries
+        self.prompt_ids_cache: LRUCache[tuple[int, ...]] = LRUCache(entries)
 
         self.normalizer = get_normalizer(text_frontend)  # first: a missing normalizer fails at load
         self.text_frontend = text_frontend
@@ -207,7 +214,8 @@ class TextFrontend:
             texts = [head + body] if len(pieces) == 1 else [head + p for p in pieces]
         else:
             texts = pieces
-        prompt_ids = tuple(self.encode(prompt)) if prompt else ()
+        prompt_ids = self.prompt_ids_cache.get_or_compute(prompt, lambda: tuple(self.encode(prompt))) \
+            if prompt else ()
         segments = tuple(Segment(text=t, ids=tuple(self.encode(t))) for t in texts)
         for i, seg in enumerate(segments):
             if ENDOFPROMPT_ID not in prompt_ids and ENDOFPROMPT_ID not in seg.ids:

@@ -10,8 +10,9 @@ done, so finished rows do not cost weight traffic for long.
 One small host read per step (the sampled tokens and abort flags, (2, b) int64) drives stopping,
 the silent-token filter and compaction; everything else stays on the device.
 
-The sampler is anything that satisfies :class:`TokenSampler`; by default the RAS
-``BatchSampler`` from :mod:`cosyclone.talker.sampler` (imported lazily). Each request carries its
+By default the RAS sampler runs inside the step (:mod:`cosyclone.talker.slot_sampler`); a
+``custom_sampler`` (anything that satisfies :class:`TokenSampler`: the greedy, forced and
+reference samplers of tests/samplers.py) runs on the host between steps instead. Each request carries its
 row's seed, already derived once by the caller (manifest ``seed``, else ``row_seed(--seed, id)``),
 and its segment index; the sampler draws from ``stream_key(seed, segment)`` and reports that seed
 unchanged. Nothing here hashes the seed again.
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -40,7 +41,7 @@ LogitsHook = Callable[[Tensor, Tensor, int], Tensor]
 
 
 class TokenSampler(Protocol):
-    """What :func:`generate` needs from a sampler (see docs/INTERFACES.md, ``BatchSampler``)."""
+    """What :func:`generate` needs from a custom sampler (see tests/samplers.py)."""
 
     def sample(self, logits: Tensor, rows: Tensor, step: int) -> tuple[Tensor, Tensor]:
         """``logits`` (b, V) fp32, ``rows`` (b,) original-row indices -> (tokens (b,), aborted (b,))."""
@@ -69,7 +70,7 @@ class DecodeOptions:
     """How :func:`generate` decodes."""
 
     sampler: SamplerOptions | None = None  # RAS options; None = SamplerOptions.from_config(model.cfg.sampling)
-    custom_sampler: TokenSampler | None = None  # overrides ``sampler`` (GreedySampler, ForcedSampler, tests)
+    custom_sampler: TokenSampler | None = None  # overrides ``sampler`` (tests/samplers.py: greedy, forced, reference)
     silent_filter: bool = True  # drop silent ids after MAX_SILENT consecutive ones from ``tokens``
     max_len_override: int | None = None  # cap on generated tokens per row instead of int(20 * target_len)
     min_len_override: int | None = None  # stop ids blocked below this many tokens instead of int(2 * target_len)
@@ -95,53 +96,6 @@ class TalkerResult:
     diagnostics: Any = None  # SamplerRowDiagnostics from the sampler (None for simple samplers)
     min_len: int = 0  # int(2 * target_len)
     max_len: int = 0  # int(20 * target_len) or the override
-
-
-# ---------------------------------------------------------------------------------------------
-# Simple samplers (parity, tests, benchmarks)
-
-
-def _block_stops(logits: Tensor, rows: Tensor, step: int, min_len: Tensor, stop_from: int) -> Tensor:
-    """Mask every stop id (>= stop_from) for rows still below their minimum length."""
-    active = (step < min_len.to(logits.device)[rows.to(logits.device)])[:, None]
-    cols = torch.arange(logits.shape[1], device=logits.device)[None, :] >= stop_from
-    return logits.masked_fill(active & cols, float("-inf"))
-
-
-@dataclass
-class GreedySampler:
-    """Arg-max sampler; stop ids are blocked while a row is below its ``min_len``."""
-
-    min_len: Sequence[int]  # per original row
-    speech_token_size: int  # first stop id
-
-    def sample(self, logits: Tensor, rows: Tensor, step: int) -> tuple[Tensor, Tensor]:
-        x = _block_stops(logits.float(), rows, step, torch.as_tensor(list(self.min_len)), self.speech_token_size)
-        return x.argmax(-1), torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
-
-    def finish(self, stop_reasons: Sequence[str | None] | None = None,
-               tokens_emitted: Sequence[int | None] | None = None) -> list[Any]:
-        return [None] * len(self.min_len)
-
-
-@dataclass
-class ForcedSampler:
-    """Returns ``forced[row][step]``, then ``stop_token`` (the reference capture's sampler)."""
-
-    forced: Sequence[Sequence[int]]  # per original row, the tokens to return in order
-    stop_token: int  # returned after a row's forced tokens run out
-    calls: list[tuple[list[int], int]] = field(default_factory=list)  # (rows, step) of every call
-
-    def sample(self, logits: Tensor, rows: Tensor, step: int) -> tuple[Tensor, Tensor]:
-        idx = rows.tolist()
-        self.calls.append((idx, step))
-        toks = [self.forced[r][step] if step < len(self.forced[r]) else self.stop_token for r in idx]
-        return (torch.tensor(toks, dtype=torch.int64, device=logits.device),
-                torch.zeros(len(idx), dtype=torch.bool, device=logits.device))
-
-    def finish(self, stop_reasons: Sequence[str | None] | None = None,
-               tokens_emitted: Sequence[int | None] | None = None) -> list[Any]:
-        return [None] * len(self.forced)
 
 
 # ---------------------------------------------------------------------------------------------

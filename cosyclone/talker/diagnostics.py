@@ -2,9 +2,9 @@
 
 The original bug report that motivated these counters read "81 sampler calls, 46 entirely NaN":
 fp16 logits overflowed, ``torch.multinomial`` raised for the whole batch and nobody could tell
-which utterance went wrong or how often. :class:`~cosyclone.talker.sampler.BatchSampler` therefore
-keeps one set of counters per *original* row (accumulated on the device, read once at
-``finish()``) and turns them into one :class:`SamplerRowDiagnostics` per row, the way whisper's
+which utterance went wrong or how often. The sampler (:mod:`cosyclone.talker.slot_sampler`, and
+the per-call reference in tests/samplers.py) therefore keeps one set of counters per *original*
+row (accumulated on the device, read when the row finishes) and turns them into one :class:`SamplerRowDiagnostics` per row, the way whisper's
 ``DecodingResult`` reports per-utterance facts next to the tokens.
 
 Counter definitions (all count *row-steps*, i.e. one ``sample()`` call for one row):

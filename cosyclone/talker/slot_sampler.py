@@ -1,7 +1,7 @@
 """RAS sampling inside the fixed-shape decode step: one row per cache slot, all state on the device.
 
-Same rule, same numbers as :class:`~cosyclone.talker.sampler.BatchSampler` (the per-call
-reference the tests compare it with, token for token and counter for counter), arranged so a
+Same rule, same numbers as ``BatchSampler`` in tests/samplers.py (the per-call reference the
+tests compare it with, token for token and counter for counter), arranged so a
 step can be captured: every tensor has the shape (slots, ...) whatever rows are running, rows
 that are not running are masked out by ``live`` instead of being indexed away, each slot has
 its own step counter as a device tensor (the noise counter and the min-length rule read it), the

@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 
 from cosyclone.config import QwenGeometry, TalkerConfig
-from cosyclone.talker.decode import DecodeOptions, ForcedSampler, TalkerRequest, generate
+from cosyclone.talker.decode import DecodeOptions, TalkerRequest, generate
 from cosyclone.talker.model import CosyVoice3LM, load_talker_weights
+from tests.samplers import ForcedSampler
 
 from .conftest import VECTORS, load_vector_set
 from .rounding import float32_noise

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 import torch
 
-from cosyclone.talker.sampler import BatchSampler, SamplerOptions, nucleus_keep
+from cosyclone.talker.sampler import SamplerOptions, nucleus_keep
 from tests.reference import load_vector_set
+from tests.samplers import BatchSampler
 
 STOP_IDS = 200  # the head is S + 200 wide: ids S..S+199 are stop ids (VECTORS.md, llm section)
 

@@ -1,0 +1,65 @@
+"""The frontend ahead of the talker: with prefetch, :func:`cosyclone.pipeline.run` prepares the next
+batch on a worker thread, and hands ``submit`` the same records and audio bytes, in the same order,
+as without it; a row whose frontend raises fails alone, with the same record either way."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cosyclone import pipeline
+
+ROOT = Path(__file__).resolve().parents[2]
+TEXTS = ["Hello there.", "A longer sentence, with a comma in it.", "Short.", "One more line to speak.",
+         "Numbers like 42 get read.", "The end."]
+
+
+@pytest.fixture(scope="module")
+def tts(tiny_model_dir: Path):
+    from cosyclone import CosyClone
+
+    return CosyClone(tiny_model_dir, device="cpu", max_tokens=8, n_timesteps=2, batch_size=2)
+
+
+def _run(tts: Any, prefetch: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[str, dict, bytes]], set]:
+    fe = tts.stages.frontend
+    real = type(fe).prepare
+    threads: set[str] = set()
+
+    def prepare(self: Any, row_id: str, *args: Any, **kwargs: Any) -> Any:
+        threads.add(threading.current_thread().name)
+        if row_id == "boom":
+            raise RuntimeError("frontend stub: cannot read this prompt")
+        return real(self, row_id, *args, **kwargs)
+
+    monkeypatch.setattr(type(fe), "prepare", prepare)
+    rows = tts.validate([{"id": "boom" if i == 3 else f"row{i}", "text": text,
+                          "prompt_audio": str(ROOT / "manifests" / "prompts" / f"speaker{i % 3 + 1}.wav"),
+                          "prompt_text": "reference words"} for i, text in enumerate(TEXTS)])
+    got: list[tuple[str, dict, bytes]] = []
+
+    def submit(rec: Any) -> None:
+        diag = {k: v for k, v in rec.diagnostics.items() if k != "seconds"}  # wall times differ
+        got.append((rec.row_id, diag, b"" if rec.wav is None else rec.wav.tobytes()))
+
+    pipeline.run(tts.stages, rows, tts.options, submit, prefetch=prefetch)
+    monkeypatch.setattr(type(fe), "prepare", real)
+    return got, threads
+
+
+def test_prefetch_gives_the_same_records_and_bytes(tts: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    plain, plain_threads = _run(tts, False, monkeypatch)
+    ahead, ahead_threads = _run(tts, True, monkeypatch)
+    assert plain_threads == {threading.current_thread().name}
+    assert ahead_threads and all(t.startswith("cosyclone-frontend") for t in ahead_threads)  # never inline
+    assert [r for r, _, _ in ahead] == [r for r, _, _ in plain] and len(plain) == len(TEXTS)
+    for (rid, d_plain, w_plain), (_, d_ahead, w_ahead) in zip(plain, ahead, strict=True):
+        assert d_ahead == d_plain, rid
+        assert w_ahead == w_plain, rid
+    boom = next(d for r, d, _ in ahead if r == "boom")
+    assert boom["status"] == "failed" and boom["reason"] == pipeline.EXCEPTION
+    assert "RuntimeError: frontend stub" in boom["error"] and "prepare" in boom["traceback"]
+    assert sum(1 for _, d, w in ahead if d["status"] == "ok" and len(w) > 0) == len(TEXTS) - 1
