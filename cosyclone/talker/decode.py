@@ -1,14 +1,14 @@
-"""Batched talker decoding: one prefill over rows of different lengths, then cached decode steps.
+"""Talker decoding as a small scheduler over a fixed-capacity slot KV cache (continuous batching).
 
-Why this shape: rows are right-padded in one prefill, each with its own positions and key mask,
-so every row computes exactly what it would alone (same tokens under forced/greedy sampling,
-logits equal up to fp32 rounding of a different kernel shape). Each decode step feeds one token
-per active row at that row's own position. Rows that finish stop being sampled at once and are
-dropped from the batch (model inputs and KV cache rows) when at least half of the active rows are
-done, so finished rows do not cost weight traffic for long.
-
-One small host read per step (the sampled tokens and abort flags, (2, b) int64) drives stopping,
-the silent-token filter and compaction; everything else stays on the device.
+Why this shape: the decode step (:class:`~cosyclone.talker.engine.SlotEngine`) has fixed shapes
+whatever rows are active, so it can be compiled or graph-captured, and a freed slot is refilled at
+once: with ``DecodeOptions.slots`` smaller than the number of requests, the next request is
+prefilled into a slot as soon as one finishes, instead of the batch waiting for its longest row.
+Newcomers are prefilled apart from the decode steps, right-padded with their own positions and key
+masks, so every row computes what it would alone (the same tokens; logits equal up to fp32
+rounding of a different kernel shape). The host reads the finished flags every
+``DecodeOptions.sync_every`` steps; tokens, stop flags, length rules and diagnostic counters stay
+on the device in between.
 
 By default the RAS sampler runs inside the step (:mod:`cosyclone.talker.slot_sampler`); a
 ``custom_sampler`` (anything that satisfies :class:`TokenSampler`: the greedy, forced and
