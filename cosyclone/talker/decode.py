@@ -31,6 +31,7 @@ from torch import Tensor
 from .model import CosyVoice3LM
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
+    from .graphs import CaptureBackend, GraphChoice
     from .sampler import SamplerOptions
 
 #: FSQ codes of silence/breath (spec 1.5); runs longer than MAX_SILENT are dropped from ``tokens``.
@@ -83,6 +84,11 @@ class DecodeOptions:
     capacity: int | None = None  # cache cells per slot (None: longest prompt + largest max_len)
     compile: str | None = None  # torch.compile backend for the step ("inductor", "eager", ...; fullgraph=True);
     # use with kv_bucket=None (one shape) and a fixed capacity; ignored with a custom sampler or logits hook
+    cuda_graphs: str = "auto"  # "auto": capture the step as CUDA graphs (one per kv_len bucket) on CUDA/ROCm
+    # when it can be captured (see graphs.resolve_cuda_graphs), eager otherwise; "off": always eager
+    graph_backend: CaptureBackend | None = None  # tests: capture with this (graphs.EagerCapture on CPU)
+    on_graphs: Callable[[GraphChoice, int], None] | None = None  # told once per call: the choice as the decode
+    # ended (a failed capture: off, with the reason) and the number of graphs captured
 
 
 @dataclass
@@ -174,6 +180,32 @@ class _Scheduler:
         self.step_fn: Callable[[], None] = step
         if options.compile:
             self.step_fn = torch.compile(step, fullgraph=True, backend=options.compile)
+        self.graphs, self.graphed = self._graphs(step)
+
+    def _graphs(self, step: Callable[[], None]) -> tuple[GraphChoice, Any]:
+        """Resolve ``cuda_graphs`` and, when on, route the step through per-``kv_len`` graphs."""
+        from .graphs import CudaGraphCapture, GraphedStep, resolve_cuda_graphs
+
+        opts = self.options
+        draw = self.sampler_options.draw if self.sampler_options is not None else "race"
+        choice = resolve_cuda_graphs(opts.cuda_graphs, self.model.device, draw=draw, host_steps=self.host_steps,
+                                     compile=opts.compile, backend=opts.graph_backend)
+        if not choice.enabled:
+            return choice, None
+        backend = opts.graph_backend or CudaGraphCapture(self.model.device)
+        graphed = GraphedStep(step, key=lambda: self.engine._kv_len, backend=backend)
+        self.step_fn = graphed
+        return choice, graphed
+
+    def graph_report(self) -> tuple[GraphChoice, int]:
+        """The graph choice as the decode ended and the graphs captured."""
+        from .graphs import GraphChoice
+
+        if self.graphed is None:
+            return self.graphs, 0
+        if self.graphed.reason is not None:
+            return GraphChoice(False, self.graphed.reason), self.graphed.captured
+        return self.graphs, self.graphed.captured
 
     def admit(self) -> None:
         """Fill free slots (lowest first) with the next pending requests, prefilled together."""
@@ -277,6 +309,8 @@ def generate(model: CosyVoice3LM, requests: Sequence[TalkerRequest],
         sched.run()
     finally:
         model.clear_cache()
+    if options.on_graphs is not None:
+        options.on_graphs(*sched.graph_report())
 
     raw = [sched.done[i].tokens if i in sched.done else [] for i in range(len(requests))]
     reasons = [REASONS[sched.done[i].reason] if i in sched.done else "max_len" for i in range(len(requests))]

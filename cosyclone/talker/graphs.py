@@ -1,0 +1,229 @@
+"""CUDA graphs for the decode step: capture once per step shape, replay every step.
+
+Why: on a GPU the talker's speed is set by host work per step (hundreds of kernel launches at
+batch 16), not by the weights. The engine's step already has fixed shapes and needs no host
+value (:mod:`cosyclone.talker.engine`), so its launches can be recorded once as a CUDA graph and
+replayed with one call. A step's shape depends on the slot count (fixed for one
+:func:`~cosyclone.talker.decode.generate` call, so one engine is one slot-count bucket) and on the
+KV cells it reads (the scheduler's ``kv_len`` bucket, a host int baked into the kernels): one
+graph per ``kv_len`` key, captured when that key is first met, all sharing one memory pool (they
+never run concurrently, and the engine's step returns nothing that outlives a replay).
+
+Why no state snapshot around warm-up: capture records kernels without running them, so the
+wrapper's first calls for a key run the step for real (they are the warm-up, on a side stream on
+CUDA), the next call captures and then replays once, and later calls only replay. Every decode
+step is therefore executed exactly once, eagerly or by replay, and the tokens cannot depend on
+when capture happened.
+
+The static buffers: the engine's state, KV cache and sampler state are registered buffers that
+keep their addresses for the whole decode (``kv_cache.py``), so the engine's step has no inputs
+or outputs to copy. :class:`GraphedStep` also serves callables that do take tensors: its static
+input buffers (one set per key, cloned from the first call's arguments) receive each call's
+arguments by ``copy_`` and it returns the graph's static outputs, valid until the next call.
+
+The capture mechanism is a :class:`CaptureBackend`: :class:`CudaGraphCapture` (``torch.cuda``)
+on a GPU, :class:`EagerCapture` (the same state machine and buffer copies, no graph) so the
+wrapper's logic is tested on CPU. A capture that raises switches the wrapper to eager for the
+rest of the decode, with the reason recorded (:attr:`GraphedStep.reason`).
+
+UNVERIFIED on a GPU: this module was written and tested on a CPU-only machine; the CUDA path
+(side-stream warm-up, ``torch.cuda.graph`` capture with a shared pool, replay) follows torch's
+documented protocol but has not been run. ``tests/test_cuda_graphs.py`` holds the ``gpu``-marked
+checks (graph tokens equal eager tokens) that ``make test-gpu`` / ``benchmarks/gpu_check.sh`` run.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+log = logging.getLogger(__name__)
+
+#: Values of ``--cuda-graphs`` / ``DecodeOptions.cuda_graphs``.
+GRAPH_MODES = ("auto", "off")
+
+
+@dataclass(frozen=True)
+class GraphChoice:
+    """Whether the decode step is captured, and why (or why not)."""
+
+    enabled: bool
+    reason: str
+
+    @property
+    def value(self) -> str:
+        """``on`` | ``off``: what a run records (``summary.json`` options ``cuda_graphs``)."""
+        return "on" if self.enabled else "off"
+
+
+def resolve_cuda_graphs(requested: str, device: torch.device | str, *, draw: str = "race",
+                        host_steps: bool = False, compile: str | None = None,
+                        backend: CaptureBackend | None = None) -> GraphChoice:
+    """``auto``: capture when the device is CUDA/ROCm (or a test gives a ``backend``) and the
+    step can be captured: the race draw (the LEGACY multinomial draw reads the host every step),
+    no custom sampler or logits hook (``host_steps``: Python runs inside each step), and not the
+    ``torch.compile`` path (one or the other). ``off``: never."""
+    if requested not in GRAPH_MODES:
+        raise ValueError(f"cuda_graphs must be one of {', '.join(GRAPH_MODES)}, not {requested!r}")
+    if requested == "off":
+        return GraphChoice(False, "off requested")
+    dev = torch.device(device)
+    if backend is None and (dev.type != "cuda" or not torch.cuda.is_available()):
+        return GraphChoice(False, f"device is {dev.type}: CUDA graphs need a CUDA/ROCm device")
+    if draw == "legacy-multinomial":
+        return GraphChoice(False, "the legacy-multinomial draw reads the host every step")
+    if host_steps:
+        return GraphChoice(False, "a custom sampler or logits hook runs Python in each step")
+    if compile:
+        return GraphChoice(False, f"the torch.compile path ({compile}) is used instead")
+    return GraphChoice(True, f"auto on {dev.type}" if backend is None else f"auto with {type(backend).__name__}")
+
+
+class CaptureBackend(Protocol):
+    """How :class:`GraphedStep` warms up and captures a no-argument thunk."""
+
+    def warmup(self, thunk: Callable[[], Any]) -> Any:
+        """Run ``thunk`` for real (a real decode step) and return its result."""
+        ...
+
+    def capture(self, thunk: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
+        """Record ``thunk`` WITHOUT running it; return (replay, the recorded outputs)."""
+        ...
+
+
+class EagerCapture:
+    """No graph: "capture" keeps the thunk and its outputs' buffers, "replay" runs it again.
+
+    What :class:`GraphedStep` does around a capture (warm-up count per key, static inputs,
+    replay after capture, fallback) is the same as with CUDA, so CPU tests cover it. The
+    outputs of one call are copied into buffers kept from the first run, like a graph's
+    fixed output addresses.
+    """
+
+    def __init__(self) -> None:
+        self.captures = 0
+        self.replays = 0
+
+    def warmup(self, thunk: Callable[[], Any]) -> Any:
+        return thunk()
+
+    def capture(self, thunk: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
+        self.captures += 1
+        holder: dict[str, Any] = {}
+
+        def replay() -> None:
+            self.replays += 1
+            out = thunk()
+            if "out" not in holder:
+                holder["out"] = out
+            else:
+                _copy_into(holder["out"], out)
+
+        return replay, holder
+
+
+class CudaGraphCapture:
+    """``torch.cuda.CUDAGraph`` capture: warm-up on a side stream, one memory pool for all graphs.
+
+    ``capture_error_mode="thread_local"``: other threads of the run (frontend worker, writer) may
+    use CUDA while this one captures; only this thread's unsafe calls invalidate the capture.
+    UNVERIFIED on a GPU (see the module docstring).
+    """
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self.pool: Any = None
+        self.graphs: list[Any] = []  # keep every graph alive for the decode
+
+    def warmup(self, thunk: Callable[[], Any]) -> Any:
+        side = torch.cuda.Stream(device=self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            out = thunk()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        return out
+
+    def capture(self, thunk: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize(self.device)
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            out = thunk()
+        if self.pool is None:
+            self.pool = graph.pool()
+        self.graphs.append(graph)
+        return graph.replay, {"out": out}
+
+
+def _copy_into(dst: Any, src: Any) -> None:
+    """Copy ``src`` (a tensor, a sequence of them, or None) into the same-shaped ``dst``."""
+    if isinstance(dst, Tensor):
+        dst.copy_(src)
+    elif isinstance(dst, (list, tuple)):
+        for d, s in zip(dst, src, strict=True):
+            _copy_into(d, s)
+    elif dst is not None or src is not None:
+        raise TypeError(f"graph outputs must be tensors, sequences of tensors or None, not {type(src).__name__}")
+
+
+class GraphedStep:
+    """Call ``fn(*tensors)`` through per-key captured graphs with static input/output buffers.
+
+    ``key()`` names the current step shape (the engine's ``kv_len``). For each key the first
+    ``warmup`` calls run ``fn`` for real on the key's static inputs, the next one captures and
+    replays, the rest replay. The returned outputs are the graph's static buffers: read or copy
+    them before the next call. After a failed capture every call runs ``fn`` eagerly on its own
+    arguments and :attr:`reason` says why.
+    """
+
+    def __init__(self, fn: Callable[..., Any], key: Callable[[], Hashable], backend: CaptureBackend, *,
+                 warmup: int = 2) -> None:
+        self.fn = fn
+        self.key = key
+        self.backend = backend
+        self.warmup = max(1, int(warmup))  # at least one real run: lazy inits must not happen in capture
+        self.inputs: dict[Hashable, tuple[Tensor, ...]] = {}
+        self.replays: dict[Hashable, tuple[Callable[[], None], dict[str, Any]]] = {}
+        self.calls: dict[Hashable, int] = {}
+        self.reason: str | None = None  # set when capture failed: the decode went on eagerly
+
+    @property
+    def captured(self) -> int:
+        """Graphs captured so far."""
+        return len(self.replays)
+
+    def _static(self, key: Hashable, args: Sequence[Tensor]) -> tuple[Tensor, ...]:
+        """The key's static input buffers, holding ``args`` (allocated on the key's first call)."""
+        bufs = self.inputs.get(key)
+        if bufs is None:
+            bufs = self.inputs[key] = tuple(a.detach().clone() for a in args)
+        else:
+            for b, a in zip(bufs, args, strict=True):
+                b.copy_(a)
+        return bufs
+
+    def __call__(self, *args: Tensor) -> Any:
+        if self.reason is not None:
+            return self.fn(*args)
+        key = self.key()
+        bufs = self._static(key, args)
+        done = self.replays.get(key)
+        if done is None:
+            n = self.calls.get(key, 0)
+            self.calls[key] = n + 1
+            if n < self.warmup:
+                return self.backend.warmup(lambda: self.fn(*bufs))
+            try:
+                done = self.backend.capture(lambda: self.fn(*bufs))
+            except Exception as exc:  # capture refused: decode on eagerly (capture ran nothing)
+                self.reason = f"capture failed for key {key!r}: {type(exc).__name__}: {exc}"
+                log.warning("CUDA graphs off for this decode: %s", self.reason)
+                return self.fn(*args)
+            self.replays[key] = done
+        replay, holder = done
+        replay()
+        return holder.get("out")

@@ -1,0 +1,137 @@
+"""CUDA graphs for the decode step (``cosyclone/talker/graphs.py``).
+
+On CPU: ``auto`` resolves to off with the reason, ``off`` and ``auto`` give identical tokens, and
+the graph wrapper's whole state machine (per-key warm-up, capture, replay, static input/output
+buffers, fallback on a failed capture) runs through :class:`EagerCapture` and gives the plain
+step's tokens. The ``gpu`` tests compare real captured graphs with eager decoding on CUDA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import torch
+
+from cosyclone.talker.decode import DecodeOptions, generate
+from cosyclone.talker.graphs import (
+    EagerCapture,
+    GraphChoice,
+    GraphedStep,
+    resolve_cuda_graphs,
+)
+from cosyclone.talker.sampler import SamplerOptions
+from tests.test_engine_equivalence import _key, _requests
+from tests.test_talker_decode import _model
+
+SAMPLER = SamplerOptions(top_k=40, top_p=0.9)
+
+
+def _run(model: Any, reqs: list, **kw: Any) -> tuple[list, list[tuple[GraphChoice, int]]]:
+    seen: list[tuple[GraphChoice, int]] = []
+    opts = DecodeOptions(sampler=SAMPLER, slots=3, kv_bucket=8, on_graphs=lambda c, n: seen.append((c, n)))
+    return _key(generate(model, reqs, replace(opts, **kw))), seen
+
+
+def test_resolve_rules() -> None:
+    cpu = resolve_cuda_graphs("auto", "cpu")
+    assert cpu == GraphChoice(False, "device is cpu: CUDA graphs need a CUDA/ROCm device")
+    assert cpu.value == "off"
+    assert resolve_cuda_graphs("off", "cpu").reason == "off requested"
+    with pytest.raises(ValueError, match="cuda_graphs must be one of auto, off"):
+        resolve_cuda_graphs("on", "cpu")
+    be = EagerCapture()
+    assert resolve_cuda_graphs("auto", "cpu", backend=be).value == "on"
+    assert "legacy" in resolve_cuda_graphs("auto", "cpu", draw="legacy-multinomial", backend=be).reason
+    assert not resolve_cuda_graphs("auto", "cpu", host_steps=True, backend=be).enabled
+    assert not resolve_cuda_graphs("auto", "cpu", compile="eager", backend=be).enabled
+    assert not resolve_cuda_graphs("off", "cpu", backend=be).enabled
+
+
+def test_auto_on_cpu_is_off_and_equals_off() -> None:
+    model = _model()
+    reqs = _requests(7, 2)
+    off, seen_off = _run(model, reqs, cuda_graphs="off")
+    auto, seen_auto = _run(model, reqs, cuda_graphs="auto")
+    assert auto == off
+    assert seen_auto == [(GraphChoice(False, "device is cpu: CUDA graphs need a CUDA/ROCm device"), 0)]
+    assert seen_off == [(GraphChoice(False, "off requested"), 0)]
+
+
+def test_graph_wrapper_state_machine_gives_plain_tokens() -> None:
+    """Every step goes through GraphedStep (warm-up, "capture", replays per kv_len key): same
+    tokens, stop reasons and counters as the plain step, and several keys were captured."""
+    model = _model()
+    reqs = _requests(9, 1)
+    plain, _ = _run(model, reqs, cuda_graphs="off")
+    be = EagerCapture()
+    graphed, seen = _run(model, reqs, cuda_graphs="auto", graph_backend=be)
+    assert graphed == plain
+    (choice, captured), = seen
+    assert choice.enabled and captured == be.captures and captured >= 2  # several kv_len buckets
+    assert be.replays > captured  # later steps of a key only replay
+
+
+class _Refuses(EagerCapture):
+    def capture(self, thunk: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+
+def test_failed_capture_falls_back_to_eager_with_reason() -> None:
+    model = _model()
+    reqs = _requests(6, 3)
+    plain, _ = _run(model, reqs, cuda_graphs="off")
+    got, seen = _run(model, reqs, cuda_graphs="auto", graph_backend=_Refuses())
+    assert got == plain
+    (choice, captured), = seen
+    assert not choice.enabled and captured == 0
+    assert choice.reason.startswith("capture failed for key ")
+    assert choice.reason.endswith(": RuntimeError: operation not permitted when stream is capturing")
+
+
+def test_static_buffers_copy_inputs_and_alias_outputs() -> None:
+    """A callable with tensor inputs: each call's arguments reach the static buffers by copy, the
+    outputs are the same static tensors every call (valid until the next call), per key."""
+    calls: list[tuple[int, ...]] = []
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        calls.append((a.data_ptr(), b.data_ptr()))
+        return a * 2 + b, a - b
+
+    key = {"k": 0}
+    step = GraphedStep(fn, key=lambda: key["k"], backend=EagerCapture(), warmup=1)
+    outs = []
+    for i in range(5):
+        a, b = torch.full((3,), float(i)), torch.arange(3.0)
+        y, z = step(a, b)
+        assert torch.equal(y, a * 2 + b) and torch.equal(z, a - b)
+        outs.append(y)
+    assert len({p for p in calls}) == 1  # fn always read the key's static buffers, never the arguments
+    assert outs[1] is outs[2] is outs[4]  # replays return the same static output tensors
+    assert step.captured == 1
+    key["k"] = 1  # a new step shape: its own buffers, warm-up and capture
+    y, _ = step(torch.ones(3), torch.zeros(3))
+    assert torch.equal(y, torch.full((3,), 2.0)) and step.captured == 1 and len(step.inputs) == 2
+
+
+# -- on a GPU -------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_graph_tokens_equal_eager_on_cuda(dtype: torch.dtype) -> None:
+    """Captured graphs replay the eager step exactly: same tokens and counters (fp32 and bf16:
+    the same kernels run either way), with several kv_len buckets captured."""
+    model = _model().to(device="cuda", dtype=dtype)
+    model.llm_decoder.to(torch.float32)
+    reqs = _requests(9, 1)
+    with torch.inference_mode():
+        eager, seen_e = _run(model, reqs, cuda_graphs="off")
+        graphed, seen_g = _run(model, reqs, cuda_graphs="auto")
+    assert seen_e[0][0].reason == "off requested"
+    (choice, captured), = seen_g
+    assert choice.enabled, choice.reason
+    assert captured >= 2
+    assert graphed == eager
