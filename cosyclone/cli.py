@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import typer
 
@@ -215,6 +215,10 @@ def synth(
     quiet: bool = typer.Option(False, "--quiet", help="print only the end summary (and errors)"),
     progress_interval: float = typer.Option(30.0, help="seconds between progress lines when stderr is not a "
                                                        "terminal (a terminal gets a live bar)"),
+    cuda_graphs: Literal["auto", "off"] = typer.Option(
+        "auto", "--cuda-graphs",
+        help="auto: replay the talker's decode step as CUDA graphs on CUDA/ROCm (eager on CPU, with "
+             "--draw legacy-multinomial, or when capture fails); off: always eager. Same tokens"),
     engine: str = typer.Option("local", help="local (this process) | ray (a Ray Data actor pool: one model per "
                                              "GPU, or per CPU; needs pip install 'cosyclone[ray]')"),
     ray_address: str | None = typer.Option(None, "--ray-address",
@@ -230,6 +234,7 @@ def synth(
     from .manifest import Shard, read_manifest
     from .pipeline import RunOptions
     from .ray_engine import require_ray
+    from .talker.graphs import resolve_cuda_graphs
 
     t_start = time.time()
     try:
@@ -272,7 +277,8 @@ def synth(
                       max_tokens=max_tokens, min_tokens=min_tokens, n_timesteps=n_timesteps,
                       load_format="dummy" if load_format == "dummy" else "auto", nonfinite_audio=nonfinite_audio,
                       device=policy.device.type, dtype=policy.dtype_name, text_frontend=text_frontend,
-                      talker_slots=talker_slots)
+                      talker_slots=talker_slots,
+                      cuda_graphs=resolve_cuda_graphs(cuda_graphs, policy.device, draw=draw).value)
     from . import runfolder
 
     tag = runfolder.shard_tag(shard)
