@@ -33,8 +33,8 @@ EOF
 
 if [ "$DRY" = 1 ]; then
   say "tests: skipped (--dry-run)"
-  STEP_ARGS=(--tiny --device cpu --dtype fp32 --batches 1,4)
-  ROWS=4
+  STEP_ARGS=(--tiny --device cpu --dtype fp32 --batches 1,3)
+  ROWS=3
   "${COSY[@]}" make-tiny-model "$WORK/model" --force >/dev/null
   SYNTH_ARGS=(--model-dir "$WORK/model" --device cpu --n-timesteps 2 --max-tokens 8)
 else
