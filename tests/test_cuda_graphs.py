@@ -135,3 +135,31 @@ def test_cuda_graph_tokens_equal_eager_on_cuda(dtype: torch.dtype) -> None:
     assert choice.enabled, choice.reason
     assert captured >= 2
     assert graphed == eager
+
+
+@pytest.mark.gpu
+def test_synth_on_cuda_records_graphs_on_and_matches_off(tiny_model_dir: Any, tmp_path: Any) -> None:
+    """The real CLI on CUDA: ``--cuda-graphs auto`` resolves to on (recorded in summary.json) and
+    writes the tokens and WAV bytes ``--cuda-graphs off`` writes."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from cosyclone.cli import app
+    from tests.e2e.test_batch_invariance import _manifest
+    from tests.e2e.test_cli import diags
+
+    assert resolve_cuda_graphs("auto", "cuda").enabled
+    manifest = _manifest(tmp_path)
+    runs = {}
+    for mode in ("off", "auto"):
+        out = tmp_path / mode
+        res = CliRunner().invoke(app, ["synth", str(manifest), "--model-dir", str(tiny_model_dir), "--out", str(out),
+                                       "--device", "cuda", "--dtype", "fp32", "--n-timesteps", "2",
+                                       "--cuda-graphs", mode])
+        assert res.exit_code == 0, res.output
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["last_run"]["options"]["cuda_graphs"] == ("on" if mode == "auto" else "off")
+        runs[mode] = ({k: d["tokens"] for k, d in diags(out).items()},
+                      {p.name: p.read_bytes() for p in sorted((out / "wavs").glob("*.wav"))})
+    assert runs["auto"] == runs["off"]
