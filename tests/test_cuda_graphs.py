@@ -163,3 +163,80 @@ def test_synth_on_cuda_records_graphs_on_and_matches_off(tiny_model_dir: Any, tm
         runs[mode] = ({k: d["tokens"] for k, d in diags(out).items()},
                       {p.name: p.read_bytes() for p in sorted((out / "wavs").glob("*.wav"))})
     assert runs["auto"] == runs["off"]
+
+
+def test_cuda_capture_protocol_with_fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CudaGraphCapture's calls, checked on CPU against stand-ins (real semantics need a GPU, see
+    the ``gpu`` tests): warm-up runs on a side stream that first waits for the current stream and
+    is then waited on; capture synchronizes, opens ``torch.cuda.graph`` in thread-local error mode,
+    the first graph's pool is shared by later captures, replay is the graph's own. The keyword
+    arguments used exist in this torch's ``torch.cuda.graph``."""
+    import inspect
+
+    from cosyclone.talker.graphs import CudaGraphCapture
+
+    inspect.signature(torch.cuda.graph.__init__).bind(None, None, pool=None, capture_error_mode="thread_local")
+    events: list[Any] = []
+
+    class Stream:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def wait_stream(self, other: Stream) -> None:
+            events.append(("wait", self.name, other.name))
+
+    current, side = Stream("current"), Stream("side")
+
+    class StreamCtx:
+        def __init__(self, s: Stream) -> None:
+            self.s = s
+
+        def __enter__(self) -> None:
+            events.append(("enter", self.s.name))
+
+        def __exit__(self, *exc: object) -> None:
+            events.append(("exit", self.s.name))
+
+    class Graph:
+        n = 0
+
+        def __init__(self) -> None:
+            Graph.n += 1
+            self.id = Graph.n
+
+        def pool(self) -> str:
+            return f"pool{self.id}"
+
+        def replay(self) -> None:
+            events.append(("replay", self.id))
+
+    class GraphCtx:
+        def __init__(self, g: Graph, pool: Any = None, capture_error_mode: str = "global") -> None:
+            events.append(("capture", g.id, pool, capture_error_mode))
+
+        def __enter__(self) -> None:
+            pass
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: side)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current)
+    monkeypatch.setattr(torch.cuda, "stream", StreamCtx)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append(("sync",)))
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", GraphCtx)
+
+    cap = CudaGraphCapture("cpu")
+    assert cap.warmup(lambda: events.append(("run",)) or 7) == 7
+    assert events == [("wait", "side", "current"), ("enter", "side"), ("run",), ("exit", "side"),
+                      ("wait", "current", "side")]
+    events.clear()
+    replay1, out1 = cap.capture(lambda: "o1")
+    replay2, out2 = cap.capture(lambda: "o2")
+    assert events == [("sync",), ("capture", 1, None, "thread_local"), ("sync",), ("capture", 2, "pool1", "thread_local")]
+    assert (out1, out2) == ({"out": "o1"}, {"out": "o2"}) and len(cap.graphs) == 2
+    events.clear()
+    replay2()
+    replay1()
+    assert events == [("replay", 2), ("replay", 1)]
