@@ -70,7 +70,8 @@ class RunOptions:
     device: str = "cpu"  # resolved device type the stages run on (recorded; never "auto")
     dtype: str = "fp32"  # resolved run dtype fp32 | bf16 | fp16 (recorded; never "auto"; see device.py)
     talker_slots: int | None = None  # segments the talker decodes at once (None: the whole batch); same output
-    cuda_graphs: str = "off"  # resolved on | off: the talker step replayed as CUDA graphs (recorded; never "auto")
+    cuda_graphs: str = "off"  # on | off as resolved by synth (recorded): the talker step replayed as CUDA graphs
+    # where the device allows (any value but "off" lets DecodeOptions resolve "auto")
 
     def __post_init__(self) -> None:
         if self.nonfinite_audio not in NONFINITE_AUDIO_POLICIES:
@@ -248,7 +249,7 @@ def synthesize_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptio
     dec = DecodeOptions(sampler=_sampler_options(stages.cfg, opts), max_len_override=opts.max_tokens,
                         min_len_override=opts.min_tokens, min_len_ratio=opts.min_len_ratio,
                         max_len_ratio=opts.max_len_ratio, slots=opts.talker_slots,
-                        cuda_graphs="auto" if opts.cuda_graphs == "on" else "off")
+                        cuda_graphs="off" if opts.cuda_graphs == "off" else "auto")
     results: dict[int, Any] = {}
     if segments:
         t0 = time.perf_counter()
