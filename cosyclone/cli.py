@@ -343,12 +343,6 @@ def _synth_locked(job: SynthJob, say: Callable[[str], None]) -> None:
     ``engine="ray"`` the same stages run in Ray actors (:mod:`cosyclone.ray_engine`), each loading
     its own model, and their records come back to this writer.
     """
-    manifest, full, m, out, tag, opts, cfg, policy = (job.manifest, job.full, job.m, job.out, job.tag, job.opts,
-                                                       job.cfg, job.policy)
-    model_dir, load_format, shard, float_wav = job.model_dir, job.load_format, job.shard, job.float_wav
-    dry_run, overwrite, quiet, progress_interval, t_start = (job.dry_run, job.overwrite, job.quiet,
-                                                            job.progress_interval, job.t_start)
-    engine, ray_address = job.engine, job.ray_address
     import socket
     import uuid
     from dataclasses import asdict, fields
@@ -356,10 +350,16 @@ def _synth_locked(job: SynthJob, say: Callable[[str], None]) -> None:
     from . import report as totals_mod
     from . import runfolder
     from .api import CosyClone
-    from .pipeline import _row_seed, plan_batches
+    from .pipeline import plan_batches, row_seed_of
     from .progress import Progress
     from .writer import BackgroundWriter, WriterOptions, write_summary
 
+    manifest, full, m, out, tag, opts, cfg, policy = (job.manifest, job.full, job.m, job.out, job.tag, job.opts,
+                                                       job.cfg, job.policy)
+    model_dir, load_format, shard, float_wav = job.model_dir, job.load_format, job.shard, job.float_wav
+    dry_run, overwrite, quiet, progress_interval, t_start = (job.dry_run, job.overwrite, job.quiet,
+                                                            job.progress_interval, job.t_start)
+    engine, ray_address = job.engine, job.ray_address
     removed = [] if dry_run else runfolder.remove_stale_temporaries(out)
     if removed:
         say(f"removed {len(removed)} temporary files left by a killed run")
@@ -370,7 +370,7 @@ def _synth_locked(job: SynthJob, say: Callable[[str], None]) -> None:
                                                dummy_tag="released" if load_format == "dummy" else ""),
             dtype=opts.dtype, device=opts.device,
             options={**{k: getattr(opts, k) for k in AUDIO_OPTIONS}, "float_wav": float_wav})
-        fps = {r.id: runfolder.row_fingerprint(r, _row_seed(opts.seed, r), ctx, hashes) for r in m.rows}
+        fps = {r.id: runfolder.row_fingerprint(r, row_seed_of(opts.seed, r), ctx, hashes) for r in m.rows}
     except OSError as exc:
         _fail(f"cannot hash the inputs: {exc}")
     hashes.save()

@@ -6,7 +6,7 @@ row goes through the same batch, and the row's audio is the in-order concatenati
 segments. A row that fails in any stage is written as a diagnostics line with its ``reason``
 (``no_finite_logits``, ``nonfinite_audio``, ``empty_after_speed``, ``exception``, ...) and error, and
 the rest of the batch continues; an exception is recorded with its type, message and traceback.
-A row's seed is derived here once (:func:`_row_seed`) and handed, unchanged, to every stage.
+A row's seed is derived here once (:func:`row_seed_of`) and handed, unchanged, to every stage.
 File writing happens on the :class:`~cosyclone.writer.BackgroundWriter` thread; the next batch's
 frontend runs on a worker thread while the current batch is in the models (:func:`run`).
 """
@@ -183,7 +183,7 @@ def _embed(req: Any, key: str) -> torch.Tensor:
     return embed[key] if isinstance(embed, dict) else getattr(embed, key)
 
 
-def _row_seed(run_seed: int, row: ManifestRow) -> int:
+def row_seed_of(run_seed: int, row: ManifestRow) -> int:
     """The row's seed, derived once: the manifest ``seed`` as given, else ``row_seed(--seed, id)``."""
     from .talker.sampler import row_seed
 
@@ -208,7 +208,7 @@ _FRONTEND_LOCK = threading.Lock()
 @torch.inference_mode()
 def prepare_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptions) -> PreparedBatch:
     """The frontend over ``rows``; a bad prompt or text fails its row only (recorded in its outcome)."""
-    outcomes = {r.id: RowOutcome(row_id=r.id, line=r.line, seed=_row_seed(opts.seed, r)) for r in rows}
+    outcomes = {r.id: RowOutcome(row_id=r.id, line=r.line, seed=row_seed_of(opts.seed, r)) for r in rows}
     segments: list[tuple[str, Any]] = []
     # the position check must use the run's max length ratio when it overrides the model's
     fit = {} if opts.max_len_ratio is None else {"max_len_ratio": opts.max_len_ratio}
@@ -470,7 +470,7 @@ def run(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptions,
                 ahead = None
                 if prefetch and k + 1 < len(batches):
                     ahead = pool.submit(prepare_batch, stages, batches[k + 1], opts)
-                for rec in _synthesize_isolated(stages, batch, opts, prepared):
+                for rec in synthesize_batch_isolated(stages, batch, opts, prepared):
                     rec.diagnostics["wav"] = f"wavs/{rec.row_id}.wav" if rec.wav is not None else None
                     submit(rec)
                     out.append(RowRecord(row_id=rec.row_id, wav=None, diagnostics=rec.diagnostics))
@@ -492,7 +492,7 @@ def _result_or_none(ahead: Future[PreparedBatch] | None) -> PreparedBatch | None
         return None
 
 
-def _synthesize_isolated(stages: Stages, batch: Sequence[ManifestRow], opts: RunOptions,
+def synthesize_batch_isolated(stages: Stages, batch: Sequence[ManifestRow], opts: RunOptions,
                          prepared: PreparedBatch | None = None) -> list[RowRecord]:
     """:func:`synthesize_batch`, and if it raises (a bug outside the stages' own guards), each row
     alone (its frontend run again); a row that still raises becomes a failed record with its
@@ -505,7 +505,7 @@ def _synthesize_isolated(stages: Stages, batch: Sequence[ManifestRow], opts: Run
             try:
                 records.extend(synthesize_batch(stages, [row], opts))
             except Exception as exc_row:
-                oc = RowOutcome(row_id=row.id, line=row.line, seed=_row_seed(opts.seed, row))
+                oc = RowOutcome(row_id=row.id, line=row.line, seed=row_seed_of(opts.seed, row))
                 oc.fail_exc("pipeline", exc_row, note=f" (the batch raised {type(exc).__name__}: {exc})")
                 records.append(RowRecord(row_id=row.id, wav=None, diagnostics=oc.to_dict()))
         return records

@@ -88,7 +88,7 @@ class SynthActor:
             self.load_error = str(exc)  # (raised here, Ray would bury it in an ActorDiedError traceback)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
-        from .pipeline import _synthesize_isolated
+        from .pipeline import synthesize_batch_isolated
 
         ids: list[str] = []
         diags: list[str] = []
@@ -101,7 +101,7 @@ class SynthActor:
                 with open(self._pid_file, "a", encoding="utf-8") as fh:
                     fh.write(f"{os.getpid()}\n")
             rows = [row_from_dict(d) for d in json.loads(str(rows_json))]
-            for rec in _synthesize_isolated(self.stages, rows, self.opts):
+            for rec in synthesize_batch_isolated(self.stages, rows, self.opts):
                 ids.append(rec.row_id)
                 diags.append(json.dumps(rec.diagnostics, ensure_ascii=False))
                 wavs.append(np.zeros(0, np.float32) if rec.wav is None else np.asarray(rec.wav, np.float32))
