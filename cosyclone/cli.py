@@ -395,6 +395,12 @@ def _synth_locked(job: SynthJob, say: Callable[[str], None]) -> None:
                if todo and engine == "local" else None)  # ray: each actor loads its own
     except CosycloneError as exc:
         _fail(str(exc))
+    from .token_store import TokenStore
+
+    # stage-0 checkpoint: a row that failed after the talker keeps its tokens for the next run
+    tokens = TokenStore(runfolder.state_dir(out) / "tokens", {rid: fp for rid, (fp, _) in fps.items()})
+    if tts is not None:
+        tts.stages.token_store = tokens
     writer = BackgroundWriter(WriterOptions(out_dir=out, float_wav=float_wav, sample_rate=cfg.hift.sampling_rate),
                               runfolder.journal_path(out, tag))
 
@@ -433,6 +439,11 @@ def _synth_locked(job: SynthJob, say: Callable[[str], None]) -> None:
     except runfolder.OutputFolderError as exc:
         write_error = write_error or str(exc)
         current = runfolder.read_records(out)
+    for rid in fps:  # a written row needs its checkpointed tokens no more
+        if current.get(rid, {}).get("status") == "ok" and current[rid].get("fingerprint") == fps[rid][0]:
+            tokens.discard(rid)
+    if tag == "all":  # other shards' rows are not in fps: only a whole-manifest run prunes
+        tokens.prune()
     made = [r.diagnostics for r in records]
     audio = sum(float(d.get("audio_seconds") or 0.0) for d in made if d.get("status") == "ok")
     n_ok = sum(1 for d in made if d.get("status") == "ok")
@@ -445,6 +456,7 @@ def _synth_locked(job: SynthJob, say: Callable[[str], None]) -> None:
         "not_written": len(todo) - len(made),
         "failed_rows": {d["id"]: d.get("error") for d in made if d.get("status") != "ok"},
         "rows_not_in_manifest": len(plan.foreign), "write_error": write_error,
+        "talker_checkpoint_hits": tokens.hits,
         "audio_seconds": audio, "wall_seconds": wall, "total_wall_seconds": time.time() - t_start,
         "rows_per_s": len(made) / wall if wall > 0 and made else 0.0,
         "throughput_audio_s_per_s": audio / wall if wall > 0 else 0.0, "rtf": wall / audio if audio > 0 else None,

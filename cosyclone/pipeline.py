@@ -131,6 +131,7 @@ class Stages:
     talker: Any
     flow: Any
     hift: Any
+    token_store: Any = None  # a TokenStore: talker results reused / kept per segment (the run folder sets it)
 
 
 def load_stages(cfg: ModelConfig, policy: DevicePolicy, load_format: str, *,
@@ -253,7 +254,7 @@ def synthesize_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptio
     results: dict[int, Any] = {}
     if segments:
         t0 = time.perf_counter()
-        results = _generate_isolated(stages, segments, dec, outcomes)
+        results = _talker_with_checkpoint(stages, segments, dec, outcomes)
         share = (time.perf_counter() - t0) / max(1, len(segments))
         for rid, _ in segments:
             outcomes[rid].seconds["talker"] = outcomes[rid].seconds.get("talker", 0.0) + share
@@ -305,6 +306,29 @@ def synthesize_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptio
             oc.audio_seconds = len(wav) / sr
         records.append(RowRecord(row_id=row.id, wav=wav, diagnostics=oc.to_dict()))
     return records
+
+
+def _talker_with_checkpoint(stages: Stages, segments: Sequence[tuple[str, Any]], dec: Any,
+                            outcomes: dict[str, RowOutcome]) -> dict[int, Any]:
+    """:func:`_generate_isolated`, skipping segments whose talker result the stage-0 checkpoint holds
+    (``stages.token_store``) and storing the fresh ones, so a row that fails later keeps its tokens."""
+    store = stages.token_store
+    if store is None:
+        return _generate_isolated(stages, segments, dec, outcomes)
+    results: dict[int, Any] = {}
+    todo: list[int] = []
+    for i, (rid, req) in enumerate(segments):
+        hit = store.get(rid, req.segment)
+        if hit is not None:
+            results[i] = hit
+        else:
+            todo.append(i)
+    fresh = _generate_isolated(stages, [segments[i] for i in todo], dec, outcomes)
+    for j, res in fresh.items():
+        i = todo[j]
+        results[i] = res
+        store.put(segments[i][0], segments[i][1].segment, res)
+    return results
 
 
 def _segment_record(req: Any) -> dict[str, Any]:

@@ -281,3 +281,46 @@ def test_progress_prints_a_line_per_interval_in_a_log_and_nothing_with_quiet(tin
     assert quiet.exit_code == 0 and "rows redone:" not in quiet.output
     assert not [x for x in quiet.output.splitlines() if x.startswith("synth: ")]
     assert "cosyclone synth" in quiet.output  # the end summary only
+
+
+def test_a_row_that_failed_after_the_talker_reuses_its_tokens_on_the_rerun(tiny_model_dir: Path, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stage-0 checkpoint (.cosyclone/tokens, handoff format): code2wav fails for one row, the
+    rerun decodes only what it must and the row gets the tokens a fresh run gives it."""
+    import cosyclone.talker.decode as dec
+    from cosyclone import pipeline
+
+    m = write_manifest(tmp_path, 3)
+    fresh = tmp_path / "fresh"
+    assert cli(m, tiny_model_dir, fresh).exit_code == 0
+
+    real_code2wav, real_generate = pipeline._code2wav, dec.generate
+    decoded: list[str] = []
+
+    def failing_code2wav(stages, live, results, opts, outcomes):
+        if any(rid == "r01" for _, rid, _ in live):
+            raise MemoryError("code2wav stub: out of memory")
+        return real_code2wav(stages, live, results, opts, outcomes)
+
+    def spy(model, requests, options):
+        decoded.extend(r.row_id for r in requests)
+        return real_generate(model, requests, options)
+
+    monkeypatch.setattr(dec, "generate", spy)
+    monkeypatch.setattr(pipeline, "_code2wav", failing_code2wav)
+    out = tmp_path / "out"
+    assert cli(m, tiny_model_dir, out, "--batch-size", "1").exit_code == 3
+    assert diags(out)["r01"]["status"] == "failed" and "MemoryError" in diags(out)["r01"]["error"]
+    kept = list((out / ".cosyclone" / "tokens").glob("*.cch"))
+    assert [p.name.rsplit("-", 1)[0] for p in kept] == [diags(out)["r01"]["fingerprint"]]  # only the failed row
+
+    monkeypatch.setattr(pipeline, "_code2wav", real_code2wav)
+    decoded.clear()
+    res = cli(m, tiny_model_dir, out, "--batch-size", "1")
+    assert res.exit_code == 0, res.output
+    assert "r01" not in decoded  # the talker did not run again for it
+    assert json.loads((out / "summary.json").read_text())["last_run"]["talker_checkpoint_hits"] == 1
+    again, first = diags(out)["r01"], diags(fresh)["r01"]
+    assert again["tokens"] == first["tokens"] and again["stop_reasons"] == first["stop_reasons"]
+    assert [s["steps"] for s in again["sampler"]] == [s["steps"] for s in first["sampler"]]
+    assert not list((out / ".cosyclone" / "tokens").glob("*.cch"))  # written: checkpoint removed
