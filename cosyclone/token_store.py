@@ -64,7 +64,8 @@ class TokenStore:
         diag = res.diagnostics.to_dict() if res.diagnostics is not None else None
         payload: dict[str, Any] = {
             "tokens": torch.tensor(res.tokens, dtype=torch.long), "stop_reason": res.stop_reason,
-            "raw_tokens": torch.tensor(res.raw_tokens, dtype=torch.long), "min_len": int(res.min_len),
+            "raw_tokens": torch.tensor(getattr(res, "raw_tokens", res.tokens), dtype=torch.long),
+            "min_len": int(getattr(res, "min_len", 0)),
             "diagnostics": {k: v for k, v in (diag or {}).items() if k in _DIAG_FIELDS}}
         with contextlib.suppress(OSError):  # a checkpoint that cannot be written only costs a rerun
             handoff.save(path, payload)
