@@ -225,6 +225,11 @@ def read_records(out_dir: Path) -> dict[str, dict[str, Any]]:
     return found
 
 
+def wav_path(out_dir: Path, row_id: str) -> Path:
+    """Where a row's WAV lies in a run folder (``wavs/<id>.wav``)."""
+    return Path(out_dir) / WAV_DIR / f"{row_id}.wav"
+
+
 def wav_frames(path: Path) -> int | None:
     """Frames in a WAV's header, None when it is missing or unreadable."""
     try:
@@ -239,7 +244,7 @@ def is_complete(out_dir: Path, record: Mapping[str, Any]) -> bool:
     """An ``ok`` record whose WAV exists with the recorded number of samples."""
     if record.get("status") != "ok":
         return False
-    frames = wav_frames(Path(out_dir) / WAV_DIR / f"{record['id']}.wav")
+    frames = wav_frames(wav_path(out_dir, record["id"]))
     if frames is None:
         return False
     samples = record.get("samples")

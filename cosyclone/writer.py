@@ -48,8 +48,7 @@ class RowRecord:
     diagnostics: dict[str, Any] = field(default_factory=dict)  # the diagnostics.jsonl object
 
 
-def wav_path(out_dir: Path, row_id: str) -> Path:
-    return Path(out_dir) / WAV_DIR / f"{row_id}.wav"
+wav_path = runfolder.wav_path  # one definition of where a row's WAV lies
 
 
 def encode_wav(wav: np.ndarray, *, sample_rate: int, float_wav: bool) -> bytes:

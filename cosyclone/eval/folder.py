@@ -16,9 +16,7 @@ from typing import Any
 
 from cosyclone.errors import CosycloneError, ManifestError
 from cosyclone.manifest import ManifestRow, read_manifest
-
-DIAGNOSTICS = "diagnostics.jsonl"
-WAVS = "wavs"
+from cosyclone.runfolder import read_records, wav_path
 
 # Why a manifest row is not scored.
 NOT_SYNTHESIZED = "not_synthesized"  # no diagnostics line for the id
@@ -59,8 +57,6 @@ class Folder:
 
 def read_status(out_dir: Path) -> dict[str, dict[str, Any]]:
     """The current record per id, as synth and ``report`` read it (diagnostics plus any journal)."""
-    from ..runfolder import read_records
-
     return read_records(Path(out_dir))
 
 
@@ -75,7 +71,7 @@ def read_folder(out_dir: str | Path, manifest: str | Path) -> Folder:
     folder = Folder(out_dir=out_dir, manifest=Path(m.path), invalid=list(m.errors))
     for row in m.rows:
         raw = json.loads(lines[row.line - 1])
-        wav = out_dir / WAVS / f"{row.id}.wav"
+        wav = wav_path(out_dir, row.id)
         diag = status.get(row.id)
         if diag is None:
             skip: str | None = NOT_SYNTHESIZED
