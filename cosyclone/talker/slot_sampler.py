@@ -18,30 +18,36 @@ syncs; such a step cannot be captured and is only for comparisons with seeded of
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from .sampler import (
+    _DRAW_CONSTS,
     _ERR_EMPTY,
     _ERR_NONFINITE,
+    _M32,
     COUNTER_NAMES,
     SamplerOptions,
     _vocab_hash,
+    key_lanes,
     nucleus_keep,
-    race_keys,
-    uniform_noise,
+    race_log_exp,
 )
 
 NEG_INF = float("-inf")
+
+#: Counters gated by "the slot drew a token" (``ok``) rather than "the slot is running" (``live``).
+_OK_GATED = ("tokens_emitted", "ras_fallbacks", "ras_sole_restores")
 
 
 class Masked(NamedTuple):
     """Logits after the masks and the non-finite policy, and what the filters saw on the way."""
 
-    x: Tensor  # (S, V) fp32: -inf = not a candidate; garbage rows are all 0.0 (finite math)
-    cand: Tensor  # (S, V) bool candidates
+    x: Tensor  # (S, V) fp32: -inf = not a candidate; rows that abort hold anything (their draw is discarded)
+    cand: Tensor  # (S, V) bool candidates (before the +inf rule)
     row_posinf: Tensor  # (S,) a +inf row: uniform over its +inf entries
     abort: Tensor  # (S,) no candidate (or, under "error", a NaN/+inf seen)
 
@@ -58,8 +64,7 @@ class SlotSampler(nn.Module):
         buf = self.register_buffer
         buf("keys", torch.zeros(slots, **i64), persistent=False)  # stream_key(seed, segment) per slot
         buf("min_len", torch.zeros(slots, **i64), persistent=False)
-        buf("hist", torch.full((slots, options.win_size), -1, **i64), persistent=False)  # ring buffer
-        buf("hist_count", torch.zeros(slots, **i64), persistent=False)
+        buf("hist", torch.full((slots, options.win_size), -1, **i64), persistent=False)  # last tokens, -1 = none
         buf("counters", torch.zeros(len(COUNTER_NAMES), slots, **i64), persistent=False)
         buf("err", torch.zeros(4, slots, **i64), persistent=False)  # kind, step (-1 = none), n_nan, n_posinf
         buf("vocab_hash", _vocab_hash(vocab, torch.device(device)), persistent=False)
@@ -67,6 +72,26 @@ class SlotSampler(nn.Module):
         S = self.speech_token_size
         # official-head: HEAD masks index speech_token_size (= sos in CosyVoice 3) only
         buf("stop_cols", cols >= S if options.min_len_rule == "block-all-stop" else cols == S, persistent=False)
+        # Per-step constants live in buffers: a Python scalar in torch.where costs an extra op per call.
+        # The noise key's lanes (set in reset; see race_log_exp) and the draw constants.
+        buf("lanes", key_lanes(torch.zeros(slots, **i64)), persistent=False)
+        buf("keys_hi", torch.zeros(slots, **i64), persistent=False)
+        buf("draw_consts", torch.tensor(_DRAW_CONSTS, **i64)[:, None], persistent=False)
+        # Top-k order key: probability bits, then the vocabulary index ascending (a strict total
+        # order, what a stable descending sort gives); see _nucleus_draw.
+        self._rank_shift = max(1, (vocab - 1).bit_length())
+        buf("rank_tail", (1 << self._rank_shift) - 1 - cols, persistent=False)
+        f32 = dict(dtype=torch.float32, device=device)
+        buf("neg_inf", torch.tensor(NEG_INF, **f32), persistent=False)
+        buf("zero", torch.tensor(0.0, **f32), persistent=False)
+        buf("stop_token", torch.tensor(S, **i64), persistent=False)
+        buf("err_kind", torch.tensor(_ERR_EMPTY, **i64), persistent=False)
+        # _mask's row reductions: flip the rows that are "not any" (nan all, no candidate)
+        buf("stat_flip", torch.tensor([False, True, False, True, False, False], device=device)[:, None],
+            persistent=False)
+        buf("ok_gated", torch.tensor([n in _OK_GATED for n in COUNTER_NAMES], device=device)[:, None],
+            persistent=False)
+        self.n_repeat = max(0, math.ceil(options.repetition_threshold))  # count >= threshold <=> count >= this
         self.generators: list[torch.Generator | None] = [None] * slots  # LEGACY multinomial only
 
     # -- host side: a row enters / leaves a slot --------------------------------------------------
@@ -74,77 +99,101 @@ class SlotSampler(nn.Module):
     def reset(self, slots: Tensor, keys: Tensor, min_len: Tensor) -> None:
         """Give ``slots`` (b,) to new rows: their noise keys and min lengths; history and counters cleared."""
         self.keys[slots] = keys
+        self.lanes[:, :, slots] = key_lanes(keys.to(self.keys.device))
+        self.keys_hi[slots] = (keys.to(self.keys.device).to(torch.int64) >> 32) & _M32
         self.min_len[slots] = min_len
         self.hist[slots] = -1
-        self.hist_count[slots] = 0
         self.counters[:, slots] = 0
         self.err[:, slots] = 0
         self.err[1, slots] = -1
 
     def state_rows(self) -> Tensor:
-        """(slots, 9 + 4) int64: every counter then the error record, for one host read."""
-        return torch.cat([self.counters, self.err]).T
+        """(slots, 9 + 4) int64: every counter then the error record, for one host read.
+
+        Only the "error" policy stores an error kind per step; under the others a recorded error
+        (step >= 0) is always "no candidate", filled in here, off the step.
+        """
+        err = self.err
+        if self.options.nonfinite_policy != "error":
+            err = torch.cat([torch.where(err[1:2] >= 0, _ERR_EMPTY, 0), err[1:]])
+        return torch.cat([self.counters, err]).T
 
     # -- the filters ------------------------------------------------------------------------------
 
     def _mask(self, x: Tensor, live: Tensor, step: Tensor) -> tuple[Masked, Tensor]:
-        """Min-length mask and non-finite policy; returns the masked logits and the counter
-        increments they produce, (5, S): nan, all_nan, posinf, min_len_suppressed, no_finite."""
+        """Min-length mask and non-finite policy; returns the masked logits and per-row flags (6, S):
+        nan, all_nan, posinf (before the masks), no candidate, min_len_suppressed, a +inf row.
+
+        Written for few operations per step: the six row reductions are one ``any`` over a stack,
+        ``x > -inf`` is "candidate" (NaN compares false), and NaN goes to -inf in the same
+        ``nan_to_num`` that the LEGACY policy uses to turn it into 0.0.
+        """
         opt = self.options
+        ninf = self.neg_inf
         isnan = torch.isnan(x)
         isposinf = torch.isposinf(x)
-        stats = [isnan.any(1), isnan.all(1), isposinf.any(1)]
-
-        masked = (step < self.min_len)[:, None] & self.stop_cols[None, :]
-        legal_before = ~isnan & (x != NEG_INF)
-        stats.append((masked & legal_before).any(1))
-        x = x.masked_fill(masked, NEG_INF)
-
-        if opt.nonfinite_policy == "legacy-zero":
-            # LEGACY: the pre-fix behaviour, NaN read as a 0.0 logit (an almost-uniform draw)
-            x = torch.nan_to_num(x, nan=0.0, posinf=float("inf"), neginf=NEG_INF)
-        isnan = torch.isnan(x)
-        posinf = torch.isposinf(x)
-        cand = ~isnan & (x != NEG_INF)
-        row_posinf = posinf.any(1)
-        empty = ~cand.any(1)
-        stats.append(empty)
+        blocked = (step < self.min_len)[:, None] & self.stop_cols
+        x1 = torch.where(blocked, ninf, x)
+        # LEGACY "legacy-zero": the pre-fix behaviour, NaN read as a 0.0 logit (an almost-uniform draw)
+        xn = torch.nan_to_num(x1, nan=0.0 if opt.nonfinite_policy == "legacy-zero" else NEG_INF,
+                              posinf=float("inf"), neginf=NEG_INF)
+        cand = xn > ninf
+        posinf = torch.isposinf(xn)
+        rows = torch.stack([isnan, ~isnan, isposinf, cand, blocked & (x > ninf), posinf]).any(2) ^ self.stat_flip
+        empty, row_posinf = rows[3], rows[5]
         abort = empty
-        kind = torch.full_like(self.err[0], _ERR_EMPTY)
-        n_nan, n_pinf = self.err[2], self.err[3]  # only "error" records the counts
         if opt.nonfinite_policy == "error":
-            n_nan, n_pinf = isnan.sum(1), posinf.sum(1)
+            n_nan, n_pinf = (isnan & ~blocked).sum(1), posinf.sum(1)
             bad = (n_nan > 0) | row_posinf
             abort = abort | bad
-            kind = torch.where(bad, torch.full_like(kind, _ERR_NONFINITE), kind)
-        first = live & abort & (self.err[1] < 0)
-        self.err.copy_(torch.where(first[None], torch.stack([kind, step, n_nan, n_pinf]), self.err))
+            kind = torch.where(bad, _ERR_NONFINITE, self.err_kind)
+            first = live & abort & (self.err[1] < 0)
+            self.err.copy_(torch.where(first[None], torch.stack([kind, step, n_nan, n_pinf]), self.err))
+        else:  # the kind is always "no candidate" and no counts are kept: only the step is stored
+            first = live & abort & (self.err[1] < 0)
+            self.err[1].copy_(torch.where(first, step, self.err[1]))
 
         # A +inf row draws uniformly among its +inf entries: logits 0 there, -inf elsewhere.
-        x = torch.where(row_posinf[:, None], torch.where(posinf, 0.0, NEG_INF), x)
-        x = torch.where(cand | row_posinf[:, None], x, NEG_INF)
-        x = torch.where(abort[:, None] | empty[:, None], torch.zeros_like(x), x)  # garbage rows: keep math finite
-        return Masked(x, x != NEG_INF, row_posinf, abort), torch.stack(stats)
+        x = torch.where(row_posinf[:, None], torch.where(posinf, self.zero, ninf), xn)
+        return Masked(x, cand, row_posinf, abort), rows
 
     def _repeated(self, pick: Tensor) -> Tensor:
         """Did ``pick`` occur at least ``win_size * tau_r`` times in the slot's last win_size tokens?"""
-        count = (self.hist == pick[:, None]).sum(1)
-        return count.to(torch.float64) >= self.options.repetition_threshold
+        hits = self.hist == pick[:, None]
+        if self.n_repeat == 1:
+            return hits.any(1)
+        return hits.sum(1) >= self.n_repeat  # an integer count >= a float t <=> count >= ceil(t)
 
-    def _race(self, m: Masked, logp: Tensor, keep: Tensor, step: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Nucleus draw, then the repetition check's fallback draw over the whole distribution."""
-        vocab = m.x.shape[1]
-        noise0 = uniform_noise(self.keys, step, 0, vocab, vocab_hash=self.vocab_hash)
-        pick = torch.where(keep, race_keys(logp, noise0), NEG_INF).argmax(1)
+    def _race(self, m: Masked, logp: Tensor, step: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Nucleus draw, then the repetition check's fallback draw over the whole distribution.
+
+        The nucleus (spec section 4: stable descending sort, keep while the running sum before an
+        entry is < top_p, at most top_k) as a threshold: ``torch.topk`` over an integer key that
+        orders by probability and then by ascending index, a strict total order equal to the
+        stable sort, so the kept entries are exactly those whose key is at least the key of the
+        last kept one; the running sums are over the same top-k probabilities in the same order as
+        :func:`nucleus_keep`. A +inf row keeps all its +inf entries (uniform; logp is -inf
+        elsewhere). The race itself is the exponential race over the whole vocabulary, as before:
+        argmax picks the lowest index among equal keys, like the reference.
+        """
+        opt = self.options
+        g = race_log_exp(self.lanes, self.keys_hi, step, self.vocab_hash, self.draw_consts)  # (2, S, V)
+        probs = logp.exp()
+        rank = torch.add(self.rank_tail, probs.view(torch.int32).to(torch.int64), alpha=1 << self._rank_shift)
+        top = torch.topk(rank, min(opt.top_k, rank.shape[1]), dim=1)
+        running = probs.gather(1, top.indices).cumsum(1)
+        kept = (running[:, :-1] < opt.top_p).sum(1, keepdim=True)  # entries kept after the first
+        keep = (rank >= top.values.gather(1, kept)) | m.row_posinf[:, None]
+        pick = torch.where(keep, logp - g[0], self.neg_inf).argmax(1)
+
         repeated = self._repeated(pick)
         x_fb = m.x.scatter(1, pick[:, None], NEG_INF)  # exclude the repeated id (on a copy)
-        has_other = (x_fb != NEG_INF).any(1)
-        logp_fb = torch.log_softmax(torch.where(has_other[:, None], x_fb, torch.zeros_like(x_fb)), dim=-1)
-        noise1 = uniform_noise(self.keys, step, 1, vocab, vocab_hash=self.vocab_hash)
-        fb_pick = torch.where(x_fb != NEG_INF, race_keys(logp_fb, noise1), NEG_INF).argmax(1)
+        # A row with nothing else left is all -inf: its log_softmax is NaN and its max is not > -inf.
+        fb = (torch.log_softmax(x_fb, dim=-1) - g[1]).max(1)
+        has_other = fb.values > self.neg_inf
         fell = repeated & has_other
-        restored = repeated & ~has_other  # sole-token restore: return the original pick
-        return torch.where(fell, fb_pick, pick), fell, restored
+        restored = repeated ^ fell  # sole-token restore: return the original pick
+        return torch.where(fell, fb.indices, pick), fell, restored
 
     # -- the step -----------------------------------------------------------------------------------
 
@@ -153,30 +202,28 @@ class SlotSampler(nn.Module):
         (tokens (S,) int64, aborted (S,) bool). Non-live slots change no state; an aborted slot
         gets ``speech_token_size``. Tokens ``>= speech_token_size`` mean "stop"."""
         opt = self.options
-        S = self.speech_token_size
         x = logits.to(torch.float32)
-        m, stats = self._mask(x, live, step)
+        m, rows = self._mask(x, live, step)
         logp = torch.log_softmax(m.x, dim=-1)
-        probs = logp.exp()
-        keep = torch.where(m.row_posinf[:, None], m.cand, nucleus_keep(probs, opt.top_p, opt.top_k)) & m.cand
         if opt.draw == "legacy-multinomial":
+            probs = logp.exp()
+            keep = torch.where(m.row_posinf[:, None], m.cand, nucleus_keep(probs, opt.top_p, opt.top_k)) & m.cand
             tokens, fell, restored = self._legacy_draw(m.x, probs, keep, live, m.abort)
         else:
-            tokens, fell, restored = self._race(m, logp, keep, step)
+            tokens, fell, restored = self._race(m, logp, step)
         ok = live & ~m.abort
-        tokens = torch.where(m.abort, torch.full_like(tokens, S), tokens)
+        tokens = torch.where(m.abort, self.stop_token, tokens)
         self._record(tokens, ok)
-        # order: COUNTER_NAMES
-        inc = torch.stack([live, ok & (tokens < S), live & stats[0], live & stats[1], live & stats[2],
-                           live & stats[4], ok & fell, ok & restored, live & stats[3]])
-        self.counters.add_(inc.to(torch.int64))
+        # order: COUNTER_NAMES; rows = nan, all_nan, posinf, no candidate, min_len_suppressed, +inf row
+        inc = torch.cat([live[None], (tokens < self.speech_token_size)[None], rows[:4], fell[None], restored[None],
+                         rows[4:5]])
+        self.counters.add_(inc & torch.where(self.ok_gated, ok, live))
         return tokens, m.abort
 
     def _record(self, tokens: Tensor, ok: Tensor) -> None:
-        """Append the returned tokens of ``ok`` slots to their ring buffers."""
-        pos = (self.hist_count % self.options.win_size)[:, None]
-        self.hist.scatter_(1, pos, torch.where(ok, tokens, self.hist.gather(1, pos)[:, 0])[:, None])
-        self.hist_count.add_(ok.to(torch.int64))
+        """Append the returned tokens of ``ok`` slots to their windows (oldest first; the
+        repetition check only counts, so a shift replaces a ring buffer and its cursor)."""
+        self.hist.copy_(torch.where(ok[:, None], torch.cat([self.hist[:, 1:], tokens[:, None]], 1), self.hist))
 
     def _legacy_draw(self, x: Tensor, probs: Tensor, keep: Tensor, live: Tensor,
                      abort: Tensor) -> tuple[Tensor, Tensor, Tensor]:
