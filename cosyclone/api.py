@@ -159,15 +159,18 @@ class CosyClone:
         Relative ``prompt_audio`` paths are taken from ``base``. Any invalid row raises
         :class:`~cosyclone.errors.CosycloneError` listing every invalid row, before model work.
         """
-        from .pipeline import plan_batches, synthesize_batch
+        from .pipeline import run
 
         valid = self.validate(rows, base=base)
         records = {}
-        for batch in plan_batches(valid, self.options.batch_size, self.options.token_budget):
-            for rec in synthesize_batch(self.stages, batch, self.options):
-                records[rec.row_id] = rec
+
+        def keep(rec: Any) -> None:
+            records[rec.row_id] = rec
+
+        run(self.stages, valid, self.options, keep)  # the pipeline synth runs, with no folder to write
         return [Result(id=r.id, audio=records[r.id].wav, sample_rate=self.sample_rate,
-                       diagnostics=records[r.id].diagnostics) for r in valid]
+                       diagnostics={k: v for k, v in records[r.id].diagnostics.items() if k != "wav"})
+                for r in valid]
 
     def validate(self, rows: Iterable[Mapping[str, Any] | ManifestRow], *,
                  base: str | Path = ".") -> list[ManifestRow]:

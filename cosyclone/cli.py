@@ -184,8 +184,13 @@ def synth(
                                            "head, sampler and HiFT always fp32; see README)"),
     batch_size: int = typer.Option(8, help="max rows per batch"),
     talker_slots: int | None = typer.Option(
-        None, help="rows the talker decodes at once; the batch's other segments take a slot as one frees "
-                   "(continuous batching, same output; default: the whole batch at once)"),
+        None, help="segments the talker decodes at once; the others take a slot as one frees (same output; "
+                   "default: --batch-size with --schedule continuous, the whole batch with static)"),
+    schedule: Literal["continuous", "static"] = typer.Option(
+        "continuous", "--schedule",
+        help="continuous: one talker session for the run, the next batches' rows take freed slots and a "
+             "batch goes to code2wav as soon as its last row leaves the talker; static: batch by batch. "
+             "Same WAV bytes"),
     token_budget: int | None = typer.Option(
         None, help="max padded work per batch: rows x the largest row estimate, where a row's estimate is "
                    "the characters of prompt_text + text + instruct plus 25 per second of prompt audio; "
@@ -277,7 +282,7 @@ def synth(
                       max_tokens=max_tokens, min_tokens=min_tokens, n_timesteps=n_timesteps,
                       load_format="dummy" if load_format == "dummy" else "auto", nonfinite_audio=nonfinite_audio,
                       device=policy.device.type, dtype=policy.dtype_name, text_frontend=text_frontend,
-                      talker_slots=talker_slots,
+                      talker_slots=talker_slots, schedule=schedule,
                       cuda_graphs=resolve_cuda_graphs(cuda_graphs, policy.device, draw=draw).value)
     from . import runfolder
 

@@ -13,11 +13,13 @@ frontend runs on a worker thread while the current batch is in the models (:func
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,8 @@ from .device import DevicePolicy
 from .errors import CosycloneError
 from .manifest import ManifestRow
 from .writer import RowRecord
+
+log = logging.getLogger(__name__)
 
 _ABORTS = ("no_finite_logits", "error")
 
@@ -44,6 +48,9 @@ NONFINITE_AUDIO = "nonfinite_audio"  # code2wav produced NaN/inf samples (under 
 #: ``--nonfinite-audio``: fail (default) fails a row with any NaN/inf sample (NONFINITE_AUDIO); zero
 #: (LEGACY) writes NaN as 0 and +-inf as +-1. Both count the samples (``nonfinite_audio_samples``).
 NONFINITE_AUDIO_POLICIES = ("fail", "zero")
+
+#: ``--schedule``: how rows reach the talker (RunOptions.schedule).
+SCHEDULES = ("continuous", "static")
 
 
 @dataclass(frozen=True)
@@ -72,8 +79,15 @@ class RunOptions:
     talker_slots: int | None = None  # segments the talker decodes at once (None: the whole batch); same output
     cuda_graphs: str = "off"  # on | off as resolved by synth (recorded): the talker step replayed as CUDA graphs
     # where the device allows (any value but "off" lets DecodeOptions resolve "auto")
+    schedule: str = "continuous"  # continuous: one talker session for the run, rows take freed slots across
+    # batches and each batch goes to code2wav when its last row leaves the talker; static: batch by batch
+    # (SCHEDULES). Same tokens and the same code2wav batches, so the same WAV bytes
+    code2wav_thread: bool | None = None  # code2wav of a finished batch on a worker thread while the talker
+    # goes on (None: on CUDA/ROCm, where it runs on its own stream; off on CPU, where the two interleave)
 
     def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, not {self.schedule!r}")
         if self.nonfinite_audio not in NONFINITE_AUDIO_POLICIES:
             raise ValueError(f"nonfinite_audio must be one of {NONFINITE_AUDIO_POLICIES}, not {self.nonfinite_audio!r}")
 
@@ -238,8 +252,6 @@ def synthesize_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptio
     retried row by row (segment by segment in the talker), so an exception fails only the rows
     that raise it alone, with its type, message and traceback recorded (:meth:`RowOutcome.fail_exc`).
     """
-    from .talker.decode import DecodeOptions
-
     if prepared is None:
         prepared = prepare_batch(stages, rows, opts)
     elif [r.id for r in prepared.rows] != [r.id for r in rows]:
@@ -247,17 +259,34 @@ def synthesize_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptio
     outcomes, segments = prepared.outcomes, prepared.segments
 
     # stage 0: talker, all segments of the batch at once
-    dec = DecodeOptions(sampler=_sampler_options(stages.cfg, opts), max_len_override=opts.max_tokens,
-                        min_len_override=opts.min_tokens, min_len_ratio=opts.min_len_ratio,
-                        max_len_ratio=opts.max_len_ratio, slots=opts.talker_slots,
-                        cuda_graphs="off" if opts.cuda_graphs == "off" else "auto")
     results: dict[int, Any] = {}
     if segments:
         t0 = time.perf_counter()
-        results = _talker_with_checkpoint(stages, segments, dec, outcomes)
+        results = _talker_with_checkpoint(stages, segments, decode_options(stages.cfg, opts), outcomes)
         share = (time.perf_counter() - t0) / max(1, len(segments))
         for rid, _ in segments:
             outcomes[rid].seconds["talker"] = outcomes[rid].seconds.get("talker", 0.0) + share
+    return finish_batch(stages, prepared, results, opts)
+
+
+def decode_options(cfg: ModelConfig, opts: RunOptions) -> Any:
+    """The talker's :class:`~cosyclone.talker.decode.DecodeOptions` for a run."""
+    from .talker.decode import DecodeOptions
+
+    return DecodeOptions(sampler=_sampler_options(cfg, opts), max_len_override=opts.max_tokens,
+                         min_len_override=opts.min_tokens, min_len_ratio=opts.min_len_ratio,
+                         max_len_ratio=opts.max_len_ratio, slots=opts.talker_slots,
+                         cuda_graphs="off" if opts.cuda_graphs == "off" else "auto")
+
+
+def finish_batch(stages: Stages, prepared: PreparedBatch, results: dict[int, Any],
+                 opts: RunOptions) -> list[RowRecord]:
+    """After the talker: stop reasons into the outcomes, code2wav over the rows still alive, records.
+
+    ``results`` maps a segment's index in ``prepared.segments`` to its talker result; a segment
+    without one belongs to a row that already failed.
+    """
+    rows, outcomes, segments = prepared.rows, prepared.outcomes, prepared.segments
     ratio = stages.cfg.flow.token_mel_ratio
     for i, (rid, req) in enumerate(segments):
         res, oc = results.get(i), outcomes[rid]
@@ -312,23 +341,34 @@ def _talker_with_checkpoint(stages: Stages, segments: Sequence[tuple[str, Any]],
                             outcomes: dict[str, RowOutcome]) -> dict[int, Any]:
     """:func:`_generate_isolated`, skipping segments whose talker result the stage-0 checkpoint holds
     (``stages.token_store``) and storing the fresh ones, so a row that fails later keeps its tokens."""
+    results, todo = _stored_results(stages, segments, range(len(segments)))
+    fresh = _generate_isolated(stages, [segments[i] for i in todo], dec, outcomes)
+    for j, res in fresh.items():
+        results[todo[j]] = res
+        _store_result(stages, segments[todo[j]], res)
+    return results
+
+
+def _stored_results(stages: Stages, segments: Sequence[tuple[str, Any]],
+                    wanted: Iterable[int]) -> tuple[dict[int, Any], list[int]]:
+    """The stage-0 checkpoint's results for the ``wanted`` segment indices, and the indices it lacks."""
     store = stages.token_store
-    if store is None:
-        return _generate_isolated(stages, segments, dec, outcomes)
     results: dict[int, Any] = {}
     todo: list[int] = []
-    for i, (rid, req) in enumerate(segments):
-        hit = store.get(rid, req.segment)
+    for i in wanted:
+        rid, req = segments[i]
+        hit = store.get(rid, req.segment) if store is not None else None
         if hit is not None:
             results[i] = hit
         else:
             todo.append(i)
-    fresh = _generate_isolated(stages, [segments[i] for i in todo], dec, outcomes)
-    for j, res in fresh.items():
-        i = todo[j]
-        results[i] = res
-        store.put(segments[i][0], segments[i][1].segment, res)
-    return results
+    return results, todo
+
+
+def _store_result(stages: Stages, segment: tuple[str, Any], result: Any) -> None:
+    """Keep a fresh talker result in the stage-0 checkpoint (when the run has one)."""
+    if stages.token_store is not None:
+        stages.token_store.put(segment[0], segment[1].segment, result)
 
 
 def _segment_record(req: Any) -> dict[str, Any]:
@@ -471,39 +511,234 @@ def plan_batches(rows: Sequence[ManifestRow], batch_size: int,
 def run(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptions,
         submit: Callable[[RowRecord], None],
         progress: Callable[[RowRecord], None] | None = None, *, prefetch: bool = True) -> list[RowRecord]:
-    """Synthesize ``rows`` batch by batch, handing each record to ``submit`` (the writer) at once.
+    """Synthesize ``rows``, handing each record to ``submit`` (the writer) as soon as its batch is done.
 
     ``progress`` is called once per finished row with its record (after ``submit``). The returned
     records keep their diagnostics but not their audio (the writer has it).
 
+    Rows are planned into length-sorted batches (:func:`plan_batches`): the unit of the frontend
+    and of code2wav. ``opts.schedule`` says how they reach the talker: ``static`` runs each batch
+    through every stage before the next; ``continuous`` (:class:`_Stream`) keeps one talker session
+    for the run, adds the next batch's segments while a slot could take them, and sends a batch to
+    code2wav as soon as its last segment has left the talker. A row's tokens do not depend on its
+    slot mates and code2wav sees the same batches either way, so both give the same WAV bytes.
+
     With ``prefetch`` one worker thread runs the frontend of the next batch (and only that one:
-    queue depth 1) while this batch is in the talker and code2wav, so the models do not wait on
-    prompt audio, ONNX and tokenization. The frontend is deterministic and per row, so the records
-    are the same either way; if the worker's batch raises outside its per-row guards, the batch is
-    prepared again on this thread as it would have been without prefetch.
+    queue depth 1) while the models work, so they do not wait on prompt audio, ONNX and
+    tokenization. The frontend is deterministic and per row, so the records are the same either
+    way; if the worker's batch raises outside its per-row guards, the batch is prepared again on
+    this thread as it would have been without prefetch.
     """
     out: list[RowRecord] = []
+
+    def emit(records: Sequence[RowRecord]) -> None:
+        for rec in records:
+            rec.diagnostics["wav"] = f"wavs/{rec.row_id}.wav" if rec.wav is not None else None
+            submit(rec)
+            out.append(RowRecord(row_id=rec.row_id, wav=None, diagnostics=rec.diagnostics))
+            if progress is not None:
+                progress(rec)
+
     batches = plan_batches(rows, opts.batch_size, opts.token_budget)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cosyclone-frontend") as pool:
-        ahead: Future[PreparedBatch] | None = None
-        if prefetch and batches:
-            ahead = pool.submit(prepare_batch, stages, batches[0], opts)
+        frontend = _Prefetch(pool, stages, batches, opts, enabled=prefetch)
         try:
-            for k, batch in enumerate(batches):
-                prepared = _result_or_none(ahead)
-                ahead = None
-                if prefetch and k + 1 < len(batches):
-                    ahead = pool.submit(prepare_batch, stages, batches[k + 1], opts)
-                for rec in synthesize_batch_isolated(stages, batch, opts, prepared):
-                    rec.diagnostics["wav"] = f"wavs/{rec.row_id}.wav" if rec.wav is not None else None
-                    submit(rec)
-                    out.append(RowRecord(row_id=rec.row_id, wav=None, diagnostics=rec.diagnostics))
-                    if progress is not None:
-                        progress(rec)
+            if opts.schedule == "static":
+                for k, batch in enumerate(batches):
+                    emit(synthesize_batch_isolated(stages, batch, opts, frontend.take(k)))
+            else:
+                _Stream(stages, batches, opts, frontend, emit).run()
         finally:
-            if ahead is not None:
-                ahead.cancel()
+            frontend.cancel()
     return out
+
+
+class _Prefetch:
+    """The frontend one batch ahead on a worker thread: :meth:`take` of batch k starts batch k + 1."""
+
+    def __init__(self, pool: ThreadPoolExecutor, stages: Stages, batches: Sequence[Sequence[ManifestRow]],
+                 opts: RunOptions, *, enabled: bool) -> None:
+        self.pool, self.stages, self.batches, self.opts, self.enabled = pool, stages, batches, opts, enabled
+        self.ahead: tuple[int, Future[PreparedBatch]] | None = None
+        if enabled and batches:
+            self.ahead = (0, pool.submit(prepare_batch, stages, batches[0], opts))
+
+    def take(self, k: int) -> PreparedBatch | None:
+        """Batch ``k``'s frontend output if it was prepared ahead (None: prepare it on this thread)."""
+        prepared = None
+        if self.ahead is not None and self.ahead[0] == k:
+            prepared = _result_or_none(self.ahead[1])
+            self.ahead = None
+        if self.enabled and k + 1 < len(self.batches):
+            self.ahead = (k + 1, self.pool.submit(prepare_batch, self.stages, self.batches[k + 1], self.opts))
+        return prepared
+
+    def cancel(self) -> None:
+        if self.ahead is not None:
+            self.ahead[1].cancel()
+
+
+@dataclass
+class _InFlight:
+    """A batch whose segments are (partly) in the talker."""
+
+    rows: list[ManifestRow]
+    prepared: PreparedBatch
+    results: dict[int, Any] = field(default_factory=dict)  # segment index -> talker result
+    todo: set[int] = field(default_factory=set)  # segment indices still in the talker
+
+
+class _Stream:
+    """The continuous schedule: one :class:`~cosyclone.talker.decode.TalkerSession` across batches.
+
+    Each turn: while fewer segments wait for a slot than there are slots, the next batch's segments
+    join the session (stage-0 checkpoint hits and rows that failed in the frontend skip it); one
+    decode window runs; every batch with no segment left in the talker goes to code2wav and its
+    records to the writer, in batch order. If the shared session raises (out of memory, a bug),
+    the segments it still held go the static way (:func:`_talker_with_checkpoint`: halving on out
+    of memory, isolation per segment) and the next batches start a fresh session.
+
+    code2wav of a finished batch runs on this thread between decode windows (CPU: the two share
+    the cores), or with ``code2wav_thread`` on a worker thread with its own CUDA stream, so the
+    talker goes on meanwhile; records are emitted here either way, in batch order.
+    """
+
+    def __init__(self, stages: Stages, batches: Sequence[Sequence[ManifestRow]], opts: RunOptions,
+                 frontend: _Prefetch, emit: Callable[[Sequence[RowRecord]], None]) -> None:
+        self.stages, self.batches, self.opts, self.frontend, self.emit = stages, batches, opts, frontend, emit
+        self.dec = decode_options(stages.cfg, opts)
+        self.slots = max(1, opts.talker_slots or opts.batch_size)
+        self.session: Any = None
+        self.owner: dict[int, tuple[_InFlight, int]] = {}  # ticket -> (batch, segment index)
+        self.flight: list[_InFlight] = []
+        self.next = 0  # next batch to feed
+        threaded = opts.code2wav_thread
+        if threaded is None:
+            threaded = stages.policy.device.type == "cuda"
+        self.finishing: list[Future[list[RowRecord]]] = []
+        self.code2wav = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cosyclone-code2wav") if threaded else None
+
+    def run(self) -> None:
+        try:
+            while self.next < len(self.batches) or self.flight or self.finishing:
+                try:
+                    self._feed()
+                    self._decode()
+                except Exception as exc:  # the shared decode failed: what it held goes the per-batch way
+                    self._recover(exc)
+                self._finish_ready()
+                self._emit_finished(wait=not self.flight and self.next >= len(self.batches))
+        finally:
+            self._close_session()
+            if self.code2wav is not None:
+                self.code2wav.shutdown(wait=True)
+
+    def _feed(self) -> None:
+        """Add batches while a slot could take their segments without waiting a window."""
+        while self.next < len(self.batches) and (self.session is None or self.session.waiting < self.slots):
+            k = self.next
+            self.next += 1
+            prepared = self.frontend.take(k) or prepare_batch(self.stages, self.batches[k], self.opts)
+            f = _InFlight(rows=list(self.batches[k]), prepared=prepared)
+            segs = prepared.segments
+            alive = [i for i, (rid, _) in enumerate(segs) if prepared.outcomes[rid].status == "ok"]
+            f.results, todo = _stored_results(self.stages, segs, alive)
+            self.flight.append(f)
+            if todo:
+                from .conditioning import to_talker_request
+
+                session = self._session()
+                tickets = session.add([to_talker_request(segs[i][1]) for i in todo])
+                f.todo.update(todo)
+                self.owner.update({t: (f, i) for t, i in zip(tickets, todo, strict=True)})
+
+    def _session(self) -> Any:
+        if self.session is None:
+            from .talker import decode
+
+            self.session = decode.TalkerSession(self.stages.talker, self.dec, slots=self.slots)
+        return self.session
+
+    def _decode(self) -> None:
+        """One decode window; finished segments land in their batches (and the stage-0 checkpoint)."""
+        if self.session is None or self.session.idle:
+            return
+        for t, res in self.session.poll():
+            f, i = self.owner.pop(t)
+            self._land(f, i, res)
+
+    def _land(self, f: _InFlight, i: int, res: Any) -> None:
+        seg = f.prepared.segments[i]
+        f.results[i] = res
+        f.todo.discard(i)
+        _store_result(self.stages, seg, res)
+        seconds = f.prepared.outcomes[seg[0]].seconds
+        seconds["talker"] = seconds.get("talker", 0.0) + float(getattr(res, "seconds", 0.0))
+
+    def _recover(self, exc: BaseException) -> None:
+        """Decode what the failed session held batch by batch, with the static path's isolation."""
+        log.warning("talker session failed (%s: %s); its rows are decoded batch by batch", type(exc).__name__, exc)
+        self._close_session()
+        self.owner.clear()
+        if is_out_of_memory(exc) and self.stages.policy.device.type == "cuda":
+            torch.cuda.empty_cache()
+        for f in self.flight:
+            if not f.todo:
+                continue
+            rest = sorted(f.todo)
+            segs = f.prepared.segments
+            fresh = _generate_isolated(self.stages, [segs[i] for i in rest], self.dec, f.prepared.outcomes)
+            f.todo.clear()
+            for j, res in fresh.items():
+                self._land(f, rest[j], res)
+
+    def _close_session(self) -> None:
+        session, self.session = self.session, None
+        if session is not None:
+            try:
+                session.close()
+            except Exception:  # freeing the cache of a broken session must not hide the first error
+                log.debug("closing a failed talker session raised", exc_info=True)
+
+    def _finish_ready(self) -> None:
+        """Batches with nothing left in the talker go to code2wav (in batch order)."""
+        while self.flight and not self.flight[0].todo:
+            f = self.flight.pop(0)
+            if self.code2wav is None:
+                done: Future[list[RowRecord]] = Future()
+                done.set_result(self._finish(f))
+            else:
+                done = self.code2wav.submit(self._finish_on_stream, f)
+            self.finishing.append(done)
+
+    def _finish(self, f: _InFlight) -> list[RowRecord]:
+        try:
+            return finish_batch(self.stages, f.prepared, f.results, self.opts)
+        except Exception as exc:
+            return _rows_alone(self.stages, f.rows, self.opts, exc)
+
+    def _finish_on_stream(self, f: _InFlight) -> list[RowRecord]:
+        with code2wav_stream(self.stages.policy.device):
+            return self._finish(f)
+
+    def _emit_finished(self, *, wait: bool) -> None:
+        """Hand finished batches' records to the writer in batch order (``wait``: the next one at least)."""
+        while self.finishing and (wait or self.finishing[0].done()):
+            self.emit(self.finishing.pop(0).result())
+            wait = False
+
+
+@contextmanager
+def code2wav_stream(device: torch.device) -> Iterator[None]:
+    """code2wav on its own CUDA stream (its kernels overlap the talker's), after what was queued before."""
+    if device.type != "cuda":
+        yield
+        return
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        yield
+    stream.synchronize()
 
 
 def _result_or_none(ahead: Future[PreparedBatch] | None) -> PreparedBatch | None:
@@ -524,15 +759,22 @@ def synthesize_batch_isolated(stages: Stages, batch: Sequence[ManifestRow], opts
     try:
         return synthesize_batch(stages, batch, opts, prepared)
     except Exception as exc:
-        records = []
-        for row in batch:
-            try:
-                records.extend(synthesize_batch(stages, [row], opts))
-            except Exception as exc_row:
-                oc = RowOutcome(row_id=row.id, line=row.line, seed=row_seed_of(opts.seed, row))
-                oc.fail_exc("pipeline", exc_row, note=f" (the batch raised {type(exc).__name__}: {exc})")
-                records.append(RowRecord(row_id=row.id, wav=None, diagnostics=oc.to_dict()))
-        return records
+        return _rows_alone(stages, batch, opts, exc)
+
+
+def _rows_alone(stages: Stages, batch: Sequence[ManifestRow], opts: RunOptions,
+                exc: BaseException) -> list[RowRecord]:
+    """Each row of a batch that raised, through every stage alone; a row that still raises is a
+    failed record with its traceback."""
+    records = []
+    for row in batch:
+        try:
+            records.extend(synthesize_batch(stages, [row], opts))
+        except Exception as exc_row:
+            oc = RowOutcome(row_id=row.id, line=row.line, seed=row_seed_of(opts.seed, row))
+            oc.fail_exc("pipeline", exc_row, note=f" (the batch raised {type(exc).__name__}: {exc})")
+            records.append(RowRecord(row_id=row.id, wav=None, diagnostics=oc.to_dict()))
+    return records
 
 
 def model_paths_hint(model_dir: Path | None) -> str:

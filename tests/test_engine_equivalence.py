@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from cosyclone.talker.decode import DecodeOptions, TalkerRequest, generate
+from cosyclone.talker.decode import DecodeOptions, TalkerRequest, generate, prompt_length
 from cosyclone.talker.sampler import SamplerOptions, nucleus_keep, stream_key
 from cosyclone.talker.slot_sampler import SlotSampler
 from tests.reference_decode import reference_generate
@@ -140,3 +140,43 @@ def test_max_len_zero_rows_never_take_a_slot() -> None:
     res = generate(model, reqs, replace(opts, slots=2))
     assert _key(res) == _key(reference_generate(model, reqs, opts))
     assert all(r.raw_tokens == [] and r.stop_reason == "max_len" and r.diagnostics.steps == 0 for r in res)
+
+
+@pytest.mark.parametrize("slots,chunk", [(1, 1), (2, 3), (3, 2)])
+@pytest.mark.parametrize("hook", [None, _nan_hook], ids=["clean", "nan"])
+def test_a_session_fed_while_it_decodes_equals_todays_loop(slots: int, chunk: int, hook: object) -> None:
+    """Requests join a running session a few at a time, longest last (so its cache and token buffers
+    grow mid-decode, with rows running): every request gets what today's loop gives it alone."""
+    from cosyclone.talker.decode import TalkerSession
+
+    model = _model()
+    reqs = sorted(_requests(9, 3), key=lambda r: prompt_length(r) + 20 * r.target_len)
+    opts = DecodeOptions(sampler=SamplerOptions(top_k=40, top_p=0.9), logits_hook=hook,  # type: ignore[arg-type]
+                         kv_bucket=8)
+    want = _key(reference_generate(model, reqs, opts))
+    session = TalkerSession(model, opts, slots=slots)
+    grown: list[int] = []
+    real_grow = session.engine.grow
+
+    def grow(capacity: int, token_capacity: int) -> bool:
+        grown.append(capacity)
+        return real_grow(capacity, token_capacity)
+
+    session.engine.grow = grow  # type: ignore[method-assign]
+    got: dict[int, object] = {}
+    fed = 0
+    while fed < len(reqs) or not session.idle:
+        if fed < len(reqs) and session.waiting < slots:
+            tickets = session.add(reqs[fed:fed + chunk])
+            assert tickets == list(range(fed, min(len(reqs), fed + chunk)))
+            fed += len(tickets)
+        got.update(session.poll())
+    session.close()
+    assert _key([got[t] for t in range(len(reqs))]) == want  # type: ignore[misc]
+    assert len(grown) >= 2 and grown == sorted(grown)  # it grew while rows were running
+
+
+def test_a_fixed_capacity_below_a_row_is_refused() -> None:
+    model = _model()
+    with pytest.raises(ValueError, match="capacity 10 is below"):
+        generate(model, _requests(2, 0), DecodeOptions(capacity=10))

@@ -69,6 +69,39 @@ def generate(model, requests, options):
     return out
 
 
+class GenerateSession:
+    """A stand-in for TalkerSession over whatever ``decode.generate`` is now (the stub, or a test's
+    spy): each poll decodes the next ``slots`` waiting requests with one generate call."""
+
+    def __init__(self, model, options, *, slots, **kw):
+        self.model, self.options, self.slots = model, options, slots
+        self.queue: list = []
+        self.n = 0
+
+    def add(self, requests):
+        tickets = list(range(self.n, self.n + len(requests)))
+        self.n += len(requests)
+        self.queue.extend(zip(tickets, requests, strict=True))
+        return tickets
+
+    @property
+    def waiting(self):
+        return len(self.queue)
+
+    @property
+    def idle(self):
+        return not self.queue
+
+    def poll(self):
+        import cosyclone.talker.decode as dec
+
+        take, self.queue = self.queue[:self.slots], self.queue[self.slots:]
+        return list(zip([t for t, _ in take], dec.generate(self.model, [r for _, r in take], self.options), strict=True))
+
+    def close(self):
+        return []
+
+
 class Flow:
     def inference(self, token, token_len, prompt_token, prompt_token_len, prompt_feat, embedding, *, n_timesteps=None):
         mel = token[:, None, :].float().repeat(1, 80, 2) / 6561.0
@@ -90,6 +123,7 @@ def stubbed(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(cond, "to_talker_request", lambda r: r)
     monkeypatch.setattr(dec, "generate", generate)
+    monkeypatch.setattr(dec, "TalkerSession", GenerateSession)
     monkeypatch.setattr(pipeline, "load_stages", lambda cfg, policy, fmt, **kw: pipeline.Stages(
         cfg, policy, Frontend(), None, Flow(), Hift()))
 

@@ -20,6 +20,7 @@ unchanged. Nothing here hashes the seed again.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -102,6 +103,7 @@ class TalkerResult:
     diagnostics: Any = None  # SamplerRowDiagnostics from the sampler (None for simple samplers)
     min_len: int = 0  # int(2 * target_len)
     max_len: int = 0  # int(20 * target_len) or the override
+    seconds: float = 0.0  # decode wall time shared out over the rows in the slots, window by window
 
 
 # ---------------------------------------------------------------------------------------------
@@ -133,6 +135,20 @@ def prompt_length(request: TalkerRequest) -> int:
     return int(request.text_ids.numel()) + int(request.prompt_speech_tokens.numel()) + 2
 
 
+def length_limits(model: CosyVoice3LM, options: DecodeOptions, request: TalkerRequest) -> tuple[int, int]:
+    """(min_len, max_len) speech tokens of a request: the overrides, else ratios of its target text ids."""
+    cfg = model.cfg
+    if options.min_len_override is not None:
+        lo = options.min_len_override
+    else:
+        lo = int((cfg.min_len_ratio if options.min_len_ratio is None else options.min_len_ratio) * request.target_len)
+    if options.max_len_override is not None:
+        hi = options.max_len_override
+    else:
+        hi = int((cfg.max_len_ratio if options.max_len_ratio is None else options.max_len_ratio) * request.target_len)
+    return lo, hi
+
+
 def _prompt_batch(model: CosyVoice3LM, requests: Sequence[TalkerRequest]) -> tuple[Tensor, Tensor]:
     """Right-padded assembled inputs (B, T, D) and their lengths (B,) int64 on the model device."""
     rows = [model.assemble(r.text_ids.reshape(-1).long(), r.prompt_speech_tokens.reshape(-1).long())
@@ -141,48 +157,64 @@ def _prompt_batch(model: CosyVoice3LM, requests: Sequence[TalkerRequest]) -> tup
     return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), lengths
 
 
-class _Scheduler:
-    """Host side of one :func:`generate` call: which request sits in which slot, admission of the
-    next pending request into a free slot, reading finished slots. It never needs a device value
-    to know a slot's position: a row admitted at global step a has taken g - a draws at step g."""
+class TalkerSession:
+    """A decode that requests join while it runs: the talker's side of continuous batching.
 
-    def __init__(self, model: CosyVoice3LM, requests: Sequence[TalkerRequest], options: DecodeOptions,
-                 min_len: list[int], max_len: list[int]) -> None:
+    Requests are added in any number of calls (:meth:`add`, each gets a ticket: its index in
+    arrival order); :meth:`poll` admits waiting requests into free slots (lowest slot first, in
+    arrival order), runs one window of ``DecodeOptions.sync_every`` steps and returns the requests
+    that finished. A session can span a whole manifest, so the next rows take the slots of the
+    finished ones instead of waiting for a batch to drain, and the engine (and its captured graphs)
+    lives for the whole run. :func:`generate` is a session that is given every request at once.
+
+    The host never needs a device value to know a slot's position: a row admitted at global step a
+    has taken g - a draws at step g. When a newcomer needs more cache cells or token cells than the
+    engine holds, the engine grows (:meth:`SlotEngine.grow`; rows already running are unaffected).
+    A custom sampler (tests/samplers.py) reports its diagnostics for every ticket at once, so with
+    one the results come out of :meth:`close` instead of :meth:`poll`.
+    """
+
+    def __init__(self, model: CosyVoice3LM, options: DecodeOptions | None = None, *, slots: int,
+                 capacity: int = 1, token_capacity: int = 1) -> None:
         from .engine import SlotEngine  # lazy: the engine imports the sampler modules
-        from .sampler import SamplerOptions, stream_key
+        from .sampler import SamplerOptions
         from .slot_sampler import SlotSampler
 
-        self.model, self.requests, self.options = model, requests, options
-        self.min_len, self.max_len = min_len, max_len
-        n = len(requests)
-        self.plen = [prompt_length(r) for r in requests]
-        self.n_slots = max(1, min(n, options.slots or n))
-        capacity = options.capacity or (max(self.plen) + max(1, max(max_len)))
-        if capacity < max(p + m for p, m in zip(self.plen, max_len, strict=True)):
-            raise ValueError(f"capacity {capacity} is below a row's prompt + max_len")
-        self.capacity = capacity
-        self.sampler_options = None
+        options = options or DecodeOptions()
+        self.model, self.options = model, options
+        cfg = model.cfg
+        self.n_slots = max(1, int(slots))
+        self.sampler_options: SamplerOptions | None = None
         sampler = None
         if options.custom_sampler is None:
-            self.sampler_options = options.sampler or SamplerOptions.from_config(model.cfg.sampling)
-            sampler = SlotSampler(self.sampler_options, slots=self.n_slots, vocab=model.cfg.decoder_size,
-                                  speech_token_size=model.cfg.speech_token_size, device=model.device)
-        self.keys = [stream_key(r.seed, r.segment) for r in requests]
-        self.engine = SlotEngine(model, slots=self.n_slots, capacity=capacity,
-                                 token_capacity=max(1, max(max_len)), sampler=sampler)
+            self.sampler_options = options.sampler or SamplerOptions.from_config(cfg.sampling)
+            sampler = SlotSampler(self.sampler_options, slots=self.n_slots, vocab=cfg.decoder_size,
+                                  speech_token_size=cfg.speech_token_size, device=model.device)
+        if options.capacity is not None:
+            capacity = options.capacity
+        self.engine = SlotEngine(model, slots=self.n_slots, capacity=max(1, capacity),
+                                 token_capacity=max(1, token_capacity), sampler=sampler)
+        # per ticket
+        self.requests: list[TalkerRequest] = []
+        self.keys: list[int] = []
+        self.plen: list[int] = []
+        self.min_len: list[int] = []
+        self.max_len: list[int] = []
+        self.seconds: list[float] = []  # decode time shared out over the slots running in each window
         self.slot_row: list[int | None] = [None] * self.n_slots
         self.admitted_at = [0] * self.n_slots
         self.g = 0  # global step
-        self.pending = deque(i for i in range(n) if max_len[i] > 0)
-        self.done: dict[int, Any] = {}  # request index -> Harvest
+        self.pending: deque[int] = deque()
+        self.ready: list[int] = []  # finished tickets not yet returned by poll()
+        self.done: dict[int, Any] = {}  # ticket -> Harvest (absent: never took a slot, max_len <= 0)
         self.host_steps = options.custom_sampler is not None or options.logits_hook is not None
-        step = self.engine.step
-        self.step_fn: Callable[[], None] = step
+        self.step_fn: Callable[[], None] = self.engine.step
         if options.compile:
-            self.step_fn = torch.compile(step, fullgraph=True, backend=options.compile)
-        self.graphs, self.graphed = self._graphs(step)
+            self.step_fn = torch.compile(self.engine.step, fullgraph=True, backend=options.compile)
+        self.graphs, self.graphed = self._graphs()
+        self.graphs_captured = 0  # by graph sets dropped when the engine grew
 
-    def _graphs(self, step: Callable[[], None]) -> tuple[GraphChoice, Any]:
+    def _graphs(self) -> tuple[GraphChoice, Any]:
         """Resolve ``cuda_graphs`` and, when on, route the step through per-``kv_len`` graphs."""
         from .graphs import CudaGraphCapture, GraphedStep, resolve_cuda_graphs
 
@@ -193,7 +225,7 @@ class _Scheduler:
         if not choice.enabled:
             return choice, None
         backend = opts.graph_backend or CudaGraphCapture(self.model.device)
-        graphed = GraphedStep(step, key=lambda: self.engine._kv_len, backend=backend)
+        graphed = GraphedStep(self.engine.step, key=lambda: self.engine._kv_len, backend=backend)
         self.step_fn = graphed
         return choice, graphed
 
@@ -203,17 +235,91 @@ class _Scheduler:
 
         if self.graphed is None:
             return self.graphs, 0
+        captured = self.graphs_captured + self.graphed.captured
         if self.graphed.reason is not None:
-            return GraphChoice(False, self.graphed.reason), self.graphed.captured
-        return self.graphs, self.graphed.captured
+            return GraphChoice(False, self.graphed.reason), captured
+        return self.graphs, captured
 
-    def admit(self) -> None:
-        """Fill free slots (lowest first) with the next pending requests, prefilled together."""
+    # -- requests in ----------------------------------------------------------------------------------
+
+    def add(self, requests: Sequence[TalkerRequest]) -> list[int]:
+        """Queue ``requests`` behind those already waiting; returns their tickets."""
+        tickets = []
+        for req in requests:
+            t = len(self.requests)
+            lo, hi = length_limits(self.model, self.options, req)
+            self.requests.append(req)
+            self.keys.append(self._stream_key(req))
+            self.plen.append(prompt_length(req))
+            self.min_len.append(lo)
+            self.max_len.append(hi)
+            self.seconds.append(0.0)
+            if self.max_len[t] > 0:
+                self.pending.append(t)
+            else:
+                self.ready.append(t)  # nothing to generate: it never takes a slot
+            tickets.append(t)
+        return tickets
+
+    @staticmethod
+    def _stream_key(req: TalkerRequest) -> int:
+        from .sampler import stream_key
+
+        return stream_key(req.seed, req.segment)
+
+    @property
+    def waiting(self) -> int:
+        """Requests added but not yet in a slot."""
+        return len(self.pending)
+
+    @property
+    def active(self) -> int:
+        """Requests in a slot."""
+        return sum(r is not None for r in self.slot_row)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waiting, nothing running, nothing finished left for :meth:`poll` to return."""
+        held = self.options.custom_sampler is not None  # its results come from close()
+        return not self.pending and not self.active and (held or not self.ready)
+
+    # -- decoding -------------------------------------------------------------------------------------
+
+    def _fit(self, tickets: Sequence[int]) -> None:
+        """Grow the engine so that ``tickets`` fit (prompt + max_len cells, max_len token cells)."""
+        need = max(self.plen[t] + self.max_len[t] for t in tickets)
+        need_tokens = max(self.max_len[t] for t in tickets)
+        eng = self.engine
+        if need <= eng.capacity and need_tokens <= eng.token_capacity:
+            return
+        if self.options.capacity is not None and need > eng.capacity:
+            raise ValueError(f"capacity {eng.capacity} is below a row's prompt + max_len ({need})")
+        bucket = self.options.kv_bucket or 1
+        grown = max(need, eng.capacity + eng.capacity // 2)  # geometric: a few growths per manifest
+        grown = -(-grown // bucket) * bucket
+        if eng.grow(grown if need > eng.capacity else eng.capacity,
+                    max(need_tokens, eng.token_capacity + eng.token_capacity // 2)):
+            self._regraph()
+
+    def _regraph(self) -> None:
+        """The captured graphs point at the old buffers: capture again from now on."""
+        if self.graphed is not None:
+            self.graphs_captured += self.graphed.captured
+            reason = self.graphed.reason
+            self.graphs, self.graphed = self._graphs()
+            if reason is not None and self.graphed is not None:
+                self.graphed.reason = reason  # a capture that failed once stays off for the session
+        if self.options.compile:
+            self.step_fn = torch.compile(self.engine.step, fullgraph=True, backend=self.options.compile)
+
+    def _admit(self) -> None:
+        """Fill free slots (lowest first) with the next waiting requests, prefilled together."""
         free = [s for s, r in enumerate(self.slot_row) if r is None]
         take = [(s, self.pending.popleft()) for s in free[:len(self.pending)]]
         if not take:
             return
         slots, rows = [s for s, _ in take], [r for _, r in take]
+        self._fit(rows)
         embeds, lengths = _prompt_batch(self.model, [self.requests[r] for r in rows])
         self.engine.admit(slots, embeds, lengths, [self.max_len[r] for r in rows])
         sampler = self.engine.sampler
@@ -238,7 +344,7 @@ class _Scheduler:
             return None
         bound = max(self.plen[r] + self.g - self.admitted_at[s] + window
                     for s, r in enumerate(self.slot_row) if r is not None)
-        return min(self.capacity, -(-bound // bucket) * bucket)
+        return min(self.engine.capacity, -(-bound // bucket) * bucket)
 
     def _host_step(self) -> None:
         """A step whose draw or logits pass through Python (custom sampler, logits hook)."""
@@ -265,25 +371,88 @@ class _Scheduler:
         else:
             eng.step()
 
-    def run(self) -> None:
-        """Decode until every request has finished."""
-        self.admit()
-        while any(r is not None for r in self.slot_row):
-            window = 1 if self.host_steps else max(1, self.options.sync_every)
-            self.engine._kv_len = self._kv_len(window)
-            for _ in range(window):
-                if self.host_steps:
-                    self._host_step()
-                else:
-                    self.step_fn()
-                self.g += 1
-            running = self.engine.state.running.tolist()  # the one read per window
-            finished = [s for s, r in enumerate(self.slot_row) if r is not None and not running[s]]
-            if finished:
-                for s, h in zip(finished, self.engine.harvest(finished), strict=True):
-                    self.done[self.slot_row[s]] = h  # type: ignore[index]
-                    self.slot_row[s] = None
-            self.admit()
+    def _window(self) -> None:
+        """Admit, run ``sync_every`` steps (one with host steps), read the finished slots once."""
+        self._admit()
+        if not self.active:
+            return
+        t0 = time.perf_counter()
+        window = 1 if self.host_steps else max(1, self.options.sync_every)
+        self.engine._kv_len = self._kv_len(window)
+        for _ in range(window):
+            if self.host_steps:
+                self._host_step()
+            else:
+                self.step_fn()
+            self.g += 1
+        running = self.engine.state.running.tolist()  # the one read per window
+        in_slots = [r for r in self.slot_row if r is not None]
+        share = (time.perf_counter() - t0) / len(in_slots)
+        for r in in_slots:
+            self.seconds[r] += share
+        finished = [s for s, r in enumerate(self.slot_row) if r is not None and not running[s]]
+        if finished:
+            for s, h in zip(finished, self.engine.harvest(finished), strict=True):
+                r = self.slot_row[s]
+                assert r is not None
+                self.done[r] = h
+                self.ready.append(r)
+                self.slot_row[s] = None
+
+    def poll(self) -> list[tuple[int, TalkerResult]]:
+        """One window; the (ticket, result) pairs of the requests that finished (in ticket order)."""
+        if self.options.custom_sampler is not None:
+            self._window()
+            return []  # its diagnostics come for every ticket at once: see close()
+        if not self.ready:
+            self._window()
+        out = [(t, self._result(t)) for t in sorted(self.ready)]
+        self.ready.clear()
+        return out
+
+    def _result(self, t: int, diag: Any = None) -> TalkerResult:
+        """Ticket ``t``'s result from its harvest (in-step sampler: its counters become ``diagnostics``)."""
+        from .engine import REASONS
+        from .sampler import COUNTER_NAMES, row_diagnostics
+
+        req, h = self.requests[t], self.done.get(t)
+        raw = h.tokens if h is not None else []
+        reason = REASONS[h.reason] if h is not None else "max_len"
+        kept = silent_filter(raw) if self.options.silent_filter else list(raw)
+        if diag is None and self.sampler_options is not None:
+            never = [0] * len(COUNTER_NAMES) + [0, -1, 0, 0]  # a request that never took a slot
+            state = h.sampler_state if h is not None else never
+            diag = row_diagnostics(self.sampler_options, req.row_id, req.seed, req.segment, state[:-4],
+                                   dead=reason == "aborted", err=state[-4:],
+                                   stop_reason=None if reason == "aborted" else reason, tokens_emitted=len(kept))
+        if reason == "aborted":
+            reason = getattr(diag, "stop_reason", None) or "error"
+        return TalkerResult(row_id=req.row_id, tokens=kept, raw_tokens=raw, stop_reason=reason, diagnostics=diag,
+                            min_len=self.min_len[t], max_len=self.max_len[t], seconds=self.seconds[t])
+
+    def drain(self) -> list[tuple[int, TalkerResult]]:
+        """Decode until nothing waits or runs; every result not yet returned."""
+        out: list[tuple[int, TalkerResult]] = []
+        while self.pending or self.active or (self.ready and self.options.custom_sampler is None):
+            out.extend(self.poll())
+        return out
+
+    def close(self) -> list[TalkerResult]:
+        """Free the cache; with a custom sampler, every ticket's result (its ``finish`` needs them all)."""
+        self.model.clear_cache()
+        if self.options.on_graphs is not None:
+            self.options.on_graphs(*self.graph_report())
+        sampler = self.options.custom_sampler
+        if sampler is None:
+            return []
+        from .engine import REASONS
+
+        n = len(self.requests)
+        reasons = [REASONS[self.done[t].reason] if t in self.done else "max_len" for t in range(n)]
+        kept = [len(silent_filter(self.done[t].tokens) if self.options.silent_filter else self.done[t].tokens)
+                if t in self.done else 0 for t in range(n)]
+        diags = sampler.finish([None if x == "aborted" else x for x in reasons], kept)
+        return [self._result(t, diags[t] if diags else None) for t in range(n)]
 
 
 @torch.no_grad()
@@ -291,50 +460,20 @@ def generate(model: CosyVoice3LM, requests: Sequence[TalkerRequest],
              options: DecodeOptions | None = None) -> list[TalkerResult]:
     """Decode every request, ``options.slots`` at a time (default: all at once); results are in
     request order and do not depend on the slot count or the admission order."""
-    from .engine import REASONS
-    from .sampler import COUNTER_NAMES, row_diagnostics
-
     options = options or DecodeOptions()
     if not requests:
         return []
-    cfg = model.cfg
-    min_ratio = cfg.min_len_ratio if options.min_len_ratio is None else options.min_len_ratio
-    max_ratio = cfg.max_len_ratio if options.max_len_ratio is None else options.max_len_ratio
-    min_len = [options.min_len_override if options.min_len_override is not None
-               else int(min_ratio * r.target_len) for r in requests]
-    max_len = [options.max_len_override if options.max_len_override is not None
-               else int(max_ratio * r.target_len) for r in requests]
-    sched = _Scheduler(model, requests, options, min_len, max_len)
+    n = len(requests)
+    max_len = [length_limits(model, options, r)[1] for r in requests]
+    # one cache for the whole call, sized for its longest prompt and longest row (no growth on the way)
+    capacity = options.capacity or (max(prompt_length(r) for r in requests) + max(1, max(max_len)))
+    session = TalkerSession(model, options, slots=min(n, options.slots or n), capacity=capacity,
+                            token_capacity=max(1, max(max_len)))
+    session.add(requests)
+    session._fit(list(range(n)))  # only checks: a fixed ``options.capacity`` below a row's need raises
+    found: dict[int, TalkerResult] = {}
     try:
-        sched.run()
+        found.update(session.drain())
     finally:
-        model.clear_cache()
-    if options.on_graphs is not None:
-        options.on_graphs(*sched.graph_report())
-
-    raw = [sched.done[i].tokens if i in sched.done else [] for i in range(len(requests))]
-    reasons = [REASONS[sched.done[i].reason] if i in sched.done else "max_len" for i in range(len(requests))]
-    kept = [silent_filter(t) if options.silent_filter else list(t) for t in raw]
-    if options.custom_sampler is not None:
-        diags = options.custom_sampler.finish([None if x == "aborted" else x for x in reasons],
-                                              [len(k) for k in kept])
-    else:
-        assert sched.sampler_options is not None
-        never = [0] * len(COUNTER_NAMES) + [0, -1, 0, 0]  # a request with max_len <= 0 never takes a slot
-        diags = []
-        for i, req in enumerate(requests):
-            state = sched.done[i].sampler_state if i in sched.done else never
-            counters, err = state[:-4], state[-4:]
-            diags.append(row_diagnostics(sched.sampler_options, req.row_id, req.seed, req.segment, counters,
-                                         dead=reasons[i] == "aborted", err=err,
-                                         stop_reason=None if reasons[i] == "aborted" else reasons[i],
-                                         tokens_emitted=len(kept[i])))
-    results: list[TalkerResult] = []
-    for r, req in enumerate(requests):
-        d = diags[r] if diags else None
-        reason = reasons[r]
-        if reason == "aborted":
-            reason = getattr(d, "stop_reason", None) or "error"
-        results.append(TalkerResult(row_id=req.row_id, tokens=kept[r], raw_tokens=raw[r], stop_reason=reason,
-                                    diagnostics=d, min_len=min_len[r], max_len=max_len[r]))
-    return results
+        held = session.close()
+    return held or [found[t] for t in range(n)]

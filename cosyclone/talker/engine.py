@@ -72,6 +72,39 @@ class SlotEngine(nn.Module):
 
     # -- host side ----------------------------------------------------------------------------------
 
+    @property
+    def capacity(self) -> int:
+        """Cache cells per slot (prompt plus generated tokens)."""
+        return self.cache.capacity
+
+    @property
+    def token_capacity(self) -> int:
+        """Speech tokens a slot can record."""
+        return int(self.state.tokens.shape[1])
+
+    def grow(self, capacity: int, token_capacity: int) -> bool:
+        """Make room for longer rows (a session that spans a manifest meets them as it goes).
+
+        New cache and token buffers of at least the sizes asked for, holding everything the old ones
+        held (running slots go on unchanged: cells past a slot's length are never read). Returns
+        whether anything was reallocated; a captured step refers to the old buffers, so the caller
+        captures again after a growth.
+        """
+        capacity, token_capacity = max(capacity, self.capacity), max(token_capacity, self.token_capacity)
+        if capacity == self.capacity and token_capacity == self.token_capacity:
+            return False
+        old = self.cache
+        new = self.model.setup_cache(self.n_slots, capacity)
+        new.k[..., :old.capacity, :].copy_(old.k)
+        new.v[..., :old.capacity, :].copy_(old.v)
+        new.lengths.copy_(old.lengths)
+        self.cache = new
+        st = self.state
+        tokens = torch.zeros(self.n_slots, token_capacity, dtype=st.tokens.dtype, device=st.tokens.device)
+        tokens[:, :st.tokens.shape[1]] = st.tokens
+        st.tokens = tokens
+        return True
+
     def admit(self, slots: Sequence[int], embeds: Tensor, lengths: Tensor, max_len: Sequence[int]) -> None:
         """Prefill new rows (right-padded ``embeds`` (b, T, D), ``lengths`` (b,)) into ``slots``."""
         dev = self.model.device
