@@ -195,7 +195,7 @@ class TalkerSession:
         self.engine = SlotEngine(model, slots=self.n_slots, capacity=max(1, capacity),
                                  token_capacity=max(1, token_capacity), sampler=sampler)
         # per ticket
-        self.requests: list[TalkerRequest] = []
+        self.requests: list[TalkerRequest | None] = []  # by ticket (None once its result was returned)
         self.keys: list[int] = []
         self.plen: list[int] = []
         self.min_len: list[int] = []
@@ -261,6 +261,11 @@ class TalkerSession:
             tickets.append(t)
         return tickets
 
+    def _request(self, t: int) -> TalkerRequest:
+        req = self.requests[t]
+        assert req is not None, f"ticket {t} was already returned"
+        return req
+
     @staticmethod
     def _stream_key(req: TalkerRequest) -> int:
         from .sampler import stream_key
@@ -320,7 +325,7 @@ class TalkerSession:
             return
         slots, rows = [s for s, _ in take], [r for _, r in take]
         self._fit(rows)
-        embeds, lengths = _prompt_batch(self.model, [self.requests[r] for r in rows])
+        embeds, lengths = _prompt_batch(self.model, [self._request(r) for r in rows])
         self.engine.admit(slots, embeds, lengths, [self.max_len[r] for r in rows])
         sampler = self.engine.sampler
         if sampler is not None:
@@ -331,7 +336,7 @@ class TalkerSession:
                 from .slot_sampler import legacy_generator
 
                 for s, r in take:
-                    req = self.requests[r]
+                    req = self._request(r)
                     sampler.generators[s] = legacy_generator(req.seed, req.segment, self.keys[r], dev)
         for s, r in take:
             self.slot_row[s] = r
@@ -407,6 +412,9 @@ class TalkerSession:
         if not self.ready:
             self._window()
         out = [(t, self._result(t)) for t in sorted(self.ready)]
+        for t in self.ready:  # a session may run all night: keep nothing of a returned request
+            self.done.pop(t, None)
+            self.requests[t] = None
         self.ready.clear()
         return out
 
@@ -415,7 +423,7 @@ class TalkerSession:
         from .engine import REASONS
         from .sampler import COUNTER_NAMES, row_diagnostics
 
-        req, h = self.requests[t], self.done.get(t)
+        req, h = self._request(t), self.done.get(t)
         raw = h.tokens if h is not None else []
         reason = REASONS[h.reason] if h is not None else "max_len"
         kept = silent_filter(raw) if self.options.silent_filter else list(raw)
