@@ -46,6 +46,7 @@ class CacheContext:
     layer: int
     slots: Tensor | None = None
     positions: Tensor | None = None
+    rows: Tensor | None = None  # decode: arange(slots), made once per step for every layer's KV write
 
 
 class RMSNorm(nn.Module):
@@ -68,6 +69,13 @@ def rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+def swap_halves(x: Tensor) -> Tensor:
+    """``[x2, x1]``: :func:`rotate_half` without its negation, which the signed sin table carries
+    (``(-a) * s == a * (-s)`` exactly, so the rotation is bit-identical and one op shorter)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x2, x1), dim=-1)
+
+
 class Attention(FusedLinears):
     """GQA self-attention (q: H heads, k/v: H_kv heads, head_dim D), q/k/v biases, no o bias.
 
@@ -85,7 +93,8 @@ class Attention(FusedLinears):
         self.o_proj = nn.Linear(q_dim, g.hidden_size, bias=False)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, ctx: CacheContext | None = None) -> Tensor:
-        """``x`` (B, T, D); ``cos``/``sin`` (B, T, 1, Dh); ``mask`` (B, 1, T, K) bool (True = attend).
+        """``x`` (B, T, D); ``cos``/``sin`` (B, T, 1, Dh), ``sin`` signed (:attr:`Qwen2Model.rope_sin_signed`);
+        ``mask`` (B, 1, T, K), bool (True = attend) or the equal additive float mask (0 / -inf).
 
         Without ``ctx`` attention runs over ``x`` itself. A prefill context (``ctx.slots`` set)
         also writes this layer's K/V into cells ``0..T-1`` of those slots. A decode context
@@ -96,12 +105,15 @@ class Attention(FusedLinears):
         h, hkv, dh = self.n_heads, self.n_kv, self.head_dim
         qkv = self.qkv_proj(x).view(b, t, h + 2 * hkv, dh)
         qk = qkv[:, :, : h + hkv]  # q and k heads rotate together: one RoPE pass for both
-        qk = qk * cos + rotate_half(qk) * sin
+        qk = qk * cos + swap_halves(qk) * sin
         q = qk[:, :, :h].transpose(1, 2)
         k = qk[:, :, h:].transpose(1, 2)
         v = qkv[:, :, h + hkv:].transpose(1, 2)
         if ctx is not None and ctx.positions is not None:
-            ctx.cache.write_step(ctx.layer, k, v, ctx.positions)
+            # SlotKVCache.write_step's indexing, with the step's row index made once for all layers
+            rows = torch.arange(b, device=x.device) if ctx.rows is None else ctx.rows
+            ctx.cache.k[ctx.layer, rows, :, ctx.positions] = k[:, :, 0]
+            ctx.cache.v[ctx.layer, rows, :, ctx.positions] = v[:, :, 0]
             k, v = ctx.cache.view(ctx.layer, mask.shape[-1])
             # One query per slot: the H/H_kv query heads that share a K/V head become that head's
             # "query positions", so no GQA flag is needed and a masked fused kernel applies.
@@ -153,6 +165,9 @@ class Qwen2Model(nn.Module):
         self.norm = RMSNorm(g.hidden_size, g.rms_norm_eps)
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+        # [cos | sin with its first half negated] (T, 2 Dh): one gather per pass for both tables,
+        # and the sign that rotate_half would apply per layer is applied once here (swap_halves)
+        self.register_buffer("rope_table", torch.empty(0), persistent=False)
         self.reset_rope()
 
     def reset_rope(self, length: int | None = None) -> None:
@@ -171,6 +186,8 @@ class Qwen2Model(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         self.rope_cos = emb.cos()
         self.rope_sin = emb.sin()
+        half = dim // 2
+        self.rope_table = torch.cat((self.rope_cos, -self.rope_sin[:, :half], self.rope_sin[:, half:]), dim=-1)
 
     def ensure_positions(self, length: int) -> None:
         """Grow the RoPE tables if a sequence needs more than ``length`` positions."""
@@ -187,11 +204,12 @@ class Qwen2Model(nn.Module):
         With ``cache``: ``slots`` (B,) makes this a prefill into those slots; ``decode`` a step
         with one row per slot (T == 1) at ``positions[:, 0]``.
         """
-        cos = self.rope_cos[positions].to(x.dtype).unsqueeze(2)  # (B, T, 1, Dh): broadcast over heads
-        sin = self.rope_sin[positions].to(x.dtype).unsqueeze(2)
+        # (B, T, 1, Dh) each: broadcast over heads; sin is the signed table (see swap_halves)
+        cos, sin = self.rope_table[positions].to(x.dtype).unsqueeze(2).chunk(2, dim=-1)
         step_pos = positions[:, 0] if decode else None
+        rows = torch.arange(x.shape[0], device=x.device) if decode else None
         for i, layer in enumerate(self.layers):
-            ctx = None if cache is None else CacheContext(cache, i, slots=slots, positions=step_pos)
+            ctx = None if cache is None else CacheContext(cache, i, slots=slots, positions=step_pos, rows=rows)
             x = layer(x, cos, sin, mask, ctx)
         return self.norm(x)
 
@@ -322,7 +340,11 @@ class CosyVoice3LM(nn.Module):
         cache = self.cache
         k = cache.capacity if kv_len is None else int(kv_len)
         pos = positions[:, None]
-        hidden = self.backbone(embeds, pos, attention_mask(pos, k), cache=cache, decode=True)
+        # The additive form of the mask, made once: SDPA turns a bool mask into exactly this
+        # (0 where True, -inf elsewhere, in the query dtype) in every layer otherwise;
+        # log(1) = 0 and log(0) = -inf exactly: two ops for the whole conversion.
+        mask = attention_mask(pos, k).to(embeds.dtype).log()
+        hidden = self.backbone(embeds, pos, mask, cache=cache, decode=True)
         return self.decoder_logits(hidden[:, 0])
 
 
