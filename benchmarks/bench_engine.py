@@ -2,11 +2,16 @@
 batching, and how close the flow runs to the machine's own fp32 GEMM rate.
 
 * ``ops_per_step_before`` / ``ops_per_step_after``: aten operations per decode step at tiny
-  geometry, batch 16, default RAS sampler (profiler count of leaf ops, i.e. ops that call no
-  other aten op and are not views, allocations or no-op ``to``/``contiguous``: the kernels a GPU
-  would be sent in eager mode; ``*_top`` names the most frequent), and microseconds per step.
-  Most of today's count is the counter-based noise hash (int multiply/and/xor over (rows, vocab),
-  two draws per step), elementwise work a compiled or graph-captured step fuses. Measured by the
+  geometry, batch 16, default RAS sampler (profiler count of the ops that do work: not views,
+  allocations, no-op ``to``/``contiguous``/``type_as`` or metadata ops, and calling no other aten
+  op that does work: the kernels a GPU would be sent in eager mode; ``*_top`` names the most
+  frequent), and microseconds per step. An op whose only aten children are such no-kernel ops
+  counts (``mm`` calls ``resolve_conj``, SDPA's CPU kernel ``empty``/``transpose``, ``x >> 16``
+  ``lift_fresh``, ``torch.where`` ``empty``): the first version of this count required no aten
+  child at all, which dropped every matmul, attention, KV write, shift and ``where`` from both
+  trees (its figure stays as ``ops_per_step_*_leaf_rule``). Still counted once, as their one
+  working child, are ops that work after a child (``addmm`` after copying its bias, reductions
+  after ``fill_``-ing their output), in both trees alike. Measured by the
   same snippet on the code before the engine (``--before-rev``, extracted with ``git archive``
   and run in a subprocess) and on this tree: the difference of two runs of 8 and 24 steps, so
   prefill and setup cancel out.
@@ -78,12 +83,18 @@ def leaf_ops(steps):
              "empty", "empty_like", "empty_strided", "resolve_conj", "resolve_neg", "lift_fresh", "unbind",
              # no kernel either when they are leaves: a to() to the same dtype/device returns self, a
              # contiguous() of a contiguous tensor too; the rest only read or set metadata
-             "to", "contiguous", "result_type", "_reshape_alias", "resize_", "is_nonzero", "item")}
+             "to", "contiguous", "result_type", "_reshape_alias", "resize_", "is_nonzero", "item",
+             "type_as", "as_strided_")}  # type_as: to() under another name; as_strided_: sets metadata
+    first_views = views - {"aten::type_as", "aten::as_strided_"}
     names = {}
-    for e in prof.events():  # leaf aten ops that do work (views and allocations launch no kernel)
-        if (e.name.startswith("aten::") and e.name not in views
-                and not any(c.name.startswith("aten::") for c in e.cpu_children)):
+    for e in prof.events():  # ops that do work and call no aten op that does (views etc. launch no kernel)
+        if not e.name.startswith("aten::"):
+            continue
+        children = [c.name for c in e.cpu_children if c.name.startswith("aten::")]
+        if e.name not in views and not any(c not in views for c in children):
             names[e.name] = names.get(e.name, 0) + 1
+        if e.name not in first_views and not children:  # the first version's rule, kept for comparison
+            names["leaf:" + e.name] = names.get("leaf:" + e.name, 0) + 1
     best = float("inf")
     for _ in range(2):
         t0 = time.perf_counter(); generate(model, reqs, opts); best = min(best, time.perf_counter() - t0)
@@ -91,9 +102,10 @@ def leaf_ops(steps):
 a, ta = leaf_ops(8)
 b, tb = leaf_ops(24)
 per = {k: (b.get(k, 0) - a.get(k, 0)) / 16 for k in b}
-top = sorted(((v, k[6:]) for k, v in per.items() if v > 0), reverse=True)[:6]
-print(json.dumps({"ops_per_step": sum(per.values()), "us_per_step": (tb - ta) / 16 * 1e6,
-                  "top": [f"{k} {v:g}" for v, k in top]}))
+top = sorted(((v, k[6:]) for k, v in per.items() if v > 0 and k.startswith("aten::")), reverse=True)[:8]
+print(json.dumps({"ops_per_step": sum(v for k, v in per.items() if k.startswith("aten::")),
+                  "ops_per_step_leaf_rule": sum(v for k, v in per.items() if k.startswith("leaf:")),
+                  "us_per_step": (tb - ta) / 16 * 1e6, "top": [f"{k} {v:g}" for v, k in top]}))
 """
 
 
@@ -114,13 +126,14 @@ def ops_per_step(rev: str, batch: int) -> dict[str, Any]:
             subprocess.run(["tar", "-x", "-C", tmp], input=arch, check=True, timeout=60)
             before = _snippet(Path(tmp), batch)
             res.update(ops_per_step_before=before["ops_per_step"], us_per_step_before=before["us_per_step"],
-                       ops_per_step_before_top=before["top"])
+                       ops_per_step_before_top=before["top"],
+                       ops_per_step_before_leaf_rule=before["ops_per_step_leaf_rule"])
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             res.update(ops_per_step_before=None, us_per_step_before=None,
                        ops_per_step_before_reason=f"could not run the code of {rev[:10]}: {exc}")
     after = _snippet(ROOT, batch)
     res.update(ops_per_step_after=after["ops_per_step"], us_per_step_after=after["us_per_step"],
-               ops_per_step_after_top=after["top"])
+               ops_per_step_after_top=after["top"], ops_per_step_after_leaf_rule=after["ops_per_step_leaf_rule"])
     return res
 
 
