@@ -279,6 +279,7 @@ def decode_options(cfg: ModelConfig, opts: RunOptions) -> Any:
                          cuda_graphs="off" if opts.cuda_graphs == "off" else "auto")
 
 
+@torch.inference_mode()
 def finish_batch(stages: Stages, prepared: PreparedBatch, results: dict[int, Any],
                  opts: RunOptions) -> list[RowRecord]:
     """After the talker: stop reasons into the outcomes, code2wav over the rows still alive, records.
@@ -618,6 +619,7 @@ class _Stream:
         self.finishing: list[Future[list[RowRecord]]] = []
         self.code2wav = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cosyclone-code2wav") if threaded else None
 
+    @torch.inference_mode()
     def run(self) -> None:
         try:
             while self.next < len(self.batches) or self.flight or self.finishing:

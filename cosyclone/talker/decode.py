@@ -404,6 +404,7 @@ class TalkerSession:
                 self.ready.append(r)
                 self.slot_row[s] = None
 
+    @torch.no_grad()
     def poll(self) -> list[tuple[int, TalkerResult]]:
         """One window; the (ticket, result) pairs of the requests that finished (in ticket order)."""
         if self.options.custom_sampler is not None:
@@ -438,6 +439,7 @@ class TalkerSession:
         return TalkerResult(row_id=req.row_id, tokens=kept, raw_tokens=raw, stop_reason=reason, diagnostics=diag,
                             min_len=self.min_len[t], max_len=self.max_len[t], seconds=self.seconds[t])
 
+    @torch.no_grad()
     def drain(self) -> list[tuple[int, TalkerResult]]:
         """Decode until nothing waits or runs; every result not yet returned."""
         out: list[tuple[int, TalkerResult]] = []

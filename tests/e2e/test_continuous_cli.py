@@ -132,3 +132,16 @@ def test_schedule_static_and_continuous_write_the_same_files(tiny_model_dir: Pat
         {k: {f: v for f, v in d.items() if f not in strip} for k, d in b.items()}
     summary = (tmp_path / "cont" / "summary.json").read_text()
     assert '"schedule": "continuous"' in summary
+
+
+@pytest.mark.gpu
+def test_continuous_on_cuda_with_code2wav_on_its_stream_writes_the_static_bytes(tiny_model_dir: Path,
+                                                                                 tmp_path: Path) -> None:
+    """On CUDA code2wav runs on a worker thread and its own stream while the talker goes on: the
+    files equal a static run's (same device, fp32)."""
+    manifest = _manifest(tmp_path)
+    cuda = ("--device", "cuda", "--dtype", "fp32", "--batch-size", "2")
+    a = _run(manifest, tiny_model_dir, tmp_path / "static", *cuda, "--schedule", "static")
+    b = _run(manifest, tiny_model_dir, tmp_path / "cont", *cuda)
+    assert wav_bytes(tmp_path / "static") == wav_bytes(tmp_path / "cont")
+    assert {k: d["tokens"] for k, d in a.items()} == {k: d["tokens"] for k, d in b.items()}
