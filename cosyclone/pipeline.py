@@ -608,7 +608,9 @@ class _Stream:
                  frontend: _Prefetch, emit: Callable[[Sequence[RowRecord]], None]) -> None:
         self.stages, self.batches, self.opts, self.frontend, self.emit = stages, batches, opts, frontend, emit
         self.dec = decode_options(stages.cfg, opts)
-        self.slots = max(1, opts.talker_slots or opts.batch_size)
+        # slots: --talker-slots, else a batch's worth (no more than the run's rows: an empty slot
+        # computes too) or, when the first batch to decode brings more segments, that many
+        self.slots = max(1, opts.talker_slots or min(opts.batch_size, sum(len(b) for b in batches)))
         self.session: Any = None
         self.owner: dict[int, tuple[_InFlight, int]] = {}  # ticket -> (batch, segment index)
         self.flight: list[_InFlight] = []
@@ -649,15 +651,18 @@ class _Stream:
             if todo:
                 from .conditioning import to_talker_request
 
-                session = self._session()
+                session = self._session(len(todo))
                 tickets = session.add([to_talker_request(segs[i][1]) for i in todo])
                 f.todo.update(todo)
                 self.owner.update({t: (f, i) for t, i in zip(tickets, todo, strict=True)})
 
-    def _session(self) -> Any:
+    def _session(self, first: int) -> Any:
+        """The open session, or a new one (``first``: segments the first batch brings)."""
         if self.session is None:
             from .talker import decode
 
+            if not self.opts.talker_slots:
+                self.slots = max(self.slots, first)
             self.session = decode.TalkerSession(self.stages.talker, self.dec, slots=self.slots)
         return self.session
 
