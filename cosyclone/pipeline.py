@@ -584,9 +584,10 @@ class _InFlight:
     """A batch whose segments are (partly) in the talker."""
 
     rows: list[ManifestRow]
-    prepared: PreparedBatch
+    prepared: PreparedBatch | None  # None when its frontend raised outside the per-row guards (``error``)
     results: dict[int, Any] = field(default_factory=dict)  # segment index -> talker result
     todo: set[int] = field(default_factory=set)  # segment indices still in the talker
+    error: BaseException | None = None  # why the batch goes through every stage row by row instead
 
 
 class _Stream:
@@ -642,7 +643,11 @@ class _Stream:
         while self.next < len(self.batches) and (self.session is None or self.session.waiting < self.slots):
             k = self.next
             self.next += 1
-            prepared = self.frontend.take(k) or prepare_batch(self.stages, self.batches[k], self.opts)
+            try:
+                prepared = self.frontend.take(k) or prepare_batch(self.stages, self.batches[k], self.opts)
+            except Exception as exc:  # outside the per-row guards: each row alone, as synthesize_batch_isolated
+                self.flight.append(_InFlight(rows=list(self.batches[k]), prepared=None, error=exc))
+                continue
             f = _InFlight(rows=list(self.batches[k]), prepared=prepared)
             segs = prepared.segments
             alive = [i for i, (rid, _) in enumerate(segs) if prepared.outcomes[rid].status == "ok"]
@@ -675,6 +680,7 @@ class _Stream:
             self._land(f, i, res)
 
     def _land(self, f: _InFlight, i: int, res: Any) -> None:
+        assert f.prepared is not None  # a batch with segments in the talker was prepared
         seg = f.prepared.segments[i]
         f.results[i] = res
         f.todo.discard(i)
@@ -692,6 +698,7 @@ class _Stream:
         for f in self.flight:
             if not f.todo:
                 continue
+            assert f.prepared is not None
             rest = sorted(f.todo)
             segs = f.prepared.segments
             fresh = _generate_isolated(self.stages, [segs[i] for i in rest], self.dec, f.prepared.outcomes)
@@ -719,6 +726,9 @@ class _Stream:
             self.finishing.append(done)
 
     def _finish(self, f: _InFlight) -> list[RowRecord]:
+        if f.prepared is None:
+            assert f.error is not None
+            return _rows_alone(self.stages, f.rows, self.opts, f.error)
         try:
             return finish_batch(self.stages, f.prepared, f.results, self.opts)
         except Exception as exc:

@@ -180,3 +180,21 @@ def test_a_fixed_capacity_below_a_row_is_refused() -> None:
     model = _model()
     with pytest.raises(ValueError, match="capacity 10 is below"):
         generate(model, _requests(2, 0), DecodeOptions(capacity=10))
+
+
+def test_a_decode_on_the_same_model_meanwhile_leaves_an_open_session_intact() -> None:
+    """A run's session stays open while a row is retried alone (generate) on the same model: each
+    decode has its own cache cells, so both get exactly what they get alone."""
+    from cosyclone.talker.decode import TalkerSession
+
+    model = _model()
+    reqs, other = _requests(5, 6), _requests(3, 7)
+    opts = DecodeOptions(sampler=SamplerOptions(top_k=40, top_p=0.9))
+    want, want_other = _key(reference_generate(model, reqs, opts)), _key(reference_generate(model, other, opts))
+    session = TalkerSession(model, opts, slots=2)
+    session.add(reqs)
+    got = dict(session.poll())
+    assert _key(generate(model, other, opts)) == want_other
+    got.update(session.drain())
+    session.close()
+    assert _key([got[t] for t in range(len(reqs))]) == want

@@ -213,6 +213,34 @@ def test_a_bug_outside_the_stage_guards_fails_only_its_row(monkeypatch: pytest.M
     assert d["bug"]["error"].startswith("pipeline: KeyError") and "in check" in d["bug"]["traceback"]
 
 
+@pytest.mark.parametrize("schedule", ["continuous", "static"])
+def test_a_frontend_bug_outside_the_row_guards_loses_no_row(monkeypatch: pytest.MonkeyPatch, schedule: str) -> None:
+    """A batch whose frontend call raises as a whole (not per row) goes through every stage row by
+    row; with the talker session busy with other batches, nothing is lost or mixed up."""
+    real = pipeline.prepare_batch
+    calls: list[list[str]] = []
+
+    def prepare(stages, rows, opts):
+        calls.append([r.id for r in rows])
+        if len(rows) > 1 and any(r.id == "bug" for r in rows):
+            raise KeyError("batch bookkeeping bug")
+        return real(stages, rows, opts)
+
+    monkeypatch.setattr(pipeline, "prepare_batch", prepare)
+    texts = {f"r{i}": f"text number {i}|more" for i in range(5)}
+    texts["bug"] = "text number x|more"
+    rows = _rows(texts)
+    d = _run(rows, batch_size=2, schedule=schedule)
+    monkeypatch.setattr(pipeline, "prepare_batch", real)
+    clean = _run(rows, batch_size=2, schedule=schedule)
+    assert d.keys() == clean.keys() == texts.keys()
+    strip = {"seconds"}
+    for rid in texts:
+        assert {k: v for k, v in d[rid].items() if k not in strip} == \
+            {k: v for k, v in clean[rid].items() if k not in strip}, rid
+    assert ["bug"] in calls  # its batch was retried row by row
+
+
 def test_cli_summary_counts_nonfinite_audio_and_failure_reasons(monkeypatch: pytest.MonkeyPatch,
                                                                 tmp_path: Path) -> None:
     monkeypatch.setattr(pipeline, "load_stages", lambda cfg, policy, fmt, **kw: _stages())

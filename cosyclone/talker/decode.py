@@ -449,7 +449,7 @@ class TalkerSession:
 
     def close(self) -> list[TalkerResult]:
         """Free the cache; with a custom sampler, every ticket's result (its ``finish`` needs them all)."""
-        self.model.clear_cache()
+        self.engine.cache = self.model.new_cache(self.n_slots, 1)  # the cells go; a closed session is done
         if self.options.on_graphs is not None:
             self.options.on_graphs(*self.graph_report())
         sampler = self.options.custom_sampler

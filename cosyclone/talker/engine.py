@@ -65,7 +65,7 @@ class SlotEngine(nn.Module):
         super().__init__()
         self.model = model
         self.n_slots = int(slots)
-        self.cache: SlotKVCache = model.setup_cache(slots, capacity)
+        self.cache: SlotKVCache = model.new_cache(slots, capacity)  # this engine's own cells
         self.state = SlotState(slots, token_capacity, model.cfg.decoder_size, model.device)
         self.sampler = sampler
         self.speech_token_size = model.cfg.speech_token_size
@@ -94,7 +94,7 @@ class SlotEngine(nn.Module):
         if capacity == self.capacity and token_capacity == self.token_capacity:
             return False
         old = self.cache
-        new = self.model.setup_cache(self.n_slots, capacity)
+        new = self.model.new_cache(self.n_slots, capacity)
         new.k[..., :old.capacity, :].copy_(old.k)
         new.v[..., :old.capacity, :].copy_(old.v)
         new.lengths.copy_(old.lengths)
@@ -110,7 +110,7 @@ class SlotEngine(nn.Module):
         dev = self.model.device
         idx = torch.tensor(list(slots), dtype=torch.int64, device=dev)
         st = self.state
-        st.logits[idx] = self.model.prefill(embeds, lengths, idx)
+        st.logits[idx] = self.model.prefill(embeds, lengths, idx, cache=self.cache)
         st.steps[idx] = 0
         st.n_emit[idx] = 0
         st.reason[idx] = RUNNING
@@ -155,7 +155,7 @@ class SlotEngine(nn.Module):
         cache = self.cache
         pos = cache.lengths.clamp(max=cache.capacity - 1)
         feed = tokens.clamp(0, model.cfg.decoder_size - 1)
-        self.state.logits.copy_(model.step(model.embed_speech(feed)[:, None], pos, self._kv_len))
+        self.state.logits.copy_(model.step(model.embed_speech(feed)[:, None], pos, self._kv_len, cache=cache))
         cache.lengths.add_(still.to(torch.int64))
 
     _kv_len: int | None = None  # cells each step reads (None: the capacity); set by the scheduler

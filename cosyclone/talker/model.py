@@ -304,24 +304,34 @@ class CosyVoice3LM(nn.Module):
             raise RuntimeError("no KV cache: call setup_cache(slots, capacity) first")
         return self.kv_cache
 
-    def setup_cache(self, slots: int, capacity: int) -> SlotKVCache:
-        """Allocate the slot cache (L, slots, H_kv, capacity, Dh) in the model's dtype/device."""
+    def new_cache(self, slots: int, capacity: int) -> SlotKVCache:
+        """A slot cache (L, slots, H_kv, capacity, Dh) in the model's dtype/device, owned by the caller.
+
+        A decode engine holds its own and passes it to :meth:`prefill`/:meth:`step`, so two decodes
+        on one model (a talker session spanning a run and a row retried alone) never share cells.
+        """
         self.backbone.ensure_positions(capacity)
-        self.kv_cache = SlotKVCache(self.geometry, slots, capacity, dtype=self.dtype, device=self.device)
+        return SlotKVCache(self.geometry, slots, capacity, dtype=self.dtype, device=self.device)
+
+    def setup_cache(self, slots: int, capacity: int) -> SlotKVCache:
+        """Allocate the model's own slot cache (what prefill/step use when given none)."""
+        self.kv_cache = self.new_cache(slots, capacity)
         return self.kv_cache
 
     def clear_cache(self) -> None:
         """Drop the KV cache (frees its memory)."""
         self.kv_cache = None
 
-    def prefill(self, embeds: Tensor, lengths: Tensor, slots: Tensor | None = None) -> Tensor:
-        """Fill cache ``slots`` (B,) (default 0..B-1) from right-padded ``embeds`` (B, T, D).
+    def prefill(self, embeds: Tensor, lengths: Tensor, slots: Tensor | None = None, *,
+                cache: SlotKVCache | None = None) -> Tensor:
+        """Fill ``cache`` (default the model's) ``slots`` (B,) (default 0..B-1) from right-padded
+        ``embeds`` (B, T, D).
 
         Sets those slots' lengths and returns raw fp32 logits (B, V) at ``lengths-1``.
         """
         b, t, _ = embeds.shape
         dev = embeds.device
-        cache = self.cache
+        cache = self.cache if cache is None else cache
         slots = torch.arange(b, device=dev) if slots is None else slots.to(dev)
         positions = torch.arange(t, device=dev).expand(b, t)
         mask = attention_mask(positions, t, lengths)
@@ -330,14 +340,16 @@ class CosyVoice3LM(nn.Module):
         last = hidden[torch.arange(b, device=dev), lengths - 1]
         return self.decoder_logits(last)
 
-    def step(self, embeds: Tensor, positions: Tensor, kv_len: int | None = None) -> Tensor:
+    def step(self, embeds: Tensor, positions: Tensor, kv_len: int | None = None, *,
+             cache: SlotKVCache | None = None) -> Tensor:
         """One fixed-shape decode step: ``embeds`` (slots, 1, D) at ``positions`` (slots,) -> logits (slots, V).
 
-        Slot s writes cell ``positions[s]`` and attends cells ``0..positions[s]``. ``kv_len``
-        (a host int, default the capacity) bounds the cells read: any value above every
-        position gives the same result, so a caller can bucket it without a device read.
+        Slot s of ``cache`` (default the model's) writes cell ``positions[s]`` and attends cells
+        ``0..positions[s]``. ``kv_len`` (a host int, default the capacity) bounds the cells read:
+        any value above every position gives the same result, so a caller can bucket it without a
+        device read.
         """
-        cache = self.cache
+        cache = self.cache if cache is None else cache
         k = cache.capacity if kv_len is None else int(kv_len)
         pos = positions[:, None]
         # The additive form of the mask, made once: SDPA turns a bool mask into exactly this
