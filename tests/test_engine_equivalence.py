@@ -118,9 +118,10 @@ def test_generate_equals_todays_loop_for_any_slot_count_and_order(seed: int, n: 
     opts = DecodeOptions(sampler=SamplerOptions(top_k=40, top_p=0.9), logits_hook=hook)  # type: ignore[arg-type]
     want = _key(reference_generate(model, reqs, opts))
     assert len({len(w[1]) for w in want}) > 1 or n == 1  # rows of different lengths
-    for slots, sync in ((None, 4), (1, 1), (2, 3), (3, 4)):
-        got = _key(generate(model, reqs, replace(opts, slots=slots, sync_every=sync)))
-        assert got == want, (slots, sync)
+    for slots, sync, lagged in ((None, 4, False), (1, 1, False), (2, 3, False), (3, 4, False),
+                                (1, 2, True), (2, 3, True)):
+        got = _key(generate(model, reqs, replace(opts, slots=slots, sync_every=sync, lagged_reads=lagged)))
+        assert got == want, (slots, sync, lagged)
     order = list(reversed(range(n)))  # another admission order: the same rows, reversed
 
     def reordered(logits: torch.Tensor, rows: torch.Tensor, step: int) -> torch.Tensor:
@@ -154,7 +155,7 @@ def test_a_session_fed_while_it_decodes_equals_todays_loop(slots: int, chunk: in
     opts = DecodeOptions(sampler=SamplerOptions(top_k=40, top_p=0.9), logits_hook=hook,  # type: ignore[arg-type]
                          kv_bucket=8)
     want = _key(reference_generate(model, reqs, opts))
-    session = TalkerSession(model, opts, slots=slots)
+    session = TalkerSession(model, replace(opts, lagged_reads=slots == 2), slots=slots)
     grown: list[int] = []
     real_grow = session.engine.grow
 

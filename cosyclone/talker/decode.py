@@ -8,7 +8,11 @@ Newcomers are prefilled apart from the decode steps, right-padded with their own
 masks, so every row computes what it would alone (the same tokens; logits equal up to fp32
 rounding of a different kernel shape). The host reads the finished flags every
 ``DecodeOptions.sync_every`` steps; tokens, stop flags, length rules and diagnostic counters stay
-on the device in between.
+on the device in between. On CUDA the read lags a window (``lagged_reads``): the flags are copied
+to pinned memory without blocking and read once the next window is queued, so the device never
+waits for the host's bookkeeping. :class:`TalkerSession` is the scheduler; requests may join it
+while it decodes (a pipeline run keeps one for the whole manifest), and :func:`generate` is a
+session handed every request at once.
 
 By default the RAS sampler runs inside the step (:mod:`cosyclone.talker.slot_sampler`); a
 ``custom_sampler`` (anything that satisfies :class:`TokenSampler`: the greedy, forced and
@@ -81,6 +85,9 @@ class DecodeOptions:
     logits_hook: LogitsHook | None = None  # (logits (b,V), rows (b,), step) -> logits; fault injection
     slots: int | None = None  # rows decoded at once; more requests wait and take a slot as one frees (None: all)
     sync_every: int = 4  # steps between host reads of the finished flags
+    lagged_reads: bool | None = None  # read a window's finished flags after the next window is queued,
+    # copied without blocking (the device never waits on the host; a slot is refilled one window later);
+    # None: on CUDA/ROCm only (on CPU nothing runs ahead, so it would only delay refills). Same tokens
     kv_bucket: int | None = 64  # cells a step reads, rounded up to this (None: the whole capacity, fixed shape)
     capacity: int | None = None  # cache cells per slot (None: longest prompt + largest max_len)
     compile: str | None = None  # torch.compile backend for the step ("inductor", "eager", ...; fullgraph=True);
@@ -157,6 +164,30 @@ def _prompt_batch(model: CosyVoice3LM, requests: Sequence[TalkerRequest]) -> tup
     return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), lengths
 
 
+class _Flags:
+    """One window's finished flags on their way to the host, and which ticket each slot held then.
+
+    On CUDA the copy goes to pinned memory without blocking, with an event to wait on when it is
+    read (by then the next window is queued, so the device never idles on the host).
+    """
+
+    def __init__(self, running: Tensor, rows: Sequence[int | None]) -> None:
+        self.rows = list(rows)
+        self.event: Any = None
+        if running.device.type == "cuda":
+            self.host = torch.empty(running.shape, dtype=running.dtype, pin_memory=True)
+            self.host.copy_(running, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = running.clone()
+
+    def read(self) -> list[bool]:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()
+
+
 class TalkerSession:
     """A decode that requests join while it runs: the talker's side of continuous batching.
 
@@ -208,6 +239,9 @@ class TalkerSession:
         self.ready: list[int] = []  # finished tickets not yet returned by poll()
         self.done: dict[int, Any] = {}  # ticket -> Harvest (absent: never took a slot, max_len <= 0)
         self.host_steps = options.custom_sampler is not None or options.logits_hook is not None
+        lagged = options.lagged_reads
+        self.lagged = model.device.type == "cuda" if lagged is None else bool(lagged)
+        self.unread: _Flags | None = None  # the last window's flags, when reads lag a window
         self.step_fn: Callable[[], None] = self.engine.step
         if options.compile:
             self.step_fn = torch.compile(self.engine.step, fullgraph=True, backend=options.compile)
@@ -390,12 +424,19 @@ class TalkerSession:
             else:
                 self.step_fn()
             self.g += 1
-        running = self.engine.state.running.tolist()  # the one read per window
+        flags: _Flags | None = _Flags(self.engine.state.running, self.slot_row)
+        if self.lagged and not self.host_steps:  # read the window before this one, queued meanwhile
+            flags, self.unread = self.unread, flags
         in_slots = [r for r in self.slot_row if r is not None]
         share = (time.perf_counter() - t0) / len(in_slots)
         for r in in_slots:
             self.seconds[r] += share
-        finished = [s for s, r in enumerate(self.slot_row) if r is not None and not running[s]]
+        if flags is None:
+            return
+        running = flags.read()  # the one read per window
+        # a slot read as finished is one whose row still holds it (with lagged reads, a row freed
+        # after the previous read can be finished in this one too, or its slot already refilled)
+        finished = [s for s, r in enumerate(flags.rows) if r is not None and self.slot_row[s] == r and not running[s]]
         if finished:
             for s, h in zip(finished, self.engine.harvest(finished), strict=True):
                 r = self.slot_row[s]
