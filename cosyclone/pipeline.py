@@ -656,8 +656,13 @@ class _Stream:
             if todo:
                 from .conditioning import to_talker_request
 
+                try:
+                    reqs = [to_talker_request(segs[i][1]) for i in todo]
+                except Exception as exc:  # a malformed segment: the batch goes row by row (the row fails alone)
+                    f.prepared, f.error = None, exc
+                    continue
                 session = self._session(len(todo))
-                tickets = session.add([to_talker_request(segs[i][1]) for i in todo])
+                tickets = session.add(reqs)
                 f.todo.update(todo)
                 self.owner.update({t: (f, i) for t, i in zip(tickets, todo, strict=True)})
 
