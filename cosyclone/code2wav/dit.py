@@ -12,11 +12,17 @@ checkpoint carries it). Two details matter for parity (spec pitfalls 2 and 10):
 For speed the three q/k/v projections are stored as one matrix ``to_qkv`` (see
 :mod:`cosyclone.fused`); ``state_dict()``/``load_state_dict()`` keep the released ``to_q``/``to_k``/
 ``to_v`` names.
+
+Per-inference work is hoisted out of the Euler loop (:class:`DiTContext`, :meth:`DiT.modulations`);
+with one time step shared by the whole batch (the solver's case) each AdaLN modulation is the
+layer norm's own affine (one pass instead of norm + modulate), and inference updates the
+residual stream and the GELU in place.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -73,7 +79,10 @@ class InputEmbedding(nn.Module):
     def forward(self, x: Tensor, cond: Tensor, mu: Tensor, spks: Tensor) -> Tensor:
         spk = spks.unsqueeze(1).expand(-1, x.shape[1], -1)
         h = self.proj(torch.cat([x, cond, mu, spk], dim=-1))
-        return self.conv_pos_embed(h) + h
+        # Row-major result: the conv output is a transposed (channel-first) view, and a sum that
+        # inherited its layout would make the whole residual stream channel-first (a copy in every
+        # layer norm, strided residual updates).
+        return (self.conv_pos_embed(h) + h).contiguous()
 
 
 class RotaryEmbedding(nn.Module):
@@ -104,20 +113,44 @@ class RotaryEmbedding(nn.Module):
         f = pos.unsqueeze(1) * self.inv_freq.float().unsqueeze(0)
         return f.repeat_interleave(2, dim=-1)
 
+    def tables(self, seq_len: int) -> tuple[Tensor, Tensor]:
+        """``cos, sin`` of :meth:`freqs`, ``(T, 1, dim)`` float32, for :func:`rotate_`.
 
-def apply_rotary(t: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate the first ``cos.shape[-1]`` channels of full-width ``t (B, T, H*Dh)``, pairs (2j, 2j+1).
+        ``sin`` is signed per pair, ``(-sin, +sin)``, so that ``rotate_half(x) * sin`` becomes
+        ``swap(x) * signed_sin`` (a sign flip is exact): one flip instead of negate + stack.
+        """
+        f = self.freqs(seq_len)
+        sin = f.sin()
+        sin[:, 0::2].neg_()
+        return f.cos().unsqueeze(1), sin.unsqueeze(1)
 
-    Computed in float32 and cast back, as x-transformers does with autocast off. Writes the rotated
-    channels into ``t`` in place (callers pass a fresh projection) instead of concatenating the
-    full width again.
+
+def rotate_(head: Tensor, cos: Tensor, signed_sin: Tensor) -> None:
+    """Rotate ``head (B, T, N, rot)`` in place, pairs ``(2j, 2j+1)``; tables from :meth:`RotaryEmbedding.tables`.
+
+    ``N`` stacks q and k (the first ``rot`` channels of each full-width projection: only head 0 is
+    position-encoded, spec pitfall 2), so one set of small ops serves both. Computed in float32
+    and cast back, as x-transformers does with autocast off.
     """
-    rot = cos.shape[-1]
-    head = t[..., :rot].float()
-    pairs = head.unflatten(-1, (-1, 2))
-    rotated_half = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
-    t[..., :rot] = (head * cos + rotated_half * sin).to(t.dtype)
-    return t
+    f = head.float()
+    swapped = f.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (x1, x0) per pair
+    head.copy_(torch.addcmul(f * cos, swapped, signed_sin))
+
+
+@dataclass(frozen=True)
+class DiTContext:
+    """Per-inference constants of the DiT (the same at every Euler step): built once by
+    :meth:`DiT.context` instead of at each velocity evaluation.
+
+    ``cos``/``sin``: rotary tables (:meth:`RotaryEmbedding.tables`); ``attn_mask (B, 1, T|1, T)``
+    bool, True = attend; ``query_drop (B, T, 1)`` bool marks padded query rows whose output is
+    zeroed; both None without padding.
+    """
+
+    cos: Tensor
+    sin: Tensor
+    attn_mask: Tensor | None
+    query_drop: Tensor | None
 
 
 class Attention(FusedLinears):
@@ -132,19 +165,19 @@ class Attention(FusedLinears):
                                         bias=True)
         self.to_out = nn.ModuleList([nn.Linear(inner, dim), nn.Dropout(0.0)])
 
-    def forward(self, x: Tensor, attn_mask: Tensor | None, query_keep: Tensor | None, cos: Tensor,
-                sin: Tensor) -> Tensor:
-        """``x (B, T, D)``; ``attn_mask (B, 1, T|1, T)`` bool (True = attend) or None (no padding);
-        ``query_keep (B, T, 1)`` bool or None (keep every output row)."""
-        q, k, v = self.to_qkv(x).chunk(3, dim=-1)
-        q = apply_rotary(q, cos, sin)
-        k = apply_rotary(k, cos, sin)
+    def forward(self, x: Tensor, ctx: DiTContext) -> Tensor:
+        """``x (B, T, D) -> (B, T, D)``; rows marked in ``ctx.query_drop`` come out zero."""
         b, t, _ = x.shape
-        q, k, v = (y.view(b, t, self.heads, self.dim_head).transpose(1, 2) for y in (q, k, v))
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=0.0)
-        out = out.transpose(1, 2).reshape(b, t, self.heads * self.dim_head)
+        inner = self.heads * self.dim_head
+        qkv = self.to_qkv(x)
+        rotate_(qkv.view(b, t, 3, inner)[:, :, :2, :ctx.cos.shape[-1]], ctx.cos, ctx.sin)
+        q, k, v = (y.view(b, t, self.heads, self.dim_head).transpose(1, 2) for y in qkv.chunk(3, dim=-1))
+        # SDPA, also on CPU in float32: its flash kernel was measured against bmm-softmax-bmm on
+        # these shapes (T ~ 350, Dh = 64) and is as fast or faster, and it needs no (T, T) scores.
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.attn_mask, dropout_p=0.0)
+        out = out.transpose(1, 2).reshape(b, t, inner)  # a view on CPU (its kernel writes B, T, H, Dh)
         out = self.to_out[0](out)
-        return out if query_keep is None else out.masked_fill(~query_keep, 0.0)
+        return out if ctx.query_drop is None else out.masked_fill_(ctx.query_drop, 0.0)
 
 
 class AdaLayerNormZero(nn.Module):
@@ -173,11 +206,30 @@ class FeedForward(nn.Module):
                                 nn.Dropout(0.0), nn.Linear(inner, dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.ff(x)
+        if torch.is_grad_enabled():
+            return self.ff(x)
+        # Inference: GELU in place on the fresh up-projection (no second (B, T, 2D) buffer).
+        h = torch.ops.aten.gelu_(self.ff[0][0](x), approximate="tanh")
+        return self.ff[2](h)
 
 
 def _norm(x: Tensor) -> Tensor:
     return F.layer_norm(x, (x.shape[-1],), eps=1e-6)
+
+
+def _modulate(x: Tensor, shift: Tensor, scale1p: Tensor) -> Tensor:
+    """``LN(x) * (1 + scale) + shift``; ``shift``/``scale1p`` are ``(D,)`` (one time step for the
+    whole batch: folded into the layer norm's affine, one pass) or ``(B, D)`` (per row)."""
+    if shift.ndim == 1:
+        return F.layer_norm(x, (x.shape[-1],), scale1p, shift, eps=1e-6)
+    return torch.addcmul(shift.unsqueeze(1), _norm(x), scale1p.unsqueeze(1))
+
+
+def _residual(x: Tensor, gate: Tensor, y: Tensor) -> Tensor:
+    """``x + gate * y`` (``gate (D,)`` or ``(B, D)``); in place on ``x`` when no autograd is
+    recording (the DiT owns its residual stream: the input embedding is a fresh tensor)."""
+    g = gate if gate.ndim == 1 else gate.unsqueeze(1)
+    return torch.addcmul(x, g, y) if torch.is_grad_enabled() else x.addcmul_(g, y)
 
 
 class DiTBlock(nn.Module):
@@ -189,15 +241,12 @@ class DiTBlock(nn.Module):
         self.attn = Attention(dim, heads, dim_head)
         self.ff = FeedForward(dim, ff_mult)
 
-    def forward(self, x: Tensor, temb_act: Tensor, attn_mask: Tensor | None, query_keep: Tensor | None, cos: Tensor,
-                sin: Tensor) -> Tensor:
-        """``x (B, T, D)``; ``temb_act = SiLU(temb) (B, D)``."""
-        mods = self.attn_norm.linear(temb_act).unsqueeze(1)
-        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mods.chunk(6, dim=-1)
-        h = torch.addcmul(shift_msa, _norm(x), 1 + scale_msa)
-        x = torch.addcmul(x, gate_msa, self.attn(h, attn_mask, query_keep, cos, sin))
-        h = torch.addcmul(shift_mlp, _norm(x), 1 + scale_mlp)
-        return torch.addcmul(x, gate_mlp, self.ff(h))
+    def forward(self, x: Tensor, mod: Tensor, ctx: DiTContext) -> Tensor:
+        """``x (B, T, D)``; ``mod`` from :meth:`DiT.modulations`: ``(6, D)`` (shared) or ``(B, 6, D)``,
+        rows shift/1+scale/gate (attention) then shift/1+scale/gate (MLP)."""
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mod.unbind(-2)
+        x = _residual(x, gate_msa, self.attn(_modulate(x, shift_msa, scale_msa), ctx))
+        return _residual(x, gate_mlp, self.ff(_modulate(x, shift_mlp, scale_mlp)))
 
 
 def chunk_mask(mask: Tensor, chunk: int) -> Tensor:
@@ -216,7 +265,13 @@ def chunk_mask(mask: Tensor, chunk: int) -> Tensor:
 
 
 class DiT(nn.Module):
-    """Estimator ``forward(x, mask, mu, t, spks, cond) -> (B, 80, T)``; channels-first like the CFM."""
+    """Estimator ``forward(x, mask, mu, t, spks, cond) -> (B, 80, T)``; channels-first like the CFM.
+
+    A solver that evaluates it many times splits the call: :meth:`context` (masks, rotary tables)
+    and :meth:`modulations` (time embedding and every AdaLN projection, for all steps in one
+    matmul per layer: those weights are read once per inference, not once per step) up front,
+    then :meth:`velocity` per step.
+    """
 
     def __init__(self, cfg: DiTConfig) -> None:
         super().__init__()
@@ -229,6 +284,52 @@ class DiT(nn.Module):
         self.norm_out = AdaLayerNormZeroFinal(cfg.dim)
         self.proj_out = nn.Linear(cfg.dim, cfg.out_channels)
 
+    def context(self, mask: Tensor, *, streaming: bool = False) -> DiTContext:
+        """Per-inference constants for ``mask (B, 1, T)`` (1 = real frame)."""
+        cos, sin = self.rotary_embed.tables(mask.shape[-1])
+        key_mask = mask.bool()  # (B, 1, T)
+        padded = not bool(key_mask.all())  # without padding skip masks (faster attention, no masked_fill)
+        attn_mask: Tensor | None = None
+        query_keep: Tensor | None = None
+        if streaming:
+            attn_mask = chunk_mask(mask, self.cfg.static_chunk_size)
+            query_keep = attn_mask[:, 0, -1].unsqueeze(-1) if padded else None
+        elif padded:
+            attn_mask = key_mask.unsqueeze(1)  # (B, 1, 1, T), broadcast over queries
+            query_keep = key_mask[:, 0].unsqueeze(-1)
+        return DiTContext(cos=cos, sin=sin, attn_mask=attn_mask,
+                          query_drop=None if query_keep is None else ~query_keep)
+
+    def modulations(self, t: Tensor) -> tuple[list[Tensor], Tensor]:
+        """``t (S,)`` -> per block ``(S, 6, D)`` and final ``(S, 2, D)`` AdaLN rows, scale rows + 1.
+
+        Row ``s`` serves every batch row at time ``t[s]``: the Euler solver passes all its steps'
+        times at once (one matmul per layer over all steps), a per-row call passes ``t (B,)``.
+        """
+        temb_act = F.silu(self.time_embed(t))
+        s, d = temb_act.shape
+        blocks = []
+        for blk in self.transformer_blocks:
+            m = blk.attn_norm.linear(temb_act).view(s, 6, d)
+            m[:, 1].add_(1)
+            m[:, 4].add_(1)
+            blocks.append(m)
+        final = self.norm_out.linear(temb_act).view(s, 2, d)
+        final[:, 0].add_(1)
+        return blocks, final
+
+    def velocity(self, x: Tensor, mu: Tensor, spks: Tensor, cond: Tensor, ctx: DiTContext,
+                 mods: tuple[list[Tensor], Tensor]) -> Tensor:
+        """One velocity evaluation from prepared ``ctx`` and ``mods`` (one step's rows of
+        :meth:`modulations`: ``(6, D)`` per block and ``(2, D)``, or per batch row with a leading B)."""
+        dtype = self.proj_out.weight.dtype
+        x, mu, cond = (y.transpose(1, 2).to(dtype) for y in (x, mu, cond))
+        h = self.input_embed(x, cond, mu, spks.to(dtype))
+        for blk, mod in zip(self.transformer_blocks, mods[0], strict=True):
+            h = blk(h, mod, ctx)
+        scale, shift = mods[1].unbind(-2)
+        return self.proj_out(_modulate(h, shift, scale)).transpose(1, 2)
+
     def forward(self, x: Tensor, mask: Tensor, mu: Tensor, t: Tensor, spks: Tensor, cond: Tensor, *,
                 streaming: bool = False) -> Tensor:
         """One velocity evaluation.
@@ -239,27 +340,10 @@ class DiT(nn.Module):
         Returns:
             ``(B, 80, T)`` in the module dtype.
         """
-        dtype = self.proj_out.weight.dtype
-        b, _, seq = x.shape
-        x, mu, cond = (y.transpose(1, 2).to(dtype) for y in (x, mu, cond))
+        ctx = self.context(mask, streaming=streaming)
         if t.ndim == 0:
-            t = t.expand(b)
-        temb_act = F.silu(self.time_embed(t))
-        h = self.input_embed(x, cond, mu, spks.to(dtype))
-        freqs = self.rotary_embed.freqs(seq)
-        cos, sin = freqs.cos(), freqs.sin()
-        key_mask = mask.bool()  # (B, 1, T)
-        padded = not bool(key_mask.all())  # without padding skip masks (faster SDPA, no masked_fill)
-        attn_mask: Tensor | None = None
-        query_keep: Tensor | None = None
-        if streaming:
-            attn_mask = chunk_mask(mask, self.cfg.static_chunk_size)
-            query_keep = attn_mask[:, 0, -1].unsqueeze(-1) if padded else None
-        elif padded:
-            attn_mask = key_mask.unsqueeze(1)  # (B, 1, 1, T), broadcast over queries
-            query_keep = key_mask[:, 0].unsqueeze(-1)
-        for blk in self.transformer_blocks:
-            h = blk(h, temb_act, attn_mask, query_keep, cos, sin)
-        scale, shift = self.norm_out.linear(temb_act).unsqueeze(1).chunk(2, dim=-1)
-        h = _norm(h) * (1 + scale) + shift
-        return self.proj_out(h).transpose(1, 2)
+            blocks, final = self.modulations(t.reshape(1))
+            mods = ([m[0] for m in blocks], final[0])
+        else:
+            mods = self.modulations(t.expand(x.shape[0]))
+        return self.velocity(x, mu, spks, cond, ctx, mods)
