@@ -113,28 +113,26 @@ class RotaryEmbedding(nn.Module):
         f = pos.unsqueeze(1) * self.inv_freq.float().unsqueeze(0)
         return f.repeat_interleave(2, dim=-1)
 
-    def tables(self, seq_len: int) -> tuple[Tensor, Tensor]:
-        """``cos, sin`` of :meth:`freqs`, ``(T, 1, dim)`` float32, for :func:`rotate_`.
-
-        ``sin`` is signed per pair, ``(-sin, +sin)``, so that ``rotate_half(x) * sin`` becomes
-        ``swap(x) * signed_sin`` (a sign flip is exact): one flip instead of negate + stack.
-        """
-        f = self.freqs(seq_len)
-        sin = f.sin()
-        sin[:, 0::2].neg_()
-        return f.cos().unsqueeze(1), sin.unsqueeze(1)
+    def rotations(self, seq_len: int) -> Tensor:
+        """``(T, 1, dim/2)`` complex64 unit rotations ``cos + i sin`` of :meth:`freqs` (one per pair)."""
+        f = self.freqs(seq_len)[:, 0::2]
+        return torch.complex(f.cos(), f.sin()).unsqueeze(1)
 
 
-def rotate_(head: Tensor, cos: Tensor, signed_sin: Tensor) -> None:
-    """Rotate ``head (B, T, N, rot)`` in place, pairs ``(2j, 2j+1)``; tables from :meth:`RotaryEmbedding.tables`.
+def rotate_(head: Tensor, rotations: Tensor) -> None:
+    """Rotate ``head (B, T, N, rot)`` in place, pairs ``(2j, 2j+1)``, by :meth:`RotaryEmbedding.rotations`.
 
-    ``N`` stacks q and k (the first ``rot`` channels of each full-width projection: only head 0 is
-    position-encoded, spec pitfall 2), so one set of small ops serves both. Computed in float32
-    and cast back, as x-transformers does with autocast off.
+    A pair ``(x0, x1)`` rotated by ``(cos, sin)`` is ``(x0 cos - x1 sin, x1 cos + x0 sin)``, the
+    x-transformers ``x * cos + rotate_half(x) * sin``: as complex numbers one multiply, which in
+    float32 runs in place on the projection itself (no copies). ``N`` stacks q and k (the first
+    ``rot`` channels of each full-width projection: only head 0 is position-encoded, spec pitfall
+    2). Other dtypes are rotated in float32 and cast back, as x-transformers does with autocast off.
     """
-    f = head.float()
-    swapped = f.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (x1, x0) per pair
-    head.copy_(torch.addcmul(f * cos, swapped, signed_sin))
+    if head.dtype == torch.float32:
+        torch.view_as_complex(head.unflatten(-1, (-1, 2))).mul_(rotations)
+        return
+    pairs = head.to(torch.float32, memory_format=torch.contiguous_format).unflatten(-1, (-1, 2))
+    head.copy_(torch.view_as_real(torch.view_as_complex(pairs) * rotations).flatten(-2))
 
 
 @dataclass(frozen=True)
@@ -142,13 +140,12 @@ class DiTContext:
     """Per-inference constants of the DiT (the same at every Euler step): built once by
     :meth:`DiT.context` instead of at each velocity evaluation.
 
-    ``cos``/``sin``: rotary tables (:meth:`RotaryEmbedding.tables`); ``attn_mask (B, 1, T|1, T)``
+    ``rotations``: rotary table (:meth:`RotaryEmbedding.rotations`); ``attn_mask (B, 1, T|1, T)``
     bool, True = attend; ``query_drop (B, T, 1)`` bool marks padded query rows whose output is
     zeroed; both None without padding.
     """
 
-    cos: Tensor
-    sin: Tensor
+    rotations: Tensor
     attn_mask: Tensor | None
     query_drop: Tensor | None
 
@@ -170,7 +167,7 @@ class Attention(FusedLinears):
         b, t, _ = x.shape
         inner = self.heads * self.dim_head
         qkv = self.to_qkv(x)
-        rotate_(qkv.view(b, t, 3, inner)[:, :, :2, :ctx.cos.shape[-1]], ctx.cos, ctx.sin)
+        rotate_(qkv.view(b, t, 3, inner)[:, :, :2, :2 * ctx.rotations.shape[-1]], ctx.rotations)
         q, k, v = (y.view(b, t, self.heads, self.dim_head).transpose(1, 2) for y in qkv.chunk(3, dim=-1))
         # SDPA, also on CPU in float32: its flash kernel was measured against bmm-softmax-bmm on
         # these shapes (T ~ 350, Dh = 64) and is as fast or faster, and it needs no (T, T) scores.
@@ -286,7 +283,6 @@ class DiT(nn.Module):
 
     def context(self, mask: Tensor, *, streaming: bool = False) -> DiTContext:
         """Per-inference constants for ``mask (B, 1, T)`` (1 = real frame)."""
-        cos, sin = self.rotary_embed.tables(mask.shape[-1])
         key_mask = mask.bool()  # (B, 1, T)
         padded = not bool(key_mask.all())  # without padding skip masks (faster attention, no masked_fill)
         attn_mask: Tensor | None = None
@@ -297,7 +293,7 @@ class DiT(nn.Module):
         elif padded:
             attn_mask = key_mask.unsqueeze(1)  # (B, 1, 1, T), broadcast over queries
             query_keep = key_mask[:, 0].unsqueeze(-1)
-        return DiTContext(cos=cos, sin=sin, attn_mask=attn_mask,
+        return DiTContext(rotations=self.rotary_embed.rotations(mask.shape[-1]), attn_mask=attn_mask,
                           query_drop=None if query_keep is None else ~query_keep)
 
     def modulations(self, t: Tensor) -> tuple[list[Tensor], Tensor]:
