@@ -403,7 +403,7 @@ def _synth_locked(job: SynthJob, say: Callable[[str], None]) -> None:
     from .token_store import TokenStore
 
     # stage-0 checkpoint: a row that failed after the talker keeps its tokens for the next run
-    tokens = TokenStore(runfolder.state_dir(out) / "tokens", {rid: fp for rid, (fp, _) in fps.items()})
+    tokens = TokenStore(runfolder.state_dir(out) / runfolder.TOKEN_DIR, {rid: fp for rid, (fp, _) in fps.items()})
     if tts is not None:
         tts.stages.token_store = tokens
     writer = BackgroundWriter(WriterOptions(out_dir=out, float_wav=float_wav, sample_rate=cfg.hift.sampling_rate),

@@ -198,12 +198,20 @@ def _read_tensor(ent: dict[str, Any], payload: memoryview) -> torch.Tensor:
     return raw.clone().view(dtype).reshape(shape)
 
 
-def save(path: str | os.PathLike[str], nested: Mapping[str, Any]) -> Path:
-    """Write atomically (temp file in the same dir + fsync + rename): readers never see halves."""
+def save(path: str | os.PathLike[str], nested: Mapping[str, Any], *,
+         tmp: str | os.PathLike[str] | None = None) -> Path:
+    """Write atomically (temp file in the same dir + fsync + rename): readers never see halves.
+
+    ``tmp`` names the temporary file (the caller's convention, e.g. one a later run can recognise
+    as left by a killed process); default a fresh unique name beside ``path``.
+    """
     path = Path(path)
     data = dumps(nested)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    if tmp is None:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    else:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)

@@ -44,6 +44,7 @@ RUNS_NAME = "runs.jsonl"
 ERRORS_NAME = "errors.jsonl"
 STATE_DIR = ".cosyclone"  # journals and locks: the folder's working state
 WAV_DIR = "wavs"
+TOKEN_DIR = "tokens"  # under STATE_DIR: the stage-0 checkpoint (token_store.py)
 
 #: Fingerprint parts in the order "what changed" is reported.
 PARTS = ("text", "prompt_text", "mode", "instruct", "speed", "prompt_audio", "seed", "model", "dtype",
@@ -351,7 +352,7 @@ def remove_stale_temporaries(out_dir: Path) -> list[Path]:
     """Remove temporary files left by dead processes of this host (a killed run); returns them."""
     host = socket.gethostname()
     removed = []
-    for folder in (Path(out_dir), Path(out_dir) / WAV_DIR, state_dir(out_dir)):
+    for folder in (Path(out_dir), Path(out_dir) / WAV_DIR, state_dir(out_dir), state_dir(out_dir) / TOKEN_DIR):
         if not folder.is_dir():
             continue
         for path in folder.glob(".*.tmp"):

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from . import handoff
+from . import handoff, runfolder
 from .talker.decode import TalkerResult
 from .talker.diagnostics import SamplerRowDiagnostics
 
@@ -68,7 +68,7 @@ class TokenStore:
             "min_len": int(getattr(res, "min_len", 0)),
             "diagnostics": {k: v for k, v in (diag or {}).items() if k in _DIAG_FIELDS}}
         with contextlib.suppress(OSError):  # a checkpoint that cannot be written only costs a rerun
-            handoff.save(path, payload)
+            handoff.save(path, payload, tmp=runfolder.tmp_name(path))  # a killed run's leftovers are recognised
 
     def discard(self, row_id: str) -> None:
         """Remove the row's stored segments (its WAV is written: they are no longer needed)."""
