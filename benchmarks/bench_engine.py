@@ -65,6 +65,10 @@ from cosyclone.talker.decode import DecodeOptions, TalkerRequest, generate
 from cosyclone.talker.model import CosyVoice3LM
 from cosyclone.talker.sampler import SamplerOptions
 torch.set_num_threads(2)
+BACKEND = sys.argv[2] if len(sys.argv) > 2 else None  # this tree only: the step under torch.compile
+if BACKEND == "inductor":
+    import torch._inductor.config as icfg
+    icfg.cpp.enable_kernel_profile = True  # each generated C++ kernel call becomes a profiler event
 cfg = TalkerConfig(qwen=QwenGeometry(hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
                    num_key_value_heads=2, intermediate_size=96, vocab_size=300),
                    llm_input_size=64, llm_output_size=64, speech_token_size=6561)
@@ -75,6 +79,12 @@ reqs = [TalkerRequest(row_id=f"r{i}", text_ids=torch.randint(0, 300, (10 + i,), 
                       prompt_speech_tokens=torch.randint(0, 6561, (8,), generator=g), seed=i) for i in range(B)]
 def leaf_ops(steps):
     opts = DecodeOptions(sampler=SamplerOptions(), max_len_override=steps, min_len_override=steps)
+    if BACKEND:  # one fixed shape (the compiled step's), the same tokens as eager
+        opts = DecodeOptions(sampler=SamplerOptions(), max_len_override=steps, min_len_override=steps,
+                             kv_bucket=None, capacity=80)
+        eager = [r.raw_tokens for r in generate(model, reqs, opts)]
+        opts = DecodeOptions(**{**opts.__dict__, "compile": BACKEND})
+        assert [r.raw_tokens for r in generate(model, reqs, opts)] == eager, "compiled tokens differ"
     generate(model, reqs, opts)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         generate(model, reqs, opts)
@@ -88,6 +98,8 @@ def leaf_ops(steps):
     first_views = views - {"aten::type_as", "aten::as_strided_"}
     names = {}
     for e in prof.events():  # ops that do work and call no aten op that does (views etc. launch no kernel)
+        if "cpp_fused" in e.name:  # a kernel inductor generated (fused elementwise/reduction work)
+            names["aten::<inductor kernel>"] = names.get("aten::<inductor kernel>", 0) + 1
         if not e.name.startswith("aten::"):
             continue
         children = [c.name for c in e.cpu_children if c.name.startswith("aten::")]
@@ -109,15 +121,20 @@ print(json.dumps({"ops_per_step": sum(v for k, v in per.items() if k.startswith(
 """
 
 
-def _snippet(tree: Path, batch: int) -> dict[str, float]:
+def _snippet(tree: Path, batch: int, backend: str | None = None) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=str(tree))
-    out = subprocess.run([sys.executable, "-c", OPS_SNIPPET, str(batch)], env=env, cwd=tree, check=True,
+    args = [str(batch)] + ([backend] if backend else [])
+    out = subprocess.run([sys.executable, "-c", OPS_SNIPPET, *args], env=env, cwd=tree, check=True,
                          capture_output=True, text=True, timeout=900)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def ops_per_step(rev: str, batch: int) -> dict[str, Any]:
-    """Ops and microseconds per step on the tree before the engine and on this one."""
+def ops_per_step(rev: str, batch: int, *, compiled: bool = False) -> dict[str, Any]:
+    """Ops and microseconds per step on the tree before the engine and on this one; ``compiled``:
+    also this tree's step under ``torch.compile(fullgraph=True)`` with inductor (one fixed shape,
+    tokens checked equal to eager; each generated C++ kernel counts as one op; about 3 minutes of
+    compiling on 2 cores), what a GPU would be sent per step without CUDA graphs (with them: one
+    graph launch)."""
     res: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         try:
@@ -134,6 +151,10 @@ def ops_per_step(rev: str, batch: int) -> dict[str, Any]:
     after = _snippet(ROOT, batch)
     res.update(ops_per_step_after=after["ops_per_step"], us_per_step_after=after["us_per_step"],
                ops_per_step_after_top=after["top"], ops_per_step_after_leaf_rule=after["ops_per_step_leaf_rule"])
+    if compiled:
+        comp = _snippet(ROOT, batch, "inductor")
+        res.update(ops_per_step_compiled=comp["ops_per_step"], us_per_step_compiled=comp["us_per_step"],
+                   ops_per_step_compiled_top=comp["top"])
     return res
 
 
@@ -382,10 +403,11 @@ def main(argv: list[str] | None = None) -> None:
 
     out: dict[str, Any] = {"device": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__}
     t0 = time.perf_counter()
-    out.update(ops_per_step(args.before_rev, args.batch))
+    out.update(ops_per_step(args.before_rev, args.batch, compiled=not args.quick))
     print(f"ops/step at batch {args.batch}: before {out['ops_per_step_before']}, after {out['ops_per_step_after']}; "
-          f"us/step before {out['us_per_step_before']}, after {out['us_per_step_after']:.0f} [{out['device']}]",
-          flush=True)
+          f"us/step before {out['us_per_step_before']}, after {out['us_per_step_after']:.0f} [{out['device']}]"
+          + (f"; compiled (inductor) {out['ops_per_step_compiled']} ops/step" if "ops_per_step_compiled" in out
+             else ""), flush=True)
     out.update(compile_check(args.compile_backend or ("eager" if args.quick else "inductor")))
     print(f"compile: {out['recompiles']} recompiles, eager_equal={out['eager_equal']}", flush=True)
     out.update(continuous_vs_static(not args.quick, args.slots))
