@@ -17,9 +17,8 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -621,6 +620,8 @@ class _Stream:
             threaded = stages.policy.device.type == "cuda"
         self.finishing: list[Future[list[RowRecord]]] = []
         self.code2wav = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cosyclone-code2wav") if threaded else None
+        device = stages.policy.device
+        self.stream = torch.cuda.Stream(device) if threaded and device.type == "cuda" else None  # code2wav's own
 
     @torch.inference_mode()
     def run(self) -> None:
@@ -740,27 +741,20 @@ class _Stream:
             return _rows_alone(self.stages, f.rows, self.opts, exc)
 
     def _finish_on_stream(self, f: _InFlight) -> list[RowRecord]:
-        with code2wav_stream(self.stages.policy.device):
+        """code2wav on its own CUDA stream (its kernels overlap the talker's), after what was queued before."""
+        if self.stream is None:
             return self._finish(f)
+        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
+        with torch.cuda.stream(self.stream):
+            records = self._finish(f)
+        self.stream.synchronize()
+        return records
 
     def _emit_finished(self, *, wait: bool) -> None:
         """Hand finished batches' records to the writer in batch order (``wait``: the next one at least)."""
         while self.finishing and (wait or self.finishing[0].done()):
             self.emit(self.finishing.pop(0).result())
             wait = False
-
-
-@contextmanager
-def code2wav_stream(device: torch.device) -> Iterator[None]:
-    """code2wav on its own CUDA stream (its kernels overlap the talker's), after what was queued before."""
-    if device.type != "cuda":
-        yield
-        return
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        yield
-    stream.synchronize()
 
 
 def _result_or_none(ahead: Future[PreparedBatch] | None) -> PreparedBatch | None:

@@ -171,15 +171,17 @@ class _Flags:
     read (by then the next window is queued, so the device never idles on the host).
     """
 
-    def __init__(self, running: Tensor, rows: Sequence[int | None]) -> None:
+    def __init__(self, running: Tensor, rows: Sequence[int | None], *, keep: bool) -> None:
+        """``keep``: the flags are read after more steps ran, so take a copy of them now."""
         self.rows = list(rows)
         self.event: Any = None
+        self.host = running
         if running.device.type == "cuda":
             self.host = torch.empty(running.shape, dtype=running.dtype, pin_memory=True)
             self.host.copy_(running, non_blocking=True)
             self.event = torch.cuda.Event()
             self.event.record()
-        else:
+        elif keep:
             self.host = running.clone()
 
     def read(self) -> list[bool]:
@@ -333,11 +335,11 @@ class TalkerSession:
             return
         if self.options.capacity is not None and need > eng.capacity:
             raise ValueError(f"capacity {eng.capacity} is below a row's prompt + max_len ({need})")
-        bucket = self.options.kv_bucket or 1
-        grown = max(need, eng.capacity + eng.capacity // 2)  # geometric: a few growths per manifest
-        grown = -(-grown // bucket) * bucket
-        if eng.grow(grown if need > eng.capacity else eng.capacity,
-                    max(need_tokens, eng.token_capacity + eng.token_capacity // 2)):
+        def grown(need: int, have: int, bucket: int = 1) -> int:
+            """``have`` if it suffices, else at least 1.5x it (a few growths per manifest), bucketed."""
+            return have if need <= have else -(-max(need, have + have // 2) // bucket) * bucket
+
+        if eng.grow(grown(need, eng.capacity, self.options.kv_bucket or 1), grown(need_tokens, eng.token_capacity)):
             self._regraph()
 
     def _regraph(self) -> None:
@@ -348,8 +350,7 @@ class TalkerSession:
             self.graphs, self.graphed = self._graphs()
             if reason is not None and self.graphed is not None:
                 self.graphed.reason = reason  # a capture that failed once stays off for the session
-        if self.options.compile:
-            self.step_fn = torch.compile(self.engine.step, fullgraph=True, backend=self.options.compile)
+        # a compiled step needs nothing here: its guards see the new buffer shapes and recompile
 
     def _admit(self) -> None:
         """Fill free slots (lowest first) with the next waiting requests, prefilled together."""
@@ -424,8 +425,9 @@ class TalkerSession:
             else:
                 self.step_fn()
             self.g += 1
-        flags: _Flags | None = _Flags(self.engine.state.running, self.slot_row)
-        if self.lagged and not self.host_steps:  # read the window before this one, queued meanwhile
+        lag = self.lagged and not self.host_steps  # read the window before this one, queued meanwhile
+        flags: _Flags | None = _Flags(self.engine.state.running, self.slot_row, keep=lag)
+        if lag:
             flags, self.unread = self.unread, flags
         in_slots = [r for r in self.slot_row if r is not None]
         share = (time.perf_counter() - t0) / len(in_slots)
@@ -462,13 +464,10 @@ class TalkerSession:
 
     def _result(self, t: int, diag: Any = None) -> TalkerResult:
         """Ticket ``t``'s result from its harvest (in-step sampler: its counters become ``diagnostics``)."""
-        from .engine import REASONS
         from .sampler import COUNTER_NAMES, row_diagnostics
 
         req, h = self._request(t), self.done.get(t)
-        raw = h.tokens if h is not None else []
-        reason = REASONS[h.reason] if h is not None else "max_len"
-        kept = silent_filter(raw) if self.options.silent_filter else list(raw)
+        raw, kept, reason = self._tokens(t)
         if diag is None and self.sampler_options is not None:
             never = [0] * len(COUNTER_NAMES) + [0, -1, 0, 0]  # a request that never took a slot
             state = h.sampler_state if h is not None else never
@@ -496,14 +495,21 @@ class TalkerSession:
         sampler = self.options.custom_sampler
         if sampler is None:
             return []
+        n = len(self.requests)
+        ends = [self._tokens(t) for t in range(n)]
+        diags = sampler.finish([None if reason == "aborted" else reason for _, _, reason in ends],
+                               [len(kept) for _, kept, _ in ends])
+        return [self._result(t, diags[t] if diags else None) for t in range(n)]
+
+    def _tokens(self, t: int) -> tuple[list[int], list[int], str]:
+        """Ticket ``t``'s raw tokens, the tokens kept by the silent filter, and its engine stop reason
+        ("eos", "max_len", "aborted"; "max_len" for a request that never took a slot)."""
         from .engine import REASONS
 
-        n = len(self.requests)
-        reasons = [REASONS[self.done[t].reason] if t in self.done else "max_len" for t in range(n)]
-        kept = [len(silent_filter(self.done[t].tokens) if self.options.silent_filter else self.done[t].tokens)
-                if t in self.done else 0 for t in range(n)]
-        diags = sampler.finish([None if x == "aborted" else x for x in reasons], kept)
-        return [self._result(t, diags[t] if diags else None) for t in range(n)]
+        h = self.done.get(t)
+        raw = h.tokens if h is not None else []
+        kept = silent_filter(raw) if self.options.silent_filter else list(raw)
+        return raw, kept, REASONS[h.reason] if h is not None else "max_len"
 
 
 @torch.no_grad()
