@@ -18,6 +18,7 @@ Environment (all optional):
 * ``COSYCLONE_BENCH_MODEL_DIR`` a model directory (e.g. from ``cosyclone make-tiny-model``) read
   with ``--model-dir`` instead of ``--load-format dummy``;
 * ``COSYCLONE_BENCH_N_TIMESTEPS`` flow Euler steps (unset: the model's, 10);
+* ``COSYCLONE_BENCH_CPU_GEMM`` ``--cpu-gemm`` (auto: oneDNN's linear layers on CPU where torch has it);
 * ``COSYCLONE_BENCH_E2E_ALSO`` comma-separated further ``--dtype`` values to run the same end-to-end
   workload in after the first (default ``bf16`` on CPUs with native bf16, AMX or AVX512-BF16, else none; empty: only
   ``COSYCLONE_BENCH_DTYPE``).
@@ -60,6 +61,7 @@ class E2EConfig:
     device: str = "auto"  # --device
     model_dir: Path | None = None  # --model-dir; None = --load-format dummy (released size)
     n_timesteps: int | None = None  # --n-timesteps; None = the model's (10)
+    cpu_gemm: str = "auto"  # --cpu-gemm (the library of the fp32 linear layers on CPU)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> E2EConfig:
@@ -70,7 +72,8 @@ class E2EConfig:
         return cls(rows=rows, tokens=int(env.get("COSYCLONE_BENCH_TOKENS", "100")),
                    batch_size=int(env.get("COSYCLONE_BENCH_BATCH", str(rows))),
                    dtype=env.get("COSYCLONE_BENCH_DTYPE", "fp32"), device=env.get("COSYCLONE_BENCH_DEVICE", "auto"),
-                   model_dir=Path(model_dir) if model_dir else None, n_timesteps=int(steps) if steps else None)
+                   model_dir=Path(model_dir) if model_dir else None, n_timesteps=int(steps) if steps else None,
+                   cpu_gemm=env.get("COSYCLONE_BENCH_CPU_GEMM", "auto"))
 
 
 def run_stage_benchmarks() -> None:
@@ -141,7 +144,7 @@ def synth_args(cfg: E2EConfig, manifest: Path, out: Path) -> list[str]:
     """``cosyclone`` arguments of the end-to-end run."""
     args = ["synth", str(manifest), "--out", str(out), "--max-tokens", str(cfg.tokens), "--min-tokens",
             str(cfg.tokens), "--batch-size", str(cfg.batch_size), "--dtype", cfg.dtype, "--device", cfg.device,
-            "--overwrite"]
+            "--cpu-gemm", cfg.cpu_gemm, "--overwrite"]
     args += ["--model-dir", str(cfg.model_dir)] if cfg.model_dir is not None else ["--load-format", "dummy"]
     if cfg.n_timesteps is not None:
         args += ["--n-timesteps", str(cfg.n_timesteps)]
@@ -173,7 +176,8 @@ def summarize(cfg: E2EConfig, out: Path) -> dict:
             "official_audio_s_per_wall_s": official, "ratio_vs_official": ours / official,
             "device": run.get("device"), "dtype": run.get("dtype"), "batch_size": cfg.batch_size,
             "load_format": "full-size dummy" if cfg.model_dir is None else str(cfg.model_dir),
-            "n_timesteps": run.get("options", {}).get("n_timesteps")}
+            "n_timesteps": run.get("options", {}).get("n_timesteps"),
+            "cpu_gemm": run.get("options", {}).get("cpu_gemm")}
 
 
 def end_to_end(cfg: E2EConfig | None = None) -> dict:
@@ -214,6 +218,7 @@ def render(fig: dict) -> str:
             f"audio s per wall s; process incl. load {fig['process_wall_s']:.1f} s\n"
             f"  differs from the baseline: {rows} rows in batches of {fig['batch_size']} (baseline: batch 1), "
             f"cosyclone's stages instead of the official modules, {fig['device']} {fig['dtype']} "
+            f"(linear layers on {fig['cpu_gemm']}) "
             f"(baseline: 2-thread CPU float32), flow steps {steps} (baseline 10), one timed run without warm-up "
             f"(baseline: median of 3 after a warm-up), stop ids blocked below min_len (baseline: masked to -inf), "
             f"silent-token filter on; stage seconds are the sums in diagnostics.jsonl")

@@ -106,26 +106,27 @@ class CosyClone:
     ``options`` are :class:`~cosyclone.pipeline.RunOptions` fields (``seed``, ``top_k``, ``top_p``,
     ``win_size``, ``tau_r``, ``min_len_ratio``, ``max_len_ratio``, ``max_tokens``, ``n_timesteps``,
     ``batch_size``, ...); device and dtype are resolved once, as ``synth`` does (``auto``: bf16 on
-    GPUs with bf16, else fp32). ``threads`` sets torch's and ONNX's intra-op threads.
+    GPUs with bf16, else fp32), and so is ``cpu_gemm`` (:mod:`cosyclone.cpu_gemm`). ``threads`` sets torch's and ONNX's intra-op threads.
     """
 
     def __init__(self, model_dir: str | Path | None = None, *, load_format: str = "auto", device: str = "auto",
                  dtype: str = "auto", text_frontend: str = "wetext", threads: int | None = None,
-                 **options: Any) -> None:
+                 cpu_gemm: str = "auto", **options: Any) -> None:
         from .device import resolve, set_threads
         from .pipeline import RunOptions, load_stages
 
         set_threads(threads)
         self.model_dir = Path(model_dir) if model_dir is not None else None
         self.cfg = model_config(model_dir, load_format)
-        self.policy = resolve(device, dtype)
+        self.policy = resolve(device, dtype, cpu_gemm)
         self.text_frontend = text_frontend
         try:
             base = RunOptions(**options)
         except TypeError as exc:  # an unknown option name
             raise CosycloneError(f"unknown option: {exc}") from exc
         self.options = replace(base, load_format=load_format, text_frontend=text_frontend,
-                               device=self.policy.device.type, dtype=self.policy.dtype_name)
+                               device=self.policy.device.type, dtype=self.policy.dtype_name,
+                               cpu_gemm=self.policy.cpu_gemm)
         self.stages = load_stages(self.cfg, self.policy, load_format, text_frontend=text_frontend)
 
     @property

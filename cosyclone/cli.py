@@ -173,6 +173,12 @@ def _emit_row_error(manifest: Path, err, json_out: bool) -> None:
         typer.echo(f"{manifest}: {err}")
 
 
+#: Help text of ``--cpu-gemm`` (synth, say).
+CPU_GEMM_HELP = ("which library runs the talker's and the flow's fp32 linear layers on CPU: auto (oneDNN where "
+                 "torch has it, else aten) | onednn (faster than aten's MKL on these shapes; see README) | aten. "
+                 "Rounding differs by ~1e-6, so a resumed run redoes rows made with the other. No effect on GPUs")
+
+
 @app.command()
 def synth(
     manifest: Path = typer.Argument(..., help="JSONL manifest (see README for the schema)"),
@@ -220,6 +226,8 @@ def synth(
     quiet: bool = typer.Option(False, "--quiet", help="print only the end summary (and errors)"),
     progress_interval: float = typer.Option(30.0, help="seconds between progress lines when stderr is not a "
                                                        "terminal (a terminal gets a live bar)"),
+    cpu_gemm: Literal["auto", "onednn", "aten"] = typer.Option(
+        "auto", "--cpu-gemm", help=CPU_GEMM_HELP),
     cuda_graphs: Literal["auto", "off"] = typer.Option(
         "auto", "--cuda-graphs",
         help="auto: replay the talker's decode step as CUDA graphs on CUDA/ROCm (eager on CPU, with "
@@ -259,7 +267,7 @@ def synth(
                 raise CosycloneError(f"{name} must be at least {low}, not {value}")
         if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
             raise CosycloneError(f"--min-tokens {min_tokens} is above --max-tokens {max_tokens}")
-        policy = resolve(device, dtype)
+        policy = resolve(device, dtype, cpu_gemm)
         cfg = _load_cfg(model_dir, load_format)
         set_threads(threads)
         if engine == "ray":
@@ -281,8 +289,8 @@ def synth(
                       nonfinite_policy=nonfinite_policy, draw=draw,
                       max_tokens=max_tokens, min_tokens=min_tokens, n_timesteps=n_timesteps,
                       load_format="dummy" if load_format == "dummy" else "auto", nonfinite_audio=nonfinite_audio,
-                      device=policy.device.type, dtype=policy.dtype_name, text_frontend=text_frontend,
-                      talker_slots=talker_slots, schedule=schedule,
+                      device=policy.device.type, dtype=policy.dtype_name, cpu_gemm=policy.cpu_gemm,
+                      text_frontend=text_frontend, talker_slots=talker_slots, schedule=schedule,
                       cuda_graphs=resolve_cuda_graphs(cuda_graphs, policy.device, draw=draw).value)
     from . import runfolder
 
@@ -312,7 +320,8 @@ EXIT_WRITE, EXIT_BUSY = 4, 5  # an output file could not be written; another syn
 
 #: RunOptions fields that change a row's audio (the fingerprint's ``options`` part); batching does not.
 AUDIO_OPTIONS = ("top_p", "top_k", "win_size", "tau_r", "min_len_ratio", "max_len_ratio", "nonfinite_policy",
-                 "draw", "max_tokens", "min_tokens", "n_timesteps", "load_format", "text_frontend", "nonfinite_audio")
+                 "draw", "max_tokens", "min_tokens", "n_timesteps", "load_format", "text_frontend", "nonfinite_audio",
+                 "cpu_gemm")
 
 
 @dataclass(frozen=True)
@@ -513,6 +522,7 @@ def say(
     load_format: str = typer.Option("auto", help="auto (read weights) | dummy (random weights)"),
     device: str = typer.Option("auto", help="auto | cuda | rocm | cpu"),
     dtype: str = typer.Option("auto", help="auto | bf16 | fp16 | fp32 (as synth)"),
+    cpu_gemm: Literal["auto", "onednn", "aten"] = typer.Option("auto", "--cpu-gemm", help=CPU_GEMM_HELP),
     top_p: float | None = TOP_P_OPTION,
     top_k: int | None = TOP_K_OPTION,
     win_size: int | None = WIN_OPTION,
@@ -543,7 +553,7 @@ def say(
         row = utterance(text, prompt_audio.expanduser().resolve(), prompt_text, mode=mode, instruct=instruct,
                         seed=seed, speed=speed, id=row_id)
         validate_rows([row], text_frontend=text_frontend)  # before loading the model: fail in seconds
-        tts = CosyClone(model_dir, load_format=load_format, device=device, dtype=dtype,
+        tts = CosyClone(model_dir, load_format=load_format, device=device, dtype=dtype, cpu_gemm=cpu_gemm,
                         text_frontend=text_frontend, threads=threads, top_p=top_p, top_k=top_k,
                         win_size=win_size, tau_r=tau_r, min_len_ratio=min_len_ratio, max_len_ratio=max_len_ratio,
                         max_tokens=max_tokens, n_timesteps=n_timesteps)
@@ -714,7 +724,8 @@ def inspect(model_dir: Path = typer.Argument(...), device: str = typer.Option("a
     typer.echo(f"talker: hidden {q.hidden_size}, layers {q.num_hidden_layers}, heads {q.num_attention_heads}/"
                f"{q.num_key_value_heads}, speech tokens {cfg.talker.speech_token_size}")
     typer.echo(f"flow DiT: dim {cfg.flow.dit.dim}, depth {cfg.flow.dit.depth}; hift base {cfg.hift.base_channels}")
-    typer.echo(f"device: {policy.device} ({policy.backend}, {policy.dtype})")
+    typer.echo(f"device: {policy.device} ({policy.backend}, {policy.dtype}; fp32 linear layers on CPU: "
+               f"{policy.cpu_gemm})")
     bad = False
     try:
         import onnxruntime as ort

@@ -49,6 +49,7 @@ class DevicePolicy:
     dtype: torch.dtype  # run dtype of the talker backbone and the DiT (head, sampler, HiFT: fp32)
     backend: str  # "cuda", "rocm" or "cpu", for diagnostics
     requested_dtype: str = "auto"  # the --dtype word this policy was resolved from
+    cpu_gemm: str = "aten"  # "onednn" | "aten": the library of the fp32 linear layers on CPU (cpu_gemm.py)
 
     @property
     def dtype_name(self) -> str:
@@ -84,9 +85,12 @@ def apply_precision() -> None:
     torch.set_float32_matmul_precision("highest")
 
 
-def resolve(device: str = "auto", dtype: str = "auto") -> DevicePolicy:
+def resolve(device: str = "auto", dtype: str = "auto", cpu_gemm: str = "auto") -> DevicePolicy:
     """Turn CLI words into a :class:`DevicePolicy` (and switch TF32 off); a missing accelerator is a
-    clear error. See the module docstring for what ``auto`` picks."""
+    clear error. See the module docstring for what ``auto`` picks, and :mod:`cosyclone.cpu_gemm`
+    for ``cpu_gemm``."""
+    from .cpu_gemm import resolve_cpu_gemm
+
     device = device.lower()
     found = backend_name()
     if device == "auto":
@@ -109,8 +113,9 @@ def resolve(device: str = "auto", dtype: str = "auto") -> DevicePolicy:
         if dtype.lower() not in _DTYPES:
             raise CosycloneError(f"--dtype must be auto, bf16, fp16 or fp32, not {dtype!r}")
         run_dtype = _DTYPES[dtype.lower()]
+    gemm = resolve_cpu_gemm(cpu_gemm, dev)
     apply_precision()
-    return DevicePolicy(device=dev, dtype=run_dtype, backend=device, requested_dtype=dtype.lower())
+    return DevicePolicy(device=dev, dtype=run_dtype, backend=device, requested_dtype=dtype.lower(), cpu_gemm=gemm)
 
 
 def set_threads(n: int | None) -> None:

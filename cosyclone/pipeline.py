@@ -75,6 +75,8 @@ class RunOptions:
     nonfinite_audio: str = "fail"  # fail | zero (LEGACY): what a NaN/inf audio sample does (NONFINITE_AUDIO_POLICIES)
     device: str = "cpu"  # resolved device type the stages run on (recorded; never "auto")
     dtype: str = "fp32"  # resolved run dtype fp32 | bf16 | fp16 (recorded; never "auto"; see device.py)
+    cpu_gemm: str = "aten"  # resolved library of the fp32 linear layers on CPU: onednn | aten (recorded;
+    # never "auto"; always "aten" off CPU; see cpu_gemm.py). Rounding differs, so it is part of the fingerprint
     talker_slots: int | None = None  # segments the talker decodes at once (None: the whole batch); same output
     cuda_graphs: str = "off"  # on | off as resolved by synth (recorded): the talker step replayed as CUDA graphs
     # where the device allows (any value but "off" lets DecodeOptions resolve "auto")

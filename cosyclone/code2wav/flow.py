@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import cpu_gemm
 from ..checkpoint import init_dummy, load_module_file
 from ..config import CFMConfig, FlowConfig, ModelConfig
 from ..device import DevicePolicy
@@ -223,4 +224,5 @@ def build_flow(cfg: ModelConfig, policy: DevicePolicy,
         raise ValueError(f"load_format must be 'auto' or 'dummy', not {load_format!r}")
     model = model.to(dtype=policy.dtype)
     model.reset_buffers()
+    cpu_gemm.apply(model, policy.cpu_gemm)
     return model.eval()

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import cpu_gemm
 from ..checkpoint import CheckpointKeyError, LoadReport, init_dummy, load_module_file
 from ..config import QWEN_DIR, ModelConfig, QwenGeometry, TalkerConfig, validate_geometry
 from ..device import DevicePolicy
@@ -278,8 +279,7 @@ class CosyVoice3LM(nn.Module):
 
     def decoder_logits(self, hidden: Tensor) -> Tensor:
         """Raw fp32 logits ``llm_decoder(h)``: (..., D) any dtype -> (..., S+200) fp32, unnormalised."""
-        w = self.llm_decoder.weight
-        return F.linear(hidden.to(w.dtype), w).float()
+        return self.llm_decoder(hidden.to(self.llm_decoder.weight.dtype)).float()
 
     # -- whole-sequence forward (no cache), for parity and tests ---------------------------------
 
@@ -393,6 +393,7 @@ def build_talker(cfg: ModelConfig, policy: DevicePolicy, load_format: str = "aut
         init_dummy(model, seed=seed)
     else:
         load_talker_weights(model, cfg.path("llm.pt"), qwen_config=cfg.path(f"{QWEN_DIR}/config.json"))
+    cpu_gemm.apply(model, policy.cpu_gemm)
     return model.eval().requires_grad_(False)
 
 

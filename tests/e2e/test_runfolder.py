@@ -19,6 +19,7 @@ import soundfile as sf
 import torch
 from typer.testing import CliRunner
 
+from cosyclone import cpu_gemm
 from cosyclone.cli import app
 
 from .test_cli import ROOT, diag_lines, diags, samples_per_token
@@ -135,6 +136,11 @@ def test_changed_rows_are_redone_and_counted_by_what_changed(tiny_model_dir: Pat
     res = cli(m, tiny_model_dir, out, "--dtype", "bf16")
     assert "1 rows in the folder are not in this manifest (kept)" in res.output
     assert json.loads((out / "summary.json").read_text())["rows"] == 4
+
+    if cpu_gemm.onednn_available():  # linear layers on aten round differently from oneDNN's (the default)
+        res = cli(m, tiny_model_dir, out, "--dtype", "bf16", "--cpu-gemm", "aten")
+        assert res.exit_code == 0, res.output
+        assert json.loads((out / "summary.json").read_text())["last_run"]["redone_by"] == {"options": 3}
 
 
 @pytest.fixture(scope="module")

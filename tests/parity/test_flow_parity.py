@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 import torch
 
+from cosyclone import cpu_gemm
 from cosyclone.code2wav.flow import CausalMaskedDiffWithDiT
 from cosyclone.code2wav.noise import flow_noise
 
@@ -17,12 +18,14 @@ from .rounding import float32_noise
 # Tolerance: ten times the set's own float32 noise (vectors.json fp64-vs-fp32 gaps, 2.2e-6 in the
 # public set; BLAS kernels differ across CPUs by that order), and at least 2e-5. Measured: <= 1.7e-6.
 MARGIN, FLOOR = 10.0, 2e-5
+GEMMS = ["aten", "onednn"] if cpu_gemm.onednn_available() else ["aten"]
 
 
-@pytest.fixture(scope="module")
-def flow_set() -> tuple[dict[str, Any], dict[str, torch.Tensor], CausalMaskedDiffWithDiT]:
+@pytest.fixture(scope="module", params=GEMMS)
+def flow_set(request) -> tuple[dict[str, Any], dict[str, torch.Tensor], CausalMaskedDiffWithDiT]:
+    """Every flow parity test runs on both libraries of fp32 linear layers (--cpu-gemm)."""
     meta, tensors = load_vector_set("flow")
-    return meta, tensors, small_flow(meta)
+    return meta, tensors, cpu_gemm.apply(small_flow(meta), request.param)
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,10 @@ own fp64-vs-fp32 gap is ~1e-6, so fp32 must agree within a few 1e-6.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from cosyclone import cpu_gemm
 from cosyclone.config import QwenGeometry, TalkerConfig
 from cosyclone.talker.decode import DecodeOptions, TalkerRequest, generate
 from cosyclone.talker.model import CosyVoice3LM, load_talker_weights
@@ -33,12 +35,15 @@ def _atol(meta: dict) -> float:
     return max(FLOOR, MARGIN * float32_noise(meta, "decode.", "forward."))
 
 
-def _model(dtype: torch.dtype = torch.float32) -> tuple[CosyVoice3LM, dict, dict]:
+GEMMS = ["aten", "onednn"] if cpu_gemm.onednn_available() else ["aten"]
+
+
+def _model(dtype: torch.dtype = torch.float32, gemm: str = "aten") -> tuple[CosyVoice3LM, dict, dict]:
     meta, vec = load_vector_set("llm")
     model = CosyVoice3LM(_talker_config(meta)).eval()
     report = load_talker_weights(model, VECTORS / meta["weights_file"])
     assert report.ok
-    return model.to(dtype), meta, vec
+    return cpu_gemm.apply(model.to(dtype), gemm), meta, vec
 
 
 def _request(vec: dict, meta: dict) -> TalkerRequest:
@@ -66,8 +71,9 @@ def test_input_assembly() -> None:
 
 
 @torch.no_grad()
-def test_forward_logits() -> None:
-    model, meta, vec = _model()
+@pytest.mark.parametrize("gemm", GEMMS)
+def test_forward_logits(gemm: str) -> None:
+    model, meta, vec = _model(gemm=gemm)
     atol = _atol(meta)
     hidden, logits = model(vec["forward.input_embeds"])
     torch.testing.assert_close(hidden, vec["forward.hidden"], atol=atol, rtol=0)
@@ -75,10 +81,11 @@ def test_forward_logits() -> None:
     torch.testing.assert_close(torch.log_softmax(logits, -1), vec["forward.logp"], atol=atol, rtol=0)
 
 
+@pytest.mark.parametrize("gemm", GEMMS)
 @torch.no_grad()
-def test_forced_decode_every_step() -> None:
+def test_forced_decode_every_step(gemm: str) -> None:
     """Every decode step's scores (prefill, then cached steps) and the yielded tokens."""
-    model, meta, vec = _model()
+    model, meta, vec = _model(gemm=gemm)
     atol = _atol(meta)
     forced = vec["inputs.forced_tokens"].tolist()
     n_steps = meta["calls"][0]["number_of_steps"]

@@ -1,0 +1,91 @@
+"""Which library runs the models' fp32 linear layers on CPU: oneDNN or aten's default (MKL).
+
+Why: on CPU the flow's DiT spends about 85% of a run in fp32 linear layers and the talker's
+decode step is one skinny matmul per weight (a few rows against 0.5 B parameters). torch's CPU
+``F.linear`` goes to MKL's sgemm, which on these shapes is the slower of the two libraries torch
+ships: on a 2-core AMD EPYC Zen 4 MKL runs a decode step's (8 x 896) x (896 x 4864) matmul on one
+thread at about 35 GFLOP/s where oneDNN reaches about 58 on two, and the DiT's (700 x 1024) x
+(1024 x 3072) at 140-160 GFLOP/s where oneDNN reaches 177-200 (``benchmarks/bench_engine.py``
+measures both on the flow's own calls). oneDNN is also the more batch-invariant of the two: a
+row's output bits do not depend on how many rows share the call from two rows up (MKL's change
+below four rows).
+
+``--cpu-gemm onednn`` (the default on CPU builds with oneDNN, "auto") swaps every ``nn.Linear`` of
+the talker and the flow for :class:`OneDNNLinear`, whose CPU fp32 forward calls oneDNN's matmul
+with the module's own weight (no repacked copy: no extra memory, nothing to refresh when weights
+load). State dicts, parameter names and every other device are untouched. Results differ from
+aten's by fp32 rounding (about 1e-6 relative), so the choice is part of a row's fingerprint
+(``RunOptions.cpu_gemm``): a run folder made with one library redoes its rows under the other.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .errors import CosycloneError
+
+#: ``--cpu-gemm`` words; "auto" resolves to "onednn" on CPU where torch has it, else "aten".
+CPU_GEMMS = ("auto", "onednn", "aten")
+
+
+def onednn_available() -> bool:
+    """Whether this torch build can run a linear layer through oneDNN on CPU."""
+    return bool(torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
+                and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+def resolve_cpu_gemm(word: str, device: torch.device) -> str:
+    """The library that runs fp32 linear layers: "onednn" or "aten" (always "aten" off CPU)."""
+    word = word.lower()
+    if word not in CPU_GEMMS:
+        raise CosycloneError(f"--cpu-gemm must be one of {', '.join(CPU_GEMMS)}, not {word!r}")
+    if device.type != "cpu":
+        return "aten"
+    if word == "onednn" and not onednn_available():
+        raise CosycloneError(f"--cpu-gemm onednn requested but this torch build ({torch.__version__}) has no "
+                             "oneDNN (torch.backends.mkldnn); use --cpu-gemm aten")
+    if word == "auto":
+        return "onednn" if onednn_available() else "aten"
+    return word
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear`` (..., in) -> (..., out), through oneDNN when every operand is fp32 on CPU.
+
+    Anything else (another dtype or device, a graph being traced by ``torch.compile``, which keeps
+    its own choice of kernels) takes ``F.linear``.
+    """
+    if (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and weight.device.type == "cpu" and not torch.compiler.is_compiling()):
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
+class OneDNNLinear(nn.Linear):
+    """An ``nn.Linear`` (same parameters, same state dict) whose CPU fp32 forward runs on oneDNN."""
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - nn.Linear's own argument name
+        return linear(input, self.weight, self.bias)
+
+
+def use_onednn(module: nn.Module) -> int:
+    """Run every plain ``nn.Linear`` inside ``module`` through oneDNN; returns how many.
+
+    The instances keep their parameters and hooks; only their class changes (to a subclass of
+    ``nn.Linear``, so ``isinstance`` checks and loaders see the same module).
+    """
+    n = 0
+    for sub in module.modules():
+        if type(sub) is nn.Linear:
+            sub.__class__ = OneDNNLinear
+            n += 1
+    return n
+
+
+def apply(module: nn.Module, cpu_gemm: str) -> nn.Module:
+    """``module`` with its linear layers on the resolved library (:func:`resolve_cpu_gemm`)."""
+    if cpu_gemm == "onednn":
+        use_onednn(module)
+    return module
