@@ -19,14 +19,15 @@ batching, and how close the flow runs to the machine's own fp32 GEMM rate.
   rows of varied lengths flowing through 4 slots; graphs captured beyond the first, and whether
   the tokens equal eager ones. ``--quick`` uses the "eager" backend (dynamo capture and guards
   only; inductor takes about 7 minutes on 2 shared cores).
-* ``continuous_vs_static``: wall time of static batches (length-sorted chunks of ``slots`` rows,
-  one ``generate`` each, as the pipeline batches) over continuous batching (one ``generate``
-  with ``slots``), same rows, same tokens (checked). Rows run exactly to their max length
-  (stop ids never win: their decoder rows are zeroed), lengths spread 20..20*k tokens.
+* ``continuous_vs_static``: wall time of static batches (one ``generate`` each) over continuous
+  batching (one ``generate`` with ``slots``), same rows in the pipeline's order (sorted by their
+  length estimate, cut into batches of ``slots``, longest batch first), same tokens (checked).
+  Each row's cap is 20 x its text ids, spread 20..20*k tokens; its EOS falls where the sampler
+  puts it (``rows_at_max_len``: the share that reached its cap). ``*_exact``: stop ids blocked,
+  every row runs exactly to its cap, sorted by it (static batching's best case).
   ``*_ceiling``: what any scheduler could gain at most over those static batches if a step cost
   the same whatever it holds: the steps they run (each batch its longest row) over the tokens
-  made divided by ``slots`` (every slot busy every step). Length-sorted batches waste little, so
-  the ceiling, not the scheduler, bounds the measured ratio.
+  made divided by ``slots`` (every slot busy every step).
 * ``flow_gemm_fraction``: the flow's matmul/conv calls are recorded during one flow inference
   (full-size dummy weights, fp32, batch 1, 100 tokens, 1 Euler step) with their FLOPs, replayed
   alone on random tensors of the same shapes and strides (the machine's GEMM rate on the flow's
@@ -189,12 +190,16 @@ def compile_check(backend: str) -> dict[str, Any]:
             "compile_run_s": round(time.perf_counter() - t0, 1)}
 
 
-def continuous_vs_static(full: bool, slots: int, *, exact: bool = True) -> dict[str, Any]:
-    """Static length-sorted batches of ``slots`` rows vs one continuous run with ``slots`` slots.
+def continuous_vs_static(full: bool, slots: int, *, eos: bool = True) -> dict[str, Any]:
+    """Static batches of ``slots`` rows vs one continuous run with ``slots`` slots, in the pipeline's
+    order (:func:`cosyclone.pipeline.plan_batches`: rows sorted by their length estimate, cut into
+    batches, longest batch first).
 
-    ``exact``: rows are sorted by their true lengths (the best case for static batches); else by
-    an estimate their true lengths miss by up to 30% either way, as a text length predicts when a
-    row's EOS comes. The figure keys of the estimated case end in ``_estimated``.
+    A row's estimate is its cap (``max_len`` = 20 x its text ids, as the pipeline's estimate grows
+    with the text). ``eos``: the sampler's stop ids may win, so a row ends where its EOS falls,
+    which no scheduler knows in advance (with these dummy weights about half the rows reach their
+    cap); else stop ids are blocked (``min_len_override``) and every row runs exactly to its cap,
+    sorted by its true length: static batching's best case. Keys of that case end in ``_exact``.
     """
     from cosyclone import cpu_gemm
     from cosyclone.checkpoint import init_dummy
@@ -216,45 +221,40 @@ def continuous_vs_static(full: bool, slots: int, *, exact: bool = True) -> dict[
     model = init_dummy(model.to_empty(device="cpu"), seed=3).eval()
     model.backbone.reset_rope()
     cpu_gemm.apply(model, resolve("cpu", "fp32").cpu_gemm)  # linear layers on the library a run uses
-    with torch.no_grad():
-        model.llm_decoder.weight[cfg.speech_token_size:] = 0.0  # stop ids never win: rows run to max_len
+    with torch.no_grad():  # stop logits 0: an EOS now and then (random ones would end most rows at min_len)
+        model.llm_decoder.weight[cfg.speech_token_size:] = 0.0
     g = torch.Generator().manual_seed(7)
     targets = [1 + int(torch.randint(0, spread, (1,), generator=g)) for _ in range(rows)]
-    # a row's true length: exactly its estimate, or the estimate times a speaking-rate factor in
-    # [0.7, 1.3] that no scheduler knows in advance (where a real row's EOS falls)
-    factor = [1.0 if exact else 0.7 + 0.6 * float(torch.rand(1, generator=g)) for _ in range(rows)]
-    true = [max(1, round(t * f)) for t, f in zip(targets, factor, strict=True)]
     reqs = [TalkerRequest(row_id=f"r{i}", text_ids=torch.randint(0, 1000, (t,), generator=g), target_len=t,
                           prompt_speech_tokens=torch.randint(0, 6561, (20,), generator=g), seed=i)
-            for i, t in enumerate(true)]
-    opts = DecodeOptions(sampler=SamplerOptions())
-    order = sorted(range(rows), key=lambda i: (targets[i], i))  # the pipeline's length-aware order (estimates)
+            for i, t in enumerate(targets)]
+    opts = DecodeOptions(sampler=SamplerOptions(), min_len_override=None if eos else 20 * spread)
+    order = sorted(range(rows), key=lambda i: (targets[i], i))  # by estimate, as plan_batches sorts
+    batches = [order[k:k + slots] for k in range(0, rows, slots)][::-1]  # cut, then longest batch first
     t0 = time.perf_counter()
     static: dict[int, list[int]] = {}
-    for k in range(0, rows, slots):
-        chunk = order[k:k + slots]
+    for chunk in batches:
         for i, r in zip(chunk, generate(model, [reqs[i] for i in chunk], opts), strict=True):
             static[i] = r.raw_tokens
     t_static = time.perf_counter() - t0
+    flat = [i for chunk in batches for i in chunk]
     t0 = time.perf_counter()
-    cont = generate(model, [reqs[i] for i in order], replace(opts, slots=slots))
+    cont = generate(model, [reqs[i] for i in flat], replace(opts, slots=slots))
     t_cont = time.perf_counter() - t0
-    same = all(cont[j].raw_tokens == static[i] for j, i in enumerate(order))
+    same = all(cont[j].raw_tokens == static[i] for j, i in enumerate(flat))
     at_max = sum(len(r.raw_tokens) == r.max_len for r in cont) / rows
     # the most any scheduler could gain over these static batches at an equal cost per step: the
     # steps they run (each batch its longest row) over every slot busy every step (tokens / slots)
-    made = [len(cont[j].raw_tokens) for j in range(rows)]
-    static_steps = sum(max(made[k:k + slots]) for k in range(0, rows, slots))
-    ceiling = round(static_steps / (sum(made) / slots), 3)
-    if not exact:
-        return {"continuous_vs_static_estimated": round(t_static / t_cont, 3),
-                "continuous_equal_static_estimated": same, "static_estimated_s": round(t_static, 2),
-                "continuous_estimated_s": round(t_cont, 2), "continuous_vs_static_estimated_ceiling": ceiling}
-    return {"continuous_vs_static": round(t_static / t_cont, 3), "continuous_equal_static": same,
-            "continuous_vs_static_ceiling": ceiling,
-            "continuous_geometry": label, "continuous_rows": rows, "continuous_slots": slots,
-            "continuous_lengths": [min(true) * 20, max(true) * 20], "rows_at_max_len": at_max,
-            "static_s": round(t_static, 2), "continuous_s": round(t_cont, 2)}
+    made = {i: len(static[i]) for i in flat}
+    ceiling = sum(max(made[i] for i in chunk) for chunk in batches) / (sum(made.values()) / slots)
+    tag = "" if eos else "_exact"
+    out = {f"continuous_vs_static{tag}": round(t_static / t_cont, 3), f"continuous_equal_static{tag}": same,
+           f"continuous_vs_static{tag}_ceiling": round(ceiling, 3), f"static{tag}_s": round(t_static, 2),
+           f"continuous{tag}_s": round(t_cont, 2), f"rows_at_max_len{tag}": round(at_max, 3)}
+    if eos:
+        out.update(continuous_geometry=label, continuous_rows=rows, continuous_slots=slots,
+                   continuous_lengths=[20, 20 * spread])
+    return out
 
 
 def _like(x: Any) -> Any:
@@ -539,12 +539,13 @@ def main(argv: list[str] | None = None) -> None:
     out.update(compile_check(args.compile_backend or ("eager" if args.quick else "inductor")))
     print(f"compile: {out['recompiles']} recompiles, eager_equal={out['eager_equal']}", flush=True)
     out.update(continuous_vs_static(not args.quick, args.slots))
-    out.update(continuous_vs_static(not args.quick, args.slots, exact=False))
+    out.update(continuous_vs_static(not args.quick, args.slots, eos=False))
     print(f"continuous vs static ({out['continuous_geometry']}, {out['continuous_rows']} rows, "
-          f"{out['continuous_slots']} slots): {out['continuous_vs_static']}x with rows sorted by their true "
-          f"lengths (ceiling {out['continuous_vs_static_ceiling']}x), {out['continuous_vs_static_estimated']}x "
-          f"sorted by estimates 30% off (ceiling {out['continuous_vs_static_estimated_ceiling']}x); same tokens "
-          f"{out['continuous_equal_static'] and out['continuous_equal_static_estimated']}", flush=True)
+          f"{out['continuous_slots']} slots, longest batch first): {out['continuous_vs_static']}x where the "
+          f"sampler's EOS ends rows ({out['rows_at_max_len']} reach their cap; ceiling "
+          f"{out['continuous_vs_static_ceiling']}x), {out['continuous_vs_static_exact']}x when every row runs "
+          f"exactly to its cap (ceiling {out['continuous_vs_static_exact_ceiling']}x); same tokens "
+          f"{out['continuous_equal_static'] and out['continuous_equal_static_exact']} [{out['device']}]", flush=True)
     out.update(frontend_cache(args.model_dir))
     print(f"frontend, {out['frontend_workload']}: cache {out['frontend_cache_speedup']}x faster, "
           f"same features {out['frontend_cache_equal']}", flush=True)

@@ -189,11 +189,11 @@ def _ids(batches: list) -> list[list[str]]:
     return [[r.id for r in b] for b in batches]
 
 
-def test_plan_batches_groups_by_length() -> None:
+def test_plan_batches_groups_by_length_longest_batch_first() -> None:
     rows = _rows([9, 1, 5, 2])
-    assert _ids(pipeline.plan_batches(rows, 2)) == [["r1", "r3"], ["r2", "r0"]]
+    assert _ids(pipeline.plan_batches(rows, 2)) == [["r2", "r0"], ["r1", "r3"]]
     assert _ids(pipeline.plan_batches(rows, 8)) == [["r1", "r3", "r2", "r0"]]
-    assert _ids(pipeline.plan_batches(list(reversed(rows)), 2)) == [["r1", "r3"], ["r2", "r0"]]
+    assert _ids(pipeline.plan_batches(list(reversed(rows)), 2)) == [["r2", "r0"], ["r1", "r3"]]
 
 
 def test_row_cost_counts_characters_and_prompt_tokens() -> None:
@@ -207,13 +207,13 @@ def test_row_cost_counts_characters_and_prompt_tokens() -> None:
 def test_plan_batches_with_token_budget() -> None:
     rows = _rows([10, 30, 10, 20, 10, 40])
     # sorted: r0 r2 r4 (10) r3 (20) r1 (30) r5 (40); padded work = rows x widest row
-    assert _ids(pipeline.plan_batches(rows, 8, token_budget=40)) == [["r0", "r2", "r4"], ["r3"], ["r1"], ["r5"]]
-    assert _ids(pipeline.plan_batches(rows, 8, token_budget=60)) == [["r0", "r2", "r4"], ["r3", "r1"], ["r5"]]
-    assert _ids(pipeline.plan_batches(rows, 2, token_budget=1000)) == [["r0", "r2"], ["r4", "r3"], ["r1", "r5"]]
+    assert _ids(pipeline.plan_batches(rows, 8, token_budget=40)) == [["r5"], ["r1"], ["r3"], ["r0", "r2", "r4"]]
+    assert _ids(pipeline.plan_batches(rows, 8, token_budget=60)) == [["r5"], ["r3", "r1"], ["r0", "r2", "r4"]]
+    assert _ids(pipeline.plan_batches(rows, 2, token_budget=1000)) == [["r1", "r5"], ["r4", "r3"], ["r0", "r2"]]
     # a single row over the budget still gets a batch of its own
-    assert _ids(pipeline.plan_batches(rows, 8, token_budget=5)) == [["r0"], ["r2"], ["r4"], ["r3"], ["r1"], ["r5"]]
+    assert _ids(pipeline.plan_batches(rows, 8, token_budget=5)) == [["r5"], ["r1"], ["r3"], ["r4"], ["r2"], ["r0"]]
     # the prompt counts: 25 tokens per second of prompt audio
-    assert _ids(pipeline.plan_batches(_rows([10, 10], prompt_seconds=2.0), 8, token_budget=119)) == [["r0"], ["r1"]]
+    assert _ids(pipeline.plan_batches(_rows([10, 10], prompt_seconds=2.0), 8, token_budget=119)) == [["r1"], ["r0"]]
     assert _ids(pipeline.plan_batches(_rows([10, 10], prompt_seconds=2.0), 8, token_budget=120)) == [["r0", "r1"]]
     # deterministic, and every row lands in exactly one batch
     for budget in (1, 25, 47, 90, 10**6):

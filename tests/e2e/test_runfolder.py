@@ -19,8 +19,9 @@ import soundfile as sf
 import torch
 from typer.testing import CliRunner
 
-from cosyclone import cpu_gemm
+from cosyclone import cpu_gemm, pipeline
 from cosyclone.cli import app
+from cosyclone.manifest import read_manifest
 
 from .test_cli import ROOT, diag_lines, diags, samples_per_token
 
@@ -217,9 +218,14 @@ def test_a_second_synth_on_the_same_folder_is_refused_and_the_first_is_unharmed(
 
 def test_a_full_disk_is_a_clear_error_with_no_torn_file_and_the_rerun_completes(tiny_model_dir: Path,
                                                                                tmp_path: Path) -> None:
-    m = write_manifest(tmp_path, 4, long_every=2)  # rows 1 and 3 are long: their WAVs pass the limit
+    m = write_manifest(tmp_path, 4)
+    # batches run longest estimate first: the row planned last speaks 4x slower (speed is not in the
+    # estimate), so its WAV is the one past the limit, after the others were written
+    last = pipeline.plan_batches(read_manifest(m).rows, 1)[-1][0].id
+    rows = [json.loads(x) for x in m.read_text().splitlines()]
+    m.write_text("".join(json.dumps({**r, "speed": 0.25} if r["id"] == last else r) + "\n" for r in rows))
     out = tmp_path / "out"
-    limit = 20_000  # bytes per file: a short row's PCM16 WAV (~12 kB) fits, a 4-segment row's does not
+    limit = 20_000  # bytes per file: a short row's PCM16 WAV (~12 kB) fits, one 4x as long does not
 
     def small_disk() -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead
