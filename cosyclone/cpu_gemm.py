@@ -5,8 +5,8 @@ decode step is one skinny matmul per weight (a few rows against 0.5 B parameters
 ``F.linear`` goes to MKL's sgemm, which on these shapes is the slower of the two libraries torch
 ships: on a 2-core AMD EPYC Zen 4 MKL runs a decode step's (8 x 896) x (896 x 4864) matmul on one
 thread at about 35 GFLOP/s where oneDNN reaches about 58 on two, and the DiT's (700 x 1024) x
-(1024 x 3072) at 140-160 GFLOP/s where oneDNN reaches 177-200 (``benchmarks/bench_engine.py``
-measures both on the flow's own calls). oneDNN is also the more batch-invariant of the two: a
+(1024 x 3072) at 140-160 GFLOP/s where oneDNN reaches about 180, with the weight as it is
+(``benchmarks/bench_engine.py`` measures both on the flow's own calls). oneDNN is also the more batch-invariant of the two: a
 row's output bits do not depend on how many rows share the call from two rows up (MKL's change
 below four rows).
 
@@ -52,13 +52,16 @@ def resolve_cpu_gemm(word: str, device: torch.device) -> str:
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``F.linear`` (..., in) -> (..., out), through oneDNN when every operand is fp32 on CPU.
+    """``F.linear`` (..., in) -> (..., out), through oneDNN when every operand is fp32 on CPU and
+    no gradient is wanted.
 
-    Anything else (another dtype or device, a graph being traced by ``torch.compile``, which keeps
-    its own choice of kernels) takes ``F.linear``.
+    Anything else takes ``F.linear``: another dtype or device, a graph being traced by
+    ``torch.compile`` (which keeps its own choice of kernels), and a call that autograd records
+    (oneDNN's op has no backward: its gradients would silently be missing).
     """
+    wants_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
     if (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
-            and weight.device.type == "cpu" and not torch.compiler.is_compiling()):
+            and weight.device.type == "cpu" and not wants_grad and not torch.compiler.is_compiling()):
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
 

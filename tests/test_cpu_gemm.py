@@ -16,6 +16,22 @@ from cosyclone.talker.model import build_talker
 
 needs_onednn = pytest.mark.skipif(not cpu_gemm.onednn_available(), reason="this torch build has no oneDNN")
 
+
+def ops_called(fn) -> set[str]:
+    """The aten/mkldnn ops ``fn()`` dispatches (which library a layer really used)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: set[str] = set()
+
+    class Spy(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            seen.add(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    with Spy():
+        fn()
+    return seen
+
 TINY = ModelConfig(
     flow=FlowConfig(vocab_size=40, pre_lookahead_channels=16, dit=DiTConfig(dim=32, depth=2, heads=2, dim_head=16,
                                                                              ff_mult=2)),
@@ -44,6 +60,7 @@ def test_onednn_requested_without_onednn_is_a_clear_error(monkeypatch: pytest.Mo
 @needs_onednn
 @pytest.mark.parametrize("shape", [(5, 24), (2, 3, 24), (0, 24), (2, 0, 24), (24,)])
 @pytest.mark.parametrize("bias", [True, False])
+@torch.no_grad()
 def test_onednn_linear_equals_aten_within_fp32_rounding(shape: tuple[int, ...], bias: bool) -> None:
     torch.manual_seed(0)
     aten = nn.Linear(24, 40, bias=bias)
@@ -51,12 +68,14 @@ def test_onednn_linear_equals_aten_within_fp32_rounding(shape: tuple[int, ...], 
     ours.load_state_dict(aten.state_dict())
     assert cpu_gemm.use_onednn(ours) == 1 and isinstance(ours, nn.Linear)
     x = torch.randn(shape)
+    assert "mkldnn._linear_pointwise" in ops_called(lambda: ours(x))
     got, ref = ours(x), aten(x)
     assert got.shape == ref.shape
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
 @needs_onednn
+@torch.no_grad()
 def test_onednn_linear_takes_strided_inputs_and_falls_back_off_fp32() -> None:
     torch.manual_seed(1)
     layer = cpu_gemm.apply(nn.Linear(16, 8), "onednn")
@@ -68,6 +87,7 @@ def test_onednn_linear_takes_strided_inputs_and_falls_back_off_fp32() -> None:
 
 
 @needs_onednn
+@torch.no_grad()
 def test_a_row_gets_the_same_bits_whatever_rows_share_its_call() -> None:
     """oneDNN's kernel for a row does not depend on the row count from two rows up (batch invariance)."""
     torch.manual_seed(2)
@@ -91,6 +111,7 @@ def test_builders_swap_linears_and_keep_the_released_state_dict() -> None:
         a, b = swapped.state_dict(), plain.state_dict()
         assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
     h = torch.randn(3, 32)
+    assert "mkldnn._linear_pointwise" in ops_called(lambda: talker_on.decoder_logits(h))
     torch.testing.assert_close(talker_on.decoder_logits(h), talker_off.decoder_logits(h), rtol=1e-5, atol=1e-5)
 
 
@@ -101,3 +122,17 @@ def test_a_compiled_graph_traces_the_onednn_layer() -> None:
     x = torch.randn(4, 16)
     compiled = torch.compile(layer, fullgraph=True, backend="eager")
     torch.testing.assert_close(compiled(x), layer(x), rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_a_call_that_autograd_records_takes_aten_and_gets_its_gradients() -> None:
+    """oneDNN's op has no backward: with gradients wanted the layer must not use it."""
+    torch.manual_seed(3)
+    ours = cpu_gemm.apply(nn.Linear(8, 4), "onednn")
+    ref = nn.Linear(8, 4)
+    ref.load_state_dict(ours.state_dict())
+    x = torch.randn(3, 8)
+    assert "mkldnn._linear_pointwise" not in ops_called(lambda: ours(x))
+    ours(x).square().sum().backward()
+    ref(x).square().sum().backward()
+    assert ours.weight.grad is not None and torch.equal(ours.weight.grad, ref.weight.grad)

@@ -225,4 +225,4 @@ def build_flow(cfg: ModelConfig, policy: DevicePolicy,
     model = model.to(dtype=policy.dtype)
     model.reset_buffers()
     cpu_gemm.apply(model, policy.cpu_gemm)
-    return model.eval()
+    return model.eval().requires_grad_(False)

@@ -25,7 +25,7 @@ GEMMS = ["aten", "onednn"] if cpu_gemm.onednn_available() else ["aten"]
 def flow_set(request) -> tuple[dict[str, Any], dict[str, torch.Tensor], CausalMaskedDiffWithDiT]:
     """Every flow parity test runs on both libraries of fp32 linear layers (--cpu-gemm)."""
     meta, tensors = load_vector_set("flow")
-    return meta, tensors, cpu_gemm.apply(small_flow(meta), request.param)
+    return meta, tensors, cpu_gemm.apply(small_flow(meta).requires_grad_(False), request.param)
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,7 @@ def _model(dtype: torch.dtype = torch.float32, gemm: str = "aten") -> tuple[Cosy
     model = CosyVoice3LM(_talker_config(meta)).eval()
     report = load_talker_weights(model, VECTORS / meta["weights_file"])
     assert report.ok
-    return cpu_gemm.apply(model.to(dtype), gemm), meta, vec
+    return cpu_gemm.apply(model.to(dtype).requires_grad_(False), gemm), meta, vec
 
 
 def _request(vec: dict, meta: dict) -> TalkerRequest:
