@@ -40,7 +40,7 @@ def test_dummy_needs_no_files_and_buffers_follow_device(tmp_path: Path) -> None:
     model = build_talker(cfg, CPU, load_format="dummy")
     assert all(b.device.type == "cpu" for b in model.buffers())
     assert all(p.device.type == "cpu" and torch.isfinite(p).all() for p in model.parameters())
-    assert model.backbone.rope_cos.dtype == torch.float32
+    assert model.backbone.rope_table.dtype == torch.float32
     with pytest.raises(ModelDirError, match="llm.pt"):
         build_talker(cfg, CPU, load_format="auto")
 

@@ -46,9 +46,13 @@ class SlotKVCache(nn.Module):
         self.k[layer, slots, :, :t] = k
         self.v[layer, slots, :, :t] = v
 
-    def write_step(self, layer: int, k: Tensor, v: Tensor, positions: Tensor) -> None:
-        """Write one new position per slot: ``k``/``v`` (slots, H_kv, 1, D) at cells ``positions`` (slots,)."""
-        rows = torch.arange(k.shape[0], device=k.device)
+    def write_step(self, layer: int, k: Tensor, v: Tensor, positions: Tensor, *, rows: Tensor | None = None) -> None:
+        """Write one new position per slot: ``k``/``v`` (slots, H_kv, 1, D) at cells ``positions`` (slots,).
+
+        ``rows``: ``arange(slots)`` made once by the caller for every layer of a step (else made here).
+        """
+        if rows is None:
+            rows = torch.arange(k.shape[0], device=k.device)
         self.k[layer, rows, :, positions] = k[:, :, 0]
         self.v[layer, rows, :, positions] = v[:, :, 0]
 

@@ -64,15 +64,10 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
-def rotate_half(x: Tensor) -> Tensor:
-    """Half-split rotation: dims [0:D/2] and [D/2:D] of each head form the pairs."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 def swap_halves(x: Tensor) -> Tensor:
-    """``[x2, x1]``: :func:`rotate_half` without its negation, which the signed sin table carries
-    (``(-a) * s == a * (-s)`` exactly, so the rotation is bit-identical and one op shorter)."""
+    """``[x2, x1]``: the half-split RoPE rotation ``[-x2, x1]`` (dims [0:D/2] and [D/2:D] of each
+    head form the pairs) without its negation, which the signed sin table carries (``(-a) * s ==
+    a * (-s)`` exactly, so the rotation is bit-identical and one op shorter)."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((x2, x1), dim=-1)
 
@@ -94,7 +89,7 @@ class Attention(FusedLinears):
         self.o_proj = nn.Linear(q_dim, g.hidden_size, bias=False)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, ctx: CacheContext | None = None) -> Tensor:
-        """``x`` (B, T, D); ``cos``/``sin`` (B, T, 1, Dh), ``sin`` signed (:attr:`Qwen2Model.rope_sin_signed`);
+        """``x`` (B, T, D); ``cos``/``sin`` (B, T, 1, Dh), ``sin`` signed (:attr:`Qwen2Model.rope_table`);
         ``mask`` (B, 1, T, K), bool (True = attend) or the equal additive float mask (0 / -inf).
 
         Without ``ctx`` attention runs over ``x`` itself. A prefill context (``ctx.slots`` set)
@@ -111,10 +106,7 @@ class Attention(FusedLinears):
         k = qk[:, :, h:].transpose(1, 2)
         v = qkv[:, :, h + hkv:].transpose(1, 2)
         if ctx is not None and ctx.positions is not None:
-            # SlotKVCache.write_step's indexing, with the step's row index made once for all layers
-            rows = torch.arange(b, device=x.device) if ctx.rows is None else ctx.rows
-            ctx.cache.k[ctx.layer, rows, :, ctx.positions] = k[:, :, 0]
-            ctx.cache.v[ctx.layer, rows, :, ctx.positions] = v[:, :, 0]
+            ctx.cache.write_step(ctx.layer, k, v, ctx.positions, rows=ctx.rows)
             k, v = ctx.cache.view(ctx.layer, mask.shape[-1])
             # One query per slot: the H/H_kv query heads that share a K/V head become that head's
             # "query positions", so no GQA flag is needed and a masked fused kernel applies.
@@ -164,15 +156,13 @@ class Qwen2Model(nn.Module):
         self.embed_tokens = nn.Embedding(g.vocab_size, g.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(g) for _ in range(g.num_hidden_layers))
         self.norm = RMSNorm(g.hidden_size, g.rms_norm_eps)
-        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
-        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
-        # [cos | sin with its first half negated] (T, 2 Dh): one gather per pass for both tables,
-        # and the sign that rotate_half would apply per layer is applied once here (swap_halves)
+        # [cos | sin with its first half negated] (T, 2 Dh), fp32: one gather per pass for both
+        # tables, and the sign of the rotation is applied once here instead of per layer (swap_halves)
         self.register_buffer("rope_table", torch.empty(0), persistent=False)
         self.reset_rope()
 
     def reset_rope(self, length: int | None = None) -> None:
-        """(Re)build the fp32 cos/sin tables (T, Dh) on the module's device.
+        """(Re)build the fp32 RoPE table (T, 2 Dh) on the module's device.
 
         Called after ``to_empty`` (which leaves buffers uninitialised) and whenever more positions
         are needed. ``inv_freq_j = theta^(-2j/Dh)``; angles are ``pos * inv_freq`` in fp32.
@@ -185,18 +175,16 @@ class Qwen2Model(nn.Module):
         pos = torch.arange(length, device=dev, dtype=torch.float32)
         freqs = pos[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        self.rope_cos = emb.cos()
-        self.rope_sin = emb.sin()
-        half = dim // 2
-        self.rope_table = torch.cat((self.rope_cos, -self.rope_sin[:, :half], self.rope_sin[:, half:]), dim=-1)
+        sin, half = emb.sin(), dim // 2
+        self.rope_table = torch.cat((emb.cos(), -sin[:, :half], sin[:, half:]), dim=-1)
 
     def ensure_positions(self, length: int) -> None:
         """Grow the RoPE tables if a sequence needs more than ``length`` positions."""
-        if length > self.rope_cos.shape[0]:
+        if length > self.rope_table.shape[0]:
             if length > self.geometry.max_position_embeddings:
                 raise ValueError(f"sequence of {length} positions exceeds max_position_embeddings="
                                  f"{self.geometry.max_position_embeddings}")
-            self.reset_rope(max(length, 2 * self.rope_cos.shape[0]))
+            self.reset_rope(max(length, 2 * self.rope_table.shape[0]))
 
     def forward(self, x: Tensor, positions: Tensor, mask: Tensor, *, cache: SlotKVCache | None = None,
                 slots: Tensor | None = None, decode: bool = False) -> Tensor:
