@@ -51,9 +51,11 @@ def resolve_cpu_gemm(word: str, device: torch.device) -> str:
     return word
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, gelu_tanh: bool = False) -> Tensor:
     """``F.linear`` (..., in) -> (..., out), through oneDNN when every operand is fp32 on CPU and
-    no gradient is wanted.
+    no gradient is wanted; ``gelu_tanh``: followed by ``GELU(approximate="tanh")``, which oneDNN
+    applies to each output tile while it is still in cache (the DiT's up-projections: one pass
+    over a (B, T, 2D) activation less per block, about 3% of the flow on 2 cores).
 
     Anything else takes ``F.linear``: another dtype or device, a graph being traced by
     ``torch.compile`` (which keeps its own choice of kernels), and a call that autograd records
@@ -62,8 +64,11 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     wants_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
     if (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
             and weight.device.type == "cpu" and not wants_grad and not torch.compiler.is_compiling()):
+        if gelu_tanh:
+            return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "gelu", [], "tanh")
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-    return F.linear(x, weight, bias)
+    y = F.linear(x, weight, bias)
+    return F.gelu(y, approximate="tanh") if gelu_tanh else y
 
 
 class OneDNNLinear(nn.Linear):
@@ -71,6 +76,14 @@ class OneDNNLinear(nn.Linear):
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - nn.Linear's own argument name
         return linear(input, self.weight, self.bias)
+
+
+def linear_gelu_tanh(layer: nn.Linear, x: Tensor) -> Tensor:
+    """``GELU_tanh(layer(x))`` on the library ``layer`` runs on: fused into oneDNN's matmul for a
+    :class:`OneDNNLinear`, else the layer, then GELU in place on its fresh output (no second buffer)."""
+    if isinstance(layer, OneDNNLinear):
+        return linear(x, layer.weight, layer.bias, gelu_tanh=True)
+    return torch.ops.aten.gelu_(layer(x), approximate="tanh")
 
 
 def use_onednn(module: nn.Module) -> int:

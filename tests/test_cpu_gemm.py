@@ -87,6 +87,21 @@ def test_onednn_linear_takes_strided_inputs_and_falls_back_off_fp32() -> None:
 
 
 @needs_onednn
+@pytest.mark.parametrize("library", ["onednn", "aten"])
+@torch.no_grad()
+def test_gelu_fused_into_the_up_projection_equals_gelu_after_it(library: str) -> None:
+    """The DiT's up-projection with its tanh GELU: inside oneDNN's matmul on oneDNN layers (no
+    separate GELU op), the layer then GELU on aten's; either way GELU_tanh(linear(x)) up to rounding."""
+    torch.manual_seed(3)
+    layer = cpu_gemm.apply(nn.Linear(64, 128), library)
+    x = torch.randn(2, 7, 64) * 3
+    want = F.gelu(F.linear(x, layer.weight, layer.bias), approximate="tanh")
+    ops = ops_called(lambda: cpu_gemm.linear_gelu_tanh(layer, x))
+    assert ("gelu" in " ".join(ops)) == (library == "aten")
+    torch.testing.assert_close(cpu_gemm.linear_gelu_tanh(layer, x), want, rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
 @torch.no_grad()
 def test_a_row_gets_the_same_bits_whatever_rows_share_its_call() -> None:
     """oneDNN's kernel for a row does not depend on the row count from two rows up (batch invariance)."""

@@ -118,10 +118,11 @@ def test_generate_equals_todays_loop_for_any_slot_count_and_order(seed: int, n: 
     opts = DecodeOptions(sampler=SamplerOptions(top_k=40, top_p=0.9), logits_hook=hook)  # type: ignore[arg-type]
     want = _key(reference_generate(model, reqs, opts))
     assert len({len(w[1]) for w in want}) > 1 or n == 1  # rows of different lengths
-    for slots, sync, lagged in ((None, 4, False), (1, 1, False), (2, 3, False), (3, 4, False),
-                                (1, 2, True), (2, 3, True)):
-        got = _key(generate(model, reqs, replace(opts, slots=slots, sync_every=sync, lagged_reads=lagged)))
-        assert got == want, (slots, sync, lagged)
+    for slots, sync, lagged, fused in ((None, 4, False, None), (1, 1, False, True), (2, 3, False, True),
+                                       (3, 4, False, False), (1, 2, True, True), (2, 3, True, False), (2, None, False, None)):
+        got = _key(generate(model, reqs, replace(opts, slots=slots, sync_every=sync, lagged_reads=lagged,
+                                                 fused_admission=fused)))
+        assert got == want, (slots, sync, lagged, fused)
     order = list(reversed(range(n)))  # another admission order: the same rows, reversed
 
     def reordered(logits: torch.Tensor, rows: torch.Tensor, step: int) -> torch.Tensor:
@@ -132,6 +133,47 @@ def test_generate_equals_todays_loop_for_any_slot_count_and_order(seed: int, n: 
     assert [got[order.index(i)] for i in range(n)] == want
     if hook is not None:
         assert any(w[3] == "no_finite_logits" for w in want) or n == 1
+
+
+@pytest.mark.parametrize("hook", [None, _nan_hook], ids=["clean", "nan"])
+def test_newcomers_riding_in_a_running_step_get_what_a_separate_prefill_gives(hook: object, monkeypatch) -> None:
+    """Fused admission (the CPU default): a newcomer's prompt goes through the pass of a step whose
+    other slots keep decoding. Every row gets exactly what it gets prefilled apart, and only the
+    first admission (nothing running yet to share a pass with) is a separate prefill."""
+    from cosyclone.talker.engine import SlotEngine
+    from cosyclone.talker.model import CosyVoice3LM
+
+    model = _model()
+    # stop ids blocked: every row runs to its cap (20 tokens short, 60 long) unless the hook aborts it.
+    # A long row holds slot 0 while short rows pass through slot 1, then a long prompt (34 cells) is
+    # admitted into slot 1, whose last row grew to 24: the freed slot's own cell in that step lies
+    # inside the newcomer's prompt cells, written in the same pass
+    def row(kind: str, i: int) -> TalkerRequest:
+        text, speech, target = (12, 20, 3) if kind == "long" else (2, 0, 1)
+        return replace(_req(60 + 10 * i + len(kind), text, speech, target), row_id=f"{kind}{i}", seed=i)
+
+    reqs = [row("long", 0), row("short", 0), row("short", 1), row("long", 1), row("long", 2), row("short", 2)]
+    opts = DecodeOptions(sampler=SamplerOptions(top_k=40, top_p=0.9), logits_hook=hook,  # type: ignore[arg-type]
+                         slots=2, min_len_override=100)
+    want = _key(reference_generate(model, reqs, opts))
+    assert _key(generate(model, reqs, replace(opts, fused_admission=False))) == want
+    seen = {"apart": 0, "riding": 0}
+    real_admit, real_step = SlotEngine.admit, CosyVoice3LM.step
+
+    def admit(self, slots, *args, **kw):  # type: ignore[no-untyped-def]
+        seen["apart"] += len(slots)
+        return real_admit(self, slots, *args, **kw)
+
+    def step(self, *args, admit=None, **kw):  # type: ignore[no-untyped-def]
+        seen["riding"] += 0 if admit is None else int(admit[2].numel())
+        return real_step(self, *args, admit=admit, **kw)
+
+    monkeypatch.setattr(SlotEngine, "admit", admit)
+    monkeypatch.setattr(CosyVoice3LM, "step", step)
+    assert _key(generate(model, reqs, opts)) == want  # default on CPU: fused
+    assert seen["riding"] >= 1 and seen["apart"] + seen["riding"] == len(reqs)
+    if hook is None:  # only the first two (nothing running yet) were prefilled apart
+        assert seen == {"apart": 2, "riding": 4}
 
 
 def test_max_len_zero_rows_never_take_a_slot() -> None:

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import cpu_gemm
 from ..config import DiTConfig
 from ..fused import FusedLinears
 
@@ -205,9 +206,8 @@ class FeedForward(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if torch.is_grad_enabled():
             return self.ff(x)
-        # Inference: GELU in place on the fresh up-projection (no second (B, T, 2D) buffer).
-        h = torch.ops.aten.gelu_(self.ff[0][0](x), approximate="tanh")
-        return self.ff[2](h)
+        # Inference: GELU fused into the up-projection (oneDNN) or in place on its fresh output
+        return self.ff[2](cpu_gemm.linear_gelu_tanh(self.ff[0][0], x))
 
 
 def _norm(x: Tensor) -> Tensor:

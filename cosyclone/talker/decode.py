@@ -4,11 +4,14 @@ Why this shape: the decode step (:class:`~cosyclone.talker.engine.SlotEngine`) h
 whatever rows are active, so it can be compiled or graph-captured, and a freed slot is refilled at
 once: with ``DecodeOptions.slots`` smaller than the number of requests, the next request is
 prefilled into a slot as soon as one finishes, instead of the batch waiting for its longest row.
-Newcomers are prefilled apart from the decode steps, right-padded with their own positions and key
-masks, so every row computes what it would alone (the same tokens; logits equal up to fp32
-rounding of a different kernel shape). The host reads the finished flags every
-``DecodeOptions.sync_every`` steps; tokens, stop flags, length rules and diagnostic counters stay
-on the device in between. On CUDA the read lags a window (``lagged_reads``): the flags are copied
+Newcomers are prefilled right-padded with their own positions and key masks, so every row
+computes what it would alone (the same tokens; logits equal up to fp32 rounding of a different
+kernel shape): apart from the decode steps on a GPU (a captured step keeps its shapes), and on a
+CPU inside the next step's pass while the other slots decode (``fused_admission``: the step there
+is bound by reading the weights, which a separate prefill would read a second time). The host
+reads the finished flags every ``DecodeOptions.sync_every`` steps; tokens, stop flags, length
+rules and diagnostic counters stay on the device in between (on a CPU, where a read costs
+nothing, every step). On CUDA the read lags a window (``lagged_reads``): the flags are copied
 to pinned memory without blocking and read once the next window is queued, so the device never
 waits for the host's bookkeeping. :class:`TalkerSession` is the scheduler; requests may join it
 while it decodes (a pipeline run keeps one for the whole manifest), and :func:`generate` is a
@@ -36,6 +39,7 @@ from torch import Tensor
 from .model import CosyVoice3LM
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
+    from .engine import Admit
     from .graphs import CaptureBackend, GraphChoice
     from .sampler import SamplerOptions
 
@@ -84,7 +88,12 @@ class DecodeOptions:
     max_len_ratio: float | None = None  # max tokens = int(ratio * target_len); None = the model's (official 20)
     logits_hook: LogitsHook | None = None  # (logits (b,V), rows (b,), step) -> logits; fault injection
     slots: int | None = None  # rows decoded at once; more requests wait and take a slot as one frees (None: all)
-    sync_every: int = 4  # steps between host reads of the finished flags
+    sync_every: int | None = None  # steps between host reads of the finished flags; None: 4 on CUDA/ROCm
+    # (a read waits for the queue to drain), 1 on CPU (nothing runs ahead: a read costs nothing and a
+    # finished row's slot is refilled at the next step). Same tokens
+    fused_admission: bool | None = None  # prefill newcomers in the pass of a decode step (engine.Admit)
+    # instead of apart; None: on CPU without compile or CUDA graphs (a step there is bound by reading the
+    # weights once, so prompts riding along cost only their arithmetic). Same tokens
     lagged_reads: bool | None = None  # read a window's finished flags after the next window is queued,
     # copied without blocking (the device never waits on the host; a slot is refilled one window later);
     # None: on CUDA/ROCm only (on CPU nothing runs ahead, so it would only delay refills). Same tokens
@@ -249,6 +258,10 @@ class TalkerSession:
             self.step_fn = torch.compile(self.engine.step, fullgraph=True, backend=options.compile)
         self.graphs, self.graphed = self._graphs()
         self.graphs_captured = 0  # by graph sets dropped when the engine grew
+        cpu = model.device.type == "cpu"
+        self.sync_every = max(1, options.sync_every or (1 if cpu else 4))
+        fuse = options.fused_admission
+        self.fuse = cpu and not options.compile and self.graphed is None if fuse is None else bool(fuse)
 
     def _graphs(self) -> tuple[GraphChoice, Any]:
         """Resolve ``cuda_graphs`` and, when on, route the step through per-``kv_len`` graphs."""
@@ -352,30 +365,47 @@ class TalkerSession:
                 self.graphed.reason = reason  # a capture that failed once stays off for the session
         # a compiled step needs nothing here: its guards see the new buffer shapes and recompile
 
-    def _admit(self) -> None:
-        """Fill free slots (lowest first) with the next waiting requests, prefilled together."""
+    def _admit(self) -> Admit | None:
+        """Fill free slots (lowest first) with the next waiting requests, prefilled together: apart
+        now, or, with fused admission while rows run, returned as the next step's :class:`Admit`
+        (:meth:`_started` once that step ran)."""
+        from .engine import Admit
+
         free = [s for s, r in enumerate(self.slot_row) if r is None]
         take = [(s, self.pending.popleft()) for s in free[:len(self.pending)]]
         if not take:
-            return
+            return None
         slots, rows = [s for s, _ in take], [r for _, r in take]
         self._fit(rows)
         embeds, lengths = _prompt_batch(self.model, [self._request(r) for r in rows])
-        self.engine.admit(slots, embeds, lengths, [self.max_len[r] for r in rows])
-        sampler = self.engine.sampler
-        if sampler is not None:
-            dev = self.model.device
-            sampler.reset(torch.tensor(slots, device=dev), torch.tensor([self.keys[r] for r in rows], device=dev),
-                          torch.tensor([self.min_len[r] for r in rows], device=dev))
-            if sampler.options.draw == "legacy-multinomial":
-                from .slot_sampler import legacy_generator
-
-                for s, r in take:
-                    req = self._request(r)
-                    sampler.generators[s] = legacy_generator(req.seed, req.segment, self.keys[r], dev)
+        max_len = [self.max_len[r] for r in rows]
+        if self.fuse and self.active:  # rows running: the newcomers ride along in the next step
+            for s, r in take:
+                self.slot_row[s] = r
+                self.admitted_at[s] = self.g + 1  # their first draw is the step after
+            return Admit(slots=slots, embeds=embeds, lengths=lengths, max_len=max_len)
+        self.engine.admit(slots, embeds, lengths, max_len)
         for s, r in take:
             self.slot_row[s] = r
             self.admitted_at[s] = self.g
+        self._started(slots)
+        return None
+
+    def _started(self, slots: Sequence[int]) -> None:
+        """The in-step sampler's state for rows just prefilled into ``slots``."""
+        sampler = self.engine.sampler
+        if sampler is None:
+            return
+        dev = self.model.device
+        rows = [self.slot_row[s] for s in slots]
+        sampler.reset(torch.tensor(list(slots), device=dev), torch.tensor([self.keys[r] for r in rows], device=dev),
+                      torch.tensor([self.min_len[r] for r in rows], device=dev))
+        if sampler.options.draw == "legacy-multinomial":
+            from .slot_sampler import legacy_generator
+
+            for s, r in zip(slots, rows, strict=True):
+                req = self._request(r)
+                sampler.generators[s] = legacy_generator(req.seed, req.segment, self.keys[r], dev)
 
     def _kv_len(self, window: int) -> int | None:
         """Cells the next ``window`` steps read: a bucketed bound on every slot's position."""
@@ -386,7 +416,7 @@ class TalkerSession:
                     for s, r in enumerate(self.slot_row) if r is not None)
         return min(self.engine.capacity, -(-bound // bucket) * bucket)
 
-    def _host_step(self) -> None:
+    def _host_step(self, admit: Admit | None = None) -> None:
         """A step whose draw or logits pass through Python (custom sampler, logits hook)."""
         eng, opts = self.engine, self.options
         st = eng.state
@@ -407,23 +437,28 @@ class TalkerSession:
                 tok, ab = opts.custom_sampler.sample(st.logits[idx], rows, step)
                 tokens[idx], aborted[idx] = tok.long().to(dev), ab.bool().to(dev)
         if opts.custom_sampler is not None:
-            eng.advance(tokens, aborted)
+            eng.advance(tokens, aborted, admit)
         else:
-            eng.step()
+            eng.step(admit)
 
     def _window(self) -> None:
         """Admit, run ``sync_every`` steps (one with host steps), read the finished slots once."""
-        self._admit()
+        admit = self._admit()
         if not self.active:
             return
         t0 = time.perf_counter()
-        window = 1 if self.host_steps else max(1, self.options.sync_every)
+        window = 1 if self.host_steps else self.sync_every
         self.engine._kv_len = self._kv_len(window)
         for _ in range(window):
             if self.host_steps:
-                self._host_step()
+                self._host_step(admit)
+            elif admit is not None:
+                self.engine.step(admit)  # eager: a step that admits has its own shapes
             else:
                 self.step_fn()
+            if admit is not None:
+                self._started(admit.slots)
+                admit = None
             self.g += 1
         lag = self.lagged and not self.host_steps  # read the window before this one, queued meanwhile
         flags: _Flags | None = _Flags(self.engine.state.running, self.slot_row, keep=lag)

@@ -107,14 +107,17 @@ class SlotEngine(nn.Module):
 
     def admit(self, slots: Sequence[int], embeds: Tensor, lengths: Tensor, max_len: Sequence[int]) -> None:
         """Prefill new rows (right-padded ``embeds`` (b, T, D), ``lengths`` (b,)) into ``slots``."""
-        dev = self.model.device
-        idx = torch.tensor(list(slots), dtype=torch.int64, device=dev)
+        idx = torch.tensor(list(slots), dtype=torch.int64, device=self.model.device)
+        self._start(idx, self.model.prefill(embeds, lengths, idx, cache=self.cache), max_len)
+
+    def _start(self, idx: Tensor, logits: Tensor, max_len: Sequence[int]) -> None:
+        """Slots ``idx`` (b,) begin a row whose prompt left ``logits`` (b, V): nothing drawn yet."""
         st = self.state
-        st.logits[idx] = self.model.prefill(embeds, lengths, idx, cache=self.cache)
+        st.logits[idx] = logits
         st.steps[idx] = 0
         st.n_emit[idx] = 0
         st.reason[idx] = RUNNING
-        st.max_len[idx] = torch.tensor(list(max_len), dtype=torch.int64, device=dev)
+        st.max_len[idx] = torch.tensor(list(max_len), dtype=torch.int64, device=idx.device)
         st.running[idx] = True
 
     def harvest(self, slots: Sequence[int]) -> list[Harvest]:
@@ -131,8 +134,9 @@ class SlotEngine(nn.Module):
 
     # -- the step (device only: no host values, fixed shapes) ---------------------------------------
 
-    def advance(self, tokens: Tensor, aborted: Tensor) -> None:
-        """Stop rules and bookkeeping for one draw ``tokens``/``aborted`` (slots,)."""
+    def advance(self, tokens: Tensor, aborted: Tensor, admit: Admit | None = None) -> None:
+        """Stop rules and bookkeeping for one draw ``tokens``/``aborted`` (slots,), then the feed
+        (which also prefills ``admit``'s newcomers into their free slots, see :class:`Admit`)."""
         st = self.state
         live = st.running
         stop_id = tokens >= self.speech_token_size
@@ -147,22 +151,45 @@ class SlotEngine(nn.Module):
         st.steps.add_(live.to(torch.int64))
         still = emit & ~full
         st.running.copy_(still)
-        self._feed(tokens, still)
+        self._feed(tokens, still, admit)
 
-    def _feed(self, tokens: Tensor, still: Tensor) -> None:
+    def _feed(self, tokens: Tensor, still: Tensor, admit: Admit | None = None) -> None:
         """Feed every slot's token at its position; rows that go on grow by one cell."""
         model = self.model
         cache = self.cache
         pos = cache.lengths.clamp(max=cache.capacity - 1)
-        feed = tokens.clamp(0, model.cfg.decoder_size - 1)
-        self.state.logits.copy_(model.step(model.embed_speech(feed)[:, None], pos, self._kv_len, cache=cache))
-        cache.lengths.add_(still.to(torch.int64))
+        feed = model.embed_speech(tokens.clamp(0, model.cfg.decoder_size - 1))[:, None]
+        if admit is None:
+            self.state.logits.copy_(model.step(feed, pos, self._kv_len, cache=cache))
+            cache.lengths.add_(still.to(torch.int64))
+            return
+        idx = torch.tensor(list(admit.slots), dtype=torch.int64, device=tokens.device)
+        logits = model.step(feed, pos, self._kv_len, cache=cache, admit=(admit.embeds, admit.lengths, idx))
+        self.state.logits.copy_(logits)
+        cache.lengths.add_(still.to(torch.int64))  # newcomers' slots were free: their lengths stay their prompts'
+        self._start(idx, logits[idx], admit.max_len)
 
     _kv_len: int | None = None  # cells each step reads (None: the capacity); set by the scheduler
 
-    def step(self) -> None:
-        """One fused decode step with the in-step sampler (what a graph captures)."""
+    def step(self, admit: Admit | None = None) -> None:
+        """One fused decode step with the in-step sampler (what a graph captures; ``admit`` only eager)."""
         assert self.sampler is not None
         st = self.state
         tokens, aborted = self.sampler(st.logits, st.running, st.steps)
-        self.advance(tokens, aborted)
+        self.advance(tokens, aborted, admit)
+
+
+@dataclass(frozen=True)
+class Admit:
+    """Rows to prefill into free slots during a step (:meth:`SlotEngine.step`), instead of apart.
+
+    On a CPU the step is bound by reading the weights; prompts that ride along in the same pass
+    (:meth:`CosyVoice3LM.step` with ``admit``) cost their arithmetic only. The newcomers draw
+    their first token at the next step; a step with nothing running has nothing to share, so the
+    scheduler admits apart then (:meth:`SlotEngine.admit`).
+    """
+
+    slots: Sequence[int]  # free slots (not running in this step)
+    embeds: Tensor  # (b, T, D) right-padded prompts
+    lengths: Tensor  # (b,) int64
+    max_len: Sequence[int]  # per newcomer

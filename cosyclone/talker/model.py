@@ -48,6 +48,22 @@ class CacheContext:
     slots: Tensor | None = None
     positions: Tensor | None = None
     rows: Tensor | None = None  # decode: arange(slots), made once per step for every layer's KV write
+    admit: Admission | None = None  # a decode step that also prefills newcomers (see Admission)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Newcomers prefilled in the same pass as a decode step (``CosyVoice3LM.step(admit=...)``).
+
+    Why: on a CPU a decode step is bound by reading the weights once, so a prompt sent through the
+    linear layers beside the step's one token per slot costs only its own arithmetic, where a
+    separate prefill reads every weight a second time. The pass is flat, (1, slots + b*T, D): the
+    step's rows first, then the newcomers' right-padded prompts; only attention tells them apart.
+    """
+
+    slots: Tensor  # (b,) int64 target slots (free: not running in the step)
+    shape: tuple[int, int]  # (b, T): newcomers and their padded prompt length
+    mask: Tensor  # (b, 1, T, T) bool causal and padding mask of the prompts (attention_mask)
 
 
 class RMSNorm(nn.Module):
@@ -102,20 +118,42 @@ class Attention(FusedLinears):
         qkv = self.qkv_proj(x).view(b, t, h + 2 * hkv, dh)
         qk = qkv[:, :, : h + hkv]  # q and k heads rotate together: one RoPE pass for both
         qk = qk * cos + swap_halves(qk) * sin
-        q = qk[:, :, :h].transpose(1, 2)
-        k = qk[:, :, h:].transpose(1, 2)
-        v = qkv[:, :, h + hkv:].transpose(1, 2)
-        if ctx is not None and ctx.positions is not None:
-            ctx.cache.write_step(ctx.layer, k, v, ctx.positions, rows=ctx.rows)
-            k, v = ctx.cache.view(ctx.layer, mask.shape[-1])
-            # One query per slot: the H/H_kv query heads that share a K/V head become that head's
-            # "query positions", so no GQA flag is needed and a masked fused kernel applies.
-            y = F.scaled_dot_product_attention(q.reshape(b, hkv, h // hkv, dh), k, v, attn_mask=mask)
-            return self.o_proj(y.reshape(b, 1, h * dh))
-        if ctx is not None and ctx.slots is not None:
-            ctx.cache.write_prefix(ctx.layer, k, v, ctx.slots)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=hkv != h)
-        return self.o_proj(y.transpose(1, 2).reshape(b, t, h * dh))
+        q, k, v = qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + hkv:]  # (b, t, heads, dh) each
+        if ctx is not None and ctx.admit is not None:  # flat (1, S + b'T): the step's rows, then prompts
+            s = int(ctx.cache.slots)
+            step = self._step(*(z[0, :s, None] for z in (q, k, v)), mask, ctx)  # writes first: a free
+            # slot's step row may land inside the newcomer's prompt cells, which the prefill then rewrites
+            n, length = ctx.admit.shape
+            pre = self._prefill(*(z[0, s:].view(n, length, -1, dh) for z in (q, k, v)), ctx.admit.mask, ctx,
+                                ctx.admit.slots)
+            y = torch.cat((step.reshape(s, -1), pre.reshape(n * length, -1)))[None]
+        elif ctx is not None and ctx.positions is not None:
+            y = self._step(q, k, v, mask, ctx)
+        else:
+            y = self._prefill(q, k, v, mask, ctx, None if ctx is None else ctx.slots)
+        return self.o_proj(y)
+
+    def _step(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, ctx: CacheContext) -> Tensor:
+        """One query per slot, (slots, 1, heads, dh): write each slot's K/V at its position, attend
+        over the cache's first ``mask.shape[-1]`` cells -> (slots, 1, H*dh)."""
+        b, h, hkv, dh = q.shape[0], self.n_heads, self.n_kv, self.head_dim
+        ctx.cache.write_step(ctx.layer, k.transpose(1, 2), v.transpose(1, 2), ctx.positions, rows=ctx.rows)
+        keys, values = ctx.cache.view(ctx.layer, mask.shape[-1])
+        # The H/H_kv query heads that share a K/V head become that head's "query positions", so no
+        # GQA flag is needed and a masked fused kernel applies.
+        y = F.scaled_dot_product_attention(q.reshape(b, hkv, h // hkv, dh), keys, values, attn_mask=mask)
+        return y.reshape(b, 1, h * dh)
+
+    def _prefill(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, ctx: CacheContext | None,
+                 slots: Tensor | None) -> Tensor:
+        """Causal attention over the rows themselves, (b, T, heads, dh) -> (b, T, H*dh); with
+        ``slots`` (b,) their K/V are written into cells ``0..T-1`` of those slots."""
+        b, t = q.shape[:2]
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if ctx is not None and slots is not None:
+            ctx.cache.write_prefix(ctx.layer, k, v, slots)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
+        return y.transpose(1, 2).reshape(b, t, -1)
 
 
 class MLP(FusedLinears):
@@ -187,18 +225,22 @@ class Qwen2Model(nn.Module):
             self.reset_rope(max(length, 2 * self.rope_table.shape[0]))
 
     def forward(self, x: Tensor, positions: Tensor, mask: Tensor, *, cache: SlotKVCache | None = None,
-                slots: Tensor | None = None, decode: bool = False) -> Tensor:
+                slots: Tensor | None = None, decode: bool = False, admit: Admission | None = None) -> Tensor:
         """``x`` (B, T, D) embeddings at ``positions`` (B, T) int64 -> post-norm hidden (B, T, D).
 
         With ``cache``: ``slots`` (B,) makes this a prefill into those slots; ``decode`` a step
-        with one row per slot (T == 1) at ``positions[:, 0]``.
+        with one row per slot (T == 1) at ``positions[:, 0]``; ``decode`` with ``admit`` a step
+        whose rows come first in a flat (1, slots + b*T) pass, the newcomers' prompts after them.
         """
         # (B, T, 1, Dh) each: broadcast over heads; sin is the signed table (see swap_halves)
         cos, sin = self.rope_table[positions].to(x.dtype).unsqueeze(2).chunk(2, dim=-1)
-        step_pos = positions[:, 0] if decode else None
-        rows = torch.arange(x.shape[0], device=x.device) if decode else None
+        step_pos = rows = None
+        if decode:
+            step_pos = positions[:, 0] if admit is None else positions[0, :cache.slots]
+            rows = torch.arange(step_pos.shape[0], device=x.device)
         for i, layer in enumerate(self.layers):
-            ctx = None if cache is None else CacheContext(cache, i, slots=slots, positions=step_pos, rows=rows)
+            ctx = None if cache is None else CacheContext(cache, i, slots=slots, positions=step_pos, rows=rows,
+                                                          admit=admit)
             x = layer(x, cos, sin, mask, ctx)
         return self.norm(x)
 
@@ -329,13 +371,17 @@ class CosyVoice3LM(nn.Module):
         return self.decoder_logits(last)
 
     def step(self, embeds: Tensor, positions: Tensor, kv_len: int | None = None, *,
-             cache: SlotKVCache | None = None) -> Tensor:
+             cache: SlotKVCache | None = None, admit: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
         """One fixed-shape decode step: ``embeds`` (slots, 1, D) at ``positions`` (slots,) -> logits (slots, V).
 
         Slot s of ``cache`` (default the model's) writes cell ``positions[s]`` and attends cells
         ``0..positions[s]``. ``kv_len`` (a host int, default the capacity) bounds the cells read:
         any value above every position gives the same result, so a caller can bucket it without a
         device read.
+
+        ``admit``: (right-padded prompts (b, T, D), lengths (b,), free slots (b,)) prefilled in the
+        same pass (:class:`Admission`): those slots get their prompts' cells and lengths, and their
+        rows of the result are the logits at each prompt's last position, as :meth:`prefill` gives.
         """
         cache = self.cache if cache is None else cache
         k = cache.capacity if kv_len is None else int(kv_len)
@@ -344,8 +390,21 @@ class CosyVoice3LM(nn.Module):
         # (0 where True, -inf elsewhere, in the query dtype) in every layer otherwise;
         # log(1) = 0 and log(0) = -inf exactly: two ops for the whole conversion.
         mask = attention_mask(pos, k).to(embeds.dtype).log()
-        hidden = self.backbone(embeds, pos, mask, cache=cache, decode=True)
-        return self.decoder_logits(hidden[:, 0])
+        if admit is None:
+            hidden = self.backbone(embeds, pos, mask, cache=cache, decode=True)
+            return self.decoder_logits(hidden[:, 0])
+        prompts, lengths, slots = admit
+        b, t, d = prompts.shape
+        s = embeds.shape[0]
+        prompt_pos = torch.arange(t, device=embeds.device).expand(b, t)
+        plan = Admission(slots=slots, shape=(b, t), mask=attention_mask(prompt_pos, t, lengths))
+        flat = torch.cat((embeds.reshape(s, d), prompts.reshape(b * t, d)))[None]
+        hidden = self.backbone(flat, torch.cat((positions, prompt_pos.reshape(-1)))[None], mask, cache=cache,
+                               decode=True, admit=plan)[0]
+        cache.lengths[slots] = lengths
+        last = hidden[s:].view(b, t, d)[torch.arange(b, device=embeds.device), lengths - 1]
+        logits = self.decoder_logits(torch.cat((hidden[:s], last)))
+        return logits[:s].index_copy(0, slots, logits[s:])
 
 
 def attention_mask(positions: Tensor, kv_len: int, lengths: Tensor | None = None) -> Tensor:
