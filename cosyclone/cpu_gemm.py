@@ -64,9 +64,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, gelu_tanh: 
     wants_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
     if (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
             and weight.device.type == "cpu" and not wants_grad and not torch.compiler.is_compiling()):
-        if gelu_tanh:
-            return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "gelu", [], "tanh")
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+        attr, algorithm = ("gelu", "tanh") if gelu_tanh else ("none", "")
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, attr, [], algorithm)
     y = F.linear(x, weight, bias)
     return F.gelu(y, approximate="tanh") if gelu_tanh else y
 

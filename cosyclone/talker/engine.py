@@ -108,12 +108,12 @@ class SlotEngine(nn.Module):
     def admit(self, slots: Sequence[int], embeds: Tensor, lengths: Tensor, max_len: Sequence[int]) -> None:
         """Prefill new rows (right-padded ``embeds`` (b, T, D), ``lengths`` (b,)) into ``slots``."""
         idx = torch.tensor(list(slots), dtype=torch.int64, device=self.model.device)
-        self._start(idx, self.model.prefill(embeds, lengths, idx, cache=self.cache), max_len)
+        self.state.logits[idx] = self.model.prefill(embeds, lengths, idx, cache=self.cache)
+        self._start(idx, max_len)
 
-    def _start(self, idx: Tensor, logits: Tensor, max_len: Sequence[int]) -> None:
-        """Slots ``idx`` (b,) begin a row whose prompt left ``logits`` (b, V): nothing drawn yet."""
+    def _start(self, idx: Tensor, max_len: Sequence[int]) -> None:
+        """Slots ``idx`` (b,), whose prompts' logits are in place, begin their rows: nothing drawn yet."""
         st = self.state
-        st.logits[idx] = logits
         st.steps[idx] = 0
         st.n_emit[idx] = 0
         st.reason[idx] = RUNNING
@@ -164,10 +164,11 @@ class SlotEngine(nn.Module):
             cache.lengths.add_(still.to(torch.int64))
             return
         idx = torch.tensor(list(admit.slots), dtype=torch.int64, device=tokens.device)
-        logits = model.step(feed, pos, self._kv_len, cache=cache, admit=(admit.embeds, admit.lengths, idx))
-        self.state.logits.copy_(logits)
+        # the newcomers' rows of these logits are their prompts' (model.step puts them there)
+        self.state.logits.copy_(model.step(feed, pos, self._kv_len, cache=cache,
+                                           admit=(admit.embeds, admit.lengths, idx)))
         cache.lengths.add_(still.to(torch.int64))  # newcomers' slots were free: their lengths stay their prompts'
-        self._start(idx, logits[idx], admit.max_len)
+        self._start(idx, admit.max_len)
 
     _kv_len: int | None = None  # cells each step reads (None: the capacity); set by the scheduler
 

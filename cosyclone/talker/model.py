@@ -62,8 +62,7 @@ class Admission:
     """
 
     slots: Tensor  # (b,) int64 target slots (free: not running in the step)
-    shape: tuple[int, int]  # (b, T): newcomers and their padded prompt length
-    mask: Tensor  # (b, 1, T, T) bool causal and padding mask of the prompts (attention_mask)
+    mask: Tensor  # (b, 1, T, T) bool causal and padding mask of the prompts (attention_mask): b newcomers, T cells
 
 
 class RMSNorm(nn.Module):
@@ -120,10 +119,10 @@ class Attention(FusedLinears):
         qk = qk * cos + swap_halves(qk) * sin
         q, k, v = qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + hkv:]  # (b, t, heads, dh) each
         if ctx is not None and ctx.admit is not None:  # flat (1, S + b'T): the step's rows, then prompts
-            s = int(ctx.cache.slots)
+            s = ctx.cache.slots
             step = self._step(*(z[0, :s, None] for z in (q, k, v)), mask, ctx)  # writes first: a free
             # slot's step row may land inside the newcomer's prompt cells, which the prefill then rewrites
-            n, length = ctx.admit.shape
+            n, length = ctx.admit.mask.shape[0], ctx.admit.mask.shape[-1]
             pre = self._prefill(*(z[0, s:].view(n, length, -1, dh) for z in (q, k, v)), ctx.admit.mask, ctx,
                                 ctx.admit.slots)
             y = torch.cat((step.reshape(s, -1), pre.reshape(n * length, -1)))[None]
@@ -397,7 +396,7 @@ class CosyVoice3LM(nn.Module):
         b, t, d = prompts.shape
         s = embeds.shape[0]
         prompt_pos = torch.arange(t, device=embeds.device).expand(b, t)
-        plan = Admission(slots=slots, shape=(b, t), mask=attention_mask(prompt_pos, t, lengths))
+        plan = Admission(slots=slots, mask=attention_mask(prompt_pos, t, lengths))
         flat = torch.cat((embeds.reshape(s, d), prompts.reshape(b * t, d)))[None]
         hidden = self.backbone(flat, torch.cat((positions, prompt_pos.reshape(-1)))[None], mask, cache=cache,
                                decode=True, admit=plan)[0]
