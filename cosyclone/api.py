@@ -11,14 +11,16 @@ manifest module (the same messages, item k reported as "line k + 1"), planned by
 :func:`cosyclone.pipeline.plan_batches` and run by :func:`cosyclone.pipeline.synthesize_batch` on
 stages built once by :func:`cosyclone.pipeline.load_stages`. ``cosyclone say`` is a thin layer
 over :meth:`CosyClone.synthesize`; :meth:`CosyClone.run` is :func:`cosyclone.pipeline.run` on the
-loaded stages, for callers that write a run folder. The same row (same seed, options) gives the
-same samples here and under ``synth``.
+loaded stages, for callers that bring their own writer; :meth:`CosyClone.synth_folder` runs a
+manifest into an output folder through the same :class:`~cosyclone.synth_job.SynthJob` as
+``cosyclone synth`` (resume, lock, totals: the same folder bytes). The same row (same seed,
+options) gives the same samples here and under ``synth``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +179,40 @@ class CosyClone:
                  base: str | Path = ".") -> list[ManifestRow]:
         """:func:`validate_rows` with this object's text frontend."""
         return validate_rows(rows, base=base, text_frontend=self.text_frontend)
+
+    def folder_job(self, manifest: str | Path, out: str | Path, *, log: Callable[[str], None] | None = None,
+                   **options: Any) -> Any:
+        """The :class:`~cosyclone.synth_job.SynthJob` of ``manifest`` into ``out`` on this loaded model.
+
+        ``options``: :class:`~cosyclone.synth_job.FolderOptions` fields (``shard``, ``overwrite``,
+        ``float_wav``, ``engine``, ...) and :class:`~cosyclone.pipeline.RunOptions` fields that
+        leave the model as loaded (``seed``, ``batch_size``, ``top_k``, ``max_tokens``, ...). Call
+        ``.plan()`` on it for what ``synth --dry-run`` prints, ``.run()`` to synthesize.
+        """
+        from .manifest import read_manifest
+        from .synth_job import FolderOptions, SynthJob
+
+        folder_names = {f.name for f in fields(FolderOptions)}
+        folder = FolderOptions(**{k: v for k, v in options.items() if k in folder_names})
+        run = {k: v for k, v in options.items() if k not in folder_names}
+        fixed = sorted(set(run) & {"load_format", "text_frontend", "device", "dtype", "cpu_gemm"})
+        if fixed:
+            raise CosycloneError(f"{', '.join(fixed)} belong to the loaded model: give them to CosyClone(...)")
+        try:
+            opts = replace(self.options, **run)
+        except TypeError as exc:  # an unknown option name
+            raise CosycloneError(f"unknown option: {exc}") from None
+        full = read_manifest(manifest, text_frontend=self.text_frontend)
+        return SynthJob(full, Path(out), opts, cfg=self.cfg, policy=self.policy, model_dir=self.model_dir,
+                        folder=folder, log=log, tts=self, manifest_label=str(manifest))
+
+    def synth_folder(self, manifest: str | Path, out: str | Path, *, progress: Any = None,
+                     log: Callable[[str], None] | None = None, **options: Any) -> Any:
+        """Synthesize ``manifest`` into the run folder ``out`` exactly as ``cosyclone synth`` does
+        (resume by fingerprint, the folder lock, ``summary.json``, ``runs.jsonl``); returns the
+        :class:`~cosyclone.synth_job.JobSummary`. ``options`` as :meth:`folder_job`; ``progress``
+        as :meth:`SynthJob.run <cosyclone.synth_job.SynthJob.run>`."""
+        return self.folder_job(manifest, out, log=log, **options).run(progress=progress)
 
     def run(self, rows: Sequence[ManifestRow], opts: Any = None, submit: Callable[[Any], None] | None = None,
             progress: Callable[[Any], None] | None = None) -> list[Any]:

@@ -11,14 +11,12 @@ utterance itself rejected by validation); 3 = the utterance failed during synthe
 from __future__ import annotations
 
 import json
-import platform
-import re
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import typer
 
@@ -70,16 +68,6 @@ MAX_RATIO_OPTION = typer.Option(None, min=1e-6, help=MAX_RATIO_HELP)
 def _fail(msg: str) -> None:
     typer.echo(f"error: {msg}", err=True)
     raise typer.Exit(EXIT_USAGE)
-
-
-def _load_cfg(model_dir: Path | None, load_format: str):
-    from .config import load_model_config, released_config
-
-    if model_dir is not None:
-        return load_model_config(model_dir)
-    if load_format != "dummy":
-        _fail("give --model-dir DIR, or --load-format dummy for random weights at released size")
-    return released_config()
 
 
 TEXT_FRONTEND_HELP = ("wetext (the official normalizer: numbers, dates, units spelled out) | none (the official "
@@ -243,264 +231,86 @@ def synth(
     Rerunning resumes: a row is skipped only when its WAV is complete and its fingerprint (text,
     prompt, seed, model, dtype, options, ...) is unchanged; changed rows are redone and counted.
     """
-    from .device import resolve, set_threads
-    from .manifest import Shard, read_manifest
-    from .pipeline import RunOptions
-    from .ray_engine import require_ray
-    from .talker.graphs import resolve_cuda_graphs
+    from .progress import Progress
+    from .synth_job import FolderOptions, SynthJob
 
-    t_start = time.time()
+    folder = FolderOptions(shard=shard, overwrite=overwrite, float_wav=float_wav, engine=engine,
+                           ray_address=ray_address)
+    say = (lambda msg: None) if quiet else (lambda msg: typer.echo(msg, err=True))
+    if progress_interval < 0.1:
+        _fail(f"--progress-interval must be at least 0.1, not {progress_interval}")
     try:
-        full = read_manifest(manifest, text_frontend=text_frontend)
-        m = full.shard(Shard.parse(shard)) if shard else full
-        for name, value, allowed in (("--nonfinite-policy", nonfinite_policy, ("exclude", "error", "legacy-zero")),
-                                     ("--draw", draw, ("race", "legacy-multinomial")),
-                                     ("--nonfinite-audio", nonfinite_audio, ("fail", "zero")),
-                                     ("--load-format", load_format, ("auto", "dummy")),
-                                     ("--engine", engine, ("local", "ray"))):
-            if value not in allowed:
-                raise CosycloneError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
-        for name, value, low in (("--batch-size", batch_size, 1), ("--token-budget", token_budget, 1),
-                                 ("--max-tokens", max_tokens, 1), ("--min-tokens", min_tokens, 0),
-                                 ("--n-timesteps", n_timesteps, 1), ("--progress-interval", progress_interval, 0.1)):
-            if value is not None and value < low:
-                raise CosycloneError(f"{name} must be at least {low}, not {value}")
-        if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
-            raise CosycloneError(f"--min-tokens {min_tokens} is above --max-tokens {max_tokens}")
-        policy = resolve(device, dtype, cpu_gemm)
-        cfg = _load_cfg(model_dir, load_format)
-        set_threads(threads)
-        if engine == "ray":
-            require_ray()  # before any work: say how to install it
+        job = SynthJob.open(manifest, out, model_dir=model_dir, load_format=load_format, device=device,
+                            dtype=dtype, cpu_gemm=cpu_gemm, cuda_graphs=cuda_graphs, threads=threads,
+                            text_frontend=text_frontend, folder=folder, log=say, seed=seed,
+                            batch_size=batch_size, token_budget=token_budget, top_p=top_p, top_k=top_k,
+                            win_size=win_size, tau_r=tau_r, min_len_ratio=min_len_ratio,
+                            max_len_ratio=max_len_ratio, nonfinite_policy=nonfinite_policy, draw=draw,
+                            max_tokens=max_tokens, min_tokens=min_tokens, n_timesteps=n_timesteps,
+                            nonfinite_audio=nonfinite_audio, talker_slots=talker_slots, schedule=schedule)
     except CosycloneError as exc:
         _fail(str(exc))
-    say = (lambda msg: None) if quiet else (lambda msg: typer.echo(msg, err=True))
-    for err in m.errors:
-        typer.echo(f"{manifest}: {err}", err=True)
-    if "legacy" in nonfinite_policy or "legacy" in draw:
-        say("warning: LEGACY sampler behaviour requested (official, pre-fix); diagnostics are labelled")
-    if nonfinite_audio == "zero":
-        say("warning: --nonfinite-audio zero: NaN/inf audio samples are written as 0/+-1 (LEGACY); "
-            "counted per row (nonfinite_audio_samples)")
-    for warning in policy.warnings:
-        say(f"warning: {warning}")
-    opts = RunOptions(seed=seed, batch_size=batch_size, token_budget=token_budget, top_p=top_p, top_k=top_k,
-                      win_size=win_size, tau_r=tau_r, min_len_ratio=min_len_ratio, max_len_ratio=max_len_ratio,
-                      nonfinite_policy=nonfinite_policy, draw=draw,
-                      max_tokens=max_tokens, min_tokens=min_tokens, n_timesteps=n_timesteps,
-                      load_format="dummy" if load_format == "dummy" else "auto", nonfinite_audio=nonfinite_audio,
-                      device=policy.device.type, dtype=policy.dtype_name, cpu_gemm=policy.cpu_gemm,
-                      text_frontend=text_frontend, talker_slots=talker_slots, schedule=schedule,
-                      cuda_graphs=resolve_cuda_graphs(cuda_graphs, policy.device, draw=draw).value)
-    from . import runfolder
-
-    tag = runfolder.shard_tag(shard)
-    lock = runfolder.FolderLock(out, tag, " ".join(sys.argv))
-    try:
-        runfolder.check_writable(out)  # before any model loads
-        if not dry_run:
-            lock.acquire()
-    except runfolder.FolderBusy as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(EXIT_BUSY) from None
-    except runfolder.OutputFolderError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(EXIT_WRITE) from None
-    try:
-        _synth_locked(SynthJob(manifest=manifest, full=full, m=m, out=out, tag=tag, opts=opts, cfg=cfg,
-                               policy=policy, model_dir=model_dir, load_format=load_format, shard=shard,
-                               float_wav=float_wav, dry_run=dry_run, overwrite=overwrite, quiet=quiet,
-                               progress_interval=progress_interval, t_start=t_start, engine=engine,
-                               ray_address=ray_address), say)
-    finally:
-        lock.release()
+    _announce(job, say)
+    with _folder_errors():
+        if dry_run:
+            plan = job.plan()
+            typer.echo(plan.line())
+            raise typer.Exit(EXIT_ROWS_FAILED if plan.rejected else EXIT_OK)
+        summary = job.run(progress=lambda total: Progress(total, interval=progress_interval, quiet=quiet))
+    _print_summary(job, summary)
 
 
 EXIT_WRITE, EXIT_BUSY = 4, 5  # an output file could not be written; another synth holds the folder
 
-#: RunOptions fields that change a row's audio (the fingerprint's ``options`` part); batching does not.
-AUDIO_OPTIONS = ("top_p", "top_k", "win_size", "tau_r", "min_len_ratio", "max_len_ratio", "nonfinite_policy",
-                 "draw", "max_tokens", "min_tokens", "n_timesteps", "load_format", "text_frontend", "nonfinite_audio",
-                 "cpu_gemm")
+
+def _announce(job, say: Callable[[str], None]) -> None:
+    """Before the run: the rejected manifest lines (stderr, always) and the run's warnings."""
+    for err in job.rows.errors:
+        typer.echo(f"{job.manifest_label}: {err}", err=True)
+    opts = job.opts
+    if "legacy" in opts.nonfinite_policy or "legacy" in opts.draw:
+        say("warning: LEGACY sampler behaviour requested (official, pre-fix); diagnostics are labelled")
+    if opts.nonfinite_audio == "zero":
+        say("warning: --nonfinite-audio zero: NaN/inf audio samples are written as 0/+-1 (LEGACY); "
+            "counted per row (nonfinite_audio_samples)")
+    for warning in job.policy.warnings:
+        say(f"warning: {warning}")
 
 
-@dataclass(frozen=True)
-class SynthJob:
-    """One ``synth`` invocation, validated: what the locked part of the run needs."""
+@contextmanager
+def _folder_errors() -> Iterator[None]:
+    """The exit code of each way a run can stop before it finishes: 5 busy, 4 unwritable, 2 unusable input."""
+    from .runfolder import FolderBusy, OutputFolderError
 
-    manifest: Path  # the manifest file as given
-    full: Any  # the whole manifest (Manifest): rows of other shards are not "foreign"
-    m: Any  # this shard's Manifest
-    out: Path  # the run folder
-    tag: str  # this writer's journal/lock name (runfolder.shard_tag)
-    opts: Any  # RunOptions
-    cfg: Any  # ModelConfig (no weights read yet)
-    policy: Any  # DevicePolicy
-    model_dir: Path | None  # None: dummy weights at the released geometry
-    load_format: str  # auto | dummy
-    shard: str | None  # "i/N" or None
-    float_wav: bool  # 32-bit float WAVs
-    dry_run: bool  # plan only
-    overwrite: bool  # redo every row
-    quiet: bool  # only the end summary
-    progress_interval: float  # seconds between progress lines in a log
-    t_start: float  # time.time() at the start of the command
-    engine: str = "local"  # local | ray
-    ray_address: str | None = None  # Ray cluster address
+    try:
+        yield
+    except FolderBusy as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_BUSY) from None
+    except OutputFolderError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_WRITE) from None
+    except CosycloneError as exc:  # the model did not load; a Ray run that lost rows
+        _fail(str(exc))
 
 
-def _synth_locked(job: SynthJob, say: Callable[[str], None]) -> None:
-    """The part of ``synth`` that runs holding the folder lock: plan, synthesize, compact, total.
-
-    The model is the Python API's :class:`~cosyclone.api.CosyClone` (the same loading and wiring
-    that ``say`` and library users get); this function adds the run folder around it. With
-    ``engine="ray"`` the same stages run in Ray actors (:mod:`cosyclone.ray_engine`), each loading
-    its own model, and their records come back to this writer.
-    """
-    import socket
-    import uuid
-    from dataclasses import asdict, fields
-
+def _print_summary(job, summary) -> None:
+    """After the run: the rows that failed (stderr, by manifest line), the totals table, the exit code."""
     from . import report as totals_mod
-    from . import runfolder
-    from .api import CosyClone
-    from .pipeline import plan_batches, row_seed_of
-    from .progress import Progress
-    from .writer import BackgroundWriter, WriterOptions, write_summary
 
-    manifest, full, m, out, tag, opts, cfg, policy = (job.manifest, job.full, job.m, job.out, job.tag, job.opts,
-                                                       job.cfg, job.policy)
-    model_dir, load_format, shard, float_wav = job.model_dir, job.load_format, job.shard, job.float_wav
-    dry_run, overwrite, quiet, progress_interval, t_start = (job.dry_run, job.overwrite, job.quiet,
-                                                            job.progress_interval, job.t_start)
-    engine, ray_address = job.engine, job.ray_address
-    removed = [] if dry_run else runfolder.remove_stale_temporaries(out)
-    if removed:
-        say(f"removed {len(removed)} temporary files left by a killed run")
-    hashes = runfolder.HashCache()
-    try:
-        ctx = runfolder.RunContext(
-            model=runfolder.model_content_hash(model_dir, hashes,
-                                               dummy_tag="released" if load_format == "dummy" else ""),
-            dtype=opts.dtype, device=opts.device,
-            options={**{k: getattr(opts, k) for k in AUDIO_OPTIONS}, "float_wav": float_wav})
-        fps = {r.id: runfolder.row_fingerprint(r, row_seed_of(opts.seed, r), ctx, hashes) for r in m.rows}
-    except OSError as exc:
-        _fail(f"cannot hash the inputs: {exc}")
-    hashes.save()
-    plan = runfolder.plan_resume(out, m.rows, fps, all_ids=[r.id for r in full.rows], overwrite=overwrite)
-    todo = plan.todo
-    if plan.describe():
-        say(plan.describe())
-    if dry_run:
-        n_batches = len(plan_batches(todo, opts.batch_size, opts.token_budget))
-        typer.echo(f"{len(m.rows)} valid rows, {len(m.errors)} rejected, {len(plan.done)} already done, "
-                   f"{len(todo)} to synthesize in {n_batches} batches on {policy.device} ({policy.dtype_name})")
-        raise typer.Exit(EXIT_ROWS_FAILED if m.errors else EXIT_OK)
-
-    run_id = uuid.uuid4().hex[:12]
-    by_id = {r.id: r for r in todo}
-
-    own = ("load_format", "text_frontend", "device", "dtype")  # CosyClone's own arguments
-    try:
-        tts = (CosyClone(model_dir, load_format=opts.load_format, device=opts.device, dtype=opts.dtype,
-                        text_frontend=opts.text_frontend,
-                        **{f.name: getattr(opts, f.name) for f in fields(opts) if f.name not in own})
-               if todo and engine == "local" else None)  # ray: each actor loads its own
-    except CosycloneError as exc:
-        _fail(str(exc))
-    from .token_store import TokenStore
-
-    # stage-0 checkpoint: a row that failed after the talker keeps its tokens for the next run
-    tokens = TokenStore(runfolder.state_dir(out) / runfolder.TOKEN_DIR, {rid: fp for rid, (fp, _) in fps.items()})
-    if tts is not None:
-        tts.stages.token_store = tokens
-    writer = BackgroundWriter(WriterOptions(out_dir=out, float_wav=float_wav, sample_rate=cfg.hift.sampling_rate),
-                              runfolder.journal_path(out, tag))
-
-    def submit(rec) -> None:
-        """Stamp the record with what made it (fingerprint, row fields, run) and hand it to the writer."""
-        row, (fp, parts) = by_id[rec.row_id], fps[rec.row_id]
-        rec.diagnostics.update(fingerprint=fp, fingerprint_parts=parts, run_id=run_id, text=row.text,
-                               prompt_text=row.prompt_text, prompt_audio=str(row.prompt_audio), mode=row.mode,
-                               instruct=row.instruct, speed=row.speed, manifest=str(manifest), shard=shard)
-        writer.submit(rec)
-
-    bar = Progress(len(todo), interval=progress_interval, quiet=quiet)
-    t_model = time.perf_counter()
-    records: list = []
-    write_error: str | None = None
-    try:
-        if todo and engine == "ray":
-            from .ray_engine import run_ray
-
-            records = run_ray(cfg, policy, todo, opts, submit, progress=bar.update, address=ray_address)
-        elif tts is not None:
-            records = tts.run(todo, opts, submit, progress=bar.update)
-    except runfolder.OutputFolderError as exc:
-        write_error = str(exc)
-    except CosycloneError as exc:  # ray: a model that did not load in the actors, a lost row
-        _fail(str(exc))
-    finally:
-        bar.close()
-        try:
-            writer.close()
-        except runfolder.OutputFolderError as exc:
-            write_error = write_error or str(exc)
-    wall = time.perf_counter() - t_model
-    try:
-        current = runfolder.compact(out, tag)
-    except runfolder.OutputFolderError as exc:
-        write_error = write_error or str(exc)
-        current = runfolder.read_records(out)
-    for rid in fps:  # a written row needs its checkpointed tokens no more
-        if current.get(rid, {}).get("status") == "ok" and current[rid].get("fingerprint") == fps[rid][0]:
-            tokens.discard(rid)
-    if tag == "all":  # other shards' rows are not in fps: only a whole-manifest run prunes
-        tokens.prune()
-    made = [r.diagnostics for r in records]
-    audio = sum(float(d.get("audio_seconds") or 0.0) for d in made if d.get("status") == "ok")
-    n_ok = sum(1 for d in made if d.get("status") == "ok")
-    last_run = {
-        "run_id": run_id, "started_at": t_start, "finished_at": time.time(), "argv": sys.argv,
-        "host": socket.gethostname(), "manifest": str(manifest), "shard": shard,
-        "rows_in_manifest": len(m.rows), "invalid": len(m.errors), "invalid_rows": [str(e) for e in m.errors],
-        "todo": len(todo), "done": n_ok, "failed": len(made) - n_ok, "skipped": len(plan.done),
-        "redone": len(plan.redone), "redone_by": plan.redone_counts(), "retried": len(plan.retried),
-        "not_written": len(todo) - len(made),
-        "failed_rows": {d["id"]: d.get("error") for d in made if d.get("status") != "ok"},
-        "rows_not_in_manifest": len(plan.foreign), "write_error": write_error,
-        "talker_checkpoint_hits": tokens.hits,
-        "audio_seconds": audio, "wall_seconds": wall, "total_wall_seconds": time.time() - t_start,
-        "rows_per_s": len(made) / wall if wall > 0 and made else 0.0,
-        "throughput_audio_s_per_s": audio / wall if wall > 0 else 0.0, "rtf": wall / audio if audio > 0 else None,
-        "versions": _versions(opts.text_frontend), "devices": _devices(policy),
-        "model_dir": str(model_dir) if model_dir else None, "model_hash": ctx.model,
-        "model_yaml_sha256": cfg.yaml_sha256 or None, "load_format": load_format, "device": str(policy.device),
-        "dtype": policy.dtype_name, "dtype_requested": policy.requested_dtype, "float_wav": float_wav,
-        "options": asdict(opts), "algorithm": runfolder.ALGORITHM_VERSION,
-    }
-    folder = totals_mod.folder_totals(current.values())
-    summary = {**folder, "out_dir": str(out), "last_run": last_run}
-    try:
-        write_summary(out, summary)
-        runfolder.append_jsonl(out / runfolder.RUNS_NAME, last_run)
-    except runfolder.OutputFolderError as exc:
-        write_error = write_error or str(exc)
-    for d in made:  # the rows that failed after validation, by manifest line (details in diagnostics)
-        if d.get("status") != "ok":
-            typer.echo(f"{manifest}: line {d.get('line')}, row {d['id']!r}: {d.get('error')}", err=True)
-    extra = {"this run": f"{n_ok} done, {len(made) - n_ok} failed, {len(plan.done)} skipped, "
-                         f"{len(plan.redone)} redone, {len(m.errors)} invalid",
-             "this run audio-s/s": last_run["throughput_audio_s_per_s"], "outputs": str(out)}
-    totals_mod.render(folder, title=f"cosyclone synth: {out}", tty=sys.stdout.isatty(), extra=extra)
-    if write_error:
-        typer.echo(f"error: {write_error}. The {writer.written} rows written before it are kept and no "
+    for d in summary.failed:  # the rows that failed after validation, by manifest line (details in diagnostics)
+        typer.echo(f"{job.manifest_label}: line {d.get('line')}, row {d['id']!r}: {d.get('error')}", err=True)
+    run = summary.last_run
+    extra = {"this run": f"{run['done']} done, {run['failed']} failed, {run['skipped']} skipped, "
+                         f"{run['redone']} redone, {run['invalid']} invalid",
+             "this run audio-s/s": run["throughput_audio_s_per_s"], "outputs": str(job.out)}
+    totals_mod.render(summary.totals, title=f"cosyclone synth: {job.out}", tty=sys.stdout.isatty(), extra=extra)
+    if summary.write_error:
+        typer.echo(f"error: {summary.write_error}. The {summary.written} rows written before it are kept and no "
                    "partial file is left; free space (or fix permissions) and rerun the same command to resume",
                    err=True)
         raise typer.Exit(EXIT_WRITE)
-    failed = last_run["failed"] + last_run["invalid"]
-    raise typer.Exit(EXIT_ROWS_FAILED if failed else EXIT_OK)
+    raise typer.Exit(summary.exit_code)
 
 
 @app.command()
@@ -592,21 +402,6 @@ def say(
     raise typer.Exit(EXIT_OK)
 
 
-def _devices(policy) -> list[str]:
-    import torch
-
-    if policy.device.type == "cuda" and torch.cuda.is_available():
-        return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return [platform.processor() or platform.machine()]
-
-
-def _versions(text_frontend: str) -> dict[str, str]:
-    import torch
-
-    return {"cosyclone": __version__, "torch": torch.__version__, "python": platform.python_version(),
-            **_text_versions(text_frontend)}
-
-
 @app.command()
 def report(
     folders: list[Path] = typer.Argument(..., help="run folders (shards of one dataset are merged)"),
@@ -646,13 +441,6 @@ def report(
 app.command("eval")(eval_command)  # cosyclone/eval/command.py (models from the optional eval extra)
 
 
-def _text_versions(text_frontend: str) -> dict[str, str]:
-    """The text normalizer's package versions (they change what the model reads)."""
-    from .frontend.normalize import get_normalizer
-
-    return {k: v for k, v in get_normalizer(text_frontend).version().items() if k != "text_frontend"}
-
-
 @app.command("make-tiny-model")
 def make_tiny_model_cmd(directory: Path = typer.Argument(...),
                         force: bool = typer.Option(False, help="replace an existing directory's files")) -> None:
@@ -665,52 +453,13 @@ def make_tiny_model_cmd(directory: Path = typer.Argument(...),
     typer.echo(f"tiny model written to {directory}")
 
 
-TEXT_NORMALIZERS = ("wetext", "inflect")  # what the official frontend normalizes with when ttsfrd is absent
-
-
-def _declared_requirements() -> set[str]:
-    """Names of the installed cosyclone distribution's required dependencies (extras excluded)."""
-    from importlib import metadata
-
-    try:
-        reqs = metadata.requires("cosyclone") or []
-    except metadata.PackageNotFoundError:
-        return set()
-    names = set()
-    for req in reqs:
-        marker = req.split(";", 1)[1] if ";" in req else ""
-        if "extra" in marker:  # e.g. 'pytest>=8; extra == "dev"'
-            continue
-        names.add(re.split(r"[\s<>=!~;\[(]", req.strip(), maxsplit=1)[0].lower().replace("_", "-"))
-    return names
-
-
-_IMPORT_NAMES = {"pyyaml": "yaml"}  # declared distributions whose module has another name
-
-
-def _module_of(dist: str) -> str:
-    """The module a declared distribution is imported as (``pyyaml`` -> ``yaml``)."""
-    return _IMPORT_NAMES.get(dist, dist.replace("-", "_"))
-
-
-def _import_status(name: str) -> tuple[bool, str]:
-    """(importable, "version x" or the import error) without letting an error escape."""
-    import importlib
-
-    try:
-        mod = importlib.import_module(name)
-    except Exception as exc:  # ImportError, or a broken install raising anything at import time
-        return False, f"{type(exc).__name__}: {exc}"
-    return True, f"version {getattr(mod, '__version__', 'unknown')}"
-
-
 @app.command()
 def inspect(model_dir: Path = typer.Argument(...), device: str = typer.Option("auto"),
             dtype: str = typer.Option("auto")) -> None:
     """Geometry, parameter counts, key check against the expected layout, device, providers and
     the text normalizers. Exits 2 when a checkpoint does not match, a stage module or a required
     package does not import."""
-    from .checkpoint import check_keys, check_tied, read_state_file
+    from . import model_check
     from .config import load_model_config
     from .device import resolve
 
@@ -719,72 +468,19 @@ def inspect(model_dir: Path = typer.Argument(...), device: str = typer.Option("a
         policy = resolve(device, dtype)
     except CosycloneError as exc:
         _fail(str(exc))
-    q = cfg.talker.qwen
-    typer.echo(f"model dir: {model_dir} (yaml sha256 {cfg.yaml_sha256[:16]})")
-    typer.echo(f"talker: hidden {q.hidden_size}, layers {q.num_hidden_layers}, heads {q.num_attention_heads}/"
-               f"{q.num_key_value_heads}, speech tokens {cfg.talker.speech_token_size}")
-    typer.echo(f"flow DiT: dim {cfg.flow.dit.dim}, depth {cfg.flow.dit.depth}; hift base {cfg.hift.base_channels}")
-    typer.echo(f"device: {policy.device} ({policy.backend}, {policy.dtype}; fp32 linear layers on CPU: "
-               f"{policy.cpu_gemm})")
+    for line in model_check.geometry_lines(model_dir, cfg, policy):
+        typer.echo(line)
     bad = False
-    try:
-        import onnxruntime as ort
-
-        typer.echo(f"onnxruntime providers: {', '.join(ort.get_available_providers())}")
-    except ImportError as exc:
-        typer.echo(f"onnxruntime: NOT importable ({exc})")
-        bad = True
-    required = _declared_requirements()
-    for name in TEXT_NORMALIZERS:
-        ok, detail = _import_status(name)
-        need = "required" if name in required else "optional"
-        typer.echo(f"text normalizer {name} ({need}): {'ok, ' + detail if ok else 'NOT importable: ' + detail}")
-        bad = bad or (not ok and need == "required")
-    # Required packages that stages import only when they run (the tokenizer's transformers,
-    # safetensors, soundfile, ...): a broken one must fail here, not on the first row of a run.
-    for dist in sorted(required - set(TEXT_NORMALIZERS) - {"onnxruntime"}):
-        ok, detail = _import_status(_module_of(dist))
-        if not ok:
-            typer.echo(f"required package {dist}: NOT importable: {detail}")
-            bad = True
-    try:
-        import importlib
-
-        import torch
-
-        from .code2wav.flow import CausalMaskedDiffWithDiT
-        from .code2wav.hift import CausalHiFTGenerator
-        from .talker.model import TIED_LM_HEAD, TIED_TO, CosyVoice3LM
-
-        for stage in ("cosyclone.frontend", "cosyclone.pipeline", "cosyclone.writer"):  # the rest of a run
-            importlib.import_module(stage)
-    except Exception as exc:  # a stage that does not import is a broken install, not a pass
-        typer.echo(f"stage modules: NOT importable ({type(exc).__name__}: {exc})")
-        raise typer.Exit(EXIT_USAGE) from None
-    # Each file is checked the way its stage loads it: the same key adapter and tied keys,
-    # against modules built on the meta device (shapes only, no memory, no random init).
-    checks = (
-        ("llm.pt", lambda: CosyVoice3LM(cfg.talker), None, {TIED_LM_HEAD: TIED_TO}),
-        ("flow.pt", lambda: CausalMaskedDiffWithDiT(cfg.flow), None, {}),
-        ("hift.pt", lambda: CausalHiFTGenerator(cfg.hift), CausalHiFTGenerator.adapt_keys, {}),
-    )
-    for name, factory, adapter, tied in checks:
-        with torch.device("meta"):
-            module = factory()
-        n = sum(p.numel() for p in module.parameters())
-        try:
-            state = read_state_file(model_dir / name)
-            state = adapter(state) if adapter else state
-            check_tied(state, tied, name)
-            rep = check_keys(module, state, name, tuple(tied))
-            status = "keys ok" if rep.ok else rep.render(limit=5)
-            absent = [k for k in tied if k not in state]
-            if rep.ok and absent:
-                status += f" (no {', '.join(absent)}: the official strict load needs it)"
-            bad = bad or not rep.ok
-        except CosycloneError as exc:
-            status, bad = str(exc), True
-        typer.echo(f"{name}: {n / 1e6:.2f} M parameters; {status}")
+    for line, ok in model_check.environment_checks():
+        typer.echo(line)
+        bad = bad or not ok
+    broken = model_check.stage_import_error()
+    if broken:  # a stage that does not import is a broken install, not a pass
+        typer.echo(f"stage modules: NOT importable ({broken})")
+        raise typer.Exit(EXIT_USAGE)
+    for line, ok in model_check.checkpoint_checks(model_dir, cfg):
+        typer.echo(line)
+        bad = bad or not ok
     raise typer.Exit(EXIT_USAGE if bad else EXIT_OK)
 
 

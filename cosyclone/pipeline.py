@@ -263,7 +263,7 @@ def synthesize_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptio
     results: dict[int, Any] = {}
     if segments:
         t0 = time.perf_counter()
-        results = _talker_with_checkpoint(stages, segments, decode_options(stages.cfg, opts), outcomes)
+        results = talker_with_checkpoint(stages, segments, decode_options(stages.cfg, opts), outcomes)
         share = (time.perf_counter() - t0) / max(1, len(segments))
         for rid, _ in segments:
             outcomes[rid].seconds["talker"] = outcomes[rid].seconds.get("talker", 0.0) + share
@@ -339,19 +339,19 @@ def finish_batch(stages: Stages, prepared: PreparedBatch, results: dict[int, Any
     return records
 
 
-def _talker_with_checkpoint(stages: Stages, segments: Sequence[tuple[str, Any]], dec: Any,
+def talker_with_checkpoint(stages: Stages, segments: Sequence[tuple[str, Any]], dec: Any,
                             outcomes: dict[str, RowOutcome]) -> dict[int, Any]:
-    """:func:`_generate_isolated`, skipping segments whose talker result the stage-0 checkpoint holds
+    """:func:`generate_isolated`, skipping segments whose talker result the stage-0 checkpoint holds
     (``stages.token_store``) and storing the fresh ones, so a row that fails later keeps its tokens."""
-    results, todo = _stored_results(stages, segments, range(len(segments)))
-    fresh = _generate_isolated(stages, [segments[i] for i in todo], dec, outcomes)
+    results, todo = stored_results(stages, segments, range(len(segments)))
+    fresh = generate_isolated(stages, [segments[i] for i in todo], dec, outcomes)
     for j, res in fresh.items():
         results[todo[j]] = res
-        _store_result(stages, segments[todo[j]], res)
+        store_result(stages, segments[todo[j]], res)
     return results
 
 
-def _stored_results(stages: Stages, segments: Sequence[tuple[str, Any]],
+def stored_results(stages: Stages, segments: Sequence[tuple[str, Any]],
                     wanted: Iterable[int]) -> tuple[dict[int, Any], list[int]]:
     """The stage-0 checkpoint's results for the ``wanted`` segment indices, and the indices it lacks."""
     store = stages.token_store
@@ -367,7 +367,7 @@ def _stored_results(stages: Stages, segments: Sequence[tuple[str, Any]],
     return results, todo
 
 
-def _store_result(stages: Stages, segment: tuple[str, Any], result: Any) -> None:
+def store_result(stages: Stages, segment: tuple[str, Any], result: Any) -> None:
     """Keep a fresh talker result in the stage-0 checkpoint (when the run has one)."""
     if stages.token_store is not None:
         stages.token_store.put(segment[0], segment[1].segment, result)
@@ -387,7 +387,7 @@ def is_out_of_memory(exc: BaseException) -> bool:
         isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
 
 
-def _generate_isolated(stages: Stages, segments: Sequence[tuple[str, Any]], dec: Any,
+def generate_isolated(stages: Stages, segments: Sequence[tuple[str, Any]], dec: Any,
                        outcomes: dict[str, RowOutcome]) -> dict[int, Any]:
     """The talker over ``segments`` -> {segment index: result}, with failures confined.
 
@@ -525,7 +525,7 @@ def run(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptions,
 
     Rows are planned into length-sorted batches (:func:`plan_batches`): the unit of the frontend
     and of code2wav. ``opts.schedule`` says how they reach the talker: ``static`` runs each batch
-    through every stage before the next; ``continuous`` (:class:`_Stream`) keeps one talker session
+    through every stage before the next; ``continuous`` (:class:`cosyclone.stream.ContinuousStream`) keeps one talker session
     for the run, adds the next batch's segments while a slot could take them, and sends a batch to
     code2wav as soon as its last segment has left the talker. A row's tokens do not depend on its
     slot mates and code2wav sees the same batches either way, so both give the same WAV bytes.
@@ -548,19 +548,21 @@ def run(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptions,
 
     batches = plan_batches(rows, opts.batch_size, opts.token_budget)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cosyclone-frontend") as pool:
-        frontend = _Prefetch(pool, stages, batches, opts, enabled=prefetch)
+        frontend = FrontendPrefetch(pool, stages, batches, opts, enabled=prefetch)
         try:
             if opts.schedule == "static":
                 for k, batch in enumerate(batches):
                     emit(synthesize_batch_isolated(stages, batch, opts, frontend.take(k)))
             else:
-                _Stream(stages, batches, opts, frontend, emit).run()
+                from .stream import ContinuousStream
+
+                ContinuousStream(stages, batches, opts, frontend, emit).run()
         finally:
             frontend.cancel()
     return out
 
 
-class _Prefetch:
+class FrontendPrefetch:
     """The frontend one batch ahead on a worker thread: :meth:`take` of batch k starts batch k + 1."""
 
     def __init__(self, pool: ThreadPoolExecutor, stages: Stages, batches: Sequence[Sequence[ManifestRow]],
@@ -585,185 +587,6 @@ class _Prefetch:
             self.ahead[1].cancel()
 
 
-@dataclass
-class _InFlight:
-    """A batch whose segments are (partly) in the talker."""
-
-    rows: list[ManifestRow]
-    prepared: PreparedBatch | None  # None when its frontend raised outside the per-row guards (``error``)
-    results: dict[int, Any] = field(default_factory=dict)  # segment index -> talker result
-    todo: set[int] = field(default_factory=set)  # segment indices still in the talker
-    error: BaseException | None = None  # why the batch goes through every stage row by row instead
-
-
-class _Stream:
-    """The continuous schedule: one :class:`~cosyclone.talker.decode.TalkerSession` across batches.
-
-    Each turn: while fewer segments wait for a slot than there are slots, the next batch's segments
-    join the session (stage-0 checkpoint hits and rows that failed in the frontend skip it); one
-    decode window runs; every batch with no segment left in the talker goes to code2wav and its
-    records to the writer, in batch order. If the shared session raises (out of memory, a bug),
-    the segments it still held go the static way (:func:`_talker_with_checkpoint`: halving on out
-    of memory, isolation per segment) and the next batches start a fresh session.
-
-    code2wav of a finished batch runs on this thread between decode windows (CPU: the two share
-    the cores), or with ``code2wav_thread`` on a worker thread with its own CUDA stream, so the
-    talker goes on meanwhile; records are emitted here either way, in batch order.
-    """
-
-    def __init__(self, stages: Stages, batches: Sequence[Sequence[ManifestRow]], opts: RunOptions,
-                 frontend: _Prefetch, emit: Callable[[Sequence[RowRecord]], None]) -> None:
-        self.stages, self.batches, self.opts, self.frontend, self.emit = stages, batches, opts, frontend, emit
-        self.dec = decode_options(stages.cfg, opts)
-        # slots: --talker-slots, else a batch's worth (no more than the run's rows: an empty slot
-        # computes too) or, when the first batch to decode brings more segments, that many
-        self.slots = max(1, opts.talker_slots or min(opts.batch_size, sum(len(b) for b in batches)))
-        self.session: Any = None
-        self.owner: dict[int, tuple[_InFlight, int]] = {}  # ticket -> (batch, segment index)
-        self.flight: list[_InFlight] = []
-        self.next = 0  # next batch to feed
-        threaded = opts.code2wav_thread
-        if threaded is None:
-            threaded = stages.policy.device.type == "cuda"
-        self.finishing: list[Future[list[RowRecord]]] = []
-        self.code2wav = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cosyclone-code2wav") if threaded else None
-        device = stages.policy.device
-        self.stream = torch.cuda.Stream(device) if threaded and device.type == "cuda" else None  # code2wav's own
-
-    @torch.inference_mode()
-    def run(self) -> None:
-        try:
-            while self.next < len(self.batches) or self.flight or self.finishing:
-                try:
-                    self._feed()
-                    self._decode()
-                except Exception as exc:  # the shared decode failed: what it held goes the per-batch way
-                    self._recover(exc)
-                self._finish_ready()
-                self._emit_finished(wait=not self.flight and self.next >= len(self.batches))
-        finally:
-            self._close_session()
-            if self.code2wav is not None:
-                self.code2wav.shutdown(wait=True)
-
-    def _feed(self) -> None:
-        """Add batches while a slot could take their segments without waiting a window."""
-        while self.next < len(self.batches) and (self.session is None or self.session.waiting < self.slots):
-            k = self.next
-            self.next += 1
-            try:
-                prepared = self.frontend.take(k) or prepare_batch(self.stages, self.batches[k], self.opts)
-            except Exception as exc:  # outside the per-row guards: each row alone, as synthesize_batch_isolated
-                self.flight.append(_InFlight(rows=list(self.batches[k]), prepared=None, error=exc))
-                continue
-            f = _InFlight(rows=list(self.batches[k]), prepared=prepared)
-            segs = prepared.segments
-            alive = [i for i, (rid, _) in enumerate(segs) if prepared.outcomes[rid].status == "ok"]
-            f.results, todo = _stored_results(self.stages, segs, alive)
-            self.flight.append(f)
-            if todo:
-                from .conditioning import to_talker_request
-
-                try:
-                    reqs = [to_talker_request(segs[i][1]) for i in todo]
-                except Exception as exc:  # a malformed segment: the batch goes row by row (the row fails alone)
-                    f.prepared, f.error = None, exc
-                    continue
-                session = self._session(len(todo))
-                tickets = session.add(reqs)
-                f.todo.update(todo)
-                self.owner.update({t: (f, i) for t, i in zip(tickets, todo, strict=True)})
-
-    def _session(self, first: int) -> Any:
-        """The open session, or a new one (``first``: segments the first batch brings)."""
-        if self.session is None:
-            from .talker import decode
-
-            if not self.opts.talker_slots:
-                self.slots = max(self.slots, first)
-            self.session = decode.TalkerSession(self.stages.talker, self.dec, slots=self.slots)
-        return self.session
-
-    def _decode(self) -> None:
-        """One decode window; finished segments land in their batches (and the stage-0 checkpoint)."""
-        if self.session is None or self.session.idle:
-            return
-        for t, res in self.session.poll():
-            f, i = self.owner.pop(t)
-            self._land(f, i, res)
-
-    def _land(self, f: _InFlight, i: int, res: Any) -> None:
-        assert f.prepared is not None  # a batch with segments in the talker was prepared
-        seg = f.prepared.segments[i]
-        f.results[i] = res
-        f.todo.discard(i)
-        _store_result(self.stages, seg, res)
-        seconds = f.prepared.outcomes[seg[0]].seconds
-        seconds["talker"] = seconds.get("talker", 0.0) + float(getattr(res, "seconds", 0.0))
-
-    def _recover(self, exc: BaseException) -> None:
-        """Decode what the failed session held batch by batch, with the static path's isolation."""
-        log.warning("talker session failed (%s: %s); its rows are decoded batch by batch", type(exc).__name__, exc)
-        self._close_session()
-        self.owner.clear()
-        if is_out_of_memory(exc) and self.stages.policy.device.type == "cuda":
-            torch.cuda.empty_cache()
-        for f in self.flight:
-            if not f.todo:
-                continue
-            assert f.prepared is not None
-            rest = sorted(f.todo)
-            segs = f.prepared.segments
-            fresh = _generate_isolated(self.stages, [segs[i] for i in rest], self.dec, f.prepared.outcomes)
-            f.todo.clear()
-            for j, res in fresh.items():
-                self._land(f, rest[j], res)
-
-    def _close_session(self) -> None:
-        session, self.session = self.session, None
-        if session is not None:
-            try:
-                session.close()
-            except Exception:  # freeing the cache of a broken session must not hide the first error
-                log.debug("closing a failed talker session raised", exc_info=True)
-
-    def _finish_ready(self) -> None:
-        """Batches with nothing left in the talker go to code2wav (in batch order)."""
-        while self.flight and not self.flight[0].todo:
-            f = self.flight.pop(0)
-            if self.code2wav is None:
-                done: Future[list[RowRecord]] = Future()
-                done.set_result(self._finish(f))
-            else:
-                done = self.code2wav.submit(self._finish_on_stream, f)
-            self.finishing.append(done)
-
-    def _finish(self, f: _InFlight) -> list[RowRecord]:
-        if f.prepared is None:
-            assert f.error is not None
-            return _rows_alone(self.stages, f.rows, self.opts, f.error)
-        try:
-            return finish_batch(self.stages, f.prepared, f.results, self.opts)
-        except Exception as exc:
-            return _rows_alone(self.stages, f.rows, self.opts, exc)
-
-    def _finish_on_stream(self, f: _InFlight) -> list[RowRecord]:
-        """code2wav on its own CUDA stream (its kernels overlap the talker's), after what was queued before."""
-        if self.stream is None:
-            return self._finish(f)
-        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
-        with torch.cuda.stream(self.stream):
-            records = self._finish(f)
-        self.stream.synchronize()
-        return records
-
-    def _emit_finished(self, *, wait: bool) -> None:
-        """Hand finished batches' records to the writer in batch order (``wait``: the next one at least)."""
-        while self.finishing and (wait or self.finishing[0].done()):
-            self.emit(self.finishing.pop(0).result())
-            wait = False
-
-
 def _result_or_none(ahead: Future[PreparedBatch] | None) -> PreparedBatch | None:
     """The prefetched batch, or None (no prefetch, or it raised: the caller prepares it again)."""
     if ahead is None:
@@ -782,10 +605,10 @@ def synthesize_batch_isolated(stages: Stages, batch: Sequence[ManifestRow], opts
     try:
         return synthesize_batch(stages, batch, opts, prepared)
     except Exception as exc:
-        return _rows_alone(stages, batch, opts, exc)
+        return rows_alone(stages, batch, opts, exc)
 
 
-def _rows_alone(stages: Stages, batch: Sequence[ManifestRow], opts: RunOptions,
+def rows_alone(stages: Stages, batch: Sequence[ManifestRow], opts: RunOptions,
                 exc: BaseException) -> list[RowRecord]:
     """Each row of a batch that raised, through every stage alone; a row that still raises is a
     failed record with its traceback."""

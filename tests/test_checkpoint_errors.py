@@ -112,7 +112,7 @@ def test_inspect_reports_text_normalizers(tiny_model_dir: Path) -> None:
 
 def test_inspect_fails_when_a_stage_or_a_required_normalizer_does_not_import(
         tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import cosyclone.cli as cli
+    from cosyclone import model_check
 
     with monkeypatch.context() as m:
         m.setitem(sys.modules, "cosyclone.code2wav.flow", None)  # import of this module now fails
@@ -120,7 +120,7 @@ def test_inspect_fails_when_a_stage_or_a_required_normalizer_does_not_import(
     assert res.exit_code == 2 and "stage modules: NOT importable" in res.output
     with monkeypatch.context() as m:
         m.setitem(sys.modules, "wetext", None)
-        m.setattr(cli, "_declared_requirements", lambda: {"wetext"})
+        m.setattr(model_check, "declared_requirements", lambda: {"wetext"})
         res = CliRunner().invoke(app, ["inspect", str(tiny_model_dir), "--device", "cpu"])
     assert res.exit_code == 2 and "text normalizer wetext (required): NOT importable" in res.output
     # modules and packages a run imports only when it gets there (frontend, tokenizer) count too
@@ -130,7 +130,7 @@ def test_inspect_fails_when_a_stage_or_a_required_normalizer_does_not_import(
     assert res.exit_code == 2 and "stage modules: NOT importable" in res.output
     with monkeypatch.context() as m:
         m.setitem(sys.modules, "safetensors", None)
-        m.setattr(cli, "_declared_requirements", lambda: {"safetensors", "pyyaml"})
+        m.setattr(model_check, "declared_requirements", lambda: {"safetensors", "pyyaml"})
         res = CliRunner().invoke(app, ["inspect", str(tiny_model_dir), "--device", "cpu"])
     assert res.exit_code == 2 and "required package safetensors: NOT importable" in res.output
     assert "pyyaml" not in res.output  # the module of pyyaml is yaml, which imports

@@ -1,0 +1,473 @@
+"""A synthesis run into an output folder: the one object ``cosyclone synth`` and
+:meth:`cosyclone.api.CosyClone.synth_folder` share.
+
+Owns the folder's side of a run: the run's options checked as a whole, the folder lock, content
+hashes and row fingerprints, the resume plan, the choice of engine (this process or a Ray actor
+pool), the writer, compaction of the journal, the stage-0 checkpoint's cleanup, ``summary.json``
+and ``runs.jsonl``. A row whose preparation here raises (its prompt cannot be hashed, say) fails
+alone, with a record, and the other rows run.
+
+Must not: parse command lines or print (messages go to the ``log`` callable and the totals come
+back as a :class:`JobSummary`, which the caller renders), wire stages (that is
+:func:`cosyclone.pipeline.run` and :func:`cosyclone.ray_engine.run_ray`), or touch a row's audio.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from . import runfolder
+from .errors import CosycloneError
+from .manifest import Manifest, ManifestRow, Shard, read_manifest
+from .pipeline import RowOutcome, RunOptions, plan_batches, row_seed_of
+from .writer import RowRecord
+
+EXIT_OK, EXIT_ROWS_FAILED = 0, 3  # a finished run: every row done; some rows failed or were rejected
+ENGINES = ("local", "ray")
+
+#: RunOptions fields that change a row's audio (the fingerprint's ``options`` part); batching does not.
+AUDIO_OPTIONS = ("top_p", "top_k", "win_size", "tau_r", "min_len_ratio", "max_len_ratio", "nonfinite_policy",
+                 "draw", "max_tokens", "min_tokens", "n_timesteps", "load_format", "text_frontend", "nonfinite_audio",
+                 "cpu_gemm")
+
+#: (RunOptions field, the flag that sets it, its allowed values): checked before anything loads.
+_CHOICES = (("nonfinite_policy", "--nonfinite-policy", ("exclude", "error", "legacy-zero")),
+            ("draw", "--draw", ("race", "legacy-multinomial")),
+            ("nonfinite_audio", "--nonfinite-audio", ("fail", "zero")),
+            ("load_format", "--load-format", ("auto", "dummy")))
+#: (RunOptions field, the flag that sets it, its least value) for the numeric options.
+_AT_LEAST = (("batch_size", "--batch-size", 1), ("token_budget", "--token-budget", 1),
+             ("max_tokens", "--max-tokens", 1), ("min_tokens", "--min-tokens", 0),
+             ("n_timesteps", "--n-timesteps", 1))
+
+
+class ProgressSink(Protocol):
+    """What :meth:`SynthJob.run` reports finished rows to (:class:`cosyclone.progress.Progress` is one)."""
+
+    def update(self, record: Any) -> None: ...
+
+    def close(self) -> None: ...
+
+
+#: Builds the progress sink once the number of rows to do is known (it is known only under the lock).
+ProgressFactory = Callable[[int], ProgressSink]
+
+
+@dataclass(frozen=True)
+class FolderOptions:
+    """How a run treats its output folder and where its rows run (only ``float_wav`` changes a file's bytes)."""
+
+    shard: str | None = None  # "i/N": this machine's contiguous slice of the manifest's non-blank lines
+    overwrite: bool = False  # redo every row of the manifest (default: resume, skipping finished rows)
+    float_wav: bool = False  # 32-bit float WAVs instead of PCM16 (part of the fingerprint)
+    engine: str = "local"  # local (this process) | ray (a Ray Data actor pool; see ray_engine.py)
+    ray_address: str | None = None  # the Ray cluster to join (None: the one `ray start` began here, or a new one)
+    ray_actors: int | None = None  # Ray actors in all (None: the sizing rule of ray_plan.py)
+    actor_threads: int | None = None  # torch threads per CPU actor (None: the sizing rule of ray_plan.py)
+    command: str = field(default_factory=lambda: " ".join(sys.argv))  # who holds the lock (lock file)
+
+
+def check_options(opts: RunOptions, folder: FolderOptions) -> None:
+    """Refuse option values no run can use, naming the flag (:class:`CosycloneError`)."""
+    for name, flag, allowed in _CHOICES:
+        value = getattr(opts, name)
+        if value not in allowed:
+            raise CosycloneError(f"{flag} must be one of {', '.join(allowed)}, not {value!r}")
+    if folder.engine not in ENGINES:
+        raise CosycloneError(f"--engine must be one of {', '.join(ENGINES)}, not {folder.engine!r}")
+    for name, flag, low in _AT_LEAST:
+        value = getattr(opts, name)
+        if value is not None and value < low:
+            raise CosycloneError(f"{flag} must be at least {low}, not {value}")
+    for flag, value in (("--ray-actors", folder.ray_actors), ("--actor-threads", folder.actor_threads)):
+        if value is not None and value < 1:
+            raise CosycloneError(f"{flag} must be at least 1, not {value}")
+    if opts.min_tokens is not None and opts.max_tokens is not None and opts.min_tokens > opts.max_tokens:
+        raise CosycloneError(f"--min-tokens {opts.min_tokens} is above --max-tokens {opts.max_tokens}")
+    if folder.shard:
+        Shard.parse(folder.shard)
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """What a run would do now (``synth --dry-run``); making it loads no model and writes nothing."""
+
+    valid_rows: int  # rows of this shard that passed validation
+    rejected: int  # lines of this shard that validation refused (each in Manifest.errors)
+    done: int  # rows skipped: complete and with an unchanged fingerprint
+    todo: int  # rows to synthesize (new, changed, failed before or incomplete)
+    unprepared: int  # rows whose fingerprint could not be made (they fail, each with its reason)
+    batches: int  # planned batches of the rows to do (pipeline.plan_batches)
+    resume: str  # what the resume plan says about redone, retried and foreign rows ("" when nothing)
+    device: str  # the device the stages run on
+    dtype: str  # the resolved run dtype
+    engine: str  # local | ray
+    engine_lines: tuple[str, ...] = ()  # the engine's own plan (Ray: actors per node, threads, memory)
+
+    def line(self) -> str:
+        """The one-line plan ``synth --dry-run`` prints."""
+        extra = f", {self.unprepared} unpreparable" if self.unprepared else ""
+        return (f"{self.valid_rows} valid rows, {self.rejected} rejected, {self.done} already done, "
+                f"{self.todo} to synthesize in {self.batches} batches on {self.device} ({self.dtype}){extra}")
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """The end of a run: the folder's totals, this invocation's figures, and what went wrong."""
+
+    totals: dict[str, Any]  # report.folder_totals over every record in the folder (summary.json's top level)
+    last_run: dict[str, Any]  # this invocation (summary.json's last_run, one line of runs.jsonl)
+    failed: list[dict[str, Any]]  # this run's failed row records (line, id, error), in arrival order
+    write_error: str | None  # why the folder could not be written (rows finished before it are kept)
+    written: int  # row records the writer committed in this run
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every row of the shard is done, 3 when some failed or were rejected (a write error is 4,
+        the caller's to report)."""
+        return EXIT_ROWS_FAILED if self.last_run["failed"] + self.last_run["invalid"] else EXIT_OK
+
+
+@dataclass
+class _Prepared:
+    """A folder's rows sorted out under its lock: fingerprints, the resume plan, rows that failed already."""
+
+    ctx: runfolder.RunContext
+    fps: dict[str, tuple[str, dict[str, str]]]  # row id -> (fingerprint, parts) for every preparable row
+    failed: list[RowRecord]  # rows whose fingerprint raised: failed records, ready for the writer
+    resume: runfolder.ResumePlan
+
+
+class SynthJob:
+    """Synthesize a manifest (or one shard of it) into an output folder, resumably.
+
+    Build it with :meth:`open` (reads and validates the manifest and options; loads no model), look
+    at :meth:`plan`, then :meth:`run`. ``tts`` is an already loaded
+    :class:`~cosyclone.api.CosyClone` to run the local engine on; without it :meth:`run` loads one
+    when there is work (and never for Ray, whose actors load their own).
+    """
+
+    def __init__(self, manifest: Manifest, out: Path, opts: RunOptions, *, cfg: Any, policy: Any,
+                 model_dir: Path | None, folder: FolderOptions = FolderOptions(),
+                 log: Callable[[str], None] | None = None, tts: Any = None, manifest_label: str | None = None,
+                 started_at: float | None = None) -> None:
+        self.full = manifest  # every row: another shard's rows are not "foreign" to the folder
+        self.rows = manifest.shard(Shard.parse(folder.shard)) if folder.shard else manifest  # this shard's
+        self.out, self.opts, self.cfg, self.policy, self.model_dir = Path(out), opts, cfg, policy, model_dir
+        self.folder, self.tts = folder, tts
+        self.log = log or (lambda msg: None)
+        self.manifest_label = manifest_label if manifest_label is not None else str(manifest.path)
+        self.tag = runfolder.shard_tag(folder.shard)
+        self.started_at = time.time() if started_at is None else started_at
+        check_options(opts, folder)
+
+    @classmethod
+    def open(cls, manifest: str | Path, out: str | Path, *, model_dir: str | Path | None = None,
+             load_format: str = "auto", device: str = "auto", dtype: str = "auto", cpu_gemm: str = "auto",
+             cuda_graphs: str = "auto", threads: int | None = None, text_frontend: str = "wetext",
+             folder: FolderOptions = FolderOptions(), log: Callable[[str], None] | None = None,
+             **options: Any) -> SynthJob:
+        """Read ``manifest``, check the options and resolve device, dtype and model configuration.
+
+        ``options`` are :class:`~cosyclone.pipeline.RunOptions` fields (``seed``, ``batch_size``,
+        ``top_k``, ...). Raises :class:`CosycloneError` for anything a user must fix first: an
+        unreadable manifest, an option out of range, a model directory that does not load as
+        configuration, Ray missing for ``engine="ray"``.
+        """
+        from .api import model_config
+        from .device import resolve, set_threads
+        from .talker.graphs import resolve_cuda_graphs
+
+        started = time.time()
+        full = read_manifest(manifest, text_frontend=text_frontend)
+        own = {"device", "dtype", "cpu_gemm", "load_format", "text_frontend", "cuda_graphs"} & set(options)
+        if own:
+            raise CosycloneError(f"give {', '.join(sorted(own))} as SynthJob.open's own arguments")
+        try:
+            opts = RunOptions(**options, load_format=load_format, text_frontend=text_frontend)
+        except (TypeError, ValueError) as exc:  # an unknown option name, a schedule not offered
+            raise CosycloneError(f"bad run option: {exc}") from None
+        check_options(opts, folder)
+        policy = resolve(device, dtype, cpu_gemm)
+        cfg = model_config(Path(model_dir) if model_dir is not None else None, load_format)
+        set_threads(threads)
+        if folder.engine == "ray":
+            from .ray_engine import require_ray
+
+            require_ray()  # before any work: say how to install it
+        opts = replace(opts, device=policy.device.type, dtype=policy.dtype_name, cpu_gemm=policy.cpu_gemm,
+                       cuda_graphs=resolve_cuda_graphs(cuda_graphs, policy.device, draw=opts.draw).value)
+        return cls(full, Path(out), opts, cfg=cfg, policy=policy,
+                   model_dir=Path(model_dir) if model_dir is not None else None, folder=folder, log=log,
+                   manifest_label=str(manifest), started_at=started)
+
+    # ------------------------------------------------------------------ planning
+
+    def plan(self) -> JobPlan:
+        """What :meth:`run` would do if started now (the folder is read, not locked or written)."""
+        runfolder.check_writable(self.out)
+        prep = self._prepare(runfolder.HashCache())
+        if prep.resume.describe():
+            self.log(prep.resume.describe())
+        return JobPlan(valid_rows=len(self.rows.rows), rejected=len(self.rows.errors), done=len(prep.resume.done),
+                       todo=len(prep.resume.todo), unprepared=len(prep.failed),
+                       batches=len(plan_batches(prep.resume.todo, self.opts.batch_size, self.opts.token_budget)),
+                       resume=prep.resume.describe(), device=str(self.policy.device), dtype=self.policy.dtype_name,
+                       engine=self.folder.engine)
+
+    def _prepare(self, hashes: runfolder.HashCache) -> _Prepared:
+        """Fingerprint every row and plan the resume against the folder's records.
+
+        The model's content hash is the run's (an unreadable model directory stops the run, as
+        unusable input); a row's own hash (its prompt's content, its text) is the row's: a row
+        whose fingerprint raises becomes a failed record and the others go on.
+        """
+        try:
+            ctx = runfolder.RunContext(
+                model=runfolder.model_content_hash(self.model_dir, hashes,
+                                                   dummy_tag="released" if self.opts.load_format == "dummy" else ""),
+                dtype=self.opts.dtype, device=self.opts.device,
+                options={**{k: getattr(self.opts, k) for k in AUDIO_OPTIONS}, "float_wav": self.folder.float_wav})
+        except OSError as exc:
+            raise CosycloneError(f"cannot hash the inputs: {exc}") from exc
+        fps: dict[str, tuple[str, dict[str, str]]] = {}
+        failed: list[RowRecord] = []
+        for row in self.rows.rows:
+            try:
+                fps[row.id] = runfolder.row_fingerprint(row, row_seed_of(self.opts.seed, row), ctx, hashes)
+            except Exception as exc:  # a vanished or unreadable prompt, a field the hash cannot take
+                failed.append(_failed_record(row, self.opts, "prepare", exc))
+        hashes.save()
+        ready = [r for r in self.rows.rows if r.id in fps]
+        resume = runfolder.plan_resume(self.out, ready, fps, all_ids=[r.id for r in self.full.rows],
+                                       overwrite=self.folder.overwrite)
+        return _Prepared(ctx=ctx, fps=fps, failed=failed, resume=resume)
+
+    # ------------------------------------------------------------------ running
+
+    def run(self, progress: ProgressFactory | None = None) -> JobSummary:
+        """Synthesize the rows to do into the folder and return the totals.
+
+        Holds the folder's lock throughout (:class:`~cosyclone.runfolder.FolderBusy` when another
+        writer has it). Raises :class:`~cosyclone.runfolder.OutputFolderError` when the folder cannot
+        be written before any model loads; a write that fails later ends the run with the rows
+        finished before kept (``JobSummary.write_error``). ``progress`` is called once with the
+        number of rows to do and gets every finished row.
+        """
+        runfolder.check_writable(self.out)  # before any model loads
+        lock = runfolder.FolderLock(self.out, self.tag, self.folder.command)
+        lock.acquire()
+        try:
+            return self._run_locked(progress)
+        finally:
+            lock.release()
+
+    def _run_locked(self, progress: ProgressFactory | None) -> JobSummary:
+        from .token_store import TokenStore
+        from .writer import BackgroundWriter, WriterOptions
+
+        removed = runfolder.remove_stale_temporaries(self.out)
+        if removed:
+            self.log(f"removed {len(removed)} temporary files left by a killed run")
+        prep = self._prepare(runfolder.HashCache())
+        if prep.resume.describe():
+            self.log(prep.resume.describe())
+        todo = prep.resume.todo
+        run_id = uuid.uuid4().hex[:12]
+        tts = self._local_engine(todo)
+        # stage-0 checkpoint: a row that failed after the talker keeps its tokens for the next run
+        tokens = TokenStore(runfolder.state_dir(self.out) / runfolder.TOKEN_DIR,
+                            {rid: fp for rid, (fp, _) in prep.fps.items()})
+        if tts is not None:
+            tts.stages.token_store = tokens
+        writer = BackgroundWriter(WriterOptions(out_dir=self.out, float_wav=self.folder.float_wav,
+                                                sample_rate=self.cfg.hift.sampling_rate),
+                                  runfolder.journal_path(self.out, self.tag))
+        stamp = _Stamper(self, prep.fps, run_id, writer.submit)
+        sink = progress(len(todo) + len(prep.failed)) if progress is not None else None
+        t_model = time.perf_counter()
+        try:
+            records, write_error = self._synthesize(tts, todo, prep.failed, stamp, sink)
+        finally:  # also when the engine raised (a Ray run that lost rows): what was written is committed
+            close_error = _close(writer)
+        write_error = write_error or close_error
+        wall = time.perf_counter() - t_model
+        current, compact_error = self._compact()
+        write_error = write_error or compact_error
+        self._tidy_tokens(tokens, prep.fps, current)
+        return self._summarize(prep, records, current, run_id=run_id, wall=wall, hits=tokens.hits,
+                               write_error=write_error, written=writer.written)
+
+    def _local_engine(self, todo: Sequence[ManifestRow]) -> Any:
+        """The loaded model for the local engine: the one given, else loaded now (None: Ray, or nothing to do)."""
+        if not todo or self.folder.engine != "local":
+            return None
+        if self.tts is not None:
+            return self.tts
+        from .api import CosyClone
+
+        own = ("load_format", "text_frontend", "device", "dtype")  # CosyClone's own arguments
+        return CosyClone(self.model_dir, load_format=self.opts.load_format, device=self.opts.device,
+                         dtype=self.opts.dtype, text_frontend=self.opts.text_frontend,
+                         **{f.name: getattr(self.opts, f.name) for f in fields(self.opts) if f.name not in own})
+
+    def _synthesize(self, tts: Any, todo: Sequence[ManifestRow], failed: Sequence[RowRecord],
+                    stamp: _Stamper, sink: ProgressSink | None) -> tuple[list[RowRecord], str | None]:
+        """Run the engine over ``todo`` (after writing the rows that failed in preparation).
+
+        Returns the records made (without audio) and the write error that ended the run, if any.
+        """
+        update = sink.update if sink is not None else None
+        records: list[RowRecord] = []
+        try:
+            for rec in failed:
+                stamp(rec)
+                records.append(rec)
+                if update is not None:
+                    update(rec)
+            if todo and self.folder.engine == "ray":
+                from .ray_engine import run_ray
+
+                records += run_ray(self.cfg, self.policy, todo, self.opts, stamp, progress=update,
+                                   address=self.folder.ray_address, num_actors=self.folder.ray_actors)
+            elif tts is not None:
+                records += tts.run(todo, self.opts, stamp, progress=update)
+        except runfolder.OutputFolderError as exc:
+            return records, str(exc)
+        finally:
+            if sink is not None:
+                sink.close()
+        return records, None
+
+    def _compact(self) -> tuple[dict[str, dict[str, Any]], str | None]:
+        """The folder's current records after merging this writer's journal (and why that failed)."""
+        try:
+            return runfolder.compact(self.out, self.tag), None
+        except runfolder.OutputFolderError as exc:
+            return runfolder.read_records(self.out), str(exc)
+
+    def _tidy_tokens(self, tokens: Any, fps: Mapping[str, tuple[str, dict[str, str]]],
+                     current: Mapping[str, Mapping[str, Any]]) -> None:
+        """Drop the stage-0 checkpoint of every row now written (and, for the whole manifest, strays)."""
+        for rid, (fp, _) in fps.items():
+            if current.get(rid, {}).get("status") == "ok" and current[rid].get("fingerprint") == fp:
+                tokens.discard(rid)
+        if self.tag == "all":  # other shards' rows are not in fps: only a whole-manifest run prunes
+            tokens.prune()
+
+    def _summarize(self, prep: _Prepared, records: Sequence[RowRecord], current: Mapping[str, Mapping[str, Any]],
+                   *, run_id: str, wall: float, hits: int, write_error: str | None, written: int) -> JobSummary:
+        """Totals of the folder and this run's figures, written to summary.json and runs.jsonl."""
+        from . import report
+        from .writer import write_summary
+
+        made = [r.diagnostics for r in records]
+        last_run = self._last_run(prep, made, run_id=run_id, wall=wall, hits=hits, write_error=write_error)
+        totals = report.folder_totals(current.values())
+        try:
+            write_summary(self.out, {**totals, "out_dir": str(self.out), "last_run": last_run})
+            runfolder.append_jsonl(self.out / runfolder.RUNS_NAME, last_run)
+        except runfolder.OutputFolderError as exc:
+            write_error = write_error or str(exc)
+            last_run["write_error"] = write_error
+        failed = [d for d in made if d.get("status") != "ok"]
+        return JobSummary(totals=totals, last_run=last_run, failed=failed, write_error=write_error, written=written)
+
+    def _last_run(self, prep: _Prepared, made: Sequence[Mapping[str, Any]], *, run_id: str, wall: float,
+                  hits: int, write_error: str | None) -> dict[str, Any]:
+        """This invocation's figures (summary.json ``last_run``, a line of runs.jsonl)."""
+        resume, opts, policy = prep.resume, self.opts, self.policy
+        audio = sum(float(d.get("audio_seconds") or 0.0) for d in made if d.get("status") == "ok")
+        n_ok = sum(1 for d in made if d.get("status") == "ok")
+        return {
+            "run_id": run_id, "started_at": self.started_at, "finished_at": time.time(), "argv": sys.argv,
+            "host": socket.gethostname(), "manifest": self.manifest_label, "shard": self.folder.shard,
+            "rows_in_manifest": len(self.rows.rows), "invalid": len(self.rows.errors),
+            "invalid_rows": [str(e) for e in self.rows.errors],
+            "todo": len(resume.todo) + len(prep.failed), "done": n_ok, "failed": len(made) - n_ok,
+            "skipped": len(resume.done), "redone": len(resume.redone), "redone_by": resume.redone_counts(),
+            "retried": len(resume.retried), "not_written": len(resume.todo) + len(prep.failed) - len(made),
+            "failed_rows": {d["id"]: d.get("error") for d in made if d.get("status") != "ok"},
+            "rows_not_in_manifest": len(resume.foreign), "write_error": write_error,
+            "talker_checkpoint_hits": hits,
+            "audio_seconds": audio, "wall_seconds": wall, "total_wall_seconds": time.time() - self.started_at,
+            "rows_per_s": len(made) / wall if wall > 0 and made else 0.0,
+            "throughput_audio_s_per_s": audio / wall if wall > 0 else 0.0, "rtf": wall / audio if audio > 0 else None,
+            "versions": versions(opts.text_frontend), "devices": devices(policy),
+            "model_dir": str(self.model_dir) if self.model_dir else None, "model_hash": prep.ctx.model,
+            "model_yaml_sha256": self.cfg.yaml_sha256 or None, "load_format": opts.load_format,
+            "device": str(policy.device), "dtype": policy.dtype_name, "dtype_requested": policy.requested_dtype,
+            "float_wav": self.folder.float_wav, "options": asdict(opts), "algorithm": runfolder.ALGORITHM_VERSION,
+            "engine": self.folder.engine,
+        }
+
+
+class _Stamper:
+    """Stamps a record with what made it (fingerprint, the row's fields, the run) and hands it to the writer."""
+
+    def __init__(self, job: SynthJob, fps: Mapping[str, tuple[str, dict[str, str]]], run_id: str,
+                 submit: Callable[[RowRecord], None]) -> None:
+        self.by_id = {r.id: r for r in job.rows.rows}
+        self.fps, self.run_id, self.submit = fps, run_id, submit
+        self.manifest, self.shard = job.manifest_label, job.folder.shard
+
+    def __call__(self, rec: RowRecord) -> None:
+        row = self.by_id[rec.row_id]
+        fp, parts = self.fps.get(rec.row_id, (None, None))  # None: the row failed before its fingerprint
+        rec.diagnostics.update(fingerprint=fp, fingerprint_parts=parts, run_id=self.run_id, text=row.text,
+                               prompt_text=row.prompt_text, prompt_audio=str(row.prompt_audio), mode=row.mode,
+                               instruct=row.instruct, speed=row.speed, manifest=self.manifest, shard=self.shard)
+        self.submit(rec)
+
+
+def _close(writer: Any) -> str | None:
+    """Close the writer (it commits every submitted row); why a write failed, if one did."""
+    try:
+        writer.close()
+    except runfolder.OutputFolderError as exc:
+        return str(exc)
+    return None
+
+
+def _failed_record(row: ManifestRow, opts: RunOptions, stage: str, exc: BaseException) -> RowRecord:
+    """A row that failed before any stage, as the record the writer commits (traceback included)."""
+    try:
+        seed = row_seed_of(opts.seed, row)
+    except Exception:  # the seed derivation is what failed: report the row without one
+        seed = -1
+    oc = RowOutcome(row_id=row.id, line=row.line, seed=seed)
+    oc.fail_exc(stage, exc)
+    d = oc.to_dict()
+    d["wav"] = None
+    return RowRecord(row_id=row.id, wav=None, diagnostics=d)
+
+
+def devices(policy: Any) -> list[str]:
+    """The device names a run used: the GPUs torch sees, or this machine's processor."""
+    import platform
+
+    import torch
+
+    if policy.device.type == "cuda" and torch.cuda.is_available():
+        return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return [platform.processor() or platform.machine()]
+
+
+def versions(text_frontend: str) -> dict[str, str]:
+    """The versions that change what a run produces: cosyclone, torch, Python, the text normalizers."""
+    import platform
+
+    import torch
+
+    from . import __version__
+    from .frontend.normalize import get_normalizer
+
+    normalizer = {k: v for k, v in get_normalizer(text_frontend).version().items() if k != "text_frontend"}
+    return {"cosyclone": __version__, "torch": torch.__version__, "python": platform.python_version(), **normalizer}

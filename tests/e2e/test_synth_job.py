@@ -1,0 +1,96 @@
+"""The synth job is one object: ``cosyclone synth`` and ``CosyClone.synth_folder`` write the same folder.
+
+Same manifest, model and options through the CLI and through the API must give the same files:
+the WAV bytes, ``metadata.jsonl`` and every field of the row records and totals except those that
+say when and by which invocation they were made (run id, timestamps, per-stage seconds, argv).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from cosyclone.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFEST = ROOT / "manifests" / "example.jsonl"
+FAST = {"max_tokens": 6, "n_timesteps": 2}
+FAST_ARGS = ["--max-tokens", "6", "--n-timesteps", "2", "--device", "cpu", "--quiet"]
+#: Fields that say when or by which invocation something was made; everything else must match.
+VOLATILE = {"run_id", "finished_at", "started_at", "seconds", "wall_seconds", "total_wall_seconds", "rows_per_s",
+            "throughput_audio_s_per_s", "rtf", "argv", "out_dir", "time"}
+
+
+def _strip(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip(v) for k, v in value.items() if k not in VOLATILE}
+    if isinstance(value, list):
+        return [_strip(v) for v in value]
+    return value
+
+
+def _folder(out: Path) -> dict[str, Any]:
+    """Every file of a run folder, JSON files with their volatile fields removed, the rest as bytes."""
+    files: dict[str, Any] = {}
+    for path in sorted(p for p in out.rglob("*") if p.is_file()):
+        rel = str(path.relative_to(out))
+        if rel.startswith(".cosyclone/lock") or rel.startswith(".cosyclone/file-hashes"):
+            continue
+        if path.suffix == ".json":
+            files[rel] = _strip(json.loads(path.read_text()))
+        elif path.suffix == ".jsonl":
+            files[rel] = [_strip(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+        else:
+            files[rel] = path.read_bytes()
+    return files
+
+
+@pytest.fixture(scope="module")
+def tts(tiny_model_dir: Path):
+    from cosyclone import CosyClone
+
+    return CosyClone(tiny_model_dir, device="cpu", **FAST)
+
+
+def test_synth_folder_writes_the_folder_cosyclone_synth_writes(tiny_model_dir: Path, tts, tmp_path: Path) -> None:
+    cli_out, api_out = tmp_path / "cli", tmp_path / "api"
+    res = CliRunner().invoke(app, ["synth", str(MANIFEST), "--model-dir", str(tiny_model_dir), "--out", str(cli_out),
+                                   *FAST_ARGS])
+    assert res.exit_code == 0, res.output
+    summary = tts.synth_folder(MANIFEST, api_out)
+    assert summary.exit_code == 0 and summary.last_run["done"] == 4 and not summary.failed
+    cli, api = _folder(cli_out), _folder(api_out)
+    assert sorted(cli) == sorted(api)
+    assert sum(1 for k in cli if k.endswith(".wav")) == 4
+    for name in cli:
+        assert cli[name] == api[name], name
+
+
+def test_synth_folder_resumes_and_plans_like_the_cli(tiny_model_dir: Path, tts, tmp_path: Path) -> None:
+    out = tmp_path / "o"
+    first = tts.synth_folder(MANIFEST, out)
+    assert first.last_run["done"] == 4
+    job = tts.folder_job(MANIFEST, out, seed=1)  # a new run seed changes every row without a manifest seed
+    plan = job.plan()
+    assert (plan.valid_rows, plan.done, plan.todo, plan.rejected) == (4, 1, 3, 0)
+    assert "3 rows redone: seed 3" in plan.resume
+    again = tts.synth_folder(MANIFEST, out)  # the original seed: the folder's rows are still done
+    assert again.last_run["skipped"] == 4 and again.last_run["todo"] == 0
+    res = CliRunner().invoke(app, ["synth", str(MANIFEST), "--model-dir", str(tiny_model_dir), "--out", str(out),
+                                   *FAST_ARGS, "--dry-run"])
+    assert res.exit_code == 0 and "4 already done, 0 to synthesize in 0 batches" in res.output, res.output
+
+
+def test_synth_folder_refuses_options_of_the_loaded_model(tts, tmp_path: Path) -> None:
+    from cosyclone.errors import CosycloneError
+
+    with pytest.raises(CosycloneError, match="dtype belong to the loaded model"):
+        tts.folder_job(MANIFEST, tmp_path / "o", dtype="bf16")
+    with pytest.raises(CosycloneError, match="unknown option"):
+        tts.folder_job(MANIFEST, tmp_path / "o", no_such_option=1)
+    with pytest.raises(CosycloneError, match="--batch-size must be at least 1"):
+        tts.folder_job(MANIFEST, tmp_path / "o", batch_size=0)
