@@ -92,15 +92,15 @@ def validate(
     """
     from .errors import ManifestError
     from .manifest import ManifestRow, read_manifest
-    from .pipeline import PROMPT_TOKENS_PER_SECOND
+    from .text_check import TextCheck
 
     try:
         m = read_manifest(manifest, text_frontend=text_frontend)
-        text, cfg = _text_side(model_dir, text_frontend) if (show_text or json_out or model_dir) else (None, None)
+        check = TextCheck(model_dir, text_frontend) if (show_text or json_out or model_dir) else None
     except CosycloneError as exc:
         _fail(str(exc))
     report = sys.stderr if json_out else sys.stdout
-    if text is not None and model_dir is None:
+    if check is not None and check.stand_in:
         typer.echo("note: no --model-dir: token counts come from the built-in stand-in tokenizer (bytes, not the "
                    "model's vocabulary), so English segments can differ; give --model-dir for real counts",
                    err=True)
@@ -110,17 +110,13 @@ def validate(
         if not isinstance(item, ManifestRow):
             _emit_row_error(manifest, item, json_out)
             continue
-        if text is None:
+        if check is None:
             continue
         try:
-            plan = text.plan(item.mode, item.prompt_text, item.text, item.instruct, row_id=item.id)
-            speech = round(PROMPT_TOKENS_PER_SECOND * item.prompt_seconds) if item.mode == "zero_shot" else 0
-            plan.check_fit(max_positions=cfg.talker.qwen.max_position_embeddings,
-                           max_len_ratio=cfg.talker.max_len_ratio, prompt_speech_tokens=speech, row_id=item.id)
-        except CosycloneError as exc:
+            plan = check.plan(item)
+        except ManifestError as exc:
             rejected += 1
-            reason = str(exc).removeprefix(f"row {item.id!r}: ")
-            _emit_row_error(manifest, ManifestError(reason, line=item.line, field="text", row_id=item.id), json_out)
+            _emit_row_error(manifest, exc, json_out)
             continue
         if json_out:
             typer.echo(json.dumps({"id": item.id, "mode": item.mode, "prompt_ids": list(plan.prompt_ids),
@@ -133,25 +129,6 @@ def validate(
                 typer.echo(f"  segment {i}/{len(plan.segments)}, {len(seg.ids)} tokens: {seg.text}")
     typer.echo(f"{len(m.rows) + len(m.errors) - rejected} valid rows, {rejected} rejected", file=report)
     raise typer.Exit(EXIT_ROWS_FAILED if rejected else EXIT_OK)
-
-
-def _text_side(model_dir: Path | None, text_frontend: str):
-    """(TextFrontend, the config whose position limits apply) for ``validate``; no weights are read.
-
-    Without a model directory the built-in stand-in tokenizer is used, as dummy runs do.
-    """
-    from .config import QWEN_DIR, load_model_config, released_config
-    from .frontend.text import TextFrontend
-
-    if model_dir is not None:
-        cfg = load_model_config(model_dir)
-        return TextFrontend(model_dir / QWEN_DIR, text_frontend=text_frontend), cfg
-    import tempfile
-
-    from .frontend.tiny_assets import write_tiny_tokenizer
-
-    qwen = write_tiny_tokenizer(Path(tempfile.mkdtemp(prefix="cosyclone-validate-")) / QWEN_DIR)
-    return TextFrontend(qwen, text_frontend=text_frontend), released_config()
 
 
 def _emit_row_error(manifest: Path, err, json_out: bool) -> None:

@@ -94,3 +94,46 @@ def test_synth_folder_refuses_options_of_the_loaded_model(tts, tmp_path: Path) -
         tts.folder_job(MANIFEST, tmp_path / "o", no_such_option=1)
     with pytest.raises(CosycloneError, match="--batch-size must be at least 1"):
         tts.folder_job(MANIFEST, tmp_path / "o", batch_size=0)
+
+
+def _two_speaker_manifest(folder: Path) -> Path:
+    import shutil
+
+    prompts = folder / "prompts"
+    prompts.mkdir(parents=True)
+    for name in ("speaker1.wav", "speaker2.wav"):
+        shutil.copy(ROOT / "manifests" / "prompts" / name, prompts / name)
+    rows = [{"id": "stays", "prompt_audio": "prompts/speaker1.wav", "prompt_text": "reference words",
+             "text": "This prompt stays where it was."},
+            {"id": "moved", "prompt_audio": "prompts/speaker2.wav", "prompt_text": "reference words",
+             "text": "This prompt is gone by the time the run starts."}]
+    manifest = folder / "m.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return manifest
+
+
+@pytest.mark.parametrize("change", ["vanishes", "turns_to_garbage"])
+def test_a_prompt_that_changes_after_validation_fails_its_row_alone(tiny_model_dir: Path, tmp_path: Path,
+                                                                   change: str) -> None:
+    from cosyclone.synth_job import SynthJob
+
+    manifest = _two_speaker_manifest(tmp_path / "in")
+    job = SynthJob.open(manifest, tmp_path / "out", model_dir=tiny_model_dir, device="cpu", **FAST)
+    assert [r.id for r in job.rows.rows] == ["stays", "moved"]  # both valid when read
+    victim = tmp_path / "in" / "prompts" / "speaker2.wav"
+    if change == "vanishes":
+        victim.unlink()
+    else:
+        victim.write_bytes(b"RIFF but not a wave file at all" * 8)
+    summary = job.run()
+    assert summary.exit_code == 3
+    assert summary.last_run["done"] == 1 and summary.last_run["failed"] == 1
+    (failed,) = summary.failed
+    assert failed["id"] == "moved" and failed["line"] == 2 and failed["status"] == "failed"
+    assert failed["reason"] in ("exception", "bad_input") and failed["error"]
+    records = {json.loads(x)["id"]: json.loads(x) for x in (tmp_path / "out" / "diagnostics.jsonl").read_text().splitlines()}
+    assert records["stays"]["status"] == "ok" and (tmp_path / "out" / "wavs" / "stays.wav").is_file()
+    assert records["moved"]["status"] == "failed" and not (tmp_path / "out" / "wavs" / "moved.wav").exists()
+    if records["moved"]["reason"] == "exception":  # a non-user error keeps its traceback in errors.jsonl
+        errors = [json.loads(x) for x in (tmp_path / "out" / "errors.jsonl").read_text().splitlines()]
+        assert any(e["id"] == "moved" and "Traceback" in e["traceback"] for e in errors)
