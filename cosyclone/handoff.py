@@ -88,13 +88,31 @@ def _check_plain(val: Any, path: str) -> Any:
                        "(tensors must sit directly in dicts; lists hold plain values only)")
 
 
+def _uncarried(t: torch.Tensor) -> str | None:
+    """Why the bytes-plus-dtype-plus-shape format cannot carry ``t`` exactly (None: it can)."""
+    if t.is_nested:
+        return "a nested tensor (ragged rows) has no single shape"
+    if t.layout != torch.strided:
+        return f"a {t.layout} tensor (sparse or otherwise not strided) is not its raw bytes"
+    if t.is_quantized:
+        return f"a quantized tensor ({t.dtype}) needs its scales and zero points, which are not carried"
+    if t.is_meta or t.device.type == "meta":
+        return "a meta tensor has no data"
+    return None
+
+
 def _tensor_bytes(t: torch.Tensor, path: str) -> tuple[str, bytes]:
     """Raw little-endian bytes of ``t`` (contiguous CPU copy) through a uint8 view."""
+    why = _uncarried(t)
+    if why:
+        raise HandoffError(f"{path!r}: {why}; the handoff format carries dense strided tensors only "
+                           "(convert it first, e.g. .to_dense(), .dequantize(), or a real device)")
     name = _NAMES.get(t.dtype)
     if name is None:
         raise HandoffError(f"{path!r}: dtype {t.dtype} is not supported by the handoff format "
                            f"(supported: {', '.join(_DTYPES)})")
-    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    # conj/neg bits are lazy views: resolve them so the bytes are the values the tensor reads as
+    flat = t.detach().to("cpu").resolve_conj().resolve_neg().contiguous().reshape(-1)
     if flat.numel() == 0:
         return name, b""
     return name, flat.view(torch.uint8).numpy().tobytes()

@@ -1,8 +1,15 @@
 """The manifest: one JSON object per line, validated before any model work.
 
-Validation is per row: a bad row becomes a :class:`~cosyclone.errors.ManifestError` naming its
-1-based line and field, and is skipped, while good rows still run. Only a file that cannot be
-read at all (missing, not UTF-8) is "unusable input" for the whole run.
+Validation is per line: a bad line becomes a :class:`~cosyclone.errors.ManifestError` naming its
+1-based line (and field, or key), and is skipped, while good rows still run. Each line is read on
+its own: a line that is not UTF-8, not JSON, nested too deep, an object with a duplicate key, an
+integer too long to be a seed, or any value a check trips on is that line's error. Only a file
+that cannot be read at all (missing, a directory) is "unusable input" for the whole run.
+
+Text fields (``id``, ``text``, ``prompt_text``, ``instruct``, and the ``prompt_audio`` path) refuse
+lone surrogates, NUL and other C0/C1 control characters except tab and newline, and the bidi
+embedding, override and isolate controls (:func:`text_field_problem`; docs/text_frontend.md says
+why, and which invisible marks are kept).
 
 Schema (see README): ``id`` (safe file name), ``prompt_audio`` (path relative to the manifest's
 folder), ``text``; optional ``mode`` (zero_shot | cross_lingual | instruct2), ``prompt_text`` (the
@@ -18,9 +25,11 @@ by the frontend (see :mod:`cosyclone.frontend.normalize`).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .errors import CosycloneError, ManifestError
 
@@ -29,6 +38,14 @@ REQUIRED = ("id", "prompt_audio", "text")
 OPTIONAL = ("mode", "prompt_text", "instruct", "seed", "speed")
 KNOWN = frozenset(REQUIRED + OPTIONAL)
 _UNSAFE_CHARS = ("/", "\\", "\x00", ":")
+TEXT_FIELDS = ("id", "text", "prompt_text", "instruct", "prompt_audio")  # checked by text_field_problem
+MAX_DEPTH = 2  # JSON nesting a line may have: the row object and one level inside it (no field needs more)
+MAX_LINE_BYTES = 1 << 20  # a longer line is refused unread: no text the talker can take comes near it
+MAX_INT_DIGITS = 20  # longer integer literals are refused unparsed (2**64 - 1 has 20 digits)
+SEED_MAX = (1 << 64) - 1  # seeds are unsigned 64-bit: the LEGACY draw's torch.Generator takes 0..2**64-1
+#: Bidi controls that reorder how a text displays (embeddings, overrides, isolates): refused. The
+#: marks U+200E, U+200F and U+061C are kept (real right-to-left text carries them; see docs/text_frontend.md).
+BIDI_CONTROLS = frozenset([*range(0x202A, 0x202F), *range(0x2066, 0x206A)])
 
 
 @dataclass(frozen=True)
@@ -74,10 +91,37 @@ class Manifest:
                         ordinals={line: self.ordinals[line] - start for line in inside})
 
 
+def text_field_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a manifest text (None when it can): the first character refused.
+
+    Refused: lone surrogates (no UTF-8 form: a fingerprint, a file or a tokenizer cannot take
+    them), NUL and every other C0/C1 control character except tab and newline (invisible, and
+    meaningless to the normalizer and the LLM), and the bidi embedding/override/isolate controls
+    (:data:`BIDI_CONTROLS`: a text that displays otherwise than the model reads it).
+    """
+    for i, ch in enumerate(value):
+        code = ord(ch)
+        if 0xD800 <= code <= 0xDFFF:
+            what = "a lone surrogate (not a character: the text is not valid Unicode)"
+        elif (code < 0x20 and ch not in "\t\n") or 0x7F <= code <= 0x9F:
+            what = "a control character"
+        elif code in BIDI_CONTROLS:
+            what = "a bidi control (the text would display otherwise than it is read)"
+        else:
+            continue
+        import unicodedata
+
+        name = unicodedata.name(ch, "")
+        return f"holds {what}, U+{code:04X}{' ' + name if name else ''}, at character {i + 1}; remove it"
+    return None
+
+
 def check_id(value: object) -> str | None:
     """Why ``value`` is not a safe row id (None when it is): ids become file names."""
     if not isinstance(value, str):
         return "must be a string"
+    if len(value) > 200:
+        return "is longer than 200 bytes"
     if value.strip() == "" or value != value.strip():
         return "must be non-empty without leading/trailing spaces"
     if value in (".", "..") or ".." in value:
@@ -88,6 +132,9 @@ def check_id(value: object) -> str | None:
         return "must not contain control characters"
     if value.startswith(".") or value.startswith("-"):
         return "must not start with '.' or '-'"
+    problem = text_field_problem(value)  # lone surrogates (no UTF-8 form), C1 controls, bidi controls
+    if problem:
+        return problem
     if len(value.encode("utf-8")) > 200:
         return "is longer than 200 bytes"
     return None
@@ -95,6 +142,13 @@ def check_id(value: object) -> str | None:
 
 def _check_audio(path: Path) -> tuple[str | None, float]:
     """(why ``path`` cannot serve as prompt audio or None, its duration in seconds from the header)."""
+    try:
+        return _audio_problem(path)
+    except (OSError, ValueError) as exc:  # a name too long for the file system, a path it cannot encode
+        return f"cannot use {str(path)[:200]!r} as prompt audio: {type(exc).__name__}: {exc}", 0.0
+
+
+def _audio_problem(path: Path) -> tuple[str | None, float]:
     if path.is_dir():
         return f"{path} is a directory, not an audio file (give the path of a WAV/FLAC/OGG file)", 0.0
     if not path.is_file():
@@ -130,7 +184,7 @@ def parse_row(obj: object, *, line: int, base: Path, check_audio: bool = True,
         raise ManifestError("each line must be a JSON object", line=line)
     rid = obj.get("id")
     rid_s = rid if isinstance(rid, str) else None
-    unknown = sorted(set(obj) - KNOWN)
+    unknown = sorted(str(k) for k in set(obj) - KNOWN)  # str: a Python dict may have other keys
     if unknown:
         raise ManifestError(f"unknown field (allowed: {', '.join(sorted(KNOWN))})", line=line,
                             field=unknown[0], row_id=rid_s)
@@ -139,16 +193,19 @@ def parse_row(obj: object, *, line: int, base: Path, check_audio: bool = True,
             raise ManifestError("required field missing", line=line, field=name, row_id=rid_s)
     why = check_id(rid)
     if why:
-        raise ManifestError(f"unsafe id {rid!r}: {why}", line=line, field="id")
+        raise ManifestError(f"unsafe id {_short_repr(rid)}: {why}", line=line, field="id")
     for name in ("prompt_audio", "prompt_text", "text", "instruct"):
         if name in obj and not isinstance(obj[name], str):
             raise ManifestError("must be a string", line=line, field=name, row_id=rid_s)
+        problem = text_field_problem(obj[name]) if name in obj else None
+        if problem:
+            raise ManifestError(problem, line=line, field=name, row_id=rid_s)
     text = obj["text"]
     if not text.strip():
         raise ManifestError("text is empty or only whitespace", line=line, field="text", row_id=rid_s)
     mode = obj.get("mode", "zero_shot")
     if mode not in MODES:
-        raise ManifestError(f"mode {mode!r} is not one of {', '.join(MODES)}", line=line, field="mode",
+        raise ManifestError(f"mode {_short_repr(mode)} is not one of {', '.join(MODES)}", line=line, field="mode",
                             row_id=rid_s)
     prompt_text = obj.get("prompt_text", "") or ""
     instruct = obj.get("instruct", "") or ""
@@ -161,8 +218,9 @@ def parse_row(obj: object, *, line: int, base: Path, check_audio: bool = True,
     if problem:
         raise ManifestError(problem, line=line, field="text", row_id=rid_s)
     seed = obj.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise ManifestError("seed must be a non-negative integer", line=line, field="seed", row_id=rid_s)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX):
+        raise ManifestError(f"seed must be an integer in 0..2**64-1 (0..{SEED_MAX}, unsigned 64-bit)", line=line,
+                            field="seed", row_id=rid_s)
     speed = obj.get("speed", 1.0)
     if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0.25 <= float(speed) <= 4.0:
         raise ManifestError("speed must be a number in [0.25, 4]", line=line, field="speed", row_id=rid_s)
@@ -207,14 +265,106 @@ def read_manifest(path: str | Path, *, check_audio: bool = True, text_frontend: 
     if not path.is_file():
         raise CosycloneError(f"{path}: manifest not found")
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as exc:
-        raise CosycloneError(f"{path}: manifest is not UTF-8 text: {exc}") from exc
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CosycloneError(f"{path}: cannot read the manifest: {exc}") from exc
     base = path.resolve().parent
     out = Manifest(path=path)
-    numbered = ((number, raw) for number, raw in enumerate(lines, start=1) if raw.strip())
-    _collect(out, numbered, base=base, check_audio=check_audio, text_frontend=text_frontend, as_json=True)
+    _collect(out, _lines(data), base=base, check_audio=check_audio, text_frontend=text_frontend, as_json=True)
     return out
+
+
+def _lines(data: bytes) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, raw bytes) of every non-blank line; lines end at ``\n`` only (JSONL),
+    a ``\r`` before it is dropped, and so is a UTF-8 byte-order mark at the start of the file."""
+    data = data.removeprefix(b"\xef\xbb\xbf")
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        raw = raw.removesuffix(b"\r")
+        if raw.strip():
+            yield number, raw
+
+
+class _LineError(Exception):
+    """A line that is not one acceptable JSON object; ``key`` names the offending key when there is one."""
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def decode_line(raw: bytes | str) -> object:
+    """One manifest line as a JSON value, or :class:`_LineError` saying why it is not one.
+
+    Refused before or while parsing: bytes that are not UTF-8 (with the byte and its column),
+    lines over :data:`MAX_LINE_BYTES`, nesting past :data:`MAX_DEPTH` (found by a scan that
+    never recurses), duplicate keys, integer literals over :data:`MAX_INT_DIGITS` digits (never
+    turned into a huge int) and ``NaN``/``Infinity`` (not JSON).
+    """
+    if len(raw) > MAX_LINE_BYTES:
+        raise _LineError(f"line is {len(raw)} bytes; a manifest row is at most {MAX_LINE_BYTES} bytes")
+    if isinstance(raw, bytes):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise _LineError(f"not UTF-8: byte 0x{raw[exc.start]:02x} at column {exc.start + 1} ({exc.reason}); "
+                             "save the manifest as UTF-8") from None
+    else:
+        text = raw
+    depth = _max_depth(text)
+    if depth > MAX_DEPTH:
+        raise _LineError(f"nested {depth} levels deep; a row is a flat object (at most {MAX_DEPTH} levels)")
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys, parse_int=_bounded_int,
+                          parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise _LineError(f"invalid JSON: {exc.msg} (column {exc.colno})") from None
+    except RecursionError:  # unreachable after the depth scan; kept so no line can end a run
+        raise _LineError("nested too deep to parse") from None
+
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"?')  # a JSON string (or an unterminated one, to the end)
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def _max_depth(text: str) -> int:
+    """The deepest bracket nesting of ``text`` outside strings (no recursion, linear time)."""
+    depth = deepest = 0
+    for m in _BRACKET.finditer(_STRING.sub('""', text)):
+        if m.group() in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _LineError(f"duplicate key {key[:80]!r} in one object (which one is meant?)", key=key)
+        seen[key] = value
+    return seen
+
+
+def _bounded_int(literal: str) -> int:
+    digits = len(literal.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise _LineError(f"an integer of {digits} digits; at most {MAX_INT_DIGITS} (a seed is at most 2**64-1)")
+    return int(literal)
+
+
+def _no_constant(name: str) -> Any:
+    raise _LineError(f"{name} is not a JSON number")
+
+
+def _short_repr(value: object, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters; never raises (a huge int's repr can)."""
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def rows_from_dicts(objs: Sequence[object], *, base: str | Path = ".", check_audio: bool = True,
@@ -252,17 +402,19 @@ def _collect(out: Manifest, numbered: Iterable[tuple[int, object]], *, base: Pat
     for number, raw in numbered:
         out.ordinals[number] = out.total_lines
         out.total_lines += 1
-        obj = raw
-        if as_json:
-            try:
-                obj = json.loads(str(raw))
-            except json.JSONDecodeError as exc:
-                out.errors.append(ManifestError(f"invalid JSON: {exc.msg} (column {exc.colno})", line=number))
-                continue
+        try:
+            obj = decode_line(raw) if as_json else raw  # type: ignore[arg-type]
+        except _LineError as exc:
+            out.errors.append(ManifestError(str(exc), line=number, field=exc.key))
+            continue
         try:
             row = parse_row(obj, line=number, base=base, check_audio=check_audio, text_frontend=text_frontend)
         except ManifestError as exc:
             out.errors.append(exc)
+            continue
+        except Exception as exc:  # a check that tripped on this value: the line's error, never the run's
+            out.errors.append(ManifestError(f"could not be validated ({type(exc).__name__}: {_short_repr(str(exc))})",
+                                            line=number))
             continue
         key = id_key(row.id)
         if key in seen:

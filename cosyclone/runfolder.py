@@ -153,7 +153,10 @@ class RunContext:
 
 
 def _digest(value: Any) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False, default=str).encode()).hexdigest()[:16]
+    """A short stable hash of a JSON-able value; ``surrogatepass`` so that no string can make it raise
+    (validation refuses lone surrogates, but a fingerprint must never be what ends a run)."""
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def row_fingerprint(row: Any, seed: int, ctx: RunContext, hashes: HashCache) -> tuple[str, dict[str, str]]:

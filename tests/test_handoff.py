@@ -105,3 +105,23 @@ def test_unsupported_values_rejected() -> None:
         handoff.dumps({"x": [torch.zeros(1)]})
     with pytest.raises(handoff.HandoffError, match="non-finite"):
         handoff.dumps({"x": float("nan")})
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # quantized and nested tensors: deprecated/prototype
+@pytest.mark.parametrize("kind", ["sparse_coo", "sparse_csr", "quantized", "meta", "nested"])
+def test_tensors_the_format_cannot_carry_exactly_are_refused_by_name(kind: str) -> None:
+    dense = torch.tensor([[0.0, 1.5], [2.0, 0.0]])
+    t = {"sparse_coo": lambda: dense.to_sparse(),
+         "sparse_csr": lambda: dense.to_sparse_csr(),
+         "quantized": lambda: torch.quantize_per_tensor(dense, scale=0.5, zero_point=0, dtype=torch.qint8),
+         "meta": lambda: torch.empty(2, 2, device="meta"),
+         "nested": lambda: torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])}[kind]()
+    with pytest.raises(handoff.HandoffError, match=r"'embed/speech_feat': .*dense strided tensors only"):
+        handoff.dumps({"embed": {"speech_feat": t}})
+
+
+def test_conjugate_and_negative_views_carry_the_values_they_read_as() -> None:
+    z = torch.complex(torch.tensor([1.0, -2.0]), torch.tensor([3.0, 4.0]))
+    for view in (z.conj(), torch._neg_view(z)):  # lazy bits, not materialized values
+        back = handoff.loads(handoff.dumps({"v": view}))["v"]
+        assert torch.equal(back, view.resolve_conj().resolve_neg())
