@@ -202,6 +202,12 @@ def synth(
     ray_address: str | None = typer.Option(None, "--ray-address",
                                            help="Ray cluster to join (auto, HOST:6379, ray://HOST:10001; default: "
                                                 "the one `ray start` began here, else a local one)"),
+    ray_actors: int | None = typer.Option(None, "--ray-actors", min=1,
+                                          help="Ray actors in all (default: what each node's cores and memory "
+                                               "hold at the measured per-actor footprint; GPUs: one per GPU)"),
+    actor_threads: int | None = typer.Option(None, "--actor-threads", min=1,
+                                             help="torch threads per CPU actor (default: the measured rule, see "
+                                                  "README 'Scaling out with Ray')"),
 ) -> None:
     """Synthesize every row of MANIFEST into OUT/wavs/<id>.wav, one record per row and folder totals.
 
@@ -212,7 +218,7 @@ def synth(
     from .synth_job import FolderOptions, SynthJob
 
     folder = FolderOptions(shard=shard, overwrite=overwrite, float_wav=float_wav, engine=engine,
-                           ray_address=ray_address)
+                           ray_address=ray_address, ray_actors=ray_actors, actor_threads=actor_threads)
     say = (lambda msg: None) if quiet else (lambda msg: typer.echo(msg, err=True))
     if progress_interval < 0.1:
         _fail(f"--progress-interval must be at least 0.1, not {progress_interval}")
@@ -231,7 +237,10 @@ def synth(
     with _folder_errors():
         if dry_run:
             plan = job.plan()
-            typer.echo(plan.line())
+            for line in (plan.line(), *plan.engine_lines):
+                typer.echo(line)
+            if plan.refusal:
+                _fail(plan.refusal)
             raise typer.Exit(EXIT_ROWS_FAILED if plan.rejected else EXIT_OK)
         summary = job.run(progress=lambda total: Progress(total, interval=progress_interval, quiet=quiet))
     _print_summary(job, summary)

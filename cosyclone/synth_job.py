@@ -89,6 +89,8 @@ def check_options(opts: RunOptions, folder: FolderOptions) -> None:
     for flag, value in (("--ray-actors", folder.ray_actors), ("--actor-threads", folder.actor_threads)):
         if value is not None and value < 1:
             raise CosycloneError(f"{flag} must be at least 1, not {value}")
+        if value is not None and folder.engine != "ray":
+            raise CosycloneError(f"{flag} sizes the Ray actor pool: give it with --engine ray")
     if opts.min_tokens is not None and opts.max_tokens is not None and opts.min_tokens > opts.max_tokens:
         raise CosycloneError(f"--min-tokens {opts.min_tokens} is above --max-tokens {opts.max_tokens}")
     if folder.shard:
@@ -110,6 +112,7 @@ class JobPlan:
     dtype: str  # the resolved run dtype
     engine: str  # local | ray
     engine_lines: tuple[str, ...] = ()  # the engine's own plan (Ray: actors per node, threads, memory)
+    refusal: str | None = None  # why the engine cannot run this (Ray: an actor larger than a node's memory)
 
     def line(self) -> str:
         """The one-line plan ``synth --dry-run`` prints."""
@@ -166,6 +169,7 @@ class SynthJob:
         self.manifest_label = manifest_label if manifest_label is not None else str(manifest.path)
         self.tag = runfolder.shard_tag(folder.shard)
         self.started_at = time.time() if started_at is None else started_at
+        self._ray: Any = None  # the RayPlan of the run in progress (engine ray), for runs.jsonl
         check_options(opts, folder)
 
     @classmethod
@@ -216,11 +220,21 @@ class SynthJob:
         prep = self._prepare(runfolder.HashCache())
         if prep.resume.describe():
             self.log(prep.resume.describe())
+        ray = self.ray_plan() if self.folder.engine == "ray" else None
         return JobPlan(valid_rows=len(self.rows.rows), rejected=len(self.rows.errors), done=len(prep.resume.done),
                        todo=len(prep.resume.todo), unprepared=len(prep.failed),
                        batches=len(plan_batches(prep.resume.todo, self.opts.batch_size, self.opts.token_budget)),
                        resume=prep.resume.describe(), device=str(self.policy.device), dtype=self.policy.dtype_name,
-                       engine=self.folder.engine)
+                       engine=self.folder.engine, engine_lines=tuple(ray.describe()) if ray else (),
+                       refusal=ray.refusal if ray else None)
+
+    def ray_plan(self) -> Any:
+        """The Ray actors this run would get on the cluster as it is now (:func:`cosyclone.ray_plan.plan_cluster`:
+        ``--ray-actors``/``--actor-threads`` or the sizing rule, the measured footprint, each node's shape)."""
+        from .ray_plan import plan_cluster
+
+        return plan_cluster(self.cfg, self.policy, self.opts.batch_size, address=self.folder.ray_address,
+                            actors=self.folder.ray_actors, threads=self.folder.actor_threads)
 
     def _prepare(self, hashes: runfolder.HashCache) -> _Prepared:
         """Fingerprint every row and plan the resume against the folder's records.
@@ -281,6 +295,9 @@ class SynthJob:
             self.log(prep.resume.describe())
         todo = prep.resume.todo
         run_id = uuid.uuid4().hex[:12]
+        if todo and self.folder.engine == "ray":
+            self._ray = self.ray_plan()
+            self._ray.check()  # an actor larger than a node's memory: refused before any model loads
         tts = self._local_engine(todo)
         # stage-0 checkpoint: a row that failed after the talker keeps its tokens for the next run
         tokens = TokenStore(runfolder.state_dir(self.out) / runfolder.TOKEN_DIR,
@@ -336,7 +353,7 @@ class SynthJob:
                 from .ray_engine import run_ray
 
                 records += run_ray(self.cfg, self.policy, todo, self.opts, stamp, progress=update,
-                                   address=self.folder.ray_address, num_actors=self.folder.ray_actors)
+                                   address=self.folder.ray_address, plan=self._ray, on_plan=self._ray_started)
             elif tts is not None:
                 records += tts.run(todo, self.opts, stamp, progress=update)
         except runfolder.OutputFolderError as exc:
@@ -345,6 +362,12 @@ class SynthJob:
             if sink is not None:
                 sink.close()
         return records, None
+
+    def _ray_started(self, plan: Any) -> None:
+        """The plan run_ray made on the live cluster (what runs.jsonl records), shown as it starts."""
+        self._ray = plan
+        for line in plan.describe():
+            self.log(line)
 
     def _compact(self) -> tuple[dict[str, dict[str, Any]], str | None]:
         """The folder's current records after merging this writer's journal (and why that failed)."""
@@ -405,8 +428,15 @@ class SynthJob:
             "model_yaml_sha256": self.cfg.yaml_sha256 or None, "load_format": opts.load_format,
             "device": str(policy.device), "dtype": policy.dtype_name, "dtype_requested": policy.requested_dtype,
             "float_wav": self.folder.float_wav, "options": asdict(opts), "algorithm": runfolder.ALGORITHM_VERSION,
-            "engine": self.folder.engine,
+            "engine": self.folder.engine, "ray": self._ray_record(),
         }
+
+    def _ray_record(self) -> dict[str, Any] | None:
+        """--ray-actors/--actor-threads as given and the plan the actors ran under (None: local engine)."""
+        if self.folder.engine != "ray":
+            return None
+        return {"ray_actors": self.folder.ray_actors, "actor_threads": self.folder.actor_threads,
+                "address": self.folder.ray_address, "plan": self._ray.as_record() if self._ray is not None else None}
 
 
 class _Stamper:

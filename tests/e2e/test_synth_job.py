@@ -137,3 +137,38 @@ def test_a_prompt_that_changes_after_validation_fails_its_row_alone(tiny_model_d
     if records["moved"]["reason"] == "exception":  # a non-user error keeps its traceback in errors.jsonl
         errors = [json.loads(x) for x in (tmp_path / "out" / "errors.jsonl").read_text().splitlines()]
         assert any(e["id"] == "moved" and "Traceback" in e["traceback"] for e in errors)
+
+
+@pytest.mark.ray
+def test_ray_options_are_planned_shown_refused_and_recorded(tiny_model_dir: Path, tmp_path: Path) -> None:
+    import builtins
+
+    import ray
+
+    saved_print = builtins.print  # Ray may patch print process-wide
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        base = ["synth", str(MANIFEST), "--model-dir", str(tiny_model_dir), "--out", str(tmp_path / "o"),
+                *FAST_ARGS, "--engine", "ray"]
+        dry = CliRunner().invoke(app, [*base, "--ray-actors", "1", "--actor-threads", "1", "--dry-run"])
+        assert dry.exit_code == 0 and "ray plan: 1 actors on cpu (fp32), each 1 torch thread" in dry.output, dry.output
+        too_many = CliRunner().invoke(app, [*base, "--ray-actors", "500", "--dry-run"])
+        assert too_many.exit_code == 2 and "--ray-actors 500 asks for more actors than fit" in too_many.output
+        refused = CliRunner().invoke(app, [*base, "--ray-actors", "500"])  # the run itself: before any model loads
+        assert refused.exit_code == 2 and not (tmp_path / "o" / "runs.jsonl").exists(), refused.output
+        res = CliRunner().invoke(app, [*base, "--ray-actors", "1", "--actor-threads", "1"])
+        assert res.exit_code == 0, res.output
+    finally:
+        ray.shutdown()
+        builtins.print = saved_print
+    run = json.loads((tmp_path / "o" / "runs.jsonl").read_text().splitlines()[-1])
+    assert run["engine"] == "ray" and run["done"] == 4
+    assert (run["ray"]["ray_actors"], run["ray"]["actor_threads"]) == (1, 1)
+    assert (run["ray"]["plan"]["actors"], run["ray"]["plan"]["threads"]) == (1, 1)
+    assert run["ray"]["plan"]["memory_bytes"] > 0 and run["ray"]["plan"]["nodes"]
+
+
+def test_ray_options_without_the_ray_engine_are_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["synth", str(MANIFEST), "--model-dir", str(tiny_model_dir), "--out",
+                                   str(tmp_path / "o"), *FAST_ARGS, "--ray-actors", "2"])
+    assert res.exit_code == 2 and "--ray-actors sizes the Ray actor pool: give it with --engine ray" in res.output
