@@ -1,29 +1,32 @@
-"""``--engine ray`` against the local engine: rows per second on the same manifest and tiny model.
+"""``--engine ray`` on CPU: which layout of threads per actor gets the most rows/s from a node's cores.
 
-Usage: ``python -m benchmarks.bench_ray [--rows 16] [--batch 4] [--tokens 40] [--actors 2]``.
+Usage: ``python -m benchmarks.bench_ray [--rows 8] [--batch 2] [--tokens 16] [--n-timesteps 2] [--dtype fp32]``.
 
-Both engines run in this process on the same rows and write through the same writer: the local
-engine (``pipeline.run``) at torch's default threads and at one thread, and ``ray_engine.run_ray``
-with ``--actors`` CPU actors (half a CPU, one torch thread each) on a local Ray cluster of this
-machine's CPUs. Both local figures are printed because on a busy machine (other processes on the
-cores) torch's default multi-threaded run can be several times slower than a single thread, so the
-fair measure of Ray's overhead is against whichever local run is faster. The
-cluster's start is timed apart (a cluster is normally already up, ``ray start``); each engine's wall
-includes loading its model(s), the ray one also its actors' start. On a 2-core machine there is no
-gain to expect: the figures are Ray's overhead, a fixed start (worker processes, imports, one
-model load per actor: ``first row after``) and a per-row part (``steady``: rows/s after the first
-row arrived). On a tiny model the fixed start dominates the wall; on real runs it is amortized.
+Three runs of the same rows, in one process, on full-size dummy weights (the released geometry,
+random values; short rows so the bench takes minutes): the local engine at ``C`` torch threads
+(``C`` = this machine's CPUs), ``C`` Ray actors x 1 thread, and 1 Ray actor x ``C`` threads, all
+on the same planned batches (``--batch`` rows each) and the same batch code: the local run uses
+``--schedule static`` (one batch at a time, what an actor does), so the three differ only in how
+the cores are laid out. Each run's wall includes loading its model(s) (the Ray runs: starting
+their actors, which load at the same time); the Ray cluster's own start is timed apart. ``compute``
+is rows over the batches' stage seconds (``diagnostics.jsonl``'s ``seconds``, a batch's time shared
+among its rows) per actor running at once: the rate once every actor has loaded, without Ray's
+streaming (results come back in bursts, so arrival times say little on a few batches). It is the
+figure the sizing rule of ``cosyclone/ray_plan.py`` (``DEFAULT_CPU_THREADS``) is chosen from: on a
+long run the start is amortized and the compute rate is what a node delivers.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -44,94 +47,102 @@ def _rows(folder: Path, n: int) -> list[Any]:
     return read_manifest(folder / "m.jsonl").rows
 
 
-def _timed(engine: Callable[[Callable[[Any], None]], None], out: Path, sample_rate: int) -> tuple[float, float]:
-    """(wall seconds, seconds to the first written row) of one engine run through the writer."""
+def _timed(engine: Callable[[Callable[[Any], None]], None], out: Path,
+           sample_rate: int) -> tuple[list[float], float]:
+    """Seconds from the start to each written row, in arrival order (the last is the wall), and the
+    rows' stage seconds summed (frontend, talker, flow, HiFT: a batch's time, shared out among its rows)."""
+    from cosyclone.runfolder import journal_path, shard_tag
     from cosyclone.writer import BackgroundWriter, WriterOptions
 
-    writer = BackgroundWriter(WriterOptions(out_dir=out, sample_rate=sample_rate), truncate=True)
-    first: list[float] = []
+    writer = BackgroundWriter(WriterOptions(out_dir=out, sample_rate=sample_rate), journal_path(out, shard_tag(None)))
+    arrivals: list[float] = []
+    busy = [0.0]
     t0 = time.perf_counter()
 
     def submit(rec: Any) -> None:
-        if not first:
-            first.append(time.perf_counter() - t0)
+        arrivals.append(time.perf_counter() - t0)
+        busy[0] += sum(float(v) for v in rec.diagnostics.get("seconds", {}).values())
         writer.submit(rec)
 
     try:
         engine(submit)
     finally:
         writer.close()
-    return time.perf_counter() - t0, first[0]
+    return arrivals, busy[0]
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rows", type=int, default=int(os.environ.get("COSYCLONE_BENCH_RAY_ROWS", "16")))
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--tokens", type=int, default=40, help="speech tokens per row (min = max)")
-    p.add_argument("--actors", type=int, default=2)
+    p.add_argument("--rows", type=int, default=int(os.environ.get("COSYCLONE_BENCH_RAY_ROWS", "8")))
+    p.add_argument("--batch", type=int, default=2, help="rows per planned batch")
+    p.add_argument("--tokens", type=int, default=16, help="speech tokens per row (min = max)")
+    p.add_argument("--n-timesteps", type=int, default=2, help="flow Euler steps")
+    p.add_argument("--dtype", default="fp32")
     args = p.parse_args(argv)
 
     import ray
     import torch
 
-    from cosyclone.config import load_model_config
+    from cosyclone.config import released_config
     from cosyclone.device import resolve
     from cosyclone.pipeline import RunOptions, load_stages, run
     from cosyclone.ray_engine import run_ray
-    from cosyclone.tiny import make_tiny_model
+    from cosyclone.ray_plan import RayPlan
+    from cosyclone.tiny import builtin_frontend_dir
 
+    cores = os.cpu_count() or 1
     tmp = Path(tempfile.mkdtemp(prefix="cosyclone-bench-ray-"))
+    plans: dict[str, RayPlan] = {}
     try:
-        make_tiny_model(tmp / "tiny")
-        cfg, policy = load_model_config(tmp / "tiny"), resolve("cpu", "fp32")
+        cfg, policy = replace(released_config(), model_dir=builtin_frontend_dir()), resolve("cpu", args.dtype)
         rows = _rows(tmp, args.rows)
-        opts = RunOptions(batch_size=args.batch, max_tokens=args.tokens, min_tokens=args.tokens, n_timesteps=2)
+        opts = RunOptions(batch_size=args.batch, max_tokens=args.tokens, min_tokens=args.tokens,
+                          n_timesteps=args.n_timesteps, load_format="dummy", schedule="static",
+                          dtype=policy.dtype_name, cpu_gemm=policy.cpu_gemm)
         sr = cfg.hift.sampling_rate
 
-        def local(threads: int) -> Callable[[Callable[[Any], None]], None]:
+        def local(submit: Callable[[Any], None]) -> None:
+            before = torch.get_num_threads()
+            torch.set_num_threads(cores)
+            try:
+                run(load_stages(cfg, policy, opts.load_format), rows, opts, submit)
+            finally:
+                torch.set_num_threads(before)
+                gc.collect()  # the driver's model goes before the actors load theirs
+
+        def on_ray(actors: int, threads: int) -> Callable[[Callable[[Any], None]], None]:
             def engine(submit: Callable[[Any], None]) -> None:
-                before = torch.get_num_threads()
-                torch.set_num_threads(threads)
-                try:
-                    run(load_stages(cfg, policy, opts.load_format), rows, opts, submit)
-                finally:
-                    torch.set_num_threads(before)
+                run_ray(cfg, policy, rows, opts, submit, num_actors=actors, actor_threads=threads,
+                        on_plan=lambda plan: plans.__setitem__(f"{actors}x{threads}", plan))
             return engine
 
-        def on_ray(submit: Callable[[Any], None]) -> None:
-            run_ray(cfg, policy, rows, opts, submit, num_actors=args.actors)
-
-        threads = torch.get_num_threads()
-        local_wall, local_first = _timed(local(threads), tmp / "local", sr)
-        one_wall, one_first = _timed(local(1), tmp / "local1", sr)
+        runs = {f"local, {cores} torch threads": (1, _timed(local, tmp / "local", sr))}
         t0 = time.perf_counter()
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+        ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False)
         start = time.perf_counter() - t0
         try:
-            ray_wall, ray_first = _timed(on_ray, tmp / "ray", sr)
+            runs[f"ray, {cores} actors x 1 thread"] = (cores, _timed(on_ray(cores, 1), tmp / "wide", sr))
+            runs[f"ray, 1 actor x {cores} threads"] = (1, _timed(on_ray(1, cores), tmp / "deep", sr))
         finally:
             ray.shutdown()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     n = len(rows)
-
-    def steady(wall: float, first: float) -> float:
-        return (n - 1) / (wall - first) if wall > first else 0.0
-
-    best = min(local_wall, one_wall)
-    print(f"[ray] {cpu_name()}, {os.cpu_count()} CPUs; tiny model, {n} rows x {args.tokens} tokens, batch "
-          f"{args.batch}, fp32; rows/s (steady = after the first row):")
-    for name, wall, first in ((f"local, {threads} torch threads", local_wall, local_first),
-                              ("local, 1 torch thread", one_wall, one_first),
-                              (f"ray, {args.actors} CPU actors x 1 thread", ray_wall, ray_first)):
-        print(f"[ray]   {name}: {n / wall:.2f} rows/s (steady {steady(wall, first):.2f}), wall {wall:.1f} s, "
-              f"first row after {first:.1f} s")
-    fast_steady = max(steady(local_wall, local_first), steady(one_wall, one_first))
-    print(f"[ray]   ray = {best / ray_wall:.2f}x the faster local run's rows/s over the whole wall (fixed start: "
-          f"first row after {ray_first:.1f} s vs {min(local_first, one_first):.1f} s), "
-          f"{steady(ray_wall, ray_first) / fast_steady:.2f}x its steady rows/s; cluster start {start:.1f} s, "
-          f"not counted")
+    print(f"[ray] {cpu_name()}, {cores} CPUs; full-size dummy weights ({args.dtype}), {n} rows x {args.tokens} "
+          f"tokens, batches of {args.batch}, {args.n_timesteps} Euler steps, local engine --schedule static; "
+          f"compute = rows over the batches' stage seconds per actor running at once (no load, no Ray overhead):")
+    rates = {}
+    for name, (running, (arrivals, busy)) in runs.items():
+        wall = arrivals[-1]
+        rates[name] = n / (busy / running) if busy > 0 else 0.0
+        print(f"[ray]   {name}: {n / wall:.3f} rows/s over the wall {wall:.1f} s (first row after {arrivals[0]:.1f} s), "
+              f"compute {rates[name]:.3f} rows/s ({busy:.1f} stage s)")
+    local_rate, wide, deep = rates.values()
+    print(f"[ray]   compute ratios: {cores} x 1 = {wide / deep:.2f}x 1 x {cores}; {cores} x 1 = {wide / local_rate:.2f}x "
+          f"local; 1 x {cores} = {deep / local_rate:.2f}x local; Ray cluster start {start:.1f} s, not counted")
+    for key, plan in plans.items():
+        print(f"[ray]   plan {key}: {plan.actors} actors x {plan.threads} threads, {plan.num_cpus:g} CPU and "
+              f"{plan.memory_bytes / 1e9:.1f} GB memory asked each")
 
 
 if __name__ == "__main__":

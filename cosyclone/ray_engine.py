@@ -14,10 +14,9 @@ the diagnostics line as JSON and the wave as a float32 numpy array. The driver h
 ``submit`` (the same writer as the local engine) once: a batch re-run after a kill can only
 repeat rows the driver already has, and those are dropped by id.
 
-Resources: on a GPU policy each actor asks for ``num_gpus=1`` and one CPU, and there is one actor
-per GPU in the cluster. On CPU each actor asks for half a CPU and runs one torch thread, one actor
-per cluster CPU: whole-CPU actors would hold every CPU of a small machine, and a Ray Data task that
-needs one (a file read, say) would wait for ever; half CPUs leave room for the driver and Ray's tasks.
+Resources: how many actors, with how many torch threads, and what each asks Ray for (CPUs, GPUs,
+``memory=`` its measured footprint) is :mod:`cosyclone.ray_plan`'s: :func:`run_ray` plans on the
+live cluster's nodes after connecting and refuses a run that cannot fit before any actor starts.
 """
 
 from __future__ import annotations
@@ -36,11 +35,10 @@ from .device import DevicePolicy
 from .errors import CosycloneError
 from .manifest import ManifestRow
 from .pipeline import RunOptions, load_stages, plan_batches
+from .ray_plan import RayPlan, plan_run, read_cluster
 from .writer import RowRecord
 
 INSTALL_HINT = "--engine ray needs Ray: pip install 'cosyclone[ray]' (or pip install 'ray[data]')"
-CPU_PER_CPU_ACTOR = 0.5  # a CPU actor's share of one core (see the module docstring)
-CPU_PER_GPU_ACTOR = 1.0  # the CPU a GPU actor asks for next to its GPU (frontend, padding, numpy)
 #: Test hook: when set in the workers' environment, each actor appends ``<pid>\n`` to this file as
 #: it starts a batch, so a test can kill a worker that is known to be mid-batch.
 PID_FILE_ENV = "COSYCLONE_RAY_PID_FILE"
@@ -108,38 +106,22 @@ class SynthActor:
         return {"id": np.array(ids, dtype=object), "diagnostics": np.array(diags, dtype=object), "wav": wavs}
 
 
-def actor_resources(policy: DevicePolicy, cpus_per_actor: float | None) -> dict[str, float]:
-    """What each actor asks Ray for (``num_gpus`` only on a GPU policy)."""
-    if policy.device.type == "cpu":
-        return {"num_cpus": CPU_PER_CPU_ACTOR if cpus_per_actor is None else cpus_per_actor}
-    return {"num_cpus": CPU_PER_GPU_ACTOR if cpus_per_actor is None else cpus_per_actor, "num_gpus": 1}
-
-
-def actor_threads(policy: DevicePolicy, resources: dict[str, float]) -> int | None:
-    """torch intra-op threads of a CPU actor: the whole CPUs it asked for, at least one (None on GPU).
-
-    On CPU a row's fp32 bytes depend on this count (reductions split differently), as they do for
-    the local engine run with another ``torch.set_num_threads``; they never depend on the actor or batch.
-    """
-    return max(1, int(resources["num_cpus"])) if policy.device.type == "cpu" else None
-
-
-def default_actors(policy: DevicePolicy, cluster: dict[str, float]) -> int:
-    """One actor per GPU of the cluster on a GPU policy, else one per cluster CPU."""
-    key = "CPU" if policy.device.type == "cpu" else "GPU"
-    return max(1, int(cluster.get(key, 1)))
-
-
 def run_ray(cfg: ModelConfig, policy: DevicePolicy, rows: Sequence[ManifestRow], opts: RunOptions,
             submit: Callable[[RowRecord], None], progress: Callable[[RowRecord], Any] | None = None, *,
-            address: str | None = None, num_actors: int | None = None,
-            cpus_per_actor: float | None = None) -> list[RowRecord]:
+            address: str | None = None, plan: RayPlan | None = None, num_actors: int | None = None,
+            actor_threads: int | None = None, on_plan: Callable[[RayPlan], Any] | None = None) -> list[RowRecord]:
     """Synthesize ``rows`` (the caller's already-filtered to-do list) on Ray; same contract as
     :func:`cosyclone.pipeline.run`: each record goes to ``submit`` as it arrives (diagnostics carry
     ``wav``), ``progress`` gets each finished record, and the records come back without audio.
 
     ``address``: a running cluster (``auto``, ``ray://host:10001``, ``host:6379``); None joins the
     cluster this machine started with ``ray start`` or else starts a local one (stopped at the end).
+    ``num_actors`` / ``actor_threads``: ``--ray-actors`` / ``--actor-threads`` (None: the rule of
+    :mod:`cosyclone.ray_plan`); a ``plan`` made beforehand (a dry run's, :func:`~cosyclone.ray_plan.plan_cluster`)
+    gives them instead. Either way the run is planned again on the live cluster's nodes, which may
+    differ from what was read before (a node joined or left, a local Ray's memory figure); that plan
+    goes to ``on_plan`` (to be shown and recorded) and, if it does not fit, its refusal is raised
+    as a :class:`CosycloneError` before any actor starts.
     """
     if not rows:
         return []
@@ -155,7 +137,13 @@ def run_ray(cfg: ModelConfig, policy: DevicePolicy, rows: Sequence[ManifestRow],
         ray.init(address=address, log_to_driver=True)
         started = True
     try:
-        return _run(ray, cfg, policy, rows, opts, submit, progress, num_actors, cpus_per_actor)
+        if plan is not None:
+            num_actors, actor_threads = plan.requested_actors, plan.requested_threads
+        live = plan_run(cfg, policy, opts.batch_size, read_cluster(ray), actors=num_actors, threads=actor_threads)
+        if on_plan is not None:
+            on_plan(live)
+        live.check()
+        return _run(ray, cfg, policy, rows, opts, submit, progress, live)
     finally:
         if started:
             ray.shutdown()
@@ -164,17 +152,14 @@ def run_ray(cfg: ModelConfig, policy: DevicePolicy, rows: Sequence[ManifestRow],
 
 def _run(ray: Any, cfg: ModelConfig, policy: DevicePolicy, rows: Sequence[ManifestRow], opts: RunOptions,
          submit: Callable[[RowRecord], None], progress: Callable[[RowRecord], Any] | None,
-         num_actors: int | None, cpus_per_actor: float | None) -> list[RowRecord]:
+         plan: RayPlan) -> list[RowRecord]:
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False  # the CLI shows its own per-row bar
     batches = plan_batches(rows, opts.batch_size, opts.token_budget)
     items = [{"rows": json.dumps([row_to_dict(r) for r in b], ensure_ascii=False)} for b in batches]
-    size = num_actors or default_actors(policy, ray.cluster_resources())
-    size = max(1, min(size, len(items)))
-    resources = actor_resources(policy, cpus_per_actor)
     ds = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
-        SynthActor, fn_constructor_args=(cfg, policy, opts, actor_threads(policy, resources)), batch_size=1,
-        batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=size), **resources)
+        SynthActor, fn_constructor_args=(cfg, policy, opts, plan.threads), batch_size=1, batch_format="numpy",
+        compute=ray.data.ActorPoolStrategy(size=plan.pool_size(len(items))), **plan.remote_args())
     out: list[RowRecord] = []
     seen: set[str] = set()
     for rec in _records(ds):

@@ -103,15 +103,31 @@ def _summary(out: Path) -> dict:
     return {**{k: s[k] for k in SUMMARY_RESULTS}, **{k: s["last_run"][k] for k in RUN_RESULTS}}
 
 
+def planned_threads(model_dir: Path) -> int:
+    """The torch threads of each CPU actor the Ray run plans on the module's cluster (ray_plan's rule)."""
+    import ray
+    import torch
+
+    from cosyclone.config import load_model_config
+    from cosyclone.device import DevicePolicy
+    from cosyclone.ray_plan import plan_run, read_cluster
+
+    cpu = DevicePolicy(device=torch.device("cpu"), dtype=torch.float32, backend="cpu")
+    plan = plan_run(load_model_config(model_dir), cpu, BATCH, read_cluster(ray))
+    assert plan.refusal is None and plan.threads is not None, plan.describe()
+    return plan.threads
+
+
 @pytest.fixture(scope="module")
-def local_out(manifest: Path, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def local_out(ray_pid_file: Path, manifest: Path, tiny_model_dir: Path,
+              tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The local engine at the actors' torch thread count: on CPU, fp32 bytes depend on the count
     (1 and 2 threads differ in the last bits, for the local engine alone), never on the batch's process."""
     import torch
 
     out = tmp_path_factory.mktemp("local") / "out"
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # what a half-CPU actor runs (ray_engine.actor_threads)
+    torch.set_num_threads(planned_threads(tiny_model_dir))  # what each actor runs (ray_plan's rule)
     try:
         _synth(manifest, tiny_model_dir, out, "local")
     finally:
@@ -223,18 +239,17 @@ def test_rows_travel_as_plain_json_data_and_come_back_equal(manifest: Path) -> N
     assert back == rows and isinstance(back[0].prompt_audio, Path)
 
 
-def test_actor_resources_one_gpu_each_or_half_a_cpu_with_one_thread() -> None:
-    import torch
+def test_the_runs_actors_follow_the_plan(ray_pid_file: Path, tiny_model_dir: Path) -> None:
+    """On this 2-CPU cluster the rule's plan for the tiny model: as many actors as the threads allow,
+    half a CPU per thread asked, the footprint asked as Ray memory."""
+    import ray
 
-    from cosyclone.device import DevicePolicy
-    from cosyclone.ray_engine import actor_resources, actor_threads, default_actors
+    from cosyclone.ray_plan import CPU_SHARE, DEFAULT_CPU_THREADS, read_cluster
 
-    cpu = DevicePolicy(device=torch.device("cpu"), dtype=torch.float32, backend="cpu")
-    gpu = DevicePolicy(device=torch.device("cuda"), dtype=torch.bfloat16, backend="cuda")
-    assert actor_resources(cpu, None) == {"num_cpus": 0.5} and actor_threads(cpu, {"num_cpus": 0.5}) == 1
-    assert actor_threads(cpu, actor_resources(cpu, 4.0)) == 4
-    assert actor_resources(gpu, None) == {"num_cpus": 1.0, "num_gpus": 1} and actor_threads(gpu, {"num_cpus": 1}) is None
-    assert default_actors(cpu, {"CPU": 2.0}) == 2 and default_actors(gpu, {"CPU": 64.0, "GPU": 8.0}) == 8
+    threads = planned_threads(tiny_model_dir)
+    (node,) = read_cluster(ray)
+    assert node.cpus == 2.0 and threads == DEFAULT_CPU_THREADS
+    assert CPU_SHARE * threads * (2 // threads) <= 1.0  # at least one CPU stays free for Ray Data's tasks
 
 
 def test_an_actor_switches_tf32_off_in_its_own_process(monkeypatch: pytest.MonkeyPatch) -> None:

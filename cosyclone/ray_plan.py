@@ -1,0 +1,488 @@
+"""How many ``--engine ray`` actors a cluster holds, with how many threads, and what each asks Ray for.
+
+Owns the sizing rule and its figures: the per-actor memory footprint (measured, see
+:data:`BASE_BYTES`), the shape of the cluster's nodes (:func:`read_cluster`, :func:`local_node`),
+and the plan (:class:`RayPlan`) that ``synth --dry-run --engine ray`` shows, that refuses a run
+that cannot fit before any model loads (:meth:`RayPlan.check`), that ``runs.jsonl`` records
+(:meth:`RayPlan.as_record`) and that :func:`cosyclone.ray_engine.run_ray` runs.
+
+Must not: start actors or load a model (planning is arithmetic on node shapes and the model's
+geometry; the only Ray calls are reading a cluster's nodes), or print (``describe()`` returns lines).
+
+The rule (README "Scaling out with Ray"):
+
+* CPU: each actor runs ``threads`` torch threads (default :data:`DEFAULT_CPU_THREADS`, the figure
+  ``benchmarks/bench_ray.py`` backs); a node holds ``min(cores // threads, memory // footprint)``
+  actors. When memory, not cores, is the bound on every node, the cores the actors get are shared
+  out among them (``threads = min over nodes of cores // actors``), so a big node's cores are not left idle.
+* GPU: one actor per GPU; ``k`` actors per GPU (``num_gpus=1/k``) only when ``--ray-actors`` asks
+  for more actors than GPUs and the GPU memory holds ``k`` footprints.
+* Every actor asks Ray for ``memory=`` its footprint (Ray's logical memory resource), so no node is
+  handed more actors than its memory holds, whatever Ray's placement; ``num_cpus`` is half the
+  actor's threads (:data:`CPU_SHARE`), which leaves room for Ray Data's own tasks and the driver on
+  small machines (whole-CPU actors on a 2-core machine take every CPU and a task waits for ever).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import ONNX_MODELS, ModelConfig
+from .device import DevicePolicy
+from .errors import CosycloneError
+
+GIB = 1 << 30
+
+#: torch threads per CPU actor when ``--actor-threads`` is not given: on the 2-core AMD EPYC (Zen 4)
+#: ``benchmarks/bench_ray.py`` measured, once loaded, 2 actors x 1 thread at 1.20x the rows/s of
+#: 1 actor x 2 threads and 1.04x the local engine at 2 threads, on the same rows (README table).
+DEFAULT_CPU_THREADS = 1
+#: A CPU actor asks Ray for this many CPUs per torch thread (see the module docstring).
+CPU_SHARE = 0.5
+#: The CPUs a GPU actor asks for next to its GPU (frontend, padding, numpy), unless ``--actor-threads``.
+GPU_ACTOR_CPUS = 1.0
+
+# Measured footprint: ``python -m benchmarks.actor_footprint`` on the 2-core AMD EPYC (Zen 4), torch 2.13
+# CPU, ray 2.60, released geometry, one fresh process per case with ray.data imported, first batch of 8 rows
+# x 100 speech tokens (prompts of 2.3-3.7 s), 1 Euler step. RSS in GiB (weights: fp32 3.21, bf16 1.66):
+#   real loader (full-size model directory): fp32 after load 3.72, load peak 4.80, after the batch 4.03;
+#                                            bf16 after load 2.17, load peak 3.87, after the batch 2.37
+#   dummy weights:                           fp32 after load 3.76, batch peak 4.12; bf16 2.20, peak 2.67
+# After load no page of the checkpoint files is mapped (the loader copies every tensor into the module's
+# own memory): the weights are private to each actor, nothing is shared between the actors of a node.
+#: A CPU actor's resident bytes besides weights, batch and ONNX: Python, torch, Ray Data, the text
+#: frontend (tokenizer, wetext), the tiny ONNX sessions. RSS after load minus the weights, 0.51-0.55 GiB.
+BASE_BYTES = int(0.55 * GIB)
+#: The load's peak above the RSS after it, per byte of weights, by run dtype, with the real loader:
+#: checkpoint pages mapped while they are copied (page cache: counted in each actor's RSS although
+#: the actors of a node share them) and, in bf16, the flow built in fp32 before it is cast.
+#: fp32: 1.07 GiB over 3.21; bf16: 1.69 GiB over 1.66 (dummy weights: 0 and 0.47 GiB).
+LOAD_PEAK_PER_WEIGHT_BYTE = {"fp32": 0.34, "bf16": 1.02, "fp16": 1.02}
+#: The first batch's peak above the RSS after load, per row of the batch, measured with dummy weights
+#: (no load peak to hide it) on 8 rows of 300 tokens (12 s of audio each): fp32 0.51 GiB (0.36 at 100
+#: tokens); bf16 0.37 GiB of RSS after the batch (its peak stays under the load's). Longer rows need more.
+ACTIVATION_BYTES_PER_ROW = int(0.51 * GIB / 8)
+#: onnxruntime's resident bytes per byte of ONNX file (the speech tokenizer and CAM++ of a model
+#: directory) once the session is made, and its extra peak while making it; measured on a synthetic
+#: graph with a 256 MiB initializer (1.11x resident, 2.11x at the peak).
+ONNX_RSS_PER_FILE_BYTE = 1.11
+ONNX_LOAD_PEAK_PER_FILE_BYTE = 1.0
+#: Host memory of a GPU actor for the CUDA/ROCm runtime and its libraries: an allowance, NOT measured
+#: (the development machine has no GPU); its weights and activations are on the GPU.
+GPU_HOST_ALLOWANCE = int(1.5 * GIB)
+FOOTPRINT_SOURCE = ("measured by benchmarks/actor_footprint.py on an AMD EPYC (Zen 4); weights counted "
+                    "from the model's geometry")
+
+
+@dataclass(frozen=True)
+class NodeShape:
+    """One node as Ray schedules it (its resources, not the hardware's)."""
+
+    name: str  # the node's id (or a label in tests), for messages
+    cpus: float  # Ray's CPU resource of the node
+    gpus: float = 0.0  # Ray's GPU resource of the node
+    memory_bytes: int = 0  # Ray's logical ``memory`` resource: what actors may reserve there
+    gpu_memory_bytes: int | None = None  # memory of each of its GPUs (None: not known)
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What one actor holds, in bytes, and where the figures come from."""
+
+    host_bytes: int  # peak resident memory of the actor's process: base + weights + max(load peak, batch)
+    gpu_bytes: int  # on its GPU: weights and first batch (0 on a CPU run)
+    weights_bytes: int  # parameters and buffers in the run dtype (head, HiFT: fp32), counted from the geometry
+    base_bytes: int  # the process without weights or batch (BASE_BYTES, the ONNX sessions; GPU: the allowance)
+    load_peak_bytes: int  # the load's transient peak above the loaded process (0 on GPU: it is on the host once)
+    batch_bytes: int  # the first batch's activations at the run's batch size
+    batch_size: int  # rows per batch the activations were scaled to
+    source: str  # where the figures come from
+
+    def as_record(self) -> dict[str, Any]:
+        return {"host_bytes": self.host_bytes, "gpu_bytes": self.gpu_bytes, "weights_bytes": self.weights_bytes,
+                "base_bytes": self.base_bytes, "load_peak_bytes": self.load_peak_bytes,
+                "batch_bytes": self.batch_bytes, "batch_size": self.batch_size, "source": self.source}
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """What the plan puts on one node."""
+
+    name: str  # the node's id
+    cpus: float  # its CPU resource
+    gpus: float  # its GPU resource
+    memory_bytes: int  # its memory resource (what actors may reserve)
+    room: int  # actors it has room for under the rule (cores, memory, GPUs)
+    actors: int  # actors the run may place here: min(room, the run's total)
+    bound: str  # what limits ``room``: "cores" | "memory" | "gpus" | "gpu memory"
+
+
+@dataclass(frozen=True)
+class RayPlan:
+    """A Ray run's actors: how many, where, with what, and whether it fits."""
+
+    device: str  # "cpu" or "cuda" (the policy's device type)
+    dtype: str  # the run dtype's name (fp32 | bf16 | fp16)
+    actors: int  # the actor pool's size (0 when nothing fits)
+    threads: int | None  # torch threads per actor (None: torch's default in a GPU actor)
+    num_cpus: float  # CPUs each actor asks Ray for
+    num_gpus: float  # GPUs each actor asks for (0 on CPU; 1/k for k actors per GPU)
+    memory_bytes: int  # Ray ``memory`` each actor asks for: the host footprint
+    footprint: Footprint  # the figures behind memory_bytes
+    nodes: tuple[NodePlan, ...]  # per alive node of the cluster
+    requested_actors: int | None = None  # --ray-actors (None: the rule)
+    requested_threads: int | None = None  # --actor-threads (None: the rule)
+    refusal: str | None = None  # why the run cannot start (None: it fits); check() raises it
+    notes: tuple[str, ...] = field(default=())  # what the rule decided and why (shown by describe)
+
+    def node_bytes(self, node: NodePlan) -> int:
+        """The most memory the run's actors hold on ``node`` (its ``actors`` x the host footprint)."""
+        return node.actors * self.footprint.host_bytes
+
+    def remote_args(self) -> dict[str, float]:
+        """What each actor asks Ray for (``map_batches`` keywords)."""
+        args = {"num_cpus": self.num_cpus, "memory": float(self.memory_bytes)}
+        if self.num_gpus:
+            args["num_gpus"] = self.num_gpus
+        return args
+
+    def check(self) -> None:
+        """Raise :class:`CosycloneError` with the figures when the run cannot fit (before any model loads)."""
+        if self.refusal is not None:
+            raise CosycloneError(self.refusal)
+
+    def pool_size(self, batches: int) -> int:
+        """The pool for ``batches`` planned batches: never more actors than batches."""
+        return max(1, min(self.actors, batches))
+
+    def describe(self) -> list[str]:
+        """Lines for ``synth --dry-run --engine ray``: the actors per node, threads and expected memory."""
+        fp = self.footprint
+        who = (f"{self.threads} torch thread{'s' if self.threads != 1 else ''}" if self.threads is not None
+               else "torch's default threads")
+        gpu = f", {self.num_gpus:g} GPU ({_gb(fp.gpu_bytes)} GB on it)" if self.num_gpus else ""
+        lines = [f"ray plan: {self.actors} actors on {self.device} ({self.dtype}), each {who}; asks Ray for "
+                 f"{self.num_cpus:g} CPU{gpu} and {_gb(self.memory_bytes)} GB memory"]
+        if self.device == "cpu":
+            lines.append(f"  per actor: {_gb(fp.host_bytes)} GB = {_gb(fp.base_bytes)} base + {_gb(fp.weights_bytes)} "
+                         f"weights + the larger of the load's peak ({_gb(fp.load_peak_bytes)}) and a first batch of "
+                         f"{fp.batch_size} rows ({_gb(fp.batch_bytes)}); {fp.source}")
+        else:
+            lines.append(f"  per actor: {_gb(fp.host_bytes)} GB of host memory, {_gb(fp.gpu_bytes)} GB on its GPU = "
+                         f"{_gb(fp.weights_bytes)} weights + {_gb(fp.batch_bytes)} for a first batch of "
+                         f"{fp.batch_size} rows; {fp.source}")
+        for n in self.nodes:
+            gpus = f", {n.gpus:g} GPUs" if n.gpus else ""
+            lines.append(f"  node {n.name}: {n.cpus:g} CPUs{gpus}, {_gb(n.memory_bytes)} GB memory -> room for "
+                         f"{n.room} ({n.bound}), up to {n.actors} here holding {_gb(self.node_bytes(n))} GB")
+        lines += [f"  {note}" for note in self.notes]
+        if self.refusal is not None:
+            lines.append(f"  refused: {self.refusal}")
+        return lines
+
+    def as_record(self) -> dict[str, Any]:
+        """The plan as JSON-able data (a ``runs.jsonl`` field)."""
+        return {"actors": self.actors, "threads": self.threads, "num_cpus": self.num_cpus,
+                "num_gpus": self.num_gpus, "memory_bytes": self.memory_bytes, "device": self.device,
+                "dtype": self.dtype, "requested_actors": self.requested_actors,
+                "requested_threads": self.requested_threads, "footprint": self.footprint.as_record(),
+                "nodes": [{"name": n.name, "cpus": n.cpus, "gpus": n.gpus, "memory_bytes": n.memory_bytes,
+                           "room": n.room, "actors": n.actors, "bound": n.bound,
+                           "expected_bytes": self.node_bytes(n)} for n in self.nodes],
+                "refusal": self.refusal}
+
+
+def _gb(n: int | float) -> str:
+    return f"{n / 1e9:.1f}"
+
+
+# ------------------------------------------------------------------------------------------------
+# The footprint
+
+
+def weight_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """Bytes of the three models' parameters and buffers in ``dtype`` as the builders lay them out
+    (talker and DiT in the run dtype, the speech-token head fp32, HiFT fp32 with its F0 predictor
+    float64), counted on the meta device: nothing is allocated or read."""
+    from .code2wav.flow import CausalMaskedDiffWithDiT
+    from .code2wav.hift import CausalHiFTGenerator
+    from .talker.model import CosyVoice3LM
+
+    with torch.device("meta"):
+        talker = CosyVoice3LM(cfg.talker).to(dtype)
+        talker.llm_decoder.to(torch.float32)
+        flow = CausalMaskedDiffWithDiT(cfg.flow).to(dtype)
+        hift = CausalHiFTGenerator(cfg.hift)
+        hift.fold_weight_norm()
+        hift.f0_predictor.double()
+    return sum(t.numel() * t.element_size() for m in (talker, flow, hift)
+               for t in (*m.parameters(), *m.buffers()))
+
+
+def onnx_bytes(cfg: ModelConfig) -> int:
+    """Bytes of the model directory's ONNX files (0 without a directory: the built-in tiny ones)."""
+    if cfg.model_dir is None:
+        return 0
+    return sum(p.stat().st_size for p in (Path(cfg.model_dir) / n for n in ONNX_MODELS) if p.is_file())
+
+
+def actor_footprint(cfg: ModelConfig, policy: DevicePolicy, batch_size: int) -> Footprint:
+    """One actor's peak memory for this model, precision and batch size, from the measured constants:
+    base + ONNX sessions + weights + the larger of the load's peak and the first batch's activations
+    (the load's and ONNX's peaks come one after the other, the batch after both)."""
+    name = policy.dtype_name
+    weights = weight_bytes(cfg, policy.dtype)
+    onnx = onnx_bytes(cfg)
+    base = BASE_BYTES + int(ONNX_RSS_PER_FILE_BYTE * onnx)
+    batch = ACTIVATION_BYTES_PER_ROW * batch_size
+    if policy.device.type == "cpu":
+        load = max(int(LOAD_PEAK_PER_WEIGHT_BYTE.get(name, 1.0) * weights), int(ONNX_LOAD_PEAK_PER_FILE_BYTE * onnx))
+        return Footprint(host_bytes=base + weights + max(load, batch), gpu_bytes=0, weights_bytes=weights,
+                         base_bytes=base, load_peak_bytes=load, batch_bytes=batch, batch_size=batch_size,
+                         source=FOOTPRINT_SOURCE)
+    host = base + GPU_HOST_ALLOWANCE + int(ONNX_LOAD_PEAK_PER_FILE_BYTE * onnx)
+    return Footprint(host_bytes=host, gpu_bytes=weights + batch, weights_bytes=weights, base_bytes=host,
+                     load_peak_bytes=0, batch_bytes=batch, batch_size=batch_size,
+                     source=FOOTPRINT_SOURCE + "; on GPU: the activations as measured on CPU and a host allowance "
+                     "for the CUDA runtime, not measured")
+
+
+# ------------------------------------------------------------------------------------------------
+# The rule
+
+
+def _room_cpu(node: NodeShape, threads: int, fp: Footprint) -> tuple[int, str]:
+    """Actors of ``threads`` threads ``node`` holds, and what bounds it."""
+    by_cores = int(node.cpus // threads)
+    by_memory = int(node.memory_bytes // fp.host_bytes)
+    return (by_cores, "cores") if by_cores <= by_memory else (by_memory, "memory")
+
+
+def _room_gpu(node: NodeShape, per_gpu: int, num_cpus: float, fp: Footprint) -> tuple[int, str]:
+    """Actors ``node`` holds at ``per_gpu`` actors per GPU, each asking ``num_cpus``, and what bounds it."""
+    bounds = {"gpus": int(node.gpus) * per_gpu, "memory": int(node.memory_bytes // fp.host_bytes),
+              "cores": int(node.cpus // num_cpus)}
+    bound = min(bounds, key=lambda k: bounds[k])  # the first of the smallest: gpus before memory before cores
+    return bounds[bound], bound
+
+
+Rooms = Sequence[tuple[NodeShape, tuple[int, str]]]
+
+
+def _nodes(rooms: Rooms, total: int) -> tuple[NodePlan, ...]:
+    return tuple(NodePlan(name=n.name, cpus=n.cpus, gpus=n.gpus, memory_bytes=n.memory_bytes, room=room,
+                          actors=min(room, total), bound=bound) for n, (room, bound) in rooms)
+
+
+def _fits(rooms: Rooms) -> str:
+    return "; ".join(f"{n.name}: {room} ({bound}: {n.cpus:g} CPUs, {n.gpus:g} GPUs, {_gb(n.memory_bytes)} GB)"
+                     for n, (room, bound) in rooms) or "no node"
+
+
+def plan_actors(nodes: Sequence[NodeShape], policy: DevicePolicy, footprint: Footprint, *,
+                actors: int | None = None, threads: int | None = None) -> RayPlan:
+    """The plan for ``nodes`` (alive nodes of a cluster) under the rule of the module docstring.
+
+    ``actors`` / ``threads`` are ``--ray-actors`` / ``--actor-threads`` (None: the rule). Never
+    raises for a run that does not fit: the plan carries the refusal (``refusal``, raised by
+    :meth:`RayPlan.check`), so a dry run can show it with the figures.
+    """
+    for flag, value in (("--ray-actors", actors), ("--actor-threads", threads)):
+        if value is not None and value < 1:
+            raise CosycloneError(f"{flag} must be at least 1, not {value}")
+    if policy.device.type == "cpu":
+        return _plan_cpu(tuple(nodes), policy, footprint, actors, threads)
+    return _plan_gpu(tuple(nodes), policy, footprint, actors, threads)
+
+
+def _plan_cpu(nodes: tuple[NodeShape, ...], policy: DevicePolicy, fp: Footprint, actors: int | None,
+              threads: int | None) -> RayPlan:
+    base = threads or DEFAULT_CPU_THREADS
+    rooms = [(n, _room_cpu(n, base, fp)) for n in nodes]
+    capacity = sum(r for _, (r, _) in rooms)
+    notes: list[str] = []
+    refusal = None
+    s = "s" if base > 1 else ""
+    if capacity == 0:
+        refusal = (f"no node has room for one actor: it needs {_gb(fp.host_bytes)} GB of memory ({_gb(fp.base_bytes)} "
+                   f"base + {_gb(fp.weights_bytes)} weights in {policy.dtype_name} + "
+                   f"{_gb(max(fp.load_peak_bytes, fp.batch_bytes))} for the load's peak or a batch of "
+                   f"{fp.batch_size} rows) and {base} CPU{s} for {base} torch thread{s}; the cluster has "
+                   f"{_fits(rooms)}. "
+                   + ("Try --dtype bf16 (smaller weights) or a smaller --batch-size" if policy.dtype_name == "fp32"
+                      else "Try a smaller --batch-size"))
+    elif actors is not None and actors > capacity:
+        at_one = sum(_room_cpu(n, 1, fp)[0] for n in nodes)
+        refusal = (f"--ray-actors {actors} asks for more actors than fit: {capacity} actors of {base} torch "
+                   f"thread{s} and {_gb(fp.host_bytes)} GB fit ({_fits(rooms)})"
+                   + (f"; at --actor-threads 1, {at_one} fit" if base > 1 and at_one > capacity else ""))
+    want = capacity if actors is None else min(actors, capacity)
+    chosen = base
+    if threads is None and want > 0:  # the most threads at which the wanted actors still fit
+        for t in range(int(max(n.cpus for n in nodes)), base, -1):
+            if sum(_room_cpu(n, t, fp)[0] for n in nodes) >= want:
+                chosen = t
+                break
+        if chosen > base:
+            notes.append(f"threads: {chosen} per actor, the most at which {want} actors still fit "
+                         f"(the cores they get; {DEFAULT_CPU_THREADS} where cores, not memory, bind)")
+            rooms = [(n, _room_cpu(n, chosen, fp)) for n in nodes]
+    if actors is not None and actors < capacity:
+        notes.append(f"--ray-actors {actors}: the cluster has room for {capacity}")
+    return RayPlan(device="cpu", dtype=policy.dtype_name, actors=want, threads=chosen,
+                   num_cpus=CPU_SHARE * chosen, num_gpus=0.0, memory_bytes=fp.host_bytes, footprint=fp,
+                   nodes=_nodes(rooms, want), requested_actors=actors, requested_threads=threads, refusal=refusal,
+                   notes=tuple(notes))
+
+
+def _per_gpu_refusal(nodes: tuple[NodeShape, ...], fp: Footprint, actors: int, gpus: int, per_gpu: int) -> str | None:
+    """Why ``per_gpu`` actors on each GPU do not fit (None: they do). GPU memory is no Ray resource:
+    Ray would put ``per_gpu`` on any GPU, so every GPU node must hold them."""
+    for n in nodes:
+        if not int(n.gpus):
+            continue
+        if n.gpu_memory_bytes is None:
+            return (f"--ray-actors {actors} asks for {per_gpu} actors per GPU ({gpus} GPUs in the cluster), but the "
+                    f"GPU memory of {n.name} is not known, so only one actor per GPU is planned; ask for at most {gpus}")
+        holds = int(n.gpu_memory_bytes // fp.gpu_bytes) if fp.gpu_bytes else per_gpu
+        if holds < per_gpu:
+            return (f"--ray-actors {actors} asks for {per_gpu} actors per GPU ({gpus} GPUs in the cluster); a GPU of "
+                    f"{n.name} has {_gb(n.gpu_memory_bytes)} GB and one actor needs {_gb(fp.gpu_bytes)} GB there "
+                    f"({_gb(fp.weights_bytes)} weights + {_gb(fp.batch_bytes)} first batch): {holds} per GPU fit, "
+                    f"{holds * gpus} actors in all")
+    return None
+
+
+def _plan_gpu(nodes: tuple[NodeShape, ...], policy: DevicePolicy, fp: Footprint, actors: int | None,
+              threads: int | None) -> RayPlan:
+    gpus = sum(int(n.gpus) for n in nodes)
+    notes: list[str] = []
+    refusal = None
+    per_gpu = 1
+    if gpus and actors is not None and actors > gpus:
+        per_gpu = math.ceil(actors / gpus)
+        refusal = _per_gpu_refusal(nodes, fp, actors, gpus, per_gpu)
+        if refusal is None:
+            notes.append(f"{per_gpu} actors per GPU (--ray-actors {actors} over {gpus} GPUs; "
+                         f"each asks {1 / per_gpu:.3g} GPU)")
+        else:
+            per_gpu = 1
+    num_cpus = GPU_ACTOR_CPUS if threads is None else CPU_SHARE * threads
+    rooms = [(n, _room_gpu(n, per_gpu, num_cpus, fp)) for n in nodes]
+    capacity = sum(r for _, (r, _) in rooms)
+    if refusal is None:
+        if not gpus:
+            refusal = (f"the run is planned on {policy.device.type} (resolved by the driver) but the cluster has no "
+                       "GPU; start it from a CPU machine or with --device cpu to run on CPU actors")
+        elif capacity == 0 or (actors is not None and actors > capacity):
+            what = "no node has room for one actor" if capacity == 0 else f"--ray-actors {actors} asks for more than fit"
+            refusal = (f"{what}: each needs {_gb(fp.host_bytes)} GB of host memory and {num_cpus:g} CPU beside its "
+                       f"GPU; room: {_fits(rooms)}")
+    want = capacity if actors is None else min(actors, capacity)
+    return RayPlan(device=policy.device.type, dtype=policy.dtype_name, actors=want, threads=threads,
+                   num_cpus=num_cpus, num_gpus=1.0 / per_gpu, memory_bytes=fp.host_bytes, footprint=fp, nodes=_nodes(rooms, want),
+                   requested_actors=actors, requested_threads=threads, refusal=refusal, notes=tuple(notes))
+
+
+def plan_run(cfg: ModelConfig, policy: DevicePolicy, batch_size: int, nodes: Sequence[NodeShape], *,
+             actors: int | None = None, threads: int | None = None) -> RayPlan:
+    """:func:`plan_actors` with this model's footprint (:func:`actor_footprint`) at ``batch_size``."""
+    return plan_actors(nodes, policy, actor_footprint(cfg, policy, batch_size), actors=actors, threads=threads)
+
+
+# ------------------------------------------------------------------------------------------------
+# The cluster
+
+#: Ray's default share of a node's available memory for its object store (the rest is the logical
+#: ``memory`` resource actors reserve from); used only to predict a local Ray that is not started yet.
+OBJECT_STORE_SHARE = 0.3
+
+
+def read_cluster(ray: Any) -> tuple[NodeShape, ...]:
+    """The alive nodes of the cluster ``ray`` is connected to, as Ray schedules them.
+
+    GPU memory is not a Ray resource: each GPU node's is taken to be the driver's first GPU's (a
+    cluster of one GPU model), or unknown (None) on a driver without one.
+    """
+    gpu_memory = _driver_gpu_memory()
+    seen: dict[str, int] = {}
+    out = []
+    for node in ray.nodes():
+        if not node.get("Alive", False):
+            continue
+        res = node.get("Resources", {}) or {}
+        name = str(node.get("NodeManagerAddress") or node.get("NodeID", "node"))[:40]
+        seen[name] = seen.get(name, 0) + 1
+        if seen[name] > 1:
+            name = f"{name}#{seen[name]}"
+        gpus = float(res.get("GPU", 0.0))
+        out.append(NodeShape(name=name, cpus=float(res.get("CPU", 0.0)), gpus=gpus,
+                             memory_bytes=int(res.get("memory", 0)), gpu_memory_bytes=gpu_memory if gpus else None))
+    return tuple(out)
+
+
+def _driver_gpu_memory() -> int | None:
+    if not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.get_device_properties(0).total_memory)
+
+
+def local_node() -> NodeShape:
+    """This machine as a local Ray started now would see it (for a dry run that starts no Ray):
+    its CPUs, its GPUs, and 70% of its available memory (Ray keeps 30% for the object store)."""
+    return NodeShape(name="this machine", cpus=float(os.cpu_count() or 1),
+                     gpus=float(torch.cuda.device_count()) if torch.cuda.is_available() else 0.0,
+                     memory_bytes=int(_available_memory() * (1 - OBJECT_STORE_SHARE)),
+                     gpu_memory_bytes=_driver_gpu_memory())
+
+
+def _available_memory() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def cluster_nodes(address: str | None = None) -> tuple[tuple[NodeShape, ...], str]:
+    """The nodes a run with ``--ray-address address`` would get, and where they were read from.
+
+    Connected already: that cluster. ``address`` given, or a cluster ``ray start`` began here: the
+    driver connects, reads the nodes and disconnects (seconds). Otherwise: this machine as the local
+    Ray the run would start (:func:`local_node`; nothing is started).
+    """
+    from .ray_engine import require_ray
+
+    ray = require_ray()
+    if ray.is_initialized():
+        return read_cluster(ray), "the connected Ray cluster"
+    try:
+        ray.init(address=address or "auto", log_to_driver=False, logging_level="error")
+    except ConnectionError:
+        if address is not None:
+            raise CosycloneError(f"--ray-address {address}: no Ray cluster answers there") from None
+        return (local_node(),), "this machine (the local Ray the run would start)"
+    try:
+        return read_cluster(ray), f"the Ray cluster at {address or 'auto'}"
+    finally:
+        ray.shutdown()
+
+
+def plan_cluster(cfg: ModelConfig, policy: DevicePolicy, batch_size: int, *, address: str | None = None,
+                 actors: int | None = None, threads: int | None = None) -> RayPlan:
+    """The plan a run would get now (:func:`cluster_nodes`), for a dry run and the refusal before any
+    work; the run itself plans again on the live cluster (:func:`cosyclone.ray_engine.run_ray`)."""
+    from dataclasses import replace
+
+    nodes, where = cluster_nodes(address)
+    plan = plan_run(cfg, policy, batch_size, nodes, actors=actors, threads=threads)
+    return replace(plan, notes=(*plan.notes, f"nodes: {where}"))
