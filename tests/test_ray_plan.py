@@ -219,12 +219,11 @@ def test_a_run_that_cannot_fit_is_refused_before_any_actor_starts(tiny_model_dir
     """A 2-CPU node with 0.3 GB of Ray memory: one actor needs more; run_ray says so with the figures."""
     import ray
 
+    from cosyclone import ray_engine
     from cosyclone.manifest import ManifestRow
     from cosyclone.pipeline import RunOptions
     from cosyclone.ray_engine import run_ray
     from cosyclone.ray_plan import read_cluster
-
-    from cosyclone import ray_engine
 
     # the actor pool is built in ray_engine._run: reaching it would mean actors were started
     monkeypatch.setattr(ray_engine, "_run", lambda *a, **k: pytest.fail("an actor pool was built"))
