@@ -198,7 +198,7 @@ class SynthJob:
             opts = RunOptions(**options, load_format=load_format, text_frontend=text_frontend)
         except (TypeError, ValueError) as exc:  # an unknown option name, a schedule not offered
             raise CosycloneError(f"bad run option: {exc}") from None
-        check_options(opts, folder)
+        check_options(opts, folder)  # before resolving devices and reading the model configuration
         policy = resolve(device, dtype, cpu_gemm)
         cfg = model_config(Path(model_dir) if model_dir is not None else None, load_format)
         set_threads(threads)
