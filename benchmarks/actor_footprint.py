@@ -118,8 +118,8 @@ def child(case: str, model_dir: Path | None, rows: int, tokens: int, threads: in
         return _onnx_case(model_dir)
     from cosyclone.config import load_model_config, released_config
     from cosyclone.device import resolve
-    from cosyclone.pipeline import RunOptions, load_stages, synthesize_batch_isolated
-    from cosyclone.ray_plan import weight_bytes
+    from cosyclone.engine.stages import RunOptions, load_stages, synthesize_batch_isolated
+    from cosyclone.run.ray_plan import weight_bytes
     from cosyclone.tiny import builtin_frontend_dir
 
     kind, dtype = case.split("-")

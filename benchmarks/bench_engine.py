@@ -197,7 +197,7 @@ def compile_check(backend: str) -> dict[str, Any]:
 
 def continuous_vs_static(full: bool, slots: int, *, eos: bool = True) -> dict[str, Any]:
     """Static batches of ``slots`` rows vs one continuous run with ``slots`` slots, in the pipeline's
-    order (:func:`cosyclone.pipeline.plan_batches`: rows sorted by their length estimate, cut into
+    order (:func:`cosyclone.plan_batches`: rows sorted by their length estimate, cut into
     batches, longest batch first).
 
     A row's estimate is its cap (``max_len`` = 20 x its text ids, as the pipeline's estimate grows

@@ -51,8 +51,8 @@ def _timed(engine: Callable[[Callable[[Any], None]], None], out: Path,
            sample_rate: int) -> tuple[list[float], float]:
     """Seconds from the start to each written row, in arrival order (the last is the wall), and the
     rows' stage seconds summed (frontend, talker, flow, HiFT: a batch's time, shared out among its rows)."""
-    from cosyclone.runfolder import journal_path, shard_tag
-    from cosyclone.writer import BackgroundWriter, WriterOptions
+    from cosyclone.run.folder import journal_path, shard_tag
+    from cosyclone.run.writer import BackgroundWriter, WriterOptions
 
     writer = BackgroundWriter(WriterOptions(out_dir=out, sample_rate=sample_rate), journal_path(out, shard_tag(None)))
     arrivals: list[float] = []
@@ -85,9 +85,9 @@ def main(argv: list[str] | None = None) -> None:
 
     from cosyclone.config import released_config
     from cosyclone.device import resolve
-    from cosyclone.pipeline import RunOptions, load_stages, run
-    from cosyclone.ray_engine import run_ray
-    from cosyclone.ray_plan import RayPlan
+    from cosyclone.engine.stages import RunOptions, load_stages, run
+    from cosyclone.run.ray_plan import RayPlan
+    from cosyclone.run.ray_pool import run_ray
     from cosyclone.tiny import builtin_frontend_dir
 
     cores = os.cpu_count() or 1

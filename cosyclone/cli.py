@@ -16,13 +16,15 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal
+from typing import Any
 
 import typer
 
 from . import __version__
+from .cli_options import with_options
 from .errors import CosycloneError
 from .eval.command import eval_command
+from .options import MODEL, OUTPUT, SAMPLING, SAY, SYNTH
 
 EXIT_OK, EXIT_USAGE, EXIT_ROWS_FAILED = 0, 2, 3
 MODEL_DIR_ENV = "COSYCLONE_MODEL_DIR"  # the default --model-dir of synth and say
@@ -41,28 +43,8 @@ def _main(version: bool = typer.Option(False, "--version", callback=_print_versi
     """Offline batched CosyVoice3 voice cloning (synth: a manifest; say: one utterance)."""
 
 
-# Options shared by synth and say. Sampler defaults come from the model directory's yaml
-# (llm.sampling: released top_k 25, top_p 0.8, win_size 10, tau_r 0.1); the length ratios from the
-# official Qwen2LM.inference defaults (2 and 20), which the yaml does not set.
-MODEL_DIR_HELP = f"Fun-CosyVoice3-0.5B directory (default: ${MODEL_DIR_ENV})"
-THREADS_HELP = ("CPU threads for torch and for the ONNX frontend models (default: torch's own, one per core; "
-                "ONNX 1, as upstream)")
-TOP_K_HELP = "RAS top-k: sample among the k likeliest speech tokens (default: model yaml, released 25)"
-TOP_P_HELP = ("RAS top-p: sample among the likeliest tokens whose probabilities sum to p, in (0, 1] "
-              "(default: model yaml, released 0.8)")
-WIN_HELP = "RAS window: how many previous tokens the repetition check looks at (default: model yaml, released 10)"
-TAU_HELP = ("RAS threshold ratio: a token drawn more than tau_r x window times in the window is redrawn from "
-            "the full distribution (default: model yaml, released 0.1)")
-MIN_RATIO_HELP = ("stop ids are blocked until a segment has int(ratio x its text tokens) speech tokens "
-                  "(the official min-length rule; default 2)")
-MAX_RATIO_HELP = "a segment stops at int(ratio x its text tokens) speech tokens, reason max_len (default 20)"
-# The sampler options, shared by synth and say (one definition, the same checks and help).
-TOP_P_OPTION = typer.Option(None, min=1e-6, max=1.0, help=TOP_P_HELP)
-TOP_K_OPTION = typer.Option(None, min=1, help=TOP_K_HELP)
-WIN_OPTION = typer.Option(None, min=1, help=WIN_HELP)
-TAU_OPTION = typer.Option(None, min=0.0, help=TAU_HELP)
-MIN_RATIO_OPTION = typer.Option(None, min=0.0, help=MIN_RATIO_HELP)
-MAX_RATIO_OPTION = typer.Option(None, min=1e-6, help=MAX_RATIO_HELP)
+MODEL_DIR_HELP = f"model directory (default: ${MODEL_DIR_ENV})"
+INPUT, RUN = "Input", "Run"
 
 
 def _fail(msg: str) -> None:
@@ -138,99 +120,32 @@ def _emit_row_error(manifest: Path, err, json_out: bool) -> None:
         typer.echo(f"{manifest}: {err}")
 
 
-#: Help text of ``--cpu-gemm`` (synth, say).
-CPU_GEMM_HELP = ("which library runs the talker's and the flow's fp32 linear layers on CPU: auto (oneDNN where "
-                 "torch has it, else aten) | onednn (faster than aten's MKL on these shapes; see README) | aten. "
-                 "Rounding differs by ~1e-6, so a resumed run redoes rows made with the other. No effect on GPUs")
-
-
 @app.command()
+@with_options(SYNTH)
 def synth(
-    manifest: Path = typer.Argument(..., help="JSONL manifest (see README for the schema)"),
-    model_dir: Path | None = typer.Option(None, "--model-dir", envvar=MODEL_DIR_ENV, help=MODEL_DIR_HELP),
-    load_format: str = typer.Option("auto", help="auto (read weights) | dummy (random weights)"),
-    out: Path = typer.Option(Path("out"), "--out", help="output folder"),
-    device: str = typer.Option("auto", help="auto | cuda | rocm | cpu"),
-    dtype: str = typer.Option("auto", help="auto | bf16 | fp16 | fp32 (auto: bf16 on GPUs with bf16, else fp32; "
-                                           "head, sampler and HiFT always fp32; see README)"),
-    batch_size: int = typer.Option(8, help="max rows per batch"),
-    talker_slots: int | None = typer.Option(
-        None, help="segments the talker decodes at once; the others take a slot as one frees (same output; "
-                   "default: --batch-size with --schedule continuous, the whole batch with static)"),
-    schedule: Literal["continuous", "static"] = typer.Option(
-        "continuous", "--schedule",
-        help="continuous: one talker session for the run, the next batches' rows take freed slots and a "
-             "batch goes to code2wav as soon as its last row leaves the talker; static: batch by batch. "
-             "Same WAV bytes"),
-    token_budget: int | None = typer.Option(
-        None, help="max padded work per batch: rows x the largest row estimate, where a row's estimate is "
-                   "the characters of prompt_text + text + instruct plus 25 per second of prompt audio; "
-                   "a row over budget runs alone (default: --batch-size only)"),
-    seed: int = typer.Option(0, help="run seed (row seeds derive from it and the row id)"),
-    top_p: float | None = TOP_P_OPTION,
-    top_k: int | None = TOP_K_OPTION,
-    win_size: int | None = WIN_OPTION,
-    tau_r: float | None = TAU_OPTION,
-    min_len_ratio: float | None = MIN_RATIO_OPTION,
-    max_len_ratio: float | None = MAX_RATIO_OPTION,
-    nonfinite_policy: str = typer.Option("exclude", help="exclude | error | legacy-zero (LEGACY, official)"),
-    draw: str = typer.Option("race", help="race | legacy-multinomial (LEGACY, official)"),
-    nonfinite_audio: str = typer.Option("fail", help="fail | zero (LEGACY): what NaN/inf audio samples do; "
-                                                     "counted per row either way"),
-    shard: str | None = typer.Option(None, help="i/N: this machine's contiguous slice"),
-    overwrite: bool = typer.Option(False, help="redo every row (default: resume)"),
-    dry_run: bool = typer.Option(False, help="validate and plan only"),
-    max_tokens: int | None = typer.Option(None, help="cap speech tokens per segment (tests, bench)"),
-    min_tokens: int | None = typer.Option(None, hidden=True,
-                                          help="ADVANCED: block stop ids below this many tokens per segment "
-                                               "(with --max-tokens equal: exactly that many, for benchmarks)"),
-    n_timesteps: int | None = typer.Option(None, help="flow Euler steps"),
-    float_wav: bool = typer.Option(False, help="32-bit float WAVs instead of PCM16"),
-    text_frontend: str = typer.Option("wetext", "--text-frontend", help=TEXT_FRONTEND_HELP),
-    threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
-    quiet: bool = typer.Option(False, "--quiet", help="print only the end summary (and errors)"),
-    progress_interval: float = typer.Option(30.0, help="seconds between progress lines when stderr is not a "
-                                                       "terminal (a terminal gets a live bar)"),
-    cpu_gemm: Literal["auto", "onednn", "aten"] = typer.Option(
-        "auto", "--cpu-gemm", help=CPU_GEMM_HELP),
-    cuda_graphs: Literal["auto", "off"] = typer.Option(
-        "auto", "--cuda-graphs",
-        help="auto: replay the talker's decode step as CUDA graphs on CUDA/ROCm (eager on CPU, with "
-             "--draw legacy-multinomial, or when capture fails); off: always eager. Same tokens"),
-    engine: str = typer.Option("local", help="local (this process) | ray (a Ray Data actor pool: one model per "
-                                             "GPU, or per CPU; needs pip install 'cosyclone[ray]')"),
-    ray_address: str | None = typer.Option(None, "--ray-address",
-                                           help="Ray cluster to join (auto, HOST:6379, ray://HOST:10001; default: "
-                                                "the one `ray start` began here, else a local one)"),
-    ray_actors: int | None = typer.Option(None, "--ray-actors", min=1,
-                                          help="Ray actors in all (default: what each node's cores and memory "
-                                               "hold at the measured per-actor footprint; GPUs: one per GPU)"),
-    actor_threads: int | None = typer.Option(None, "--actor-threads", min=1,
-                                             help="torch threads per CPU actor (default: the measured rule, see "
-                                                  "README 'Scaling out with Ray')"),
+    manifest: Path = typer.Argument(..., help="JSONL manifest (docs/manifest.md)", show_default=False),
+    model_dir: Path | None = typer.Option(None, "--model-dir", envvar=MODEL_DIR_ENV, help=MODEL_DIR_HELP,
+                                          rich_help_panel=MODEL, show_default=False, show_envvar=False),
+    out: Path = typer.Option(Path("out"), "--out", help="output folder (default: out)", rich_help_panel=OUTPUT,
+                             show_default=False),
+    dry_run: bool = typer.Option(False, "--dry-run", help="validate and plan only", rich_help_panel=RUN),
+    quiet: bool = typer.Option(False, "--quiet", help="print only the end summary and errors",
+                               rich_help_panel=RUN),
+    progress_interval: float = typer.Option(30.0, "--progress-interval", min=0.1, metavar="S",
+                                            help="seconds between progress lines off a terminal",
+                                            rich_help_panel=RUN, show_default=False),
+    **options: Any,
 ) -> None:
-    """Synthesize every row of MANIFEST into OUT/wavs/<id>.wav, one record per row and folder totals.
+    """Synthesize every row of MANIFEST into OUT/wavs/<id>.wav, with one record per row.
 
-    Rerunning resumes: a row is skipped only when its WAV is complete and its fingerprint (text,
-    prompt, seed, model, dtype, options, ...) is unchanged; changed rows are redone and counted.
+    Rerunning resumes: a finished row is skipped unless its inputs or options changed. Details of every option: docs/options.md.
     """
     from .progress import Progress
-    from .synth_job import FolderOptions, SynthJob
+    from .run.job import SynthJob
 
-    folder = FolderOptions(shard=shard, overwrite=overwrite, float_wav=float_wav, engine=engine,
-                           ray_address=ray_address, ray_actors=ray_actors, actor_threads=actor_threads)
     say = (lambda msg: None) if quiet else (lambda msg: typer.echo(msg, err=True))
-    if progress_interval < 0.1:
-        _fail(f"--progress-interval must be at least 0.1, not {progress_interval}")
     try:
-        job = SynthJob.open(manifest, out, model_dir=model_dir, load_format=load_format, device=device,
-                            dtype=dtype, cpu_gemm=cpu_gemm, cuda_graphs=cuda_graphs, threads=threads,
-                            text_frontend=text_frontend, folder=folder, log=say, seed=seed,
-                            batch_size=batch_size, token_budget=token_budget, top_p=top_p, top_k=top_k,
-                            win_size=win_size, tau_r=tau_r, min_len_ratio=min_len_ratio,
-                            max_len_ratio=max_len_ratio, nonfinite_policy=nonfinite_policy, draw=draw,
-                            max_tokens=max_tokens, min_tokens=min_tokens, n_timesteps=n_timesteps,
-                            nonfinite_audio=nonfinite_audio, talker_slots=talker_slots, schedule=schedule)
+        job = SynthJob.open(manifest, out, model_dir=model_dir, log=say, **options)
     except CosycloneError as exc:
         _fail(str(exc))
     _announce(job, say)
@@ -266,7 +181,8 @@ def _announce(job, say: Callable[[str], None]) -> None:
 @contextmanager
 def _folder_errors() -> Iterator[None]:
     """The exit code of each way a run can stop before it finishes: 5 busy, 4 unwritable, 2 unusable input."""
-    from .runfolder import FolderBusy, OutputFolderError
+    from .run.folder import OutputFolderError
+    from .run.lock import FolderBusy
 
     try:
         yield
@@ -282,7 +198,7 @@ def _folder_errors() -> Iterator[None]:
 
 def _print_summary(job, summary) -> None:
     """After the run: the rows that failed (stderr, by manifest line), the totals table, the exit code."""
-    from . import report as totals_mod
+    from .run import report as totals_mod
 
     for d in summary.failed:  # the rows that failed after validation, by manifest line (details in diagnostics)
         typer.echo(f"{job.manifest_label}: line {d.get('line')}, row {d['id']!r}: {d.get('error')}", err=True)
@@ -300,46 +216,35 @@ def _print_summary(job, summary) -> None:
 
 
 @app.command()
+@with_options(SAY)
 def say(
-    text: str = typer.Argument(..., help="the text to speak"),
-    prompt_audio: Path = typer.Option(..., "--prompt-audio", help="the voice to clone: a WAV/FLAC/OGG recording, "
-                                                                   ">= 16 kHz, <= 30 s"),
-    out: Path = typer.Option(Path("say.wav"), "-o", "--out", help="output WAV (24 kHz mono, PCM16)"),
-    prompt_text: str | None = typer.Option(None, "--prompt-text", help="transcript of the prompt audio "
-                                                                        "(required in zero_shot)"),
-    mode: str = typer.Option("zero_shot", "--mode", help="zero_shot | cross_lingual | instruct2"),
-    instruct: str | None = typer.Option(None, "--instruct", help="the instruction (instruct2)"),
-    seed: int | None = typer.Option(None, "--seed", min=0,
-                                    help="the utterance's seed, as a manifest row's seed (default: derived from "
-                                         "run seed 0 and the output's file stem, as synth derives a row's from "
-                                         "its id)"),
-    speed: float = typer.Option(1.0, "--speed", help="speaking-rate factor in [0.25, 4]"),
-    model_dir: Path | None = typer.Option(None, "--model-dir", envvar=MODEL_DIR_ENV, help=MODEL_DIR_HELP),
-    load_format: str = typer.Option("auto", help="auto (read weights) | dummy (random weights)"),
-    device: str = typer.Option("auto", help="auto | cuda | rocm | cpu"),
-    dtype: str = typer.Option("auto", help="auto | bf16 | fp16 | fp32 (as synth)"),
-    cpu_gemm: Literal["auto", "onednn", "aten"] = typer.Option("auto", "--cpu-gemm", help=CPU_GEMM_HELP),
-    top_p: float | None = TOP_P_OPTION,
-    top_k: int | None = TOP_K_OPTION,
-    win_size: int | None = WIN_OPTION,
-    tau_r: float | None = TAU_OPTION,
-    min_len_ratio: float | None = MIN_RATIO_OPTION,
-    max_len_ratio: float | None = MAX_RATIO_OPTION,
-    max_tokens: int | None = typer.Option(None, min=1, help="cap speech tokens per segment (tests)"),
-    n_timesteps: int | None = typer.Option(None, min=1, help="flow Euler steps (default: the model's 10)"),
-    float_wav: bool = typer.Option(False, help="32-bit float WAV instead of PCM16"),
-    text_frontend: str = typer.Option("wetext", "--text-frontend", help=TEXT_FRONTEND_HELP),
-    threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
+    text: str = typer.Argument(..., help="the text to speak", show_default=False),
+    prompt_audio: Path = typer.Option(..., "--prompt-audio", help="the voice to clone (>= 16 kHz, <= 30 s)",
+                                      rich_help_panel=INPUT, show_default=False),
+    prompt_text: str | None = typer.Option(None, "--prompt-text", help="its transcript (zero_shot needs it)",
+                                           rich_help_panel=INPUT, show_default=False),
+    mode: str = typer.Option("zero_shot", "--mode", help="zero_shot | cross_lingual | instruct2",
+                             rich_help_panel=INPUT, metavar="MODE", show_default=False),
+    instruct: str | None = typer.Option(None, "--instruct", help="the instruction (instruct2)",
+                                        rich_help_panel=INPUT, show_default=False),
+    seed: int | None = typer.Option(None, "--seed", min=0, help="the utterance's seed (default: derived)",
+                                    rich_help_panel=SAMPLING, metavar="N", show_default=False),
+    speed: float = typer.Option(1.0, "--speed", help="speaking-rate factor in [0.25, 4]", rich_help_panel=INPUT,
+                                metavar="X", show_default=False),
+    out: Path = typer.Option(Path("say.wav"), "-o", "--out", help="output WAV (default: say.wav)",
+                             rich_help_panel=OUTPUT, show_default=False),
+    model_dir: Path | None = typer.Option(None, "--model-dir", envvar=MODEL_DIR_ENV, help=MODEL_DIR_HELP,
+                                          rich_help_panel=MODEL, show_default=False, show_envvar=False),
+    **options: Any,
 ) -> None:
     """Speak one TEXT in the voice of --prompt-audio into -o OUT (try a voice before writing a manifest).
 
-    The same engine and checks as synth (the Python API's CosyClone.synthesize); prints the
-    utterance's diagnostics briefly.
+    The same engine, options and checks as synth; prints the utterance's diagnostics briefly.
     """
     from .api import CosyClone, utterance, validate_rows
     from .errors import ManifestError
     from .manifest import check_id
-    from .writer import write_wav_atomic
+    from .run.writer import write_wav_atomic
 
     row_id = out.stem if check_id(out.stem) is None else "say"
     t0 = time.perf_counter()
@@ -348,11 +253,9 @@ def say(
             raise CosycloneError(f"-o {out} is a directory; give the WAV file to write")
         row = utterance(text, prompt_audio.expanduser().resolve(), prompt_text, mode=mode, instruct=instruct,
                         seed=seed, speed=speed, id=row_id)
-        validate_rows([row], text_frontend=text_frontend)  # before loading the model: fail in seconds
-        tts = CosyClone(model_dir, load_format=load_format, device=device, dtype=dtype, cpu_gemm=cpu_gemm,
-                        text_frontend=text_frontend, threads=threads, top_p=top_p, top_k=top_k,
-                        win_size=win_size, tau_r=tau_r, min_len_ratio=min_len_ratio, max_len_ratio=max_len_ratio,
-                        max_tokens=max_tokens, n_timesteps=n_timesteps)
+        float_wav = bool(options.pop("float_wav", False))
+        validate_rows([row], text_frontend=options.get("text_frontend", "wetext"))  # fail in seconds, not minutes
+        tts = CosyClone(model_dir, **options)
         for warning in tts.warnings:
             typer.echo(f"warning: {warning}", err=True)
         res = tts.synthesize_rows([row])[0]
@@ -394,8 +297,8 @@ def report(
     json_out: bool = typer.Option(False, "--json", help="print the totals as one JSON object"),
 ) -> None:
     """Totals recomputed from the row records of one or more run folders (shards merged)."""
-    from . import report as totals_mod
     from .eval.summary import load_eval_summary
+    from .run import report as totals_mod
 
     for folder in folders:
         if not folder.is_dir():

@@ -41,7 +41,7 @@ class TextCheck:
     def plan(self, row: ManifestRow) -> Any:
         """The row's text plan (``prompt_ids``, ``segments``); :class:`ManifestError` (field ``text``,
         the row's line) when it cannot be planned or a segment would not fit the LLM."""
-        from .pipeline import PROMPT_TOKENS_PER_SECOND
+        from .engine.batches import PROMPT_TOKENS_PER_SECOND
 
         try:
             plan = self.text.plan(row.mode, row.prompt_text, row.text, row.instruct, row_id=row.id)

@@ -12,14 +12,16 @@ import torch
 from typer.testing import CliRunner
 
 import cosyclone.talker.decode as dec
-from cosyclone import pipeline
 from cosyclone.cli import app
 from cosyclone.config import released_config
 from cosyclone.device import resolve
+from cosyclone.engine import stages as pipeline
 from cosyclone.errors import CosycloneError
 from cosyclone.manifest import ManifestRow
+from cosyclone.options import RunOptions
+from cosyclone.run.writer import write_wav_atomic
 from cosyclone.talker.sampler import row_seed
-from cosyclone.writer import write_wav_atomic
+from tests.engine_run import run as engine_run
 from tests.test_pipeline_stub import Flow, Frontend, GenerateSession, Hift, generate, make_manifest
 
 
@@ -80,7 +82,7 @@ def _rows(texts: dict[str, str], **fields: object) -> list[ManifestRow]:
 
 
 def _run(rows: list[ManifestRow], **opts: object) -> dict[str, dict]:
-    recs = pipeline.run(_stages(), rows, pipeline.RunOptions(max_tokens=4, **opts), lambda rec: None)  # type: ignore[arg-type]
+    recs = engine_run(_stages(), rows, RunOptions(max_tokens=4, **opts), lambda rec: None)  # type: ignore[arg-type]
     return {r.row_id: r.diagnostics for r in recs}
 
 
@@ -109,15 +111,15 @@ def test_nonfinite_audio_fails_the_row_by_default_and_counts_it() -> None:
 
 def test_nonfinite_audio_zero_keeps_the_old_output_and_still_counts() -> None:
     written: list = []
-    pipeline.run(_stages(), _rows({"n": "nanwav", "i": "infwav"}),
-                 pipeline.RunOptions(max_tokens=4, nonfinite_audio="zero"), written.append)
+    engine_run(_stages(), _rows({"n": "nanwav", "i": "infwav"}),
+                 RunOptions(max_tokens=4, nonfinite_audio="zero"), written.append)
     d = {r.row_id: r.diagnostics for r in written}
     wav = {r.row_id: r.wav for r in written}
     assert d["n"]["status"] == d["i"]["status"] == "ok"
     assert d["n"]["nonfinite_audio_samples"] == 12 and d["i"]["nonfinite_audio_samples"] == 3
     assert np.isfinite(wav["n"]).all() and (wav["n"][5:17] == 0).all() and (wav["i"][:3] == 1.0).all()
-    with pytest.raises(ValueError):
-        pipeline.RunOptions(nonfinite_audio="ignore")
+    with pytest.raises(CosycloneError, match="--nonfinite-audio must be one of fail, zero"):
+        RunOptions(nonfinite_audio="ignore")
 
 
 def test_the_writer_refuses_nonfinite_samples_instead_of_zeroing_them(tmp_path: Path) -> None:
@@ -129,8 +131,8 @@ def test_the_writer_refuses_nonfinite_samples_instead_of_zeroing_them(tmp_path: 
 def test_a_speed_that_leaves_no_mel_frames_fails_the_row() -> None:
     """1 token = 2 mel frames; at speed 3, int(2 / 3) = 0 frames: an error, not an empty ok WAV."""
     written: list = []
-    pipeline.run(_stages(), _rows({"fast": "x", "fine": "y"}, fast={"speed": 3.0}, fine={"speed": 2.0}),
-                 pipeline.RunOptions(max_tokens=1), written.append)
+    engine_run(_stages(), _rows({"fast": "x", "fine": "y"}, fast={"speed": 3.0}, fine={"speed": 2.0}),
+                 RunOptions(max_tokens=1), written.append)
     d = {r.row_id: r for r in written}
     assert d["fast"].diagnostics["status"] == "failed" and d["fast"].wav is None
     assert d["fast"].diagnostics["reason"] == "empty_after_speed" and "speed 3" in d["fast"].diagnostics["error"]

@@ -16,10 +16,11 @@ import soundfile as sf
 import torch
 from typer.testing import CliRunner
 
-from cosyclone import pipeline
 from cosyclone.cli import app
 from cosyclone.config import released_config
 from cosyclone.device import resolve
+from cosyclone.engine import stages as pipeline
+from cosyclone.engine.batches import plan_batches, row_cost
 from cosyclone.talker.diagnostics import SamplerRowDiagnostics
 
 
@@ -191,38 +192,38 @@ def _ids(batches: list) -> list[list[str]]:
 
 def test_plan_batches_groups_by_length_longest_batch_first() -> None:
     rows = _rows([9, 1, 5, 2])
-    assert _ids(pipeline.plan_batches(rows, 2)) == [["r2", "r0"], ["r1", "r3"]]
-    assert _ids(pipeline.plan_batches(rows, 8)) == [["r1", "r3", "r2", "r0"]]
-    assert _ids(pipeline.plan_batches(list(reversed(rows)), 2)) == [["r2", "r0"], ["r1", "r3"]]
+    assert _ids(plan_batches(rows, 2)) == [["r2", "r0"], ["r1", "r3"]]
+    assert _ids(plan_batches(rows, 8)) == [["r1", "r3", "r2", "r0"]]
+    assert _ids(plan_batches(list(reversed(rows)), 2)) == [["r2", "r0"], ["r1", "r3"]]
 
 
 def test_row_cost_counts_characters_and_prompt_tokens() -> None:
     from cosyclone.manifest import ManifestRow
 
     row = ManifestRow(1, "a", Path("p"), "abc", "hello", instruct="xy", prompt_seconds=3.0)
-    assert pipeline.row_cost(row) == 3 + 5 + 2 + 75
-    assert pipeline.row_cost(ManifestRow(1, "a", Path("p"), "", "")) == 1
+    assert row_cost(row) == 3 + 5 + 2 + 75
+    assert row_cost(ManifestRow(1, "a", Path("p"), "", "")) == 1
 
 
 def test_plan_batches_with_token_budget() -> None:
     rows = _rows([10, 30, 10, 20, 10, 40])
     # sorted: r0 r2 r4 (10) r3 (20) r1 (30) r5 (40); padded work = rows x widest row
-    assert _ids(pipeline.plan_batches(rows, 8, token_budget=40)) == [["r5"], ["r1"], ["r3"], ["r0", "r2", "r4"]]
-    assert _ids(pipeline.plan_batches(rows, 8, token_budget=60)) == [["r5"], ["r3", "r1"], ["r0", "r2", "r4"]]
-    assert _ids(pipeline.plan_batches(rows, 2, token_budget=1000)) == [["r1", "r5"], ["r4", "r3"], ["r0", "r2"]]
+    assert _ids(plan_batches(rows, 8, token_budget=40)) == [["r5"], ["r1"], ["r3"], ["r0", "r2", "r4"]]
+    assert _ids(plan_batches(rows, 8, token_budget=60)) == [["r5"], ["r3", "r1"], ["r0", "r2", "r4"]]
+    assert _ids(plan_batches(rows, 2, token_budget=1000)) == [["r1", "r5"], ["r4", "r3"], ["r0", "r2"]]
     # a single row over the budget still gets a batch of its own
-    assert _ids(pipeline.plan_batches(rows, 8, token_budget=5)) == [["r5"], ["r1"], ["r3"], ["r4"], ["r2"], ["r0"]]
+    assert _ids(plan_batches(rows, 8, token_budget=5)) == [["r5"], ["r1"], ["r3"], ["r4"], ["r2"], ["r0"]]
     # the prompt counts: 25 tokens per second of prompt audio
-    assert _ids(pipeline.plan_batches(_rows([10, 10], prompt_seconds=2.0), 8, token_budget=119)) == [["r1"], ["r0"]]
-    assert _ids(pipeline.plan_batches(_rows([10, 10], prompt_seconds=2.0), 8, token_budget=120)) == [["r0", "r1"]]
+    assert _ids(plan_batches(_rows([10, 10], prompt_seconds=2.0), 8, token_budget=119)) == [["r1"], ["r0"]]
+    assert _ids(plan_batches(_rows([10, 10], prompt_seconds=2.0), 8, token_budget=120)) == [["r0", "r1"]]
     # deterministic, and every row lands in exactly one batch
     for budget in (1, 25, 47, 90, 10**6):
         for size in (1, 3, 8):
-            a, b = pipeline.plan_batches(rows, size, budget), pipeline.plan_batches(rows[::-1], size, budget)
+            a, b = plan_batches(rows, size, budget), plan_batches(rows[::-1], size, budget)
             assert _ids(a) == _ids(b)
             assert sorted(r.id for batch in a for r in batch) == sorted(r.id for r in rows)
             assert all(len(batch) <= size for batch in a)
-            assert all(len(batch) == 1 or len(batch) * max(map(pipeline.row_cost, batch)) <= budget for batch in a)
+            assert all(len(batch) == 1 or len(batch) * max(map(row_cost, batch)) <= budget for batch in a)
 
 
 def test_cli_token_budget_plans_batches(stubbed: None, tmp_path: Path) -> None:
@@ -245,8 +246,8 @@ def test_released_config_loads_without_dir() -> None:
 
 
 def test_writer_atomic_float_and_torn_line(tmp_path: Path) -> None:
-    from cosyclone.runfolder import is_complete, journal_path, read_records
-    from cosyclone.writer import BackgroundWriter, RowRecord, WriterOptions
+    from cosyclone.run.folder import is_complete, journal_path, read_records
+    from cosyclone.run.writer import BackgroundWriter, RowRecord, WriterOptions
 
     (tmp_path / "diagnostics.jsonl").write_text('{"id": "old", "status": "ok"}\n{"id": "torn", "sta')
     (tmp_path / "wavs").mkdir()

@@ -19,7 +19,7 @@ import torch
 from cosyclone.config import load_model_config, released_config
 from cosyclone.device import DevicePolicy
 from cosyclone.errors import CosycloneError
-from cosyclone.ray_plan import (
+from cosyclone.run.ray_plan import (
     CPU_SHARE,
     DEFAULT_CPU_THREADS,
     NodeShape,
@@ -177,7 +177,7 @@ def test_describe_and_record_carry_the_plans_figures() -> None:
 
 def test_the_footprint_counts_the_weights_the_loader_holds(tiny_model_dir: Path) -> None:
     """weight_bytes (meta device, no allocation) equals what load_stages holds, fp32 and bf16."""
-    from cosyclone.pipeline import load_stages
+    from cosyclone.engine.stages import load_stages
 
     cfg = load_model_config(tiny_model_dir)
     for dtype in ("fp32", "bf16"):
@@ -197,7 +197,7 @@ def test_a_faked_node_is_read_as_that_shape_and_planned() -> None:
     """ray.init(num_cpus=16, num_gpus=8, _memory=64 GB): the reader sees that node; plans follow it."""
     import ray
 
-    from cosyclone.ray_plan import cluster_nodes, read_cluster
+    from cosyclone.run.ray_plan import cluster_nodes, read_cluster
 
     ray.init(num_cpus=16, num_gpus=8, resources={"custom": 2.0}, _memory=64 * GB, object_store_memory=100 * 2**20,
              include_dashboard=False, log_to_driver=False)
@@ -220,10 +220,10 @@ def test_a_run_that_cannot_fit_is_refused_before_any_actor_starts(tiny_model_dir
     import ray
 
     from cosyclone import ray_engine
+    from cosyclone.engine.stages import RunOptions
     from cosyclone.manifest import ManifestRow
-    from cosyclone.pipeline import RunOptions
-    from cosyclone.ray_engine import run_ray
-    from cosyclone.ray_plan import read_cluster
+    from cosyclone.run.ray_plan import read_cluster
+    from cosyclone.run.ray_pool import run_ray
 
     # the actor pool is built in ray_engine._run: reaching it would mean actors were started
     monkeypatch.setattr(ray_engine, "_run", lambda *a, **k: pytest.fail("an actor pool was built"))

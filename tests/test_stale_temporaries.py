@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
-from cosyclone import runfolder
+from cosyclone.run import folder as runfolder
+from cosyclone.run.token_store import TokenStore
 from cosyclone.talker.decode import TalkerResult
-from cosyclone.token_store import TokenStore
 
 
 def _dead_pid() -> int:

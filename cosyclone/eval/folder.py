@@ -16,7 +16,7 @@ from typing import Any
 
 from cosyclone.errors import CosycloneError, ManifestError
 from cosyclone.manifest import ManifestRow, read_manifest
-from cosyclone.runfolder import read_records, wav_path
+from cosyclone.run.folder import read_records, wav_path
 
 # Why a manifest row is not scored.
 NOT_SYNTHESIZED = "not_synthesized"  # no diagnostics line for the id

@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from cosyclone import pipeline
 from cosyclone.cli import app
+from cosyclone.engine import stages as pipeline
 from cosyclone.talker import decode
+from tests.engine_run import run as engine_run
 
 from .test_batch_invariance import _manifest
 from .test_cli import ROOT, diags, wav_bytes
@@ -88,7 +89,7 @@ def _synth(tts: Any, monkeypatch: pytest.MonkeyPatch, **opts: Any) -> tuple[dict
         diag = {k: v for k, v in rec.diagnostics.items() if k != "seconds"}
         got[rec.row_id] = (diag, b"" if rec.wav is None else rec.wav.tobytes())
 
-    pipeline.run(tts.stages, _rows(tts), replace(tts.options, **opts), submit)
+    engine_run(tts.stages, _rows(tts), replace(tts.options, **opts), submit)
     monkeypatch.undo()
     return got, events
 

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from cosyclone import pipeline
+from cosyclone.engine.outcome import EXCEPTION
+from tests.engine_run import run as engine_run
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXTS = ["Hello there.", "A longer sentence, with a comma in it.", "Short.", "One more line to speak.",
@@ -45,7 +46,7 @@ def _run(tts: Any, prefetch: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[lis
         diag = {k: v for k, v in rec.diagnostics.items() if k != "seconds"}  # wall times differ
         got.append((rec.row_id, diag, b"" if rec.wav is None else rec.wav.tobytes()))
 
-    pipeline.run(tts.stages, rows, tts.options, submit, prefetch=prefetch)
+    engine_run(tts.stages, rows, tts.options, submit, prefetch=prefetch)
     monkeypatch.setattr(type(fe), "prepare", real)
     return got, threads
 
@@ -60,6 +61,6 @@ def test_prefetch_gives_the_same_records_and_bytes(tts: Any, monkeypatch: pytest
         assert d_ahead == d_plain, rid
         assert w_ahead == w_plain, rid
     boom = next(d for r, d, _ in ahead if r == "boom")
-    assert boom["status"] == "failed" and boom["reason"] == pipeline.EXCEPTION
+    assert boom["status"] == "failed" and boom["reason"] == EXCEPTION
     assert "RuntimeError: frontend stub" in boom["error"] and "prepare" in boom["traceback"]
     assert sum(1 for _, d, w in ahead if d["status"] == "ok" and len(w) > 0) == len(TEXTS) - 1

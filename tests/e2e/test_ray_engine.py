@@ -26,7 +26,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cosyclone.cli import app
-from cosyclone.ray_engine import PID_FILE_ENV
+from cosyclone.run.ray_pool import PID_FILE_ENV
 
 from .test_cli import ROOT, diag_lines, diags
 
@@ -110,7 +110,7 @@ def planned_threads(model_dir: Path) -> int:
 
     from cosyclone.config import load_model_config
     from cosyclone.device import DevicePolicy
-    from cosyclone.ray_plan import plan_run, read_cluster
+    from cosyclone.run.ray_plan import plan_run, read_cluster
 
     cpu = DevicePolicy(device=torch.device("cpu"), dtype=torch.float32, backend="cpu")
     plan = plan_run(load_model_config(model_dir), cpu, BATCH, read_cluster(ray))
@@ -231,7 +231,7 @@ def test_without_ray_installed_engine_ray_says_how_to_install_it(manifest: Path,
 
 def test_rows_travel_as_plain_json_data_and_come_back_equal(manifest: Path) -> None:
     from cosyclone.manifest import read_manifest
-    from cosyclone.ray_engine import row_from_dict, row_to_dict
+    from cosyclone.run.ray_pool import row_from_dict, row_to_dict
 
     rows = read_manifest(manifest).rows
     rows += [replace(rows[0], id="seeded", seed=7, speed=1.25)]
@@ -244,7 +244,7 @@ def test_the_runs_actors_follow_the_plan(ray_pid_file: Path, tiny_model_dir: Pat
     half a CPU per thread asked, the footprint asked as Ray memory."""
     import ray
 
-    from cosyclone.ray_plan import CPU_SHARE, DEFAULT_CPU_THREADS, read_cluster
+    from cosyclone.run.ray_plan import CPU_SHARE, DEFAULT_CPU_THREADS, read_cluster
 
     threads = planned_threads(tiny_model_dir)
     (node,) = read_cluster(ray)
@@ -257,7 +257,7 @@ def test_an_actor_switches_tf32_off_in_its_own_process(monkeypatch: pytest.Monke
     import torch
 
     from cosyclone import ray_engine
-    from cosyclone.pipeline import RunOptions
+    from cosyclone.engine.stages import RunOptions
 
     monkeypatch.setattr(ray_engine, "load_stages", lambda *a, **k: None)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)  # a fresh process's default
@@ -277,7 +277,7 @@ def test_a_model_that_does_not_load_in_the_actors_stops_the_run_as_locally(ray_p
                                    "--device", "cpu", "--engine", "ray"])
     assert res.exit_code == 2, res.output
     assert "flow.pt: cannot read as a torch checkpoint" in res.output
-    from cosyclone.runfolder import read_records
+    from cosyclone.run.folder import read_records
 
     assert read_records(tmp_path / "out") == {}  # no row written (journal or diagnostics)
 

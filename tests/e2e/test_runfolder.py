@@ -19,8 +19,10 @@ import soundfile as sf
 import torch
 from typer.testing import CliRunner
 
-from cosyclone import cpu_gemm, pipeline
+from cosyclone import cpu_gemm
 from cosyclone.cli import app
+from cosyclone.engine import stages as pipeline
+from cosyclone.engine.batches import plan_batches
 from cosyclone.manifest import read_manifest
 
 from .test_cli import ROOT, diag_lines, diags, samples_per_token
@@ -223,7 +225,7 @@ def test_a_full_disk_is_a_clear_error_with_no_torn_file_and_the_rerun_completes(
     m = write_manifest(tmp_path, 4)
     # batches run longest estimate first: the row planned last speaks 4x slower (speed is not in the
     # estimate), so its WAV is the one past the limit, after the others were written
-    last = pipeline.plan_batches(read_manifest(m).rows, 1)[-1][0].id
+    last = plan_batches(read_manifest(m).rows, 1)[-1][0].id
     rows = [json.loads(x) for x in m.read_text().splitlines()]
     m.write_text("".join(json.dumps({**r, "speed": 0.25} if r["id"] == last else r) + "\n" for r in rows))
     out = tmp_path / "out"
@@ -252,7 +254,6 @@ def test_a_full_disk_is_a_clear_error_with_no_torn_file_and_the_rerun_completes(
 
 def test_an_unwritable_out_is_refused_before_the_model_loads(tiny_model_dir: Path, tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from cosyclone import pipeline
 
     def no_loading(*args, **kwargs):
         raise AssertionError("the model must not load for an unwritable folder")
@@ -302,7 +303,6 @@ def test_a_row_that_failed_after_the_talker_reuses_its_tokens_on_the_rerun(tiny_
     """The stage-0 checkpoint (.cosyclone/tokens, handoff format): code2wav fails for one row, the
     rerun decodes only what it must and the row gets the tokens a fresh run gives it."""
     import cosyclone.talker.decode as dec
-    from cosyclone import pipeline
 
     m = write_manifest(tmp_path, 3)
     fresh = tmp_path / "fresh"

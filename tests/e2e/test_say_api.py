@@ -60,7 +60,7 @@ def test_say_writes_a_24k_wav_and_prints_its_diagnostics(tiny_model_dir: Path, t
 
 
 def test_api_say_and_synth_give_byte_identical_audio(tts, tiny_model_dir: Path, tmp_path: Path) -> None:
-    from cosyclone.writer import write_wav_atomic
+    from cosyclone.run.writer import write_wav_atomic
 
     shutil.copytree(ROOT / "manifests" / "prompts", tmp_path / "prompts")
     rows = [{"id": "seeded", "prompt_audio": "prompts/speaker1.wav", "prompt_text": "reference words",
@@ -199,9 +199,10 @@ def test_threads_reach_the_onnx_sessions(tiny_model_dir: Path) -> None:
     assert sess.get_session_options().intra_op_num_threads == 1  # upstream's default, its own session
 
 
-def test_run_delegates_to_the_pipeline(tts, tmp_path: Path) -> None:
+def test_the_api_runs_the_engine_synth_runs(tts) -> None:
+    """CosyClone is a facade: its rows go through the one Engine, whose records carry the audio."""
     rows = tts.validate([{"id": "a", "prompt_audio": str(PROMPT), "mode": "cross_lingual", "text": "Hi there."}])
-    got = []
-    records = tts.run(rows, None, got.append)
-    assert [r.row_id for r in got] == ["a"] and got[0].wav is not None
-    assert records[0].diagnostics["status"] == "ok"
+    records = list(tts.engine.run(rows))
+    assert [r.row_id for r in records] == ["a"] and records[0].wav is not None
+    assert records[0].diagnostics["status"] == "ok" and records[0].diagnostics["wav"] == "wavs/a.wav"
+    assert np.array_equal(records[0].wav, tts.synthesize_rows(rows)[0].audio)

@@ -115,7 +115,7 @@ def _two_speaker_manifest(folder: Path) -> Path:
 @pytest.mark.parametrize("change", ["vanishes", "turns_to_garbage"])
 def test_a_prompt_that_changes_after_validation_fails_its_row_alone(tiny_model_dir: Path, tmp_path: Path,
                                                                    change: str) -> None:
-    from cosyclone.synth_job import SynthJob
+    from cosyclone.run.job import SynthJob
 
     manifest = _two_speaker_manifest(tmp_path / "in")
     job = SynthJob.open(manifest, tmp_path / "out", model_dir=tiny_model_dir, device="cpu", **FAST)

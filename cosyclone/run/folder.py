@@ -22,21 +22,16 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import socket
-import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import CosycloneError
-
-#: Changes whenever the same inputs would give other audio (a sampler, frontend or code2wav change).
-#: Part of every fingerprint, so a new release redoes rows made by an older algorithm.
-ALGORITHM_VERSION = "cosyclone-audio-2"
+from ..errors import CosycloneError
+from .fingerprint import changed_parts
 
 DIAG_NAME = "diagnostics.jsonl"
 METADATA_NAME = "metadata.jsonl"
@@ -46,10 +41,6 @@ STATE_DIR = ".cosyclone"  # journals and locks: the folder's working state
 WAV_DIR = "wavs"
 TOKEN_DIR = "tokens"  # under STATE_DIR: the stage-0 checkpoint (token_store.py)
 
-#: Fingerprint parts in the order "what changed" is reported.
-PARTS = ("text", "prompt_text", "mode", "instruct", "speed", "prompt_audio", "seed", "model", "dtype",
-         "device", "options", "algorithm")
-
 
 class OutputFolderError(CosycloneError):
     """The output folder cannot be used: not writable, or a write failed (disk full, permission)."""
@@ -57,127 +48,6 @@ class OutputFolderError(CosycloneError):
 
 class FolderBusy(CosycloneError):
     """Another live ``synth`` holds the folder (or this shard of it)."""
-
-
-# ----------------------------------------------------------------------------- content hashes
-
-def _sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def cache_dir() -> Path:
-    """Where content hashes are cached (``COSYCLONE_CACHE_DIR``, else ``~/.cache/cosyclone``)."""
-    env = os.environ.get("COSYCLONE_CACHE_DIR")
-    return Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cosyclone"
-
-
-class HashCache:
-    """sha256 of files, remembered by (real path, size, mtime_ns) in a JSON file.
-
-    Hashing a 2 GB model directory on every run is not acceptable; a file whose size and
-    modification time are unchanged keeps its hash. The cache is advisory: unreadable means empty.
-    """
-
-    def __init__(self, path: Path | None = None) -> None:
-        self.path = path or cache_dir() / "file-hashes.json"
-        self._entries: dict[str, list[Any]] | None = None
-        self._dirty = False
-
-    def _load(self) -> dict[str, list[Any]]:
-        if self._entries is None:
-            try:
-                self._entries = json.loads(self.path.read_text())
-                assert isinstance(self._entries, dict)
-            except (OSError, ValueError, AssertionError):
-                self._entries = {}
-        return self._entries
-
-    def sha256(self, path: Path) -> str:
-        real = os.path.realpath(path)
-        st = os.stat(real)
-        entries = self._load()
-        hit = entries.get(real)
-        if hit and hit[0] == st.st_size and hit[1] == st.st_mtime_ns:
-            return str(hit[2])
-        digest = _sha256_file(Path(real))
-        entries[real] = [st.st_size, st.st_mtime_ns, digest]
-        self._dirty = True
-        return digest
-
-    def save(self) -> None:
-        if not self._dirty or self._entries is None:
-            return
-        with contextlib.suppress(OSError):  # a read-only home only costs re-hashing next time
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(self._entries))
-            os.replace(tmp, self.path)
-            self._dirty = False
-
-
-def model_content_hash(model_dir: Path | None, cache: HashCache, *, dummy_tag: str = "") -> str:
-    """One hash of every file under ``model_dir`` (relative path and content), via ``cache``.
-
-    Without a directory (``--load-format dummy`` at the released geometry) the hash names the
-    dummy weights instead, so a dummy row is never mistaken for a real-weights row.
-    """
-    h = hashlib.sha256()
-    if model_dir is None:
-        h.update(f"dummy:{dummy_tag}".encode())
-        return h.hexdigest()
-    root = Path(model_dir)
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        rel = path.relative_to(root).as_posix()
-        if any(part.startswith(".") or part == "__pycache__" for part in Path(rel).parts):
-            continue
-        h.update(rel.encode() + b"\0" + cache.sha256(path).encode() + b"\n")
-    if dummy_tag:
-        h.update(f"dummy:{dummy_tag}".encode())
-    return h.hexdigest()
-
-
-# ----------------------------------------------------------------------------- fingerprints
-
-@dataclass(frozen=True)
-class RunContext:
-    """Everything outside the row that changes its audio (the run-wide fingerprint parts)."""
-
-    model: str  # model_content_hash
-    dtype: str  # resolved run dtype (fp32 | bf16 | fp16)
-    device: str  # device kind (cpu | cuda | rocm): kernels differ in rounding
-    options: Mapping[str, Any]  # sampler / code2wav / non-finite / text-frontend options that change audio
-
-
-def _digest(value: Any) -> str:
-    """A short stable hash of a JSON-able value; ``surrogatepass`` so that no string can make it raise
-    (validation refuses lone surrogates, but a fingerprint must never be what ends a run)."""
-    text = json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-
-
-def row_fingerprint(row: Any, seed: int, ctx: RunContext, hashes: HashCache) -> tuple[str, dict[str, str]]:
-    """(fingerprint, parts): a stable hash of everything that changes ``row``'s audio.
-
-    ``parts`` maps each name of :data:`PARTS` to a short hash, so a changed row can say what changed.
-    """
-    parts = {
-        "text": _digest(row.text), "prompt_text": _digest(row.prompt_text), "mode": _digest(row.mode),
-        "instruct": _digest(row.instruct), "speed": _digest(float(row.speed)),
-        "prompt_audio": hashes.sha256(Path(row.prompt_audio))[:16], "seed": _digest(int(seed)),
-        "model": ctx.model[:16], "dtype": _digest(ctx.dtype), "device": _digest(ctx.device),
-        "options": _digest(dict(ctx.options)), "algorithm": _digest(ALGORITHM_VERSION),
-    }
-    return _digest([parts[k] for k in PARTS]), parts
-
-
-def changed_parts(old: Mapping[str, Any], new: Mapping[str, str]) -> list[str]:
-    """The parts of ``new`` that differ from a stored record's ``fingerprint_parts`` (all when absent)."""
-    stored = old.get("fingerprint_parts") or {}
-    return [k for k in PARTS if stored.get(k) != new[k]] or ["fingerprint"]
 
 
 # ----------------------------------------------------------------------------- records
@@ -310,6 +180,17 @@ def plan_resume(out_dir: Path, rows: Iterable[Any], fingerprints: Mapping[str, t
     return plan
 
 
+def pid_alive(pid: int) -> bool:
+    """True while a process with this pid exists on this host (its temporaries and lock are its own)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 # ----------------------------------------------------------------------------- durability
 
 def fsync_dir(path: Path) -> None:
@@ -360,7 +241,7 @@ def remove_stale_temporaries(out_dir: Path) -> list[Path]:
             continue
         for path in folder.glob(".*.tmp"):
             bits = path.name[:-4].rsplit(".", 2)
-            if len(bits) != 3 or bits[1] != host or not bits[2].isdigit() or _alive(int(bits[2])):
+            if len(bits) != 3 or bits[1] != host or not bits[2].isdigit() or pid_alive(int(bits[2])):
                 continue
             with contextlib.suppress(OSError):
                 path.unlink()
@@ -463,101 +344,3 @@ def compact(out_dir: Path, tag: str | None = None) -> dict[str, dict[str, Any]]:
                 journal_path(out_dir, tag).unlink()
                 fsync_dir(state_dir(out_dir))
     return records
-
-
-# ----------------------------------------------------------------------------- the lock
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks (Linux), to tell a reused pid from the holder."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return int(stat.rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
-
-
-def _holder_alive(info: Mapping[str, Any]) -> bool:
-    if info.get("host") != socket.gethostname():
-        return True  # another host: cannot tell, so it holds
-    pid = int(info.get("pid", -1))
-    if pid <= 0 or not _alive(pid):
-        return False
-    ticks = info.get("start_ticks")
-    return ticks is None or _start_ticks(pid) in (None, ticks)
-
-
-class FolderLock:
-    """One writer per folder and shard: ``.cosyclone/lock-<tag>.json`` created exclusively.
-
-    A whole-manifest run (tag ``all``) and a shard run exclude each other (their rows overlap);
-    two different shards share the folder. A lock whose holder is gone (same host, dead pid) is
-    taken over; a holder on another host is respected (remove the file by hand if it is gone).
-    """
-
-    def __init__(self, out_dir: Path, tag: str, command: str) -> None:
-        self.path = state_dir(out_dir) / f"lock-{tag}.json"
-        self.tag, self.command, self._held = tag, command, False
-
-    def _conflicts(self) -> Iterator[tuple[Path, dict[str, Any]]]:
-        for path in sorted(self.path.parent.glob("lock-*.json")):
-            other = path.name[len("lock-"):-len(".json")]
-            if other != self.tag and "all" not in (other, self.tag):
-                continue
-            try:
-                info = json.loads(path.read_text())
-            except (OSError, ValueError):
-                info = {}
-            yield path, info
-
-    def acquire(self) -> None:
-        for path, info in self._conflicts():
-            young = not info and time.time() - _mtime(path) < 10.0  # being written by a starter right now
-            if young or (info and _holder_alive(info)):
-                when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(info.get("started", 0))))
-                raise FolderBusy(f"{self.path.parent.parent} is being written by another cosyclone synth "
-                                 f"(pid {info.get('pid')} on {info.get('host')}, started {when}, "
-                                 f"{path.name}): wait for it, use another --out, or another --shard. If "
-                                 f"that process is gone, remove {path}")
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()  # stale: its holder died on this host
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
-                "start_ticks": _start_ticks(os.getpid()), "command": self.command, "shard": self.tag}
-        try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:  # lost a race to another starter
-            raise FolderBusy(f"{self.path} was just taken by another cosyclone synth") from None
-        with os.fdopen(fd, "w") as fh:
-            json.dump(info, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        self._held = True
-
-    def release(self) -> None:
-        if self._held:
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
-            self._held = False
-
-    def __enter__(self) -> FolderLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()

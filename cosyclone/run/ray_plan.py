@@ -4,7 +4,7 @@ Owns the sizing rule and its figures: the per-actor memory footprint (measured, 
 :data:`BASE_BYTES`), the shape of the cluster's nodes (:func:`read_cluster`, :func:`local_node`),
 and the plan (:class:`RayPlan`) that ``synth --dry-run --engine ray`` shows, that refuses a run
 that cannot fit before any model loads (:meth:`RayPlan.check`), that ``runs.jsonl`` records
-(:meth:`RayPlan.as_record`) and that :func:`cosyclone.ray_engine.run_ray` runs.
+(:meth:`RayPlan.as_record`) and that :func:`cosyclone.run.ray_pool.run_ray` runs.
 
 Must not: start actors or load a model (planning is arithmetic on node shapes and the model's
 geometry; the only Ray calls are reading a cluster's nodes), or print (``describe()`` returns lines).
@@ -34,9 +34,9 @@ from typing import Any
 
 import torch
 
-from .config import ONNX_MODELS, ModelConfig
-from .device import DevicePolicy
-from .errors import CosycloneError
+from ..config import ONNX_MODELS, ModelConfig
+from ..device import DevicePolicy
+from ..errors import CosycloneError
 
 GIB = 1 << 30
 
@@ -211,9 +211,9 @@ def weight_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
     """Bytes of the three models' parameters and buffers in ``dtype`` as the builders lay them out
     (talker and DiT in the run dtype, the speech-token head fp32, HiFT fp32 with its F0 predictor
     float64), counted on the meta device: nothing is allocated or read."""
-    from .code2wav.flow import CausalMaskedDiffWithDiT
-    from .code2wav.hift import CausalHiFTGenerator
-    from .talker.model import CosyVoice3LM
+    from ..code2wav.flow import CausalMaskedDiffWithDiT
+    from ..code2wav.hift import CausalHiFTGenerator
+    from ..talker.model import CosyVoice3LM
 
     with torch.device("meta"):
         talker = CosyVoice3LM(cfg.talker).to(dtype)
@@ -460,8 +460,6 @@ def cluster_nodes(address: str | None = None) -> tuple[tuple[NodeShape, ...], st
     driver connects, reads the nodes and disconnects (seconds). Otherwise: this machine as the local
     Ray the run would start (:func:`local_node`; nothing is started).
     """
-    from .ray_engine import require_ray
-
     ray = require_ray()
     if ray.is_initialized():
         return read_cluster(ray), "the connected Ray cluster"
@@ -480,9 +478,22 @@ def cluster_nodes(address: str | None = None) -> tuple[tuple[NodeShape, ...], st
 def plan_cluster(cfg: ModelConfig, policy: DevicePolicy, batch_size: int, *, address: str | None = None,
                  actors: int | None = None, threads: int | None = None) -> RayPlan:
     """The plan a run would get now (:func:`cluster_nodes`), for a dry run and the refusal before any
-    work; the run itself plans again on the live cluster (:func:`cosyclone.ray_engine.run_ray`)."""
+    work; the run itself plans again on the live cluster (:func:`cosyclone.run.ray_pool.run_ray`)."""
     from dataclasses import replace
 
     nodes, where = cluster_nodes(address)
     plan = plan_run(cfg, policy, batch_size, nodes, actors=actors, threads=threads)
     return replace(plan, notes=(*plan.notes, f"nodes: {where}"))
+
+
+INSTALL_HINT = "--engine ray needs Ray: pip install 'cosyclone[ray]' (or pip install 'ray[data]')"
+
+
+def require_ray() -> Any:
+    """The ``ray`` module, or a :class:`CosycloneError` that says how to install it."""
+    try:
+        import ray
+        import ray.data  # noqa: F401 - the data extra, not only ray core
+    except ImportError as exc:
+        raise CosycloneError(f"{INSTALL_HINT} ({exc})") from None
+    return ray

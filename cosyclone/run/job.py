@@ -9,7 +9,7 @@ alone, with a record, and the other rows run.
 
 Must not: parse command lines or print (messages go to the ``log`` callable and the totals come
 back as a :class:`JobSummary`, which the caller renders), wire stages (that is
-:func:`cosyclone.pipeline.run` and :func:`cosyclone.ray_engine.run_ray`), or touch a row's audio.
+:class:`cosyclone.engine.Engine` and :func:`cosyclone.run.ray_pool.run_ray`), or touch a row's audio.
 """
 
 from __future__ import annotations
@@ -19,33 +19,21 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from . import runfolder
-from .errors import CosycloneError
-from .manifest import Manifest, ManifestRow, Shard, read_manifest
-from .pipeline import RowOutcome, RunOptions, plan_batches, row_seed_of
-from .writer import RowRecord
+from .. import options as O
+from ..engine import Engine, RowRecord, model_config, plan_batches, resolve_options
+from ..engine.outcome import failed_record
+from ..engine.stages import row_seed_of
+from ..errors import CosycloneError
+from ..manifest import Manifest, ManifestRow, Shard, read_manifest
+from ..options import FolderOptions, RunOptions
+from . import fingerprint, lock
+from . import folder as runfolder
 
 EXIT_OK, EXIT_ROWS_FAILED = 0, 3  # a finished run: every row done; some rows failed or were rejected
-ENGINES = ("local", "ray")
-
-#: RunOptions fields that change a row's audio (the fingerprint's ``options`` part); batching does not.
-AUDIO_OPTIONS = ("top_p", "top_k", "win_size", "tau_r", "min_len_ratio", "max_len_ratio", "nonfinite_policy",
-                 "draw", "max_tokens", "min_tokens", "n_timesteps", "load_format", "text_frontend", "nonfinite_audio",
-                 "cpu_gemm")
-
-#: (RunOptions field, the flag that sets it, its allowed values): checked before anything loads.
-_CHOICES = (("nonfinite_policy", "--nonfinite-policy", ("exclude", "error", "legacy-zero")),
-            ("draw", "--draw", ("race", "legacy-multinomial")),
-            ("nonfinite_audio", "--nonfinite-audio", ("fail", "zero")),
-            ("load_format", "--load-format", ("auto", "dummy")))
-#: (RunOptions field, the flag that sets it, its least value) for the numeric options.
-_AT_LEAST = (("batch_size", "--batch-size", 1), ("token_budget", "--token-budget", 1),
-             ("max_tokens", "--max-tokens", 1), ("min_tokens", "--min-tokens", 0),
-             ("n_timesteps", "--n-timesteps", 1))
 
 
 class ProgressSink(Protocol):
@@ -61,43 +49,6 @@ ProgressFactory = Callable[[int], ProgressSink]
 
 
 @dataclass(frozen=True)
-class FolderOptions:
-    """How a run treats its output folder and where its rows run (only ``float_wav`` changes a file's bytes)."""
-
-    shard: str | None = None  # "i/N": this machine's contiguous slice of the manifest's non-blank lines
-    overwrite: bool = False  # redo every row of the manifest (default: resume, skipping finished rows)
-    float_wav: bool = False  # 32-bit float WAVs instead of PCM16 (part of the fingerprint)
-    engine: str = "local"  # local (this process) | ray (a Ray Data actor pool; see ray_engine.py)
-    ray_address: str | None = None  # the Ray cluster to join (None: the one `ray start` began here, or a new one)
-    ray_actors: int | None = None  # Ray actors in all (None: the sizing rule of ray_plan.py)
-    actor_threads: int | None = None  # torch threads per CPU actor (None: the sizing rule of ray_plan.py)
-    command: str = field(default_factory=lambda: " ".join(sys.argv))  # who holds the lock (lock file)
-
-
-def check_options(opts: RunOptions, folder: FolderOptions) -> None:
-    """Refuse option values no run can use, naming the flag (:class:`CosycloneError`)."""
-    for name, flag, allowed in _CHOICES:
-        value = getattr(opts, name)
-        if value not in allowed:
-            raise CosycloneError(f"{flag} must be one of {', '.join(allowed)}, not {value!r}")
-    if folder.engine not in ENGINES:
-        raise CosycloneError(f"--engine must be one of {', '.join(ENGINES)}, not {folder.engine!r}")
-    for name, flag, low in _AT_LEAST:
-        value = getattr(opts, name)
-        if value is not None and value < low:
-            raise CosycloneError(f"{flag} must be at least {low}, not {value}")
-    for flag, value in (("--ray-actors", folder.ray_actors), ("--actor-threads", folder.actor_threads)):
-        if value is not None and value < 1:
-            raise CosycloneError(f"{flag} must be at least 1, not {value}")
-        if value is not None and folder.engine != "ray":
-            raise CosycloneError(f"{flag} sizes the Ray actor pool: give it with --engine ray")
-    if opts.min_tokens is not None and opts.max_tokens is not None and opts.min_tokens > opts.max_tokens:
-        raise CosycloneError(f"--min-tokens {opts.min_tokens} is above --max-tokens {opts.max_tokens}")
-    if folder.shard:
-        Shard.parse(folder.shard)
-
-
-@dataclass(frozen=True)
 class JobPlan:
     """What a run would do now (``synth --dry-run``); making it loads no model and writes nothing."""
 
@@ -106,7 +57,7 @@ class JobPlan:
     done: int  # rows skipped: complete and with an unchanged fingerprint
     todo: int  # rows to synthesize (new, changed, failed before or incomplete)
     unprepared: int  # rows whose fingerprint could not be made (they fail, each with its reason)
-    batches: int  # planned batches of the rows to do (pipeline.plan_batches)
+    batches: int  # planned batches of the rows to do (engine.plan_batches)
     resume: str  # what the resume plan says about redone, retried and foreign rows ("" when nothing)
     device: str  # the device the stages run on
     dtype: str  # the resolved run dtype
@@ -142,7 +93,7 @@ class JobSummary:
 class _Prepared:
     """A folder's rows sorted out under its lock: fingerprints, the resume plan, rows that failed already."""
 
-    ctx: runfolder.RunContext
+    ctx: fingerprint.RunContext
     fps: dict[str, tuple[str, dict[str, str]]]  # row id -> (fingerprint, parts) for every preparable row
     failed: list[RowRecord]  # rows whose fingerprint raised: failed records, ready for the writer
     resume: runfolder.ResumePlan
@@ -153,71 +104,63 @@ class SynthJob:
 
     Build it with :meth:`open` (reads and validates the manifest and options; loads no model), look
     at :meth:`plan`, then :meth:`run`. ``tts`` is an already loaded
-    :class:`~cosyclone.api.CosyClone` to run the local engine on; without it :meth:`run` loads one
+    :class:`~cosyclone.engine.Engine` to run the local rows on; without it :meth:`run` loads one
     when there is work (and never for Ray, whose actors load their own).
     """
 
     def __init__(self, manifest: Manifest, out: Path, opts: RunOptions, *, cfg: Any, policy: Any,
                  model_dir: Path | None, folder: FolderOptions = FolderOptions(),
-                 log: Callable[[str], None] | None = None, tts: Any = None, manifest_label: str | None = None,
+                 log: Callable[[str], None] | None = None, engine: Engine | None = None,
+                 manifest_label: str | None = None,
                  started_at: float | None = None) -> None:
         self.full = manifest  # every row: another shard's rows are not "foreign" to the folder
         self.rows = manifest.shard(Shard.parse(folder.shard)) if folder.shard else manifest  # this shard's
         self.out, self.opts, self.cfg, self.policy, self.model_dir = Path(out), opts, cfg, policy, model_dir
-        self.folder, self.tts = folder, tts
+        self.folder, self.engine = folder, engine
         self.log = log or (lambda msg: None)
         self.manifest_label = manifest_label if manifest_label is not None else str(manifest.path)
         self.tag = runfolder.shard_tag(folder.shard)
         self.started_at = time.time() if started_at is None else started_at
         self._ray: Any = None  # the RayPlan of the run in progress (engine ray), for runs.jsonl
-        check_options(opts, folder)
+        O.check(opts, folder)
 
     @classmethod
     def open(cls, manifest: str | Path, out: str | Path, *, model_dir: str | Path | None = None,
-             load_format: str = "auto", device: str = "auto", dtype: str = "auto", cpu_gemm: str = "auto",
-             cuda_graphs: str = "auto", threads: int | None = None, text_frontend: str = "wetext",
-             folder: FolderOptions = FolderOptions(), log: Callable[[str], None] | None = None,
-             **options: Any) -> SynthJob:
+             log: Callable[[str], None] | None = None, loaded: Engine | None = None, **options: Any) -> SynthJob:
         """Read ``manifest``, check the options and resolve device, dtype and model configuration.
 
-        ``options`` are :class:`~cosyclone.pipeline.RunOptions` fields (``seed``, ``batch_size``,
-        ``top_k``, ...). Raises :class:`CosycloneError` for anything a user must fix first: an
-        unreadable manifest, an option out of range, a model directory that does not load as
-        configuration, Ray missing for ``engine="ray"``.
+        ``options`` are :mod:`cosyclone.options` fields, run and folder alike (``seed``,
+        ``batch_size``, ``top_k``, ``shard``, ``engine``, ...). ``loaded``: an already loaded
+        :class:`~cosyclone.engine.Engine` to run on (its model options win; the API passes its own).
+        Raises :class:`CosycloneError` for anything a user must fix first: an unreadable manifest,
+        an option out of range, a model directory that does not load as configuration, Ray missing
+        for ``engine="ray"``.
         """
-        from .api import model_config
-        from .device import resolve, set_threads
-        from .talker.graphs import resolve_cuda_graphs
-
         started = time.time()
-        full = read_manifest(manifest, text_frontend=text_frontend)
-        own = {"device", "dtype", "cpu_gemm", "load_format", "text_frontend", "cuda_graphs"} & set(options)
-        if own:
-            raise CosycloneError(f"give {', '.join(sorted(own))} as SynthJob.open's own arguments")
-        try:
-            opts = RunOptions(**options, load_format=load_format, text_frontend=text_frontend)
-        except (TypeError, ValueError) as exc:  # an unknown option name, a schedule not offered
-            raise CosycloneError(f"bad run option: {exc}") from None
-        check_options(opts, folder)  # before resolving devices and reading the model configuration
-        policy = resolve(device, dtype, cpu_gemm)
-        cfg = model_config(Path(model_dir) if model_dir is not None else None, load_format)
-        set_threads(threads)
+        opts, folder = O.split(options)  # checked before devices are resolved or the model read
+        if loaded is not None:
+            opts = replace(opts, **{k: getattr(loaded.opts, k) for k in O.MODEL_FIELDS})
+        full = read_manifest(manifest, text_frontend=opts.text_frontend)
+        opts, policy = resolve_options(opts)
+        if loaded is not None:
+            policy = loaded.policy  # as the model was loaded (what was requested included)
+        cfg = loaded.cfg if loaded is not None else model_config(model_dir, opts.load_format)
         if folder.engine == "ray":
-            from .ray_engine import require_ray
+            from .ray_plan import require_ray
 
             require_ray()  # before any work: say how to install it
-        opts = replace(opts, device=policy.device.type, dtype=policy.dtype_name, cpu_gemm=policy.cpu_gemm,
-                       cuda_graphs=resolve_cuda_graphs(cuda_graphs, policy.device, draw=opts.draw).value)
+        if not folder.command:
+            folder = replace(folder, command=" ".join(sys.argv))
         return cls(full, Path(out), opts, cfg=cfg, policy=policy,
                    model_dir=Path(model_dir) if model_dir is not None else None, folder=folder, log=log,
-                   manifest_label=str(manifest), started_at=started)
+                   engine=loaded, manifest_label=str(manifest), started_at=started)
 
     # ------------------------------------------------------------------ planning
 
     def plan(self) -> JobPlan:
         """What :meth:`run` would do if started now (the folder is read, not locked or written)."""
         runfolder.check_writable(self.out)
-        prep = self._prepare(runfolder.HashCache())
+        prep = self._prepare(fingerprint.HashCache())
         if prep.resume.describe():
             self.log(prep.resume.describe())
         ray = self.ray_plan() if self.folder.engine == "ray" else None
@@ -236,7 +179,7 @@ class SynthJob:
         return plan_cluster(self.cfg, self.policy, self.opts.batch_size, address=self.folder.ray_address,
                             actors=self.folder.ray_actors, threads=self.folder.actor_threads)
 
-    def _prepare(self, hashes: runfolder.HashCache) -> _Prepared:
+    def _prepare(self, hashes: fingerprint.HashCache) -> _Prepared:
         """Fingerprint every row and plan the resume against the folder's records.
 
         The model's content hash is the run's (an unreadable model directory stops the run, as
@@ -244,20 +187,20 @@ class SynthJob:
         whose fingerprint raises becomes a failed record and the others go on.
         """
         try:
-            ctx = runfolder.RunContext(
-                model=runfolder.model_content_hash(self.model_dir, hashes,
+            ctx = fingerprint.RunContext(
+                model=fingerprint.model_content_hash(self.model_dir, hashes,
                                                    dummy_tag="released" if self.opts.load_format == "dummy" else ""),
                 dtype=self.opts.dtype, device=self.opts.device,
-                options={**{k: getattr(self.opts, k) for k in AUDIO_OPTIONS}, "float_wav": self.folder.float_wav})
+                options={**O.audio_values(self.opts), "float_wav": self.folder.float_wav})
         except OSError as exc:
             raise CosycloneError(f"cannot hash the inputs: {exc}") from exc
         fps: dict[str, tuple[str, dict[str, str]]] = {}
         failed: list[RowRecord] = []
         for row in self.rows.rows:
             try:
-                fps[row.id] = runfolder.row_fingerprint(row, row_seed_of(self.opts.seed, row), ctx, hashes)
+                fps[row.id] = fingerprint.row_fingerprint(row, row_seed_of(self.opts.seed, row), ctx, hashes)
             except Exception as exc:  # a vanished or unreadable prompt, a field the hash cannot take
-                failed.append(_failed_record(row, self.opts, "prepare", exc))
+                failed.append(_failed_record(row, self.opts.seed, exc))
         hashes.save()
         ready = [r for r in self.rows.rows if r.id in fps]
         resume = runfolder.plan_resume(self.out, ready, fps, all_ids=[r.id for r in self.full.rows],
@@ -269,19 +212,15 @@ class SynthJob:
     def run(self, progress: ProgressFactory | None = None) -> JobSummary:
         """Synthesize the rows to do into the folder and return the totals.
 
-        Holds the folder's lock throughout (:class:`~cosyclone.runfolder.FolderBusy` when another
+        Holds the folder's lock throughout (:class:`~cosyclone.lock.FolderBusy` when another
         writer has it). Raises :class:`~cosyclone.runfolder.OutputFolderError` when the folder cannot
         be written before any model loads; a write that fails later ends the run with the rows
         finished before kept (``JobSummary.write_error``). ``progress`` is called once with the
         number of rows to do and gets every finished row.
         """
         runfolder.check_writable(self.out)  # before any model loads
-        lock = runfolder.FolderLock(self.out, self.tag, self.folder.command)
-        lock.acquire()
-        try:
+        with lock.FolderLock(self.out, self.tag, self.folder.command):
             return self._run_locked(progress)
-        finally:
-            lock.release()
 
     def _run_locked(self, progress: ProgressFactory | None) -> JobSummary:
         from .token_store import TokenStore
@@ -290,7 +229,7 @@ class SynthJob:
         removed = runfolder.remove_stale_temporaries(self.out)
         if removed:
             self.log(f"removed {len(removed)} temporary files left by a killed run")
-        prep = self._prepare(runfolder.HashCache())
+        prep = self._prepare(fingerprint.HashCache())
         if prep.resume.describe():
             self.log(prep.resume.describe())
         todo = prep.resume.todo
@@ -298,12 +237,10 @@ class SynthJob:
         if todo and self.folder.engine == "ray":
             self._ray = self.ray_plan()
             self._ray.check()  # an actor larger than a node's memory: refused before any model loads
-        tts = self._local_engine(todo)
-        # stage-0 checkpoint: a row that failed after the talker keeps its tokens for the next run
+        engine = self._local_engine(todo)
+        # stage-0 checkpoint, owned by this run: a row that failed after the talker keeps its tokens
         tokens = TokenStore(runfolder.state_dir(self.out) / runfolder.TOKEN_DIR,
                             {rid: fp for rid, (fp, _) in prep.fps.items()})
-        if tts is not None:
-            tts.stages.token_store = tokens
         writer = BackgroundWriter(WriterOptions(out_dir=self.out, float_wav=self.folder.float_wav,
                                                 sample_rate=self.cfg.hift.sampling_rate),
                                   runfolder.journal_path(self.out, self.tag))
@@ -311,7 +248,7 @@ class SynthJob:
         sink = progress(len(todo) + len(prep.failed)) if progress is not None else None
         t_model = time.perf_counter()
         try:
-            records, write_error = self._synthesize(tts, todo, prep.failed, stamp, sink)
+            records, write_error = self._synthesize(engine, tokens, todo, prep.failed, stamp, sink)
         finally:  # also when the engine raised (a Ray run that lost rows): what was written is committed
             close_error = _close(writer)
         write_error = write_error or close_error
@@ -322,21 +259,17 @@ class SynthJob:
         return self._summarize(prep, records, current, run_id=run_id, wall=wall, hits=tokens.hits,
                                write_error=write_error, written=writer.written)
 
-    def _local_engine(self, todo: Sequence[ManifestRow]) -> Any:
-        """The loaded model for the local engine: the one given, else loaded now (None: Ray, or nothing to do)."""
+    def _local_engine(self, todo: Sequence[ManifestRow]) -> Engine | None:
+        """The loaded engine for the local run: the one given, else loaded now (None: Ray, or nothing to do)."""
         if not todo or self.folder.engine != "local":
             return None
-        if self.tts is not None:
-            return self.tts
-        from .api import CosyClone
+        if self.engine is not None:
+            return self.engine
+        return Engine.load(self.model_dir, self.opts, cfg=self.cfg)
 
-        own = ("load_format", "text_frontend", "device", "dtype")  # CosyClone's own arguments
-        return CosyClone(self.model_dir, load_format=self.opts.load_format, device=self.opts.device,
-                         dtype=self.opts.dtype, text_frontend=self.opts.text_frontend,
-                         **{f.name: getattr(self.opts, f.name) for f in fields(self.opts) if f.name not in own})
-
-    def _synthesize(self, tts: Any, todo: Sequence[ManifestRow], failed: Sequence[RowRecord],
-                    stamp: _Stamper, sink: ProgressSink | None) -> tuple[list[RowRecord], str | None]:
+    def _synthesize(self, engine: Engine | None, tokens: Any, todo: Sequence[ManifestRow],
+                    failed: Sequence[RowRecord], stamp: _Stamper,
+                    sink: ProgressSink | None) -> tuple[list[RowRecord], str | None]:
         """Run the engine over ``todo`` (after writing the rows that failed in preparation).
 
         Returns the records made (without audio) and the write error that ended the run, if any.
@@ -350,12 +283,17 @@ class SynthJob:
                 if update is not None:
                     update(rec)
             if todo and self.folder.engine == "ray":
-                from .ray_engine import run_ray
+                from .ray_pool import run_ray
 
                 records += run_ray(self.cfg, self.policy, todo, self.opts, stamp, progress=update,
-                                   address=self.folder.ray_address, plan=self._ray, on_plan=self._ray_started)
-            elif tts is not None:
-                records += tts.run(todo, self.opts, stamp, progress=update)
+                                   address=self.folder.ray_address, plan=self._ray, on_plan=self._ray_started,
+                                   tokens=tokens)
+            elif engine is not None:
+                for rec in engine.run(todo, opts=self.opts, tokens=tokens):
+                    stamp(rec)
+                    records.append(RowRecord(row_id=rec.row_id, wav=None, diagnostics=rec.diagnostics))
+                    if update is not None:
+                        update(rec)
         except runfolder.OutputFolderError as exc:
             return records, str(exc)
         finally:
@@ -427,7 +365,7 @@ class SynthJob:
             "model_dir": str(self.model_dir) if self.model_dir else None, "model_hash": prep.ctx.model,
             "model_yaml_sha256": self.cfg.yaml_sha256 or None, "load_format": opts.load_format,
             "device": str(policy.device), "dtype": policy.dtype_name, "dtype_requested": policy.requested_dtype,
-            "float_wav": self.folder.float_wav, "options": asdict(opts), "algorithm": runfolder.ALGORITHM_VERSION,
+            "float_wav": self.folder.float_wav, "options": O.as_record(opts), "algorithm": fingerprint.ALGORITHM_VERSION,
             "engine": self.folder.engine, "ray": self._ray_record(),
         }
 
@@ -466,17 +404,13 @@ def _close(writer: Any) -> str | None:
     return None
 
 
-def _failed_record(row: ManifestRow, opts: RunOptions, stage: str, exc: BaseException) -> RowRecord:
-    """A row that failed before any stage, as the record the writer commits (traceback included)."""
+def _failed_record(row: ManifestRow, run_seed: int, exc: BaseException) -> RowRecord:
+    """A row that failed before any stage (its fingerprint raised), as the record the writer commits."""
     try:
-        seed = row_seed_of(opts.seed, row)
+        seed = row_seed_of(run_seed, row)
     except Exception:  # the seed derivation is what failed: report the row without one
         seed = -1
-    oc = RowOutcome(row_id=row.id, line=row.line, seed=seed)
-    oc.fail_exc(stage, exc)
-    d = oc.to_dict()
-    d["wav"] = None
-    return RowRecord(row_id=row.id, wav=None, diagnostics=d)
+    return failed_record(row.id, row.line, seed, "prepare", exc)
 
 
 def devices(policy: Any) -> list[str]:
@@ -496,8 +430,8 @@ def versions(text_frontend: str) -> dict[str, str]:
 
     import torch
 
-    from . import __version__
-    from .frontend.normalize import get_normalizer
+    from .. import __version__
+    from ..frontend.normalize import get_normalizer
 
     normalizer = {k: v for k, v in get_normalizer(text_frontend).version().items() if k != "text_frontend"}
     return {"cosyclone": __version__, "torch": torch.__version__, "python": platform.python_version(), **normalizer}

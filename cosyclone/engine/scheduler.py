@@ -1,30 +1,70 @@
-"""The continuous schedule: one talker session across a run's batches (``--schedule continuous``).
+"""The schedule of a run: which batch's rows are in the talker, when a batch goes to code2wav.
 
-Owns the interleaving only: which planned batch's segments join the open
-:class:`~cosyclone.talker.decode.TalkerSession`, when a batch has left the talker and goes to
-code2wav (on this thread, or a worker thread with its own CUDA stream), and in which order the
-finished batches' records are emitted. Must not: plan batches, prepare rows or run a stage itself;
-those are :mod:`cosyclone.pipeline`'s, called here through the module (``P.prepare_batch``, ...)
-so that the static and the continuous schedule run exactly the same stage calls. The two
-schedules give the same tokens and the same code2wav batches, hence the same WAV bytes.
+One scheduler owns both schedules. ``static`` runs each planned batch through every stage before
+the next (:func:`~cosyclone.engine.isolation.synthesize_batch`); ``continuous`` keeps one
+:class:`~cosyclone.talker.decode.TalkerSession` across the run, adds the next batch's segments
+while a slot could take them, and sends a batch to code2wav as soon as its last segment has left
+the talker (on this thread, or a worker thread with its own CUDA stream). A row's tokens do not
+depend on its slot mates and code2wav sees the same batches either way, so both give the same WAV
+bytes. Records come out in batch order, as a generator. With prefetch one worker thread runs the
+frontend of the next batch (queue depth 1) while the models work.
+
+Must not: plan batches or run a stage itself; those are :mod:`.batches`' and :mod:`.stages`'.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from . import pipeline as P
-from .manifest import ManifestRow
-from .pipeline import FrontendPrefetch, PreparedBatch, RunOptions, Stages
-from .writer import RowRecord
+from ..manifest import ManifestRow
+from ..options import RunOptions
+from . import isolation as I
+from . import stages as S
+from .outcome import RowRecord
+from .stages import PreparedBatch, Stages
 
 log = logging.getLogger(__name__)
+
+
+class FrontendPrefetch:
+    """The frontend one batch ahead on a worker thread: :meth:`take` of batch k starts batch k + 1."""
+
+    def __init__(self, pool: ThreadPoolExecutor, stages: Stages, batches: Sequence[Sequence[ManifestRow]],
+                 opts: RunOptions, *, enabled: bool) -> None:
+        self.pool, self.stages, self.batches, self.opts, self.enabled = pool, stages, batches, opts, enabled
+        self.ahead: tuple[int, Future[PreparedBatch]] | None = None
+        if enabled and batches:
+            self.ahead = (0, pool.submit(S.prepare_batch, stages, batches[0], opts))
+
+    def take(self, k: int) -> PreparedBatch | None:
+        """Batch ``k``'s frontend output if it was prepared ahead (None: prepare it on this thread)."""
+        prepared = None
+        if self.ahead is not None and self.ahead[0] == k:
+            prepared = _result_or_none(self.ahead[1])
+            self.ahead = None
+        if self.enabled and k + 1 < len(self.batches):
+            self.ahead = (k + 1, self.pool.submit(S.prepare_batch, self.stages, self.batches[k + 1], self.opts))
+        return prepared
+
+    def cancel(self) -> None:
+        if self.ahead is not None:
+            self.ahead[1].cancel()
+
+
+def _result_or_none(ahead: Future[PreparedBatch] | None) -> PreparedBatch | None:
+    """The prefetched batch, or None (no prefetch, or it raised: the caller prepares it again)."""
+    if ahead is None:
+        return None
+    try:
+        return ahead.result()
+    except Exception:
+        return None
 
 
 @dataclass
@@ -38,14 +78,16 @@ class _InFlight:
     error: BaseException | None = None  # why the batch goes through every stage row by row instead
 
 
-class ContinuousStream:
-    """The continuous schedule: one :class:`~cosyclone.talker.decode.TalkerSession` across batches.
+class Scheduler:
+    """Runs planned batches through the stages under ``opts.schedule``; :meth:`run` yields the records.
+
+    Continuous: one :class:`~cosyclone.talker.decode.TalkerSession` across batches.
 
     Each turn: while fewer segments wait for a slot than there are slots, the next batch's segments
     join the session (stage-0 checkpoint hits and rows that failed in the frontend skip it); one
     decode window runs; every batch with no segment left in the talker goes to code2wav and its
     records to the writer, in batch order. If the shared session raises (out of memory, a bug),
-    the segments it still held go the static way (:func:`~cosyclone.pipeline.talker_with_checkpoint`: halving on out
+    the segments it still held go the static way (:func:`~cosyclone.engine.isolation.generate_isolated`: halving on out
     of memory, isolation per segment) and the next batches start a fresh session.
 
     code2wav of a finished batch runs on this thread between decode windows (CPU: the two share
@@ -53,10 +95,11 @@ class ContinuousStream:
     talker goes on meanwhile; records are emitted here either way, in batch order.
     """
 
-    def __init__(self, stages: Stages, batches: Sequence[Sequence[ManifestRow]], opts: RunOptions,
-                 frontend: FrontendPrefetch, emit: Callable[[Sequence[RowRecord]], None]) -> None:
-        self.stages, self.batches, self.opts, self.frontend, self.emit = stages, batches, opts, frontend, emit
-        self.dec = P.decode_options(stages.cfg, opts)
+    def __init__(self, stages: Stages, batches: Sequence[Sequence[ManifestRow]], opts: RunOptions, *,
+                 tokens: I.TokenCheckpoint | None = None, prefetch: bool = True) -> None:
+        self.stages, self.batches, self.opts, self.tokens, self.prefetch = stages, batches, opts, tokens, prefetch
+        self.dec = S.decode_options(stages.cfg, opts)
+        self.frontend: FrontendPrefetch | None = None
         # slots: --talker-slots, else a batch's worth (no more than the run's rows: an empty slot
         # computes too) or, when the first batch to decode brings more segments, that many
         self.slots = max(1, opts.talker_slots or min(opts.batch_size, sum(len(b) for b in batches)))
@@ -72,17 +115,41 @@ class ContinuousStream:
         device = stages.policy.device
         self.stream = torch.cuda.Stream(device) if threaded and device.type == "cuda" else None  # code2wav's own
 
-    @torch.inference_mode()
-    def run(self) -> None:
+    def run(self) -> Iterator[RowRecord]:
+        """The records of every planned batch, in batch order, each batch as soon as it is done."""
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cosyclone-frontend") as pool:
+            self.frontend = FrontendPrefetch(pool, self.stages, self.batches, self.opts, enabled=self.prefetch)
+            try:
+                if self.opts.schedule == "static":
+                    yield from self._run_static()
+                else:
+                    yield from self._run_continuous()
+            finally:
+                self.frontend.cancel()
+
+    def _run_static(self) -> Iterator[RowRecord]:
+        """Each batch through every stage before the next (its talker session holds that batch alone)."""
+        assert self.frontend is not None
+        for k, batch in enumerate(self.batches):
+            prepared = self.frontend.take(k)
+            with torch.inference_mode():
+                try:
+                    records = I.synthesize_batch(self.stages, batch, self.opts, self.tokens, prepared)
+                except Exception as exc:  # a bug outside the stages' own guards: each row alone
+                    records = I.rows_alone(self.stages, batch, self.opts, exc, self.tokens)
+            yield from records
+
+    def _run_continuous(self) -> Iterator[RowRecord]:
         try:
             while self.next < len(self.batches) or self.flight or self.finishing:
-                try:
-                    self._feed()
-                    self._decode()
-                except Exception as exc:  # the shared decode failed: what it held goes the per-batch way
-                    self._recover(exc)
-                self._finish_ready()
-                self._emit_finished(wait=not self.flight and self.next >= len(self.batches))
+                with torch.inference_mode():
+                    try:
+                        self._feed()
+                        self._decode()
+                    except Exception as exc:  # the shared decode failed: what it held goes the per-batch way
+                        self._recover(exc)
+                    self._finish_ready()
+                yield from self._finished(wait=not self.flight and self.next >= len(self.batches))
         finally:
             self._close_session()
             if self.code2wav is not None:
@@ -90,21 +157,22 @@ class ContinuousStream:
 
     def _feed(self) -> None:
         """Add batches while a slot could take their segments without waiting a window."""
+        assert self.frontend is not None
         while self.next < len(self.batches) and (self.session is None or self.session.waiting < self.slots):
             k = self.next
             self.next += 1
             try:
-                prepared = self.frontend.take(k) or P.prepare_batch(self.stages, self.batches[k], self.opts)
+                prepared = self.frontend.take(k) or S.prepare_batch(self.stages, self.batches[k], self.opts)
             except Exception as exc:  # outside the per-row guards: each row alone, as synthesize_batch_isolated
                 self.flight.append(_InFlight(rows=list(self.batches[k]), prepared=None, error=exc))
                 continue
             f = _InFlight(rows=list(self.batches[k]), prepared=prepared)
             segs = prepared.segments
             alive = [i for i, (rid, _) in enumerate(segs) if prepared.outcomes[rid].status == "ok"]
-            f.results, todo = P.stored_results(self.stages, segs, alive)
+            f.results, todo = I.stored_results(self.tokens, segs, alive)
             self.flight.append(f)
             if todo:
-                from .conditioning import to_talker_request
+                from ..conditioning import to_talker_request
 
                 try:
                     reqs = [to_talker_request(segs[i][1]) for i in todo]
@@ -119,7 +187,7 @@ class ContinuousStream:
     def _session(self, first: int) -> Any:
         """The open session, or a new one (``first``: segments the first batch brings)."""
         if self.session is None:
-            from .talker import decode
+            from ..talker import decode
 
             if not self.opts.talker_slots:
                 self.slots = max(self.slots, first)
@@ -139,7 +207,7 @@ class ContinuousStream:
         seg = f.prepared.segments[i]
         f.results[i] = res
         f.todo.discard(i)
-        P.store_result(self.stages, seg, res)
+        I.store_result(self.tokens, seg, res)
         seconds = f.prepared.outcomes[seg[0]].seconds
         seconds["talker"] = seconds.get("talker", 0.0) + float(getattr(res, "seconds", 0.0))
 
@@ -148,7 +216,7 @@ class ContinuousStream:
         log.warning("talker session failed (%s: %s); its rows are decoded batch by batch", type(exc).__name__, exc)
         self._close_session()
         self.owner.clear()
-        if P.is_out_of_memory(exc) and self.stages.policy.device.type == "cuda":
+        if I.is_out_of_memory(exc) and self.stages.policy.device.type == "cuda":
             torch.cuda.empty_cache()
         for f in self.flight:
             if not f.todo:
@@ -156,7 +224,7 @@ class ContinuousStream:
             assert f.prepared is not None
             rest = sorted(f.todo)
             segs = f.prepared.segments
-            fresh = P.generate_isolated(self.stages, [segs[i] for i in rest], self.dec, f.prepared.outcomes)
+            fresh = I.generate_isolated(self.stages, [segs[i] for i in rest], self.dec, f.prepared.outcomes)
             f.todo.clear()
             for j, res in fresh.items():
                 self._land(f, rest[j], res)
@@ -183,11 +251,11 @@ class ContinuousStream:
     def _finish(self, f: _InFlight) -> list[RowRecord]:
         if f.prepared is None:
             assert f.error is not None
-            return P.rows_alone(self.stages, f.rows, self.opts, f.error)
+            return I.rows_alone(self.stages, f.rows, self.opts, f.error, self.tokens)
         try:
-            return P.finish_batch(self.stages, f.prepared, f.results, self.opts)
+            return S.finish_batch(self.stages, f.prepared, f.results, self.opts)
         except Exception as exc:
-            return P.rows_alone(self.stages, f.rows, self.opts, exc)
+            return I.rows_alone(self.stages, f.rows, self.opts, exc, self.tokens)
 
     def _finish_on_stream(self, f: _InFlight) -> list[RowRecord]:
         """code2wav on its own CUDA stream (its kernels overlap the talker's), after what was queued before."""
@@ -199,8 +267,8 @@ class ContinuousStream:
         self.stream.synchronize()
         return records
 
-    def _emit_finished(self, *, wait: bool) -> None:
-        """Hand finished batches' records to the writer in batch order (``wait``: the next one at least)."""
+    def _finished(self, *, wait: bool) -> Iterator[RowRecord]:
+        """Finished batches' records in batch order (``wait``: the next one at least)."""
         while self.finishing and (wait or self.finishing[0].done()):
-            self.emit(self.finishing.pop(0).result())
+            yield from self.finishing.pop(0).result()
             wait = False

@@ -19,9 +19,10 @@ from typing import Any
 
 import torch
 
-from . import handoff, runfolder
-from .talker.decode import TalkerResult
-from .talker.diagnostics import SamplerRowDiagnostics
+from .. import handoff
+from ..talker.decode import TalkerResult
+from ..talker.diagnostics import SamplerRowDiagnostics
+from . import folder as runfolder
 
 _DIAG_FIELDS = {f.name for f in fields(SamplerRowDiagnostics)}
 

@@ -4,15 +4,16 @@ Why Ray Data rather than our own scheduler: it already places actors on GPUs acr
 restarts a killed actor and re-runs its batch (``max_restarts`` / ``max_task_retries`` are -1 for
 actor pools), and streams results back while later batches still run.
 
-The pipeline is one dataset of *planned batches* (:func:`~cosyclone.pipeline.plan_batches`, the
-local engine's plan, so a row is computed in exactly the batch it would be computed in locally and
-its WAV is byte-identical) mapped by :class:`SynthActor`, which loads the stages once
-(:func:`~cosyclone.pipeline.load_stages`) and runs each batch through the local engine's own
-guarded batch call: there is no second pipeline. Everything crossing process boundaries is plain
-data: rows as JSON lists of :class:`~cosyclone.manifest.ManifestRow` dicts, results as a row id,
-the diagnostics line as JSON and the wave as a float32 numpy array. The driver hands each record to
-``submit`` (the same writer as the local engine) once: a batch re-run after a kill can only
-repeat rows the driver already has, and those are dropped by id.
+The dataset is the local engine's batch plan (:func:`~cosyclone.engine.plan_batches`), grouped
+into tasks of consecutive batches (:func:`task_groups`), so a row is computed in exactly the batch
+it would be computed in locally and its WAV is byte-identical. :class:`SynthActor` loads one
+:class:`~cosyclone.engine.Engine` and runs each task through it under the run's ``--schedule``
+and with the run's stage-0 token checkpoint (the output folder's: actors on other machines keep it
+only where that folder is shared): there is no second pipeline. Everything crossing process
+boundaries is plain data: rows as JSON lists of :class:`~cosyclone.manifest.ManifestRow` dicts,
+results as a row id, the diagnostics line as JSON and the wave as a float32 numpy array. The driver
+hands each record to ``submit`` (the same writer as the local engine) once: a task re-run after a
+kill can only repeat rows the driver already has, and those are dropped by id.
 
 Resources: how many actors, with how many torch threads, and what each asks Ray for (CPUs, GPUs,
 ``memory=`` its measured footprint) is :mod:`cosyclone.ray_plan`'s: :func:`run_ray` plans on the
@@ -22,37 +23,28 @@ live cluster's nodes after connecting and refuses a run that cannot fit before a
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .config import ModelConfig
-from .device import DevicePolicy
-from .errors import CosycloneError
-from .manifest import ManifestRow
-from .pipeline import RunOptions, load_stages, plan_batches
-from .ray_plan import RayPlan, plan_run, read_cluster
+from ..config import ModelConfig
+from ..device import DevicePolicy
+from ..engine import Engine, plan_batches
+from ..errors import CosycloneError
+from ..manifest import ManifestRow
+from ..options import RunOptions
+from .ray_plan import RayPlan, plan_run, read_cluster, require_ray
 from .writer import RowRecord
 
-INSTALL_HINT = "--engine ray needs Ray: pip install 'cosyclone[ray]' (or pip install 'ray[data]')"
 #: Test hook: when set in the workers' environment, each actor appends ``<pid>\n`` to this file as
 #: it starts a batch, so a test can kill a worker that is known to be mid-batch.
 PID_FILE_ENV = "COSYCLONE_RAY_PID_FILE"
 LOAD_ERROR = "load_error"  # the key of the one result an actor returns when its model did not load
-
-
-def require_ray() -> Any:
-    """The ``ray`` module, or a :class:`CosycloneError` that says how to install it."""
-    try:
-        import ray
-        import ray.data  # noqa: F401 - the data extra, not only ray core
-    except ImportError as exc:
-        raise CosycloneError(f"{INSTALL_HINT} ({exc})") from None
-    return ray
 
 
 def row_to_dict(row: ManifestRow) -> dict[str, Any]:
@@ -69,8 +61,9 @@ def row_from_dict(d: dict[str, Any]) -> ManifestRow:
 class SynthActor:
     """One model replica: stages loaded once, then one planned batch per call (Ray Data ``map_batches``)."""
 
-    def __init__(self, cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, threads: int | None) -> None:
-        from .device import apply_precision
+    def __init__(self, cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, threads: int | None,
+                 token_root: str | None = None) -> None:
+        from ..device import apply_precision
 
         apply_precision()  # process-wide (no TF32): the driver's resolve() switched only the driver's process
         if threads is not None:  # explicit, not Ray's OMP_NUM_THREADS: CPU bytes depend on the thread count
@@ -78,40 +71,50 @@ class SynthActor:
 
             torch.set_num_threads(threads)
         self.opts = opts
+        self.token_root = token_root  # the run folder's stage-0 checkpoint (None: the run keeps none)
         self._pid_file = os.environ.get(PID_FILE_ENV)
         self.load_error: str | None = None
         try:
-            self.stages = load_stages(cfg, policy, opts.load_format, text_frontend=opts.text_frontend)
+            self.engine = Engine.load(None, opts, cfg=cfg)
         except CosycloneError as exc:  # a bad model directory: told to the driver by the first batch
             self.load_error = str(exc)  # (raised here, Ray would bury it in an ActorDiedError traceback)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
-        from .pipeline import synthesize_batch_isolated
+        """One task: a group of consecutive planned batches, run by the engine under the run's schedule."""
+        from .token_store import TokenStore
 
         ids: list[str] = []
         diags: list[str] = []
         wavs: list[np.ndarray] = []
+        hits: list[int] = []
         if self.load_error is not None:
-            return {"id": np.array([""], dtype=object), "wav": [np.zeros(0, np.float32)],
+            return {"id": np.array([""], dtype=object), "wav": [np.zeros(0, np.float32)], "hits": [0],
                     "diagnostics": np.array([json.dumps({LOAD_ERROR: self.load_error})], dtype=object)}
-        for rows_json in batch["rows"]:
+        for task_json in batch["task"]:
             if self._pid_file:
                 with open(self._pid_file, "a", encoding="utf-8") as fh:
                     fh.write(f"{os.getpid()}\n")
-            rows = [row_from_dict(d) for d in json.loads(str(rows_json))]
-            for rec in synthesize_batch_isolated(self.stages, rows, self.opts):
+            task = json.loads(str(task_json))
+            batches = [[row_from_dict(d) for d in b] for b in task["batches"]]
+            tokens = TokenStore(Path(self.token_root), task["keys"]) if self.token_root else None
+            for rec in self.engine.run(batches=batches, opts=self.opts, tokens=tokens):
                 ids.append(rec.row_id)
                 diags.append(json.dumps(rec.diagnostics, ensure_ascii=False))
                 wavs.append(np.zeros(0, np.float32) if rec.wav is None else np.asarray(rec.wav, np.float32))
-        return {"id": np.array(ids, dtype=object), "diagnostics": np.array(diags, dtype=object), "wav": wavs}
+                hits.append(0)
+            if hits and tokens is not None:
+                hits[-1] = tokens.hits  # the task's checkpoint hits, on its last row
+        return {"id": np.array(ids, dtype=object), "diagnostics": np.array(diags, dtype=object), "wav": wavs,
+                "hits": hits}
 
 
 def run_ray(cfg: ModelConfig, policy: DevicePolicy, rows: Sequence[ManifestRow], opts: RunOptions,
             submit: Callable[[RowRecord], None], progress: Callable[[RowRecord], Any] | None = None, *,
             address: str | None = None, plan: RayPlan | None = None, num_actors: int | None = None,
-            actor_threads: int | None = None, on_plan: Callable[[RayPlan], Any] | None = None) -> list[RowRecord]:
+            actor_threads: int | None = None, on_plan: Callable[[RayPlan], Any] | None = None,
+            tokens: Any = None) -> list[RowRecord]:
     """Synthesize ``rows`` (the caller's already-filtered to-do list) on Ray; same contract as
-    :func:`cosyclone.pipeline.run`: each record goes to ``submit`` as it arrives (diagnostics carry
+    :meth:`cosyclone.engine.Engine.run`: each record goes to ``submit`` as it arrives (diagnostics carry
     ``wav``), ``progress`` gets each finished record, and the records come back without audio.
 
     ``address``: a running cluster (``auto``, ``ray://host:10001``, ``host:6379``); None joins the
@@ -143,7 +146,7 @@ def run_ray(cfg: ModelConfig, policy: DevicePolicy, rows: Sequence[ManifestRow],
         if on_plan is not None:
             on_plan(live)
         live.check()
-        return _run(ray, cfg, policy, rows, opts, submit, progress, live)
+        return _run(ray, cfg, policy, rows, opts, submit, progress, live, tokens)
     finally:
         if started:
             ray.shutdown()
@@ -152,21 +155,29 @@ def run_ray(cfg: ModelConfig, policy: DevicePolicy, rows: Sequence[ManifestRow],
 
 def _run(ray: Any, cfg: ModelConfig, policy: DevicePolicy, rows: Sequence[ManifestRow], opts: RunOptions,
          submit: Callable[[RowRecord], None], progress: Callable[[RowRecord], Any] | None,
-         plan: RayPlan) -> list[RowRecord]:
+         plan: RayPlan, tokens: Any) -> list[RowRecord]:
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False  # the CLI shows its own per-row bar
     batches = plan_batches(rows, opts.batch_size, opts.token_budget)
-    items = [{"rows": json.dumps([row_to_dict(r) for r in b], ensure_ascii=False)} for b in batches]
+    groups = task_groups(len(batches), plan.pool_size(len(batches)), opts.schedule)
+    keys = dict(tokens.keys) if tokens is not None else {}
+    items = [{"task": json.dumps({"batches": [[row_to_dict(r) for r in batches[k]] for k in group],
+                                  "keys": {r.id: keys[r.id] for k in group for r in batches[k] if r.id in keys}},
+                                 ensure_ascii=False)} for group in groups]
+    token_root = str(tokens.root) if tokens is not None else None
+    actor_opts = replace(opts, threads=plan.threads if plan.threads is not None else opts.threads)
     ds = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
-        SynthActor, fn_constructor_args=(cfg, policy, opts, plan.threads), batch_size=1, batch_format="numpy",
-        compute=ray.data.ActorPoolStrategy(size=plan.pool_size(len(items))), **plan.remote_args())
+        SynthActor, fn_constructor_args=(cfg, policy, actor_opts, plan.threads, token_root), batch_size=1,
+        batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=plan.pool_size(len(items))),
+        **plan.remote_args())
     out: list[RowRecord] = []
     seen: set[str] = set()
-    for rec in _records(ds):
+    for rec, hits in _records(ds):
+        if tokens is not None:
+            tokens.hits += hits
         if rec.row_id in seen:  # a re-run batch repeating a row already written
             continue
         seen.add(rec.row_id)
-        rec.diagnostics["wav"] = f"wavs/{rec.row_id}.wav" if rec.wav is not None else None
         submit(rec)
         done = RowRecord(row_id=rec.row_id, wav=None, diagnostics=rec.diagnostics)
         out.append(done)
@@ -179,12 +190,27 @@ def _run(ray: Any, cfg: ModelConfig, policy: DevicePolicy, rows: Sequence[Manife
     return out
 
 
-def _records(ds: Any) -> Iterator[RowRecord]:
-    """The dataset's results as records, in arrival order (wav None for a failed row)."""
+def task_groups(n_batches: int, actors: int, schedule: str) -> list[list[int]]:
+    """Planned batches grouped into Ray tasks, in plan order (longest first).
+
+    ``static``: one batch a task, as the local static schedule runs them. ``continuous``: about
+    two tasks per actor of consecutive batches, so each actor's talker session carries rows across
+    the batches of its task as the local continuous schedule does across the run, while a killed
+    actor re-runs only its task and the pool still balances at the end.
+    """
+    if schedule == "static" or n_batches == 0:
+        return [[k] for k in range(n_batches)]
+    per = max(1, math.ceil(n_batches / max(1, 2 * actors)))
+    return [list(range(k, min(n_batches, k + per))) for k in range(0, n_batches, per)]
+
+
+def _records(ds: Any) -> Iterator[tuple[RowRecord, int]]:
+    """The dataset's results as records with the task's checkpoint hits, in arrival order (wav None
+    for a failed row)."""
     for item in ds.iter_rows():
         diagnostics = json.loads(item["diagnostics"])
         if LOAD_ERROR in diagnostics:  # the same error the local engine stops with before any row
             raise CosycloneError(diagnostics[LOAD_ERROR])
         ok = diagnostics.get("status") == "ok"
         wav = np.asarray(item["wav"], dtype=np.float32).reshape(-1) if ok else None
-        yield RowRecord(row_id=str(item["id"]), wav=wav, diagnostics=diagnostics)
+        yield RowRecord(row_id=str(item["id"]), wav=wav, diagnostics=diagnostics), int(item.get("hits", 0))

@@ -17,13 +17,14 @@ import queue
 import struct
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from . import runfolder
+from ..engine.outcome import RowRecord
+from . import folder as runfolder
 
 SAMPLE_RATE = 24000
 SUMMARY_NAME = "summary.json"
@@ -37,15 +38,6 @@ class WriterOptions:
     out_dir: Path  # root of all outputs
     float_wav: bool = False  # 32-bit float WAV instead of PCM16
     sample_rate: int = SAMPLE_RATE  # sample rate written into the WAV header
-
-
-@dataclass
-class RowRecord:
-    """One row's outcome: the audio (None for a failed row) and its diagnostics line."""
-
-    row_id: str  # manifest id
-    wav: np.ndarray | None  # (N,) float32 in [-1, 1], None when the row failed
-    diagnostics: dict[str, Any] = field(default_factory=dict)  # the diagnostics.jsonl object
 
 
 wav_path = runfolder.wav_path  # one definition of where a row's WAV lies

@@ -1,0 +1,66 @@
+"""Command-line parameters derived from :mod:`cosyclone.options`, so no option is declared twice.
+
+A command declares only what is its own (``synth``'s manifest, ``say``'s text) and takes the rest
+as ``**options``; :func:`with_options` adds one typer option per field that lists the command in
+its ``commands`` metadata, with the field's flag, one-line help, ``--help`` panel and (for
+``Literal`` fields) its choices; bounds are checked by :func:`cosyclone.options.check`, the one
+check every door shares, so the error names the flag the same way everywhere. Typer reads the command's ``__signature__``, so the derived
+options parse, check and show in ``--help`` exactly like hand-written ones.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+
+from .options import GROUPS, choices_of, flag_of, option_fields
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _annotation(owner: type, name: str) -> Any:
+    """The runtime type typer should parse a field as (``X | None`` as ``X | None``, once)."""
+    hint = typing.get_type_hints(owner)[name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if args and len(args) == 1:  # X | None
+        return args[0] | None
+    return hint
+
+
+def derived_parameters(command: str) -> list[inspect.Parameter]:
+    """One keyword-only parameter per option the command offers."""
+    params = []
+    for owner, f in option_fields(*GROUPS):
+        if command not in f.metadata.get("commands", ()):
+            continue
+        meta = f.metadata
+        choices = choices_of(f, owner)
+        annotation = _annotation(owner, f.name)
+        if choices is not None:
+            offered = tuple(c for c in choices if not (f.name == "cuda_graphs" and c == "on"))  # "on": a record
+            annotation = typing.Literal[offered]  # typer offers exactly these values
+        # no min/max here: bounds are options.check's, so every door words the error the same way
+        option = typer.Option(f.default, flag_of(f), help=meta["help"], rich_help_panel=meta["panel"],
+                              metavar=meta.get("metavar"), hidden=meta.get("hidden", False), show_default=False)
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option,
+                                        annotation=annotation))
+    return params
+
+
+def with_options(command: str) -> Callable[[F], F]:
+    """Give ``fn`` (which takes ``**options``) the derived options of ``command`` as parameters."""
+
+    def wrap(fn: F) -> F:
+        sig = inspect.signature(fn)
+        hints = typing.get_type_hints(fn)
+        own = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in sig.parameters.values()
+               if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        fn.__signature__ = sig.replace(parameters=own + derived_parameters(command))  # type: ignore[attr-defined]
+        fn.__annotations__ = {}  # typer must read the signature's resolved annotations, not the strings
+        return fn
+
+    return wrap

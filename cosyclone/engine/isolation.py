@@ -1,0 +1,148 @@
+"""Failures confined to their rows, written once: out of memory halves, anything else isolates.
+
+Every door into the engine (the scheduler's shared session, a batch whose frontend raised, a
+row retried alone, a Ray actor's batch) goes through these functions, so a row fails the same
+way, with the same record, wherever it runs. The stage-0 token checkpoint is the run's (handed in
+as ``tokens``), never attached to the loaded stages: a loaded model serves many runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from ..manifest import ManifestRow
+from ..options import RunOptions
+from . import stages as S
+from .outcome import RowOutcome, RowRecord, failed_record
+from .stages import PreparedBatch, Stages, row_seed_of
+
+
+class TokenCheckpoint(Protocol):
+    """The stage-0 checkpoint a run keeps (:class:`cosyclone.run.token_store.TokenStore` is one)."""
+
+    def get(self, row_id: str, segment: int) -> Any: ...
+
+    def put(self, row_id: str, segment: int, result: Any) -> None: ...
+
+
+def talker_with_checkpoint(stages: Stages, segments: Sequence[tuple[str, Any]], dec: Any,
+                           outcomes: dict[str, RowOutcome], tokens: TokenCheckpoint | None) -> dict[int, Any]:
+    """:func:`generate_isolated`, skipping segments whose talker result the stage-0 checkpoint holds
+    (``tokens``) and storing the fresh ones, so a row that fails later keeps its tokens."""
+    results, todo = stored_results(tokens, segments, range(len(segments)))
+    fresh = generate_isolated(stages, [segments[i] for i in todo], dec, outcomes)
+    for j, res in fresh.items():
+        results[todo[j]] = res
+        store_result(tokens, segments[todo[j]], res)
+    return results
+
+
+def stored_results(tokens: TokenCheckpoint | None, segments: Sequence[tuple[str, Any]],
+                   wanted: Iterable[int]) -> tuple[dict[int, Any], list[int]]:
+    """The stage-0 checkpoint's results for the ``wanted`` segment indices, and the indices it lacks."""
+    results: dict[int, Any] = {}
+    todo: list[int] = []
+    for i in wanted:
+        rid, req = segments[i]
+        hit = tokens.get(rid, req.segment) if tokens is not None else None
+        if hit is not None:
+            results[i] = hit
+        else:
+            todo.append(i)
+    return results, todo
+
+
+def store_result(tokens: TokenCheckpoint | None, segment: tuple[str, Any], result: Any) -> None:
+    """Keep a fresh talker result in the stage-0 checkpoint (when the run has one)."""
+    if tokens is not None:
+        tokens.put(segment[0], segment[1].segment, result)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """True for a device (or host allocator) out-of-memory error, whatever the backend calls it."""
+    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or (
+        isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
+
+
+def generate_isolated(stages: Stages, segments: Sequence[tuple[str, Any]], dec: Any,
+                      outcomes: dict[str, RowOutcome]) -> dict[int, Any]:
+    """The talker over ``segments`` -> {segment index: result}, with failures confined.
+
+    Out of memory halves the batch and retries each half (down to one segment, which then fails
+    its row); any other batch-level exception retries segment by segment, so only the segments that
+    raise alone fail their rows. A row's tokens do not depend on its batch-mates, so the retries
+    give the same audio as the whole batch would have.
+    """
+    from ..conditioning import to_talker_request
+    from ..talker.decode import generate
+
+    def attempt(idx: list[int]) -> dict[int, Any]:
+        outs = generate(stages.talker, [to_talker_request(segments[i][1]) for i in idx], dec)
+        return dict(zip(idx, outs, strict=True))
+
+    def solve(idx: list[int]) -> dict[int, Any]:
+        idx = [i for i in idx if outcomes[segments[i][0]].status == "ok"]
+        if not idx:
+            return {}
+        try:
+            return attempt(idx)
+        except Exception as exc:
+            if len(idx) > 1 and is_out_of_memory(exc):
+                if stages.policy.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                half = len(idx) // 2
+                return {**solve(idx[:half]), **solve(idx[half:])}
+            if len(idx) == 1:
+                outcomes[segments[idx[0]][0]].fail_exc("talker", exc)
+                return {}
+            found: dict[int, Any] = {}
+            for i in idx:  # isolate: only the segments that raise alone fail their rows
+                if outcomes[segments[i][0]].status != "ok":
+                    continue  # an earlier segment of this row already failed alone
+                try:
+                    found.update(attempt([i]))
+                except Exception as exc_row:
+                    outcomes[segments[i][0]].fail_exc(
+                        "talker", exc_row, note=f" (the batch raised {type(exc).__name__}: {exc})")
+            return found
+
+    return solve(list(range(len(segments))))
+
+
+@torch.inference_mode()
+def synthesize_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptions,
+                     tokens: TokenCheckpoint | None = None, prepared: PreparedBatch | None = None) -> list[RowRecord]:
+    """One batch through every stage at once (the talker over all its segments together).
+
+    A stage that raises for the whole batch is retried row by row (segment by segment in the
+    talker), so an exception fails only the rows that raise it alone.
+    """
+    if prepared is None:
+        prepared = S.prepare_batch(stages, rows, opts)
+    outcomes, segments = prepared.outcomes, prepared.segments
+    results: dict[int, Any] = {}
+    if segments:
+        t0 = time.perf_counter()
+        results = talker_with_checkpoint(stages, segments, S.decode_options(stages.cfg, opts), outcomes, tokens)
+        share = (time.perf_counter() - t0) / max(1, len(segments))
+        for rid, _ in segments:
+            outcomes[rid].seconds["talker"] = outcomes[rid].seconds.get("talker", 0.0) + share
+    return S.finish_batch(stages, prepared, results, opts)
+
+
+def rows_alone(stages: Stages, batch: Sequence[ManifestRow], opts: RunOptions, exc: BaseException,
+               tokens: TokenCheckpoint | None = None) -> list[RowRecord]:
+    """Each row of a batch that raised, through every stage alone; a row that still raises is a
+    failed record with its traceback."""
+    records = []
+    for row in batch:
+        try:
+            records.extend(synthesize_batch(stages, [row], opts, tokens))
+        except Exception as exc_row:
+            records.append(failed_record(row.id, row.line, row_seed_of(opts.seed, row), "pipeline", exc_row,
+                                         note=f" (the batch raised {type(exc).__name__}: {exc})"))
+    return records

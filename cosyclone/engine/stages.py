@@ -1,0 +1,260 @@
+"""The stage calls of a batch: frontend -> (talker, elsewhere) -> code2wav, failures per row.
+
+Wires the stages together and re-implements none of them. A batch's frontend output
+(:class:`PreparedBatch`) goes to the talker (:mod:`cosyclone.engine.scheduler` decides how) and
+its results come back to :func:`finish_batch`, which runs flow and HiFT over the rows still alive
+and makes their records. A row that fails in any stage is marked in its :class:`RowOutcome`
+(``reason`` and ``error``) and the rest of the batch continues. A row's seed is derived here once
+(:func:`row_seed_of`) and handed, unchanged, to every stage.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..config import ModelConfig
+from ..device import DevicePolicy
+from ..manifest import ManifestRow
+from ..options import RunOptions
+from .outcome import _ABORTS, EMPTY_AFTER_SPEED, NO_TOKENS, NONFINITE_AUDIO, RowOutcome, RowRecord, record_of
+
+
+@dataclass
+class Stages:
+    """The loaded stage objects (built once per run)."""
+
+    cfg: ModelConfig
+    policy: DevicePolicy
+    frontend: Any
+    talker: Any
+    flow: Any
+    hift: Any
+
+
+def load_stages(cfg: ModelConfig, policy: DevicePolicy, load_format: str, *,
+                text_frontend: str = "wetext") -> Stages:
+    """Build frontend and the three models (``load_format`` dummy reads no weight file)."""
+    from dataclasses import replace
+
+    from ..code2wav.flow import build_flow
+    from ..code2wav.hift import build_hift
+    from ..frontend import Frontend
+    from ..talker.model import build_talker
+
+    talker = build_talker(cfg, policy, load_format=load_format)
+    flow = build_flow(cfg, policy, load_format=load_format)
+    hift = build_hift(cfg, policy, load_format=load_format)
+    for m in (talker, flow, hift):
+        m.eval()
+    frontend_cfg = cfg
+    if cfg.model_dir is None:  # dummy weights without a model directory: built-in frontend assets
+        from ..tiny import builtin_frontend_dir
+
+        frontend_cfg = replace(cfg, model_dir=builtin_frontend_dir())
+    return Stages(cfg=cfg, policy=policy, frontend=Frontend(frontend_cfg, text_frontend=text_frontend),
+                  talker=talker, flow=flow, hift=hift)
+
+
+def _sampler_options(cfg: ModelConfig, opts: RunOptions) -> Any:
+    from ..talker.sampler import SamplerOptions
+
+    overrides: dict[str, Any] = {"nonfinite_policy": opts.nonfinite_policy, "draw": opts.draw}
+    for name in ("top_p", "top_k", "win_size", "tau_r"):
+        if getattr(opts, name) is not None:
+            overrides[name] = getattr(opts, name)
+    return SamplerOptions.from_config(cfg.talker.sampling, **overrides)
+
+
+def _pad(seqs: Sequence[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad 1-D (or (T, D)) tensors into (B, Tmax[, D]) plus lengths (B,)."""
+    lens = torch.tensor([int(s.shape[0]) for s in seqs], dtype=torch.long)
+    tmax = max(1, int(lens.max()) if len(seqs) else 1)
+    first = seqs[0]
+    out = torch.zeros((len(seqs), tmax, *first.shape[1:]), dtype=first.dtype)
+    for i, s in enumerate(seqs):
+        out[i, : s.shape[0]] = s.cpu()
+    return out.to(device), lens.to(device)
+
+
+def _embed(req: Any, key: str) -> torch.Tensor:
+    embed = req.embed
+    return embed[key] if isinstance(embed, dict) else getattr(embed, key)
+
+
+def row_seed_of(run_seed: int, row: ManifestRow) -> int:
+    """The row's seed, derived once: the manifest ``seed`` as given, else ``row_seed(--seed, id)``."""
+    from ..talker.sampler import row_seed
+
+    return int(row.seed) if row.seed is not None else row_seed(run_seed, row.id)
+
+
+@dataclass
+class PreparedBatch:
+    """A batch after the frontend: its rows' outcomes (frontend failures already marked) and
+    segments, (row id, Request) in row then segment order. Used once, by :func:`synthesize_batch`."""
+
+    rows: list[ManifestRow]
+    outcomes: dict[str, RowOutcome]
+    segments: list[tuple[str, Any]]
+
+
+# The frontend (tokenizer, ONNX sessions, caches) runs one row at a time, whichever thread asks: the
+# prefetch worker may prepare the next batch while a failed batch is retried row by row.
+_FRONTEND_LOCK = threading.Lock()
+
+
+
+@torch.inference_mode()
+def prepare_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptions) -> PreparedBatch:
+    """The frontend over ``rows``; a bad prompt or text fails its row only (recorded in its outcome)."""
+    outcomes = {r.id: RowOutcome(row_id=r.id, line=r.line, seed=row_seed_of(opts.seed, r)) for r in rows}
+    segments: list[tuple[str, Any]] = []
+    # the position check must use the run's max length ratio when it overrides the model's
+    fit = {} if opts.max_len_ratio is None else {"max_len_ratio": opts.max_len_ratio}
+    for row in rows:
+        oc = outcomes[row.id]
+        t0 = time.perf_counter()
+        try:
+            with _FRONTEND_LOCK:
+                reqs = stages.frontend.prepare(row.id, row.prompt_audio, row.prompt_text, row.text, row.mode,
+                                               row.instruct, oc.seed, row.speed, **fit)
+            segments.extend((row.id, r) for r in reqs)
+            oc.segments = [_segment_record(r) for r in reqs]
+        except Exception as exc:  # a bad prompt or text fails its row only
+            oc.fail_exc("frontend", exc)
+        oc.seconds["frontend"] = time.perf_counter() - t0
+    return PreparedBatch(rows=list(rows), outcomes=outcomes, segments=segments)
+
+
+
+def decode_options(cfg: ModelConfig, opts: RunOptions) -> Any:
+    """The talker's :class:`~cosyclone.talker.decode.DecodeOptions` for a run."""
+    from ..talker.decode import DecodeOptions
+
+    return DecodeOptions(sampler=_sampler_options(cfg, opts), max_len_override=opts.max_tokens,
+                         min_len_override=opts.min_tokens, min_len_ratio=opts.min_len_ratio,
+                         max_len_ratio=opts.max_len_ratio, slots=opts.talker_slots,
+                         cuda_graphs="off" if opts.cuda_graphs == "off" else "auto")  # resolved once: on | off
+
+
+@torch.inference_mode()
+def finish_batch(stages: Stages, prepared: PreparedBatch, results: dict[int, Any],
+                 opts: RunOptions) -> list[RowRecord]:
+    """After the talker: stop reasons into the outcomes, code2wav over the rows still alive, records.
+
+    ``results`` maps a segment's index in ``prepared.segments`` to its talker result; a segment
+    without one belongs to a row that already failed.
+    """
+    rows, outcomes, segments = prepared.rows, prepared.outcomes, prepared.segments
+    ratio = stages.cfg.flow.token_mel_ratio
+    for i, (rid, req) in enumerate(segments):
+        res, oc = results.get(i), outcomes[rid]
+        if res is None:
+            continue
+        oc.stop_reasons.append(res.stop_reason)
+        oc.tokens.append(len(res.tokens))
+        oc.sampler.append(res.diagnostics.to_dict())
+        if res.stop_reason in _ABORTS:
+            err = getattr(res.diagnostics, "error", None)
+            oc.fail("talker", res.stop_reason, res.stop_reason + (f": {err}" if err else ""))
+        elif not res.tokens:
+            oc.fail("talker", NO_TOKENS, "no speech tokens generated")
+        elif _frames_after_speed(ratio * len(res.tokens), float(req.speed)) <= 0:
+            oc.fail("code2wav", EMPTY_AFTER_SPEED,
+                    f"speed {float(req.speed):g} leaves segment {req.segment} with 0 mel frames "
+                    f"({len(res.tokens)} tokens = {ratio * len(res.tokens)} frames, "
+                    f"int({ratio * len(res.tokens)} / {float(req.speed):g}) = 0)")
+
+    # stage 1: flow + HiFT for the segments of rows still alive
+    live = [(i, rid, r) for i, (rid, r) in enumerate(segments) if outcomes[rid].status == "ok"]
+    audio: dict[int, np.ndarray] = {}
+    if live:
+        try:
+            audio = _code2wav(stages, live, results, opts, outcomes)
+        except Exception as exc:  # retry row by row: an exception fails only the rows that raise it alone
+            for rid in dict.fromkeys(rid for _, rid, _ in live):
+                mine = [x for x in live if x[1] == rid]
+                try:
+                    audio.update(_code2wav(stages, mine, results, opts, outcomes))
+                except Exception as exc_row:
+                    outcomes[rid].fail_exc("code2wav", exc_row,
+                                           note=f" (the batch raised {type(exc).__name__}: {exc})")
+    for i, rid, _ in live:
+        if i in audio:
+            audio[i] = _check_audio(outcomes[rid], audio[i], opts.nonfinite_audio)
+
+    records = []
+    sr = stages.cfg.hift.sampling_rate
+    for row in rows:
+        oc = outcomes[row.id]
+        wav = None
+        if oc.status == "ok":
+            parts = [audio[i] for i, (rid, _) in enumerate(segments) if rid == row.id]
+            wav = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+            oc.audio_seconds = len(wav) / sr
+        records.append(record_of(oc, wav))
+    return records
+
+
+def _segment_record(req: Any) -> dict[str, Any]:
+    """What the LLM read for one segment, for the row record (a bad row traces to its text)."""
+    ids = getattr(req, "text_ids", None)
+    target = int(getattr(req, "target_len", 0) or 0)
+    total = int(ids.numel()) if isinstance(ids, torch.Tensor) else target
+    return {"text": getattr(req, "segment_text", ""), "text_ids": target, "prompt_ids": max(0, total - target)}
+
+
+def _frames_after_speed(frames: int, speed: float) -> int:
+    from ..code2wav.token2wav import speed_frames
+
+    return speed_frames(frames, speed)
+
+
+def _check_audio(oc: RowOutcome, wav: np.ndarray, policy: str) -> np.ndarray:
+    """Count a segment's NaN/inf samples; fail the row (``fail``) or zero them as LEGACY did (``zero``)."""
+    finite = np.isfinite(wav)
+    bad = int(wav.size - np.count_nonzero(finite))
+    if not bad:
+        return wav
+    oc.nonfinite_audio_samples += bad
+    if policy == "zero":
+        return np.nan_to_num(wav, nan=0.0, posinf=1.0, neginf=-1.0)
+    n_nan = int(np.isnan(wav).sum())
+    oc.fail("code2wav", NONFINITE_AUDIO, f"nonfinite_audio: {bad} of {wav.size} samples of a segment are not "
+                                          f"finite ({n_nan} NaN, {bad - n_nan} inf); --nonfinite-audio zero "
+                                          "writes them as 0 / +-1 instead")
+    return wav
+
+
+def _code2wav(stages: Stages, live: Sequence[tuple[int, str, Any]], results: dict[int, Any], opts: RunOptions,
+              outcomes: dict[str, RowOutcome]) -> dict[int, np.ndarray]:
+    """Batched token2wav over ``live`` (segment index, row id, Request) -> {segment index: float32 wave}.
+
+    Each segment is changed to its own ``speed``; flow and HiFT time is shared out per segment.
+    """
+    from ..code2wav.token2wav import token2wav
+
+    items = [(r, results[i].tokens) for i, _, r in live]
+    dev = stages.policy.device
+    tok, tok_len = _pad([torch.as_tensor(t, dtype=torch.long) for _, t in items], dev)
+    ptok, ptok_len = _pad([torch.as_tensor(_embed(r, "speech_token"), dtype=torch.long).reshape(-1)
+                           for r, _ in items], dev)
+    feats = [torch.as_tensor(_embed(r, "speech_feat")).reshape(-1, 80) for r, _ in items]
+    pfeat, _ = _pad(feats, dev)
+    pfeat = pfeat.to(stages.policy.dtype)
+    emb = torch.stack([torch.as_tensor(_embed(r, "embedding")).reshape(-1) for r, _ in items])
+    emb = emb.to(dev, dtype=stages.policy.dtype)
+    res = token2wav(stages.flow, stages.hift, tok, tok_len, ptok, ptok_len, pfeat, emb,
+                    speed=[float(r.speed) for r, _ in items], n_timesteps=opts.n_timesteps)
+    for _, rid, _ in live:
+        outcomes[rid].seconds["flow"] = outcomes[rid].seconds.get("flow", 0.0) + res.flow_seconds / len(items)
+        outcomes[rid].seconds["hift"] = outcomes[rid].seconds.get("hift", 0.0) + res.hift_seconds / len(items)
+    return {i: w.numpy().astype(np.float32, copy=False) for (i, _, _), w in zip(live, res.wavs, strict=True)}
+

@@ -1,0 +1,270 @@
+"""Every option of a run, defined once: typed, with its allowed values, its help line and its flag.
+
+Why one place: an option used to travel CLI -> job -> run options -> API -> decode options, beside
+hand-kept lists of which options belong to the model, which change the audio (and so a row's
+fingerprint) and which values are allowed, and the lists disagreed. Here each option is one
+dataclass field whose metadata says everything the other layers need:
+
+* ``help``: one short line (``--help`` at 80 columns; details live in docs/);
+* ``panel``: the ``--help`` group (model, sampling, batching, output, scale-out);
+* ``audio``: True when the value changes a row's samples (part of the row fingerprint);
+* ``low``/``high``: inclusive numeric bounds, ``choices`` come from the ``Literal`` annotation;
+* ``commands``: which CLI commands offer it (``synth``, ``say``); none: API/internal only.
+
+The CLI (:mod:`cosyclone.cli_options`) derives its parameters from these fields, the API takes
+them as keywords, :func:`check` validates them for every door with the flag named, runs record
+:func:`as_record` and fingerprints use :func:`audio_values`. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+from .errors import CosycloneError
+
+SYNTH, SAY = "synth", "say"
+BOTH = (SYNTH, SAY)
+
+# the --help groups, in the order --help shows them
+MODEL, SAMPLING, BATCHING, OUTPUT, SCALE_OUT = "Model", "Sampling", "Batching", "Output", "Scale-out"
+
+LoadFormat = Literal["auto", "dummy"]
+TextFrontend = Literal["wetext", "none"]
+DeviceName = Literal["auto", "cuda", "rocm", "cpu"]
+DtypeName = Literal["auto", "bf16", "fp16", "fp32"]
+CpuGemm = Literal["auto", "onednn", "aten"]
+NonfinitePolicy = Literal["exclude", "error", "legacy-zero"]
+Draw = Literal["race", "legacy-multinomial"]
+NonfiniteAudio = Literal["fail", "zero"]
+Schedule = Literal["continuous", "static"]
+CudaGraphs = Literal["auto", "on", "off"]
+Engine = Literal["local", "ray"]
+
+
+def opt(default: Any, help: str, *, panel: str, audio: bool = False, commands: tuple[str, ...] = BOTH,
+        low: float | None = None, high: float | None = None, metavar: str | None = None,
+        flag: str | None = None, hidden: bool = False) -> Any:
+    """A dataclass field carrying what every door needs to know about one option."""
+    return field(default=default, metadata={
+        "help": help, "panel": panel, "audio": audio, "commands": commands, "low": low, "high": high,
+        "metavar": metavar, "flag": flag, "hidden": hidden})
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """What the model is loaded as: fixed for a loaded :class:`~cosyclone.api.CosyClone`."""
+
+    # auto: read the model directory's weights; dummy: random weights at the released size
+    load_format: LoadFormat = opt("auto", "auto (read weights) | dummy (random)", panel=MODEL, audio=True,
+                                  metavar="FMT")
+    # wetext: the official normalizer (numbers, dates, units spelled out); none: inflect digits only
+    text_frontend: TextFrontend = opt("wetext", "wetext (official normalizer) | none", panel=MODEL, audio=True,
+                                      metavar="NAME")
+    # the device the stages run on; "auto" until resolved (a run records the resolved type)
+    device: DeviceName = opt("auto", "auto | cuda | rocm | cpu", panel=MODEL, metavar="DEV")
+    # the run dtype; auto: bf16 on GPUs with bf16, else fp32 (head, sampler and HiFT stay fp32)
+    dtype: DtypeName = opt("auto", "auto | bf16 | fp16 | fp32", panel=MODEL, metavar="TYPE")
+    # the library of the talker's and flow's fp32 linear layers on CPU (rounding differs by ~1e-6)
+    cpu_gemm: CpuGemm = opt("auto", "CPU fp32 GEMMs: auto | onednn | aten", panel=MODEL, audio=True,
+                            metavar="LIB")
+    # torch's and ONNX's intra-op threads (None: torch's own default, ONNX 1 as upstream)
+    threads: int | None = opt(None, "CPU threads (default: one per core)", panel=MODEL, low=1, metavar="N")
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """What the talker samples and how code2wav renders it: every field here changes the audio."""
+
+    # run seed: a row's seed is row_seed(seed, id) unless the row gives its own
+    seed: int = opt(0, "run seed (row seeds derive from it and the id)", panel=SAMPLING, low=0, metavar="N",
+                    commands=(SYNTH,))
+    # RAS nucleus mass (None: the model yaml's, released 0.8)
+    top_p: float | None = opt(None, "RAS top-p in (0, 1] (default: model's 0.8)", panel=SAMPLING, audio=True,
+                              low=1e-6, high=1.0, metavar="P")
+    # RAS top-k (None: the model yaml's, released 25)
+    top_k: int | None = opt(None, "RAS top-k (default: model's 25)", panel=SAMPLING, audio=True, low=1,
+                            metavar="K")
+    # RAS repetition window (None: the model yaml's, released 10)
+    win_size: int | None = opt(None, "RAS window (default: model's 10)", panel=SAMPLING, audio=True, low=1,
+                               metavar="N")
+    # RAS threshold ratio (None: the model yaml's, released 0.1)
+    tau_r: float | None = opt(None, "RAS threshold ratio (default: model's 0.1)", panel=SAMPLING, audio=True,
+                              low=0.0, metavar="R")
+    # stop ids are blocked below int(ratio x target text ids) tokens (None: 2, the official default)
+    min_len_ratio: float | None = opt(None, "min tokens per text token (default 2)", panel=SAMPLING,
+                                      audio=True, low=0.0, metavar="R")
+    # a segment stops at int(ratio x target text ids) tokens (None: 20, the official default)
+    max_len_ratio: float | None = opt(None, "max tokens per text token (default 20)", panel=SAMPLING,
+                                      audio=True, low=1e-6, metavar="R")
+    # what non-finite logits do: exclude (default), error, legacy-zero (LEGACY, official)
+    nonfinite_policy: NonfinitePolicy = opt("exclude", "NaN logits: exclude | error | legacy-zero",
+                                            panel=SAMPLING, audio=True, metavar="P", commands=(SYNTH,))
+    # how a token is drawn: race (exponential race) | legacy-multinomial (LEGACY, official)
+    draw: Draw = opt("race", "race | legacy-multinomial (LEGACY)", panel=SAMPLING, audio=True, metavar="D",
+                     commands=(SYNTH,))
+    # a cap on speech tokens per segment (tests, benchmarks)
+    max_tokens: int | None = opt(None, "cap speech tokens per segment", panel=SAMPLING, audio=True, low=1,
+                                 metavar="N")
+    # stop ids blocked below this many tokens per segment (benchmarks: min = max gives exact lengths)
+    min_tokens: int | None = opt(None, "block stop ids below N tokens (bench)", panel=SAMPLING, audio=True,
+                                 low=0, metavar="N", hidden=True, commands=(SYNTH,))
+    # flow Euler steps (None: the model yaml's, 10)
+    n_timesteps: int | None = opt(None, "flow Euler steps (default: model's 10)", panel=SAMPLING, audio=True,
+                                  low=1, metavar="N")
+    # what a NaN/inf audio sample does: fail the row (default) | zero it (LEGACY); counted either way
+    nonfinite_audio: NonfiniteAudio = opt("fail", "NaN audio: fail | zero (LEGACY)", panel=SAMPLING,
+                                          audio=True, metavar="P", commands=(SYNTH,))
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How rows are batched and scheduled: none of these change a row's WAV bytes."""
+
+    # max rows per batch (all of a row's segments travel together)
+    batch_size: int = opt(8, "max rows per batch", panel=BATCHING, low=1, metavar="N", commands=(SYNTH,))
+    # max padded work per batch: rows x the largest row estimate (None: rows only)
+    token_budget: int | None = opt(None, "max padded work per batch", panel=BATCHING, low=1, metavar="N",
+                                   commands=(SYNTH,))
+    # segments the talker decodes at once (None: a batch's worth); the others wait for a free slot
+    talker_slots: int | None = opt(None, "segments decoded at once", panel=BATCHING, low=1, metavar="N",
+                                   commands=(SYNTH,))
+    # continuous: one talker session for the run, rows take freed slots across batches; static: per batch
+    schedule: Schedule = opt("continuous", "continuous | static (same bytes)", panel=BATCHING, metavar="S",
+                             commands=(SYNTH,))
+    # auto: replay the decode step as CUDA graphs where the device allows; a run records on/off
+    cuda_graphs: CudaGraphs = opt("auto", "decode as CUDA graphs: auto | off", panel=BATCHING, metavar="M")
+    # code2wav of a finished batch on a worker thread (None: on CUDA/ROCm, off on CPU)
+    code2wav_thread: bool | None = opt(None, "", panel=BATCHING, commands=())
+
+
+@dataclass(frozen=True)
+class RunOptions(EngineOptions, SamplingOptions, ModelOptions):
+    """Every option of a synthesis run, flat (``opts.top_k``), grouped by the classes it derives from."""
+
+    def __post_init__(self) -> None:
+        check(self)  # a run's options are valid wherever they were made (CLI, API, a test, a Ray actor)
+
+
+@dataclass(frozen=True)
+class FolderOptions:
+    """How a run treats its output folder and where it runs (only ``float_wav`` changes a file's bytes)."""
+
+    # "i/N" (0-based i): this machine's contiguous slice of the manifest's lines
+    shard: str | None = opt(None, "i/N: this machine's slice (i from 0)", panel=SCALE_OUT, metavar="I/N",
+                            commands=(SYNTH,))
+    # redo every row of the manifest (default: resume, skipping finished rows)
+    overwrite: bool = opt(False, "redo every row (default: resume)", panel=OUTPUT, commands=(SYNTH,))
+    # 32-bit float WAVs instead of PCM16 (part of the fingerprint)
+    float_wav: bool = opt(False, "32-bit float WAV instead of PCM16", panel=OUTPUT)
+    # local: this process; ray: a Ray Data actor pool (pip install 'cosyclone[ray]')
+    engine: Engine = opt("local", "local | ray (pip install cosyclone\\[ray])", panel=SCALE_OUT, metavar="E",
+                         commands=(SYNTH,))
+    # the Ray cluster to join (None: the one `ray start` began here, else a local one)
+    ray_address: str | None = opt(None, "Ray cluster to join (default: local)", panel=SCALE_OUT,
+                                  metavar="ADDR", commands=(SYNTH,))
+    # Ray actors in all (None: what the nodes hold at the measured footprint; GPUs: one each)
+    ray_actors: int | None = opt(None, "Ray actors in all (default: sized)", panel=SCALE_OUT, low=1,
+                                 metavar="N", commands=(SYNTH,))
+    # torch threads per CPU actor (None: the sizing rule, docs/ray.md)
+    actor_threads: int | None = opt(None, "torch threads per CPU actor", panel=SCALE_OUT, low=1, metavar="N",
+                                    commands=(SYNTH,))
+    # who holds the folder lock (written to the lock file)
+    command: str = opt("", "", panel=OUTPUT, commands=())
+
+    def __post_init__(self) -> None:
+        check(self)
+
+
+#: The option groups a run is built from, in --help order.
+GROUPS: tuple[type, ...] = (ModelOptions, SamplingOptions, EngineOptions, FolderOptions)
+#: ModelOptions fields: a loaded model's own (the API refuses them per call).
+MODEL_FIELDS = tuple(f.name for f in fields(ModelOptions))
+
+
+def flag_of(f: dataclasses.Field) -> str:
+    """The command-line flag of a field (``--top-k``)."""
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def choices_of(f: dataclasses.Field, owner: type) -> tuple[str, ...] | None:
+    """The allowed values of a ``Literal`` field (None for any other)."""
+    hint = typing.get_type_hints(owner)[f.name]
+    return tuple(typing.get_args(hint)) if typing.get_origin(hint) is Literal else None
+
+
+def option_fields(*groups: type) -> list[tuple[type, dataclasses.Field]]:
+    """(owner class, field) of every option of ``groups`` (a field appears once, in its own class)."""
+    out: list[tuple[type, dataclasses.Field]] = []
+    for group in groups:
+        own = [f for f in fields(group) if f.name in group.__dict__.get("__annotations__", {})]
+        out += [(group, f) for f in own]
+    return out
+
+
+def audio_fields() -> tuple[str, ...]:
+    """The run options that change a row's samples: the fingerprint's ``options`` part."""
+    return tuple(f.name for _, f in option_fields(ModelOptions, SamplingOptions) if f.metadata["audio"])
+
+
+def audio_values(opts: RunOptions) -> dict[str, Any]:
+    """The fingerprint's option values of a run."""
+    return {name: getattr(opts, name) for name in audio_fields()}
+
+
+def check(*objs: Any) -> None:
+    """Refuse option values no run can use, naming the flag (:class:`CosycloneError`).
+
+    One check for every door (CLI, API, job, Ray): allowed values from the ``Literal`` types,
+    numeric bounds from the metadata, and the combinations that cannot work.
+    """
+    for obj in objs:
+        owners = [g for g in GROUPS if isinstance(obj, g)]
+        for owner, f in option_fields(*owners):
+            value = getattr(obj, f.name)
+            if value is None:
+                continue
+            allowed = choices_of(f, owner)
+            if allowed is not None and value not in allowed:
+                raise CosycloneError(f"{flag_of(f)} must be one of {', '.join(allowed)}, not {value!r}")
+            low, high = f.metadata.get("low"), f.metadata.get("high")
+            if low is not None and value < low:
+                raise CosycloneError(f"{flag_of(f)} must be at least {low:g}, not {value}")
+            if high is not None and value > high:
+                raise CosycloneError(f"{flag_of(f)} must be at most {high:g}, not {value}")
+    for obj in objs:
+        if isinstance(obj, SamplingOptions) and obj.min_tokens is not None and obj.max_tokens is not None \
+                and obj.min_tokens > obj.max_tokens:
+            raise CosycloneError(f"--min-tokens {obj.min_tokens} is above --max-tokens {obj.max_tokens}")
+        if isinstance(obj, FolderOptions):
+            for flag, value in (("--ray-actors", obj.ray_actors), ("--actor-threads", obj.actor_threads)):
+                if value is not None and obj.engine != "ray":
+                    raise CosycloneError(f"{flag} sizes the Ray actor pool: give it with --engine ray")
+            if obj.shard:
+                from .manifest import Shard
+
+                Shard.parse(obj.shard)
+
+
+def build(cls: type, values: dict[str, Any]) -> Any:
+    """``cls(**values)`` with an unknown name or a bad value as a :class:`CosycloneError`."""
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise CosycloneError(f"unknown option{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}")
+    return cls(**values)  # checked in __post_init__
+
+
+def split(values: dict[str, Any]) -> tuple[RunOptions, FolderOptions]:
+    """Keyword options (the API's, the CLI's) into the run's and the folder's option sets."""
+    folder_names = {f.name for f in fields(FolderOptions)}
+    folder = build(FolderOptions, {k: v for k, v in values.items() if k in folder_names})
+    run = build(RunOptions, {k: v for k, v in values.items() if k not in folder_names})
+    return run, folder
+
+
+def as_record(opts: RunOptions) -> dict[str, Any]:
+    """The resolved options as a run records them (summary.json ``last_run.options``)."""
+    return dataclasses.asdict(opts)

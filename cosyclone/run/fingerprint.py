@@ -1,0 +1,145 @@
+"""Row fingerprints: a stable hash of everything that changes a row's audio, and the file-hash cache.
+
+A row is redone exactly when its fingerprint changes, and what changed is counted by part
+(``text``, ``seed``, ``options``, ...). Hashing a 2 GB model directory on every run is not
+acceptable, so file contents are hashed once per (real path, size, mtime) in :class:`HashCache`,
+the one cache the run folder and ``cosyclone eval`` share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: Changes whenever the same inputs would give other audio (a sampler, frontend or code2wav change).
+#: Part of every fingerprint, so a new release redoes rows made by an older algorithm.
+ALGORITHM_VERSION = "cosyclone-audio-2"
+
+#: Fingerprint parts in the order "what changed" is reported.
+PARTS = ("text", "prompt_text", "mode", "instruct", "speed", "prompt_audio", "seed", "model", "dtype",
+         "device", "options", "algorithm")
+
+
+def _sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def cache_dir() -> Path:
+    """Where content hashes are cached (``COSYCLONE_CACHE_DIR``, else ``~/.cache/cosyclone``)."""
+    env = os.environ.get("COSYCLONE_CACHE_DIR")
+    return Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cosyclone"
+
+
+class HashCache:
+    """sha256 of files, remembered by (real path, size, mtime_ns) in a JSON file.
+
+    Hashing a 2 GB model directory on every run is not acceptable; a file whose size and
+    modification time are unchanged keeps its hash. The cache is advisory: unreadable means empty.
+    """
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or cache_dir() / "file-hashes.json"
+        self._entries: dict[str, list[Any]] | None = None
+        self._dirty = False
+
+    def _load(self) -> dict[str, list[Any]]:
+        if self._entries is None:
+            try:
+                self._entries = json.loads(self.path.read_text())
+                assert isinstance(self._entries, dict)
+            except (OSError, ValueError, AssertionError):
+                self._entries = {}
+        return self._entries
+
+    def sha256(self, path: Path) -> str:
+        real = os.path.realpath(path)
+        st = os.stat(real)
+        entries = self._load()
+        hit = entries.get(real)
+        if hit and hit[0] == st.st_size and hit[1] == st.st_mtime_ns:
+            return str(hit[2])
+        digest = _sha256_file(Path(real))
+        entries[real] = [st.st_size, st.st_mtime_ns, digest]
+        self._dirty = True
+        return digest
+
+    def save(self) -> None:
+        if not self._dirty or self._entries is None:
+            return
+        with contextlib.suppress(OSError):  # a read-only home only costs re-hashing next time
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(self._entries))
+            os.replace(tmp, self.path)
+            self._dirty = False
+
+
+def model_content_hash(model_dir: Path | None, cache: HashCache, *, dummy_tag: str = "") -> str:
+    """One hash of every file under ``model_dir`` (relative path and content), via ``cache``.
+
+    Without a directory (``--load-format dummy`` at the released geometry) the hash names the
+    dummy weights instead, so a dummy row is never mistaken for a real-weights row.
+    """
+    h = hashlib.sha256()
+    if model_dir is None:
+        h.update(f"dummy:{dummy_tag}".encode())
+        return h.hexdigest()
+    root = Path(model_dir)
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = path.relative_to(root).as_posix()
+        if any(part.startswith(".") or part == "__pycache__" for part in Path(rel).parts):
+            continue
+        h.update(rel.encode() + b"\0" + cache.sha256(path).encode() + b"\n")
+    if dummy_tag:
+        h.update(f"dummy:{dummy_tag}".encode())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """Everything outside the row that changes its audio (the run-wide fingerprint parts)."""
+
+    model: str  # model_content_hash
+    dtype: str  # resolved run dtype (fp32 | bf16 | fp16)
+    device: str  # device kind (cpu | cuda | rocm): kernels differ in rounding
+    options: Mapping[str, Any]  # sampler / code2wav / non-finite / text-frontend options that change audio
+
+
+def _digest(value: Any) -> str:
+    """A short stable hash of a JSON-able value; ``surrogatepass`` so that no string can make it raise
+    (validation refuses lone surrogates, but a fingerprint must never be what ends a run)."""
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def row_fingerprint(row: Any, seed: int, ctx: RunContext, hashes: HashCache) -> tuple[str, dict[str, str]]:
+    """(fingerprint, parts): a stable hash of everything that changes ``row``'s audio.
+
+    ``parts`` maps each name of :data:`PARTS` to a short hash, so a changed row can say what changed.
+    """
+    parts = {
+        "text": _digest(row.text), "prompt_text": _digest(row.prompt_text), "mode": _digest(row.mode),
+        "instruct": _digest(row.instruct), "speed": _digest(float(row.speed)),
+        "prompt_audio": hashes.sha256(Path(row.prompt_audio))[:16], "seed": _digest(int(seed)),
+        "model": ctx.model[:16], "dtype": _digest(ctx.dtype), "device": _digest(ctx.device),
+        "options": _digest(dict(ctx.options)), "algorithm": _digest(ALGORITHM_VERSION),
+    }
+    return _digest([parts[k] for k in PARTS]), parts
+
+
+def changed_parts(old: Mapping[str, Any], new: Mapping[str, str]) -> list[str]:
+    """The parts of ``new`` that differ from a stored record's ``fingerprint_parts`` (all when absent)."""
+    stored = old.get("fingerprint_parts") or {}
+    return [k for k in PARTS if stored.get(k) != new[k]] or ["fingerprint"]
+
+
