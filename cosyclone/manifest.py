@@ -12,7 +12,7 @@ isolate controls (:func:`text_field_problem`; docs/text_frontend.md says why, an
 marks are kept). The whitespace people type or paste (tab, newline, CR, vertical tab, form feed)
 is kept in the spoken fields, which the frontend reads as the official one does.
 
-Schema (see README): ``id`` (safe file name), ``prompt_audio`` (path relative to the manifest's
+Schema (docs/manifest.md): ``id`` (safe file name), ``prompt_audio`` (path relative to the manifest's
 folder), ``text``; optional ``mode`` (zero_shot | cross_lingual | instruct2), ``prompt_text`` (the
 prompt's transcript: required for zero_shot, the only mode whose LLM reads it; ignored otherwise, as
 officially), ``instruct`` (required for instruct2), ``seed`` (int), ``speed`` (positive number).
