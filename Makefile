@@ -43,7 +43,7 @@ demo: $(STAMP)
 	$(BIN)/cosyclone synth manifests/example.jsonl --model-dir .tiny-model --out demo --overwrite
 	@echo "WAVs are in demo/wavs/, per-row diagnostics in demo/diagnostics.jsonl, totals in demo/summary.json"
 	@echo "NOTE: .tiny-model has tiny RANDOM weights, so these WAVs are noise, not speech: the demo checks the"
-	@echo "install and shows the outputs. For speech, download Fun-CosyVoice3-0.5B-2512 (README, 'First answers'):"
+	@echo "install and shows the outputs. For speech, download Fun-CosyVoice3-0.5B-2512 (README, 'Getting the model'):"
 	@echo "  $(BIN)/cosyclone synth manifests/example.jsonl --model-dir /models/Fun-CosyVoice3-0.5B --out out"
 	@echo "The cosyclone command is $(BIN)/cosyclone; or run 'source $(BIN)/activate' once and type 'cosyclone'."
 

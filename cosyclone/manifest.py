@@ -7,11 +7,12 @@ integer too long to be a seed, or any value a check trips on is that line's erro
 that cannot be read at all (missing, a directory) is "unusable input" for the whole run.
 
 Text fields (``id``, ``text``, ``prompt_text``, ``instruct``, and the ``prompt_audio`` path) refuse
-lone surrogates, NUL and other C0/C1 control characters except tab and newline, and the bidi
-embedding, override and isolate controls (:func:`text_field_problem`; docs/text_frontend.md says
-why, and which invisible marks are kept).
+lone surrogates, NUL and other C0/C1 control characters, and the bidi embedding, override and
+isolate controls (:func:`text_field_problem`; docs/text_frontend.md says why, and which invisible
+marks are kept). The whitespace people type or paste (tab, newline, CR, vertical tab, form feed)
+is kept in the spoken fields, which the frontend reads as the official one does.
 
-Schema (see README): ``id`` (safe file name), ``prompt_audio`` (path relative to the manifest's
+Schema (docs/manifest.md): ``id`` (safe file name), ``prompt_audio`` (path relative to the manifest's
 folder), ``text``; optional ``mode`` (zero_shot | cross_lingual | instruct2), ``prompt_text`` (the
 prompt's transcript: required for zero_shot, the only mode whose LLM reads it; ignored otherwise, as
 officially), ``instruct`` (required for instruct2), ``seed`` (int), ``speed`` (positive number).
@@ -46,6 +47,12 @@ SEED_MAX = (1 << 64) - 1  # seeds are unsigned 64-bit: the LEGACY draw's torch.G
 #: Bidi controls that reorder how a text displays (embeddings, overrides, isolates): refused. The
 #: marks U+200E, U+200F and U+061C are kept (real right-to-left text carries them; see docs/text_frontend.md).
 BIDI_CONTROLS = frozenset([*range(0x202A, 0x202F), *range(0x2066, 0x206A)])
+#: Controls kept in a field: tab and newline anywhere; in the spoken fields also CR (Windows line ends),
+#: vertical tab and form feed, which texts pasted from spreadsheets and editors carry and the official
+#: frontend reads (docs/text_frontend.md, "Line ends, tabs and page breaks").
+FIELD_WHITESPACE = "\t\n"
+SPOKEN_WHITESPACE = "\t\n\r\v\f"
+SPOKEN_FIELDS = ("text", "prompt_text", "instruct")
 
 
 @dataclass(frozen=True)
@@ -91,19 +98,20 @@ class Manifest:
                         ordinals={line: self.ordinals[line] - start for line in inside})
 
 
-def text_field_problem(value: str) -> str | None:
+def text_field_problem(value: str, *, whitespace: str = FIELD_WHITESPACE) -> str | None:
     """Why ``value`` cannot be a manifest text (None when it can): the first character refused.
 
     Refused: lone surrogates (no UTF-8 form: a fingerprint, a file or a tokenizer cannot take
-    them), NUL and every other C0/C1 control character except tab and newline (invisible, and
+    them), NUL and every other C0/C1 control character not in ``whitespace`` (invisible, and
     meaningless to the normalizer and the LLM), and the bidi embedding/override/isolate controls
-    (:data:`BIDI_CONTROLS`: a text that displays otherwise than the model reads it).
+    (:data:`BIDI_CONTROLS`: a text that displays otherwise than the model reads it). The spoken
+    fields pass :data:`SPOKEN_WHITESPACE`; a path or an id keeps the stricter default.
     """
     for i, ch in enumerate(value):
         code = ord(ch)
         if 0xD800 <= code <= 0xDFFF:
             what = "a lone surrogate (not a character: the text is not valid Unicode)"
-        elif (code < 0x20 and ch not in "\t\n") or 0x7F <= code <= 0x9F:
+        elif (code < 0x20 and ch not in whitespace) or 0x7F <= code <= 0x9F:
             what = "a control character"
         elif code in BIDI_CONTROLS:
             what = "a bidi control (the text would display otherwise than it is read)"
@@ -197,7 +205,8 @@ def parse_row(obj: object, *, line: int, base: Path, check_audio: bool = True,
     for name in ("prompt_audio", "prompt_text", "text", "instruct"):
         if name in obj and not isinstance(obj[name], str):
             raise ManifestError("must be a string", line=line, field=name, row_id=rid_s)
-        problem = text_field_problem(obj[name]) if name in obj else None
+        kept = SPOKEN_WHITESPACE if name in SPOKEN_FIELDS else FIELD_WHITESPACE
+        problem = text_field_problem(obj[name], whitespace=kept) if name in obj else None
         if problem:
             raise ManifestError(problem, line=line, field=name, row_id=rid_s)
     text = obj["text"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cosyclone.manifest import SEED_MAX, read_manifest, rows_from_dicts, text_field_problem
+from cosyclone.manifest import SEED_MAX, SPOKEN_WHITESPACE, read_manifest, rows_from_dicts, text_field_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = str(ROOT / "manifests" / "prompts" / "speaker1.wav")
@@ -40,6 +40,9 @@ HOSTILE: dict[str, tuple[bytes, str | None, str]] = {
     "id_bidi": (good("a\u202eb").encode(), "id", "bidi control"),
     "path_surrogate": (json.dumps({"id": "p", "prompt_audio": "a\udfffb.wav", "prompt_text": "w",
                                    "text": "t"}).encode(), "prompt_audio", "lone surrogate"),
+    "c0_unit_separator": (good("u", text="a\u001fb").encode(), "text", "control character"),
+    "path_cr": (json.dumps({"id": "q", "prompt_audio": "a\rb.wav", "prompt_text": "w",
+                            "text": "t"}).encode(), "prompt_audio", "control character"),
 }
 
 
@@ -84,9 +87,23 @@ def test_python_rows_get_the_same_refusals(tmp_path: Path) -> None:
 
 def test_tab_newline_and_the_rtl_marks_are_kept() -> None:
     assert text_field_problem("one\ttwo\nthree") is None
+    assert "U+000D" in text_field_problem("a\r\nb")  # a path keeps only tab and newline
+    assert text_field_problem("line\r\nnext\rcell\tpage\fvt\v", whitespace=SPOKEN_WHITESPACE) is None
+    assert "U+0000" in text_field_problem("a\x00b", whitespace=SPOKEN_WHITESPACE)
     assert text_field_problem("\u05e9\u05dc\u05d5\u05dd\u200f \u0645\u0631\u062d\u0628\u0627\u061c \u200e") is None
     assert text_field_problem("family \U0001f468\u200d\U0001f469") is None  # ZWJ is not a control
     assert "U+202E RIGHT-TO-LEFT OVERRIDE, at character 2" in text_field_problem("a\u202e")
+
+
+def test_spoken_fields_keep_line_ends_tabs_and_page_breaks(tmp_path: Path) -> None:
+    """CR, CRLF, tab, VT and FF in text, prompt_text and instruct are read as officially (docs/text_frontend.md)."""
+    rows = [good("zs", text="Hello there.\r\nHow are you?\tFine.\v\fBye.", prompt_text="Line one\r\nline\ttwo\r"),
+            good("ins", mode="instruct2", instruct="Speak softly.\r\nSlowly.\t\v\f", text="第一行\r\n第二行"),
+            good("xl", mode="cross_lingual", text="Tab\tand\rreturn.")]
+    m = read_manifest(_manifest(tmp_path, [r.encode() for r in rows]))
+    assert not m.errors and [r.id for r in m.rows] == ["zs", "ins", "xl"]
+    assert m.rows[0].text == "Hello there.\r\nHow are you?\tFine.\v\fBye."  # handed on as written
+    assert m.rows[1].instruct == "Speak softly.\r\nSlowly.\t\v\f"
 
 
 def test_blank_lines_crlf_and_a_bom_are_not_errors(tmp_path: Path) -> None:

@@ -23,6 +23,12 @@ code raises; every deviation is a row of the table in docs/text_frontend.md (pin
   ``\\\\`` whenever its grammar ran. The escapes are removed again (exactly: ``\\X`` -> ``X``).
 * ``str.isdigit`` characters that are not decimal digits (①, ², ...) are spelled by their value
   (official inflect reads them all as "zero").
+* wetext's English grammar finds no reading for a Windows line end ("a\\r\\nb") and the official code
+  raises; such a text is normalized again with each ``\\r\\n`` made ``\\n``, which gives the official
+  output of the same text saved with LF line ends (what Python's text mode hands the official code
+  when it reads a Windows file). A lone ``\\r``, tab, vertical tab and form feed need nothing: wetext
+  and the official steps read them, and what they leave goes to the tokenizer as officially (Chinese
+  text keeps the ``\\r`` of a ``\\r\\n``, since only ``\\n`` is removed there).
 * wetext's English grammar finds no reading for some runs of whitespace ("a  b", "x\\n\\ny") and the
   official code raises; such a text is normalized again with each whitespace run made one space.
 * A closing quote right after a mark with no sentence before it (the official splitter raises)
@@ -378,15 +384,20 @@ class TextNormalizer:
     def _tn_one(self, text: str, lang: str) -> str:
         """wetext over one stripped piece; where it has no reading, do better than raising.
 
-        The official code raises when wetext finds no path (e.g. "two  spaces", "x\\n\\ny",
-        "item #3"). Then: the text again with each whitespace run made one space; if that fails too,
-        the words wetext cannot read alone are left as written (inflect still spells their digits)
-        and the runs of words between them are normalized whole.
+        The official code raises when wetext finds no path (e.g. "a\\r\\nb", "two  spaces",
+        "x\\n\\ny", "item #3"). Then: the text with its Windows line ends made ``\\n`` (the official
+        reading of the same text with LF line ends); if that fails too, the text with each whitespace
+        run made one space; if that fails too, the words wetext cannot read alone are left as written
+        (inflect still spells their digits) and the runs of words between them are normalized whole.
         """
         pick = self._wetext_utils.get_lang(text.strip()) if lang == "auto" else lang
         out = self._try_tn(text, pick)
         if out is not None:
             return out
+        if "\r\n" in text:
+            out = self._try_tn(text.replace("\r\n", "\n"), pick)
+            if out is not None:
+                return out
         collapsed = _WHITESPACE_RUN.sub(" ", text).strip()
         if collapsed != text:
             out = self._try_tn(collapsed, pick)

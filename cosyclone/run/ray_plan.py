@@ -9,7 +9,7 @@ that cannot fit before any model loads (:meth:`RayPlan.check`), that ``runs.json
 Must not: start actors or load a model (planning is arithmetic on node shapes and the model's
 geometry; the only Ray calls are reading a cluster's nodes), or print (``describe()`` returns lines).
 
-The rule (README "Scaling out with Ray"):
+The rule (docs/ray.md, "Sizing"):
 
 * CPU: each actor runs ``threads`` torch threads (default :data:`DEFAULT_CPU_THREADS`, the figure
   ``benchmarks/bench_ray.py`` backs); a node holds ``min(cores // threads, memory // footprint)``
@@ -42,7 +42,7 @@ GIB = 1 << 30
 
 #: torch threads per CPU actor when ``--actor-threads`` is not given: on the 2-core AMD EPYC (Zen 4)
 #: ``benchmarks/bench_ray.py`` measured, once loaded, 2 actors x 1 thread at 1.20x the rows/s of
-#: 1 actor x 2 threads and 1.04x the local engine at 2 threads, on the same rows (README table).
+#: 1 actor x 2 threads and 1.04x the local engine at 2 threads, on the same rows (docs/ray.md table).
 DEFAULT_CPU_THREADS = 1
 #: A CPU actor asks Ray for this many CPUs per torch thread (see the module docstring).
 CPU_SHARE = 0.5

@@ -58,7 +58,7 @@ def wav_bytes(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted((out / "wavs").glob("*.wav"))}
 
 
-# The fields README documents for a diagnostics line, and for each of its per-segment sampler records.
+# The fields docs/output.md documents for a diagnostics line, and for each of its per-segment sampler records.
 ROW_FIELDS = {"id", "line", "seed", "status", "error", "stop_reasons", "tokens", "audio_seconds", "seconds",
               "sampler", "wav"}
 SAMPLER_FIELDS = {"row_id", "seed", "steps", "tokens_emitted", "stop_reason", "nan_steps", "all_nan_steps",

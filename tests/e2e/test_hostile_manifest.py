@@ -160,3 +160,60 @@ def test_the_api_refuses_a_hostile_row_naming_it(tiny_model_dir: Path) -> None:
         tts.synthesize("abc\ud800", prompt_audio=PROMPT, prompt_text="words")
     with pytest.raises(CosycloneError, match=r"line 2, id 'b', field 'seed'"):
         tts.synthesize_rows([GOOD[0], {**GOOD[1], "id": "b", "seed": 10**5000}])
+
+
+def test_a_windows_manifest_validates_and_speaks_the_official_segments(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """CRLF line ends in the file and ``\\r\\n``, ``\\r``, tab, VT, FF inside its texts: the official segments.
+
+    The expected segments and ids are the official frontend's (tests/fixtures/text_controls.json,
+    see tests/parity/test_text_controls.py); ids are compared where the reference tokenizer is.
+    """
+    import shutil
+
+    from tests.parity.test_text_controls import CASES, ZS_PROMPT
+    from tests.reference import reference_tokenizer
+
+    rows = []
+    for k, case in enumerate(CASES):
+        row = {"id": f"r{k}", "prompt_audio": PROMPT, "text": case["text"], "mode": case["mode"]}
+        if case["mode"] == "zero_shot":
+            row["prompt_text"] = case.get("prompt_text") or ZS_PROMPT
+        if case.get("instruct"):
+            row["instruct"] = case["instruct"]
+        rows.append(row)
+    path = tmp_path / "windows.jsonl"
+    path.write_bytes(b"".join(json.dumps(r, ensure_ascii=False).encode() + b"\r\n" for r in rows))
+    assert b"\\r\\n" in path.read_bytes() and path.read_bytes().count(b"\r\n") == len(rows)
+
+    res = CliRunner().invoke(app, ["validate", str(path)])
+    assert res.exit_code == 0 and f"{len(rows)} valid rows, 0 rejected" in res.output, res.output
+
+    speak = [0, 1, 7, 9, 12, 14, 15, 17]  # a CRLF deviation, CR, tab, VT, FF, Chinese CRLF
+    sub = tmp_path / "speak.jsonl"
+    sub.write_bytes(b"".join(json.dumps(rows[k]).encode() + b"\r\n" for k in speak))
+    res = CliRunner().invoke(app, ["synth", str(sub), "--model-dir", str(tiny_model_dir), "--out",
+                                   str(tmp_path / "out"), *FAST])
+    assert res.exit_code == 0, res.output
+    records = {r["id"]: r for r in map(json.loads, (tmp_path / "out" / "diagnostics.jsonl").read_text().splitlines())}
+    for k in speak:
+        rec = records[f"r{k}"]
+        assert rec["status"] == "ok" and rec["text"] == CASES[k]["text"], rec
+        assert [s["text"] for s in rec["segments"]] == CASES[k]["segments"], (k, rec["segments"])
+
+    model = tmp_path / "reference-tokenizer-model"  # the tiny layout with the reference tokenizer: real ids
+    shutil.copytree(tiny_model_dir, model, ignore=shutil.ignore_patterns("*.pt", "*.onnx"))
+    qwen = model / "CosyVoice-BlankEN"  # keeps the tiny config.json (validate reads the geometry, no weights)
+    for f in qwen.iterdir():
+        if f.name != "config.json":
+            f.unlink()
+    for f in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+        shutil.copy(reference_tokenizer() / f, qwen / f)
+    res = CliRunner().invoke(app, ["validate", str(path), "--json", "--model-dir", str(model)])
+    assert res.exit_code == 0, res.output
+    got = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
+    assert len(got) == len(rows)
+    for case, plan in zip(CASES, got, strict=True):
+        assert [s["text"] for s in plan["segments"]] == case["segments"], plan["id"]
+        assert [s["ids"] for s in plan["segments"]] == case["segment_ids"], plan["id"]
+        if "prompt_ids" in case:
+            assert plan["prompt_ids"] == case["prompt_ids"], plan["id"]
