@@ -10,7 +10,7 @@ wheel per name, for the target machine's Python, checked against what the image 
 
 Usage (from the repo root; ``make gpu-bundle PYVER=3.12`` runs ``build``)::
 
-    python -m benchmarks.gpu_bundle build --python-version 3.12 [--dest .gpu-bundle/py312] [--vectors DIR]
+    python -m benchmarks.gpu_bundle build --python-version 3.12 [--dest .gpu-bundle/py312] [--reference DIR]
     python -m benchmarks.gpu_bundle check --python-version 3.12 [--dest .gpu-bundle/py312]
     python -m benchmarks.gpu_bundle installed --bundle DIR   # on the machine: every requirement satisfied?
 
@@ -44,6 +44,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PINS = ROOT / "benchmarks" / "gpu_bundle_pins.txt"
 IMAGE = ROOT / "benchmarks" / "gpu_image_packages.txt"
 LIMIT_MB = 20.0
+#: What the parity part reads from the reference folder (tests/reference.py finds them beside each other).
+REFERENCE_PARTS = ("vectors", "tokenizer", "state_dicts")
 #: What the gpu check needs beyond cosyclone's own dependencies (its test parts).
 CHECK_NEEDS = ("pytest", "hypothesis")
 #: Platforms of the device's x86-64 Linux (pip matches each manylinux tag exactly).
@@ -206,13 +208,16 @@ def build(args: argparse.Namespace) -> int:
             old.unlink()
         for w in Path(tmp).glob("*.whl"):
             shutil.move(str(w), dest / w.name)
-    if args.vectors:
-        src = Path(args.vectors)
-        if src.is_dir():
-            shutil.copytree(src, dest.parent / "vectors", dirs_exist_ok=True)
-            print(f"reference vectors copied to {dest.parent / 'vectors'} (for the parity part)")
+    if args.reference:
+        src, to = Path(args.reference), dest.parent / "reference"
+        if (src / "vectors").is_dir():
+            for part in REFERENCE_PARTS:
+                if (src / part).is_dir():
+                    shutil.copytree(src / part, to / part, dirs_exist_ok=True)
+            mb = sum(p.stat().st_size for p in to.rglob("*") if p.is_file()) / 2**20
+            print(f"reference material ({', '.join(REFERENCE_PARTS)}) copied to {to}, {mb:.1f} MB (the parity part)")
         else:
-            print(f"no reference vectors at {src}: the parity part will skip its vector tests")
+            print(f"no reference vectors under {src}: the parity part will skip the tests that need them")
     return _report(dest, args.python_version)
 
 
@@ -248,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--python-version", default="3.12", help="the target machine's Python (device: 3.12)")
         p.add_argument("--dest", default=None, help="default .gpu-bundle/pyXY (git-ignored)")
         if name == "build":
-            p.add_argument("--vectors", default=None, help="also copy these reference vectors beside the bundle")
+            p.add_argument("--reference", default=None,
+                           help="also copy this reference folder's vectors, tokenizer and state_dicts beside the bundle")
     p = sub.add_parser("installed")
     p.add_argument("--bundle", required=True)
     args = ap.parse_args(argv)
