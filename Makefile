@@ -12,7 +12,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-gpu lint bench demo clean
+.PHONY: install test test-gpu lint bench demo clean gpu-bundle gpu-check gpu-rehearsal
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -32,6 +32,22 @@ test: $(STAMP)
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest tests -m gpu -p no:cacheprovider
 
+# A bare, offline GPU machine (docs/gpu.md). gpu-bundle: the wheels its python3 lacks for synth, say and
+# the gpu tests, for CPython $(PYVER), into .gpu-bundle/ (git-ignored; needs PyPI), plus a copy of the
+# reference material for the parity part. gpu-check: the check itself (run it ON the GPU machine with
+# .gpu-bundle carried; it installs nothing else). gpu-rehearsal: the same check on CPU, in a fresh venv
+# holding only what the image holds, with a bundle built for that venv's Python.
+PYVER ?= 3.12
+REFERENCE ?= ../shared/reference
+gpu-bundle:
+	$(PY) -m benchmarks.gpu_bundle build --python-version $(PYVER) --reference $(REFERENCE)
+
+gpu-check:
+	bash benchmarks/gpu_check.sh
+
+gpu-rehearsal:
+	REFERENCE=$(REFERENCE) bash benchmarks/gpu_rehearsal.sh
+
 lint: $(STAMP)
 	$(BIN)/ruff check cosyclone tests benchmarks
 
@@ -48,4 +64,4 @@ demo: $(STAMP)
 	@echo "The cosyclone command is $(BIN)/cosyclone; or run 'source $(BIN)/activate' once and type 'cosyclone'."
 
 clean:
-	rm -rf $(VENV) .tiny-model demo .pytest_cache
+	rm -rf $(VENV) .tiny-model demo .pytest_cache .gpu-rehearsal

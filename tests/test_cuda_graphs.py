@@ -30,9 +30,16 @@ SAMPLER = SamplerOptions(top_k=40, top_p=0.9)
 
 
 def _run(model: Any, reqs: list, **kw: Any) -> tuple[list, list[tuple[GraphChoice, int]]]:
+    """Each row's tokens, stop reason and sampler diagnostics; ``graph_steps`` (what ran as a
+    replay, which differs by mode) goes to ``GRAPH_STEPS[-1]`` instead."""
     seen: list[tuple[GraphChoice, int]] = []
     opts = DecodeOptions(sampler=SAMPLER, slots=3, kv_bucket=8, on_graphs=lambda c, n: seen.append((c, n)))
-    return _key(generate(model, reqs, replace(opts, **kw))), seen
+    rows = _key(generate(model, reqs, replace(opts, **kw)))
+    GRAPH_STEPS.append([d.pop("graph_steps") for *_, d in rows])
+    return rows, seen
+
+
+GRAPH_STEPS: list[list[int]] = []
 
 
 def test_resolve_rules() -> None:
@@ -56,6 +63,7 @@ def test_auto_on_cpu_is_off_and_equals_off() -> None:
     off, seen_off = _run(model, reqs, cuda_graphs="off")
     auto, seen_auto = _run(model, reqs, cuda_graphs="auto")
     assert auto == off
+    assert GRAPH_STEPS[-2:] == [[0] * 7, [0] * 7]  # nothing replayed
     assert seen_auto == [(GraphChoice(False, "device is cpu: CUDA graphs need a CUDA/ROCm device"), 0)]
     assert seen_off == [(GraphChoice(False, "off requested"), 0)]
 
@@ -72,6 +80,11 @@ def test_graph_wrapper_state_machine_gives_plain_tokens() -> None:
     (choice, captured), = seen
     assert choice.enabled and captured == be.captures and captured >= 2  # several kv_len buckets
     assert be.replays > captured  # later steps of a key only replay
+    plain_steps, graph_steps = GRAPH_STEPS[-2:]
+    assert plain_steps == [0] * 9
+    # each row counts the replays its slot ran: at least one, at most its steps, never a warm-up step
+    assert all(0 < g <= d["steps"] for g, (*_, d) in zip(graph_steps, graphed, strict=True)), graph_steps
+    assert max(graph_steps) <= be.replays
 
 
 class _Refuses(EagerCapture):
@@ -87,8 +100,29 @@ def test_failed_capture_falls_back_to_eager_with_reason() -> None:
     assert got == plain
     (choice, captured), = seen
     assert not choice.enabled and captured == 0
+    assert GRAPH_STEPS[-1] == [0] * 6  # the rows say that nothing ran as a graph
     assert choice.reason.startswith("capture failed for key ")
     assert choice.reason.endswith(": RuntimeError: operation not permitted when stream is capturing")
+
+
+def test_session_says_what_really_ran() -> None:
+    """A session reports what ran, not what was asked: ``graphs_used`` once a step replayed,
+    ``graph_capture_error`` when a capture failed (the decode went on eagerly)."""
+    from cosyclone.talker.decode import TalkerSession
+
+    model = _model()
+    reqs = _requests(4, 5)
+    for mode, backend, used, error in (("auto", EagerCapture(), True, None), ("off", EagerCapture(), False, None),
+                                       ("auto", _Refuses(), False, "capture failed for key ")):
+        session = TalkerSession(model, DecodeOptions(sampler=SAMPLER, kv_bucket=8, cuda_graphs=mode,
+                                                     graph_backend=backend), slots=2)
+        session.add(reqs)
+        res = [r for _, r in session.drain()]
+        session.close()
+        assert len(res) == 4 and session.graphs_used is used, mode
+        assert (session.graph_capture_error or "").startswith(error or "") and (error is None) == (
+            session.graph_capture_error is None)
+        assert (sum(r.diagnostics.graph_steps for r in res) > 0) is used
 
 
 def test_static_buffers_copy_inputs_and_alias_outputs() -> None:
@@ -167,16 +201,19 @@ def test_synth_on_cuda_records_graphs_on_and_matches_off(tiny_model_dir: Any, tm
 
 def test_cuda_capture_protocol_with_fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     """CudaGraphCapture's calls, checked on CPU against stand-ins (real semantics need a GPU, see
-    the ``gpu`` tests): warm-up runs on a side stream that first waits for the current stream and
-    is then waited on; capture synchronizes, opens ``torch.cuda.graph`` in thread-local error mode,
-    the first graph's pool is shared by later captures, replay is the graph's own. The keyword
-    arguments used exist in this torch's ``torch.cuda.graph``."""
+    the ``gpu`` tests): ONE side stream per capture owner serves every warm-up and capture; it first
+    waits for the current stream and is waited on after; a capture synchronizes, brackets the step
+    with ``capture_begin``/``capture_end`` in thread-local error mode (no ``torch.cuda.graph``: its
+    ``__enter__`` empties the caches every capture), the first graph's pool is shared by later
+    captures, replay is the graph's own, and a step that raises during capture still ends it and
+    its own error propagates. The keyword arguments used exist in this torch's ``capture_begin``."""
     import inspect
 
     from cosyclone.talker.graphs import CudaGraphCapture
 
-    inspect.signature(torch.cuda.graph.__init__).bind(None, None, pool=None, capture_error_mode="thread_local")
+    inspect.signature(torch.cuda.CUDAGraph.capture_begin).bind(None, pool=None, capture_error_mode="thread_local")
     events: list[Any] = []
+    made: list[str] = []
 
     class Stream:
         def __init__(self, name: str) -> None:
@@ -185,7 +222,11 @@ def test_cuda_capture_protocol_with_fake_cuda(monkeypatch: pytest.MonkeyPatch) -
         def wait_stream(self, other: Stream) -> None:
             events.append(("wait", self.name, other.name))
 
-    current, side = Stream("current"), Stream("side")
+    current = Stream("current")
+
+    def new_stream(device: Any = None) -> Stream:
+        made.append("side")
+        return Stream(f"side{len(made)}")
 
     class StreamCtx:
         def __init__(self, s: Stream) -> None:
@@ -204,39 +245,50 @@ def test_cuda_capture_protocol_with_fake_cuda(monkeypatch: pytest.MonkeyPatch) -
             Graph.n += 1
             self.id = Graph.n
 
+        def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> None:
+            events.append(("begin", self.id, pool, capture_error_mode))
+
+        def capture_end(self) -> None:
+            events.append(("end", self.id))
+
         def pool(self) -> str:
             return f"pool{self.id}"
 
         def replay(self) -> None:
             events.append(("replay", self.id))
 
-    class GraphCtx:
-        def __init__(self, g: Graph, pool: Any = None, capture_error_mode: str = "global") -> None:
-            events.append(("capture", g.id, pool, capture_error_mode))
+    def no_graph_cm(*a: Any, **k: Any) -> None:
+        raise AssertionError("torch.cuda.graph empties the caches on every capture: not used")
 
-        def __enter__(self) -> None:
-            pass
-
-        def __exit__(self, *exc: object) -> None:
-            pass
-
-    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: side)
+    monkeypatch.setattr(torch.cuda, "Stream", new_stream)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current)
     monkeypatch.setattr(torch.cuda, "stream", StreamCtx)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append(("sync",)))
     monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
-    monkeypatch.setattr(torch.cuda, "graph", GraphCtx)
+    monkeypatch.setattr(torch.cuda, "graph", no_graph_cm)
 
     cap = CudaGraphCapture("cpu")
+    side = [("wait", "side1", "current"), ("enter", "side1")]
+    back = [("exit", "side1"), ("wait", "current", "side1")]
     assert cap.warmup(lambda: events.append(("run",)) or 7) == 7
-    assert events == [("wait", "side", "current"), ("enter", "side"), ("run",), ("exit", "side"),
-                      ("wait", "current", "side")]
+    assert cap.warmup(lambda: 8) == 8
+    assert events == [*side, ("run",), *back, *side, *back]
     events.clear()
-    replay1, out1 = cap.capture(lambda: "o1")
+    replay1, out1 = cap.capture(lambda: events.append(("step",)) or "o1")
     replay2, out2 = cap.capture(lambda: "o2")
-    assert events == [("sync",), ("capture", 1, None, "thread_local"), ("sync",), ("capture", 2, "pool1", "thread_local")]
+    assert events == [("sync",), *side, ("begin", 1, None, "thread_local"), ("step",), ("end", 1), *back,
+                      ("sync",), *side, ("begin", 2, "pool1", "thread_local"), ("end", 2), *back]
     assert (out1, out2) == ({"out": "o1"}, {"out": "o2"}) and len(cap.graphs) == 2
     events.clear()
     replay2()
     replay1()
     assert events == [("replay", 2), ("replay", 1)]
+    events.clear()
+
+    def bad() -> None:
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    with pytest.raises(RuntimeError, match="operation not permitted"):
+        cap.capture(bad)
+    assert events == [("sync",), *side, ("begin", 3, "pool1", "thread_local"), ("end", 3), *back]
+    assert len(cap.graphs) == 2 and made == ["side"]  # one side stream for every warm-up and capture

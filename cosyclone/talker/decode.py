@@ -167,9 +167,12 @@ def length_limits(model: CosyVoice3LM, options: DecodeOptions, request: TalkerRe
 
 def _prompt_batch(model: CosyVoice3LM, requests: Sequence[TalkerRequest]) -> tuple[Tensor, Tensor]:
     """Right-padded assembled inputs (B, T, D) and their lengths (B,) int64 on the model device."""
-    rows = [model.assemble(r.text_ids.reshape(-1).long(), r.prompt_speech_tokens.reshape(-1).long())
-            for r in requests]
-    lengths = torch.tensor([x.shape[0] for x in rows], dtype=torch.int64, device=model.device)
+    from .engine import to_device
+
+    dev = model.device
+    rows = [model.assemble(to_device(r.text_ids.reshape(-1).long(), dev),
+                           to_device(r.prompt_speech_tokens.reshape(-1).long(), dev)) for r in requests]
+    lengths = to_device([x.shape[0] for x in rows], dev)
     return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), lengths
 
 
@@ -182,20 +185,12 @@ class _Flags:
 
     def __init__(self, running: Tensor, rows: Sequence[int | None], *, keep: bool) -> None:
         """``keep``: the flags are read after more steps ran, so take a copy of them now."""
+        from .engine import HostRead
+
         self.rows = list(rows)
-        self.event: Any = None
-        self.host = running
-        if running.device.type == "cuda":
-            self.host = torch.empty(running.shape, dtype=running.dtype, pin_memory=True)
-            self.host.copy_(running, non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record()
-        elif keep:
-            self.host = running.clone()
+        self.host = HostRead(running, clone=keep)
 
     def read(self) -> list[bool]:
-        if self.event is not None:
-            self.event.synchronize()
         return self.host.tolist()
 
 
@@ -249,6 +244,8 @@ class TalkerSession:
         self.pending: deque[int] = deque()
         self.ready: list[int] = []  # finished tickets not yet returned by poll()
         self.done: dict[int, Any] = {}  # ticket -> Harvest (absent: never took a slot, max_len <= 0)
+        self.reading: list[tuple[list[int], Any]] = []  # (tickets, PendingHarvest) queued, not yet read
+        self.graph_steps: list[int] = []  # per ticket: steps its slot ran as a CUDA graph replay
         self.host_steps = options.custom_sampler is not None or options.logits_hook is not None
         lagged = options.lagged_reads
         self.lagged = model.device.type == "cuda" if lagged is None else bool(lagged)
@@ -258,6 +255,7 @@ class TalkerSession:
             self.step_fn = torch.compile(self.engine.step, fullgraph=True, backend=options.compile)
         self.graphs, self.graphed = self._graphs()
         self.graphs_captured = 0  # by graph sets dropped when the engine grew
+        self.graphs_replayed = 0  # likewise
         cpu = model.device.type == "cpu"
         self.sync_every = max(1, options.sync_every or (1 if cpu else 4))
         fuse = options.fused_admission
@@ -289,6 +287,16 @@ class TalkerSession:
             return GraphChoice(False, self.graphed.reason), captured
         return self.graphs, captured
 
+    @property
+    def graphs_used(self) -> bool:
+        """True once a decode step really ran as a replayed CUDA graph (not what was asked: what ran)."""
+        return self.graphs_replayed + (self.graphed.replayed if self.graphed is not None else 0) > 0
+
+    @property
+    def graph_capture_error(self) -> str | None:
+        """Why a capture failed (the session decodes eagerly since), None when none did."""
+        return self.graphed.reason if self.graphed is not None else None
+
     # -- requests in ----------------------------------------------------------------------------------
 
     def add(self, requests: Sequence[TalkerRequest]) -> list[int]:
@@ -303,6 +311,7 @@ class TalkerSession:
             self.min_len.append(lo)
             self.max_len.append(hi)
             self.seconds.append(0.0)
+            self.graph_steps.append(0)
             if self.max_len[t] > 0:
                 self.pending.append(t)
             else:
@@ -335,7 +344,7 @@ class TalkerSession:
     def idle(self) -> bool:
         """Nothing waiting, nothing running, nothing finished left for :meth:`poll` to return."""
         held = self.options.custom_sampler is not None  # its results come from close()
-        return not self.pending and not self.active and (held or not self.ready)
+        return not self.pending and not self.active and not self.reading and (held or not self.ready)
 
     # -- decoding -------------------------------------------------------------------------------------
 
@@ -359,6 +368,7 @@ class TalkerSession:
         """The captured graphs point at the old buffers: capture again from now on."""
         if self.graphed is not None:
             self.graphs_captured += self.graphed.captured
+            self.graphs_replayed += self.graphed.replayed
             reason = self.graphed.reason
             self.graphs, self.graphed = self._graphs()
             if reason is not None and self.graphed is not None:
@@ -396,10 +406,12 @@ class TalkerSession:
         sampler = self.engine.sampler
         if sampler is None:
             return
+        from .engine import to_device
+
         dev = self.model.device
         rows = [self.slot_row[s] for s in slots]
-        sampler.reset(torch.tensor(list(slots), device=dev), torch.tensor([self.keys[r] for r in rows], device=dev),
-                      torch.tensor([self.min_len[r] for r in rows], device=dev))
+        sampler.reset(to_device(slots, dev), to_device([self.keys[r] for r in rows], dev),
+                      to_device([self.min_len[r] for r in rows], dev))
         if sampler.options.draw == "legacy-multinomial":
             from .slot_sampler import legacy_generator
 
@@ -442,13 +454,28 @@ class TalkerSession:
             eng.step(admit)
 
     def _window(self) -> None:
-        """Admit, run ``sync_every`` steps (one with host steps), read the finished slots once."""
+        """Admit, run ``sync_every`` steps (one with host steps), read the finished slots once.
+
+        Finished slots are freed at once and their values queued for the host
+        (:meth:`SlotEngine.harvest_start`); with lagged reads they are read one window later,
+        after the next window's steps are queued, so the device never waits for this read."""
+        queued, self.reading = self.reading, []
         admit = self._admit()
-        if not self.active:
-            return
+        if self.active:
+            self._steps(admit)
+        if not (self.lagged and not self.host_steps and self.active):  # nothing queued after it: read now
+            queued, self.reading = queued + self.reading, []
+        for tickets, pending in queued:
+            for r, h in zip(tickets, pending.harvests(), strict=True):
+                self.done[r] = h
+                self.ready.append(r)
+
+    def _steps(self, admit: Admit | None) -> None:
+        """One window of steps, then the (lagged) read of the finished flags."""
         t0 = time.perf_counter()
         window = 1 if self.host_steps else self.sync_every
         self.engine._kv_len = self._kv_len(window)
+        replayed = 0
         for _ in range(window):
             if self.host_steps:
                 self._host_step(admit)
@@ -456,6 +483,7 @@ class TalkerSession:
                 self.engine.step(admit)  # eager: a step that admits has its own shapes
             else:
                 self.step_fn()
+                replayed += self.graphed is not None and self.graphed.last_replayed
             if admit is not None:
                 self._started(admit.slots)
                 admit = None
@@ -468,6 +496,7 @@ class TalkerSession:
         share = (time.perf_counter() - t0) / len(in_slots)
         for r in in_slots:
             self.seconds[r] += share
+            self.graph_steps[r] += replayed
         if flags is None:
             return
         running = flags.read()  # the one read per window
@@ -475,11 +504,9 @@ class TalkerSession:
         # after the previous read can be finished in this one too, or its slot already refilled)
         finished = [s for s, r in enumerate(flags.rows) if r is not None and self.slot_row[s] == r and not running[s]]
         if finished:
-            for s, h in zip(finished, self.engine.harvest(finished), strict=True):
-                r = self.slot_row[s]
-                assert r is not None
-                self.done[r] = h
-                self.ready.append(r)
+            tickets = [self.slot_row[s] for s in finished]
+            self.reading.append(([r for r in tickets if r is not None], self.engine.harvest_start(finished)))
+            for s in finished:
                 self.slot_row[s] = None
 
     @torch.no_grad()
@@ -511,6 +538,8 @@ class TalkerSession:
                                    stop_reason=None if reason == "aborted" else reason, tokens_emitted=len(kept))
         if reason == "aborted":
             reason = getattr(diag, "stop_reason", None) or "error"
+        if diag is not None and hasattr(diag, "graph_steps"):
+            diag.graph_steps = self.graph_steps[t]
         return TalkerResult(row_id=req.row_id, tokens=kept, raw_tokens=raw, stop_reason=reason, diagnostics=diag,
                             min_len=self.min_len[t], max_len=self.max_len[t], seconds=self.seconds[t])
 
@@ -518,7 +547,7 @@ class TalkerSession:
     def drain(self) -> list[tuple[int, TalkerResult]]:
         """Decode until nothing waits or runs; every result not yet returned."""
         out: list[tuple[int, TalkerResult]] = []
-        while self.pending or self.active or (self.ready and self.options.custom_sampler is None):
+        while self.pending or self.active or self.reading or (self.ready and self.options.custom_sampler is None):
             out.extend(self.poll())
         return out
 

@@ -55,6 +55,8 @@ class SamplerRowDiagnostics:
     policy: str = "exclude"  # nonfinite_policy in force ("legacy-zero" is LEGACY)
     draw: str = "race"  # draw method in force ("legacy-multinomial" is LEGACY)
     error: str | None = None  # message for stop_reason "error" / "no_finite_logits"
+    graph_steps: int = 0  # decode steps of this row's slot that ran as a replayed CUDA graph (0: eager);
+    # what really ran, not what was asked (a failed capture decodes eagerly: TalkerSession.graph_capture_error)
 
     @property
     def legacy(self) -> bool:

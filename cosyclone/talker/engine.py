@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -30,6 +31,43 @@ from .slot_sampler import SlotSampler
 #: Per-slot ``reason`` codes (0 = still running or never used).
 RUNNING, EOS, MAX_LEN, ABORTED = 0, 1, 2, 3
 REASONS = {EOS: "eos", MAX_LEN: "max_len", ABORTED: "aborted"}
+
+
+def to_device(values: Sequence[int] | Tensor, device: torch.device | str, dtype: torch.dtype = torch.int64) -> Tensor:
+    """Host values (ints or a CPU tensor) on ``device`` without making the host wait.
+
+    On CUDA a copy from pageable memory first waits for the stream to drain, so a scheduler that
+    admits rows while steps are queued would stall on every admission; from pinned memory the copy
+    is queued like a kernel (the pinned block is kept until the copy has run)."""
+    dev = torch.device(device)
+    t = values if isinstance(values, Tensor) else torch.tensor(list(values), dtype=dtype)
+    if dev.type != "cuda" or t.device.type != "cpu":
+        return t.to(dev)
+    return t.pin_memory().to(dev, non_blocking=True)
+
+
+class HostRead:
+    """A device tensor on its way to the host: the copy is queued now, the values read later.
+
+    On CUDA the copy goes to pinned memory without blocking and an event marks its end, so
+    :meth:`tolist` waits for that copy only, not for the steps queued after it. On CPU the tensor
+    is kept as it is (``clone`` when the caller changes it before the read)."""
+
+    def __init__(self, t: Tensor, *, clone: bool = False) -> None:
+        self.event: Any = None
+        self.host = t
+        if t.device.type == "cuda":
+            self.host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            self.host.copy_(t, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        elif clone:
+            self.host = t.clone()
+
+    def tolist(self) -> list[Any]:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()
 
 
 class SlotState(nn.Module):
@@ -55,6 +93,20 @@ class Harvest:
     reason: int  # EOS / MAX_LEN / ABORTED
     tokens: list[int]
     sampler_state: list[int]  # SlotSampler.state_rows() row: counters then error record (device sampler only)
+
+
+@dataclass
+class PendingHarvest:
+    """Finished slots' values on their way to the host (:meth:`SlotEngine.harvest_start`)."""
+
+    read: HostRead  # rows of [reason, n_emit, tokens (cap), sampler state]
+    cap: int  # token cells per row when the read was queued
+
+    def harvests(self) -> list[Harvest]:
+        """One :class:`Harvest` per slot, in the order asked (waits for this copy only)."""
+        cap = self.cap
+        return [Harvest(reason=int(r[0]), tokens=[int(t) for t in r[2:2 + int(r[1])]],
+                        sampler_state=[int(v) for v in r[2 + cap:]]) for r in self.read.tolist()]
 
 
 class SlotEngine(nn.Module):
@@ -107,7 +159,7 @@ class SlotEngine(nn.Module):
 
     def admit(self, slots: Sequence[int], embeds: Tensor, lengths: Tensor, max_len: Sequence[int]) -> None:
         """Prefill new rows (right-padded ``embeds`` (b, T, D), ``lengths`` (b,)) into ``slots``."""
-        idx = torch.tensor(list(slots), dtype=torch.int64, device=self.model.device)
+        idx = to_device(slots, self.model.device)
         self.state.logits[idx] = self.model.prefill(embeds, lengths, idx, cache=self.cache)
         self._start(idx, max_len)
 
@@ -117,20 +169,24 @@ class SlotEngine(nn.Module):
         st.steps[idx] = 0
         st.n_emit[idx] = 0
         st.reason[idx] = RUNNING
-        st.max_len[idx] = torch.tensor(list(max_len), dtype=torch.int64, device=idx.device)
+        st.max_len[idx] = to_device(max_len, idx.device)
         st.running[idx] = True
 
     def harvest(self, slots: Sequence[int]) -> list[Harvest]:
         """Read finished ``slots``: reason, tokens and sampler counters, in one device read."""
+        return self.harvest_start(slots).harvests()
+
+    def harvest_start(self, slots: Sequence[int]) -> PendingHarvest:
+        """Queue the read of finished ``slots``; :meth:`PendingHarvest.harvests` reads it.
+
+        Queued before anything that could reuse the slots, so the values are the finished rows'
+        even when the slots are refilled (or the engine grows) before the host reads them."""
         st = self.state
-        idx = torch.tensor(list(slots), dtype=torch.int64, device=st.tokens.device)
+        idx = to_device(slots, st.tokens.device)
         parts = [st.reason[:, None], st.n_emit[:, None], st.tokens]
         if self.sampler is not None:
             parts.append(self.sampler.state_rows())
-        rows = torch.cat(parts, dim=1).index_select(0, idx).tolist()
-        cap = st.tokens.shape[1]
-        return [Harvest(reason=int(r[0]), tokens=[int(t) for t in r[2:2 + int(r[1])]],
-                        sampler_state=[int(v) for v in r[2 + cap:]]) for r in rows]
+        return PendingHarvest(HostRead(torch.cat(parts, dim=1).index_select(0, idx)), int(st.tokens.shape[1]))
 
     # -- the step (device only: no host values, fixed shapes) ---------------------------------------
 
@@ -163,7 +219,7 @@ class SlotEngine(nn.Module):
             self.state.logits.copy_(model.step(feed, pos, self._kv_len, cache=cache))
             cache.lengths.add_(still.to(torch.int64))
             return
-        idx = torch.tensor(list(admit.slots), dtype=torch.int64, device=tokens.device)
+        idx = to_device(admit.slots, tokens.device)
         # the newcomers' rows of these logits are their prompts' (model.step puts them there)
         self.state.logits.copy_(model.step(feed, pos, self._kv_len, cache=cache,
                                            admit=(admit.embeds, admit.lengths, idx)))

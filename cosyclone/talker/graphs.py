@@ -24,7 +24,9 @@ arguments by ``copy_`` and it returns the graph's static outputs, valid until th
 The capture mechanism is a :class:`CaptureBackend`: :class:`CudaGraphCapture` (``torch.cuda``)
 on a GPU, :class:`EagerCapture` (the same state machine and buffer copies, no graph) so the
 wrapper's logic is tested on CPU. A capture that raises switches the wrapper to eager for the
-rest of the decode, with the reason recorded (:attr:`GraphedStep.reason`).
+rest of the decode, with the reason recorded (:attr:`GraphedStep.reason`); what really ran is
+counted (:attr:`GraphedStep.replayed`; per row ``graph_steps`` in the sampler diagnostics, per
+session ``TalkerSession.graphs_used`` / ``graph_capture_error``).
 
 UNVERIFIED on a GPU: this module was written and tested on a CPU-only machine; the CUDA path
 (side-stream warm-up, ``torch.cuda.graph`` capture with a shared pool, replay) follows torch's
@@ -34,6 +36,7 @@ checks (graph tokens equal eager tokens) that ``make test-gpu`` / ``benchmarks/g
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -128,10 +131,15 @@ class EagerCapture:
 
 
 class CudaGraphCapture:
-    """``torch.cuda.CUDAGraph`` capture: warm-up on a side stream, one memory pool for all graphs.
+    """``torch.cuda.CUDAGraph`` capture: one side stream for every warm-up and capture of its
+    owner (a decode session), one memory pool for all its graphs.
 
-    ``capture_error_mode="thread_local"``: other threads of the run (frontend worker, writer) may
-    use CUDA while this one captures; only this thread's unsafe calls invalidate the capture.
+    Why not ``torch.cuda.graph``: its ``__enter__`` empties the device and pinned-host caches (and
+    may ``gc.collect``) before every capture; a session captures once per ``kv_len`` bucket, in
+    the middle of a run whose allocator should stay warm. The protocol is the same otherwise:
+    synchronize, capture on a side stream that waited for the current one, ``capture_end`` even
+    when the step raised. ``capture_error_mode="thread_local"``: other threads of the run
+    (frontend worker, code2wav on its own stream) may use CUDA while this one captures.
     UNVERIFIED on a GPU (see the module docstring).
     """
 
@@ -139,20 +147,36 @@ class CudaGraphCapture:
         self.device = torch.device(device)
         self.pool: Any = None
         self.graphs: list[Any] = []  # keep every graph alive for the decode
+        self.stream: Any = torch.cuda.Stream(device=self.device)
+
+    def _on_side(self, run: Callable[[], Any]) -> Any:
+        current = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(current)
+        try:
+            with torch.cuda.stream(self.stream):
+                return run()
+        finally:
+            current.wait_stream(self.stream)
 
     def warmup(self, thunk: Callable[[], Any]) -> Any:
-        side = torch.cuda.Stream(device=self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            out = thunk()
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        return out
+        return self._on_side(thunk)
 
     def capture(self, thunk: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize(self.device)
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            out = thunk()
+
+        def record() -> Any:
+            graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+            try:
+                out = thunk()
+            except BaseException:
+                with contextlib.suppress(Exception):  # end the broken capture; report the step's error
+                    graph.capture_end()
+                raise
+            graph.capture_end()
+            return out
+
+        out = self._on_side(record)
         if self.pool is None:
             self.pool = graph.pool()
         self.graphs.append(graph)
@@ -190,6 +214,8 @@ class GraphedStep:
         self.replays: dict[Hashable, tuple[Callable[[], None], dict[str, Any]]] = {}
         self.calls: dict[Hashable, int] = {}
         self.reason: str | None = None  # set when capture failed: the decode went on eagerly
+        self.replayed = 0  # calls that ran as a replay
+        self.last_replayed = False  # whether the last call did
 
     @property
     def captured(self) -> int:
@@ -207,6 +233,7 @@ class GraphedStep:
         return bufs
 
     def __call__(self, *args: Tensor) -> Any:
+        self.last_replayed = False
         if self.reason is not None:
             return self.fn(*args)
         key = self.key()
@@ -226,4 +253,6 @@ class GraphedStep:
             self.replays[key] = done
         replay, holder = done
         replay()
+        self.replayed += 1
+        self.last_replayed = True
         return holder.get("out")
