@@ -5,7 +5,7 @@ Usage: ``python -m benchmarks.actor_footprint [--cases dummy-fp32,dummy-bf16,dir
 
 Each case runs in a fresh subprocess (so no case inherits another's pages or allocator state) that
 imports ``ray.data`` first, as an actor's worker process has, then loads the stages with
-:func:`cosyclone.pipeline.load_stages` on the released geometry and runs one batch of ``--rows`` rows
+:func:`cosyclone.engine.stages.load_stages` on the released geometry and runs one batch of ``--rows`` rows
 (the default batch size) of exactly ``--tokens`` speech tokens with one Euler step of the flow (the
 flow's peak is per step: more steps take longer, not more memory). Read at three points (start,
 after load, after the first batch) from ``/proc/self/smaps_rollup`` and ``/proc/self/status``: RSS,
@@ -118,7 +118,9 @@ def child(case: str, model_dir: Path | None, rows: int, tokens: int, threads: in
         return _onnx_case(model_dir)
     from cosyclone.config import load_model_config, released_config
     from cosyclone.device import resolve
-    from cosyclone.engine.stages import RunOptions, load_stages, synthesize_batch_isolated
+    from cosyclone.engine import Engine
+    from cosyclone.engine.stages import load_stages
+    from cosyclone.options import RunOptions
     from cosyclone.run.ray_plan import weight_bytes
     from cosyclone.tiny import builtin_frontend_dir
 
@@ -141,7 +143,7 @@ def child(case: str, model_dir: Path | None, rows: int, tokens: int, threads: in
         opts = RunOptions(batch_size=rows, max_tokens=tokens, min_tokens=tokens, n_timesteps=1, dtype=dtype,
                           cpu_gemm=policy.cpu_gemm, load_format=load_format)
         t0 = time.perf_counter()
-        recs = synthesize_batch_isolated(stages, _rows(tmp, rows), opts)
+        recs = list(Engine(stages, opts).run(_rows(tmp, rows), prefetch=False))
         batch_s = time.perf_counter() - t0
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

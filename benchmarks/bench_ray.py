@@ -85,7 +85,9 @@ def main(argv: list[str] | None = None) -> None:
 
     from cosyclone.config import released_config
     from cosyclone.device import resolve
-    from cosyclone.engine.stages import RunOptions, load_stages, run
+    from cosyclone.engine import Engine
+    from cosyclone.engine.stages import load_stages
+    from cosyclone.options import RunOptions
     from cosyclone.run.ray_plan import RayPlan
     from cosyclone.run.ray_pool import run_ray
     from cosyclone.tiny import builtin_frontend_dir
@@ -105,7 +107,8 @@ def main(argv: list[str] | None = None) -> None:
             before = torch.get_num_threads()
             torch.set_num_threads(cores)
             try:
-                run(load_stages(cfg, policy, opts.load_format), rows, opts, submit)
+                for rec in Engine(load_stages(cfg, policy, opts.load_format), opts).run(rows):
+                    submit(rec)
             finally:
                 torch.set_num_threads(before)
                 gc.collect()  # the driver's model goes before the actors load theirs

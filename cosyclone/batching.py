@@ -1,6 +1,6 @@
 """Cutting rows into length-sorted chunks whose padded work stays within a budget.
 
-One rule serves the run's batch plan (``--batch-size``/``--token-budget``, :mod:`cosyclone.pipeline`)
+One rule serves the run's batch plan (``--batch-size``/``--token-budget``, :mod:`cosyclone.engine.batches`)
 and the CPU chunking of stage 1: on CPU the flow's DiT is bound by matmul throughput (a bigger batch cannot make a row cheaper)
 and HiFT's activations fall out of cache in a large batch, so both run a big batch as a few
 smaller padded ones. Sorting by length first keeps the padding in each chunk small. No stage lets

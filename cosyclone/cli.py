@@ -138,7 +138,7 @@ def synth(
 ) -> None:
     """Synthesize every row of MANIFEST into OUT/wavs/<id>.wav, with one record per row.
 
-    Rerunning resumes: a finished row is skipped unless its inputs or options changed. Details of every option: docs/options.md.
+    Rerunning resumes: a finished row is skipped unless its inputs or options changed. Every option in detail: docs/cli.md.
     """
     from .progress import Progress
     from .run.job import SynthJob
@@ -287,7 +287,7 @@ def say(
     typer.echo(f"  {wall:.1f} s in all with loading; synthesis " + ", ".join(
         f"{k} {v:.2f} s" for k, v in secs.items()) + f" ({tts.policy.device}, {tts.policy.dtype_name})")
     if nan:
-        typer.echo(f"warning: {nan} sampler steps had NaN logits (excluded; see README, --dtype)", err=True)
+        typer.echo(f"warning: {nan} sampler steps had NaN logits (excluded; see docs/precision.md, --dtype)", err=True)
     raise typer.Exit(EXIT_OK)
 
 

@@ -17,8 +17,7 @@ from .errors import CosycloneError
 
 TEXT_NORMALIZERS = ("wetext", "inflect")  # what the official frontend normalizes with when ttsfrd is absent
 #: The modules a run imports beyond the models (a broken one must fail inspect, not a run's first row).
-RUN_MODULES = ("cosyclone.frontend", "cosyclone.pipeline", "cosyclone.stream", "cosyclone.synth_job",
-               "cosyclone.writer")
+RUN_MODULES = ("cosyclone.frontend", "cosyclone.engine", "cosyclone.run.job", "cosyclone.run.writer")
 _IMPORT_NAMES = {"pyyaml": "yaml"}  # declared distributions whose module has another name
 
 

@@ -46,7 +46,7 @@ class Progress:
             self._thread.start()
 
     def update(self, record: Any) -> None:
-        """One finished row (its :class:`~cosyclone.writer.RowRecord`)."""
+        """One finished row (its :class:`~cosyclone.engine.RowRecord`)."""
         d = getattr(record, "diagnostics", record) or {}
         with self._lock:
             self.rows += 1

@@ -219,14 +219,14 @@ def test_a_run_that_cannot_fit_is_refused_before_any_actor_starts(tiny_model_dir
     """A 2-CPU node with 0.3 GB of Ray memory: one actor needs more; run_ray says so with the figures."""
     import ray
 
-    from cosyclone import ray_engine
-    from cosyclone.engine.stages import RunOptions
     from cosyclone.manifest import ManifestRow
+    from cosyclone.options import RunOptions
+    from cosyclone.run import ray_pool
     from cosyclone.run.ray_plan import read_cluster
     from cosyclone.run.ray_pool import run_ray
 
-    # the actor pool is built in ray_engine._run: reaching it would mean actors were started
-    monkeypatch.setattr(ray_engine, "_run", lambda *a, **k: pytest.fail("an actor pool was built"))
+    # the actor pool is built in ray_pool._run: reaching it would mean actors were started
+    monkeypatch.setattr(ray_pool, "_run", lambda *a, **k: pytest.fail("an actor pool was built"))
     ray.init(num_cpus=2, _memory=int(0.3 * GB), object_store_memory=100 * 2**20, include_dashboard=False,
              log_to_driver=False)
     try:

@@ -172,7 +172,7 @@ class SynthJob:
                        refusal=ray.refusal if ray else None)
 
     def ray_plan(self) -> Any:
-        """The Ray actors this run would get on the cluster as it is now (:func:`cosyclone.ray_plan.plan_cluster`:
+        """The Ray actors this run would get on the cluster as it is now (:func:`cosyclone.run.ray_plan.plan_cluster`:
         ``--ray-actors``/``--actor-threads`` or the sizing rule, the measured footprint, each node's shape)."""
         from .ray_plan import plan_cluster
 
@@ -213,7 +213,7 @@ class SynthJob:
         """Synthesize the rows to do into the folder and return the totals.
 
         Holds the folder's lock throughout (:class:`~cosyclone.lock.FolderBusy` when another
-        writer has it). Raises :class:`~cosyclone.runfolder.OutputFolderError` when the folder cannot
+        writer has it). Raises :class:`~cosyclone.run.folder.OutputFolderError` when the folder cannot
         be written before any model loads; a write that fails later ends the run with the rows
         finished before kept (``JobSummary.write_error``). ``progress`` is called once with the
         number of rows to do and gets every finished row.

@@ -16,7 +16,7 @@ hands each record to ``submit`` (the same writer as the local engine) once: a ta
 kill can only repeat rows the driver already has, and those are dropped by id.
 
 Resources: how many actors, with how many torch threads, and what each asks Ray for (CPUs, GPUs,
-``memory=`` its measured footprint) is :mod:`cosyclone.ray_plan`'s: :func:`run_ray` plans on the
+``memory=`` its measured footprint) is :mod:`cosyclone.run.ray_plan`'s: :func:`run_ray` plans on the
 live cluster's nodes after connecting and refuses a run that cannot fit before any actor starts.
 """
 
@@ -120,7 +120,7 @@ def run_ray(cfg: ModelConfig, policy: DevicePolicy, rows: Sequence[ManifestRow],
     ``address``: a running cluster (``auto``, ``ray://host:10001``, ``host:6379``); None joins the
     cluster this machine started with ``ray start`` or else starts a local one (stopped at the end).
     ``num_actors`` / ``actor_threads``: ``--ray-actors`` / ``--actor-threads`` (None: the rule of
-    :mod:`cosyclone.ray_plan`); a ``plan`` made beforehand (a dry run's, :func:`~cosyclone.ray_plan.plan_cluster`)
+    :mod:`cosyclone.run.ray_plan`); a ``plan`` made beforehand (a dry run's, :func:`~cosyclone.run.ray_plan.plan_cluster`)
     gives them instead. Either way the run is planned again on the live cluster's nodes, which may
     differ from what was read before (a node joined or left, a local Ray's memory figure); that plan
     goes to ``on_plan`` (to be shown and recorded) and, if it does not fit, its refusal is raised

@@ -1,11 +1,11 @@
-"""Output files of a run: ``wavs/<id>.wav`` and the row records (see :mod:`cosyclone.runfolder`).
+"""Output files of a run: ``wavs/<id>.wav`` and the row records (see :mod:`cosyclone.run.folder`).
 
 Crash safety is by construction: a WAV is encoded in memory, written to a temporary name in the
 same folder, fsynced and renamed (atomic on POSIX), the directory fsynced, and only *then* is the
 row's record appended whole to this writer's journal and fsynced. A row therefore counts as done
 exactly when its record says ``ok`` and its WAV holds the recorded samples. A write that fails
 (disk full, permission) removes its temporary file and stops the run with
-:class:`~cosyclone.runfolder.OutputFolderError`.
+:class:`~cosyclone.run.folder.OutputFolderError`.
 
 :class:`BackgroundWriter` runs the file work on its own thread so the model never waits on disk.
 """

@@ -1,4 +1,4 @@
-"""The frontend ahead of the talker: with prefetch, :func:`cosyclone.pipeline.run` prepares the next
+"""The frontend ahead of the talker: with prefetch, :meth:`cosyclone.engine.Engine.run` prepares the next
 batch on a worker thread, and hands ``submit`` the same records and audio bytes, in the same order,
 as without it; a row whose frontend raises fails alone, with the same record either way."""
 

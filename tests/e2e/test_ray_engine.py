@@ -256,12 +256,13 @@ def test_an_actor_switches_tf32_off_in_its_own_process(monkeypatch: pytest.Monke
     """The driver's resolve() sets the no-TF32 switches for its process only; each actor sets its own."""
     import torch
 
-    from cosyclone import ray_engine
-    from cosyclone.engine.stages import RunOptions
+    from cosyclone.engine import Engine
+    from cosyclone.options import RunOptions
+    from cosyclone.run import ray_pool
 
-    monkeypatch.setattr(ray_engine, "load_stages", lambda *a, **k: None)
+    monkeypatch.setattr(Engine, "load", lambda *a, **k: None)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)  # a fresh process's default
-    ray_engine.SynthActor(None, None, RunOptions(), None)  # type: ignore[arg-type]
+    ray_pool.SynthActor(None, None, RunOptions(), None)  # type: ignore[arg-type]
     assert torch.backends.cudnn.allow_tf32 is False
 
 
@@ -288,3 +289,38 @@ def test_print_is_still_the_builtin_after_the_ray_runs(ray_out: Path) -> None:
     import builtins
 
     assert builtins.print.__module__ == "builtins", builtins.print.__module__
+
+
+def test_ray_actors_read_and_keep_the_folders_token_checkpoint(ray_pid_file: Path, local_out: Path, manifest: Path,
+                                                             tiny_model_dir: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local run whose code2wav failed leaves every row's tokens in OUT/.cosyclone/tokens; the Ray rerun's
+    actors (continuous schedule) take them from there instead of decoding again, and write the local bytes."""
+    from cosyclone.engine import stages
+
+    out = tmp_path / "out"
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("code2wav down")
+
+    with monkeypatch.context() as m:
+        m.setattr(stages, "_code2wav", broken)
+        res = CliRunner().invoke(app, ["synth", str(manifest), "--model-dir", str(tiny_model_dir), "--out", str(out),
+                                       "--device", "cpu", "--max-tokens", "6", "--n-timesteps", "2", "--float-wav",
+                                       "--batch-size", str(BATCH), "--seed", "3"])
+    assert res.exit_code == 3, res.output
+    kept = sorted((out / ".cosyclone" / "tokens").glob("*.cch"))
+    assert len(kept) == N_ROWS  # one segment per row, each kept for the rerun
+    _synth(manifest, tiny_model_dir, out, "ray")  # --schedule continuous, the default
+    last = json.loads((out / "summary.json").read_text())["last_run"]
+    assert last["talker_checkpoint_hits"] == N_ROWS and last["options"]["schedule"] == "continuous"
+    assert wav_bits(out) == wav_bits(local_out)
+    assert not list((out / ".cosyclone" / "tokens").glob("*.cch"))  # written rows' tokens are tidied
+
+
+def test_ray_tasks_follow_the_schedule() -> None:
+    from cosyclone.run.ray_pool import task_groups
+
+    assert task_groups(5, 2, "static") == [[0], [1], [2], [3], [4]]
+    assert task_groups(9, 2, "continuous") == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    assert sum(task_groups(7, 3, "continuous"), []) == list(range(7))  # every batch once, in plan order

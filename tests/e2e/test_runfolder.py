@@ -308,7 +308,7 @@ def test_a_row_that_failed_after_the_talker_reuses_its_tokens_on_the_rerun(tiny_
     fresh = tmp_path / "fresh"
     assert cli(m, tiny_model_dir, fresh).exit_code == 0
 
-    real_code2wav, real_generate = pipeline._code2wav, dec.generate
+    real_code2wav, real_add = pipeline._code2wav, dec.TalkerSession.add
     decoded: list[str] = []
 
     def failing_code2wav(stages, live, results, opts, outcomes):
@@ -316,14 +316,15 @@ def test_a_row_that_failed_after_the_talker_reuses_its_tokens_on_the_rerun(tiny_
             raise MemoryError("code2wav stub: out of memory")
         return real_code2wav(stages, live, results, opts, outcomes)
 
-    def spy(model, requests, options):
+    def spy(session, requests):  # every request the talker decodes is added to the run's session
         decoded.extend(r.row_id for r in requests)
-        return real_generate(model, requests, options)
+        return real_add(session, requests)
 
-    monkeypatch.setattr(dec, "generate", spy)
+    monkeypatch.setattr(dec.TalkerSession, "add", spy)
     monkeypatch.setattr(pipeline, "_code2wav", failing_code2wav)
     out = tmp_path / "out"
     assert cli(m, tiny_model_dir, out, "--batch-size", "1").exit_code == 3
+    assert sorted(decoded) == ["r00", "r01", "r02"]  # the spy sees what the talker decodes
     assert diags(out)["r01"]["status"] == "failed" and "MemoryError" in diags(out)["r01"]["error"]
     kept = list((out / ".cosyclone" / "tokens").glob("*.cch"))
     assert [p.name.rsplit("-", 1)[0] for p in kept] == [diags(out)["r01"]["fingerprint"]]  # only the failed row
