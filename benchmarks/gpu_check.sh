@@ -3,16 +3,17 @@
 # interpreter that already holds CUDA torch (python3; never a venv, never installs torch), installs
 # the wheel bundle offline beside it (pip --no-index --no-deps --target, then PYTHONPATH), and runs
 # five parts, most valuable first, each under its own timeout (SIGINT first, so a hang prints a
-# Python traceback; KILL 15 s later), each with its own log and PASS/FAIL line, a failing part not
-# hiding the next; it ends with ONE summary table. Typical run under 4 minutes, worst case under 8:
-#   1 env        GPU, torch, CUDA, the bundle installed, every requirement's version     [45 s]
+# Python traceback; KILL 10 s later), each with its own log and PASS/FAIL line, a failing part not
+# hiding the next; it ends with ONE summary table. Typical run under 4 minutes, worst case under 8
+# (every part interrupted, then killed, the install timed out: 370 + 5 x 10 + 60 = 480 s):
+#   1 env        GPU, torch, CUDA, the bundle installed, every requirement's version     [30 s]
 #   2 decode     ms per decode step at batch 1/16/64, bf16, eager and CUDA graphs, same
-#                tokens both ways, peak memory allocated/reserved per batch               [110 s]
+#                tokens both ways, peak memory allocated/reserved per batch               [95 s]
 #   3 e2e        warm end-to-end on full-size dummy weights: loaded once, one warm-up batch,
 #                48 rows at batch 16 timed (RTF, rows/s, peak memory, seconds per stage,
-#                decode steps that really ran as graphs)                                 [140 s]
-#   4 gpu_tests  the tests marked gpu, only the files that hold them                     [90 s]
-#   5 parity     tests/parity -m "not slow" (reference: .gpu-bundle/reference)          [75 s]
+#                decode steps that really ran as graphs)                                 [125 s]
+#   4 gpu_tests  the tests marked gpu, only the files that hold them                     [70 s]
+#   5 parity     tests/parity -m "not slow" (reference: .gpu-bundle/reference)          [50 s]
 # Logs and figures go to $OUT when set (7 files: N_part.log, figures.jsonl, summary.txt), else to
 # $GPU_CHECK_LOGS (default out/gpu_check).
 # Usage, from the repo root:
@@ -56,9 +57,9 @@ if [ "$DRY" = 1 ]; then
   PARITY=(tests/parity/test_text_parity.py tests/parity/test_sampling_parity.py)
 else
   MODE="GPU"
-  LIMITS=(45 110 140 90 75)
+  LIMITS=(30 95 125 70 50)
   STEP_ARGS=(--dtype bf16 --batches 1,16,64)
-  E2E_ARGS=(--dtype bf16 --rows 48 --batch 16)
+  E2E_ARGS=(--dtype bf16 --rows 48 --batch 16 --max-tokens 200)  # random weights never stop: 8 s of audio a row
   GPU_TEST_ARGS=()
   PARITY=(tests/parity)
 fi
@@ -75,14 +76,14 @@ run_part() {
   if [[ ",$PARTS," != *",$n,"* ]]; then STATUS[n]=SKIP; SECS[n]=0; NOTES[n]="not asked for (--parts $PARTS)"; return; fi
   [ "$n" = 1 ] || : >"$log"
   printf '\n== part %s: %s (at most %s s) -> %s\n' "$n" "$name" "$limit" "$log"
-  GPU_CHECK_LIMIT=$limit timeout --signal=INT --kill-after=15 "$limit" "$@" 2>&1 | tee -a "$log"
+  GPU_CHECK_LIMIT=$limit timeout --signal=INT --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$log"
   rc=${PIPESTATUS[0]}
   note=$(grep -E '^SUMMARY: ' "$log" | tail -n 1 | cut -c10-)
   [ -z "$note" ] && note=$(grep -E '([0-9]+ (passed|failed|error|errors|skipped|deselected)|tests? collected|no tests ran)' "$log" | tail -n 1)
   case $rc in
     0) STATUS[n]=PASS ;;
     124|130) STATUS[n]="TIMEOUT"; note="interrupted after ${limit} s (traceback in the log) ${note}" ;;
-    137) STATUS[n]="KILLED"; note="killed after ${limit}+15 s ${note}" ;;
+    137) STATUS[n]="KILLED"; note="killed after ${limit}+10 s ${note}" ;;
     *) STATUS[n]="FAIL($rc)"; [ -z "$note" ] && note=$(grep -vE '^\s*$' "$log" | tail -n 1) ;;
   esac
   SECS[n]=$((SECONDS - t0)); NOTES[n]=${note:0:150}
@@ -108,7 +109,7 @@ export SITE
 {
   echo "mode: $MODE; logs: $LOGS"
   if compgen -G "$BUNDLE/*.whl" >/dev/null; then
-    timeout 90 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check \
+    timeout 60 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check \
       --find-links "$BUNDLE" --target "$SITE" "$BUNDLE"/*.whl && echo "installed $(ls "$BUNDLE"/*.whl | wc -l) wheels from $BUNDLE" \
       || echo "BUNDLE INSTALL FAILED"
   else

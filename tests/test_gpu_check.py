@@ -58,8 +58,9 @@ def test_checker_accepts_a_complete_bundle_and_names_each_problem(tmp_path: Path
     assert any(p.startswith("cosyclone needs numpy>=3") for p in problems), problems
     # a pin without its wheel, a wheel of another version than its pin
     assert gb.check(good[:2], pins, image, "3.12", roots) == ["no wheel for the pin pycparser==3.12",
-                                                               "cffi needs pycparser: neither bundled nor on the "
-                                                               "image (add it to gpu_bundle_pins.txt)"]
+                                                               'cffi needs pycparser; implementation_name != "PyPy": '
+                                                               "neither bundled nor on the image (add it to "
+                                                               "gpu_bundle_pins.txt)"]
     assert gb.check(good, {**pins, "cffi": "2.0"}, image, "3.12", roots) == [
         "cffi-2.1.1-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl is 2.1.1, pinned 2.0"]
 
@@ -92,7 +93,7 @@ def _script() -> str:
 
 def test_script_uses_the_machines_python_and_installs_only_the_bundle() -> None:
     text = _script()
-    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    code = "\n".join(line for line in text.replace("\\\n", " ").splitlines() if not line.lstrip().startswith("#"))
     assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
     assert "make install" not in code and "venv" not in code  # no isolated venv, the image's torch stays visible
     installs = [line for line in code.splitlines() if "pip install" in line]
@@ -105,9 +106,12 @@ def test_script_runs_five_parts_in_order_each_under_an_interrupting_timeout() ->
     code = _script()
     parts = re.findall(r"^run_part (\d) (\w+) ", code, re.M)
     assert parts == [("1", "env"), ("2", "decode"), ("3", "e2e"), ("4", "gpu_tests"), ("5", "parity")]
-    assert "timeout --signal=INT --kill-after=" in code
+    kill = re.search(r"timeout --signal=INT --kill-after=(\d+) ", code)
+    install = re.search(r"timeout (\d+) \"\$PY\" -m pip install", code)
     gpu = re.search(r"LIMITS=\(([\d ]+)\)\n  STEP_ARGS=\(--dtype bf16", code)
-    assert gpu is not None and sum(map(int, gpu.group(1).split())) + 5 * 15 <= 8 * 60  # worst case, kills included
+    assert kill and install and gpu
+    # the worst case on the GPU, every part interrupted and then killed, the install timed out: under 8 minutes
+    assert sum(map(int, gpu.group(1).split())) + 5 * int(kill.group(1)) + int(install.group(1)) <= 8 * 60
     # files back from $OUT: one log per part, figures.jsonl, summary.txt (the device returns 8 at most)
     assert len(parts) + 2 <= 8 and "figures.jsonl" in code and "summary.txt" in code
 
