@@ -190,8 +190,9 @@ def steps(args: argparse.Namespace) -> dict[str, Any]:
             out["ms_per_step"][b] = row
             mem = (f", peak {row['peak_allocated_gib']:.2f} GiB allocated / {row['peak_reserved_gib']:.2f} reserved"
                    if "peak_allocated_gib" in row else "")
+            ratio = f"{row['eager'] / row['graphs']:5.2f}x" if min(row["eager"], row["graphs"]) > 0 else "n/a"
             print(f"  batch {b:3d}: eager {row['eager']:8.3f} ms/step, graphs {row['graphs']:8.3f} ms/step "
-                  f"({row['eager'] / max(row['graphs'], 1e-9):5.2f}x), graphs used: {row['graphs_used']}, "
+                  f"({ratio}), graphs used: {row['graphs_used']}, "
                   f"tokens equal: {row['tokens_equal']}{mem}"
                   + ("  [CPU: graphs = EagerCapture stand-in, not a speed figure]" if backend is not None else ""),
                   flush=True)

@@ -538,8 +538,8 @@ class TalkerSession:
                                    stop_reason=None if reason == "aborted" else reason, tokens_emitted=len(kept))
         if reason == "aborted":
             reason = getattr(diag, "stop_reason", None) or "error"
-        if diag is not None and hasattr(diag, "graph_steps"):
-            diag.graph_steps = self.graph_steps[t]
+        if diag is not None and hasattr(diag, "graph_steps"):  # a slot held past its row's end adds none
+            diag.graph_steps = min(self.graph_steps[t], int(getattr(diag, "steps", self.graph_steps[t])))
         return TalkerResult(row_id=req.row_id, tokens=kept, raw_tokens=raw, stop_reason=reason, diagnostics=diag,
                             min_len=self.min_len[t], max_len=self.max_len[t], seconds=self.seconds[t])
 
