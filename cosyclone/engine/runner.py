@@ -32,6 +32,7 @@ class Engine:
     def __init__(self, stages: Stages, opts: RunOptions) -> None:
         self.stages = stages
         self.opts = opts  # resolved: device, dtype, cpu_gemm and cuda_graphs are never "auto"
+        self.graph_errors: list[str] = []  # why CUDA graph captures failed in this engine's runs (none: none did)
 
     @classmethod
     def load(cls, model_dir: str | Path | None, opts: RunOptions, *, cfg: ModelConfig | None = None) -> Engine:
@@ -77,7 +78,8 @@ class Engine:
                                                           cuda_graphs=self._graphs(opts))
         if batches is None:
             batches = plan_batches(rows, run_opts.batch_size, run_opts.token_budget)
-        return Scheduler(self.stages, batches, run_opts, tokens=tokens, prefetch=prefetch).run()
+        return Scheduler(self.stages, batches, run_opts, tokens=tokens, prefetch=prefetch,
+                         graph_errors=self.graph_errors).run()
 
     def _graphs(self, opts: RunOptions) -> str:
         """The run's CUDA graphs choice, resolved against the loaded device (``off`` stays off)."""

@@ -96,8 +96,10 @@ class Scheduler:
     """
 
     def __init__(self, stages: Stages, batches: Sequence[Sequence[ManifestRow]], opts: RunOptions, *,
-                 tokens: I.TokenCheckpoint | None = None, prefetch: bool = True) -> None:
+                 tokens: I.TokenCheckpoint | None = None, prefetch: bool = True,
+                 graph_errors: list[str] | None = None) -> None:
         self.stages, self.batches, self.opts, self.tokens, self.prefetch = stages, batches, opts, tokens, prefetch
+        self.graph_errors = graph_errors if graph_errors is not None else []  # failed CUDA graph captures
         self.dec = S.decode_options(stages.cfg, opts)
         self.frontend: FrontendPrefetch | None = None
         # slots: --talker-slots, else a batch's worth (no more than the run's rows: an empty slot
@@ -231,6 +233,10 @@ class Scheduler:
 
     def _close_session(self) -> None:
         session, self.session = self.session, None
+        error = getattr(session, "graph_capture_error", None)
+        if error is not None:  # the session decoded eagerly from then on: say so, and the run records it
+            log.warning("CUDA graph capture failed, decoding eagerly: %s", error)
+            self.graph_errors.append(str(error))
         if session is not None:
             try:
                 session.close()

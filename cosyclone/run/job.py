@@ -32,6 +32,7 @@ from ..manifest import Manifest, ManifestRow, Shard, read_manifest
 from ..options import FolderOptions, RunOptions
 from . import fingerprint, lock
 from . import folder as runfolder
+from .record import Stamper, devices, graphs_record, versions
 
 EXIT_OK, EXIT_ROWS_FAILED = 0, 3  # a finished run: every row done; some rows failed or were rejected
 
@@ -122,6 +123,7 @@ class SynthJob:
         self.tag = runfolder.shard_tag(folder.shard)
         self.started_at = time.time() if started_at is None else started_at
         self._ray: Any = None  # the RayPlan of the run in progress (engine ray), for runs.jsonl
+        self._graph_errors: list[str] = []  # failed CUDA graph captures of the local engine (what runs.jsonl says)
         O.check(opts, folder)
 
     @classmethod
@@ -244,7 +246,8 @@ class SynthJob:
         writer = BackgroundWriter(WriterOptions(out_dir=self.out, float_wav=self.folder.float_wav,
                                                 sample_rate=self.cfg.hift.sampling_rate),
                                   runfolder.journal_path(self.out, self.tag))
-        stamp = _Stamper(self, prep.fps, run_id, writer.submit)
+        stamp = Stamper(self.rows.rows, prep.fps, run_id, writer.submit, manifest=self.manifest_label,
+                        shard=self.folder.shard)
         sink = progress(len(todo) + len(prep.failed)) if progress is not None else None
         t_model = time.perf_counter()
         try:
@@ -268,7 +271,7 @@ class SynthJob:
         return Engine.load(self.model_dir, self.opts, cfg=self.cfg)
 
     def _synthesize(self, engine: Engine | None, tokens: Any, todo: Sequence[ManifestRow],
-                    failed: Sequence[RowRecord], stamp: _Stamper,
+                    failed: Sequence[RowRecord], stamp: Stamper,
                     sink: ProgressSink | None) -> tuple[list[RowRecord], str | None]:
         """Run the engine over ``todo`` (after writing the rows that failed in preparation).
 
@@ -289,6 +292,7 @@ class SynthJob:
                                    address=self.folder.ray_address, plan=self._ray, on_plan=self._ray_started,
                                    tokens=tokens)
             elif engine is not None:
+                self._graph_errors = engine.graph_errors
                 for rec in engine.run(todo, opts=self.opts, tokens=tokens):
                     stamp(rec)
                     records.append(RowRecord(row_id=rec.row_id, wav=None, diagnostics=rec.diagnostics))
@@ -367,6 +371,7 @@ class SynthJob:
             "device": str(policy.device), "dtype": policy.dtype_name, "dtype_requested": policy.requested_dtype,
             "float_wav": self.folder.float_wav, "options": O.as_record(opts), "algorithm": fingerprint.ALGORITHM_VERSION,
             "engine": self.folder.engine, "ray": self._ray_record(),
+            "cuda_graphs": graphs_record(opts.cuda_graphs, made, self._graph_errors),
         }
 
     def _ray_record(self) -> dict[str, Any] | None:
@@ -375,24 +380,6 @@ class SynthJob:
             return None
         return {"ray_actors": self.folder.ray_actors, "actor_threads": self.folder.actor_threads,
                 "address": self.folder.ray_address, "plan": self._ray.as_record() if self._ray is not None else None}
-
-
-class _Stamper:
-    """Stamps a record with what made it (fingerprint, the row's fields, the run) and hands it to the writer."""
-
-    def __init__(self, job: SynthJob, fps: Mapping[str, tuple[str, dict[str, str]]], run_id: str,
-                 submit: Callable[[RowRecord], None]) -> None:
-        self.by_id = {r.id: r for r in job.rows.rows}
-        self.fps, self.run_id, self.submit = fps, run_id, submit
-        self.manifest, self.shard = job.manifest_label, job.folder.shard
-
-    def __call__(self, rec: RowRecord) -> None:
-        row = self.by_id[rec.row_id]
-        fp, parts = self.fps.get(rec.row_id, (None, None))  # None: the row failed before its fingerprint
-        rec.diagnostics.update(fingerprint=fp, fingerprint_parts=parts, run_id=self.run_id, text=row.text,
-                               prompt_text=row.prompt_text, prompt_audio=str(row.prompt_audio), mode=row.mode,
-                               instruct=row.instruct, speed=row.speed, manifest=self.manifest, shard=self.shard)
-        self.submit(rec)
 
 
 def _close(writer: Any) -> str | None:
@@ -411,27 +398,3 @@ def _failed_record(row: ManifestRow, run_seed: int, exc: BaseException) -> RowRe
     except Exception:  # the seed derivation is what failed: report the row without one
         seed = -1
     return failed_record(row.id, row.line, seed, "prepare", exc)
-
-
-def devices(policy: Any) -> list[str]:
-    """The device names a run used: the GPUs torch sees, or this machine's processor."""
-    import platform
-
-    import torch
-
-    if policy.device.type == "cuda" and torch.cuda.is_available():
-        return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return [platform.processor() or platform.machine()]
-
-
-def versions(text_frontend: str) -> dict[str, str]:
-    """The versions that change what a run produces: cosyclone, torch, Python, the text normalizers."""
-    import platform
-
-    import torch
-
-    from .. import __version__
-    from ..frontend.normalize import get_normalizer
-
-    normalizer = {k: v for k, v in get_normalizer(text_frontend).version().items() if k != "text_frontend"}
-    return {"cosyclone": __version__, "torch": torch.__version__, "python": platform.python_version(), **normalizer}

@@ -1,0 +1,37 @@
+"""What a run records of its CUDA graphs is what ran, not what was asked: a run resolved ``on`` whose
+rows replayed no graph says so, and every failed capture is listed once."""
+
+from __future__ import annotations
+
+from cosyclone.run.record import graphs_record
+
+
+def _row(*steps: int) -> dict:
+    return {"sampler": [{"graph_steps": n} for n in steps]}
+
+
+def test_graphs_used_only_when_some_row_replayed_a_graph() -> None:
+    asked_not_run = graphs_record("on", [_row(0, 0), _row(0)], ["RuntimeError: capture failed"] * 2)
+    assert asked_not_run == {"resolved": "on", "used": False, "rows_with_graph_steps": 0, "graph_steps": 0,
+                             "capture_errors": ["RuntimeError: capture failed"]}
+    ran = graphs_record("on", [_row(3, 4), _row(0), {"sampler": None}], [])
+    assert ran["used"] and ran["rows_with_graph_steps"] == 1 and ran["graph_steps"] == 7
+
+
+def test_a_cpu_run_records_that_no_graph_ran(tiny_model_dir, tmp_path) -> None:
+    import json
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from cosyclone.cli import app
+
+    root = Path(__file__).resolve().parents[1]
+    res = CliRunner().invoke(app, ["synth", str(root / "manifests" / "example.jsonl"), "--model-dir",
+                                   str(tiny_model_dir), "--out", str(tmp_path / "o"), "--device", "cpu",
+                                   "--max-tokens", "3", "--n-timesteps", "1", "--quiet"])
+    assert res.exit_code == 0, res.output
+    last = json.loads((tmp_path / "o" / "summary.json").read_text())["last_run"]
+    assert last["options"]["cuda_graphs"] == "off"  # resolved once: CPU has no graphs
+    assert last["cuda_graphs"] == {"resolved": "off", "used": False, "rows_with_graph_steps": 0, "graph_steps": 0,
+                                   "capture_errors": []}
