@@ -19,7 +19,7 @@ from typing import Any
 
 #: Changes whenever the same inputs would give other audio (a sampler, frontend or code2wav change).
 #: Part of every fingerprint, so a new release redoes rows made by an older algorithm.
-ALGORITHM_VERSION = "cosyclone-audio-2"
+ALGORITHM_VERSION = "cosyclone-audio-3"  # 3: HiFT convs re-laid (fp32 rounding ~5e-8), bf16 flow on oneDNN
 
 #: Fingerprint parts in the order "what changed" is reported.
 PARTS = ("text", "prompt_text", "mode", "instruct", "speed", "prompt_audio", "seed", "model", "dtype",
