@@ -5,8 +5,8 @@ reference RAS sampler.
 running (the shape the spec describes); the product's in-step sampler
 (:mod:`cosyclone.talker.slot_sampler`) must draw exactly its tokens and counters, which
 tests/test_engine_equivalence.py and the parity suite check. :class:`GreedySampler` and
-:class:`ForcedSampler` drive :func:`cosyclone.talker.decode.generate` through its
-``custom_sampler`` hook (parity captures, decode tests, the talker bench).
+:class:`ForcedSampler` draw in a :class:`tests.host_session.HostSession` (parity captures, decode
+tests, the talker bench).
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from cosyclone.talker.decode import DecodeOptions, generate
+from cosyclone.talker.decode import DecodeOptions
 from cosyclone.talker.sampler import SamplerOptions
+from tests.host_session import host_generate
 from tests.test_talker_decode import _model, _req
 
 STEPS = 6
@@ -32,9 +33,8 @@ def _run(policy: str) -> list:
     model = _model()
     # target_len 5 -> min_len 10 > STEPS: no row may stop early, so every step is sampled.
     reqs = [_req(i, 3 + 4 * i, i, 5) for i in range(4)]
-    options = DecodeOptions(sampler=SamplerOptions(nonfinite_policy=policy), logits_hook=_hook,
-                            max_len_override=STEPS)
-    return generate(model, reqs, options)
+    options = DecodeOptions(sampler=SamplerOptions(nonfinite_policy=policy), max_len_override=STEPS)
+    return host_generate(model, reqs, options, logits_hook=_hook)  # the product's own in-step sampler draws
 
 
 def test_exclude_aborts_exactly_the_all_nan_rows_at_their_first_nan_step() -> None:

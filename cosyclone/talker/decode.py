@@ -17,10 +17,9 @@ waits for the host's bookkeeping. :class:`TalkerSession` is the scheduler; reque
 while it decodes (a pipeline run keeps one for the whole manifest), and :func:`generate` is a
 session handed every request at once.
 
-By default the RAS sampler runs inside the step (:mod:`cosyclone.talker.slot_sampler`); a
-``custom_sampler`` (anything that satisfies :class:`TokenSampler`: the greedy, forced and
-reference samplers of tests/samplers.py) runs on the host between steps instead. Each request carries its
-row's seed, already derived once by the caller (manifest ``seed``, else ``row_seed(--seed, id)``),
+The RAS sampler runs inside the step (:mod:`cosyclone.talker.slot_sampler`), so no Python runs
+between a step's draw and its feed (tests that need to, to inject faults or force tokens, wrap
+the step from outside: tests/host_session.py). Each request carries its row's seed, already derived once by the caller (manifest ``seed``, else ``row_seed(--seed, id)``),
 and its segment index; the sampler draws from ``stream_key(seed, segment)`` and reports that seed
 unchanged. Nothing here hashes the seed again.
 """
@@ -31,7 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -46,21 +45,6 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 #: FSQ codes of silence/breath (spec 1.5); runs longer than MAX_SILENT are dropped from ``tokens``.
 SILENT_TOKENS: frozenset[int] = frozenset({1, 2, 28, 29, 55, 248, 494, 2241, 2242, 2322, 2323})
 MAX_SILENT = 5
-
-LogitsHook = Callable[[Tensor, Tensor, int], Tensor]
-
-
-class TokenSampler(Protocol):
-    """What :func:`generate` needs from a custom sampler (see tests/samplers.py)."""
-
-    def sample(self, logits: Tensor, rows: Tensor, step: int) -> tuple[Tensor, Tensor]:
-        """``logits`` (b, V) fp32, ``rows`` (b,) original-row indices -> (tokens (b,), aborted (b,))."""
-        ...
-
-    def finish(self, stop_reasons: Sequence[str | None] | None = None,
-               tokens_emitted: Sequence[int | None] | None = None) -> list[Any]:
-        """One diagnostics object (or None) per original row."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -80,13 +64,11 @@ class DecodeOptions:
     """How :func:`generate` decodes."""
 
     sampler: SamplerOptions | None = None  # RAS options; None = SamplerOptions.from_config(model.cfg.sampling)
-    custom_sampler: TokenSampler | None = None  # overrides ``sampler`` (tests/samplers.py: greedy, forced, reference)
     silent_filter: bool = True  # drop silent ids after MAX_SILENT consecutive ones from ``tokens``
     max_len_override: int | None = None  # cap on generated tokens per row instead of int(20 * target_len)
     min_len_override: int | None = None  # stop ids blocked below this many tokens instead of int(2 * target_len)
     min_len_ratio: float | None = None  # min tokens = int(ratio * target_len); None = the model's (official 2)
     max_len_ratio: float | None = None  # max tokens = int(ratio * target_len); None = the model's (official 20)
-    logits_hook: LogitsHook | None = None  # (logits (b,V), rows (b,), step) -> logits; fault injection
     slots: int | None = None  # rows decoded at once; more requests wait and take a slot as one frees (None: all)
     sync_every: int | None = None  # steps between host reads of the finished flags; None: 4 on CUDA/ROCm
     # (a read waits for the queue to drain), 1 on CPU (nothing runs ahead: a read costs nothing and a
@@ -100,7 +82,7 @@ class DecodeOptions:
     kv_bucket: int | None = 64  # cells a step reads, rounded up to this (None: the whole capacity, fixed shape)
     capacity: int | None = None  # cache cells per slot (None: longest prompt + largest max_len)
     compile: str | None = None  # torch.compile backend for the step ("inductor", "eager", ...; fullgraph=True);
-    # use with kv_bucket=None (one shape) and a fixed capacity; ignored with a custom sampler or logits hook
+    # use with kv_bucket=None (one shape) and a fixed capacity
     cuda_graphs: str = "auto"  # "auto": capture the step as CUDA graphs (one per kv_len bucket) on CUDA/ROCm
     # when it can be captured (see graphs.resolve_cuda_graphs), eager otherwise; "off": always eager
     graph_backend: CaptureBackend | None = None  # tests: capture with this (graphs.EagerCapture on CPU)
@@ -116,7 +98,7 @@ class TalkerResult:
     tokens: list[int]  # emitted speech tokens after the silent filter (what flow gets)
     raw_tokens: list[int]  # every emitted speech token (what the LLM was fed)
     stop_reason: str  # "eos" | "max_len" | "no_finite_logits" | "error"
-    diagnostics: Any = None  # SamplerRowDiagnostics from the sampler (None for simple samplers)
+    diagnostics: Any = None  # SamplerRowDiagnostics from the sampler
     min_len: int = 0  # int(2 * target_len)
     max_len: int = 0  # int(20 * target_len) or the override
     seconds: float = 0.0  # decode wall time shared out over the rows in the slots, window by window
@@ -165,7 +147,7 @@ def length_limits(model: CosyVoice3LM, options: DecodeOptions, request: TalkerRe
     return lo, hi
 
 
-def _prompt_batch(model: CosyVoice3LM, requests: Sequence[TalkerRequest]) -> tuple[Tensor, Tensor]:
+def prompt_batch(model: CosyVoice3LM, requests: Sequence[TalkerRequest]) -> tuple[Tensor, Tensor]:
     """Right-padded assembled inputs (B, T, D) and their lengths (B,) int64 on the model device."""
     from .engine import to_device
 
@@ -207,8 +189,6 @@ class TalkerSession:
     The host never needs a device value to know a slot's position: a row admitted at global step a
     has taken g - a draws at step g. When a newcomer needs more cache cells or token cells than the
     engine holds, the engine grows (:meth:`SlotEngine.grow`; rows already running are unaffected).
-    A custom sampler (tests/samplers.py) reports its diagnostics for every ticket at once, so with
-    one the results come out of :meth:`close` instead of :meth:`poll`.
     """
 
     def __init__(self, model: CosyVoice3LM, options: DecodeOptions | None = None, *, slots: int,
@@ -221,12 +201,9 @@ class TalkerSession:
         self.model, self.options = model, options
         cfg = model.cfg
         self.n_slots = max(1, int(slots))
-        self.sampler_options: SamplerOptions | None = None
-        sampler = None
-        if options.custom_sampler is None:
-            self.sampler_options = options.sampler or SamplerOptions.from_config(cfg.sampling)
-            sampler = SlotSampler(self.sampler_options, slots=self.n_slots, vocab=cfg.decoder_size,
-                                  speech_token_size=cfg.speech_token_size, device=model.device)
+        self.sampler_options: SamplerOptions = options.sampler or SamplerOptions.from_config(cfg.sampling)
+        sampler = SlotSampler(self.sampler_options, slots=self.n_slots, vocab=cfg.decoder_size,
+                              speech_token_size=cfg.speech_token_size, device=model.device)
         if options.capacity is not None:
             capacity = options.capacity
         self.engine = SlotEngine(model, slots=self.n_slots, capacity=max(1, capacity),
@@ -246,7 +223,6 @@ class TalkerSession:
         self.done: dict[int, Any] = {}  # ticket -> Harvest (absent: never took a slot, max_len <= 0)
         self.reading: list[tuple[list[int], Any]] = []  # (tickets, PendingHarvest) queued, not yet read
         self.graph_steps: list[int] = []  # per ticket: steps its slot ran as a CUDA graph replay
-        self.host_steps = options.custom_sampler is not None or options.logits_hook is not None
         lagged = options.lagged_reads
         self.lagged = model.device.type == "cuda" if lagged is None else bool(lagged)
         self.unread: _Flags | None = None  # the last window's flags, when reads lag a window
@@ -266,9 +242,9 @@ class TalkerSession:
         from .graphs import CudaGraphCapture, GraphedStep, resolve_cuda_graphs
 
         opts = self.options
-        draw = self.sampler_options.draw if self.sampler_options is not None else "race"
-        choice = resolve_cuda_graphs(opts.cuda_graphs, self.model.device, draw=draw, host_steps=self.host_steps,
-                                     compile=opts.compile, backend=opts.graph_backend)
+        choice = resolve_cuda_graphs(opts.cuda_graphs, self.model.device, draw=self.sampler_options.draw,
+                                     compile=opts.compile,
+                                     backend=opts.graph_backend)
         if not choice.enabled:
             return choice, None
         backend = opts.graph_backend or CudaGraphCapture(self.model.device)
@@ -343,8 +319,7 @@ class TalkerSession:
     @property
     def idle(self) -> bool:
         """Nothing waiting, nothing running, nothing finished left for :meth:`poll` to return."""
-        held = self.options.custom_sampler is not None  # its results come from close()
-        return not self.pending and not self.active and not self.reading and (held or not self.ready)
+        return not self.pending and not self.active and not self.reading and not self.ready
 
     # -- decoding -------------------------------------------------------------------------------------
 
@@ -387,7 +362,7 @@ class TalkerSession:
             return None
         slots, rows = [s for s, _ in take], [r for _, r in take]
         self._fit(rows)
-        embeds, lengths = _prompt_batch(self.model, [self._request(r) for r in rows])
+        embeds, lengths = prompt_batch(self.model, [self._request(r) for r in rows])
         max_len = [self.max_len[r] for r in rows]
         if self.fuse and self.active:  # rows running: the newcomers ride along in the next step
             for s, r in take:
@@ -428,33 +403,8 @@ class TalkerSession:
                     for s, r in enumerate(self.slot_row) if r is not None)
         return min(self.engine.capacity, -(-bound // bucket) * bucket)
 
-    def _host_step(self, admit: Admit | None = None) -> None:
-        """A step whose draw or logits pass through Python (custom sampler, logits hook)."""
-        eng, opts = self.engine, self.options
-        st = eng.state
-        running = st.running.tolist()
-        groups: dict[int, list[int]] = {}
-        for s, r in enumerate(self.slot_row):
-            if r is not None and running[s]:
-                groups.setdefault(self.g - self.admitted_at[s], []).append(s)
-        dev = self.model.device
-        tokens = torch.zeros(self.n_slots, dtype=torch.int64, device=dev)
-        aborted = torch.zeros(self.n_slots, dtype=torch.bool, device=dev)
-        for step, slots in sorted(groups.items()):
-            idx = torch.tensor(slots, dtype=torch.int64, device=dev)
-            rows = torch.tensor([self.slot_row[s] for s in slots], dtype=torch.int64, device=dev)
-            if opts.logits_hook is not None:
-                st.logits[idx] = opts.logits_hook(st.logits[idx], rows, step)
-            if opts.custom_sampler is not None:
-                tok, ab = opts.custom_sampler.sample(st.logits[idx], rows, step)
-                tokens[idx], aborted[idx] = tok.long().to(dev), ab.bool().to(dev)
-        if opts.custom_sampler is not None:
-            eng.advance(tokens, aborted, admit)
-        else:
-            eng.step(admit)
-
     def _window(self) -> None:
-        """Admit, run ``sync_every`` steps (one with host steps), read the finished slots once.
+        """Admit, run ``sync_every`` steps, read the finished slots once.
 
         Finished slots are freed at once and their values queued for the host
         (:meth:`SlotEngine.harvest_start`); with lagged reads they are read one window later,
@@ -463,7 +413,7 @@ class TalkerSession:
         admit = self._admit()
         if self.active:
             self._steps(admit)
-        if not (self.lagged and not self.host_steps and self.active):  # nothing queued after it: read now
+        if not (self.lagged and self.active):  # nothing queued after it: read now
             queued, self.reading = queued + self.reading, []
         for tickets, pending in queued:
             for r, h in zip(tickets, pending.harvests(), strict=True):
@@ -473,13 +423,11 @@ class TalkerSession:
     def _steps(self, admit: Admit | None) -> None:
         """One window of steps, then the (lagged) read of the finished flags."""
         t0 = time.perf_counter()
-        window = 1 if self.host_steps else self.sync_every
+        window = self.sync_every
         self.engine._kv_len = self._kv_len(window)
         replayed = 0
         for _ in range(window):
-            if self.host_steps:
-                self._host_step(admit)
-            elif admit is not None:
+            if admit is not None:
                 self.engine.step(admit)  # eager: a step that admits has its own shapes
             else:
                 self.step_fn()
@@ -488,7 +436,7 @@ class TalkerSession:
                 self._started(admit.slots)
                 admit = None
             self.g += 1
-        lag = self.lagged and not self.host_steps  # read the window before this one, queued meanwhile
+        lag = self.lagged  # read the window before this one, queued meanwhile
         flags: _Flags | None = _Flags(self.engine.state.running, self.slot_row, keep=lag)
         if lag:
             flags, self.unread = self.unread, flags
@@ -512,9 +460,6 @@ class TalkerSession:
     @torch.no_grad()
     def poll(self) -> list[tuple[int, TalkerResult]]:
         """One window; the (ticket, result) pairs of the requests that finished (in ticket order)."""
-        if self.options.custom_sampler is not None:
-            self._window()
-            return []  # its diagnostics come for every ticket at once: see close()
         if not self.ready:
             self._window()
         out = [(t, self._result(t)) for t in sorted(self.ready)]
@@ -524,22 +469,20 @@ class TalkerSession:
         self.ready.clear()
         return out
 
-    def _result(self, t: int, diag: Any = None) -> TalkerResult:
-        """Ticket ``t``'s result from its harvest (in-step sampler: its counters become ``diagnostics``)."""
+    def _result(self, t: int) -> TalkerResult:
+        """Ticket ``t``'s result from its harvest (the in-step sampler's counters become ``diagnostics``)."""
         from .sampler import COUNTER_NAMES, row_diagnostics
 
         req, h = self._request(t), self.done.get(t)
         raw, kept, reason = self._tokens(t)
-        if diag is None and self.sampler_options is not None:
-            never = [0] * len(COUNTER_NAMES) + [0, -1, 0, 0]  # a request that never took a slot
-            state = h.sampler_state if h is not None else never
-            diag = row_diagnostics(self.sampler_options, req.row_id, req.seed, req.segment, state[:-4],
-                                   dead=reason == "aborted", err=state[-4:],
-                                   stop_reason=None if reason == "aborted" else reason, tokens_emitted=len(kept))
+        never = [0] * len(COUNTER_NAMES) + [0, -1, 0, 0]  # a request that never took a slot
+        state = h.sampler_state if h is not None else never
+        diag = row_diagnostics(self.sampler_options, req.row_id, req.seed, req.segment, state[:-4],
+                               dead=reason == "aborted", err=state[-4:],
+                               stop_reason=None if reason == "aborted" else reason, tokens_emitted=len(kept))
         if reason == "aborted":
-            reason = getattr(diag, "stop_reason", None) or "error"
-        if diag is not None and hasattr(diag, "graph_steps"):  # a slot held past its row's end adds none
-            diag.graph_steps = min(self.graph_steps[t], int(getattr(diag, "steps", self.graph_steps[t])))
+            reason = diag.stop_reason or "error"
+        diag.graph_steps = min(self.graph_steps[t], diag.steps)  # a slot held past its row's end adds none
         return TalkerResult(row_id=req.row_id, tokens=kept, raw_tokens=raw, stop_reason=reason, diagnostics=diag,
                             min_len=self.min_len[t], max_len=self.max_len[t], seconds=self.seconds[t])
 
@@ -547,23 +490,15 @@ class TalkerSession:
     def drain(self) -> list[tuple[int, TalkerResult]]:
         """Decode until nothing waits or runs; every result not yet returned."""
         out: list[tuple[int, TalkerResult]] = []
-        while self.pending or self.active or self.reading or (self.ready and self.options.custom_sampler is None):
+        while not self.idle:
             out.extend(self.poll())
         return out
 
-    def close(self) -> list[TalkerResult]:
-        """Free the cache; with a custom sampler, every ticket's result (its ``finish`` needs them all)."""
+    def close(self) -> None:
+        """Free the cache and report the graphs (``DecodeOptions.on_graphs``)."""
         self.engine.cache = self.model.new_cache(self.n_slots, 1)  # the cells go; a closed session is done
         if self.options.on_graphs is not None:
             self.options.on_graphs(*self.graph_report())
-        sampler = self.options.custom_sampler
-        if sampler is None:
-            return []
-        n = len(self.requests)
-        ends = [self._tokens(t) for t in range(n)]
-        diags = sampler.finish([None if reason == "aborted" else reason for _, _, reason in ends],
-                               [len(kept) for _, kept, _ in ends])
-        return [self._result(t, diags[t] if diags else None) for t in range(n)]
 
     def _tokens(self, t: int) -> tuple[list[int], list[int], str]:
         """Ticket ``t``'s raw tokens, the tokens kept by the silent filter, and its engine stop reason
@@ -596,5 +531,5 @@ def generate(model: CosyVoice3LM, requests: Sequence[TalkerRequest],
     try:
         found.update(session.drain())
     finally:
-        held = session.close()
-    return held or [found[t] for t in range(n)]
+        session.close()
+    return [found[t] for t in range(n)]
