@@ -112,3 +112,21 @@ def test_default_ras_sampler_runs() -> None:
     res = generate(model, [_req(0, 3, 2, 2), _req(1, 5, 0, 2)], DecodeOptions(max_len_override=6))
     assert all(len(r.raw_tokens) <= 6 and r.stop_reason in ("eos", "max_len") for r in res)
     assert all(r.diagnostics is not None for r in res)
+
+
+def test_legacy_multinomial_rows_get_what_they_get_alone() -> None:
+    """The LEGACY draw through a session: each row's generator is its own (seeded from its seed,
+    or its segment's stream key), so a row decoded beside others, in any slot, gets its tokens alone."""
+    from dataclasses import replace
+
+    from cosyclone.talker.sampler import SamplerOptions
+
+    model = _model()
+    reqs = [replace(_req(i, 3 + 2 * i, i % 3, 3), seed=40 + i, segment=i % 2) for i in range(4)]
+    opts = DecodeOptions(sampler=SamplerOptions(draw="legacy-multinomial"), max_len_override=12)
+    together = generate(model, reqs, replace(opts, slots=2))
+    for req, res in zip(reqs, together, strict=True):
+        (alone,) = generate(model, [req], opts)
+        assert res.raw_tokens == alone.raw_tokens and res.stop_reason == alone.stop_reason
+        assert res.diagnostics is not None and res.diagnostics.draw == "legacy-multinomial"
+    assert len({tuple(r.raw_tokens) for r in together}) == len(reqs)  # the rows draw different streams
