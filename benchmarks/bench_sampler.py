@@ -1,7 +1,8 @@
 """Sampler cost per decode step (batch 16, V = 6761), to print next to the talker's step cost.
 
-It times the per-call reference sampler (``BatchSampler``, tests/samplers.py); the product's
-sampler runs inside the decode step, where bench_engine counts its cost.
+It times the per-call reference sampler (``BatchSampler``, tests/samplers.py, race draw only: the
+LEGACY multinomial draw exists in the product's in-step sampler alone); the product's sampler
+runs inside the decode step, where bench_engine counts its cost.
 
 Usage: ``python benchmarks/bench_sampler.py [--batch 16] [--vocab 6761] [--steps 200] [--device cpu]``.
 ``main()`` returns the mean seconds per ``sample()`` call so the talker bench can import it.
@@ -30,14 +31,14 @@ def _test_samplers():  # type: ignore[no-untyped-def]
 
 
 def bench(batch: int = 16, vocab: int = 6761, steps: int = 200, device: str = "cpu",
-          draw: str = "race", warmup: int = 10) -> float:
+          warmup: int = 10) -> float:
     """Mean wall seconds per sample() call (device-synchronised at the end only)."""
     dev = torch.device(device)
     g = torch.Generator(device="cpu").manual_seed(0)
     logits = torch.log_softmax(torch.randn(batch, vocab, generator=g) * 3, dim=-1).to(dev)
-    sampler = _test_samplers().BatchSampler(SamplerOptions(draw=draw), row_ids=[f"r{i}" for i in range(batch)],  # type: ignore[arg-type]
-                           row_seeds=list(range(batch)), min_len=[steps // 4] * batch,
-                           speech_token_size=6561, device=dev)
+    sampler = _test_samplers().BatchSampler(SamplerOptions(), row_ids=[f"r{i}" for i in range(batch)],
+                                            row_seeds=list(range(batch)), min_len=[steps // 4] * batch,
+                                            speech_token_size=6561, device=dev)
     rows = torch.arange(batch, device=dev)
     for k in range(warmup):
         sampler.sample(logits, rows, k)
@@ -57,11 +58,9 @@ def main(argv: list[str] | None = None) -> float:
     ap.add_argument("--vocab", type=int, default=6761)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--draw", default="race", choices=["race", "legacy-multinomial"])
     a = ap.parse_args(argv)
-    sec = bench(a.batch, a.vocab, a.steps, a.device, a.draw)
-    label = " (LEGACY)" if a.draw != "race" else ""
-    print(f"sampler{label}: {sec * 1e3:.3f} ms/step at batch {a.batch}, V={a.vocab}, device={a.device}")
+    sec = bench(a.batch, a.vocab, a.steps, a.device)
+    print(f"sampler: {sec * 1e3:.3f} ms/step at batch {a.batch}, V={a.vocab}, device={a.device}")
     return sec
 
 

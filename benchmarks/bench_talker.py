@@ -19,18 +19,19 @@ import torch
 
 from cosyclone.config import released_config
 from cosyclone.device import DevicePolicy
-from cosyclone.talker.decode import DecodeOptions, TalkerRequest, generate
+from cosyclone.talker.decode import DecodeOptions, TalkerRequest
 from cosyclone.talker.model import CosyVoice3LM, build_talker
 
 
-def _test_samplers():  # type: ignore[no-untyped-def]
-    """tests/samplers.py (the samplers live outside the product), importable however this bench runs."""
+def _tests():  # type: ignore[no-untyped-def]
+    """tests/samplers.py and tests/host_session.py (greedy host steps live outside the product),
+    importable however this bench runs."""
     root = str(Path(__file__).resolve().parents[1])
     if root not in sys.path:
         sys.path.insert(0, root)
-    from tests import samplers
+    from tests import host_session, samplers
 
-    return samplers
+    return host_session, samplers
 
 OFFICIAL_TOK_S = 9.7
 PROMPT_LEN = 127  # assembled prompt length per row
@@ -75,9 +76,9 @@ def decode_rate(model: CosyVoice3LM, batch: int) -> float:
         marks.setdefault(step, time.perf_counter())
         return logits
 
-    opts = DecodeOptions(custom_sampler=_test_samplers().GreedySampler([STEPS] * batch, S), logits_hook=hook,
-                         max_len_override=STEPS + 1)
-    generate(model, reqs, opts)
+    host_session, samplers = _tests()
+    host_session.host_generate(model, reqs, DecodeOptions(max_len_override=STEPS + 1),
+                               sampler=samplers.GreedySampler([STEPS] * batch, S), logits_hook=hook)
     steps = sorted(marks)
     return batch * (steps[-1] - steps[0]) / (marks[steps[-1]] - marks[steps[0]])
 

@@ -1,7 +1,7 @@
 """Today's decode loop, kept as the reference the slot engine must equal token for token.
 
 All rows are prefilled together; every step the per-call :class:`BatchSampler` draws for the rows
-still running (their logits handed over after the logits hook, as the pre-engine ``generate``
+still running (their logits handed over after ``logits_hook``, as the pre-engine ``generate``
 did), the host applies the stop rules, and the model steps every slot. Only the bookkeeping is
 the old one: the model step is the engine's, so a difference can only come from the sampler, the
 stop rules or the scheduling.
@@ -9,11 +9,11 @@ stop rules or the scheduling.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from cosyclone.talker.decode import DecodeOptions, TalkerRequest, TalkerResult, _prompt_batch, silent_filter
+from cosyclone.talker.decode import DecodeOptions, TalkerRequest, TalkerResult, prompt_batch, silent_filter
 from cosyclone.talker.model import CosyVoice3LM
 from cosyclone.talker.sampler import SamplerOptions
 from tests.samplers import BatchSampler
@@ -21,7 +21,11 @@ from tests.samplers import BatchSampler
 
 @torch.no_grad()
 def reference_generate(model: CosyVoice3LM, requests: Sequence[TalkerRequest],
-                       options: DecodeOptions) -> list[TalkerResult]:
+                       options: DecodeOptions,
+                       logits_hook: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor] | None = None,
+                       ) -> list[TalkerResult]:
+    """Every request decoded by the per-call sampler; ``logits_hook(logits, rows, step)`` sees the
+    logits of the rows still running (``rows``: indices into ``requests``) before each draw."""
     cfg = model.cfg
     S = cfg.speech_token_size
     n = len(requests)
@@ -33,7 +37,7 @@ def reference_generate(model: CosyVoice3LM, requests: Sequence[TalkerRequest],
     sampler = BatchSampler(opts, row_ids=[r.row_id for r in requests], row_seeds=[r.seed for r in requests],
                            segments=[r.segment for r in requests], min_len=min_len,
                            speech_token_size=S, device=model.device)
-    embeds, lengths = _prompt_batch(model, requests)
+    embeds, lengths = prompt_batch(model, requests)
     model.setup_cache(n, int(lengths.max()) + max(1, max(max_len)))
     raw: list[list[int]] = [[] for _ in range(n)]
     reasons: list[str | None] = [None] * n
@@ -48,8 +52,8 @@ def reference_generate(model: CosyVoice3LM, requests: Sequence[TalkerRequest],
         while alive:
             rows = torch.tensor(alive, dtype=torch.int64)
             x = logits.index_select(0, rows)
-            if options.logits_hook is not None:
-                x = options.logits_hook(x, rows, step)
+            if logits_hook is not None:
+                x = logits_hook(x, rows, step)
             tokens, aborted = sampler.sample(x, rows, step)
             still = []
             for r, tok, ab in zip(alive, tokens.tolist(), aborted.tolist(), strict=True):

@@ -5,8 +5,8 @@ reference RAS sampler.
 running (the shape the spec describes); the product's in-step sampler
 (:mod:`cosyclone.talker.slot_sampler`) must draw exactly its tokens and counters, which
 tests/test_engine_equivalence.py and the parity suite check. :class:`GreedySampler` and
-:class:`ForcedSampler` drive :func:`cosyclone.talker.decode.generate` through its
-``custom_sampler`` hook (parity captures, decode tests, the talker bench).
+:class:`ForcedSampler` draw in a :class:`tests.host_session.HostSession` (parity captures, decode
+tests, the talker bench).
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from cosyclone.talker.sampler import (
     stream_key,
     uniform_noise,
 )
+from cosyclone.talker.slot_sampler import SlotSampler, legacy_generator
 
-__all__ = ["BatchSampler", "ForcedSampler", "GreedySampler", "nucleus_keep_sorted"]
+__all__ = ["BatchSampler", "ForcedSampler", "GreedySampler", "legacy_slot_sampler", "nucleus_keep_sorted"]
 
 
 def _block_stops(logits: Tensor, rows: Tensor, step: int, min_len: Tensor, stop_from: int) -> Tensor:
@@ -90,6 +91,21 @@ def nucleus_keep_sorted(probs: Tensor, top_p: float, top_k: int) -> Tensor:
     return keep.scatter_(1, sorted_idx[:, :k], keep_sorted)
 
 
+def legacy_slot_sampler(options: SamplerOptions, seeds: Sequence[int], *, speech_token_size: int, vocab: int,
+                        min_len: Sequence[int] | None = None) -> SlotSampler:
+    """The product's in-step sampler with one slot per seed, set up as a session sets up a row's
+    first segment under the LEGACY multinomial draw (noise key, min length, the seeded generator).
+    Call it as the engine does: ``sampler(logits (n, V), live (n,) bool, step (n,) int64)``."""
+    n = len(seeds)
+    sampler = SlotSampler(options, slots=n, vocab=vocab, speech_token_size=speech_token_size, device="cpu")
+    keys = [stream_key(s, 0) for s in seeds]
+    sampler.reset(torch.arange(n), torch.tensor(keys, dtype=torch.int64),
+                  torch.tensor(list(min_len) if min_len is not None else [0] * n, dtype=torch.int64))
+    for i, (seed, key) in enumerate(zip(seeds, keys, strict=True)):
+        sampler.generators[i] = legacy_generator(seed, 0, key, "cpu")
+    return sampler
+
+
 # ---------------------------------------------------------------------------------------------
 
 
@@ -99,7 +115,9 @@ class BatchSampler:
     The sampler is created once per batch with one entry per *original* row; each ``sample()``
     call gets the logits of the rows still running and their indices into the original batch.
     It keeps each row's token history (for the repetition window) and counters on the device, so
-    a decode step costs no host synchronisation (except with the LEGACY multinomial draw).
+    a decode step costs no host synchronisation. Race draw only: the LEGACY multinomial draw is the
+    product's alone (:func:`legacy_slot_sampler`), tested against the official capture, never
+    against a copy of itself.
     """
 
     def __init__(self, options: SamplerOptions, *, row_ids: Sequence[str], row_seeds: Sequence[int],
@@ -109,6 +127,9 @@ class BatchSampler:
         diagnostics); ``segments[i]`` its text-segment index (default 0). Entry i draws from the
         noise stream ``stream_key(row_seeds[i], segments[i])``.
         """
+        if options.draw != "race":
+            raise ValueError("BatchSampler draws the race draw only: the LEGACY multinomial draw is tested on the "
+                             "product's SlotSampler (legacy_slot_sampler) against the official capture")
         n = len(row_ids)
         segs = [0] * n if segments is None else [int(g) for g in segments]
         if len(row_seeds) != n or len(min_len) != n or len(segs) != n:
@@ -136,13 +157,6 @@ class BatchSampler:
         self._counter_names = names
         self._counters = torch.zeros(len(names), n, **i64)  # one stacked tensor: a single read at finish
         self._vocab_hash: Tensor | None = None
-        self._generators: list[torch.Generator] | None = None
-        if options.draw == "legacy-multinomial":
-            self._generators = []
-            for s, seg in zip(self.row_seeds, segs, strict=True):
-                g = torch.Generator(device=dev)
-                g.manual_seed((s if seg == 0 else stream_key(s, seg)) & ((1 << 64) - 1))
-                self._generators.append(g)
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -236,21 +250,18 @@ class BatchSampler:
         keep = nucleus_keep_sorted(probs, opt.top_p, opt.top_k)
         keep = torch.where(row_posinf[:, None], cand, keep) & cand
 
-        if opt.draw == "legacy-multinomial":
-            tokens, fell, restored = self._legacy_draw(x, probs, keep, rows, abort)
-        else:
-            key0 = torch.where(keep, race_keys(logp, self._noise(rows, step, 0, vocab)), neg_inf)
-            pick = key0.argmax(1)
-            repeated = self._repeated(rows, pick)
-            # exclude the repeated id: work on a copy, the original row stays intact
-            x_fb = x.scatter(1, pick[:, None], neg_inf)
-            has_other = (x_fb != neg_inf).any(1)
-            logp_fb = torch.log_softmax(torch.where(has_other[:, None], x_fb, torch.zeros_like(x_fb)), dim=-1)
-            key1 = torch.where(x_fb != neg_inf, race_keys(logp_fb, self._noise(rows, step, 1, vocab)), neg_inf)
-            fb_pick = key1.argmax(1)
-            fell = repeated & has_other
-            restored = repeated & ~has_other  # sole-token restore: return the original pick
-            tokens = torch.where(fell, fb_pick, pick)
+        key0 = torch.where(keep, race_keys(logp, self._noise(rows, step, 0, vocab)), neg_inf)
+        pick = key0.argmax(1)
+        repeated = self._repeated(rows, pick)
+        # exclude the repeated id: work on a copy, the original row stays intact
+        x_fb = x.scatter(1, pick[:, None], neg_inf)
+        has_other = (x_fb != neg_inf).any(1)
+        logp_fb = torch.log_softmax(torch.where(has_other[:, None], x_fb, torch.zeros_like(x_fb)), dim=-1)
+        key1 = torch.where(x_fb != neg_inf, race_keys(logp_fb, self._noise(rows, step, 1, vocab)), neg_inf)
+        fb_pick = key1.argmax(1)
+        fell = repeated & has_other
+        restored = repeated & ~has_other  # sole-token restore: return the original pick
+        tokens = torch.where(fell, fb_pick, pick)
 
         ok = ~abort
         self._count("ras_fallbacks", rows, ok & fell)
@@ -273,45 +284,6 @@ class BatchSampler:
         old = self._hist[rows, pos]
         self._hist[rows, pos] = torch.where(ok, tokens, old)
         self._hist_count[rows] = self._hist_count[rows] + ok.to(torch.int64)
-
-    def _legacy_draw(self, x: Tensor, probs: Tensor, keep: Tensor, rows: Tensor,
-                     abort: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """LEGACY: official-style per-row ``multinomial`` draws (loops and syncs; comparisons only).
-
-        Consumes each row's generator like ``nucleus_sampling`` then ``random_sampling`` do: one
-        multinomial over the kept probabilities in sorted order, and one over the full softmax
-        (repeated id at -inf) when the repetition check fires.
-        """
-        assert self._generators is not None
-        b = x.shape[0]
-        tokens = torch.zeros(b, dtype=torch.int64, device=self.device)
-        fell = torch.zeros(b, dtype=torch.bool, device=self.device)
-        restored = torch.zeros(b, dtype=torch.bool, device=self.device)
-        rows_host = rows.tolist()
-        abort_host = abort.tolist()
-        for i, r in enumerate(rows_host):
-            if abort_host[i]:
-                continue
-            g = self._generators[r]
-            p_sorted, idx_sorted = torch.sort(probs[i], descending=True, stable=True)
-            k = int(keep[i].sum())
-            if k == 0:
-                k = 1
-            kept_p = p_sorted[:k]
-            if float(kept_p.sum()) <= 0.0:
-                kept_p = torch.ones_like(kept_p)
-            t = int(idx_sorted[:k][torch.multinomial(kept_p, 1, replacement=True, generator=g)])
-            tok = t
-            if bool(self._repeated(rows[i:i + 1], torch.tensor([t], device=self.device))[0]):
-                row = x[i].clone()
-                row[t] = float("-inf")
-                if bool((row != float("-inf")).any()):
-                    tok = int(torch.multinomial(row.softmax(0), 1, replacement=True, generator=g))
-                    fell[i] = True
-                else:
-                    restored[i] = True
-            tokens[i] = tok
-        return tokens, fell, restored
 
     # -- the end ---------------------------------------------------------------------------------
 

@@ -52,7 +52,6 @@ def test_resolve_rules() -> None:
     be = EagerCapture()
     assert resolve_cuda_graphs("auto", "cpu", backend=be).value == "on"
     assert "legacy" in resolve_cuda_graphs("auto", "cpu", draw="legacy-multinomial", backend=be).reason
-    assert not resolve_cuda_graphs("auto", "cpu", host_steps=True, backend=be).enabled
     assert not resolve_cuda_graphs("auto", "cpu", compile="eager", backend=be).enabled
     assert not resolve_cuda_graphs("off", "cpu", backend=be).enabled
 
@@ -182,6 +181,7 @@ def test_batch_shapes_agree_up_to_near_ties_on_cuda() -> None:
     up to a row's first differing token its logits agree within tolerance, so the two ids chosen
     where the tokens part were a near tie."""
     from cosyclone.device import apply_precision
+    from tests.host_session import host_generate
     from tests.samplers import GreedySampler
 
     apply_precision()  # fp32 is fp32 (no TF32), as every run sets it
@@ -197,8 +197,8 @@ def test_batch_shapes_agree_up_to_near_ties_on_cuda() -> None:
             return logits
 
         sampler = GreedySampler([int(2 * r.target_len) for r in reqs], model.cfg.speech_token_size)
-        opts = DecodeOptions(custom_sampler=sampler, logits_hook=hook, slots=slots, kv_bucket=8, max_len_override=24)
-        return [r.raw_tokens for r in generate(model, reqs, opts)], seen
+        opts = DecodeOptions(slots=slots, kv_bucket=8, max_len_override=24)
+        return [r.raw_tokens for r in host_generate(model, reqs, opts, sampler=sampler, logits_hook=hook)], seen
 
     with torch.inference_mode():
         alone, logits_alone = run(1)

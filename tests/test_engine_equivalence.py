@@ -12,6 +12,7 @@ import torch
 from cosyclone.talker.decode import DecodeOptions, TalkerRequest, generate, prompt_length
 from cosyclone.talker.sampler import SamplerOptions, nucleus_keep, stream_key
 from cosyclone.talker.slot_sampler import SlotSampler
+from tests.host_session import HostSession, LogitsHook, host_generate
 from tests.reference_decode import reference_generate
 from tests.samplers import BatchSampler, nucleus_keep_sorted
 from tests.test_talker_decode import _model, _req
@@ -106,6 +107,13 @@ def _nan_hook(logits: torch.Tensor, rows: torch.Tensor, step: int) -> torch.Tens
     return out
 
 
+def _generate(model: object, reqs: list[TalkerRequest], opts: DecodeOptions, hook: LogitsHook | None) -> list:
+    """The product's generate; with a hook, its steps see the hook's logits first (tests/host_session.py)."""
+    if hook is None:
+        return generate(model, reqs, opts)  # type: ignore[arg-type]
+    return host_generate(model, reqs, opts, logits_hook=hook)  # type: ignore[arg-type]
+
+
 def _key(res: list) -> list:
     return [(r.row_id, r.raw_tokens, r.tokens, r.stop_reason, r.diagnostics.to_dict()) for r in res]
 
@@ -115,21 +123,21 @@ def _key(res: list) -> list:
 def test_generate_equals_todays_loop_for_any_slot_count_and_order(seed: int, n: int, hook: object) -> None:
     model = _model()
     reqs = _requests(n, seed)
-    opts = DecodeOptions(sampler=SamplerOptions(top_k=40, top_p=0.9), logits_hook=hook)  # type: ignore[arg-type]
-    want = _key(reference_generate(model, reqs, opts))
+    opts = DecodeOptions(sampler=SamplerOptions(top_k=40, top_p=0.9))
+    want = _key(reference_generate(model, reqs, opts, hook))  # type: ignore[arg-type]
     assert len({len(w[1]) for w in want}) > 1 or n == 1  # rows of different lengths
     for slots, sync, lagged, fused in ((None, 4, False, None), (1, 1, False, True), (2, 3, False, True),
                                        (3, 4, False, False), (1, 2, True, True), (2, 3, True, False), (2, None, False, None)):
-        got = _key(generate(model, reqs, replace(opts, slots=slots, sync_every=sync, lagged_reads=lagged,
-                                                 fused_admission=fused)))
+        got = _key(_generate(model, reqs, replace(opts, slots=slots, sync_every=sync, lagged_reads=lagged,
+                                                  fused_admission=fused), hook))  # type: ignore[arg-type]
         assert got == want, (slots, sync, lagged, fused)
     order = list(reversed(range(n)))  # another admission order: the same rows, reversed
 
     def reordered(logits: torch.Tensor, rows: torch.Tensor, step: int) -> torch.Tensor:
         return _nan_hook(logits, torch.tensor([order[r] for r in rows.tolist()]), step)  # faults follow the row
 
-    got = _key(generate(model, [reqs[i] for i in order],
-                        replace(opts, slots=2, logits_hook=reordered if hook is not None else None)))
+    got = _key(_generate(model, [reqs[i] for i in order], replace(opts, slots=2),
+                         reordered if hook is not None else None))
     assert [got[order.index(i)] for i in range(n)] == want
     if hook is not None:
         assert any(w[3] == "no_finite_logits" for w in want) or n == 1
@@ -153,10 +161,9 @@ def test_newcomers_riding_in_a_running_step_get_what_a_separate_prefill_gives(ho
         return replace(_req(60 + 10 * i + len(kind), text, speech, target), row_id=f"{kind}{i}", seed=i)
 
     reqs = [row("long", 0), row("short", 0), row("short", 1), row("long", 1), row("long", 2), row("short", 2)]
-    opts = DecodeOptions(sampler=SamplerOptions(top_k=40, top_p=0.9), logits_hook=hook,  # type: ignore[arg-type]
-                         slots=2, min_len_override=100)
-    want = _key(reference_generate(model, reqs, opts))
-    assert _key(generate(model, reqs, replace(opts, fused_admission=False))) == want
+    opts = DecodeOptions(sampler=SamplerOptions(top_k=40, top_p=0.9), slots=2, min_len_override=100)
+    want = _key(reference_generate(model, reqs, opts, hook))  # type: ignore[arg-type]
+    assert _key(_generate(model, reqs, replace(opts, fused_admission=False), hook)) == want  # type: ignore[arg-type]
     seen = {"apart": 0, "riding": 0}
     real_admit, real_step = SlotEngine.admit, CosyVoice3LM.step
 
@@ -170,7 +177,7 @@ def test_newcomers_riding_in_a_running_step_get_what_a_separate_prefill_gives(ho
 
     monkeypatch.setattr(SlotEngine, "admit", admit)
     monkeypatch.setattr(CosyVoice3LM, "step", step)
-    assert _key(generate(model, reqs, opts)) == want  # default on CPU: fused
+    assert _key(_generate(model, reqs, opts, hook)) == want  # type: ignore[arg-type]  # default on CPU: fused
     assert seen["riding"] >= 1 and seen["apart"] + seen["riding"] == len(reqs)
     if hook is None:  # only the first two (nothing running yet) were prefilled apart
         assert seen == {"apart": 2, "riding": 4}
@@ -194,10 +201,11 @@ def test_a_session_fed_while_it_decodes_equals_todays_loop(slots: int, chunk: in
 
     model = _model()
     reqs = sorted(_requests(9, 3), key=lambda r: prompt_length(r) + 20 * r.target_len)
-    opts = DecodeOptions(sampler=SamplerOptions(top_k=40, top_p=0.9), logits_hook=hook,  # type: ignore[arg-type]
-                         kv_bucket=8)
-    want = _key(reference_generate(model, reqs, opts))
-    session = TalkerSession(model, replace(opts, lagged_reads=slots == 2), slots=slots)
+    opts = DecodeOptions(sampler=SamplerOptions(top_k=40, top_p=0.9), kv_bucket=8)
+    want = _key(reference_generate(model, reqs, opts, hook))  # type: ignore[arg-type]
+    session_opts = replace(opts, lagged_reads=slots == 2)
+    session = (TalkerSession(model, session_opts, slots=slots) if hook is None
+               else HostSession(model, session_opts, slots=slots, logits_hook=hook))  # type: ignore[arg-type]
     grown: list[int] = []
     real_grow = session.engine.grow
 

@@ -8,6 +8,7 @@ from cosyclone.checkpoint import init_dummy
 from cosyclone.config import QwenGeometry, TalkerConfig
 from cosyclone.talker.decode import DecodeOptions, TalkerRequest, generate, silent_filter
 from cosyclone.talker.model import CosyVoice3LM
+from tests.host_session import host_generate
 from tests.samplers import ForcedSampler, GreedySampler
 
 CFG = TalkerConfig(qwen=QwenGeometry(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -34,7 +35,7 @@ def _greedy(model: CosyVoice3LM, reqs: list[TalkerRequest], **kw: object) -> tup
         return logits
 
     sampler = GreedySampler([int(2 * r.target_len) for r in reqs], CFG.speech_token_size)
-    res = generate(model, reqs, DecodeOptions(custom_sampler=sampler, logits_hook=hook, **kw))
+    res = host_generate(model, reqs, DecodeOptions(**kw), sampler=sampler, logits_hook=hook)  # type: ignore[arg-type]
     return res, seen
 
 
@@ -64,7 +65,7 @@ def test_forced_stop_and_compaction() -> None:
     S = CFG.speech_token_size
     forced = [[3, 4, S + 7], [5, 6, 7, 8, 9, 10, 11], [1], [2, 2, 2, 2]]
     sampler = ForcedSampler(forced, stop_token=S + 1)
-    res = generate(model, reqs, DecodeOptions(custom_sampler=sampler))
+    res = host_generate(model, reqs, DecodeOptions(), sampler=sampler)
     assert [r.raw_tokens for r in res] == [[3, 4], [5, 6, 7, 8, 9, 10, 11], [1], [2, 2, 2, 2]]
     assert [r.stop_reason for r in res] == ["eos"] * 4
     for rows, step in sampler.calls:
@@ -86,7 +87,7 @@ def test_max_len_override_and_hook_fault() -> None:
         return out
 
     sampler = GreedySampler([0, 0], CFG.speech_token_size)
-    res = generate(model, reqs, DecodeOptions(custom_sampler=sampler, logits_hook=force_stop, max_len_override=4))
+    res = host_generate(model, reqs, DecodeOptions(max_len_override=4), sampler=sampler, logits_hook=force_stop)
     assert res[0].raw_tokens == [0, 0, 0, 0] and res[0].stop_reason == "max_len"
     assert res[1].raw_tokens == [] and res[1].stop_reason == "eos"
 
@@ -102,7 +103,7 @@ def test_silent_filter_in_generate_switchable() -> None:
     forced = [[1] * 8 + [3, 2]]
     for on, want in ((True, [1] * 5 + [3, 2]), (False, [1] * 8 + [3, 2])):
         sampler = ForcedSampler(forced, stop_token=CFG.eos)
-        (res,) = generate(model, [_req(0, 3, 1, 10)], DecodeOptions(custom_sampler=sampler, silent_filter=on))
+        (res,) = host_generate(model, [_req(0, 3, 1, 10)], DecodeOptions(silent_filter=on), sampler=sampler)
         assert res.raw_tokens == forced[0] and res.tokens == want
 
 
@@ -111,3 +112,21 @@ def test_default_ras_sampler_runs() -> None:
     res = generate(model, [_req(0, 3, 2, 2), _req(1, 5, 0, 2)], DecodeOptions(max_len_override=6))
     assert all(len(r.raw_tokens) <= 6 and r.stop_reason in ("eos", "max_len") for r in res)
     assert all(r.diagnostics is not None for r in res)
+
+
+def test_legacy_multinomial_rows_get_what_they_get_alone() -> None:
+    """The LEGACY draw through a session: each row's generator is its own (seeded from its seed,
+    or its segment's stream key), so a row decoded beside others, in any slot, gets its tokens alone."""
+    from dataclasses import replace
+
+    from cosyclone.talker.sampler import SamplerOptions
+
+    model = _model()
+    reqs = [replace(_req(i, 3 + 2 * i, i % 3, 3), seed=40 + i, segment=i % 2) for i in range(4)]
+    opts = DecodeOptions(sampler=SamplerOptions(draw="legacy-multinomial"), max_len_override=12)
+    together = generate(model, reqs, replace(opts, slots=2))
+    for req, res in zip(reqs, together, strict=True):
+        (alone,) = generate(model, [req], opts)
+        assert res.raw_tokens == alone.raw_tokens and res.stop_reason == alone.stop_reason
+        assert res.diagnostics is not None and res.diagnostics.draw == "legacy-multinomial"
+    assert len({tuple(r.raw_tokens) for r in together}) == len(reqs)  # the rows draw different streams

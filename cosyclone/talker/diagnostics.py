@@ -1,4 +1,4 @@
-"""Per-row and per-batch sampler diagnostics.
+"""Per-row sampler diagnostics.
 
 The original bug report that motivated these counters read "81 sampler calls, 46 entirely NaN":
 fp16 logits overflowed, ``torch.multinomial`` raised for the whole batch and nobody could tell
@@ -26,8 +26,7 @@ Counter definitions (all count *row-steps*, i.e. one ``sample()`` call for one r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 #: Options whose behaviour is the pre-fix / official code kept only for comparisons.
@@ -73,50 +72,3 @@ class SamplerRowDiagnostics:
         out = asdict(self)
         out["legacy"] = self.legacy
         return out
-
-
-@dataclass
-class BatchDiagnostics:
-    """Aggregate over rows, worded like the bug report: "N sampler calls, M entirely NaN".
-
-    "Sampler calls" are row-steps: the official code calls its sampler once per row per step, so
-    summing ``steps`` over rows keeps the report's meaning for batched decoding.
-    """
-
-    rows: list[SamplerRowDiagnostics] = field(default_factory=list)
-
-    @classmethod
-    def from_rows(cls, rows: Sequence[SamplerRowDiagnostics]) -> BatchDiagnostics:
-        return cls(rows=list(rows))
-
-    def _sum(self, name: str) -> int:
-        return sum(int(getattr(r, name)) for r in self.rows)
-
-    @property
-    def sampler_calls(self) -> int:
-        return self._sum("steps")
-
-    @property
-    def entirely_nan(self) -> int:
-        return self._sum("all_nan_steps")
-
-    @property
-    def aborted_rows(self) -> list[str]:
-        return [r.row_id for r in self.rows if r.aborted]
-
-    def summary_line(self) -> str:
-        """``"81 sampler calls, 46 entirely NaN"`` plus non-zero extras and a LEGACY marker."""
-        parts = [f"{self.sampler_calls} sampler calls, {self.entirely_nan} entirely NaN"]
-        for name, label in (("nan_steps", "with NaN"), ("posinf_steps", "with +inf"),
-                            ("no_finite_steps", "without finite logits"),
-                            ("ras_fallbacks", "RAS fallbacks"), ("ras_sole_restores", "RAS sole-token restores"),
-                            ("min_len_suppressed", "min-len suppressed stops")):
-            n = self._sum(name)
-            if n and name != "nan_steps" or (name == "nan_steps" and n != self.entirely_nan):
-                parts.append(f"{n} {label}")
-        if self.aborted_rows:
-            parts.append(f"{len(self.aborted_rows)} rows aborted")
-        line = ", ".join(parts)
-        if any(r.legacy for r in self.rows):
-            line += " [LEGACY sampler behaviour]"
-        return line

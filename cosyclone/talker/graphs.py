@@ -65,12 +65,10 @@ class GraphChoice:
 
 
 def resolve_cuda_graphs(requested: str, device: torch.device | str, *, draw: str = "race",
-                        host_steps: bool = False, compile: str | None = None,
-                        backend: CaptureBackend | None = None) -> GraphChoice:
+                        compile: str | None = None, backend: CaptureBackend | None = None) -> GraphChoice:
     """``auto``: capture when the device is CUDA/ROCm (or a test gives a ``backend``) and the
     step can be captured: the race draw (the LEGACY multinomial draw reads the host every step),
-    no custom sampler or logits hook (``host_steps``: Python runs inside each step), and not the
-    ``torch.compile`` path (one or the other). ``off``: never."""
+    and not the ``torch.compile`` path (one or the other). ``off``: never."""
     if requested not in GRAPH_MODES:
         raise ValueError(f"cuda_graphs must be one of {', '.join(GRAPH_MODES)}, not {requested!r}")
     if requested == "off":
@@ -80,8 +78,6 @@ def resolve_cuda_graphs(requested: str, device: torch.device | str, *, draw: str
         return GraphChoice(False, f"device is {dev.type}: CUDA graphs need a CUDA/ROCm device")
     if draw == "legacy-multinomial":
         return GraphChoice(False, "the legacy-multinomial draw reads the host every step")
-    if host_steps:
-        return GraphChoice(False, "a custom sampler or logits hook runs Python in each step")
     if compile:
         return GraphChoice(False, f"the torch.compile path ({compile}) is used instead")
     return GraphChoice(True, f"auto on {dev.type}" if backend is None else f"auto with {type(backend).__name__}")

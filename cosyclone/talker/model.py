@@ -6,10 +6,8 @@ The module tree mirrors the official checkpoint so ``state_dict()`` keys equal `
 carries the tied ``llm.model.lm_head.weight``, which :func:`build_talker` accepts and ignores, and
 the 151936-wide text logits are never computed (Hugging Face computes them every step; we don't).
 
-Math (spec 3.2): pre-norm blocks, RMSNorm computed in fp32 and cast back before the weight,
-half-split RoPE with theta from the config, GQA via ``F.scaled_dot_product_attention``, SwiGLU MLP,
-biases on q/k/v only. The hidden state handed to ``llm_decoder`` is the final RMSNorm's output.
-Decoder logits are raw (no log-softmax: the sampler's non-finite policy must see one NaN entry as
+The backbone (spec 3.2) is :mod:`cosyclone.talker.qwen2`; the hidden state handed to
+``llm_decoder`` is its final RMSNorm's output. Decoder logits are raw (no log-softmax: the sampler's non-finite policy must see one NaN entry as
 one entry, not a row turned NaN by the normalisation) and fp32: the speech-token head
 (``llm_decoder``, 6761 x 896) keeps fp32 weights and runs in fp32 even when the backbone runs
 bf16/fp16, because bf16 logits reorder near-tied candidates often enough to change sampled tokens
@@ -18,246 +16,22 @@ bf16/fp16, because bf16 logits reorder near-tied candidates often enough to chan
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import cpu_gemm
 from ..checkpoint import CheckpointKeyError, LoadReport, init_dummy, load_module_file
-from ..config import QWEN_DIR, ModelConfig, QwenGeometry, TalkerConfig, validate_geometry
+from ..config import QWEN_DIR, ModelConfig, TalkerConfig, validate_geometry
 from ..device import DevicePolicy
 from ..errors import ModelDirError
-from ..fused import FusedLinears
 from .kv_cache import SlotKVCache
+from .qwen2 import Admission, Qwen2Encoder, Qwen2Model, attention_mask
 
 #: The tied text head the released ``llm.pt`` carries; accepted by the loader and never used.
 TIED_LM_HEAD = "llm.model.lm_head.weight"
 TIED_TO = "llm.model.model.embed_tokens.weight"  # the tensor TIED_LM_HEAD is a copy of in llm.pt
-
-
-@dataclass(frozen=True)
-class CacheContext:
-    """What one attention layer needs to use the slot cache: the cache, its layer index, and
-    either the prefill's target ``slots`` (b,) or the decode step's ``positions`` (slots,)."""
-
-    cache: SlotKVCache
-    layer: int
-    slots: Tensor | None = None
-    positions: Tensor | None = None
-    rows: Tensor | None = None  # decode: arange(slots), made once per step for every layer's KV write
-    admit: Admission | None = None  # a decode step that also prefills newcomers (see Admission)
-
-
-@dataclass(frozen=True)
-class Admission:
-    """Newcomers prefilled in the same pass as a decode step (``CosyVoice3LM.step(admit=...)``).
-
-    Why: on a CPU a decode step is bound by reading the weights once, so a prompt sent through the
-    linear layers beside the step's one token per slot costs only its own arithmetic, where a
-    separate prefill reads every weight a second time. The pass is flat, (1, slots + b*T, D): the
-    step's rows first, then the newcomers' right-padded prompts; only attention tells them apart.
-    """
-
-    slots: Tensor  # (b,) int64 target slots (free: not running in the step)
-    mask: Tensor  # (b, 1, T, T) bool causal and padding mask of the prompts (attention_mask): b newcomers, T cells
-
-
-class RMSNorm(nn.Module):
-    """Qwen2 RMSNorm: ``weight * (x * rsqrt(mean(x^2) + eps))``, normalised in fp32."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        # one fused kernel instead of five elementwise ops (49 norms per decode step)
-        h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return self.weight * h.to(x.dtype)
-
-
-def swap_halves(x: Tensor) -> Tensor:
-    """``[x2, x1]``: the half-split RoPE rotation ``[-x2, x1]`` (dims [0:D/2] and [D/2:D] of each
-    head form the pairs) without its negation, which the signed sin table carries (``(-a) * s ==
-    a * (-s)`` exactly, so the rotation is bit-identical and one op shorter)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x2, x1), dim=-1)
-
-
-class Attention(FusedLinears):
-    """GQA self-attention (q: H heads, k/v: H_kv heads, head_dim D), q/k/v biases, no o bias.
-
-    ``qkv_proj`` holds ``[q_proj; k_proj; v_proj]`` (checkpoint names restored by hooks).
-    """
-
-    def __init__(self, g: QwenGeometry) -> None:
-        super().__init__()
-        self.n_heads = g.num_attention_heads
-        self.n_kv = g.num_key_value_heads
-        self.head_dim = g.head_dim
-        q_dim = g.num_attention_heads * g.head_dim
-        self.qkv_proj = self.fused_linear("qkv_proj", g.hidden_size,
-                                          (("q_proj", q_dim), ("k_proj", g.kv_dim), ("v_proj", g.kv_dim)), bias=True)
-        self.o_proj = nn.Linear(q_dim, g.hidden_size, bias=False)
-
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, ctx: CacheContext | None = None) -> Tensor:
-        """``x`` (B, T, D); ``cos``/``sin`` (B, T, 1, Dh), ``sin`` signed (:attr:`Qwen2Model.rope_table`);
-        ``mask`` (B, 1, T, K), bool (True = attend) or the equal additive float mask (0 / -inf).
-
-        Without ``ctx`` attention runs over ``x`` itself. A prefill context (``ctx.slots`` set)
-        also writes this layer's K/V into cells ``0..T-1`` of those slots. A decode context
-        (``ctx.positions`` set, T == 1, one row per slot) writes each slot's new K/V at its
-        position and attends over the cache's first K cells.
-        """
-        b, t, _ = x.shape
-        h, hkv, dh = self.n_heads, self.n_kv, self.head_dim
-        qkv = self.qkv_proj(x).view(b, t, h + 2 * hkv, dh)
-        qk = qkv[:, :, : h + hkv]  # q and k heads rotate together: one RoPE pass for both
-        qk = qk * cos + swap_halves(qk) * sin
-        q, k, v = qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + hkv:]  # (b, t, heads, dh) each
-        if ctx is not None and ctx.admit is not None:  # flat (1, S + b'T): the step's rows, then prompts
-            s = ctx.cache.slots
-            step = self._step(*(z[0, :s, None] for z in (q, k, v)), mask, ctx)  # writes first: a free
-            # slot's step row may land inside the newcomer's prompt cells, which the prefill then rewrites
-            n, length = ctx.admit.mask.shape[0], ctx.admit.mask.shape[-1]
-            pre = self._prefill(*(z[0, s:].view(n, length, -1, dh) for z in (q, k, v)), ctx.admit.mask, ctx,
-                                ctx.admit.slots)
-            y = torch.cat((step.reshape(s, -1), pre.reshape(n * length, -1)))[None]
-        elif ctx is not None and ctx.positions is not None:
-            y = self._step(q, k, v, mask, ctx)
-        else:
-            y = self._prefill(q, k, v, mask, ctx, None if ctx is None else ctx.slots)
-        return self.o_proj(y)
-
-    def _step(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, ctx: CacheContext) -> Tensor:
-        """One query per slot, (slots, 1, heads, dh): write each slot's K/V at its position, attend
-        over the cache's first ``mask.shape[-1]`` cells -> (slots, 1, H*dh)."""
-        b, h, hkv, dh = q.shape[0], self.n_heads, self.n_kv, self.head_dim
-        ctx.cache.write_step(ctx.layer, k.transpose(1, 2), v.transpose(1, 2), ctx.positions, rows=ctx.rows)
-        keys, values = ctx.cache.view(ctx.layer, mask.shape[-1])
-        # The H/H_kv query heads that share a K/V head become that head's "query positions", so no
-        # GQA flag is needed and a masked fused kernel applies.
-        y = F.scaled_dot_product_attention(q.reshape(b, hkv, h // hkv, dh), keys, values, attn_mask=mask)
-        return y.reshape(b, 1, h * dh)
-
-    def _prefill(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, ctx: CacheContext | None,
-                 slots: Tensor | None) -> Tensor:
-        """Causal attention over the rows themselves, (b, T, heads, dh) -> (b, T, H*dh); with
-        ``slots`` (b,) their K/V are written into cells ``0..T-1`` of those slots."""
-        b, t = q.shape[:2]
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        if ctx is not None and slots is not None:
-            ctx.cache.write_prefix(ctx.layer, k, v, slots)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
-        return y.transpose(1, 2).reshape(b, t, -1)
-
-
-class MLP(FusedLinears):
-    """SwiGLU: ``down(silu(gate(x)) * up(x))``, no biases; ``gate_up_proj`` = ``[gate_proj; up_proj]``."""
-
-    def __init__(self, g: QwenGeometry) -> None:
-        super().__init__()
-        self.gate_up_proj = self.fused_linear("gate_up_proj", g.hidden_size,
-                                              (("gate_proj", g.intermediate_size), ("up_proj", g.intermediate_size)))
-        self.down_proj = nn.Linear(g.intermediate_size, g.hidden_size, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
-
-
-class DecoderLayer(nn.Module):
-    """Pre-norm block: ``h = x + attn(norm(x)); y = h + mlp(norm(h))``."""
-
-    def __init__(self, g: QwenGeometry) -> None:
-        super().__init__()
-        self.self_attn = Attention(g)
-        self.mlp = MLP(g)
-        self.input_layernorm = RMSNorm(g.hidden_size, g.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(g.hidden_size, g.rms_norm_eps)
-
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, ctx: CacheContext | None = None) -> Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, ctx)
-        return h + self.mlp(self.post_attention_layernorm(h))
-
-
-class Qwen2Model(nn.Module):
-    """The Qwen2 backbone (``llm.model.model``): token embedding, layers, final norm, RoPE tables."""
-
-    def __init__(self, g: QwenGeometry) -> None:
-        super().__init__()
-        self.geometry = g
-        self.embed_tokens = nn.Embedding(g.vocab_size, g.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(g) for _ in range(g.num_hidden_layers))
-        self.norm = RMSNorm(g.hidden_size, g.rms_norm_eps)
-        # [cos | sin with its first half negated] (T, 2 Dh), fp32: one gather per pass for both
-        # tables, and the sign of the rotation is applied once here instead of per layer (swap_halves)
-        self.register_buffer("rope_table", torch.empty(0), persistent=False)
-        self.reset_rope()
-
-    def reset_rope(self, length: int | None = None) -> None:
-        """(Re)build the fp32 RoPE table (T, 2 Dh) on the module's device.
-
-        Called after ``to_empty`` (which leaves buffers uninitialised) and whenever more positions
-        are needed. ``inv_freq_j = theta^(-2j/Dh)``; angles are ``pos * inv_freq`` in fp32.
-        """
-        g = self.geometry
-        length = int(length or min(g.max_position_embeddings, 4096))
-        dev = self.embed_tokens.weight.device
-        dim = g.head_dim
-        inv_freq = 1.0 / (g.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=dev).float() / dim))
-        pos = torch.arange(length, device=dev, dtype=torch.float32)
-        freqs = pos[:, None] * inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        sin, half = emb.sin(), dim // 2
-        self.rope_table = torch.cat((emb.cos(), -sin[:, :half], sin[:, half:]), dim=-1)
-
-    def ensure_positions(self, length: int) -> None:
-        """Grow the RoPE tables if a sequence needs more than ``length`` positions."""
-        if length > self.rope_table.shape[0]:
-            if length > self.geometry.max_position_embeddings:
-                raise ValueError(f"sequence of {length} positions exceeds max_position_embeddings="
-                                 f"{self.geometry.max_position_embeddings}")
-            self.reset_rope(max(length, 2 * self.rope_table.shape[0]))
-
-    def forward(self, x: Tensor, positions: Tensor, mask: Tensor, *, cache: SlotKVCache | None = None,
-                slots: Tensor | None = None, decode: bool = False, admit: Admission | None = None) -> Tensor:
-        """``x`` (B, T, D) embeddings at ``positions`` (B, T) int64 -> post-norm hidden (B, T, D).
-
-        With ``cache``: ``slots`` (B,) makes this a prefill into those slots; ``decode`` a step
-        with one row per slot (T == 1) at ``positions[:, 0]``; ``decode`` with ``admit`` a step
-        whose rows come first in a flat (1, slots + b*T) pass, the newcomers' prompts after them.
-        """
-        # (B, T, 1, Dh) each: broadcast over heads; sin is the signed table (see swap_halves)
-        cos, sin = self.rope_table[positions].to(x.dtype).unsqueeze(2).chunk(2, dim=-1)
-        step_pos = rows = None
-        if decode:
-            step_pos = positions[:, 0] if admit is None else positions[0, :cache.slots]
-            rows = torch.arange(step_pos.shape[0], device=x.device)
-        for i, layer in enumerate(self.layers):
-            ctx = None if cache is None else CacheContext(cache, i, slots=slots, positions=step_pos, rows=rows,
-                                                          admit=admit)
-            x = layer(x, cos, sin, mask, ctx)
-        return self.norm(x)
-
-
-class Qwen2ForCausalLMBody(nn.Module):
-    """``llm.model``: holds ``model`` only; the tied text head is intentionally absent."""
-
-    def __init__(self, g: QwenGeometry) -> None:
-        super().__init__()
-        self.model = Qwen2Model(g)
-
-
-class Qwen2Encoder(nn.Module):
-    """``llm``: the official wrapper's name level (``llm.model.model.*``)."""
-
-    def __init__(self, g: QwenGeometry) -> None:
-        super().__init__()
-        self.model = Qwen2ForCausalLMBody(g)
 
 
 class CosyVoice3LM(nn.Module):
@@ -404,19 +178,6 @@ class CosyVoice3LM(nn.Module):
         last = hidden[s:].view(b, t, d)[torch.arange(b, device=embeds.device), lengths - 1]
         logits = self.decoder_logits(torch.cat((hidden[:s], last)))
         return logits[:s].index_copy(0, slots, logits[s:])
-
-
-def attention_mask(positions: Tensor, kv_len: int, lengths: Tensor | None = None) -> Tensor:
-    """The one mask rule: query at position p attends key cell j iff ``j <= p`` (and ``j < length``).
-
-    ``positions`` (B, T) int64, ``lengths`` (B,) or None -> (B, 1, T, kv_len) bool (True = attend).
-    Causal prefill, padded whole-sequence passes and decode steps all use it.
-    """
-    keys = torch.arange(kv_len, device=positions.device)
-    mask = keys[None, None, :] <= positions[:, :, None]
-    if lengths is not None:
-        mask = mask & (keys[None, :] < lengths.to(positions.device)[:, None])[:, None, :]
-    return mask[:, None]
 
 
 def build_talker(cfg: ModelConfig, policy: DevicePolicy, load_format: str = "auto", *,

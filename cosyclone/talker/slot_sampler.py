@@ -13,7 +13,9 @@ The sampler reads as a chain of small filters over the logits: raw statistics, t
 mask, the non-finite policy, the nucleus, the race draw, the repetition check.
 
 The LEGACY ``draw="legacy-multinomial"`` keeps its per-row ``torch.multinomial`` loop (host
-syncs; such a step cannot be captured and is only for comparisons with seeded official runs).
+syncs; such a step cannot be captured and is only for comparisons with seeded official runs). It
+has no reference copy in tests: tests/parity/test_sampling_parity.py checks its draws against the
+official capture (the seeded draws exactly, the frequencies by chi-square).
 """
 
 from __future__ import annotations

@@ -12,8 +12,9 @@ import torch
 
 from cosyclone import cpu_gemm
 from cosyclone.config import QwenGeometry, TalkerConfig
-from cosyclone.talker.decode import DecodeOptions, TalkerRequest, generate
+from cosyclone.talker.decode import DecodeOptions, TalkerRequest
 from cosyclone.talker.model import CosyVoice3LM, load_talker_weights
+from tests.host_session import host_generate
 from tests.samplers import ForcedSampler
 
 from .conftest import VECTORS, load_vector_set
@@ -97,8 +98,8 @@ def test_forced_decode_every_step(gemm: str) -> None:
 
     sampler = ForcedSampler([forced], stop_token=model.cfg.eos)
     # official-head min_len rule: index S (sos) masked while step < min_len; reproduce that mask here
-    opts = DecodeOptions(custom_sampler=sampler, logits_hook=hook, silent_filter=False)
-    (res,) = generate(model, [_request(vec, meta)], opts)
+    (res,) = host_generate(model, [_request(vec, meta)], DecodeOptions(silent_filter=False), sampler=sampler,
+                           logits_hook=hook)
     assert res.tokens == vec["decode.yielded_tokens"].tolist() and res.stop_reason == "eos"
     assert len(seen) == n_steps
     min_len = meta["derived"]["min_len"]

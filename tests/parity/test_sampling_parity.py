@@ -17,7 +17,7 @@ import torch
 
 from cosyclone.talker.sampler import SamplerOptions, nucleus_keep
 from tests.reference import load_vector_set
-from tests.samplers import BatchSampler
+from tests.samplers import BatchSampler, legacy_slot_sampler
 
 STOP_IDS = 200  # the head is S + 200 wide: ids S..S+199 are stop ids (VECTORS.md, llm section)
 
@@ -198,11 +198,22 @@ def test_ignore_eos_masks_index(vec: tuple[dict[str, Any], dict[str, torch.Tenso
         assert sampler.finish()[0].min_len_suppressed == 1
 
 
+def _legacy_draws(case: str, top_p: float, top_k: int, seeds: list[int], t: dict[str, torch.Tensor]) -> list[int]:
+    """One draw per seed by the product's in-step sampler under the LEGACY multinomial draw, each
+    seed in its own slot with its own generator (what a session gives a row's first segment)."""
+    scores = t[f"scores.{case}"]
+    n = len(seeds)
+    sampler = legacy_slot_sampler(SamplerOptions(draw="legacy-multinomial", top_p=top_p, top_k=top_k), seeds,
+                                  speech_token_size=_speech_token_size(t), vocab=scores.numel())
+    tokens, aborted = sampler(scores.expand(n, -1), torch.ones(n, dtype=torch.bool), torch.zeros(n, dtype=torch.int64))
+    assert not aborted.any()
+    return tokens.tolist()
+
+
 def test_seeded_draws_legacy_multinomial(vec: tuple[dict[str, Any], dict[str, torch.Tensor]]) -> None:
-    """LEGACY multinomial draws consume a seeded generator exactly like the official
+    """The product's LEGACY multinomial draws consume a seeded generator exactly like the official
     ``torch.manual_seed(k)`` run, for every case the capture recorded seeded draws for."""
     meta, t = vec
-    S = _speech_token_size(t)
     checked = 0
     for key, case, top_p, top_k in _cases(meta):
         for field, want in meta["nucleus"][key].items():
@@ -210,10 +221,42 @@ def test_seeded_draws_legacy_multinomial(vec: tuple[dict[str, Any], dict[str, to
             if not m:
                 continue
             seeds = list(range(int(m.group(1)), int(m.group(2)) + 1))
-            opts = SamplerOptions(draw="legacy-multinomial", top_p=top_p, top_k=top_k)
-            sampler = BatchSampler(opts, row_ids=[str(k) for k in seeds], row_seeds=seeds, min_len=[0] * len(seeds),
-                                   speech_token_size=S, device="cpu")
-            got, _ = sampler.sample(t[f"scores.{case}"].expand(len(seeds), -1), torch.arange(len(seeds)), 0)
-            assert got.tolist() == want, (key, got.tolist(), want)
+            got = _legacy_draws(case, top_p, top_k, seeds, t)
+            assert got == want, (key, got, want)
             checked += 1
     assert checked, "the vectors' JSON records no seeded draws"
+
+
+@pytest.mark.parametrize("key", ["peaked.top_p0.80.top_k25", "flat.top_p0.80.top_k25"])
+def test_legacy_multinomial_frequencies_match_capture(vec: tuple[dict[str, Any], dict[str, torch.Tensor]],
+                                                      key: str) -> None:
+    """The product's LEGACY draw, many seeds one draw each: token frequencies vs the captured
+    nucleus (candidate ids and probabilities, renormalised: what ``nucleus_sampling`` draws from).
+
+    Independent of the product's code: the expected frequencies come from the official capture.
+    Pearson chi-square over the 8 most likely candidates plus one bin for all other ids (df 8);
+    the verdict is "p-value above 1e-4" (a correct draw fails with probability 1e-4 over seed
+    choices; the seeds are fixed, so the verdict is reproducible). The same counts must reject
+    two plausible slips: drawing from the full softmax (no nucleus cut), and returning a position
+    in the sorted candidates instead of its vocabulary id.
+    """
+    meta, t = vec
+    case, top_p, top_k = next((c, p, k) for kk, c, p, k in _cases(meta) if kk == key)
+    scores = t[f"scores.{case}"].double()
+    ids = t[f"nucleus.{key}.candidate_ids"].long()
+    nucleus = torch.zeros_like(scores)
+    nucleus[ids] = t[f"nucleus.{key}.candidate_probs"].double()
+    nucleus /= nucleus.sum()
+    n = 2000  # >= 30 expected draws in every bin
+    counts = Counter(_legacy_draws(case, top_p, top_k, list(range(n)), t))
+    bins = ids[:8].tolist()  # the capture lists candidates most likely first
+    chi2, df = pearson_chi2(counts, nucleus, n, bins)
+    p_value = chi2_sf(chi2, df)
+    print(f"LEGACY multinomial {key}: chi2 {chi2:.2f} (df {df}), p = {p_value:.3f}")
+    assert p_value > 1e-4, (chi2, counts.most_common(9))
+    # power: the slips above are rejected by the same counts
+    full = torch.softmax(scores, 0)
+    positions = torch.zeros_like(scores)
+    positions[: len(ids)] = nucleus[ids]  # the k-th candidate's mass on id k
+    for wrong in (full, positions):
+        assert chi2_sf(pearson_chi2(counts, wrong, n, bins, hypothesis=False)[0], df) < 1e-6

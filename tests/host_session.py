@@ -1,0 +1,131 @@
+"""Decoding whose steps pass through Python: for tests and the talker bench, outside the product.
+
+The product's step runs on the device from draw to feed (no host value, so it can be captured);
+tests need to reach into it: inject NaN/+inf logits per row and step (fault injection through
+the product's own in-step sampler), record each step's logits, or force tokens with a sampler of
+their own (tests/samplers.py: greedy, forced, the per-call reference). :class:`HostSession` is
+the product's :class:`~cosyclone.talker.decode.TalkerSession` with its engine's step wrapped:
+before the step draws, ``logits_hook(logits (b, V), rows (b,), step)`` may replace the logits
+the running rows draw from, and a ``sampler`` may draw instead of the in-step sampler. Everything
+else (admission, fused prompts, growth, windows, lagged reads, harvests) is the product's own.
+
+``rows`` are tickets (arrival order: with :func:`host_generate`, indices into its requests);
+``step`` is the row's draw count (0 = the draw from its prompt's logits). Grouping is by step, in
+increasing order, one hook or sampler call per group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from cosyclone.talker import decode
+from cosyclone.talker.decode import DecodeOptions, TalkerRequest, TalkerResult, TalkerSession
+from cosyclone.talker.engine import Admit, SlotEngine
+from cosyclone.talker.graphs import GraphChoice
+from cosyclone.talker.model import CosyVoice3LM
+
+#: ``(logits (b, V) fp32, rows (b,) tickets, step) -> logits (b, V)``
+LogitsHook = Callable[[Tensor, Tensor, int], Tensor]
+
+
+class TokenSampler(Protocol):
+    """A sampler that draws on the host (tests/samplers.py)."""
+
+    def sample(self, logits: Tensor, rows: Tensor, step: int) -> tuple[Tensor, Tensor]:
+        """``logits`` (b, V) fp32, ``rows`` (b,) tickets -> (tokens (b,) int64, aborted (b,) bool)."""
+        ...
+
+    def finish(self, stop_reasons: Sequence[str | None] | None = None,
+               tokens_emitted: Sequence[int | None] | None = None) -> list[Any]:
+        """One diagnostics object (or None) per ticket, once every row has ended."""
+        ...
+
+
+class HostSession(TalkerSession):
+    """A :class:`TalkerSession` whose every step runs ``logits_hook`` and/or ``sampler`` first.
+
+    With a ``sampler`` its ``finish`` gives the diagnostics for every ticket at once, so the
+    results returned by :meth:`poll` get their ``diagnostics`` (and an aborted row its stop
+    reason) when the session is closed (:func:`decode.generate` closes it before returning).
+    CUDA graphs are off: Python runs inside each step.
+    """
+
+    def __init__(self, model: CosyVoice3LM, options: DecodeOptions | None = None, *, slots: int,
+                 capacity: int = 1, token_capacity: int = 1, sampler: TokenSampler | None = None,
+                 logits_hook: LogitsHook | None = None) -> None:
+        self.host_sampler, self.logits_hook = sampler, logits_hook
+        self.returned: dict[int, TalkerResult] = {}
+        super().__init__(model, options, slots=slots, capacity=capacity, token_capacity=token_capacity)
+        self.engine.step = self._host_step  # type: ignore[method-assign]  # the admitting (eager) steps
+        self.step_fn = self._host_step  # the others (no compile, no graphs)
+
+    def _graphs(self) -> tuple[GraphChoice, Any]:
+        return GraphChoice(False, "a test's host step runs Python in each step"), None
+
+    def _host_step(self, admit: Admit | None = None) -> None:
+        eng = self.engine
+        st = eng.state
+        running, steps = st.running.tolist(), st.steps.tolist()
+        groups: dict[int, list[int]] = {}
+        for s, r in enumerate(self.slot_row):
+            if r is not None and running[s]:
+                groups.setdefault(steps[s], []).append(s)
+        dev = st.logits.device
+        tokens = torch.zeros(self.n_slots, dtype=torch.int64, device=dev)
+        aborted = torch.zeros(self.n_slots, dtype=torch.bool, device=dev)
+        for step, slots in sorted(groups.items()):
+            idx = torch.tensor(slots, dtype=torch.int64, device=dev)
+            rows = torch.tensor([self.slot_row[s] for s in slots], dtype=torch.int64, device=dev)
+            if self.logits_hook is not None:
+                st.logits[idx] = self.logits_hook(st.logits[idx], rows, step)
+            if self.host_sampler is not None:
+                tok, ab = self.host_sampler.sample(st.logits[idx], rows, step)
+                tokens[idx], aborted[idx] = tok.long().to(dev), ab.bool().to(dev)
+        if self.host_sampler is None:
+            SlotEngine.step(eng, admit)  # the product's in-step sampler draws from the (changed) logits
+        else:
+            eng.advance(tokens, aborted, admit)
+
+    def _result(self, t: int) -> TalkerResult:
+        if self.host_sampler is None:
+            return super()._result(t)
+        req = self._request(t)
+        raw, kept, reason = self._tokens(t)  # "aborted" until close() asks the sampler why
+        res = TalkerResult(row_id=req.row_id, tokens=kept, raw_tokens=raw, stop_reason=reason,
+                           min_len=self.min_len[t], max_len=self.max_len[t], seconds=self.seconds[t])
+        self.returned[t] = res
+        return res
+
+    def close(self) -> None:
+        super().close()
+        if self.host_sampler is None:
+            return
+        n = len(self.requests)
+        assert sorted(self.returned) == list(range(n)), "close() before every result was returned"
+        ends = [self.returned[t] for t in range(n)]
+        diags = self.host_sampler.finish([None if r.stop_reason == "aborted" else r.stop_reason for r in ends],
+                                         [len(r.tokens) for r in ends])
+        for res, diag in zip(ends, diags or [None] * n, strict=True):
+            res.diagnostics = diag
+            if res.stop_reason == "aborted":
+                res.stop_reason = getattr(diag, "stop_reason", None) or "error"
+
+
+def host_generate(model: CosyVoice3LM, requests: Sequence[TalkerRequest], options: DecodeOptions | None = None,
+                  *, sampler: TokenSampler | None = None, logits_hook: LogitsHook | None = None) -> list[TalkerResult]:
+    """The product's :func:`decode.generate` (its cache sizing, slots and checks) over a
+    :class:`HostSession`: ``rows`` given to the hook and the sampler index ``requests``."""
+
+    def session(*args: Any, **kw: Any) -> HostSession:
+        return HostSession(*args, sampler=sampler, logits_hook=logits_hook, **kw)
+
+    real = decode.TalkerSession
+    decode.TalkerSession = session  # type: ignore[assignment,misc]  # the name generate() builds its session by
+    try:
+        return decode.generate(model, requests, options)
+    finally:
+        decode.TalkerSession = real  # type: ignore[misc]
