@@ -1,4 +1,4 @@
-"""What one ``--engine ray`` actor holds in memory: the measurement behind ``cosyclone/ray_plan.py``'s constants.
+"""What one ``--engine ray`` actor holds in memory: the measurement behind ``cosyclone/run/ray_plan.py``'s constants.
 
 Usage: ``python -m benchmarks.actor_footprint [--cases dummy-fp32,dummy-bf16,dir-fp32,dir-bf16,onnx]
 [--rows 8] [--tokens 100] [--threads 2]``.

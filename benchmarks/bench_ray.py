@@ -12,7 +12,7 @@ their actors, which load at the same time); the Ray cluster's own start is timed
 is rows over the batches' stage seconds (``diagnostics.jsonl``'s ``seconds``, a batch's time shared
 among its rows) per actor running at once: the rate once every actor has loaded, without Ray's
 streaming (results come back in bursts, so arrival times say little on a few batches). It is the
-figure the sizing rule of ``cosyclone/ray_plan.py`` (``DEFAULT_CPU_THREADS``) is chosen from: on a
+figure the sizing rule of ``cosyclone/run/ray_plan.py`` (``DEFAULT_CPU_THREADS``) is chosen from: on a
 long run the start is amortized and the compute rate is what a node delivers.
 """
 

@@ -1,4 +1,4 @@
-"""The Ray sizing rule (cosyclone/ray_plan.py) on faked node shapes.
+"""The Ray sizing rule (cosyclone/run/ray_plan.py) on faked node shapes.
 
 The pure planner runs over the issue's whole grid (2/16/64 cores x 8/64/256 GB x 0/1/8 GPUs, fp32
 and bf16, the rule's defaults and explicit asks): every plan that is not refused fits each node's
@@ -197,7 +197,7 @@ def test_a_faked_node_is_read_as_that_shape_and_planned() -> None:
     """ray.init(num_cpus=16, num_gpus=8, _memory=64 GB): the reader sees that node; plans follow it."""
     import ray
 
-    from cosyclone.run.ray_plan import cluster_nodes, read_cluster
+    from cosyclone.run.ray_cluster import cluster_nodes, read_cluster
 
     ray.init(num_cpus=16, num_gpus=8, resources={"custom": 2.0}, _memory=64 * GB, object_store_memory=100 * 2**20,
              include_dashboard=False, log_to_driver=False)
@@ -222,7 +222,7 @@ def test_a_run_that_cannot_fit_is_refused_before_any_actor_starts(tiny_model_dir
     from cosyclone.manifest import ManifestRow
     from cosyclone.options import RunOptions
     from cosyclone.run import ray_pool
-    from cosyclone.run.ray_plan import read_cluster
+    from cosyclone.run.ray_cluster import read_cluster
     from cosyclone.run.ray_pool import run_ray
 
     # the actor pool is built in ray_pool._run: reaching it would mean actors were started

@@ -148,7 +148,7 @@ class SynthJob:
             policy = loaded.policy  # as the model was loaded (what was requested included)
         cfg = loaded.cfg if loaded is not None else model_config(model_dir, opts.load_format)
         if folder.engine == "ray":
-            from .ray_plan import require_ray
+            from .ray_cluster import require_ray
 
             require_ray()  # before any work: say how to install it
         if not folder.command:
@@ -174,9 +174,9 @@ class SynthJob:
                        refusal=ray.refusal if ray else None)
 
     def ray_plan(self) -> Any:
-        """The Ray actors this run would get on the cluster as it is now (:func:`cosyclone.run.ray_plan.plan_cluster`:
+        """The Ray actors this run would get on the cluster as it is now (:func:`cosyclone.run.ray_cluster.plan_cluster`:
         ``--ray-actors``/``--actor-threads`` or the sizing rule, the measured footprint, each node's shape)."""
-        from .ray_plan import plan_cluster
+        from .ray_cluster import plan_cluster
 
         return plan_cluster(self.cfg, self.policy, self.opts.batch_size, address=self.folder.ray_address,
                             actors=self.folder.ray_actors, threads=self.folder.actor_threads)

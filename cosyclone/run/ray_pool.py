@@ -38,7 +38,8 @@ from ..engine import Engine, plan_batches
 from ..errors import CosycloneError
 from ..manifest import ManifestRow
 from ..options import RunOptions
-from .ray_plan import RayPlan, plan_run, read_cluster, require_ray
+from .ray_cluster import read_cluster, require_ray
+from .ray_plan import RayPlan, plan_run
 from .writer import RowRecord
 
 #: Test hook: when set in the workers' environment, each actor appends ``<pid>\n`` to this file as
@@ -120,7 +121,7 @@ def run_ray(cfg: ModelConfig, policy: DevicePolicy, rows: Sequence[ManifestRow],
     ``address``: a running cluster (``auto``, ``ray://host:10001``, ``host:6379``); None joins the
     cluster this machine started with ``ray start`` or else starts a local one (stopped at the end).
     ``num_actors`` / ``actor_threads``: ``--ray-actors`` / ``--actor-threads`` (None: the rule of
-    :mod:`cosyclone.run.ray_plan`); a ``plan`` made beforehand (a dry run's, :func:`~cosyclone.run.ray_plan.plan_cluster`)
+    :mod:`cosyclone.run.ray_plan`); a ``plan`` made beforehand (a dry run's, :func:`~cosyclone.run.ray_cluster.plan_cluster`)
     gives them instead. Either way the run is planned again on the live cluster's nodes, which may
     differ from what was read before (a node joined or left, a local Ray's memory figure); that plan
     goes to ``on_plan`` (to be shown and recorded) and, if it does not fit, its refusal is raised

@@ -110,7 +110,8 @@ def planned_threads(model_dir: Path) -> int:
 
     from cosyclone.config import load_model_config
     from cosyclone.device import DevicePolicy
-    from cosyclone.run.ray_plan import plan_run, read_cluster
+    from cosyclone.run.ray_cluster import read_cluster
+    from cosyclone.run.ray_plan import plan_run
 
     cpu = DevicePolicy(device=torch.device("cpu"), dtype=torch.float32, backend="cpu")
     plan = plan_run(load_model_config(model_dir), cpu, BATCH, read_cluster(ray))
@@ -244,7 +245,8 @@ def test_the_runs_actors_follow_the_plan(ray_pid_file: Path, tiny_model_dir: Pat
     half a CPU per thread asked, the footprint asked as Ray memory."""
     import ray
 
-    from cosyclone.run.ray_plan import CPU_SHARE, DEFAULT_CPU_THREADS, read_cluster
+    from cosyclone.run.ray_cluster import read_cluster
+    from cosyclone.run.ray_plan import CPU_SHARE, DEFAULT_CPU_THREADS
 
     threads = planned_threads(tiny_model_dir)
     (node,) = read_cluster(ray)
