@@ -47,7 +47,10 @@ for line in open("benchmarks/gpu_image_packages.txt"):
     line = line.split("#", 1)[0].strip()
     if line:
         image.add(re.sub(r"[-_.]+", "-", line.split("==")[0]).lower())
-have = {re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d.version for d in metadata.distributions()}
+# installed distributions only: the checkout itself (a cosyclone.egg-info left by `pip install -e .` in
+# the working tree, found through the current directory) travels as the working tree, not as a package
+site = [p for p in sys.path if p.endswith("site-packages")]
+have = {re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d.version for d in metadata.distributions(path=site)}
 extra = sorted(set(have) - image)
 print("rehearsal venv:", ", ".join(f"{k} {have[k]}" for k in ("torch", "transformers", "onnxruntime", "numpy")))
 if extra:

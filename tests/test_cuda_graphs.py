@@ -240,6 +240,9 @@ def test_synth_on_cuda_records_graphs_on_and_matches_off(tiny_model_dir: Any, tm
         assert summary["last_run"]["options"]["cuda_graphs"] == ("on" if mode == "auto" else "off")
         replayed = [seg["graph_steps"] for d in diags(out).values() for seg in d["sampler"]]
         assert (sum(replayed) > 0) is (mode == "auto"), (mode, replayed)  # graphs really ran, or none did
+        graphs = summary["last_run"]["cuda_graphs"]  # the run's own account agrees with its rows
+        assert graphs["used"] is (mode == "auto") and graphs["graph_steps"] == sum(replayed)
+        assert graphs["capture_errors"] == []
         runs[mode] = ({k: d["tokens"] for k, d in diags(out).items()},
                       {p.name: p.read_bytes() for p in sorted((out / "wavs").glob("*.wav"))})
     assert runs["auto"] == runs["off"]
