@@ -43,7 +43,7 @@ def _main(version: bool = typer.Option(False, "--version", callback=_print_versi
     """Offline batched CosyVoice3 voice cloning (synth: a manifest; say: one utterance)."""
 
 
-MODEL_DIR_HELP = f"model directory (default: ${MODEL_DIR_ENV})"
+MODEL_DIR_HELP = f"the model folder (or ${MODEL_DIR_ENV})"
 INPUT, RUN = "Input", "Run"
 
 
@@ -131,7 +131,7 @@ def synth(
     dry_run: bool = typer.Option(False, "--dry-run", help="validate and plan only", rich_help_panel=RUN),
     quiet: bool = typer.Option(False, "--quiet", help="print only the end summary and errors",
                                rich_help_panel=RUN),
-    progress_interval: float = typer.Option(30.0, "--progress-interval", min=0.1, metavar="S",
+    progress_interval: float = typer.Option(30.0, "--progress-interval", metavar="S",
                                             help="seconds between progress lines off a terminal",
                                             rich_help_panel=RUN, show_default=False),
     **options: Any,
@@ -144,6 +144,8 @@ def synth(
     from .run.job import SynthJob
 
     say = (lambda msg: None) if quiet else (lambda msg: typer.echo(msg, err=True))
+    if progress_interval < 0.1:
+        _fail(f"--progress-interval must be at least 0.1, not {progress_interval:g}")
     try:
         job = SynthJob.open(manifest, out, model_dir=model_dir, log=say, **options)
     except CosycloneError as exc:
