@@ -46,6 +46,9 @@ SEED_MAX = (1 << 64) - 1  # seeds are unsigned 64-bit: the LEGACY draw's torch.G
 #: Bidi controls that reorder how a text displays (embeddings, overrides, isolates): refused. The
 #: marks U+200E, U+200F and U+061C are kept (real right-to-left text carries them; see docs/text_frontend.md).
 BIDI_CONTROLS = frozenset([*range(0x202A, 0x202F), *range(0x2066, 0x206A)])
+#: Every character text_field_problem refuses: lone surrogates, C0 controls but tab and newline, DEL and C1
+#: controls, BIDI_CONTROLS (pinned against the character loop by tests/test_manifest_stream.py).
+_REFUSED = re.compile("[\ud800-\udfff\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,8 @@ def text_field_problem(value: str) -> str | None:
     meaningless to the normalizer and the LLM), and the bidi embedding/override/isolate controls
     (:data:`BIDI_CONTROLS`: a text that displays otherwise than the model reads it).
     """
+    if _REFUSED.search(value) is None:  # the common case, in C; the loop below names the first one refused
+        return None
     for i, ch in enumerate(value):
         code = ord(ch)
         if 0xD800 <= code <= 0xDFFF:

@@ -41,9 +41,10 @@ def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
 
 
 def decoded_chunks(numbered: Iterable[tuple[int, Any]], decode: Callable[[Any], Any] | None,
-                   refusal: type[Exception] = ValueError, size: int = CHUNK_LINES) -> Iterator[Decoded]:
+                   refusal: type[Exception] = ValueError, size: int | None = None) -> Iterator[Decoded]:
     """``numbered`` in chunks of ``size``, each item decoded by ``decode``; a line ``decode`` refuses
     (raising ``refusal``) keeps that exception in its place, to be reported in order."""
+    size = size or CHUNK_LINES
     chunk: Decoded = []
     for number, raw in numbered:
         if decode is None:
@@ -94,8 +95,7 @@ class TextWarmer:
         self.pool = NormalizePool(kind, workers)
         self.min_pool_texts = MIN_POOL_TEXTS if min_pool_texts is None else min_pool_texts
         self.normalized = 0  # texts this warmer normalized (pool or here): cache misses
-        if self.cache is not None and self.normalizer.store is None:
-            self.normalizer.store = self.cache  # the frontend's later pass finds them there too
+        self.normalizer.store = self.cache  # the frontend's later pass finds the texts there too
 
     def prepare(self, chunk: Decoded) -> tuple[dict[str, tuple[str, str]], list[str], list[Any]]:
         """Look the chunk's texts up and start normalizing the rest (returns a handle for :meth:`finish`)."""

@@ -1,10 +1,13 @@
 """Texts normalized on every core: a process pool whose workers build the normalizer once each.
 
 wetext is pure CPU work under the GIL (about 30 us per character), so threads do not help and
-processes do. A worker builds its :class:`~cosyclone.frontend.normalize.TextNormalizer` once (some
-seconds: the grammars load) and then normalizes batches of texts. When this process has one thread
-only, workers are forked and inherit its already built normalizer; otherwise (a loaded model with its
-prefetch or writer threads, where forking is unsafe) they are spawned and build their own.
+processes do. Workers are forked, so each inherits this process's already built
+:class:`~cosyclone.frontend.normalize.TextNormalizer` (building one loads the grammars: seconds) and
+nothing is imported again. Forking is done only while this process runs no other Python thread (a
+thread holding a lock at the fork would leave it held in the child); native threads such as the
+one importing torch starts are idle and harmless. Otherwise, and where fork does not exist, the
+texts are normalized in this process. (Spawned workers are not used: they would import the
+caller's ``__main__`` again, which runs an unguarded script's own work a second time.)
 
 A text whose normalization raises in a worker comes back as missing: the caller normalizes it in
 its own process, where the exception is raised exactly as it would have been without the pool (a
@@ -28,18 +31,22 @@ Result = dict[str, tuple[str, str]]  # text -> (normalized text, lang)
 
 
 def usable_cores() -> int:
-    """The cores this process may run on (its affinity mask where the OS has one)."""
+    """Worker processes to use: ``COSYCLONE_TEXT_WORKERS`` when set (1: normalize in this process only),
+    else the cores this process may run on (its affinity mask where the OS has one)."""
+    env = os.environ.get("COSYCLONE_TEXT_WORKERS", "").strip()
+    if env.isdigit() and int(env) >= 1:
+        return int(env)
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         return os.cpu_count() or 1
 
 
-def _single_threaded() -> bool:
-    try:
-        return len(os.listdir("/proc/self/task")) == 1
-    except OSError:
-        return False
+def can_fork() -> bool:
+    """Whether worker processes may be forked now: fork exists and no other Python thread runs."""
+    import threading
+
+    return "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
 
 
 def normalize_serial(normalizer: Any, texts: Sequence[str]) -> Result:
@@ -60,12 +67,6 @@ def _work(kind: str, texts: Sequence[str]) -> Result:
     return normalize_serial(get_normalizer(kind), texts)
 
 
-def _warm(kind: str) -> None:
-    from cosyclone.frontend.normalize import get_normalizer
-
-    get_normalizer(kind)
-
-
 class NormalizePool:
     """A lazily started pool of ``workers`` processes normalizing with a ``kind`` normalizer."""
 
@@ -75,19 +76,25 @@ class NormalizePool:
         self._pool: cf.ProcessPoolExecutor | None = None
         self.broken = False
 
-    def _start(self) -> cf.ProcessPoolExecutor:
+    def _start(self) -> cf.ProcessPoolExecutor | None:
         if self._pool is None:
-            method = "fork" if _single_threaded() and "fork" in multiprocessing.get_all_start_methods() else "spawn"
-            self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context(method),
-                                                initializer=_warm, initargs=(self.kind,))
+            if not can_fork():
+                self.broken = True
+                return None
+            from cosyclone.frontend.normalize import get_normalizer
+
+            get_normalizer(self.kind)  # built here once: the forked workers inherit it
+            self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"))
         return self._pool
 
     def submit(self, texts: Sequence[str]) -> list[cf.Future[Result]]:
-        """Start normalizing ``texts`` in batches; [] when the pool is broken (the caller works alone)."""
+        """Start normalizing ``texts`` in batches; [] when there is no pool (the caller works alone)."""
         if self.broken or not texts:
             return []
         try:
             pool = self._start()
+            if pool is None:
+                return []
             return [pool.submit(_work, self.kind, list(texts[i:i + BATCH_TEXTS]))
                     for i in range(0, len(texts), BATCH_TEXTS)]
         except Exception:  # cannot start processes here (a sandbox, no /dev/shm): work alone
