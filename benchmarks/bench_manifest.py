@@ -1,6 +1,7 @@
 """Time to first row on a big manifest: ``cosyclone synth --dry-run`` of N short English rows.
 
-Usage: ``python -m benchmarks.bench_manifest [--rows 200000] [--model-dir DIR] [--repeat 1] [--keep DIR]``.
+Usage: ``python -m benchmarks.bench_manifest [--rows 200000] [--model-dir DIR] [--repeat 1] [--keep DIR]
+[--against OTHER_CHECKOUT]``.
 
 Writes N rows (unique short English texts with numbers, dates and money, three prompts, zero_shot)
 into a temporary folder, makes a tiny model there unless ``--model-dir`` is given, and times the
@@ -9,7 +10,10 @@ normalized), then again on the same output folder (a resume: the texts come from
 Printed per pass: wall seconds, rows per second, and peak memory, both the largest single
 process (``ru_maxrss``) and the whole process tree (summed RSS sampled every 20 ms: the
 normalization workers count too). ``COSYCLONE_CACHE_DIR`` points into the temporary folder so
-the user's file-hash cache is neither read nor touched.
+the user's file-hash and text caches are neither read nor touched. ``--against DIR`` (a folder
+holding another version's ``cosyclone`` package, e.g. ``git archive REV cosyclone | tar -x -C DIR``)
+times that version too, the two taking turns in each repeat (A B A B), and prints the ratio of the
+medians: the honest comparison on a shared machine.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import os
 import random
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -79,11 +84,11 @@ def _tree_rss(pid: int) -> int:
     return total
 
 
-def timed(cmd: list[str], env: dict[str, str]) -> dict[str, float]:
+def timed(cmd: list[str], env: dict[str, str], cwd: Path) -> dict[str, float | str]:
     """Run ``cmd``; wall seconds, peak single-process and peak process-tree RSS (MiB)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = [0]
 
     def sample() -> None:
@@ -105,34 +110,46 @@ def timed(cmd: list[str], env: dict[str, str]) -> dict[str, float]:
 
 
 def bench(rows: int, model_dir: Path | None = None, keep: Path | None = None, repeat: int = 1,
-          extra: list[str] | None = None) -> list[dict[str, float | str]]:
-    """Cold then warm ``synth --dry-run`` of a ``rows``-row manifest, ``repeat`` times alternated."""
+          against: Path | None = None) -> list[dict[str, float | str]]:
+    """Cold then warm ``synth --dry-run`` of a ``rows``-row manifest, ``repeat`` times (alternated with
+    the code under ``against`` when given)."""
     tmp = keep or Path(tempfile.mkdtemp(prefix="cosyclone-bench-manifest-"))
     try:
         t0 = time.perf_counter()
         manifest = write_manifest(tmp, rows)
         made = time.perf_counter() - t0
-        env = {**os.environ, "COSYCLONE_CACHE_DIR": str(tmp / "cache"),
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
         if model_dir is None:
             model_dir = tmp / "tiny"
             if not model_dir.is_dir():
                 subprocess.run([sys.executable, "-m", "cosyclone.cli", "make-tiny-model", str(model_dir)], cwd=ROOT,
                                env=env, check=True, capture_output=True)
         print(f"[manifest] {rows} rows written in {made:.1f} s", flush=True)
-        figures = []
+        codes = [("this", ROOT), *([("against", against.resolve())] if against is not None else [])]
+        figures: list[dict[str, float | str]] = []
         for k in range(repeat):
-            out = tmp / f"out{k}"
-            shutil.rmtree(out, ignore_errors=True)
-            cmd = [sys.executable, "-m", "cosyclone.cli", "synth", str(manifest), "--out", str(out), "--model-dir",
-                   str(model_dir), "--dry-run", *(extra or [])]
+            for name, code in codes:
+                out, cache = tmp / f"out-{name}-{k}", tmp / f"cache-{name}-{k}"
+                shutil.rmtree(out, ignore_errors=True)
+                shutil.rmtree(cache, ignore_errors=True)
+                run_env = {**env, "COSYCLONE_CACHE_DIR": str(cache), "PYTHONPATH": os.pathsep.join(
+                    filter(None, [str(code), str(ROOT), os.environ.get("PYTHONPATH")]))}
+                cmd = [sys.executable, "-m", "cosyclone.cli", "synth", str(manifest), "--out", str(out),
+                       "--model-dir", str(model_dir), "--dry-run"]
+                for label in ("cold", "warm"):
+                    fig = {"code": name, "pass": label, **timed(cmd, run_env, tmp)}  # cwd: not a checkout
+                    fig["rows_per_s"] = rows / float(fig["wall_s"])
+                    figures.append(fig)
+                    print(f"[manifest] {name}: {rows} rows, dry run {label} (text cache {'empty' if label == 'cold' else 'filled by the cold pass'}): "
+                          f"{fig['wall_s']:.1f} s ({fig['rows_per_s']:.0f} rows/s), peak RSS "
+                          f"{fig['max_process_mib']:.0f} MiB (largest process), {fig['tree_mib']:.0f} MiB (process "
+                          f"tree) on {describe()}; plan: {fig['plan']}", flush=True)
+        if against is not None:
             for label in ("cold", "warm"):
-                fig = {"pass": label, **timed(cmd, env)}
-                fig["rows_per_s"] = rows / float(fig["wall_s"])
-                figures.append(fig)
-                print(f"[manifest] {rows} rows, dry run {label}: {fig['wall_s']:.1f} s ({fig['rows_per_s']:.0f} rows/s), "
-                      f"peak RSS {fig['max_process_mib']:.0f} MiB (largest process), {fig['tree_mib']:.0f} MiB "
-                      f"(process tree) on {describe()}; plan: {fig['plan']}", flush=True)
+                med = {name: statistics.median(float(f["wall_s"]) for f in figures
+                                               if f["code"] == name and f["pass"] == label) for name, _ in codes}
+                print(f"[manifest] {label}: median {med['this']:.1f} s this vs {med['against']:.1f} s {against} "
+                      f"-> {med['against'] / med['this']:.2f}x ({repeat} alternated runs each, {describe()})", flush=True)
         return figures
     finally:
         if keep is None:
@@ -145,8 +162,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model-dir", type=Path, default=None)
     ap.add_argument("--keep", type=Path, default=None, help="work in this folder and keep it")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--against", type=Path, default=None, help="a folder holding another cosyclone package to time")
     args = ap.parse_args(argv)
-    bench(args.rows, args.model_dir, args.keep, args.repeat)
+    bench(args.rows, args.model_dir, args.keep, args.repeat, args.against)
 
 
 if __name__ == "__main__":
