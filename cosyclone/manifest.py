@@ -19,7 +19,10 @@ officially), ``instruct`` (required for instruct2), ``seed`` (int), ``speed`` (p
 A ``text`` is checked as the model will read it: blank, or nothing left to speak once normalized
 (only emoji, only punctuation such as "..."), or a system prefix where the mode has none, is an
 error of that row. The normalizer is loaded once per process, and what it produced here is reused
-by the frontend (see :mod:`cosyclone.frontend.normalize`).
+by the frontend (see :mod:`cosyclone.frontend.normalize`). The file is read as a stream and its
+texts are normalized a chunk ahead on every core, through a content cache that outlives the run
+(:mod:`cosyclone.manifest_stream`, :mod:`cosyclone.text_cache`); the checks and their errors are
+those of one pass over the lines.
 """
 
 from __future__ import annotations

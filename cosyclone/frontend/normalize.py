@@ -30,8 +30,8 @@ code raises; every deviation is a row of the table in docs/text_frontend.md (pin
 
 Normalizers (wetext grammars, the inflect engine) are built once per process
 (:func:`get_normalizer`); a missing or failing normalizer is an error there, never a silent fallback.
-Normalized texts are memoized, so validating a manifest first makes the frontend's later pass a
-lookup, and long texts are normalized sentence by sentence (identical output on the reference
+Normalized texts are memoized, and found in the content cache of :mod:`cosyclone.text_cache` that
+manifest validation fills (``store``), so the frontend's later pass is a lookup, and long texts are normalized sentence by sentence (identical output on the reference
 vectors, several times faster: wetext slows down on long inputs).
 """
 
