@@ -7,7 +7,8 @@ Writes N rows (unique short English texts with numbers, dates and money, three p
 into a temporary folder, makes a tiny model there unless ``--model-dir`` is given, and times the
 real CLI's ``synth --dry-run`` in a subprocess twice: first with a cold text cache (every text is
 normalized), then again on the same output folder (a resume: the texts come from the cache).
-Printed per pass: wall seconds, rows per second, and peak memory, both the largest single
+Printed per pass: wall seconds, rows per second, CPU seconds of the process and its workers (the
+figure to compare on a busy shared machine), and peak memory, both the largest single
 process (``ru_maxrss``) and the whole process tree (summed RSS sampled every 20 ms: the
 normalization workers count too). ``COSYCLONE_CACHE_DIR`` points into the temporary folder so
 the user's file-hash and text caches are neither read nor touched. ``--against DIR`` (a folder
@@ -86,7 +87,8 @@ def _tree_rss(pid: int) -> int:
 
 def timed(cmd: list[str], env: dict[str, str], cwd: Path) -> dict[str, float | str]:
     """Run ``cmd``; wall seconds, peak single-process and peak process-tree RSS (MiB)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before, cpu0 = usage.ru_maxrss, usage.ru_utime + usage.ru_stime
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = [0]
@@ -104,8 +106,9 @@ def timed(cmd: list[str], env: dict[str, str], cwd: Path) -> dict[str, float | s
     if proc.returncode not in (0, 3):
         print(out, err, file=sys.stderr)
         raise SystemExit(f"synth --dry-run failed with exit code {proc.returncode}")
-    maxrss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return {"wall_s": wall, "max_process_mib": max(maxrss, before) / 1024, "tree_mib": peak[0] / 2**20,
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # the workers too: the CLI waited for them
+    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime - cpu0,
+            "max_process_mib": max(usage.ru_maxrss, before) / 1024, "tree_mib": peak[0] / 2**20,
             "plan": out.strip().splitlines()[0] if out.strip() else ""}
 
 
@@ -141,7 +144,7 @@ def bench(rows: int, model_dir: Path | None = None, keep: Path | None = None, re
                     fig["rows_per_s"] = rows / float(fig["wall_s"])
                     figures.append(fig)
                     print(f"[manifest] {name}: {rows} rows, dry run {label} (text cache {'empty' if label == 'cold' else 'filled by the cold pass'}): "
-                          f"{fig['wall_s']:.1f} s ({fig['rows_per_s']:.0f} rows/s), peak RSS "
+                          f"{fig['wall_s']:.1f} s ({fig['rows_per_s']:.0f} rows/s, {fig['cpu_s']:.1f} CPU s), peak RSS "
                           f"{fig['max_process_mib']:.0f} MiB (largest process), {fig['tree_mib']:.0f} MiB (process "
                           f"tree) on {describe()}; plan: {fig['plan']}", flush=True)
         if against is not None:
