@@ -236,8 +236,7 @@ def parse_row(obj: object, *, line: int, base: Path, check_audio: bool = True,
         raise ManifestError("speed must be a number in [0.25, 4]", line=line, field="speed", row_id=rid_s)
     if not obj["prompt_audio"].strip():
         raise ManifestError("prompt_audio is empty", line=line, field="prompt_audio", row_id=rid_s)
-    audio = Path(obj["prompt_audio"]).expanduser()
-    audio = audio if audio.is_absolute() else (base / audio)
+    audio = _prompt_path(base, obj["prompt_audio"])
     seconds = 0.0
     if check_audio:
         why, seconds = (audio_check or _check_audio)(audio)
@@ -245,6 +244,24 @@ def parse_row(obj: object, *, line: int, base: Path, check_audio: bool = True,
             raise ManifestError(why, line=line, field="prompt_audio", row_id=rid_s)
     return ManifestRow(line=line, id=rid, prompt_audio=audio, prompt_text=prompt_text, text=text,
                        mode=mode, instruct=instruct, seed=seed, speed=float(speed), prompt_seconds=seconds)
+
+
+_PATHS: dict[tuple[Path, str], Path] = {}  # (base, prompt_audio as written) -> its path: one object per prompt file
+
+
+def _prompt_path(base: Path, written: str) -> Path:
+    """``written`` from ``base`` (``~`` expanded), the same :class:`Path` object for every row that names
+    the same file the same way: 200,000 rows of three prompts hold three paths, not 200,000."""
+    key = (base, written)
+    found = _PATHS.get(key)
+    if found is None:
+        path = Path(written).expanduser()
+        found = path if path.is_absolute() else (base / path)
+        if len(_PATHS) >= 4096:
+            _PATHS.clear()
+        if not written.startswith("~"):  # "~" follows $HOME at each call, as before
+            _PATHS[key] = found
+    return found
 
 
 def _text_problem(mode: str, text: str, text_frontend: str | None) -> str | None:
