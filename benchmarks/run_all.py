@@ -12,6 +12,7 @@ per wall second of the three stages (what the baseline timed) and of the whole m
 
 Environment (all optional):
 
+* ``COSYCLONE_BENCH_MANIFEST_ROWS`` rows of bench_manifest's ``synth --dry-run`` (2000);
 * ``COSYCLONE_BENCH_ROWS`` rows (16); ``COSYCLONE_BENCH_BATCH`` rows per batch (= rows);
 * ``COSYCLONE_BENCH_TOKENS`` speech tokens per row (100);
 * ``COSYCLONE_BENCH_DTYPE`` ``--dtype`` (fp32, as the baseline); ``COSYCLONE_BENCH_DEVICE`` (auto);
@@ -77,7 +78,8 @@ class E2EConfig:
 
 
 def run_stage_benchmarks() -> None:
-    for name in ("bench_talker", "bench_sampler", "bench_code2wav", "bench_dtype_agreement", "bench_text", "bench_ray"):
+    for name in ("bench_talker", "bench_sampler", "bench_code2wav", "bench_dtype_agreement", "bench_text", "bench_manifest",
+                 "bench_ray"):
         if not (ROOT / "benchmarks" / f"{name}.py").is_file():
             print(f"[{name}] not present, skipped")
             continue

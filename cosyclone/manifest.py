@@ -20,14 +20,17 @@ officially), ``instruct`` (required for instruct2), ``seed`` (int), ``speed`` (p
 A ``text`` is checked as the model will read it: blank, or nothing left to speak once normalized
 (only emoji, only punctuation such as "..."), or a system prefix where the mode has none, is an
 error of that row. The normalizer is loaded once per process, and what it produced here is reused
-by the frontend (see :mod:`cosyclone.frontend.normalize`).
+by the frontend (see :mod:`cosyclone.frontend.normalize`). The file is read as a stream and its
+texts are normalized a chunk ahead on every core, through a content cache that outlives the run
+(:mod:`cosyclone.manifest_stream`, :mod:`cosyclone.text_cache`); the checks and their errors are
+those of one pass over the lines.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +56,10 @@ BIDI_CONTROLS = frozenset([*range(0x202A, 0x202F), *range(0x2066, 0x206A)])
 FIELD_WHITESPACE = "\t\n"
 SPOKEN_WHITESPACE = "\t\n\r\v\f"
 SPOKEN_FIELDS = ("text", "prompt_text", "instruct")
+#: Every character text_field_problem may refuse: lone surrogates, C0 controls but tab and newline, DEL and C1
+#: controls, BIDI_CONTROLS (a fast first look; the loop decides, with the field's whitespace: a CR in a
+#: spoken field is kept). Pinned against the character loop by tests/test_manifest_stream.py.
+_REFUSED = re.compile("[\ud800-\udfff\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,8 @@ def text_field_problem(value: str, *, whitespace: str = FIELD_WHITESPACE) -> str
     (:data:`BIDI_CONTROLS`: a text that displays otherwise than the model reads it). The spoken
     fields pass :data:`SPOKEN_WHITESPACE`; a path or an id keeps the stricter default.
     """
+    if _REFUSED.search(value) is None:  # the common case, in C; the loop below names the first one refused
+        return None
     for i, ch in enumerate(value):
         code = ord(ch)
         if 0xD800 <= code <= 0xDFFF:
@@ -182,11 +191,13 @@ def _audio_problem(path: Path) -> tuple[str | None, float]:
 
 
 def parse_row(obj: object, *, line: int, base: Path, check_audio: bool = True,
-              text_frontend: str | None = "wetext") -> ManifestRow:
+              text_frontend: str | None = "wetext",
+              audio_check: Callable[[Path], tuple[str | None, float]] | None = None) -> ManifestRow:
     """Validate one decoded JSON object; raise :class:`ManifestError` naming line and field.
 
     ``text_frontend`` (wetext | none) normalizes ``text`` to check it has something to speak;
-    None skips that check (the other text checks remain).
+    None skips that check (the other text checks remain). ``audio_check`` replaces the prompt
+    file's check (same answers; :class:`~cosyclone.manifest_stream.AudioChecks` memoizes it).
     """
     if not isinstance(obj, dict):
         raise ManifestError("each line must be a JSON object", line=line)
@@ -235,15 +246,32 @@ def parse_row(obj: object, *, line: int, base: Path, check_audio: bool = True,
         raise ManifestError("speed must be a number in [0.25, 4]", line=line, field="speed", row_id=rid_s)
     if not obj["prompt_audio"].strip():
         raise ManifestError("prompt_audio is empty", line=line, field="prompt_audio", row_id=rid_s)
-    audio = Path(obj["prompt_audio"]).expanduser()
-    audio = audio if audio.is_absolute() else (base / audio)
+    audio = _prompt_path(base, obj["prompt_audio"])
     seconds = 0.0
     if check_audio:
-        why, seconds = _check_audio(audio)
+        why, seconds = (audio_check or _check_audio)(audio)
         if why:
             raise ManifestError(why, line=line, field="prompt_audio", row_id=rid_s)
     return ManifestRow(line=line, id=rid, prompt_audio=audio, prompt_text=prompt_text, text=text,
                        mode=mode, instruct=instruct, seed=seed, speed=float(speed), prompt_seconds=seconds)
+
+
+_PATHS: dict[tuple[Path, str], Path] = {}  # (base, prompt_audio as written) -> its path: one object per prompt file
+
+
+def _prompt_path(base: Path, written: str) -> Path:
+    """``written`` from ``base`` (``~`` expanded), the same :class:`Path` object for every row that names
+    the same file the same way: 200,000 rows of three prompts hold three paths, not 200,000."""
+    key = (base, written)
+    found = _PATHS.get(key)
+    if found is None:
+        path = Path(written).expanduser()
+        found = path if path.is_absolute() else (base / path)
+        if len(_PATHS) >= 4096:
+            _PATHS.clear()
+        if not written.startswith("~"):  # "~" follows $HOME at each call, as before
+            _PATHS[key] = found
+    return found
 
 
 def _text_problem(mode: str, text: str, text_frontend: str | None) -> str | None:
@@ -273,24 +301,16 @@ def read_manifest(path: str | Path, *, check_audio: bool = True, text_frontend: 
         get_normalizer(text_frontend)  # a missing or broken normalizer stops here, before any row
     if not path.is_file():
         raise CosycloneError(f"{path}: manifest not found")
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise CosycloneError(f"{path}: cannot read the manifest: {exc}") from exc
+    from .manifest_stream import iter_lines
+
     base = path.resolve().parent
     out = Manifest(path=path)
-    _collect(out, _lines(data), base=base, check_audio=check_audio, text_frontend=text_frontend, as_json=True)
+    try:  # read as a stream (manifest_stream): the file is never held whole
+        _collect(out, iter_lines(path), base=base, check_audio=check_audio, text_frontend=text_frontend,
+                 as_json=True)
+    except OSError as exc:
+        raise CosycloneError(f"{path}: cannot read the manifest: {exc}") from exc
     return out
-
-
-def _lines(data: bytes) -> Iterator[tuple[int, bytes]]:
-    """(1-based line number, raw bytes) of every non-blank line; lines end at ``\n`` only (JSONL),
-    a ``\r`` before it is dropped, and so is a UTF-8 byte-order mark at the start of the file."""
-    data = data.removeprefix(b"\xef\xbb\xbf")
-    for number, raw in enumerate(data.split(b"\n"), start=1):
-        raw = raw.removesuffix(b"\r")
-        if raw.strip():
-            yield number, raw
 
 
 class _LineError(Exception):
@@ -406,36 +426,54 @@ def id_key(row_id: str) -> str:
 def _collect(out: Manifest, numbered: Iterable[tuple[int, object]], *, base: Path, check_audio: bool,
              text_frontend: str | None, as_json: bool) -> None:
     """Validate ``(line number, item)`` pairs into ``out`` (rows, errors); items are JSON text
-    (``as_json``, a manifest's lines) or already decoded objects (the Python API)."""
+    (``as_json``, a manifest's lines) or already decoded objects (the Python API).
+
+    Chunk by chunk (:mod:`cosyclone.manifest_stream`): each chunk's texts are normalized ahead, on
+    every core and through the content cache, while the previous chunk is checked here in order.
+    """
+    from contextlib import closing
+
+    from .manifest_stream import AudioChecks, TextWarmer, decoded_chunks, warmed_chunks
+
     seen: dict[str, tuple[int, str]] = {}  # id_key -> (first line, first id)
-    for number, raw in numbered:
-        out.ordinals[number] = out.total_lines
-        out.total_lines += 1
-        try:
-            obj = decode_line(raw) if as_json else raw  # type: ignore[arg-type]
-        except _LineError as exc:
-            out.errors.append(ManifestError(str(exc), line=number, field=exc.key))
-            continue
-        try:
-            row = parse_row(obj, line=number, base=base, check_audio=check_audio, text_frontend=text_frontend)
-        except ManifestError as exc:
-            out.errors.append(exc)
-            continue
-        except Exception as exc:  # a check that tripped on this value: the line's error, never the run's
-            out.errors.append(ManifestError(f"could not be validated ({type(exc).__name__}: {_short_repr(str(exc))})",
-                                            line=number))
-            continue
-        key = id_key(row.id)
-        if key in seen:
-            first_line, first_id = seen[key]
-            how = "duplicate id" if first_id == row.id else (
-                f"duplicate id: {row.id!r} and {first_id!r} are equal after Unicode normalization (NFKC) and "
-                "case folding, so they would be look-alike files here and the same file on macOS and Windows")
-            out.errors.append(ManifestError(f"{how} (first used on line {first_line})", line=number,
-                                            field="id", row_id=row.id))
-            continue
-        seen[key] = (number, row.id)
-        out.rows.append(row)
+    warmer = TextWarmer(text_frontend) if text_frontend is not None else None
+    audio = AudioChecks(_check_audio)
+    with closing(warmed_chunks(decoded_chunks(numbered, decode_line if as_json else None, _LineError), warmer)) as chunks:
+        for chunk in chunks:
+            for number, obj in chunk:
+                _collect_one(out, seen, number, obj, base=base, check_audio=check_audio, text_frontend=text_frontend,
+                             audio=audio)
+
+
+def _collect_one(out: Manifest, seen: dict[str, tuple[int, str]], number: int, obj: object, *, base: Path,
+                 check_audio: bool, text_frontend: str | None, audio: Callable[[Path], tuple[str | None, float]]) -> None:
+    """One decoded line (or its :class:`_LineError`) into ``out``: a row, or the line's error."""
+    out.ordinals[number] = out.total_lines
+    out.total_lines += 1
+    if isinstance(obj, _LineError):
+        out.errors.append(ManifestError(str(obj), line=number, field=obj.key))
+        return
+    try:
+        row = parse_row(obj, line=number, base=base, check_audio=check_audio, text_frontend=text_frontend,
+                        audio_check=audio)
+    except ManifestError as exc:
+        out.errors.append(exc)
+        return
+    except Exception as exc:  # a check that tripped on this value: the line's error, never the run's
+        out.errors.append(ManifestError(f"could not be validated ({type(exc).__name__}: {_short_repr(str(exc))})",
+                                        line=number))
+        return
+    key = id_key(row.id)
+    if key in seen:
+        first_line, first_id = seen[key]
+        how = "duplicate id" if first_id == row.id else (
+            f"duplicate id: {row.id!r} and {first_id!r} are equal after Unicode normalization (NFKC) and "
+            "case folding, so they would be look-alike files here and the same file on macOS and Windows")
+        out.errors.append(ManifestError(f"{how} (first used on line {first_line})", line=number,
+                                        field="id", row_id=row.id))
+        return
+    seen[key] = (number, row.id)
+    out.rows.append(row)
 
 
 @dataclass(frozen=True)

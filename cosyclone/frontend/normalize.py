@@ -36,8 +36,8 @@ code raises; every deviation is a row of the table in docs/text_frontend.md (pin
 
 Normalizers (wetext grammars, the inflect engine) are built once per process
 (:func:`get_normalizer`); a missing or failing normalizer is an error there, never a silent fallback.
-Normalized texts are memoized, so validating a manifest first makes the frontend's later pass a
-lookup, and long texts are normalized sentence by sentence (identical output on the reference
+Normalized texts are memoized, and found in the content cache of :mod:`cosyclone.text_cache` that
+manifest validation fills (``store``), so the frontend's later pass is a lookup, and long texts are normalized sentence by sentence (identical output on the reference
 vectors, several times faster: wetext slows down on long inputs).
 """
 
@@ -312,6 +312,11 @@ class TextNormalizer:
         self._memo_chars = 0
         self._memo_limit = memo_chars
         self._lock = threading.Lock()
+        #: Results made ahead for the manifest chunk being validated (text -> (normalized, lang)); see
+        #: cosyclone.manifest_stream. Not copied into the memo: it is replaced chunk by chunk.
+        self.overlay: dict[str, tuple[str, str]] = {}
+        #: The content cache of cosyclone.text_cache (``get_many``), asked on a memo miss before computing.
+        self.store: Any = None
         self._self_check()
 
     def _self_check(self) -> None:
@@ -340,12 +345,25 @@ class TextNormalizer:
 
     def normalize(self, text: str) -> Normalized:
         """``text`` (not markup, not blank) normalized as the official frontend does before splitting."""
+        ready = self.overlay.get(text)
+        if ready is not None:
+            return Normalized(*ready)
         with self._lock:
             hit = self._memo.get(text)
             if hit is not None:
                 self._memo.move_to_end(text)
                 return hit
-        out = self._normalize(text)
+        stored = self.store.get_many([text]).get(text) if self.store is not None else None
+        out = Normalized(*stored) if stored is not None else self._normalize(text)
+        self._remember(text, out)
+        return out
+
+    def remember(self, results: dict[str, tuple[str, str]]) -> None:
+        """Put texts normalized elsewhere (a worker process) into the memo, as if normalized here."""
+        for text, (norm, lang) in results.items():
+            self._remember(text, Normalized(norm, lang))
+
+    def _remember(self, text: str, out: Normalized) -> None:
         with self._lock:
             if text not in self._memo and len(text) <= self._memo_limit:
                 self._memo[text] = out
@@ -353,7 +371,6 @@ class TextNormalizer:
                 while self._memo_chars > self._memo_limit:
                     old, _ = self._memo.popitem(last=False)
                     self._memo_chars -= len(old)
-        return out
 
     def _normalize(self, text: str) -> Normalized:
         text = text.strip()

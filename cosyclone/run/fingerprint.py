@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..user_cache import cache_dir
+
 #: Changes whenever the same inputs would give other audio (a sampler, frontend or code2wav change).
 #: Part of every fingerprint, so a new release redoes rows made by an older algorithm.
 ALGORITHM_VERSION = "cosyclone-audio-3"  # 3: HiFT convs re-laid (fp32 rounding ~5e-8), bf16 flow on oneDNN
@@ -34,12 +36,6 @@ def _sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def cache_dir() -> Path:
-    """Where content hashes are cached (``COSYCLONE_CACHE_DIR``, else ``~/.cache/cosyclone``)."""
-    env = os.environ.get("COSYCLONE_CACHE_DIR")
-    return Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cosyclone"
-
-
 class HashCache:
     """sha256 of files, remembered by (real path, size, mtime_ns) in a JSON file.
 
@@ -51,6 +47,9 @@ class HashCache:
         self.path = path or cache_dir() / "file-hashes.json"
         self._entries: dict[str, list[Any]] | None = None
         self._dirty = False
+        #: path as given -> (its stat, its digest): a prompt shared by many rows costs one stat per row,
+        #: not a realpath walk and a stat (the digest is the same: stat follows links as realpath does).
+        self._seen: dict[str, tuple[tuple[int, ...], str]] = {}
 
     def _load(self) -> dict[str, list[Any]]:
         if self._entries is None:
@@ -62,15 +61,23 @@ class HashCache:
         return self._entries
 
     def sha256(self, path: Path) -> str:
+        given = os.fspath(path)
+        st = os.stat(given)
+        sig = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        seen = self._seen.get(given)
+        if seen is not None and seen[0] == sig:
+            return seen[1]
         real = os.path.realpath(path)
         st = os.stat(real)
         entries = self._load()
         hit = entries.get(real)
         if hit and hit[0] == st.st_size and hit[1] == st.st_mtime_ns:
-            return str(hit[2])
-        digest = _sha256_file(Path(real))
-        entries[real] = [st.st_size, st.st_mtime_ns, digest]
-        self._dirty = True
+            digest = str(hit[2])
+        else:
+            digest = _sha256_file(Path(real))
+            entries[real] = [st.st_size, st.st_mtime_ns, digest]
+            self._dirty = True
+        self._seen[given] = ((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), digest)
         return digest
 
     def save(self) -> None:
@@ -122,17 +129,57 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
+#: Digests of the values many rows share (a prompt transcript, a mode, a speed, ...), by type and value:
+#: a 200,000-row manifest of three prompts hashes each once and its rows share one string each.
+_SHARED: dict[tuple[type, Any], str] = {}
+_SHARED_MAX = 4096
+
+
+def _shared_digest(value: str | float) -> str:
+    key = (type(value), value)
+    found = _SHARED.get(key)
+    if found is None:
+        found = _digest(value)
+        if len(_SHARED) >= _SHARED_MAX:
+            _SHARED.clear()
+        _SHARED[key] = found
+    return found
+
+
+def _shared_prefix(digest: str) -> str:
+    """``digest[:16]``, one string object for every row of the same prompt file."""
+    key = (bytes, digest)
+    found = _SHARED.get(key)
+    if found is None:
+        if len(_SHARED) >= _SHARED_MAX:
+            _SHARED.clear()
+        found = _SHARED[key] = digest[:16]
+    return found
+
+
+_CONTEXT: tuple[Any, dict[str, str]] = (None, {})  # (the last RunContext, its run-wide parts), read and set whole
+
+
+def _context_parts(ctx: RunContext) -> dict[str, str]:
+    """The run-wide fingerprint parts of ``ctx``, made once per context (its options dict is hashed once)."""
+    global _CONTEXT
+    last = _CONTEXT
+    if last[0] is not ctx:
+        last = _CONTEXT = (ctx, {"model": ctx.model[:16], "dtype": _digest(ctx.dtype), "device": _digest(ctx.device),
+                                 "options": _digest(dict(ctx.options)), "algorithm": _digest(ALGORITHM_VERSION)})
+    return dict(last[1])
+
+
 def row_fingerprint(row: Any, seed: int, ctx: RunContext, hashes: HashCache) -> tuple[str, dict[str, str]]:
     """(fingerprint, parts): a stable hash of everything that changes ``row``'s audio.
 
     ``parts`` maps each name of :data:`PARTS` to a short hash, so a changed row can say what changed.
     """
     parts = {
-        "text": _digest(row.text), "prompt_text": _digest(row.prompt_text), "mode": _digest(row.mode),
-        "instruct": _digest(row.instruct), "speed": _digest(float(row.speed)),
-        "prompt_audio": hashes.sha256(Path(row.prompt_audio))[:16], "seed": _digest(int(seed)),
-        "model": ctx.model[:16], "dtype": _digest(ctx.dtype), "device": _digest(ctx.device),
-        "options": _digest(dict(ctx.options)), "algorithm": _digest(ALGORITHM_VERSION),
+        "text": _digest(row.text), "prompt_text": _shared_digest(row.prompt_text), "mode": _shared_digest(row.mode),
+        "instruct": _shared_digest(row.instruct), "speed": _shared_digest(float(row.speed)),
+        "prompt_audio": _shared_prefix(hashes.sha256(Path(row.prompt_audio))), "seed": _digest(int(seed)),
+        **_context_parts(ctx),
     }
     return _digest([parts[k] for k in PARTS]), parts
 
