@@ -111,7 +111,7 @@ def flow_fraction(dtype: str, steps: int = 10, rounds: int = 2, profile: bool = 
            "gemm_calls": sum(n for _, n in rec["calls"].values()), "uncounted_ops": sorted(rec["unknown"]),
            "cpu_gemm": policy.cpu_gemm, "threads": torch.get_num_threads(),
            "workload": f"batch 1 (CFG pair: 2 x {2 * (TOKENS + PROMPT_TOKENS)} frames), {TOKENS} tokens, "
-                       f"{PROMPT_TOKENS} prompt tokens, {steps} Euler steps, full-size dummy weights"}
+                       f"{PROMPT_TOKENS} prompt tokens, {steps} Euler step{'s' * (steps != 1)}, full-size dummy weights"}
     if profile:
         out["profile"] = _profile(lambda: flow.inference(*x, n_timesteps=1))
     return out
