@@ -18,14 +18,15 @@ aten's by fp32 rounding (about 1e-6 relative), so the choice is part of a row's 
 (``RunOptions.cpu_gemm``): a run folder made with one library redoes its rows under the other.
 
 bf16: aten's CPU ``F.linear`` already multiplies bf16 on oneDNN, but as ``addmm``: it first copies
-the bias into every output row and then accumulates into it, and a GELU after it is one more pass.
-On the flow's DiT shapes in bf16 those passes are not small next to the product (measured on a
-2-core AMD EPYC Zen 4 with AVX512-BF16: a (700 x 1024) x (1024 x 1024) ``F.linear`` with bias
-about 1.2-2x the time of the same product with the bias in oneDNN's epilogue). So a module may
-opt in (``bf16=True``, the flow does; the talker's skinny decode products are left as they were)
-to run bf16 layers through the same oneDNN call as fp32 ones, bias and GELU fused, wherever torch
-reports oneDNN bf16 support (AVX512-BF16 or AMX on x86; nothing here assumes either: oneDNN
-picks its kernel for the CPU it runs on). fp32 layers are untouched by it.
+the bias into every output row and then accumulates into it, and a GELU after it is one more pass
+over the output. On the flow's DiT shapes in bf16 (2-core AMD EPYC Zen 4, AVX512-BF16, no AMX)
+the bias in oneDNN's epilogue saved 3-4% of a (700 x 1024) x (1024 x N) product and the fused GELU
+14% of the up-projection on one thread (CPU time); on two threads of a loaded machine the
+separate passes cost up to 2x. So a module may opt in (``bf16=True``; the flow does, the talker's
+skinny decode products are left as they were) to run bf16 layers through the same oneDNN call as
+fp32 ones, bias and GELU fused, wherever torch reports oneDNN bf16 support (AVX512-BF16 or AMX on
+x86; nothing here assumes either: oneDNN picks its kernel for the CPU it runs on). fp32 layers
+are untouched by it.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from cosyclone.code2wav import dit as dit_module
 from cosyclone.code2wav.dit import DiT, attention_bmm
 from cosyclone.code2wav.flow import build_flow
 from cosyclone.config import DiTConfig, FlowConfig, ModelConfig
@@ -22,6 +23,12 @@ def _sdpa(qkv: torch.Tensor, heads: int, mask: torch.Tensor | None,
     b, t, _ = qkv.shape
     q, k, v = (y.view(b, t, heads, -1).transpose(1, 2) for y in qkv.to(dtype).chunk(3, dim=-1))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b, t, -1).float()
+
+
+@pytest.fixture(autouse=True)
+def _no_amx(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bf16 path under test is the one CPUs without AMX take; on an AMX CI machine too."""
+    monkeypatch.setattr(dit_module, "cpu_has_amx", lambda: False)
 
 
 @pytest.mark.parametrize("case", ["full", "padded", "streaming"])
@@ -64,12 +71,16 @@ def _ops(fn) -> set[str]:
     return seen
 
 
+@pytest.mark.parametrize("amx", [False, True])
 @torch.inference_mode()
-def test_bf16_cpu_takes_the_bmm_attention_and_fp32_keeps_sdpa() -> None:
+def test_bf16_cpu_without_amx_takes_the_bmm_attention_and_the_rest_keep_sdpa(
+        amx: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bf16 on a CPU without AMX: attention_bmm; fp32 (byte for byte as before) and AMX CPUs: SDPA."""
+    monkeypatch.setattr(dit_module, "cpu_has_amx", lambda: amx)
     torch.manual_seed(1)
     x, mu, cond = (torch.randn(2, 80, 12) for _ in range(3))
     mask, t, spks = torch.ones(2, 1, 12), torch.tensor([0.3, 0.6]), torch.randn(2, 80)
-    for dtype, sdpa in ((torch.float32, True), (torch.bfloat16, False)):
+    for dtype, sdpa in ((torch.float32, True), (torch.bfloat16, amx)):
         dit = DiT(CFG).to(dtype)
         assert (dit.context(mask).scores is None) == sdpa
         ops = _ops(lambda d=dit: d(x, mask, mu, t, spks, cond))

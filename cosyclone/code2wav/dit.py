@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 import torch.nn.functional as F
@@ -144,7 +145,7 @@ class DiTContext:
     ``rotations``: rotary table (:meth:`RotaryEmbedding.rotations`); ``attn_mask (B, 1, T|1, T)``
     bool, True = attend; ``query_drop (B, T, 1)`` bool marks padded query rows whose output is
     zeroed; both None without padding. ``scores (H, T, T)`` float32 and ``probs (H, T, T)`` in the
-    model dtype: one row's attention buffers for bf16 inference on CPU (:func:`attention_bmm`),
+    model dtype: one row's attention buffers where :func:`bmm_attention_wanted` (:func:`attention_bmm`),
     reused by every row, layer and step, with ``attn_block = ~attn_mask`` (True = hidden); else None.
     """
 
@@ -156,14 +157,30 @@ class DiTContext:
     attn_block: Tensor | None = None
 
 
+@cache
+def cpu_has_amx() -> bool:
+    """Whether this CPU has AMX tiles (torch's own check; False where this torch cannot tell)."""
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(probe()) if probe is not None else False
+
+
+def bmm_attention_wanted(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether the DiT's attention runs as :func:`attention_bmm`: bf16 inference on a CPU without
+    AMX. On an AMX CPU SDPA's flash kernel multiplies bf16 on the tiles into float32 (that is how
+    the flow reached about 1 TFLOP/s on two AMX cores), while this path's float32 QK^T would fall
+    to the AVX-512 float32 rate: such CPUs keep SDPA, as measured there."""
+    return dtype == torch.bfloat16 and device.type == "cpu" and not torch.is_grad_enabled() and not cpu_has_amx()
+
+
 def attention_bmm(qkv: Tensor, heads: int, ctx: DiTContext) -> Tensor:
     """``qkv (B, T, 3 * H * Dh) -> (B, T, H * Dh)``: softmax attention as two batched GEMMs around
     an in-place softmax, one batch row at a time in ``ctx``'s buffers; bf16 inference on CPU.
 
-    Why not SDPA there: torch's CPU flash kernel multiplies bf16 in small blocks, and on the DiT's
-    shapes (T ~ 350, Dh = 64, 16 heads) it ran no faster than in float32, a fraction of the bf16
-    GEMM rate, on a 2-core AMD EPYC Zen 4 (AVX512-BF16, no AMX); ``benchmarks/bench_flow_gemm.py``
-    measures the flow with it. Precision as SDPA's kernel keeps it: the scores are float32 (q and k
+    Why not SDPA there (:func:`bmm_attention_wanted`): without AMX torch's CPU flash kernel
+    multiplies bf16 in small blocks, and on the DiT's shapes (T ~ 350, Dh = 64, 16 heads, a CFG
+    pair) it ran no faster than in float32; on a 2-core AMD EPYC Zen 4 (AVX512-BF16, no AMX) this
+    spelling took 0.73x its time on two threads (12.5 vs 17.1 ms, best of 60 on a loaded machine)
+    and 0.93x on one (CPU time); ``benchmarks/bench_flow_gemm.py`` measures the whole flow. Precision as SDPA's kernel keeps it: the scores are float32 (q and k
     widened in the layout copy they need anyway; a bf16 product is exact in float32), the softmax
     runs in float32 and only the probabilities are rounded to bf16 for the second product. Scores
     rounded to bf16 before the softmax were measured 10x further from float32 than SDPA on logits
@@ -338,7 +355,7 @@ class DiT(nn.Module):
             query_keep = key_mask[:, 0].unsqueeze(-1)
         scores = probs = None
         dtype, t = self.proj_out.weight.dtype, mask.shape[-1]
-        if dtype == torch.bfloat16 and mask.device.type == "cpu" and not torch.is_grad_enabled():
+        if bmm_attention_wanted(dtype, mask.device):
             scores = torch.empty(self.cfg.heads, t, t, dtype=torch.float32, device=mask.device)
             probs = torch.empty(self.cfg.heads, t, t, dtype=dtype, device=mask.device)
         return DiTContext(rotations=self.rotary_embed.rotations(t), attn_mask=attn_mask,
