@@ -144,8 +144,8 @@ class DiTContext:
 
     ``rotations``: rotary table (:meth:`RotaryEmbedding.rotations`); ``attn_mask (B, 1, T|1, T)``
     bool, True = attend; ``query_drop (B, T, 1)`` bool marks padded query rows whose output is
-    zeroed; both None without padding. ``scores (H, T, T)`` float32 and ``probs (H, T, T)`` in the
-    model dtype: one row's attention buffers where :func:`bmm_attention_wanted` (:func:`attention_bmm`),
+    zeroed; both None without padding. ``scores (G, T, T)`` float32 and ``probs (G, T, T)`` in the
+    model dtype, G heads at a time (:data:`ATTENTION_BUFFER_BYTES`): one row's attention buffers where :func:`bmm_attention_wanted` (:func:`attention_bmm`),
     reused by every row, layer and step, with ``attn_block = ~attn_mask`` (True = hidden); else None.
     """
 
@@ -155,6 +155,12 @@ class DiTContext:
     scores: Tensor | None = None
     probs: Tensor | None = None
     attn_block: Tensor | None = None
+
+
+#: The most :func:`attention_bmm`'s two buffers take together: all heads at once up to T ~ 590
+#: frames (11.8 MB at the baseline request's 350), then fewer heads per pass, so a long row's
+#: (T, T) scores never cost hundreds of MB where SDPA's kernel needs none.
+ATTENTION_BUFFER_BYTES = 32 << 20
 
 
 @cache
@@ -186,7 +192,7 @@ def attention_bmm(qkv: Tensor, heads: int, ctx: DiTContext) -> Tensor:
     rounded to bf16 before the softmax were measured 10x further from float32 than SDPA on logits
     of a trained model's size. fp32 keeps SDPA, byte for byte.
 
-    One row at a time: the buffers stay (H, T, T) whatever the batch (a batch of 32 rows' scores
+    One row (and for long rows a group of heads) at a time: the buffers stay (G, T, T) whatever the batch (a batch of 32 rows' scores
     would take about 250 MB at T = 350), a row's products do not depend on its companions, and the
     buffers are allocated once per inference (a fresh (T, T) tensor per layer costs page faults).
     """
@@ -195,16 +201,20 @@ def attention_bmm(qkv: Tensor, heads: int, ctx: DiTContext) -> Tensor:
     assert scores is not None and probs is not None
     x = qkv.view(b, t, 3, heads, -1)
     dh = x.shape[-1]
+    group = scores.shape[0]  # heads per pass (all 16 at T ~ 350; fewer for long rows)
     out = torch.empty(b, t, heads, dh, dtype=qkv.dtype, device=qkv.device)
     for r in range(b):
         q, k = x[r, :, :2].permute(1, 2, 0, 3).to(torch.float32, memory_format=torch.contiguous_format)
         v = x[r, :, 2].transpose(0, 1).contiguous()  # (H, T, Dh)
-        torch.baddbmm(scores, q, k.transpose(1, 2), beta=0.0, alpha=dh ** -0.5, out=scores)
-        if ctx.attn_block is not None:
-            scores.masked_fill_(ctx.attn_block[r], float("-inf"))  # (1, T|1, T) over the heads
-        torch.ops.aten._softmax.out(scores, -1, False, out=scores)
-        probs.copy_(scores)
-        out[r].copy_(torch.bmm(probs, v).transpose(0, 1))
+        for h in range(0, heads, group):
+            n = min(group, heads - h)
+            s, p = scores[:n], probs[:n]
+            torch.baddbmm(s, q[h:h + n], k[h:h + n].transpose(1, 2), beta=0.0, alpha=dh ** -0.5, out=s)
+            if ctx.attn_block is not None:
+                s.masked_fill_(ctx.attn_block[r], float("-inf"))  # (1, T|1, T) over the heads
+            torch.ops.aten._softmax.out(s, -1, False, out=s)
+            p.copy_(s)
+            out[r, :, h:h + n].copy_(torch.bmm(p, v[h:h + n]).transpose(0, 1))
     return out.view(b, t, heads * dh)
 
 
@@ -356,8 +366,9 @@ class DiT(nn.Module):
         scores = probs = None
         dtype, t = self.proj_out.weight.dtype, mask.shape[-1]
         if bmm_attention_wanted(dtype, mask.device):
-            scores = torch.empty(self.cfg.heads, t, t, dtype=torch.float32, device=mask.device)
-            probs = torch.empty(self.cfg.heads, t, t, dtype=dtype, device=mask.device)
+            group = max(1, min(self.cfg.heads, ATTENTION_BUFFER_BYTES // (6 * t * t)))  # float32 + bf16
+            scores = torch.empty(group, t, t, dtype=torch.float32, device=mask.device)
+            probs = torch.empty(group, t, t, dtype=dtype, device=mask.device)
         return DiTContext(rotations=self.rotary_embed.rotations(t), attn_mask=attn_mask,
                           query_drop=None if query_keep is None else ~query_keep, scores=scores, probs=probs,
                           attn_block=None if scores is None or attn_mask is None else ~attn_mask)
