@@ -86,6 +86,43 @@ def test_onednn_linear_takes_strided_inputs_and_falls_back_off_fp32() -> None:
     assert torch.equal(half(xb), F.linear(xb, half.weight, half.bias))  # bf16 takes aten's path, bit for bit
 
 
+needs_onednn_bf16 = pytest.mark.skipif(not cpu_gemm.onednn_bf16_available(),
+                                       reason="oneDNN has no bf16 on this CPU (or torch has no oneDNN)")
+
+
+@needs_onednn_bf16
+@pytest.mark.parametrize("gelu", [False, True])
+@pytest.mark.parametrize("bias", [True, False])
+@torch.no_grad()
+def test_bf16_opt_in_runs_on_onednn_with_bias_and_gelu_fused(bias: bool, gelu: bool) -> None:
+    """``bf16=True`` layers (the flow's) run bf16 through oneDNN's matmul with the bias (and GELU)
+    in its epilogue: no addmm, no separate GELU, and the values of F.linear (then GELU) within
+    bf16 rounding."""
+    torch.manual_seed(4)
+    layer = cpu_gemm.apply(nn.Linear(64, 96, bias=bias), "onednn", bf16=True).to(torch.bfloat16)
+    assert isinstance(layer, cpu_gemm.OneDNNLinearBF16)
+    x = torch.randn(2, 9, 64, dtype=torch.bfloat16)
+    ref = F.linear(x.float(), layer.weight.float(), None if layer.bias is None else layer.bias.float())
+    ref = F.gelu(ref, approximate="tanh") if gelu else ref
+    fn = (lambda: cpu_gemm.linear_gelu_tanh(layer, x)) if gelu else (lambda: layer(x))
+    ops = ops_called(fn)
+    assert "mkldnn._linear_pointwise" in ops and not {"aten.addmm", "aten.mm", "aten.gelu", "aten.gelu_"} & ops
+    got = fn()
+    assert got.dtype == torch.bfloat16 and got.shape == ref.shape
+    torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=2e-2)
+
+
+@needs_onednn
+@torch.no_grad()
+def test_bf16_opt_in_falls_back_to_aten_where_onednn_has_no_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CPU without oneDNN bf16 (or with mixed dtypes) the opted-in layer is F.linear, bit for bit."""
+    monkeypatch.setattr(cpu_gemm, "onednn_bf16_available", lambda: False)
+    layer = cpu_gemm.apply(nn.Linear(16, 8), "onednn", bf16=True).to(torch.bfloat16)
+    xb = torch.randn(3, 16, dtype=torch.bfloat16)
+    assert "mkldnn._linear_pointwise" not in ops_called(lambda: layer(xb))
+    assert torch.equal(layer(xb), F.linear(xb, layer.weight, layer.bias))
+
+
 @needs_onednn
 @pytest.mark.parametrize("library", ["onednn", "aten"])
 @torch.no_grad()
@@ -119,9 +156,11 @@ def test_builders_swap_linears_and_keep_the_released_state_dict() -> None:
     flow_on, flow_off = build_flow(TINY, on, load_format="dummy"), build_flow(TINY, off, load_format="dummy")
     talker_on = build_talker(TINY, on, load_format="dummy", seed=3)
     talker_off = build_talker(TINY, off, load_format="dummy", seed=3)
-    for swapped, plain in ((flow_on, flow_off), (talker_on, talker_off)):
+    # the flow opts its bf16 layers in too; the talker's stay on aten in bf16
+    for (swapped, plain), kind in zip(((flow_on, flow_off), (talker_on, talker_off)),
+                                      (cpu_gemm.OneDNNLinearBF16, cpu_gemm.OneDNNLinear), strict=True):
         kinds = {type(m) for m in swapped.modules() if isinstance(m, nn.Linear)}
-        assert kinds == {cpu_gemm.OneDNNLinear}
+        assert kinds == {kind}
         assert not any(isinstance(m, cpu_gemm.OneDNNLinear) for m in plain.modules())
         a, b = swapped.state_dict(), plain.state_dict()
         assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 import torch.nn.functional as F
@@ -143,12 +144,78 @@ class DiTContext:
 
     ``rotations``: rotary table (:meth:`RotaryEmbedding.rotations`); ``attn_mask (B, 1, T|1, T)``
     bool, True = attend; ``query_drop (B, T, 1)`` bool marks padded query rows whose output is
-    zeroed; both None without padding.
+    zeroed; both None without padding. ``scores (G, T, T)`` float32 and ``probs (G, T, T)`` in the
+    model dtype, G heads at a time (:data:`ATTENTION_BUFFER_BYTES`): one row's attention buffers where :func:`bmm_attention_wanted` (:func:`attention_bmm`),
+    reused by every row, layer and step, with ``attn_block = ~attn_mask`` (True = hidden); else None.
     """
 
     rotations: Tensor
     attn_mask: Tensor | None
     query_drop: Tensor | None
+    scores: Tensor | None = None
+    probs: Tensor | None = None
+    attn_block: Tensor | None = None
+
+
+#: The most :func:`attention_bmm`'s two buffers take together: all heads at once up to T ~ 590
+#: frames (11.8 MB at the baseline request's 350), then fewer heads per pass, so a long row's
+#: (T, T) scores never cost hundreds of MB where SDPA's kernel needs none.
+ATTENTION_BUFFER_BYTES = 32 << 20
+
+
+@cache
+def cpu_has_amx() -> bool:
+    """Whether this CPU has AMX tiles (torch's own check; False where this torch cannot tell)."""
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(probe()) if probe is not None else False
+
+
+def bmm_attention_wanted(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether the DiT's attention runs as :func:`attention_bmm`: bf16 inference on a CPU without
+    AMX. On an AMX CPU SDPA's flash kernel multiplies bf16 on the tiles into float32 (that is how
+    the flow reached about 1 TFLOP/s on two AMX cores), while this path's float32 QK^T would fall
+    to the AVX-512 float32 rate: such CPUs keep SDPA, as measured there."""
+    return dtype == torch.bfloat16 and device.type == "cpu" and not torch.is_grad_enabled() and not cpu_has_amx()
+
+
+def attention_bmm(qkv: Tensor, heads: int, ctx: DiTContext) -> Tensor:
+    """``qkv (B, T, 3 * H * Dh) -> (B, T, H * Dh)``: softmax attention as two batched GEMMs around
+    an in-place softmax, one batch row at a time in ``ctx``'s buffers; bf16 inference on CPU.
+
+    Why not SDPA there (:func:`bmm_attention_wanted`): without AMX torch's CPU flash kernel
+    multiplies bf16 in small blocks, and on the DiT's shapes (T ~ 350, Dh = 64, 16 heads, a CFG
+    pair) it ran no faster than in float32; on a 2-core AMD EPYC Zen 4 (AVX512-BF16, no AMX) this
+    spelling took 0.73x its time on two threads (12.5 vs 17.1 ms, best of 60 on a loaded machine)
+    and 0.93x on one (CPU time); ``benchmarks/bench_flow_gemm.py`` measures the whole flow. Precision as SDPA's kernel keeps it: the scores are float32 (q and k
+    widened in the layout copy they need anyway; a bf16 product is exact in float32), the softmax
+    runs in float32 and only the probabilities are rounded to bf16 for the second product. Scores
+    rounded to bf16 before the softmax were measured 10x further from float32 than SDPA on logits
+    of a trained model's size. fp32 keeps SDPA, byte for byte.
+
+    One row (and for long rows a group of heads) at a time: the buffers stay (G, T, T) whatever the batch (a batch of 32 rows' scores
+    would take about 250 MB at T = 350), a row's products do not depend on its companions, and the
+    buffers are allocated once per inference (a fresh (T, T) tensor per layer costs page faults).
+    """
+    b, t, _ = qkv.shape
+    scores, probs = ctx.scores, ctx.probs
+    assert scores is not None and probs is not None
+    x = qkv.view(b, t, 3, heads, -1)
+    dh = x.shape[-1]
+    group = scores.shape[0]  # heads per pass (all 16 at T ~ 350; fewer for long rows)
+    out = torch.empty(b, t, heads, dh, dtype=qkv.dtype, device=qkv.device)
+    for r in range(b):
+        q, k = x[r, :, :2].permute(1, 2, 0, 3).to(torch.float32, memory_format=torch.contiguous_format)
+        v = x[r, :, 2].transpose(0, 1).contiguous()  # (H, T, Dh)
+        for h in range(0, heads, group):
+            n = min(group, heads - h)
+            s, p = scores[:n], probs[:n]
+            torch.baddbmm(s, q[h:h + n], k[h:h + n].transpose(1, 2), beta=0.0, alpha=dh ** -0.5, out=s)
+            if ctx.attn_block is not None:
+                s.masked_fill_(ctx.attn_block[r], float("-inf"))  # (1, T|1, T) over the heads
+            torch.ops.aten._softmax.out(s, -1, False, out=s)
+            p.copy_(s)
+            out[r, :, h:h + n].copy_(torch.bmm(p, v[h:h + n]).transpose(0, 1))
+    return out.view(b, t, heads * dh)
 
 
 class Attention(FusedLinears):
@@ -169,11 +236,14 @@ class Attention(FusedLinears):
         inner = self.heads * self.dim_head
         qkv = self.to_qkv(x)
         rotate_(qkv.view(b, t, 3, inner)[:, :, :2, :2 * ctx.rotations.shape[-1]], ctx.rotations)
-        q, k, v = (y.view(b, t, self.heads, self.dim_head).transpose(1, 2) for y in qkv.chunk(3, dim=-1))
-        # SDPA, also on CPU in float32: its flash kernel was measured against bmm-softmax-bmm on
-        # these shapes (T ~ 350, Dh = 64) and is as fast or faster, and it needs no (T, T) scores.
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.attn_mask, dropout_p=0.0)
-        out = out.transpose(1, 2).reshape(b, t, inner)  # a view on CPU (its kernel writes B, T, H, Dh)
+        if ctx.probs is not None and qkv.dtype == ctx.probs.dtype and not torch.is_grad_enabled():
+            out = attention_bmm(qkv, self.heads, ctx)
+        else:
+            q, k, v = (y.view(b, t, self.heads, self.dim_head).transpose(1, 2) for y in qkv.chunk(3, dim=-1))
+            # SDPA, also on CPU in float32: its flash kernel was measured against bmm-softmax-bmm on
+            # these shapes (T ~ 350, Dh = 64) and is as fast or faster, and it needs no (T, T) scores.
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.attn_mask, dropout_p=0.0)
+            out = out.transpose(1, 2).reshape(b, t, inner)  # a view on CPU (its kernel writes B, T, H, Dh)
         out = self.to_out[0](out)
         return out if ctx.query_drop is None else out.masked_fill_(ctx.query_drop, 0.0)
 
@@ -293,8 +363,15 @@ class DiT(nn.Module):
         elif padded:
             attn_mask = key_mask.unsqueeze(1)  # (B, 1, 1, T), broadcast over queries
             query_keep = key_mask[:, 0].unsqueeze(-1)
-        return DiTContext(rotations=self.rotary_embed.rotations(mask.shape[-1]), attn_mask=attn_mask,
-                          query_drop=None if query_keep is None else ~query_keep)
+        scores = probs = None
+        dtype, t = self.proj_out.weight.dtype, mask.shape[-1]
+        if bmm_attention_wanted(dtype, mask.device):
+            group = max(1, min(self.cfg.heads, ATTENTION_BUFFER_BYTES // (6 * t * t)))  # float32 + bf16
+            scores = torch.empty(group, t, t, dtype=torch.float32, device=mask.device)
+            probs = torch.empty(group, t, t, dtype=dtype, device=mask.device)
+        return DiTContext(rotations=self.rotary_embed.rotations(t), attn_mask=attn_mask,
+                          query_drop=None if query_keep is None else ~query_keep, scores=scores, probs=probs,
+                          attn_block=None if scores is None or attn_mask is None else ~attn_mask)
 
     def modulations(self, t: Tensor) -> tuple[list[Tensor], Tensor]:
         """``t (S,)`` -> per block ``(S, 6, D)`` and final ``(S, 2, D)`` AdaLN rows, scale rows + 1.

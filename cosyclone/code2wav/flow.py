@@ -224,5 +224,5 @@ def build_flow(cfg: ModelConfig, policy: DevicePolicy,
         raise ValueError(f"load_format must be 'auto' or 'dummy', not {load_format!r}")
     model = model.to(dtype=policy.dtype)
     model.reset_buffers()
-    cpu_gemm.apply(model, policy.cpu_gemm)
+    cpu_gemm.apply(model, policy.cpu_gemm, bf16=True)  # bf16 layers too: bias and GELU fused
     return model.eval().requires_grad_(False)
