@@ -170,7 +170,12 @@ def test_the_stream_reads_the_lines_splitting_the_file_gives(tmp_path: Path) -> 
     assert list(manifest_stream.iter_lines(path)) == [(1, b"a"), (4, b"b\r"), (5, b"c")]
 
 
-def test_the_pool_gives_what_one_process_gives(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def check_pool_equals_serial(tmp: str) -> None:
+    """The pool's results equal one process's, text by text and for a whole manifest (run by the test
+    below in a fresh interpreter: the pool forks only while no other Python thread runs)."""
+    import os
+
+    tmp_path = Path(tmp)
     texts = [f"{t} Row {i}, {i * 37} items at {i % 12 + 1}:{i % 50 + 10}." for i in range(40) for t in TEXTS[:1]]
     texts += ["今天是2024年3月15日，第1名。", "two  spaces 5", "item #3 and x\n\ny"]
     pool = text_pool.NormalizePool("wetext", workers=2)
@@ -184,12 +189,12 @@ def test_the_pool_gives_what_one_process_gives(tmp_path: Path, monkeypatch: pyte
     assert len(parallel) == len(texts)
     # and a whole manifest read with the pool equals one read without it
     path = write(tmp_path / "m", rows_of([*texts, "...", "😀 😀."]))
-    monkeypatch.setenv("COSYCLONE_TEXT_CACHE", "0")
-    monkeypatch.setenv("COSYCLONE_TEXT_WORKERS", "1")
+    os.environ["COSYCLONE_TEXT_CACHE"] = "0"
+    os.environ["COSYCLONE_TEXT_WORKERS"] = "1"
     serial = summary(read_manifest(path))
     _forget()
-    monkeypatch.setenv("COSYCLONE_TEXT_WORKERS", "2")
-    monkeypatch.setattr(text_pool, "MIN_POOL_TEXTS", 1)
+    os.environ["COSYCLONE_TEXT_WORKERS"] = "2"
+    text_pool.MIN_POOL_TEXTS = 1
     submitted: list[int] = []
     real_submit = text_pool.NormalizePool.submit
 
@@ -198,10 +203,24 @@ def test_the_pool_gives_what_one_process_gives(tmp_path: Path, monkeypatch: pyte
         submitted.append(len(out))
         return out
 
-    monkeypatch.setattr(text_pool.NormalizePool, "submit", counting)
+    text_pool.NormalizePool.submit = counting  # type: ignore[method-assign]
     assert summary(read_manifest(path)) == serial
-    assert submitted and all(submitted)
+    assert submitted and all(submitted)  # the pool really ran
     assert len(serial[1]) == 2  # the two rows with nothing to speak
+
+
+def test_the_pool_gives_what_one_process_gives(tmp_path: Path) -> None:
+    """In a fresh interpreter, where the pool really forks (in this one, threads an earlier test left
+    running would make it fall back to this process, and the comparison could not fail)."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    code = f"from tests.test_manifest_stream import check_pool_equals_serial; check_pool_equals_serial({str(tmp_path)!r})"
+    env = {**os.environ, "COSYCLONE_CACHE_DIR": str(tmp_path / "cache")}
+    res = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout + res.stderr
 
 
 def test_refused_characters_pattern_matches_the_character_rules() -> None:
