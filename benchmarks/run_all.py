@@ -229,8 +229,9 @@ def render(fig: dict) -> str:
 def main() -> None:
     from benchmarks.machine import describe, native_bf16
 
-    print(f"[machine] {describe()}; the official constants were measured on an Intel Xeon with AMX, so the "
-          "ratios below compare this machine's cosyclone with that machine's official code", flush=True)
+    print(f"[machine] {describe()}; the official constants were measured on an Intel Xeon with AMX in another "
+          "run, so the ratios below compare this machine's cosyclone with that machine's official code, not "
+          "alternated with it (an honest ratio alternates both codes in one window: docs/benchmarks.md)", flush=True)
     run_stage_benchmarks()
     base = E2EConfig.from_env()
     extra = os.environ.get("COSYCLONE_BENCH_E2E_ALSO", "bf16" if native_bf16() else "")

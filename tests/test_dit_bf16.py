@@ -14,6 +14,7 @@ from cosyclone.code2wav.dit import DiT, attention_bmm
 from cosyclone.code2wav.flow import build_flow
 from cosyclone.config import DiTConfig, FlowConfig, ModelConfig
 from cosyclone.device import resolve
+from tests.test_cpu_gemm import ops_called
 
 CFG = DiTConfig(dim=64, depth=2, heads=4, dim_head=16, ff_mult=2, static_chunk_size=6)
 
@@ -60,21 +61,6 @@ def test_bf16_attention_equals_sdpa_within_bf16_rounding(case: str, group: int,
     assert torch.equal(again, got)
 
 
-def _ops(fn) -> set[str]:
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    seen: set[str] = set()
-
-    class Spy(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            seen.add(str(func.overloadpacket))
-            return func(*args, **(kwargs or {}))
-
-    with Spy():
-        fn()
-    return seen
-
-
 @pytest.mark.parametrize("amx", [False, True])
 @torch.inference_mode()
 def test_bf16_cpu_without_amx_takes_the_bmm_attention_and_the_rest_keep_sdpa(
@@ -87,7 +73,7 @@ def test_bf16_cpu_without_amx_takes_the_bmm_attention_and_the_rest_keep_sdpa(
     for dtype, sdpa in ((torch.float32, True), (torch.bfloat16, amx)):
         dit = DiT(CFG).to(dtype)
         assert (dit.context(mask).scores is None) == sdpa
-        ops = _ops(lambda d=dit: d(x, mask, mu, t, spks, cond))
+        ops = ops_called(lambda d=dit: d(x, mask, mu, t, spks, cond))
         assert ("aten.scaled_dot_product_attention" in ops) == sdpa, dtype
         assert ("aten.bmm" in ops) != sdpa, dtype
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from ..config import ModelConfig
 from ..device import DevicePolicy
@@ -52,18 +51,6 @@ class Engine:
     @property
     def sample_rate(self) -> int:
         return int(self.cfg.hift.sampling_rate)
-
-    def with_options(self, **changes: Any) -> RunOptions:
-        """This engine's options with per-run ``changes`` (those that leave the model as loaded)."""
-        fixed = sorted(set(changes) & set(MODEL_FIELDS))
-        if fixed:
-            from ..errors import CosycloneError
-
-            raise CosycloneError(f"{', '.join(fixed)} belong to the loaded model: give them when loading it")
-        from ..options import build
-
-        values = {**{k: getattr(self.opts, k) for k in self.opts.__dataclass_fields__}, **changes}
-        return build(RunOptions, values)
 
     def run(self, rows: Sequence[ManifestRow] = (), *, batches: Sequence[Sequence[ManifestRow]] | None = None,
             opts: RunOptions | None = None, tokens: TokenCheckpoint | None = None,
