@@ -66,13 +66,9 @@ def rates(fns: dict[str, Callable[[str], object]], texts: list[str], repeat: int
 
 def bench(qwen_dir: Path | None = None, long_chars: int = 5000, repeat: int = 3) -> dict[str, dict[str, float]]:
     """{workload: {"short": chars/s, "long": chars/s}}."""
-    from cosyclone.frontend.normalize import (
-        TextNormalizer,
-        get_normalizer,
-        is_only_punctuation,
-        split_paragraph,
-    )
+    from cosyclone.frontend.normalize import TextNormalizer, get_normalizer
     from cosyclone.frontend.text import TextFrontend
+    from cosyclone.frontend.text_rules import is_only_punctuation, split_paragraph
 
     if qwen_dir is None:
         from cosyclone.frontend.tiny_assets import write_tiny_tokenizer

@@ -28,14 +28,13 @@ those of one pass over the lines.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from .errors import CosycloneError, ManifestError
+from .manifest_lines import LineError, decode_line, short_repr
 
 MODES = ("zero_shot", "cross_lingual", "instruct2")
 REQUIRED = ("id", "prompt_audio", "text")
@@ -43,9 +42,6 @@ OPTIONAL = ("mode", "prompt_text", "instruct", "seed", "speed")
 KNOWN = frozenset(REQUIRED + OPTIONAL)
 _UNSAFE_CHARS = ("/", "\\", "\x00", ":")
 TEXT_FIELDS = ("id", "text", "prompt_text", "instruct", "prompt_audio")  # checked by text_field_problem
-MAX_DEPTH = 2  # JSON nesting a line may have: the row object and one level inside it (no field needs more)
-MAX_LINE_BYTES = 1 << 20  # a longer line is refused unread: no text the talker can take comes near it
-MAX_INT_DIGITS = 20  # longer integer literals are refused unparsed (2**64 - 1 has 20 digits)
 SEED_MAX = (1 << 64) - 1  # seeds are unsigned 64-bit: the LEGACY draw's torch.Generator takes 0..2**64-1
 #: Bidi controls that reorder how a text displays (embeddings, overrides, isolates): refused. The
 #: marks U+200E, U+200F and U+061C are kept (real right-to-left text carries them; see docs/text_frontend.md).
@@ -212,7 +208,7 @@ def parse_row(obj: object, *, line: int, base: Path, check_audio: bool = True,
             raise ManifestError("required field missing", line=line, field=name, row_id=rid_s)
     why = check_id(rid)
     if why:
-        raise ManifestError(f"unsafe id {_short_repr(rid)}: {why}", line=line, field="id")
+        raise ManifestError(f"unsafe id {short_repr(rid)}: {why}", line=line, field="id")
     for name in ("prompt_audio", "prompt_text", "text", "instruct"):
         if name in obj and not isinstance(obj[name], str):
             raise ManifestError("must be a string", line=line, field=name, row_id=rid_s)
@@ -225,7 +221,7 @@ def parse_row(obj: object, *, line: int, base: Path, check_audio: bool = True,
         raise ManifestError("text is empty or only whitespace", line=line, field="text", row_id=rid_s)
     mode = obj.get("mode", "zero_shot")
     if mode not in MODES:
-        raise ManifestError(f"mode {_short_repr(mode)} is not one of {', '.join(MODES)}", line=line, field="mode",
+        raise ManifestError(f"mode {short_repr(mode)} is not one of {', '.join(MODES)}", line=line, field="mode",
                             row_id=rid_s)
     prompt_text = obj.get("prompt_text", "") or ""
     instruct = obj.get("instruct", "") or ""
@@ -313,89 +309,6 @@ def read_manifest(path: str | Path, *, check_audio: bool = True, text_frontend: 
     return out
 
 
-class _LineError(Exception):
-    """A line that is not one acceptable JSON object; ``key`` names the offending key when there is one."""
-
-    def __init__(self, message: str, key: str | None = None) -> None:
-        super().__init__(message)
-        self.key = key
-
-
-def decode_line(raw: bytes | str) -> object:
-    """One manifest line as a JSON value, or :class:`_LineError` saying why it is not one.
-
-    Refused before or while parsing: bytes that are not UTF-8 (with the byte and its column),
-    lines over :data:`MAX_LINE_BYTES`, nesting past :data:`MAX_DEPTH` (found by a scan that
-    never recurses), duplicate keys, integer literals over :data:`MAX_INT_DIGITS` digits (never
-    turned into a huge int) and ``NaN``/``Infinity`` (not JSON).
-    """
-    if len(raw) > MAX_LINE_BYTES:
-        raise _LineError(f"line is {len(raw)} bytes; a manifest row is at most {MAX_LINE_BYTES} bytes")
-    if isinstance(raw, bytes):
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise _LineError(f"not UTF-8: byte 0x{raw[exc.start]:02x} at column {exc.start + 1} ({exc.reason}); "
-                             "save the manifest as UTF-8") from None
-    else:
-        text = raw
-    depth = _max_depth(text)
-    if depth > MAX_DEPTH:
-        raise _LineError(f"nested {depth} levels deep; a row is a flat object (at most {MAX_DEPTH} levels)")
-    try:
-        return json.loads(text, object_pairs_hook=_unique_keys, parse_int=_bounded_int,
-                          parse_constant=_no_constant)
-    except json.JSONDecodeError as exc:
-        raise _LineError(f"invalid JSON: {exc.msg} (column {exc.colno})") from None
-    except RecursionError:  # unreachable after the depth scan; kept so no line can end a run
-        raise _LineError("nested too deep to parse") from None
-
-
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"?')  # a JSON string (or an unterminated one, to the end)
-_BRACKET = re.compile(r"[\[\]{}]")
-
-
-def _max_depth(text: str) -> int:
-    """The deepest bracket nesting of ``text`` outside strings (no recursion, linear time)."""
-    depth = deepest = 0
-    for m in _BRACKET.finditer(_STRING.sub('""', text)):
-        if m.group() in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        else:
-            depth -= 1
-    return deepest
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in seen:
-            raise _LineError(f"duplicate key {key[:80]!r} in one object (which one is meant?)", key=key)
-        seen[key] = value
-    return seen
-
-
-def _bounded_int(literal: str) -> int:
-    digits = len(literal.lstrip("-"))
-    if digits > MAX_INT_DIGITS:
-        raise _LineError(f"an integer of {digits} digits; at most {MAX_INT_DIGITS} (a seed is at most 2**64-1)")
-    return int(literal)
-
-
-def _no_constant(name: str) -> Any:
-    raise _LineError(f"{name} is not a JSON number")
-
-
-def _short_repr(value: object, limit: int = 80) -> str:
-    """``repr(value)`` cut to ``limit`` characters; never raises (a huge int's repr can)."""
-    try:
-        text = repr(value)
-    except Exception:
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
 def rows_from_dicts(objs: Sequence[object], *, base: str | Path = ".", check_audio: bool = True,
                     text_frontend: str | None = "wetext") -> Manifest:
     """Validate Python objects as manifest rows (the Python API's way in), exactly as
@@ -438,7 +351,7 @@ def _collect(out: Manifest, numbered: Iterable[tuple[int, object]], *, base: Pat
     seen: dict[str, tuple[int, str]] = {}  # id_key -> (first line, first id)
     warmer = TextWarmer(text_frontend) if text_frontend is not None else None
     audio = AudioChecks(_check_audio)
-    with closing(warmed_chunks(decoded_chunks(numbered, decode_line if as_json else None, _LineError), warmer)) as chunks:
+    with closing(warmed_chunks(decoded_chunks(numbered, decode_line if as_json else None, LineError), warmer)) as chunks:
         for chunk in chunks:
             for number, obj in chunk:
                 _collect_one(out, seen, number, obj, base=base, check_audio=check_audio, text_frontend=text_frontend,
@@ -447,10 +360,10 @@ def _collect(out: Manifest, numbered: Iterable[tuple[int, object]], *, base: Pat
 
 def _collect_one(out: Manifest, seen: dict[str, tuple[int, str]], number: int, obj: object, *, base: Path,
                  check_audio: bool, text_frontend: str | None, audio: Callable[[Path], tuple[str | None, float]]) -> None:
-    """One decoded line (or its :class:`_LineError`) into ``out``: a row, or the line's error."""
+    """One decoded line (or its :class:`LineError`) into ``out``: a row, or the line's error."""
     out.ordinals[number] = out.total_lines
     out.total_lines += 1
-    if isinstance(obj, _LineError):
+    if isinstance(obj, LineError):
         out.errors.append(ManifestError(str(obj), line=number, field=obj.key))
         return
     try:
@@ -460,7 +373,7 @@ def _collect_one(out: Manifest, seen: dict[str, tuple[int, str]], number: int, o
         out.errors.append(exc)
         return
     except Exception as exc:  # a check that tripped on this value: the line's error, never the run's
-        out.errors.append(ManifestError(f"could not be validated ({type(exc).__name__}: {_short_repr(str(exc))})",
+        out.errors.append(ManifestError(f"could not be validated ({type(exc).__name__}: {short_repr(str(exc))})",
                                         line=number))
         return
     key = id_key(row.id)

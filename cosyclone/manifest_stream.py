@@ -52,7 +52,7 @@ def decoded_chunks(numbered: Iterable[tuple[int, Any]], decode: Callable[[Any], 
         else:
             try:
                 chunk.append((number, decode(raw)))
-            except refusal as exc:  # the line's own error (manifest._LineError)
+            except refusal as exc:  # the line's own error (manifest_lines.LineError)
                 chunk.append((number, exc))
         if len(chunk) >= size:
             yield chunk
@@ -63,8 +63,8 @@ def decoded_chunks(numbered: Iterable[tuple[int, Any]], decode: Callable[[Any], 
 
 def speech_bodies(objs: Iterable[Any]) -> list[str]:
     """The texts validation will normalize for these decoded rows (``text_problem``'s ``speakable`` body)."""
-    from .frontend.normalize import has_markup
     from .frontend.text import MODES, target_parts
+    from .frontend.text_rules import has_markup
 
     out: dict[str, None] = {}
     for obj in objs:

@@ -36,17 +36,18 @@ _BATCH = 500  # keys per SELECT ... IN (...): below SQLite's bound on host param
 
 def normalizer_identity(normalizer: Any) -> str:
     """What the normalized text of a given input depends on, as one string: kind, package versions,
-    the source of :mod:`cosyclone.frontend.normalize` (any edit to the rules misses the old entries)
-    and its sentence-chunk size."""
-    from cosyclone.frontend import normalize as mod
+    the source of :mod:`cosyclone.frontend.normalize` and :mod:`cosyclone.frontend.text_rules` (any
+    edit to the rules misses the old entries) and the sentence-chunk size."""
+    from cosyclone.frontend import normalize, text_rules
 
     try:
-        source = hashlib.sha256(Path(mod.__file__).read_bytes()).hexdigest()
+        source = hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in (normalize, text_rules))).hexdigest()
     except OSError:  # no source to read (a frozen install): the package version must do
         from cosyclone import __version__
 
         source = f"cosyclone-{__version__}"
-    return json.dumps({**normalizer.version(), "source": source, "chunk_chars": mod.CHUNK_CHARS}, sort_keys=True)
+    return json.dumps({**normalizer.version(), "source": source, "chunk_chars": text_rules.CHUNK_CHARS},
+                      sort_keys=True)
 
 
 def _key(identity: str, text: str) -> str:

@@ -10,11 +10,11 @@ import pytest
 
 from cosyclone.config import SYSTEM_PREFIX
 from cosyclone.errors import CosycloneError
-from cosyclone.frontend.normalize import (
+from cosyclone.frontend.normalize import TextNormalizer, get_normalizer
+from cosyclone.frontend.text import SPECIAL_TOKENS, TextFrontend, instruct_prompt, text_problem
+from cosyclone.frontend.text_rules import (
     TextError,
-    TextNormalizer,
     drop_blanks,
-    get_normalizer,
     has_speech,
     is_only_punctuation,
     sentence_chunks,
@@ -22,7 +22,6 @@ from cosyclone.frontend.normalize import (
     split_paragraph,
     unescape_wetext,
 )
-from cosyclone.frontend.text import SPECIAL_TOKENS, TextFrontend, instruct_prompt, text_problem
 from cosyclone.frontend.tiny_assets import write_tiny_tokenizer
 from tests.text_table import deviations
 

@@ -19,8 +19,9 @@ from pathlib import Path
 from cosyclone.config import ENDOFPROMPT, SYSTEM_PREFIX
 from cosyclone.errors import CosycloneError
 from cosyclone.frontend import prompt_cache
-from cosyclone.frontend.normalize import TextError, get_normalizer, has_speech
+from cosyclone.frontend.normalize import get_normalizer
 from cosyclone.frontend.prompt_cache import LRUCache
+from cosyclone.frontend.text_rules import TextError, has_speech
 
 ENDOFPROMPT_ID = 151646
 MODES = ("zero_shot", "cross_lingual", "instruct2")

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from cosyclone.config import ENDOFPROMPT, SYSTEM_PREFIX
-from cosyclone.frontend.normalize import TextError, get_normalizer
+from cosyclone.frontend.normalize import get_normalizer
 from cosyclone.frontend.text import TextFrontend
+from cosyclone.frontend.text_rules import TextError
 from tests.reference import reference_set, reference_tokenizer
 from tests.text_table import VARIANTS, Deviation, deviations
 
@@ -128,7 +129,7 @@ def test_table_rows_name_real_vector_cases(vectors: dict[str, Any]) -> None:
 
 def test_chunked_normalization_equals_whole_text_normalization(vectors: dict[str, Any]) -> None:
     """Sentence chunks give wetext's whole-text output: on each text, and on all of them joined."""
-    from cosyclone.frontend import normalize as nz
+    from cosyclone.frontend import text_rules as nz
 
     norm = get_normalizer("wetext")
     en = [t["text"] for t in vectors["texts"] if t["text"].strip() and not nz.contains_chinese(t["text"])]
