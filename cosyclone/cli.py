@@ -147,7 +147,7 @@ def synth(
     if progress_interval < 0.1:
         _fail(f"--progress-interval must be at least 0.1, not {progress_interval:g}")
     try:
-        job = SynthJob.open(manifest, out, model_dir=model_dir, log=say, **options)
+        job = SynthJob.open(manifest, out, model_dir=model_dir, log=say, on_rejected=_rejected(manifest), **options)
     except CosycloneError as exc:
         _fail(str(exc))
     _announce(job, say)
@@ -166,10 +166,13 @@ def synth(
 EXIT_WRITE, EXIT_BUSY = 4, 5  # an output file could not be written; another synth holds the folder
 
 
+def _rejected(manifest: Path) -> Callable[[object], None]:
+    """Each rejected manifest line on stderr (always, --quiet too), as the run reads it."""
+    return lambda err: typer.echo(f"{manifest}: {err}", err=True)
+
+
 def _announce(job, say: Callable[[str], None]) -> None:
-    """Before the run: the rejected manifest lines (stderr, always) and the run's warnings."""
-    for err in job.rows.errors:
-        typer.echo(f"{job.manifest_label}: {err}", err=True)
+    """Before the run: its warnings."""
     opts = job.opts
     if "legacy" in opts.nonfinite_policy or "legacy" in opts.draw:
         say("warning: LEGACY sampler behaviour requested (official, pre-fix); diagnostics are labelled")

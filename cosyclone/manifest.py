@@ -29,7 +29,7 @@ those of one pass over the lines.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -290,23 +290,10 @@ def read_manifest(path: str | Path, *, check_audio: bool = True, text_frontend: 
     NFKC normalization and case folding, :func:`id_key`): the first occurrence is kept, later
     ones are errors naming the first one's line.
     """
-    path = Path(path).expanduser()
-    if text_frontend is not None:
-        from .frontend.normalize import get_normalizer
-
-        get_normalizer(text_frontend)  # a missing or broken normalizer stops here, before any row
-    if not path.is_file():
-        raise CosycloneError(f"{path}: manifest not found")
-    from .manifest_stream import iter_lines
-
-    base = path.resolve().parent
-    out = Manifest(path=path)
-    try:  # read as a stream (manifest_stream): the file is never held whole
-        _collect(out, iter_lines(path), base=base, check_audio=check_audio, text_frontend=text_frontend,
-                 as_json=True)
-    except OSError as exc:
-        raise CosycloneError(f"{path}: cannot read the manifest: {exc}") from exc
-    return out
+    whole, parts = iter_manifest(path, check_audio=check_audio, text_frontend=text_frontend)
+    for _ in parts:
+        pass
+    return whole
 
 
 def rows_from_dicts(objs: Sequence[object], *, base: str | Path = ".", check_audio: bool = True,
@@ -339,7 +326,15 @@ def id_key(row_id: str) -> str:
 def _collect(out: Manifest, numbered: Iterable[tuple[int, object]], *, base: Path, check_audio: bool,
              text_frontend: str | None, as_json: bool) -> None:
     """Validate ``(line number, item)`` pairs into ``out`` (rows, errors); items are JSON text
-    (``as_json``, a manifest's lines) or already decoded objects (the Python API).
+    (``as_json``, a manifest's lines) or already decoded objects (the Python API)."""
+    for _ in _collect_parts(out, numbered, base=base, check_audio=check_audio, text_frontend=text_frontend,
+                            as_json=as_json):
+        pass
+
+
+def _collect_parts(out: Manifest, numbered: Iterable[tuple[int, object]], *, base: Path, check_audio: bool,
+                   text_frontend: str | None, as_json: bool) -> Iterator[Manifest]:
+    """:func:`_collect`, yielding after each chunk what that chunk added (its rows and errors).
 
     Chunk by chunk (:mod:`cosyclone.manifest_stream`): each chunk's texts are normalized ahead, on
     every core and through the content cache, while the previous chunk is checked here in order.
@@ -353,9 +348,40 @@ def _collect(out: Manifest, numbered: Iterable[tuple[int, object]], *, base: Pat
     audio = AudioChecks(_check_audio)
     with closing(warmed_chunks(decoded_chunks(numbered, decode_line if as_json else None, LineError), warmer)) as chunks:
         for chunk in chunks:
+            rows, errors = len(out.rows), len(out.errors)
             for number, obj in chunk:
                 _collect_one(out, seen, number, obj, base=base, check_audio=check_audio, text_frontend=text_frontend,
                              audio=audio)
+            yield Manifest(path=out.path, rows=out.rows[rows:], errors=out.errors[errors:])
+
+
+def iter_manifest(path: str | Path, *, check_audio: bool = True,
+                  text_frontend: str | None = "wetext") -> tuple[Manifest, Iterator[Manifest]]:
+    """A manifest read as it is validated: (the whole, filling as it goes; its parts, chunk by chunk).
+
+    The same rows, errors and messages as :func:`read_manifest` (which is this, drained), so a run
+    can start on the first rows while later lines are still being read and normalized. The file's
+    problems (missing, unreadable) raise :class:`CosycloneError` here, before any part.
+    """
+    path = Path(path).expanduser()
+    if text_frontend is not None:
+        from .frontend.normalize import get_normalizer
+
+        get_normalizer(text_frontend)  # a missing or broken normalizer stops here, before any row
+    if not path.is_file():
+        raise CosycloneError(f"{path}: manifest not found")
+    from .manifest_stream import iter_lines
+
+    out = Manifest(path=path)
+
+    def parts() -> Iterator[Manifest]:
+        try:  # read as a stream (manifest_stream): the file is never held whole
+            yield from _collect_parts(out, iter_lines(path), base=path.resolve().parent, check_audio=check_audio,
+                                      text_frontend=text_frontend, as_json=True)
+        except OSError as exc:
+            raise CosycloneError(f"{path}: cannot read the manifest: {exc}") from exc
+
+    return out, parts()
 
 
 def _collect_one(out: Manifest, seen: dict[str, tuple[int, str]], number: int, obj: object, *, base: Path,

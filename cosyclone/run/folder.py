@@ -156,9 +156,11 @@ class ResumePlan:
 
 
 def plan_resume(out_dir: Path, rows: Iterable[Any], fingerprints: Mapping[str, tuple[str, dict[str, str]]],
-                *, all_ids: Iterable[str], overwrite: bool = False) -> ResumePlan:
-    """Decide per row: skip (complete, same fingerprint) or redo, and why."""
-    records = read_records(out_dir)
+                *, all_ids: Iterable[str], overwrite: bool = False,
+                records: Mapping[str, Mapping[str, Any]] | None = None) -> ResumePlan:
+    """Decide per row: skip (complete, same fingerprint) or redo, and why. ``records``: the folder's,
+    read once by a run that plans its rows part by part (default: read here)."""
+    records = read_records(out_dir) if records is None else records
     plan = ResumePlan(todo=[], done=[], redone={}, retried=[], foreign=sorted(set(records) - set(all_ids)))
     for row in rows:
         rec = records.get(row.id)

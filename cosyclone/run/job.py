@@ -14,90 +14,34 @@ back as a :class:`JobSummary`, which the caller renders), wire stages (that is
 
 from __future__ import annotations
 
-import socket
+import itertools
 import sys
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+from .. import manifest_stream
 from .. import options as O
-from ..engine import Engine, RowRecord, model_config, plan_batches, resolve_options
+from ..engine import Engine, RowRecord, model_config, resolve_options
 from ..engine.outcome import failed_record
 from ..engine.stages import row_seed_of
-from ..errors import CosycloneError
-from ..manifest import Manifest, ManifestRow, Shard, read_manifest
+from ..errors import CosycloneError, ManifestError
+from ..manifest import Manifest, ManifestRow, Shard, iter_manifest
 from ..options import FolderOptions, RunOptions
 from . import fingerprint, lock
 from . import folder as runfolder
-from .record import Stamper, devices, graphs_record, versions
-
-EXIT_OK, EXIT_ROWS_FAILED = 0, 3  # a finished run: every row done; some rows failed or were rejected
-
-
-class ProgressSink(Protocol):
-    """What :meth:`SynthJob.run` reports finished rows to (:class:`cosyclone.progress.Progress` is one)."""
-
-    def update(self, record: Any) -> None: ...
-
-    def close(self) -> None: ...
-
-
-#: Builds the progress sink once the number of rows to do is known (it is known only under the lock).
-ProgressFactory = Callable[[int], ProgressSink]
-
-
-@dataclass(frozen=True)
-class JobPlan:
-    """What a run would do now (``synth --dry-run``); making it loads no model and writes nothing."""
-
-    valid_rows: int  # rows of this shard that passed validation
-    rejected: int  # lines of this shard that validation refused (each in Manifest.errors)
-    done: int  # rows skipped: complete and with an unchanged fingerprint
-    todo: int  # rows to synthesize (new, changed, failed before or incomplete)
-    unprepared: int  # rows whose fingerprint could not be made (they fail, each with its reason)
-    batches: int  # planned batches of the rows to do (engine.plan_batches)
-    resume: str  # what the resume plan says about redone, retried and foreign rows ("" when nothing)
-    device: str  # the device the stages run on
-    dtype: str  # the resolved run dtype
-    engine: str  # local | ray
-    engine_lines: tuple[str, ...] = ()  # the engine's own plan (Ray: actors per node, threads, memory)
-    refusal: str | None = None  # why the engine cannot run this (Ray: an actor larger than a node's memory)
-
-    def line(self) -> str:
-        """The one-line plan ``synth --dry-run`` prints."""
-        extra = f", {self.unprepared} unpreparable" if self.unprepared else ""
-        return (f"{self.valid_rows} valid rows, {self.rejected} rejected, {self.done} already done, "
-                f"{self.todo} to synthesize in {self.batches} batches on {self.device} ({self.dtype}){extra}")
-
-
-@dataclass(frozen=True)
-class JobSummary:
-    """The end of a run: the folder's totals, this invocation's figures, and what went wrong."""
-
-    totals: dict[str, Any]  # report.folder_totals over every record in the folder (summary.json's top level)
-    last_run: dict[str, Any]  # this invocation (summary.json's last_run, one line of runs.jsonl)
-    failed: list[dict[str, Any]]  # this run's failed row records (line, id, error), in arrival order
-    write_error: str | None  # why the folder could not be written (rows finished before it are kept)
-    written: int  # row records the writer committed in this run
-
-    @property
-    def exit_code(self) -> int:
-        """0 when every row of the shard is done, 3 when some failed or were rejected (a write error is 4,
-        the caller's to report)."""
-        return EXIT_ROWS_FAILED if self.last_run["failed"] + self.last_run["invalid"] else EXIT_OK
-
-
-@dataclass
-class _Prepared:
-    """A folder's rows sorted out under its lock: fingerprints, the resume plan, rows that failed already."""
-
-    ctx: fingerprint.RunContext
-    fps: dict[str, tuple[str, dict[str, str]]]  # row id -> (fingerprint, parts) for every preparable row
-    failed: list[RowRecord]  # rows whose fingerprint raised: failed records, ready for the writer
-    resume: runfolder.ResumePlan
+from .job_types import (
+    JobPlan,
+    JobSummary,
+    Prepared,
+    ProgressFactory,
+    ProgressSink,
+)
+from .parts import ResumeTotals, plan_parts, split_parts
+from .record import Stamper, summarize
 
 
 class SynthJob:
@@ -112,10 +56,15 @@ class SynthJob:
     def __init__(self, manifest: Manifest, out: Path, opts: RunOptions, *, cfg: Any, policy: Any,
                  model_dir: Path | None, folder: FolderOptions = FolderOptions(),
                  log: Callable[[str], None] | None = None, engine: Engine | None = None,
-                 manifest_label: str | None = None,
-                 started_at: float | None = None) -> None:
+                 manifest_label: str | None = None, started_at: float | None = None,
+                 stream: Iterator[Manifest] | None = None,
+                 on_rejected: Callable[[ManifestError], None] | None = None) -> None:
+        # ``stream``: the manifest's parts still to be read (``manifest`` fills as they are); None: read whole
+        self._stream = stream
+        self.streamed = stream is not None
         self.full = manifest  # every row: another shard's rows are not "foreign" to the folder
         self.rows = manifest.shard(Shard.parse(folder.shard)) if folder.shard else manifest  # this shard's
+        self.on_rejected = on_rejected or (lambda err: None)  # each rejected line, as it is found
         self.out, self.opts, self.cfg, self.policy, self.model_dir = Path(out), opts, cfg, policy, model_dir
         self.folder, self.engine = folder, engine
         self.log = log or (lambda msg: None)
@@ -128,7 +77,8 @@ class SynthJob:
 
     @classmethod
     def open(cls, manifest: str | Path, out: str | Path, *, model_dir: str | Path | None = None,
-             log: Callable[[str], None] | None = None, loaded: Engine | None = None, **options: Any) -> SynthJob:
+             log: Callable[[str], None] | None = None, loaded: Engine | None = None,
+             on_rejected: Callable[[ManifestError], None] | None = None, **options: Any) -> SynthJob:
         """Read ``manifest``, check the options and resolve device, dtype and model configuration.
 
         ``options`` are :mod:`cosyclone.options` fields, run and folder alike (``seed``,
@@ -136,13 +86,19 @@ class SynthJob:
         :class:`~cosyclone.engine.Engine` to run on (its model options win; the API passes its own).
         Raises :class:`CosycloneError` for anything a user must fix first: an unreadable manifest,
         an option out of range, a model directory that does not load as configuration, Ray missing
-        for ``engine="ray"``.
+        for ``engine="ray"``. A whole-manifest local run reads the manifest as it runs (its first
+        rows start while later lines are still validated); a shard or a Ray run reads it first.
+        ``on_rejected`` hears of each rejected line as it is found.
         """
         started = time.time()
         opts, folder = O.split(options)  # checked before devices are resolved or the model read
         if loaded is not None:
             opts = replace(opts, **{k: getattr(loaded.opts, k) for k in O.MODEL_FIELDS})
-        full = read_manifest(manifest, text_frontend=opts.text_frontend)
+        full, stream = iter_manifest(manifest, text_frontend=opts.text_frontend)
+        if folder.shard or folder.engine != "local":
+            for _ in stream:  # a shard's lines need the line count; Ray plans the whole run at once
+                pass
+            stream = None
         opts, policy = resolve_options(opts)
         if loaded is not None:
             policy = loaded.policy  # as the model was loaded (what was requested included)
@@ -155,21 +111,31 @@ class SynthJob:
             folder = replace(folder, command=" ".join(sys.argv))
         return cls(full, Path(out), opts, cfg=cfg, policy=policy,
                    model_dir=Path(model_dir) if model_dir is not None else None, folder=folder, log=log,
-                   engine=loaded, manifest_label=str(manifest), started_at=started)
+                   engine=loaded, manifest_label=str(manifest), started_at=started, stream=stream,
+                   on_rejected=on_rejected)
 
     # ------------------------------------------------------------------ planning
 
     def plan(self) -> JobPlan:
         """What :meth:`run` would do if started now (the folder is read, not locked or written)."""
         runfolder.check_writable(self.out)
-        prep = self._prepare(fingerprint.HashCache())
-        if prep.resume.describe():
-            self.log(prep.resume.describe())
+        hashes = fingerprint.HashCache()
+        ctx, existing = self._context(hashes), runfolder.read_records(self.out)
+        total, failed, todo_parts = ResumeTotals(), 0, []
+        for part in self._parts():
+            prep = self._prepare(part.rows, ctx, hashes, existing)
+            total.add(prep.resume)
+            failed += len(prep.failed)
+            todo_parts.append(prep.resume.todo)
+        hashes.save()
+        resume = self._finish_resume(total, existing)
+        if resume.describe():
+            self.log(resume.describe())
         ray = self.ray_plan() if self.folder.engine == "ray" else None
-        return JobPlan(valid_rows=len(self.rows.rows), rejected=len(self.rows.errors), done=len(prep.resume.done),
-                       todo=len(prep.resume.todo), unprepared=len(prep.failed),
-                       batches=len(plan_batches(prep.resume.todo, self.opts.batch_size, self.opts.token_budget)),
-                       resume=prep.resume.describe(), device=str(self.policy.device), dtype=self.policy.dtype_name,
+        batches = plan_parts(todo_parts, self.opts.batch_size, self.opts.token_budget)
+        return JobPlan(valid_rows=len(self.rows.rows), rejected=len(self.rows.errors), done=len(resume.done),
+                       todo=len(resume.todo), unprepared=failed, batches=len(batches),
+                       resume=resume.describe(), device=str(self.policy.device), dtype=self.policy.dtype_name,
                        engine=self.folder.engine, engine_lines=tuple(ray.describe()) if ray else (),
                        refusal=ray.refusal if ray else None)
 
@@ -181,33 +147,53 @@ class SynthJob:
         return plan_cluster(self.cfg, self.policy, self.opts.batch_size, address=self.folder.ray_address,
                             actors=self.folder.ray_actors, threads=self.folder.actor_threads)
 
-    def _prepare(self, hashes: fingerprint.HashCache) -> _Prepared:
-        """Fingerprint every row and plan the resume against the folder's records.
+    def _parts(self) -> Iterator[Manifest]:
+        """This run's rows part by part (:mod:`.parts`): a streamed manifest's chunks as they are
+        validated, else the manifest read whole, cut the same way. Rejected lines are told as found."""
+        if self._stream is not None:
+            stream, self._stream = self._stream, None
+            parts: Iterator[Manifest] = stream
+        else:
+            parts = split_parts(self.rows, manifest_stream.CHUNK_LINES)
+        for part in parts:
+            for err in part.errors:
+                self.on_rejected(err)
+            yield part
 
-        The model's content hash is the run's (an unreadable model directory stops the run, as
-        unusable input); a row's own hash (its prompt's content, its text) is the row's: a row
-        whose fingerprint raises becomes a failed record and the others go on.
-        """
+    def _context(self, hashes: fingerprint.HashCache) -> fingerprint.RunContext:
+        """The run-wide fingerprint parts (an unreadable model directory stops the run, as unusable input)."""
         try:
-            ctx = fingerprint.RunContext(
+            return fingerprint.RunContext(
                 model=fingerprint.model_content_hash(self.model_dir, hashes,
                                                    dummy_tag="released" if self.opts.load_format == "dummy" else ""),
                 dtype=self.opts.dtype, device=self.opts.device,
                 options={**O.audio_values(self.opts), "float_wav": self.folder.float_wav})
         except OSError as exc:
             raise CosycloneError(f"cannot hash the inputs: {exc}") from exc
+
+    def _prepare(self, rows: Sequence[ManifestRow], ctx: fingerprint.RunContext, hashes: fingerprint.HashCache,
+                 existing: Mapping[str, Mapping[str, Any]]) -> Prepared:
+        """Fingerprint ``rows`` and plan their resume against the folder's ``existing`` records.
+
+        A row's own hash (its prompt's content, its text) is the row's: a row whose fingerprint
+        raises becomes a failed record and the others go on.
+        """
         fps: dict[str, tuple[str, dict[str, str]]] = {}
         failed: list[RowRecord] = []
-        for row in self.rows.rows:
+        for row in rows:
             try:
                 fps[row.id] = fingerprint.row_fingerprint(row, row_seed_of(self.opts.seed, row), ctx, hashes)
             except Exception as exc:  # a vanished or unreadable prompt, a field the hash cannot take
                 failed.append(_failed_record(row, self.opts.seed, exc))
-        hashes.save()
-        ready = [r for r in self.rows.rows if r.id in fps]
-        resume = runfolder.plan_resume(self.out, ready, fps, all_ids=[r.id for r in self.full.rows],
-                                       overwrite=self.folder.overwrite)
-        return _Prepared(ctx=ctx, fps=fps, failed=failed, resume=resume)
+        ready = [r for r in rows if r.id in fps]
+        resume = runfolder.plan_resume(self.out, ready, fps, all_ids=(), overwrite=self.folder.overwrite,
+                                       records=existing)
+        return Prepared(ctx=ctx, fps=fps, failed=failed, resume=resume)
+
+    def _finish_resume(self, total: ResumeTotals, existing: Mapping[str, Any]) -> runfolder.ResumePlan:
+        """The run's resume plan once every part is in: with the folder's rows this manifest lacks."""
+        total.plan.foreign = sorted(set(existing) - {r.id for r in self.full.rows})
+        return total.plan
 
     # ------------------------------------------------------------------ running
 
@@ -231,67 +217,111 @@ class SynthJob:
         removed = runfolder.remove_stale_temporaries(self.out)
         if removed:
             self.log(f"removed {len(removed)} temporary files left by a killed run")
-        prep = self._prepare(fingerprint.HashCache())
-        if prep.resume.describe():
-            self.log(prep.resume.describe())
-        todo = prep.resume.todo
+        hashes = fingerprint.HashCache()
+        ctx, existing = self._context(hashes), runfolder.read_records(self.out)
+        prepared: Iterable[tuple[Manifest, Prepared]] = (
+            (part, self._prepare(part.rows, ctx, hashes, existing)) for part in self._parts())
+        if self.streamed:  # the first part before this run's threads start: its normalizing pool may fork
+            first = next(iter(prepared), None)
+            prepared = itertools.chain([first] if first is not None else [], prepared)
         run_id = uuid.uuid4().hex[:12]
-        if todo and self.folder.engine == "ray":
-            self._ray = self.ray_plan()
-            self._ray.check()  # an actor larger than a node's memory: refused before any model loads
-        engine = self._local_engine(todo)
         # stage-0 checkpoint, owned by this run: a row that failed after the talker keeps its tokens
-        tokens = TokenStore(runfolder.state_dir(self.out) / runfolder.TOKEN_DIR,
-                            {rid: fp for rid, (fp, _) in prep.fps.items()})
+        tokens = TokenStore(runfolder.state_dir(self.out) / runfolder.TOKEN_DIR, {})
         writer = BackgroundWriter(WriterOptions(out_dir=self.out, float_wav=self.folder.float_wav,
                                                 sample_rate=self.cfg.hift.sampling_rate),
                                   runfolder.journal_path(self.out, self.tag))
-        stamp = Stamper(self.rows.rows, prep.fps, run_id, writer.submit, manifest=self.manifest_label,
-                        shard=self.folder.shard)
-        sink = progress(len(todo) + len(prep.failed)) if progress is not None else None
+        stamp = Stamper([], {}, run_id, writer.submit, manifest=self.manifest_label, shard=self.folder.shard)
+        total, fps, failed = ResumeTotals(), {}, []
+        records: list[RowRecord] = []
+        write_error: str | None = None
+        ray_parts: list[list[ManifestRow]] = []
+        if self.streamed:  # the manifest's lines bound the rows to do; the resume plan is told at the end
+            sink = progress(self._lines()) if progress is not None else None
+        else:  # read whole: every part prepared first, so the plan is told and counted before any row runs
+            prepared = list(prepared)
+            self._tell_resume([prep for _, prep in prepared], existing)
+            n = sum(len(prep.resume.todo) + len(prep.failed) for _, prep in prepared)
+            sink = progress(n) if progress is not None else None
         t_model = time.perf_counter()
         try:
-            records, write_error = self._synthesize(engine, tokens, todo, prep.failed, stamp, sink)
+            for part, prep in prepared:
+                total.add(prep.resume)
+                fps.update(prep.fps)
+                failed += prep.failed
+                tokens.keys.update({rid: fp for rid, (fp, _) in prep.fps.items()})
+                stamp.add(part.rows, prep.fps)
+                if self.folder.engine == "ray":  # Ray plans the whole run at once, in the same parts
+                    ray_parts.append(prep.resume.todo)
+                    records += self._write_failed(prep.failed, stamp, sink)
+                    continue
+                made, write_error = self._synthesize(self._local_engine(prep.resume.todo), tokens,
+                                                     prep.resume.todo, prep.failed, stamp, sink)
+                records += made
+                if write_error:
+                    break
+            if self.folder.engine == "ray" and not write_error:
+                made, write_error = self._synthesize_ray(ray_parts, tokens, stamp, sink)
+                records += made
         finally:  # also when the engine raised (a Ray run that lost rows): what was written is committed
             close_error = _close(writer)
+            if sink is not None:
+                sink.close()
+        hashes.save()
+        resume = self._finish_resume(total, existing)
+        if self.streamed and resume.describe():
+            self.log(resume.describe())
         write_error = write_error or close_error
         wall = time.perf_counter() - t_model
         current, compact_error = self._compact()
         write_error = write_error or compact_error
-        self._tidy_tokens(tokens, prep.fps, current)
-        return self._summarize(prep, records, current, run_id=run_id, wall=wall, hits=tokens.hits,
-                               write_error=write_error, written=writer.written)
+        self._tidy_tokens(tokens, fps, current)
+        prep = Prepared(ctx=ctx, fps=fps, failed=failed, resume=resume)
+        return summarize(self, prep, records, current, run_id=run_id, wall=wall, hits=tokens.hits,
+                         write_error=write_error, written=writer.written)
+
+    def _tell_resume(self, preps: Sequence[Prepared], existing: Mapping[str, Any]) -> None:
+        """Log what the resume plan of a manifest read whole says, before any row runs."""
+        plan = ResumeTotals()
+        for prep in preps:
+            plan.add(prep.resume)
+        said = self._finish_resume(plan, existing).describe()
+        if said:
+            self.log(said)
+
+    def _lines(self) -> int:
+        """The manifest's non-blank lines: what a streamed run's progress counts against."""
+        from ..manifest_stream import iter_lines
+
+        return sum(1 for _ in iter_lines(self.full.path))
 
     def _local_engine(self, todo: Sequence[ManifestRow]) -> Engine | None:
         """The loaded engine for the local run: the one given, else loaded now (None: Ray, or nothing to do)."""
         if not todo or self.folder.engine != "local":
             return None
-        if self.engine is not None:
-            return self.engine
-        return Engine.load(self.model_dir, self.opts, cfg=self.cfg)
+        if self.engine is None:
+            self.engine = Engine.load(self.model_dir, self.opts, cfg=self.cfg)  # once, at the first row to do
+        return self.engine
+
+    def _write_failed(self, failed: Sequence[RowRecord], stamp: Stamper, sink: ProgressSink | None) -> list[RowRecord]:
+        """The rows that failed in preparation, written as their records."""
+        for rec in failed:
+            stamp(rec)
+            if sink is not None:
+                sink.update(rec)
+        return list(failed)
 
     def _synthesize(self, engine: Engine | None, tokens: Any, todo: Sequence[ManifestRow],
                     failed: Sequence[RowRecord], stamp: Stamper,
                     sink: ProgressSink | None) -> tuple[list[RowRecord], str | None]:
-        """Run the engine over ``todo`` (after writing the rows that failed in preparation).
+        """One part on the local engine (after writing its rows that failed in preparation).
 
         Returns the records made (without audio) and the write error that ended the run, if any.
         """
         update = sink.update if sink is not None else None
         records: list[RowRecord] = []
         try:
-            for rec in failed:
-                stamp(rec)
-                records.append(rec)
-                if update is not None:
-                    update(rec)
-            if todo and self.folder.engine == "ray":
-                from .ray_pool import run_ray
-
-                records += run_ray(self.cfg, self.policy, todo, self.opts, stamp, progress=update,
-                                   address=self.folder.ray_address, plan=self._ray, on_plan=self._ray_started,
-                                   tokens=tokens)
-            elif engine is not None:
+            records += self._write_failed(failed, stamp, sink)
+            if engine is not None and todo:
                 self._graph_errors = engine.graph_errors
                 for rec in engine.run(todo, opts=self.opts, tokens=tokens):
                     stamp(rec)
@@ -300,10 +330,25 @@ class SynthJob:
                         update(rec)
         except runfolder.OutputFolderError as exc:
             return records, str(exc)
-        finally:
-            if sink is not None:
-                sink.close()
         return records, None
+
+    def _synthesize_ray(self, parts: Sequence[Sequence[ManifestRow]], tokens: Any, stamp: Stamper,
+                        sink: ProgressSink | None) -> tuple[list[RowRecord], str | None]:
+        """Every part's rows on the Ray actor pool, batched exactly as the local engine batches them."""
+        todo = [row for part in parts for row in part]
+        if not todo:
+            return [], None
+        from .ray_pool import run_ray
+
+        self._ray = self.ray_plan()
+        self._ray.check()  # an actor larger than a node's memory: refused before any model loads
+        batches = plan_parts(parts, self.opts.batch_size, self.opts.token_budget)
+        try:
+            return run_ray(self.cfg, self.policy, todo, self.opts, stamp,
+                           progress=sink.update if sink is not None else None, address=self.folder.ray_address,
+                           plan=self._ray, on_plan=self._ray_started, tokens=tokens, batches=batches), None
+        except runfolder.OutputFolderError as exc:
+            return [], str(exc)
 
     def _ray_started(self, plan: Any) -> None:
         """The plan run_ray made on the live cluster (what runs.jsonl records), shown as it starts."""
@@ -326,61 +371,6 @@ class SynthJob:
                 tokens.discard(rid)
         if self.tag == "all":  # other shards' rows are not in fps: only a whole-manifest run prunes
             tokens.prune()
-
-    def _summarize(self, prep: _Prepared, records: Sequence[RowRecord], current: Mapping[str, Mapping[str, Any]],
-                   *, run_id: str, wall: float, hits: int, write_error: str | None, written: int) -> JobSummary:
-        """Totals of the folder and this run's figures, written to summary.json and runs.jsonl."""
-        from . import report
-        from .writer import write_summary
-
-        made = [r.diagnostics for r in records]
-        last_run = self._last_run(prep, made, run_id=run_id, wall=wall, hits=hits, write_error=write_error)
-        totals = report.folder_totals(current.values())
-        try:
-            write_summary(self.out, {**totals, "out_dir": str(self.out), "last_run": last_run})
-            runfolder.append_jsonl(self.out / runfolder.RUNS_NAME, last_run)
-        except runfolder.OutputFolderError as exc:
-            write_error = write_error or str(exc)
-            last_run["write_error"] = write_error
-        failed = [d for d in made if d.get("status") != "ok"]
-        return JobSummary(totals=totals, last_run=last_run, failed=failed, write_error=write_error, written=written)
-
-    def _last_run(self, prep: _Prepared, made: Sequence[Mapping[str, Any]], *, run_id: str, wall: float,
-                  hits: int, write_error: str | None) -> dict[str, Any]:
-        """This invocation's figures (summary.json ``last_run``, a line of runs.jsonl)."""
-        resume, opts, policy = prep.resume, self.opts, self.policy
-        audio = sum(float(d.get("audio_seconds") or 0.0) for d in made if d.get("status") == "ok")
-        n_ok = sum(1 for d in made if d.get("status") == "ok")
-        return {
-            "run_id": run_id, "started_at": self.started_at, "finished_at": time.time(), "argv": sys.argv,
-            "host": socket.gethostname(), "manifest": self.manifest_label, "shard": self.folder.shard,
-            "rows_in_manifest": len(self.rows.rows), "invalid": len(self.rows.errors),
-            "invalid_rows": [str(e) for e in self.rows.errors],
-            "todo": len(resume.todo) + len(prep.failed), "done": n_ok, "failed": len(made) - n_ok,
-            "skipped": len(resume.done), "redone": len(resume.redone), "redone_by": resume.redone_counts(),
-            "retried": len(resume.retried), "not_written": len(resume.todo) + len(prep.failed) - len(made),
-            "failed_rows": {d["id"]: d.get("error") for d in made if d.get("status") != "ok"},
-            "rows_not_in_manifest": len(resume.foreign), "write_error": write_error,
-            "talker_checkpoint_hits": hits,
-            "audio_seconds": audio, "wall_seconds": wall, "total_wall_seconds": time.time() - self.started_at,
-            "rows_per_s": len(made) / wall if wall > 0 and made else 0.0,
-            "throughput_audio_s_per_s": audio / wall if wall > 0 else 0.0, "rtf": wall / audio if audio > 0 else None,
-            "versions": versions(opts.text_frontend), "devices": devices(policy),
-            "model_dir": str(self.model_dir) if self.model_dir else None, "model_hash": prep.ctx.model,
-            "model_yaml_sha256": self.cfg.yaml_sha256 or None, "load_format": opts.load_format,
-            "device": str(policy.device), "dtype": policy.dtype_name, "dtype_requested": policy.requested_dtype,
-            "float_wav": self.folder.float_wav, "options": O.as_record(opts), "algorithm": fingerprint.ALGORITHM_VERSION,
-            "engine": self.folder.engine, "ray": self._ray_record(),
-            "cuda_graphs": graphs_record(opts.cuda_graphs, made, self._graph_errors),
-        }
-
-    def _ray_record(self) -> dict[str, Any] | None:
-        """--ray-actors/--actor-threads as given and the plan the actors ran under (None: local engine)."""
-        if self.folder.engine != "ray":
-            return None
-        return {"ray_actors": self.folder.ray_actors, "actor_threads": self.folder.actor_threads,
-                "address": self.folder.ray_address, "plan": self._ray.as_record() if self._ray is not None else None}
-
 
 def _close(writer: Any) -> str | None:
     """Close the writer (it commits every submitted row); why a write failed, if one did."""

@@ -113,7 +113,7 @@ def run_ray(cfg: ModelConfig, policy: DevicePolicy, rows: Sequence[ManifestRow],
             submit: Callable[[RowRecord], None], progress: Callable[[RowRecord], Any] | None = None, *,
             address: str | None = None, plan: RayPlan | None = None, num_actors: int | None = None,
             actor_threads: int | None = None, on_plan: Callable[[RayPlan], Any] | None = None,
-            tokens: Any = None) -> list[RowRecord]:
+            tokens: Any = None, batches: Sequence[Sequence[ManifestRow]] | None = None) -> list[RowRecord]:
     """Synthesize ``rows`` (the caller's already-filtered to-do list) on Ray; same contract as
     :meth:`cosyclone.engine.Engine.run`: each record goes to ``submit`` as it arrives (diagnostics carry
     ``wav``), ``progress`` gets each finished record, and the records come back without audio.
@@ -147,7 +147,7 @@ def run_ray(cfg: ModelConfig, policy: DevicePolicy, rows: Sequence[ManifestRow],
         if on_plan is not None:
             on_plan(live)
         live.check()
-        return _run(ray, cfg, policy, rows, opts, submit, progress, live, tokens)
+        return _run(ray, cfg, policy, rows, opts, submit, progress, live, tokens, batches)
     finally:
         if started:
             ray.shutdown()
@@ -156,10 +156,10 @@ def run_ray(cfg: ModelConfig, policy: DevicePolicy, rows: Sequence[ManifestRow],
 
 def _run(ray: Any, cfg: ModelConfig, policy: DevicePolicy, rows: Sequence[ManifestRow], opts: RunOptions,
          submit: Callable[[RowRecord], None], progress: Callable[[RowRecord], Any] | None,
-         plan: RayPlan, tokens: Any) -> list[RowRecord]:
+         plan: RayPlan, tokens: Any, planned: Sequence[Sequence[ManifestRow]] | None = None) -> list[RowRecord]:
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False  # the CLI shows its own per-row bar
-    batches = plan_batches(rows, opts.batch_size, opts.token_budget)
+    batches = planned if planned is not None else plan_batches(rows, opts.batch_size, opts.token_budget)
     groups = task_groups(len(batches), plan.pool_size(len(batches)), opts.schedule)
     keys = dict(tokens.keys) if tokens is not None else {}
     items = [{"task": json.dumps({"batches": [[row_to_dict(r) for r in batches[k]] for k in group],

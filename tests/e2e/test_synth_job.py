@@ -119,6 +119,7 @@ def test_a_prompt_that_changes_after_validation_fails_its_row_alone(tiny_model_d
 
     manifest = _two_speaker_manifest(tmp_path / "in")
     job = SynthJob.open(manifest, tmp_path / "out", model_dir=tiny_model_dir, device="cpu", **FAST)
+    assert job.plan().valid_rows == 2  # a dry run reads the manifest (a run streams it: this one reuses it)
     assert [r.id for r in job.rows.rows] == ["stays", "moved"]  # both valid when read
     victim = tmp_path / "in" / "prompts" / "speaker2.wav"
     if change == "vanishes":

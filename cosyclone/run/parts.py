@@ -1,0 +1,50 @@
+"""A run's rows in parts: the manifest's chunks of lines, in file order, each planned on its own.
+
+Why parts: the first row of a night of a million rows should come out seconds after the start,
+not after every line was validated and normalized. A streamed manifest
+(:func:`cosyclone.manifest.iter_manifest`) hands its rows over one chunk of
+:data:`~cosyclone.manifest_stream.CHUNK_LINES` lines at a time, and the job prepares and runs each
+chunk as it comes. So that a row is rendered in the same batch whoever runs it, every path plans
+batches per part: a manifest read whole (a shard, a Ray run, a dry run) is cut into the same parts
+by line ordinal (:func:`split_parts`), and :func:`plan_parts` plans each on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from ..engine import plan_batches
+from ..manifest import Manifest, ManifestRow
+from . import folder as runfolder
+
+
+def split_parts(manifest: Manifest, lines: int) -> Iterator[Manifest]:
+    """``manifest``'s rows and errors in parts of ``lines`` non-blank lines (by ordinal), file order;
+    what a streamed read of the same file yields chunk by chunk."""
+    def part_of(line: int | None) -> int:
+        return manifest.ordinals.get(line, 0) // lines if line is not None else 0
+
+    keys = sorted({part_of(r.line) for r in manifest.rows} | {part_of(e.line) for e in manifest.errors})
+    for k in keys:
+        yield Manifest(path=manifest.path, rows=[r for r in manifest.rows if part_of(r.line) == k],
+                       errors=[e for e in manifest.errors if part_of(e.line) == k])
+
+
+def plan_parts(parts: Sequence[Sequence[ManifestRow]], batch_size: int,
+               token_budget: int | None) -> list[list[ManifestRow]]:
+    """Each part's rows planned on their own (:func:`~cosyclone.engine.plan_batches`), parts in order."""
+    return [batch for rows in parts for batch in plan_batches(rows, batch_size, token_budget)]
+
+
+@dataclass
+class ResumeTotals:
+    """The resume plans of a run's parts, added up (what the run logs and records at its end)."""
+
+    plan: runfolder.ResumePlan = field(default_factory=lambda: runfolder.ResumePlan([], [], {}, [], []))
+
+    def add(self, part: runfolder.ResumePlan) -> None:
+        self.plan.todo += part.todo
+        self.plan.done += part.done
+        self.plan.redone.update(part.redone)
+        self.plan.retried += part.retried
