@@ -15,6 +15,11 @@ the user's file-hash and text caches are neither read nor touched. ``--against D
 holding another version's ``cosyclone`` package, e.g. ``git archive REV cosyclone | tar -x -C DIR``)
 times that version too, the two taking turns in each repeat (A B A B), and prints the ratio of the
 medians: the honest comparison on a shared machine.
+
+``--first-row N`` (``COSYCLONE_BENCH_FIRST_ROW_ROWS``, 6000 in ``make bench``; 0 skips it) times
+what a night waits for: seconds from the start of a real ``synth`` of N rows (tiny model, cold
+text cache) to its first WAV, streamed (the default) and with the manifest read whole first
+(``--shard 0/1``), the two alternated; each run is stopped at its first WAV.
 """
 
 from __future__ import annotations
@@ -159,6 +164,45 @@ def bench(rows: int, model_dir: Path | None = None, keep: Path | None = None, re
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def first_row(rows: int, model_dir: Path | None = None, repeat: int = 1) -> dict[str, list[float]]:
+    """Seconds to the first WAV of ``synth`` on ``rows`` rows: streamed vs read whole, alternated."""
+    tmp = Path(tempfile.mkdtemp(prefix="cosyclone-bench-first-row-"))
+    try:
+        manifest = write_manifest(tmp, rows)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        if model_dir is None:
+            model_dir = tmp / "tiny"
+            subprocess.run([sys.executable, "-m", "cosyclone.cli", "make-tiny-model", str(model_dir)], cwd=ROOT,
+                           env=env, check=True, capture_output=True)
+        found: dict[str, list[float]] = {"streamed": [], "read whole": []}
+        for k in range(repeat):
+            for mode in found:
+                out, cache = tmp / f"out-{k}-{mode.replace(' ', '-')}", tmp / f"cache-{k}-{mode.replace(' ', '-')}"
+                cmd = [sys.executable, "-m", "cosyclone.cli", "synth", str(manifest), "--out", str(out),
+                       "--model-dir", str(model_dir), "--device", "cpu", "--max-tokens", "2", "--n-timesteps", "1",
+                       "--quiet", *(["--shard", "0/1"] if mode == "read whole" else [])]
+                t0 = time.perf_counter()
+                proc = subprocess.Popen(cmd, cwd=tmp, env={**env, "COSYCLONE_CACHE_DIR": str(cache)},
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                try:
+                    while not any((out / "wavs").glob("*.wav")):
+                        if proc.poll() is not None:
+                            raise SystemExit(f"synth ended ({proc.returncode}) before its first WAV")
+                        time.sleep(0.05)
+                    found[mode].append(time.perf_counter() - t0)
+                finally:
+                    os.killpg(proc.pid, 9)
+                    proc.wait()
+        med = {m: statistics.median(v) for m, v in found.items()}
+        print(f"[first row] {rows} rows, cold text cache: first WAV after {med['streamed']:.1f} s streamed, "
+              f"{med['read whole']:.1f} s with the manifest read whole first "
+              f"({med['read whole'] / med['streamed']:.1f}x; median of {repeat} alternated runs each, {describe()})",
+              flush=True)
+        return found
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=int(os.environ.get("COSYCLONE_BENCH_MANIFEST_ROWS", "2000")))
@@ -166,8 +210,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--keep", type=Path, default=None, help="work in this folder and keep it")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--against", type=Path, default=None, help="a folder holding another cosyclone package to time")
+    ap.add_argument("--first-row", type=int, default=int(os.environ.get("COSYCLONE_BENCH_FIRST_ROW_ROWS", "6000")),
+                    help="rows of the time-to-first-WAV comparison (0: skip it)")
     args = ap.parse_args(argv)
-    bench(args.rows, args.model_dir, args.keep, args.repeat, args.against)
+    if args.rows:
+        bench(args.rows, args.model_dir, args.keep, args.repeat, args.against)
+    if args.first_row:
+        first_row(args.first_row, args.model_dir, args.repeat)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ per wall second of the three stages (what the baseline timed) and of the whole m
 Environment (all optional):
 
 * ``COSYCLONE_BENCH_MANIFEST_ROWS`` rows of bench_manifest's ``synth --dry-run`` (2000);
+* ``COSYCLONE_BENCH_FIRST_ROW_ROWS`` rows of its time-to-first-WAV comparison, streamed vs read whole (6000; 0 skips);
 * ``COSYCLONE_BENCH_ROWS`` rows (16); ``COSYCLONE_BENCH_BATCH`` rows per batch (= rows);
 * ``COSYCLONE_BENCH_TOKENS`` speech tokens per row (100);
 * ``COSYCLONE_BENCH_DTYPE`` ``--dtype`` (fp32, as the baseline); ``COSYCLONE_BENCH_DEVICE`` (auto);
