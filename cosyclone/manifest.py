@@ -35,6 +35,7 @@ from pathlib import Path
 
 from .errors import CosycloneError, ManifestError
 from .manifest_lines import LineError, decode_line, short_repr
+from .shard import Shard
 
 MODES = ("zero_shot", "cross_lingual", "instruct2")
 REQUIRED = ("id", "prompt_audio", "text")
@@ -413,32 +414,3 @@ def _collect_one(out: Manifest, seen: dict[str, tuple[int, str]], number: int, o
         return
     seen[key] = (number, row.id)
     out.rows.append(row)
-
-
-@dataclass(frozen=True)
-class Shard:
-    """``--shard i/N``: the i-th (0-based) of N contiguous slices of the valid rows."""
-
-    index: int  # 0 <= index < count
-    count: int  # number of shards (>= 1)
-
-    @classmethod
-    def parse(cls, text: str) -> Shard:
-        try:
-            a, b = text.split("/")
-            shard = cls(int(a), int(b))
-        except ValueError as exc:
-            raise CosycloneError(f"--shard must look like i/N (e.g. 0/4), not {text!r}") from exc
-        if shard.count < 1 or not 0 <= shard.index < shard.count:
-            raise CosycloneError(f"--shard {text}: need N >= 1 and 0 <= i < N")
-        return shard
-
-    def bounds(self, n: int) -> tuple[int, int]:
-        """[start, stop) of this shard over ``n`` items; sizes differ by at most one."""
-        start = (n * self.index) // self.count
-        stop = (n * (self.index + 1)) // self.count
-        return start, stop
-
-    def select(self, rows: Sequence[ManifestRow]) -> list[ManifestRow]:
-        start, stop = self.bounds(len(rows))
-        return list(rows[start:stop])

@@ -243,7 +243,7 @@ def check(*objs: Any) -> None:
                 if value is not None and obj.engine != "ray":
                     raise CosycloneError(f"{flag} sizes the Ray actor pool: give it with --engine ray")
             if obj.shard:
-                from .manifest import Shard
+                from .shard import Shard
 
                 Shard.parse(obj.shard)
 

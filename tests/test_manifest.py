@@ -10,7 +10,8 @@ import pytest
 import soundfile as sf
 
 from cosyclone.errors import CosycloneError
-from cosyclone.manifest import Shard, check_id, read_manifest
+from cosyclone.manifest import check_id, read_manifest
+from cosyclone.shard import Shard
 
 
 @pytest.fixture()

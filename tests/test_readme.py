@@ -135,7 +135,7 @@ def test_every_manifest_field_and_exit_code_is_documented() -> None:
 
 def test_shard_examples_use_the_shard_syntax_the_code_takes() -> None:
     """Every ``--shard i/N`` shown parses (shards are 0-based: ``2/2`` is refused)."""
-    from cosyclone.manifest import Shard
+    from cosyclone.shard import Shard
 
     shown = re.findall(r"--shard (\d+/\d+)", README + "".join(DOCS.values()))
     assert shown

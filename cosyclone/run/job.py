@@ -29,8 +29,9 @@ from ..engine import Engine, RowRecord, model_config, resolve_options
 from ..engine.outcome import failed_record
 from ..engine.stages import row_seed_of
 from ..errors import CosycloneError, ManifestError
-from ..manifest import Manifest, ManifestRow, Shard, iter_manifest
+from ..manifest import Manifest, ManifestRow, iter_manifest
 from ..options import FolderOptions, RunOptions
+from ..shard import Shard
 from . import fingerprint, lock
 from . import folder as runfolder
 from .job_types import (
