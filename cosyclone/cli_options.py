@@ -17,14 +17,14 @@ from typing import Any, TypeVar
 
 import typer
 
-from .options import GROUPS, choices_of, flag_of, option_fields
+from .options import GROUPS, choices_of, flag_of, hints_of, option_fields
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _annotation(owner: type, name: str) -> Any:
     """The runtime type typer should parse a field as (``X | None`` as ``X | None``, once)."""
-    hint = typing.get_type_hints(owner)[name]
+    hint = hints_of(owner)[name]
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     if args and len(args) == 1:  # X | None
         return args[0] | None

@@ -19,6 +19,7 @@ them as keywords, :func:`check` validates them for every door with the flag name
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
@@ -189,9 +190,15 @@ def flag_of(f: dataclasses.Field) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
+@functools.cache
+def hints_of(owner: type) -> dict[str, Any]:
+    """An option class's resolved annotations (once per class: every options object is checked)."""
+    return typing.get_type_hints(owner)
+
+
 def choices_of(f: dataclasses.Field, owner: type) -> tuple[str, ...] | None:
     """The allowed values of a ``Literal`` field (None for any other)."""
-    hint = typing.get_type_hints(owner)[f.name]
+    hint = hints_of(owner)[f.name]
     return tuple(typing.get_args(hint)) if typing.get_origin(hint) is Literal else None
 
 

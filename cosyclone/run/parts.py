@@ -22,13 +22,20 @@ from . import folder as runfolder
 def split_parts(manifest: Manifest, lines: int) -> Iterator[Manifest]:
     """``manifest``'s rows and errors in parts of ``lines`` non-blank lines (by ordinal), file order;
     what a streamed read of the same file yields chunk by chunk."""
-    def part_of(line: int | None) -> int:
-        return manifest.ordinals.get(line, 0) // lines if line is not None else 0
+    buckets: dict[int, Manifest] = {}
 
-    keys = sorted({part_of(r.line) for r in manifest.rows} | {part_of(e.line) for e in manifest.errors})
-    for k in keys:
-        yield Manifest(path=manifest.path, rows=[r for r in manifest.rows if part_of(r.line) == k],
-                       errors=[e for e in manifest.errors if part_of(e.line) == k])
+    def part(line: int | None) -> Manifest:
+        k = manifest.ordinals.get(line, 0) // lines if line is not None else 0
+        if k not in buckets:
+            buckets[k] = Manifest(path=manifest.path)
+        return buckets[k]
+
+    for row in manifest.rows:  # one pass each: file order is kept within a part
+        part(row.line).rows.append(row)
+    for err in manifest.errors:
+        part(err.line).errors.append(err)
+    for k in sorted(buckets):
+        yield buckets[k]
 
 
 def plan_parts(parts: Sequence[Sequence[ManifestRow]], batch_size: int,
