@@ -149,7 +149,7 @@ def child(case: str, model_dir: Path | None, rows: int, tokens: int, threads: in
         shutil.rmtree(tmp, ignore_errors=True)
     ok = sum(1 for r in recs if r.diagnostics.get("status") == "ok")
     return {"case": case, "start": start, "loaded": loaded, "batch": memory(model_dir), "load_s": load_s,
-            "batch_s": batch_s, "rows_ok": ok, "weights": weight_bytes(cfg, policy.dtype)}
+            "batch_s": batch_s, "rows_ok": ok, "weights": weight_bytes(cfg, policy)}
 
 
 def write_big_onnx(path: Path) -> Path:

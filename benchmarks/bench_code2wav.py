@@ -122,30 +122,61 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def bench_hift(cfg: ModelConfig, device: str, batches: list[int], reps: int) -> dict[int, float]:
-    """HiFT seconds per row at each batch size on (B, 80, 200) mels; printed with the CPU and the
-    official per-request figure (measured elsewhere). Returns {batch: median seconds per row}."""
+    """HiFT seconds per row at each batch size on (B, 80, 200) mels, as built for the device (on CPU
+    its wide residual convs run as FFT convs) and, alternated with it in the same window, with every
+    conv direct (the algorithm before the FFT convs): their ratio is measured in this run. Printed
+    with the CPU and the official per-request figure (measured elsewhere, so indicative only).
+    Returns {batch: median seconds per row} of the built model."""
     from cosyclone.code2wav.hift import build_hift
 
     policy = resolve(device, "fp32")
     hift = build_hift(cfg, policy, load_format="dummy")  # HiFT always runs fp32 (its F0 part in fp64)
+    fft = any(getattr(m, "fft_spec", None) is not None for m in hift.modules())
+    direct = _direct_hift(cfg, policy) if fft else None
     where = cpu_name() if policy.device.type == "cpu" else str(policy.device)
     out: dict[int, float] = {}
     for b in batches:
         gen = torch.Generator().manual_seed(b)
         mel = (torch.randn(b, 80, HIFT_MEL_FRAMES, generator=gen) * 2 - 6).to(policy.device)
         mel_len = torch.full((b,), HIFT_MEL_FRAMES, device=policy.device)
-        times = []
+        models = {"built": hift} if direct is None else {"built": hift, "direct": direct}
+        times: dict[str, list[float]] = {name: [] for name in models}
         with torch.inference_mode():
-            hift.inference(mel, mel_len)  # warm-up (allocator, kernels, noise table)
+            for model in models.values():
+                model.inference(mel, mel_len)  # warm-up (allocator, kernels, noise table)
             for _ in range(max(1, reps)):
-                times.append(_time(lambda mel=mel, mel_len=mel_len: hift.inference(mel, mel_len), policy.device, 1))
-        per_row = statistics.median(times) / b
+                for name, model in models.items():  # alternated: the same window for both
+                    times[name].append(_time(lambda m=model, x=mel, n=mel_len: m.inference(x, n), policy.device, 1))
+            if direct is not None:
+                wav, gap = hift.inference(mel, mel_len)[0], direct.inference(mel, mel_len)[0]
+                gap = (wav - gap).abs().max().item() / max(gap.abs().max().item(), 1e-30)
+        per_row = statistics.median(times["built"]) / b
         out[b] = per_row
-        print(f"HiFT fp32 batch {b} on {where} ({torch.get_num_threads()} threads): {per_row:.3f} s per row "
-              f"(4.0 s of audio, median of {len(times)}) -> RTF {per_row / AUDIO_S:.3f}; vs official "
+        convs = "FFT convs" if fft else "direct convs"
+        print(f"HiFT fp32 batch {b} on {where} ({torch.get_num_threads()} threads), {convs}: {per_row:.3f} s per "
+              f"row (4.0 s of audio, median of {len(times['built'])}) -> RTF {per_row / AUDIO_S:.3f}; vs official "
               f"{OFFICIAL_HIFT_S:.2f} s per row = {OFFICIAL_HIFT_S / per_row:.2f}x [baseline measured on another "
               f"run/machine (Intel Xeon with AMX), not alternated with this run]", flush=True)
+        if direct is not None:
+            before = statistics.median(times["direct"]) / b
+            print(f"HiFT fp32 batch {b}, all convs direct (alternated in this run): {before:.3f} s per row -> "
+                  f"FFT convs {before / per_row:.2f}x as fast; waveform max |diff| {gap:.2g} of its peak", flush=True)
     return out
+
+
+def _direct_hift(cfg: ModelConfig, policy) -> torch.nn.Module:
+    """The same dummy HiFT with every conv direct (no FFT convs), on the policy's device."""
+    from cosyclone.checkpoint import init_dummy
+    from cosyclone.code2wav.hift import CausalHiFTGenerator
+    from cosyclone.code2wav.noise import hift_sine_waves
+
+    model = CausalHiFTGenerator(cfg.hift)
+    init_dummy(model)
+    model.f0_predictor.double()
+    model = model.fold_weight_norm().to(policy.device).eval()
+    model.noise_factory = hift_sine_waves
+    return model
+
 
 if __name__ == "__main__":
     main()

@@ -18,12 +18,15 @@ Why the structure looks like this:
   of the source (zero past the row's frames) and the iSTFT of the row's valid frames (its end's
   overlap-add must not see the neighbouring padding); ``hift_dsp`` does both for the whole batch
   at once with the lengths on the device. Padded outputs are zeroed;
-* speed (CPU, fp32): the convs are ~90% of the time and run near the FMA peak, so what is saved
-  is around them: once folded, the fp32 convs hold channels-last (Cout, Cin, 1, k) weights and the
-  activations stay (B, C, 1, T) channels-last end to end (no per-call weight-norm or weight/
-  activation reorders), the upsampling convs run polyphase (3 taps at the input rate instead of
-  16/11/7 on the upsampled signal), Snake uses one temporary, the sines are computed per frame
-  and the iSTFT's overlap-add is four shifted adds. The float64 F0 predictor is unchanged.
+* speed (CPU, fp32): the convs are ~90% of the time and the direct ones run near the FMA peak, so
+  the wide residual convs (128 and 256 channels, kernels 7 and 11) run as overlap-save FFT convs
+  on CPU (:mod:`.fft_conv`, picked by :func:`fft_block_size`: 2-4x fewer FLOPs there, ~0.2 GB of
+  spectra); the rest is saved around the convs: once folded, the fp32 convs hold channels-last
+  (Cout, Cin, 1, k) weights and the activations stay (B, C, 1, T) channels-last end to end (no
+  per-call weight-norm or weight/activation reorders), the upsampling convs run polyphase (3 taps
+  at the input rate instead of 16/11/7 on the upsampled signal), Snake uses one temporary, the
+  sines are computed per frame and the iSTFT's overlap-add is four shifted adds. The float64 F0
+  predictor is unchanged.
 """
 
 from __future__ import annotations
@@ -112,17 +115,24 @@ class CausalHiFTGenerator(nn.Module):
         return out
 
     @torch.no_grad()
-    def fold_weight_norm(self) -> CausalHiFTGenerator:
+    def fold_weight_norm(self, *, fft: FFTRule | None = None) -> CausalHiFTGenerator:
         """Replace every weight-norm parametrization by its plain weight g·v/‖v‖ (after loading), then
         give the fp32 convs their inference layout (:meth:`_Prepared.prepare`; the float64 F0
-        predictor keeps its plain convs)."""
+        predictor keeps its plain convs). With ``fft`` (a rule such as :func:`fft_block_size`: channels,
+        kernel -> block size, 0 for direct), the residual blocks' convs it picks run as overlap-save
+        FFT convs (:mod:`.fft_conv`): fewer FLOPs where the direct convs already run at the CPU's peak."""
         for module in self.modules():
             if parametrize.is_parametrized(module, "weight"):
                 parametrize.remove_parametrizations(module, "weight", leave_parametrized=True)
         f0_convs = set(self.f0_predictor.modules())
+        block_convs = {conv for block in (*self.resblocks, *self.source_resblocks)
+                       for conv in (*block.convs1, *block.convs2)}
         for module in self.modules():
             if isinstance(module, _Prepared) and module not in f0_convs and module.weight.dim() == 3:
-                module.prepare()
+                if fft is not None and module in block_convs:
+                    module.prepare(fft_size=fft(module.out_channels, module.kernel_size[0]))
+                else:
+                    module.prepare()
         return self
 
     def set_noise_tables(self, sine_waves: Tensor) -> None:
@@ -318,6 +328,25 @@ class CausalHiFTGenerator(nn.Module):
         return out, lens * up
 
 
+#: (channels, kernel) -> overlap-save block size, 0 for a direct conv
+FFTRule = Callable[[int, int], int]
+
+
+def fft_block_size(channels: int, kernel: int) -> int:
+    """Overlap-save block for a residual conv of ``kernel`` taps over ``channels``; 0: run it directly.
+
+    Measured per conv at the released sizes (one thread, AMD EPYC Zen 4, 4 s row; direct ms / FFT
+    ms): k 11 over 256 channels 21.2 / 9.1 (block 64), over 128 25.9 / 15.6; k 7 over 256 13.8 / 8.9
+    and over 128 17.1 / 13.5 (block 32). At 64 channels (the last stage) the per-bin products are
+    too small to beat the direct conv's peak rate once memory is shared (k 11: 16.9 ms on a quiet
+    machine, 29 ms beside another job, against 19.7), and k 3 never wins (0.4x).
+    """
+    if channels < 128 or kernel < 7:
+        return 0
+    return 64 if kernel >= 11 and channels < 256 else 32  # 256 channels: block 32 halves the spectra
+    # (k 11: 53 MB instead of 104 MB for 10.2 ms a conv instead of 9.1)
+
+
 #: Padded mel frames per HiFT call on CPU (2 rows of 4 s): measured on 2 cores, a row of 200 frames
 #: cost 0.70 s alone, 0.71 s per row in pairs, 0.78 in fours and 0.94 in eights.
 CPU_CHUNK_FRAMES = 400
@@ -335,11 +364,19 @@ def _reflect_left(x: Tensor) -> Tensor:
     return torch.cat([x[..., 1:2], x], dim=-1).contiguous(memory_format=torch.channels_last)
 
 
-def load_hift_file(model: CausalHiFTGenerator, path: object) -> CausalHiFTGenerator:
-    """Strict-load either weight-norm form (with or without ``generator.``) and fold."""
+def load_hift_file(model: CausalHiFTGenerator, path: object, *, fft: FFTRule | None = None) -> CausalHiFTGenerator:
+    """Strict-load either weight-norm form (with or without ``generator.``) and fold (``fft``: see
+    :meth:`CausalHiFTGenerator.fold_weight_norm`)."""
     load_module_file(model, path, adapter=CausalHiFTGenerator.adapt_keys)  # type: ignore[arg-type]
     model.f0_predictor.double()  # fold g·v/‖v‖ in float64, as the official float64 F0 path computes it
-    return model.fold_weight_norm()
+    return model.fold_weight_norm(fft=fft)
+
+
+def fft_rule_for(policy: DevicePolicy) -> FFTRule | None:
+    """Which of HiFT's residual convs run as FFT convs: on CPU, where the direct convs are at the FMA
+    peak and FLOPs are the cost, :func:`fft_block_size`'s; accelerators keep cuDNN/MIOpen's own
+    conv algorithms (None)."""
+    return fft_block_size if policy.device.type == "cpu" else None
 
 
 def build_hift(cfg: ModelConfig, policy: DevicePolicy, load_format: str = "auto") -> CausalHiFTGenerator:
@@ -347,12 +384,13 @@ def build_hift(cfg: ModelConfig, policy: DevicePolicy, load_format: str = "auto"
     from .noise import hift_sine_waves
 
     model = CausalHiFTGenerator(cfg.hift)
+    fft = fft_rule_for(policy)
     if load_format == "dummy":
         init_dummy(model)
         model.f0_predictor.double()
-        model.fold_weight_norm()
+        model.fold_weight_norm(fft=fft)
     elif load_format == "auto":
-        load_hift_file(model, cfg.path("hift.pt"))
+        load_hift_file(model, cfg.path("hift.pt"), fft=fft)
     else:
         raise ValueError(f"load_format must be 'auto' or 'dummy', not {load_format!r}")
     model = model.to(policy.device).eval()

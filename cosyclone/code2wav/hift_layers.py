@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parametrizations
 
+from .fft_conv import dft_matrices, fft_causal_conv, spectral_weight
 from .hift_dsp import polyphase_upsample_weight, snake
 
 
@@ -58,12 +59,42 @@ class CausalConv1d(_Prepared, nn.Conv1d):
         super().__init__(cin, cout, kernel_size, stride=1, padding=0, dilation=dilation, bias=bias)
         self.causal_pad = causal_pad_amount(kernel_size, dilation)
         self.causal_type = causal_type
+        for name in ("fft_spec", "fft_forward", "fft_inverse"):  # set by prepare(fft_size=N)
+            self.register_buffer(name, None, persistent=False)
+
+    fft_spec: Tensor | None
+    fft_forward: Tensor | None
+    fft_inverse: Tensor | None
+
+    def prepare(self, *, fft_size: int = 0) -> None:
+        """The channels-last weight; with ``fft_size`` (left-causal only) also the overlap-save
+        spectra and DFT matrices (:mod:`.fft_conv`), which the prepared forward then uses.
+        Non-persistent buffers: they are derived, never in a checkpoint, and follow ``.to()``."""
+        weight = self.weight.detach()
+        if fft_size:
+            if self.causal_type != "left":
+                raise ValueError("the FFT path serves left-causal convs only")
+            forward, inverse = dft_matrices(fft_size, self.kernel_size[0])
+            self.register_buffer("fft_spec", spectral_weight(weight, fft_size), persistent=False)
+            self.register_buffer("fft_forward", forward, persistent=False)
+            self.register_buffer("fft_inverse", inverse, persistent=False)
+        super().prepare()
 
     def forward(self, x: Tensor) -> Tensor:  # (B, Cin, T) -> (B, Cout, T)
         pad = (self.causal_pad, 0) if self.causal_type == "left" else (0, self.causal_pad)
         if self.weight.dim() == 4:
+            if self.fft_spec is not None:
+                return self._fft4(x)
             return self._conv4(x, pad, dilation=self.dilation[0])
         return super().forward(F.pad(x, pad))
+
+    def _fft4(self, x: Tensor) -> Tensor:
+        """(B, Cin, 1, T) channels-last -> (B, Cout, 1, T) channels-last, by :func:`fft_causal_conv`."""
+        assert self.fft_spec is not None and self.fft_forward is not None and self.fft_inverse is not None
+        rows = x.squeeze(2).transpose(1, 2).contiguous()  # (B, T, Cin): free when x is channels-last
+        y = fft_causal_conv(rows, self.fft_spec, self.fft_forward, self.fft_inverse, self.bias,
+                            kernel=self.kernel_size[0], dilation=self.dilation[0])
+        return y.transpose(1, 2).unsqueeze(2)
 
 
 class CausalConv1dUpsample(_Prepared, nn.Conv1d):

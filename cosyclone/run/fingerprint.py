@@ -21,7 +21,8 @@ from ..user_cache import cache_dir
 
 #: Changes whenever the same inputs would give other audio (a sampler, frontend or code2wav change).
 #: Part of every fingerprint, so a new release redoes rows made by an older algorithm.
-ALGORITHM_VERSION = "cosyclone-audio-3"  # 3: HiFT convs re-laid (fp32 rounding ~5e-8), bf16 flow on oneDNN
+ALGORITHM_VERSION = "cosyclone-audio-4"  # 3: HiFT convs re-laid (fp32 rounding ~5e-8), bf16 flow on oneDNN;
+#: 4: HiFT's long residual convs as FFT convs on CPU (fp32 rounding ~1e-6 of the conv outputs)
 
 #: Fingerprint parts in the order "what changed" is reported.
 PARTS = ("text", "prompt_text", "mode", "instruct", "speed", "prompt_audio", "seed", "model", "dtype",

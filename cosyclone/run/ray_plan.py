@@ -206,20 +206,22 @@ def _gb(n: int | float) -> str:
 # The footprint
 
 
-def weight_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
-    """Bytes of the three models' parameters and buffers in ``dtype`` as the builders lay them out
-    (talker and DiT in the run dtype, the speech-token head fp32, HiFT fp32 with its F0 predictor
-    float64), counted on the meta device: nothing is allocated or read."""
+def weight_bytes(cfg: ModelConfig, policy: DevicePolicy) -> int:
+    """Bytes of the three models' parameters and buffers in the policy's dtype as the builders lay
+    them out on its device (talker and DiT in the run dtype, the speech-token head fp32, HiFT fp32
+    with its F0 predictor float64 and, on CPU, its FFT convs' spectra), counted on the meta device:
+    nothing is allocated or read."""
     from ..code2wav.flow import CausalMaskedDiffWithDiT
-    from ..code2wav.hift import CausalHiFTGenerator
+    from ..code2wav.hift import CausalHiFTGenerator, fft_rule_for
     from ..talker.model import CosyVoice3LM
 
+    dtype = policy.dtype
     with torch.device("meta"):
         talker = CosyVoice3LM(cfg.talker).to(dtype)
         talker.llm_decoder.to(torch.float32)
         flow = CausalMaskedDiffWithDiT(cfg.flow).to(dtype)
         hift = CausalHiFTGenerator(cfg.hift)
-        hift.fold_weight_norm()
+        hift.fold_weight_norm(fft=fft_rule_for(policy))
         hift.f0_predictor.double()
     return sum(t.numel() * t.element_size() for m in (talker, flow, hift)
                for t in (*m.parameters(), *m.buffers()))
@@ -237,7 +239,7 @@ def actor_footprint(cfg: ModelConfig, policy: DevicePolicy, batch_size: int) -> 
     base + ONNX sessions + weights + the larger of the load's peak and the first batch's activations
     (the load's and ONNX's peaks come one after the other, the batch after both)."""
     name = policy.dtype_name
-    weights = weight_bytes(cfg, policy.dtype)
+    weights = weight_bytes(cfg, policy)
     onnx = onnx_bytes(cfg)
     base = BASE_BYTES + int(ONNX_RSS_PER_FILE_BYTE * onnx)
     batch = ACTIVATION_BYTES_PER_ROW * batch_size

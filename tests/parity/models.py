@@ -12,7 +12,7 @@ from typing import Any
 
 from cosyclone.checkpoint import load_module_file
 from cosyclone.code2wav.flow import CausalMaskedDiffWithDiT
-from cosyclone.code2wav.hift import CausalHiFTGenerator, load_hift_file
+from cosyclone.code2wav.hift import CausalHiFTGenerator, FFTRule, load_hift_file
 from cosyclone.config import DiTConfig, FlowConfig, HiFTConfig
 
 from .conftest import VECTORS
@@ -50,7 +50,7 @@ def small_flow(meta: dict[str, Any], weights: Path | None = None) -> CausalMaske
     return model.eval()
 
 
-def small_hift(meta: dict[str, Any], weights: Path | None = None) -> CausalHiFTGenerator:
+def small_hift(meta: dict[str, Any], weights: Path | None = None, *, fft: FFTRule | None = None) -> CausalHiFTGenerator:
     """The reduced HiFT (hift/vectors.json meta) loaded from ``weights`` (default: the meta's
     ``weights_file``), folded, eval mode.
 
@@ -59,5 +59,5 @@ def small_hift(meta: dict[str, Any], weights: Path | None = None) -> CausalHiFTG
     sc = meta["small_config"]
     cfg = replace(HiFTConfig(), base_channels=sc["base_channels"], f0_cond_channels=sc["f0_predictor"]["cond_channels"])
     model = CausalHiFTGenerator(cfg)
-    load_hift_file(model, weights or weights_path(meta))
+    load_hift_file(model, weights or weights_path(meta), fft=fft)
     return model.eval()
