@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
         dev = policy.device
         t0 = time.perf_counter()
         flow = build_flow(cfg, policy, load_format="dummy")
-        print(f"flow built in {time.perf_counter() - t0:.1f} s on {dev} ({policy.dtype}), "
+        print(f"flow built in {time.perf_counter() - t0:.1f} s on {cpu_name() if dev.type == 'cpu' else dev} ({policy.dtype}), "
               f"threads={torch.get_num_threads()}", flush=True)
         for b in args.batches:
             x = _inputs(cfg, b, dev)
@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> None:
             gain = f"; per-row throughput {base * b / flow_s:.2f}x {args.dtypes[0]} batch 1" if base else ""
             print(f"flow {name} batch {b}: {flow_s:.2f} s -> RTF/row {flow_s / b / AUDIO_S:.3f}{note} "
                   f"[official {OFFICIAL_FLOW_RTF}: {OFFICIAL_FLOW_RTF * AUDIO_S * b / flow_s:.2f}x its per-row "
-                  f"throughput]{gain}", flush=True)
+                  f"throughput; baseline measured in another run (Intel Xeon with AMX), not alternated]{gain}",
+                  flush=True)
         del flow, run_flow
     ref = args.dtypes[0]
     for (name, b), (mel, _) in mels.items():
