@@ -5,8 +5,10 @@ Usage: ``python -m benchmarks.bench_manifest [--rows 200000] [--model-dir DIR] [
 
 Writes N rows (unique short English texts with numbers, dates and money, three prompts, zero_shot)
 into a temporary folder, makes a tiny model there unless ``--model-dir`` is given, and times the
-real CLI's ``synth --dry-run`` in a subprocess twice: first with a cold text cache (every text is
-normalized), then again on the same output folder (a resume: the texts come from the cache).
+real CLI's ``synth --dry-run`` in a subprocess twice: first with a cold text cache, then again on
+the same output folder (a resume: what the first pass normalized comes from the cache). A dry run
+normalizes only the texts it cannot judge unnormalized (none of these), so the two passes now
+cost the same; before that change the cold pass normalized every text.
 Printed per pass: wall seconds, rows per second, CPU seconds of the process and its workers (the
 figure to compare on a busy shared machine), and peak memory, both the largest single
 process of that pass (``wait4``'s ``ru_maxrss``) and the whole process tree (summed RSS sampled
@@ -163,7 +165,7 @@ def bench(rows: int, model_dir: Path | None = None, keep: Path | None = None, re
                     fig = {"code": name, "pass": label, **timed(cmd, run_env, tmp)}  # cwd: not a checkout
                     fig["rows_per_s"] = rows / float(fig["wall_s"])
                     figures.append(fig)
-                    print(f"[manifest] {name}: {rows} rows, dry run {label} (text cache {'empty' if label == 'cold' else 'filled by the cold pass'}): "
+                    print(f"[manifest] {name}: {rows} rows, dry run {label} (text cache {'empty' if label == 'cold' else 'as the cold pass left it'}): "
                           f"{fig['wall_s']:.1f} s ({fig['rows_per_s']:.0f} rows/s, {fig['cpu_s']:.1f} CPU s), peak RSS "
                           f"{fig['max_process_mib']:.0f} MiB (largest process), {fig['tree_mib']:.0f} MiB (process "
                           f"tree) on {describe()}, load {fig['load']:.1f} at its start; plan: {fig['plan']}", flush=True)

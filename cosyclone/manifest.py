@@ -23,7 +23,9 @@ error of that row. The normalizer is loaded once per process, and what it produc
 by the frontend (see :mod:`cosyclone.frontend.normalize`). The file is read as a stream and its
 texts are normalized a chunk ahead on every core, through a content cache that outlives the run
 (:mod:`cosyclone.manifest_stream`, :mod:`cosyclone.text_cache`); the checks and their errors are
-those of one pass over the lines.
+those of one pass over the lines. Validation alone (``normalize_all=False``: a dry run) normalizes
+only the texts that do not evidently have speech
+(:func:`~cosyclone.frontend.text_rules.evidently_speakable`), with the same answers.
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ looked up in the content cache (:mod:`cosyclone.text_cache`) and the ones missin
 by a process pool (:mod:`cosyclone.text_pool`). The checks themselves are unchanged
 (:func:`cosyclone.manifest.parse_row` runs on every row as before): the normalizer just finds the
 chunk's results ready (``TextNormalizer.overlay``), so every error, row and message is what the
-one-by-one pass gives, naming the same manifest line.
+one-by-one pass gives, naming the same manifest line. When only validity is wanted (a dry run)
+the warmer takes only the texts validation cannot judge unnormalized (``every=False``): for
+ordinary texts, none, and no pool is started.
 
 Memory: the file is never held whole; what stays is the rows and errors themselves. A prompt file
 shared by many rows is checked once (:class:`AudioChecks`, by path and ``stat``).
