@@ -6,8 +6,9 @@ digit or a CJK ideograph. The claim is pinned where it can fail: over a corpus (
 the reference text vectors, the deviations table, the line-end fixtures, the texts of
 ``benchmarks/bench_manifest``, every printable ASCII character alone, beside a letter or digit and
 in pairs with the other non-letters, and hand-picked tricky cases) the real normalizer runs, and
-whenever the shortcut says "speakable" the normalized text must have speech; ``text_problem`` must
-answer every text the same with and without the shortcut.
+whenever the shortcut says "speakable" the normalized text must have speech (wetext and the "none"
+frontend); ``text_problem`` must answer every text the same with and without the shortcut. A
+``--dry-run`` normalizes only the texts the shortcut cannot answer; a run's opening, every text.
 """
 
 from __future__ import annotations
@@ -70,17 +71,17 @@ def _local_corpus() -> list[str]:
     return list(dict.fromkeys(t for t in texts if isinstance(t, str)))
 
 
-def _answer(mode: str, text: str) -> str | None:
+def _answer(mode: str, text: str, kind: str) -> str | None:
     """``text_problem``'s answer, or the exception it raises (a row's error then says so)."""
     try:
-        return text_problem(mode, text)
+        return text_problem(mode, text, text_frontend=kind)
     except Exception as exc:
         return f"raises {type(exc).__name__}"
 
 
-def _check(texts: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
-    """Assert the claim over ``texts``; returns how many the shortcut answered."""
-    norm = get_normalizer("wetext")
+def _check(texts: list[str], monkeypatch: pytest.MonkeyPatch, kind: str = "wetext") -> int:
+    """Assert the claim over ``texts`` with the ``kind`` normalizer; returns how many the shortcut answered."""
+    norm = get_normalizer(kind)
     answered = 0
     for text in texts:
         if not text.strip() or has_markup(text) or not evidently_speakable(text):
@@ -88,17 +89,18 @@ def _check(texts: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
         answered += 1
         got = norm.normalize(text).text  # must not raise: the row's error would change
         assert has_speech(got), f"{text!r} was called speakable, but normalizes to {got!r}"
-    with_shortcut = {(m, t): _answer(m, t) for t in texts for m in MODES}
+    with_shortcut = {(m, t): _answer(m, t, kind) for t in texts for m in MODES}
     monkeypatch.setattr(normalize, "evidently_speakable", lambda text: False)
-    without = {(m, t): _answer(m, t) for t in texts for m in MODES}
+    without = {(m, t): _answer(m, t, kind) for t in texts for m in MODES}
     differ = [k for k in with_shortcut if with_shortcut[k] != without[k]]
     assert not differ, f"text_problem answers differently with the shortcut: {differ[:5]}"
     return answered
 
 
-def test_the_shortcut_is_sound_on_the_corpus(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("kind", ["wetext", "none"])
+def test_the_shortcut_is_sound_on_the_corpus(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     texts = _local_corpus()
-    answered = _check(texts, monkeypatch)
+    answered = _check(texts, monkeypatch, kind)
     assert answered > len(texts) // 2  # the shortcut is in use, not vacuous
 
 
