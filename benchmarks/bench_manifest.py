@@ -5,12 +5,14 @@ Usage: ``python -m benchmarks.bench_manifest [--rows 200000] [--model-dir DIR] [
 
 Writes N rows (unique short English texts with numbers, dates and money, three prompts, zero_shot)
 into a temporary folder, makes a tiny model there unless ``--model-dir`` is given, and times the
-real CLI's ``synth --dry-run`` in a subprocess twice: first with a cold text cache (every text is
-normalized), then again on the same output folder (a resume: the texts come from the cache).
+real CLI's ``synth --dry-run`` in a subprocess twice: first with a cold text cache, then again on
+the same output folder (a resume: what the first pass normalized comes from the cache). A dry run
+normalizes only the texts it cannot judge unnormalized (none of these), so the two passes now
+cost the same; before that change the cold pass normalized every text.
 Printed per pass: wall seconds, rows per second, CPU seconds of the process and its workers (the
 figure to compare on a busy shared machine), and peak memory, both the largest single
-process (``ru_maxrss``) and the whole process tree (summed RSS sampled every 20 ms: the
-normalization workers count too). ``COSYCLONE_CACHE_DIR`` points into the temporary folder so
+process of that pass (``wait4``'s ``ru_maxrss``) and the whole process tree (summed RSS sampled
+every 20 ms: the normalization workers count too), and the machine's load as the pass starts. ``COSYCLONE_CACHE_DIR`` points into the temporary folder so
 the user's file-hash and text caches are neither read nor touched. ``--against DIR`` (a folder
 holding another version's ``cosyclone`` package, e.g. ``git archive REV cosyclone | tar -x -C DIR``)
 times that version too, the two taking turns in each repeat (A B A B), and prints the ratio of the
@@ -28,7 +30,6 @@ import argparse
 import json
 import os
 import random
-import resource
 import shutil
 import statistics
 import subprocess
@@ -37,6 +38,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from benchmarks.machine import describe
 
@@ -91,29 +93,44 @@ def _tree_rss(pid: int) -> int:
 
 
 def timed(cmd: list[str], env: dict[str, str], cwd: Path) -> dict[str, float | str]:
-    """Run ``cmd``; wall seconds, peak single-process and peak process-tree RSS (MiB)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    before, cpu0 = usage.ru_maxrss, usage.ru_utime + usage.ru_stime
+    """Run ``cmd``; wall seconds, CPU seconds, peak single-process and peak process-tree RSS (MiB).
+
+    The CPU seconds and the single-process peak are this child's own (``wait4``: it and the workers
+    it waited for), not the running maximum over every child this benchmark ever started, which
+    would repeat the largest earlier pass (or ``make-tiny-model``) in every later line.
+    """
+    load = os.getloadavg()[0]  # the machine's 1-minute load as the pass starts (others' work included)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = [0]
+    done = threading.Event()
+    streams: dict[str, str] = {}
 
     def sample() -> None:
-        while proc.poll() is None:
+        while not done.is_set():
             peak[0] = max(peak[0], _tree_rss(proc.pid))
             time.sleep(0.02)
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    out, err = proc.communicate()
+    def drain(name: str, fh: Any) -> None:
+        streams[name] = fh.read()
+
+    threads = [threading.Thread(target=sample, daemon=True),
+               *(threading.Thread(target=drain, args=(n, fh), daemon=True)
+                 for n, fh in (("out", proc.stdout), ("err", proc.stderr)))]
+    for t in threads:
+        t.start()
+    _, status, usage = os.wait4(proc.pid, 0)  # reaped here, once: nothing else polls the child
+    proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - t0
-    sampler.join()
+    done.set()
+    for t in threads:
+        t.join()
+    out, err = streams.get("out", ""), streams.get("err", "")
     if proc.returncode not in (0, 3):
         print(out, err, file=sys.stderr)
         raise SystemExit(f"synth --dry-run failed with exit code {proc.returncode}")
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # the workers too: the CLI waited for them
-    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime - cpu0,
-            "max_process_mib": max(usage.ru_maxrss, before) / 1024, "tree_mib": peak[0] / 2**20,
+    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "max_process_mib": usage.ru_maxrss / 1024,
+            "tree_mib": peak[0] / 2**20, "load": load,
             "plan": out.strip().splitlines()[0] if out.strip() else ""}
 
 
@@ -148,10 +165,10 @@ def bench(rows: int, model_dir: Path | None = None, keep: Path | None = None, re
                     fig = {"code": name, "pass": label, **timed(cmd, run_env, tmp)}  # cwd: not a checkout
                     fig["rows_per_s"] = rows / float(fig["wall_s"])
                     figures.append(fig)
-                    print(f"[manifest] {name}: {rows} rows, dry run {label} (text cache {'empty' if label == 'cold' else 'filled by the cold pass'}): "
+                    print(f"[manifest] {name}: {rows} rows, dry run {label} (text cache {'empty' if label == 'cold' else 'as the cold pass left it'}): "
                           f"{fig['wall_s']:.1f} s ({fig['rows_per_s']:.0f} rows/s, {fig['cpu_s']:.1f} CPU s), peak RSS "
                           f"{fig['max_process_mib']:.0f} MiB (largest process), {fig['tree_mib']:.0f} MiB (process "
-                          f"tree) on {describe()}; plan: {fig['plan']}", flush=True)
+                          f"tree) on {describe()}, load {fig['load']:.1f} at its start; plan: {fig['plan']}", flush=True)
         if against is not None:
             for label in ("cold", "warm"):
                 med = {name: statistics.median(float(f["wall_s"]) for f in figures

@@ -77,8 +77,9 @@ def validate(
     from .text_check import TextCheck
 
     try:
-        m = read_manifest(manifest, text_frontend=text_frontend)
-        check = TextCheck(model_dir, text_frontend) if (show_text or json_out or model_dir) else None
+        planned = bool(show_text or json_out or model_dir)  # each row's text planned: normalize them all ahead
+        m = read_manifest(manifest, text_frontend=text_frontend, normalize_all=planned)
+        check = TextCheck(model_dir, text_frontend) if planned else None
     except CosycloneError as exc:
         _fail(str(exc))
     report = sys.stderr if json_out else sys.stdout
@@ -147,7 +148,8 @@ def synth(
     if progress_interval < 0.1:
         _fail(f"--progress-interval must be at least 0.1, not {progress_interval:g}")
     try:
-        job = SynthJob.open(manifest, out, model_dir=model_dir, log=say, on_rejected=_rejected(manifest), **options)
+        job = SynthJob.open(manifest, out, model_dir=model_dir, log=say, on_rejected=_rejected(manifest),
+                            plan_only=dry_run, **options)
     except CosycloneError as exc:
         _fail(str(exc))
     _announce(job, say)

@@ -23,7 +23,9 @@ error of that row. The normalizer is loaded once per process, and what it produc
 by the frontend (see :mod:`cosyclone.frontend.normalize`). The file is read as a stream and its
 texts are normalized a chunk ahead on every core, through a content cache that outlives the run
 (:mod:`cosyclone.manifest_stream`, :mod:`cosyclone.text_cache`); the checks and their errors are
-those of one pass over the lines.
+those of one pass over the lines. Validation alone (``normalize_all=False``: a dry run) normalizes
+only the texts that do not evidently have speech
+(:func:`~cosyclone.frontend.text_rules.evidently_speakable`), with the same answers.
 """
 
 from __future__ import annotations
@@ -283,15 +285,22 @@ def _text_problem(mode: str, text: str, text_frontend: str | None) -> str | None
     return text_problem(mode, text, text_frontend=text_frontend)
 
 
-def read_manifest(path: str | Path, *, check_audio: bool = True, text_frontend: str | None = "wetext") -> Manifest:
+def read_manifest(path: str | Path, *, check_audio: bool = True, text_frontend: str | None = "wetext",
+                  normalize_all: bool = True) -> Manifest:
     """Read and validate a JSONL manifest; per-row problems land in ``Manifest.errors``.
+
+    ``normalize_all``: normalize every text ahead, into the content cache, for the frontend that
+    reads the rows next; False when only the rows' validity is wanted (a text evidently speakable is
+    then judged without normalizing it: :func:`~cosyclone.frontend.text_rules.evidently_speakable`).
+    The rows and errors are the same either way.
 
     Raises :class:`CosycloneError` only when the file itself is unusable (missing, not UTF-8) or
     the text normalizer ``text_frontend`` cannot be loaded. Duplicate ids (also ids equal after
     NFKC normalization and case folding, :func:`id_key`): the first occurrence is kept, later
     ones are errors naming the first one's line.
     """
-    whole, parts = iter_manifest(path, check_audio=check_audio, text_frontend=text_frontend)
+    whole, parts = iter_manifest(path, check_audio=check_audio, text_frontend=text_frontend,
+                                 normalize_all=normalize_all)
     for _ in parts:
         pass
     return whole
@@ -334,18 +343,19 @@ def _collect(out: Manifest, numbered: Iterable[tuple[int, object]], *, base: Pat
 
 
 def _collect_parts(out: Manifest, numbered: Iterable[tuple[int, object]], *, base: Path, check_audio: bool,
-                   text_frontend: str | None, as_json: bool) -> Iterator[Manifest]:
+                   text_frontend: str | None, as_json: bool, normalize_all: bool = True) -> Iterator[Manifest]:
     """:func:`_collect`, yielding after each chunk what that chunk added (its rows and errors).
 
     Chunk by chunk (:mod:`cosyclone.manifest_stream`): each chunk's texts are normalized ahead, on
-    every core and through the content cache, while the previous chunk is checked here in order.
+    every core and through the content cache, while the previous chunk is checked here in order
+    (without ``normalize_all``, only the texts validation cannot judge unnormalized).
     """
     from contextlib import closing
 
     from .manifest_stream import AudioChecks, TextWarmer, decoded_chunks, warmed_chunks
 
     seen: dict[str, tuple[int, str]] = {}  # id_key -> (first line, first id)
-    warmer = TextWarmer(text_frontend) if text_frontend is not None else None
+    warmer = TextWarmer(text_frontend, every=normalize_all) if text_frontend is not None else None
     audio = AudioChecks(_check_audio)
     with closing(warmed_chunks(decoded_chunks(numbered, decode_line if as_json else None, LineError), warmer)) as chunks:
         for chunk in chunks:
@@ -356,13 +366,14 @@ def _collect_parts(out: Manifest, numbered: Iterable[tuple[int, object]], *, bas
             yield Manifest(path=out.path, rows=out.rows[rows:], errors=out.errors[errors:])
 
 
-def iter_manifest(path: str | Path, *, check_audio: bool = True,
-                  text_frontend: str | None = "wetext") -> tuple[Manifest, Iterator[Manifest]]:
+def iter_manifest(path: str | Path, *, check_audio: bool = True, text_frontend: str | None = "wetext",
+                  normalize_all: bool = True) -> tuple[Manifest, Iterator[Manifest]]:
     """A manifest read as it is validated: (the whole, filling as it goes; its parts, chunk by chunk).
 
     The same rows, errors and messages as :func:`read_manifest` (which is this, drained), so a run
     can start on the first rows while later lines are still being read and normalized. The file's
     problems (missing, unreadable) raise :class:`CosycloneError` here, before any part.
+    ``normalize_all``: as for :func:`read_manifest`.
     """
     path = Path(path).expanduser()
     if text_frontend is not None:
@@ -378,7 +389,7 @@ def iter_manifest(path: str | Path, *, check_audio: bool = True,
     def parts() -> Iterator[Manifest]:
         try:  # read as a stream (manifest_stream): the file is never held whole
             yield from _collect_parts(out, iter_lines(path), base=path.resolve().parent, check_audio=check_audio,
-                                      text_frontend=text_frontend, as_json=True)
+                                      text_frontend=text_frontend, as_json=True, normalize_all=normalize_all)
         except OSError as exc:
             raise CosycloneError(f"{path}: cannot read the manifest: {exc}") from exc
 

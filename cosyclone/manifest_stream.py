@@ -8,7 +8,9 @@ looked up in the content cache (:mod:`cosyclone.text_cache`) and the ones missin
 by a process pool (:mod:`cosyclone.text_pool`). The checks themselves are unchanged
 (:func:`cosyclone.manifest.parse_row` runs on every row as before): the normalizer just finds the
 chunk's results ready (``TextNormalizer.overlay``), so every error, row and message is what the
-one-by-one pass gives, naming the same manifest line.
+one-by-one pass gives, naming the same manifest line. When only validity is wanted (a dry run)
+the warmer takes only the texts validation cannot judge unnormalized (``every=False``): for
+ordinary texts, none, and no pool is started.
 
 Memory: the file is never held whole; what stays is the rows and errors themselves. A prompt file
 shared by many rows is checked once (:class:`AudioChecks`, by path and ``stat``).
@@ -61,10 +63,12 @@ def decoded_chunks(numbered: Iterable[tuple[int, Any]], decode: Callable[[Any], 
         yield chunk
 
 
-def speech_bodies(objs: Iterable[Any]) -> list[str]:
-    """The texts validation will normalize for these decoded rows (``text_problem``'s ``speakable`` body)."""
+def speech_bodies(objs: Iterable[Any], *, every: bool = True) -> list[str]:
+    """The texts to normalize for these decoded rows (``text_problem``'s ``speakable`` body): with
+    ``every``, each one the run's frontend will read; without, only those validation itself must
+    normalize to judge (not :func:`~cosyclone.frontend.text_rules.evidently_speakable`)."""
     from .frontend.text import MODES, target_parts
-    from .frontend.text_rules import has_markup
+    from .frontend.text_rules import evidently_speakable, has_markup
 
     out: dict[str, None] = {}
     for obj in objs:
@@ -77,15 +81,22 @@ def speech_bodies(objs: Iterable[Any]) -> list[str]:
             _, body = target_parts(mode, text)
         except Exception:  # the row's error, found again by parse_row
             continue
-        if body.strip() and not has_markup(body):
+        if body.strip() and not has_markup(body) and (every or not evidently_speakable(body)):
             out[body] = None
     return list(out)
 
 
 class TextWarmer:
-    """Each chunk's texts found in the cache or normalized by the pool before the chunk is checked."""
+    """Each chunk's texts found in the cache or normalized by the pool before the chunk is checked.
 
-    def __init__(self, kind: str, *, workers: int | None = None, min_pool_texts: int | None = None) -> None:
+    ``every``: normalize every text ahead, for the run's frontend, which reads them next (a run,
+    ``validate --show-text``). Without it only the texts validation cannot judge unnormalized
+    (``--dry-run``, a plain ``validate``): for a manifest of ordinary texts that is none, and neither
+    the cache nor the pool is touched.
+    """
+
+    def __init__(self, kind: str, *, workers: int | None = None, min_pool_texts: int | None = None,
+                 every: bool = True) -> None:
         from .frontend.normalize import get_normalizer
         from .text_cache import text_cache_for
         from .text_pool import MIN_POOL_TEXTS, NormalizePool
@@ -94,13 +105,14 @@ class TextWarmer:
         self.cache = text_cache_for(self.normalizer)
         self.pool = NormalizePool(kind, workers)
         self.min_pool_texts = MIN_POOL_TEXTS if min_pool_texts is None else min_pool_texts
+        self.every = every
         self.normalized = 0  # texts this warmer normalized (pool or here): cache misses
         self.normalizer.store = self.cache  # the frontend's later pass finds the texts there too
 
     def prepare(self, chunk: Decoded) -> tuple[dict[str, tuple[str, str]], list[str], list[Any]]:
         """Look the chunk's texts up and start normalizing the rest (returns a handle for :meth:`finish`)."""
-        bodies = speech_bodies(obj for _, obj in chunk)
-        found = self.cache.get_many(bodies) if self.cache is not None else {}
+        bodies = speech_bodies((obj for _, obj in chunk), every=self.every)
+        found = self.cache.get_many(bodies) if self.cache is not None and bodies else {}
         missing = [b for b in bodies if b not in found]
         futures = self.pool.submit(missing) if len(missing) >= self.min_pool_texts and self.pool.workers > 1 else []
         return found, missing, futures

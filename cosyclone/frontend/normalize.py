@@ -54,6 +54,7 @@ from .text_rules import (
     TextError,
     chinese_rules,
     contains_chinese,
+    evidently_speakable,
     has_markup,
     has_speech,
     is_only_punctuation,
@@ -270,12 +271,16 @@ class TextNormalizer:
         """Whether ``text`` leaves something to say after normalization (no tokenizer needed).
 
         Splitting only cuts and packs, so a segment with speech exists exactly when the normalized
-        text has a letter, mark or number.
+        text has a letter, mark or number. A text that evidently keeps one
+        (:func:`~cosyclone.frontend.text_rules.evidently_speakable`: an ASCII letter or digit, a CJK
+        ideograph) is answered without normalizing it: a dry run of ordinary texts pays no wetext.
         """
         if not text.strip():
             return False
         if has_markup(text):
             return has_speech(text)
+        if evidently_speakable(text):
+            return True
         return has_speech(self.normalize(text).text)
 
 

@@ -22,6 +22,9 @@ CLOSING_QUOTES = frozenset('"”')  # a quote right after a mark belongs to that
 TOKEN_MAX_N, TOKEN_MIN_N, MERGE_LEN = 80, 60, 20  # the official splitter's packing bounds
 
 _CHINESE = re.compile(r"[\u4e00-\u9fff]")
+_SPEECH_EVIDENCE = re.compile(r"[A-Za-z0-9\u4e00-\u9fff]")
+_DIGIT = re.compile(r"\d")
+EVIDENCE_MAX_DIGITS = 30  # inflect spells numbers up to 10**33 - 1 and raises above (NumOutOfRangeError)
 _ONLY_PUNCT = regex.compile(r"[\p{P}\p{S}]*")
 _TRAILING_COMMAS = re.compile(r"[，,、]+$")
 _WETEXT_ESCAPE = re.compile(r"\\(.)", re.DOTALL)
@@ -60,6 +63,30 @@ def has_speech(text: str) -> bool:
     noise, not speech, so a row whose segments all fail this test is refused.
     """
     return any(unicodedata.category(c)[0] in "LMN" for c in _MARKUP_TAG.sub("", text))
+
+
+def evidently_speakable(text: str) -> bool:
+    """Whether a markup-free ``text`` is sure to keep speech through normalization, seen without
+    normalizing it: it holds an ASCII letter, an ASCII digit or a CJK ideograph (U+4E00..U+9FFF),
+    and at most :data:`EVIDENCE_MAX_DIGITS` digits of any kind.
+
+    Why it holds: neither step of :class:`~cosyclone.frontend.normalize.TextNormalizer` deletes
+    such a character without putting words in its place. wetext rewrites what it reads (numbers,
+    money, times, abbreviations: "3%" -> "three percent", "Mr." -> "mister") into words and leaves
+    the rest as written; where it has no reading, the fallbacks of ``_tn_one`` keep the words as
+    written. The Chinese steps after it only drop spaces, newlines, brackets and backticks, and
+    inflect turns every digit run into words. So the normalized text still has a letter (category
+    L), which is what :func:`has_speech` asks. The digit bound keeps out the one way normalizing
+    can fail instead of answering: inflect raises on a number above 10**33 (a 34-digit run), and
+    that row's error must stay what it was. Texts without this evidence ("%", "$$", "…", emoji,
+    "²", "½") are normalized as before. Markup is not considered: a markup text is never
+    normalized (:func:`has_markup`; ``speakable`` asks :func:`has_speech` of it directly).
+    Validation of a manifest of ordinary texts then needs no wetext at all; pinned over a corpus
+    against the real normalizer by tests/test_speech_evidence.py.
+    """
+    if _SPEECH_EVIDENCE.search(text) is None:
+        return False
+    return len(_DIGIT.findall(text)) <= EVIDENCE_MAX_DIGITS
 
 
 # ---------------------------------------------------------------------------------------------

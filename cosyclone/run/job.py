@@ -79,7 +79,8 @@ class SynthJob:
     @classmethod
     def open(cls, manifest: str | Path, out: str | Path, *, model_dir: str | Path | None = None,
              log: Callable[[str], None] | None = None, loaded: Engine | None = None,
-             on_rejected: Callable[[ManifestError], None] | None = None, **options: Any) -> SynthJob:
+             on_rejected: Callable[[ManifestError], None] | None = None, plan_only: bool = False,
+             **options: Any) -> SynthJob:
         """Read ``manifest``, check the options and resolve device, dtype and model configuration.
 
         ``options`` are :mod:`cosyclone.options` fields, run and folder alike (``seed``,
@@ -89,13 +90,15 @@ class SynthJob:
         an option out of range, a model directory that does not load as configuration, Ray missing
         for ``engine="ray"``. A whole-manifest local run reads the manifest as it runs (its first
         rows start while later lines are still validated); a shard or a Ray run reads it first.
-        ``on_rejected`` hears of each rejected line as it is found.
+        ``on_rejected`` hears of each rejected line as it is found. ``plan_only``: the job is opened
+        for :meth:`plan` alone (``--dry-run``), so texts are normalized only where validation needs it
+        (no frontend reads them next); :meth:`run` still works, its frontend normalizing then.
         """
         started = time.time()
         opts, folder = O.split(options)  # checked before devices are resolved or the model read
         if loaded is not None:
             opts = replace(opts, **{k: getattr(loaded.opts, k) for k in O.MODEL_FIELDS})
-        full, stream = iter_manifest(manifest, text_frontend=opts.text_frontend)
+        full, stream = iter_manifest(manifest, text_frontend=opts.text_frontend, normalize_all=not plan_only)
         if folder.shard or folder.engine != "local":
             for _ in stream:  # a shard's lines need the line count; Ray plans the whole run at once
                 pass
