@@ -78,6 +78,8 @@ def test_synth_folder_resumes_and_plans_like_the_cli(tiny_model_dir: Path, tts, 
     plan = job.plan()
     assert (plan.valid_rows, plan.done, plan.todo, plan.rejected) == (4, 1, 3, 0)
     assert "3 rows redone: seed 3" in plan.resume
+    dry = tts.folder_job(MANIFEST, out, seed=1, plan_only=True).plan()  # as --dry-run opens it
+    assert (dry.valid_rows, dry.done, dry.todo, dry.rejected, dry.batches) == (4, 1, 3, 0, plan.batches)
     again = tts.synth_folder(MANIFEST, out)  # the original seed: the folder's rows are still done
     assert again.last_run["skipped"] == 4 and again.last_run["todo"] == 0
     res = CliRunner().invoke(app, ["synth", str(MANIFEST), "--model-dir", str(tiny_model_dir), "--out", str(out),
