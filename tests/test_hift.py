@@ -120,6 +120,37 @@ def test_row_chunks_equal_one_padded_batch() -> None:
     assert torch.all(got[4] == 0)
 
 
+def test_rows_side_by_side_on_cpu_threads_equal_one_padded_batch(monkeypatch) -> None:
+    """On CPU with two threads, chunks run on two worker threads (one intra-op thread each): each
+    row is what one padded batch gives, the noise table is grown once before them, and the
+    caller keeps its own thread count."""
+    model = _dummy(std=0.3)
+    model.sine_waves = model.sine_waves[:, :0]  # the workers need more noise than the model holds
+    lens = torch.tensor([20, 3, 11, 5, 9, 14])
+    torch.manual_seed(3)
+    mel = torch.randn(len(lens), 80, 20)
+    whole, _ = model.inference(mel, lens, max_frames=0)
+    ran: list[tuple[str, int]] = []
+    real = CausalHiFTGenerator.padded_batch
+
+    def spy(self, mel, mel_len):
+        import threading
+
+        ran.append((threading.current_thread().name, torch.get_num_threads()))
+        return real(self, mel, mel_len)
+
+    monkeypatch.setattr(CausalHiFTGenerator, "padded_batch", spy)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        got, _ = model.inference(mel, lens)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert len(ran) >= 2 and all(name.startswith("cosyclone-hift") and n == 1 for name, n in ran), ran
+    assert (got - whole).abs().max().item() < 1e-6
+
+
 def test_padding_garbage_does_not_matter() -> None:
     """Huge values, inf and NaN past a row's end change nothing (the look-ahead convs see zeros)."""
     model = _dummy(std=0.3)
