@@ -122,8 +122,8 @@ def test_row_chunks_equal_one_padded_batch() -> None:
 
 def test_rows_side_by_side_on_cpu_threads_equal_one_padded_batch(monkeypatch) -> None:
     """On CPU with two threads, chunks run on two worker threads (one intra-op thread each): each
-    row is what one padded batch gives, the noise table is grown once before them, and the
-    caller keeps its own thread count."""
+    row is what one padded batch gives, the noise table is grown once before them, the caller
+    keeps its own thread count, and one thread gives the same bytes."""
     model = _dummy(std=0.3)
     model.sine_waves = model.sine_waves[:, :0]  # the workers need more noise than the model holds
     lens = torch.tensor([20, 3, 11, 5, 9, 14])
@@ -143,12 +143,16 @@ def test_rows_side_by_side_on_cpu_threads_equal_one_padded_batch(monkeypatch) ->
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        got, _ = model.inference(mel, lens)
+        got, _ = model.inference(mel, lens, max_frames=24)  # several chunks
         assert torch.get_num_threads() == 2
+        torch.set_num_threads(1)
+        serial, _ = model.inference(mel, lens, max_frames=24)  # one thread: the chunks in turn, here
     finally:
         torch.set_num_threads(before)
-    assert len(ran) >= 2 and all(name.startswith("cosyclone-hift") and n == 1 for name, n in ran), ran
+    side = [r for r in ran if r[0].startswith("cosyclone-hift")]
+    assert len(side) >= 2 and all(n == 1 for _, n in side) and len(ran) == 2 * len(side), ran
     assert (got - whole).abs().max().item() < 1e-6
+    assert torch.equal(got, serial)  # the chunks come from the rows, not from the thread count
 
 
 def test_padding_garbage_does_not_matter() -> None:

@@ -290,8 +290,8 @@ class CausalHiFTGenerator(nn.Module):
         length so a chunk pads little. Default: :data:`CPU_CHUNK_FRAMES` on CPU, where the convs'
         activations of a large batch fall out of cache and a row costs more in a big batch than
         alone; the whole batch at once on accelerators, where nothing here waits for the host. On
-        CPU with several torch threads the chunks (at least one a thread where the rows allow) run
-        side by side, one thread each (:func:`_row_pool`).
+        CPU with several torch threads the chunks run side by side, one thread each
+        (:func:`_row_pool`).
         """
         cpu = mel.device.type == "cpu"
         if max_frames is None:
@@ -300,10 +300,9 @@ class CausalHiFTGenerator(nn.Module):
         if max_frames <= 0 or bsz <= 1:
             return self.padded_batch(mel, mel_len)
         lens = mel_len.to(torch.long).cpu().clamp(min=0, max=frames)
-        threads = torch.get_num_threads() if cpu else 1
-        if threads > 1:  # at least one chunk per thread where the rows allow: they run side by side
-            max_frames = min(max_frames, max(1, -(-int(lens.sum()) // threads)))
-        chunks = chunks_by_length(lens.tolist(), max_frames)
+        chunks = chunks_by_length(lens.tolist(), max_frames)  # from the rows alone: bytes do not
+        # depend on the thread count (a row's chunk decides its padded GEMM shapes)
+        threads = min(torch.get_num_threads(), len(chunks)) if cpu else 1
         if len(chunks) == 1:
             return self.padded_batch(mel, mel_len)
         wav = torch.zeros(bsz, frames * self.upsample_scale, device=mel.device, dtype=torch.float32)
@@ -375,7 +374,7 @@ def _row_pool(threads: int) -> ThreadPoolExecutor:
     """Worker threads that run HiFT chunks side by side on CPU, one intra-op thread each.
 
     Why: two chunks on one thread each beat one chunk after the other on two threads (AMD EPYC
-    Zen 4, 2 cores, batch 4 of 4 s rows: 0.576 s a row against 0.638), because the convs' own
+    Zen 4, 2 cores, batch 4 of 4 s rows: 0.59-0.61 s a row against 0.61-0.65), because the convs' own
     threading leaves a share of each op serial. ``torch.set_num_threads`` is per thread here
     (OpenMP's and MKL's thread-local settings), so the caller keeps its threads.
     """

@@ -113,7 +113,10 @@ class Scheduler:
         if threaded is None:
             threaded = stages.policy.device.type == "cuda"
         self.finishing: list[Future[list[RowRecord]]] = []
-        self.code2wav = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cosyclone-code2wav") if threaded else None
+        # the worker takes this thread's torch threads (--threads): a new thread would start at torch's default
+        self.code2wav = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cosyclone-code2wav",
+                                           initializer=torch.set_num_threads,
+                                           initargs=(torch.get_num_threads(),)) if threaded else None
         device = stages.policy.device
         self.stream = torch.cuda.Stream(device) if threaded and device.type == "cuda" else None  # code2wav's own
 
