@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 from dataclasses import replace
 
 import torch
@@ -123,7 +124,8 @@ def test_row_chunks_equal_one_padded_batch() -> None:
 def test_rows_side_by_side_on_cpu_threads_equal_one_padded_batch(monkeypatch) -> None:
     """On CPU with two threads, chunks run on two worker threads (one intra-op thread each): each
     row is what one padded batch gives, the noise table is grown once before them, the caller
-    keeps its own thread count, and one thread gives the same bytes."""
+    keeps its own thread count, one thread gives the same bytes, and no worker outlives the call
+    (a live thread would stop the text pool from forking)."""
     model = _dummy(std=0.3)
     model.sine_waves = model.sine_waves[:, :0]  # the workers need more noise than the model holds
     lens = torch.tensor([20, 3, 11, 5, 9, 14])
@@ -134,8 +136,6 @@ def test_rows_side_by_side_on_cpu_threads_equal_one_padded_batch(monkeypatch) ->
     real = CausalHiFTGenerator.padded_batch
 
     def spy(self, mel, mel_len):
-        import threading
-
         ran.append((threading.current_thread().name, torch.get_num_threads()))
         return real(self, mel, mel_len)
 
@@ -153,6 +153,7 @@ def test_rows_side_by_side_on_cpu_threads_equal_one_padded_batch(monkeypatch) ->
     assert len(side) >= 2 and all(n == 1 for _, n in side) and len(ran) == 2 * len(side), ran
     assert (got - whole).abs().max().item() < 1e-6
     assert torch.equal(got, serial)  # the chunks come from the rows, not from the thread count
+    assert not [t for t in threading.enumerate() if t.name.startswith("cosyclone-hift")]  # none outlives the call
 
 
 def test_padding_garbage_does_not_matter() -> None:

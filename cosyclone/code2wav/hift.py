@@ -32,7 +32,6 @@ Why the structure looks like this:
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
@@ -314,7 +313,11 @@ class CausalHiFTGenerator(nn.Module):
 
         if threads > 1:
             self._noise_table(int(lens.max()) * self.upsample_scale)  # grown here, not raced by the workers
-        parts = _row_pool(threads).map(run, chunks) if threads > 1 else map(run, chunks)
+        if threads > 1:
+            with _row_pool(threads) as pool:
+                parts = list(pool.map(run, chunks))
+        else:
+            parts = [run(rows) for rows in chunks]
         for index, part in parts:
             wav[index, : part.shape[1]] = part
         return wav, lens.to(mel.device) * self.upsample_scale
@@ -366,24 +369,17 @@ def fft_block_size(channels: int, kernel: int) -> int:
 #: cost 0.70 s alone, 0.71 s per row in pairs, 0.78 in fours and 0.94 in eights.
 CPU_CHUNK_FRAMES = 400
 
-_ROW_POOLS: dict[int, ThreadPoolExecutor] = {}
-_ROW_POOLS_LOCK = threading.Lock()
-
-
 def _row_pool(threads: int) -> ThreadPoolExecutor:
-    """Worker threads that run HiFT chunks side by side on CPU, one intra-op thread each.
+    """Worker threads that run HiFT chunks side by side on CPU, one intra-op thread each (a pool
+    per call, so no thread outlives it: a live thread would stop the text pool from forking).
 
     Why: two chunks on one thread each beat one chunk after the other on two threads (AMD EPYC
     Zen 4, 2 cores, batch 4 of 4 s rows: 0.59-0.61 s a row against 0.61-0.65), because the convs' own
     threading leaves a share of each op serial. ``torch.set_num_threads`` is per thread here
     (OpenMP's and MKL's thread-local settings), so the caller keeps its threads.
     """
-    with _ROW_POOLS_LOCK:
-        pool = _ROW_POOLS.get(threads)
-        if pool is None:
-            pool = _ROW_POOLS[threads] = ThreadPoolExecutor(
-                threads, thread_name_prefix="cosyclone-hift", initializer=torch.set_num_threads, initargs=(1,))
-        return pool
+    return ThreadPoolExecutor(threads, thread_name_prefix="cosyclone-hift", initializer=torch.set_num_threads,
+                              initargs=(1,))
 
 
 def _rows4(x: Tensor) -> Tensor:
