@@ -374,7 +374,7 @@ def _row_pool(threads: int) -> ThreadPoolExecutor:
     per call, so no thread outlives it: a live thread would stop the text pool from forking).
 
     Why: two chunks on one thread each beat one chunk after the other on two threads (AMD EPYC
-    Zen 4, 2 cores, batch 4 of 4 s rows: 0.59-0.61 s a row against 0.61-0.65), because the convs' own
+    Zen 4, 2 cores, batch 4 and 8 of 4 s rows: 0-10% a row, median about 5%), because the convs' own
     threading leaves a share of each op serial. ``torch.set_num_threads`` is per thread here
     (OpenMP's and MKL's thread-local settings), so the caller keeps its threads.
     """
