@@ -313,13 +313,13 @@ class CausalHiFTGenerator(nn.Module):
 
         if threads > 1:
             self._noise_table(int(lens.max()) * self.upsample_scale)  # grown here, not raced by the workers
-        if threads > 1:
             with _row_pool(threads) as pool:
-                parts = list(pool.map(run, chunks))
+                parts = pool.map(run, chunks)
+                for index, part in parts:
+                    wav[index, : part.shape[1]] = part
         else:
-            parts = [run(rows) for rows in chunks]
-        for index, part in parts:
-            wav[index, : part.shape[1]] = part
+            for index, part in map(run, chunks):
+                wav[index, : part.shape[1]] = part
         return wav, lens.to(mel.device) * self.upsample_scale
 
     def padded_batch(self, mel: Tensor, mel_len: Tensor) -> tuple[Tensor, Tensor]:
