@@ -133,7 +133,7 @@ def bench_hift(cfg: ModelConfig, device: str, batches: list[int], reps: int) -> 
     policy = resolve(device, "fp32")
     hift = build_hift(cfg, policy, load_format="dummy")  # HiFT always runs fp32 (its F0 part in fp64)
     fft = any(getattr(m, "fft_spec", None) is not None for m in hift.modules())
-    direct = _direct_hift(cfg, policy) if fft else None
+    direct = build_hift(cfg, policy, load_format="dummy", direct=True) if fft else None
     where = cpu_name() if policy.device.type == "cpu" else str(policy.device)
     out: dict[int, float] = {}
     for b in batches:
@@ -163,20 +163,6 @@ def bench_hift(cfg: ModelConfig, device: str, batches: list[int], reps: int) -> 
             print(f"HiFT fp32 batch {b}, all convs direct (alternated in this run): {before:.3f} s per row -> "
                   f"FFT convs {before / per_row:.2f}x as fast; waveform max |diff| {gap:.2g} of its peak", flush=True)
     return out
-
-
-def _direct_hift(cfg: ModelConfig, policy) -> torch.nn.Module:
-    """The same dummy HiFT with every conv direct (no FFT convs), on the policy's device."""
-    from cosyclone.checkpoint import init_dummy
-    from cosyclone.code2wav.hift import CausalHiFTGenerator
-    from cosyclone.code2wav.noise import hift_sine_waves
-
-    model = CausalHiFTGenerator(cfg.hift)
-    init_dummy(model)
-    model.f0_predictor.double()
-    model = model.fold_weight_norm().to(policy.device).eval()
-    model.noise_factory = hift_sine_waves
-    return model
 
 
 if __name__ == "__main__":

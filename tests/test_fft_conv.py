@@ -108,3 +108,14 @@ def test_a_generator_with_fft_convs_equals_the_direct_one() -> None:
     got, _ = models[1].inference(mel, lens, max_frames=0)
     assert ref.abs().max() > 1e-2
     assert (got - ref).abs().max() <= 1e-5 * ref.abs().max() + 1e-7
+
+
+def test_build_hift_uses_fft_convs_on_cpu_unless_asked_for_direct_ones() -> None:
+    """Released geometry, dummy weights: the CPU build takes the rule's convs; ``direct=True`` none."""
+    from cosyclone.code2wav.hift import build_hift
+    from cosyclone.config import released_config
+
+    cpu = DevicePolicy(device=torch.device("cpu"), dtype=torch.float32, backend="cpu", requested_dtype="fp32")
+    for direct, expected in ((False, 36), (True, 0)):  # stages 1-2: k 7 (main + source) and k 11, 6 convs each
+        model = build_hift(released_config(), cpu, load_format="dummy", direct=direct)
+        assert sum(m.fft_spec is not None for m in model.modules() if isinstance(m, CausalConv1d)) == expected

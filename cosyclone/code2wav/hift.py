@@ -301,9 +301,9 @@ class CausalHiFTGenerator(nn.Module):
         lens = mel_len.to(torch.long).cpu().clamp(min=0, max=frames)
         chunks = chunks_by_length(lens.tolist(), max_frames)  # from the rows alone: bytes do not
         # depend on the thread count (a row's chunk decides its padded GEMM shapes)
-        threads = min(torch.get_num_threads(), len(chunks)) if cpu else 1
         if len(chunks) == 1:
             return self.padded_batch(mel, mel_len)
+        threads = min(torch.get_num_threads(), len(chunks)) if cpu else 1
         wav = torch.zeros(bsz, frames * self.upsample_scale, device=mel.device, dtype=torch.float32)
 
         def run(rows: list[int]) -> tuple[Tensor, Tensor]:
@@ -369,6 +369,7 @@ def fft_block_size(channels: int, kernel: int) -> int:
 #: cost 0.70 s alone, 0.71 s per row in pairs, 0.78 in fours and 0.94 in eights.
 CPU_CHUNK_FRAMES = 400
 
+
 def _row_pool(threads: int) -> ThreadPoolExecutor:
     """Worker threads that run HiFT chunks side by side on CPU, one intra-op thread each (a pool
     per call, so no thread outlives it: a live thread would stop the text pool from forking).
@@ -409,12 +410,14 @@ def fft_rule_for(policy: DevicePolicy) -> FFTRule | None:
     return fft_block_size if policy.device.type == "cpu" else None
 
 
-def build_hift(cfg: ModelConfig, policy: DevicePolicy, load_format: str = "auto") -> CausalHiFTGenerator:
-    """Build, load (``auto``: <model_dir>/hift.pt; ``dummy``: seeded values), fold, install noise."""
+def build_hift(cfg: ModelConfig, policy: DevicePolicy, load_format: str = "auto", *,
+               direct: bool = False) -> CausalHiFTGenerator:
+    """Build, load (``auto``: <model_dir>/hift.pt; ``dummy``: seeded values), fold, install noise.
+    ``direct``: every conv direct, FFT convs or not on the device (what benchmarks compare with)."""
     from .noise import hift_sine_waves
 
     model = CausalHiFTGenerator(cfg.hift)
-    fft = fft_rule_for(policy)
+    fft = None if direct else fft_rule_for(policy)
     if load_format == "dummy":
         init_dummy(model)
         model.f0_predictor.double()
