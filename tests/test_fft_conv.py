@@ -9,9 +9,22 @@ import torch
 import torch.nn.functional as F
 
 from cosyclone.checkpoint import init_dummy
-from cosyclone.code2wav.fft_conv import dft_matrices, fft_causal_conv, spectral_weight
+from cosyclone.code2wav.fft_conv import (
+    dft_matrices,
+    fft_causal_conv,
+    fft_causal_conv_padded,
+    fft_margins,
+    spectral_weight,
+    zero_margined,
+)
 from cosyclone.code2wav.hift import CausalHiFTGenerator, fft_block_size, fft_rule_for
-from cosyclone.code2wav.hift_layers import CausalConv1d
+from cosyclone.code2wav.hift_layers import (
+    CausalConv1d,
+    CausalConv1dDownSample,
+    CausalConv1dUpsample,
+    Snake,
+    act_conv,
+)
 from cosyclone.code2wav.noise import hift_sine_waves
 from cosyclone.config import HiFTConfig
 from cosyclone.device import DevicePolicy
@@ -56,6 +69,56 @@ def test_each_row_of_a_batch_is_the_row_alone() -> None:
         torch.testing.assert_close(batch[i:i + 1], alone, rtol=0, atol=1e-5)
 
 
+def test_the_padded_form_reads_exactly_its_margins_and_refuses_other_geometry() -> None:
+    """Garbage outside the margins cannot leak in (the buffer is sized to the conv's reads), the
+    margins are zero, and a buffer of another size is refused rather than read out of bounds."""
+    gen = torch.Generator().manual_seed(11)
+    w, b = torch.randn(6, 6, 11, generator=gen), torch.randn(6, generator=gen)
+    x = torch.randn(2, 61, 6, generator=gen)
+    forward, inverse = dft_matrices(32, 11)
+    spec = spectral_weight(w, 32)
+    lead, trail = fft_margins(61, 32, 11, 3)
+    assert lead == 30 and (lead + 61 + trail) % 3 == 0 and trail >= 0
+    xp = zero_margined(2, 61, 6, lead, trail, like=x)
+    assert xp[:, :lead].abs().max() == 0 and xp[:, lead + 61:].abs().max() == 0
+    xp[:, lead:lead + 61] = x
+    got = fft_causal_conv_padded(xp, 61, spec, forward, inverse, b, kernel=11, dilation=3)
+    assert (got - direct(x, w, b, 3)).abs().max() <= 2e-6 * got.abs().max()
+    with pytest.raises(ValueError, match="padded input"):
+        fft_causal_conv_padded(xp[:, 1:], 61, spec, forward, inverse, b, kernel=11, dilation=3)
+
+
+def test_batch_one_dilation_one_returns_the_inverse_output_in_place() -> None:
+    """The inverse lands in time order: a single row at dilation 1 is a view, no reordering copy."""
+    w = torch.randn(4, 4, 7)
+    x = torch.randn(1, 50, 4)
+    forward, inverse = dft_matrices(32, 7)
+    got = fft_causal_conv(x, spectral_weight(w, 32), forward, inverse, None, kernel=7)
+    assert got.is_contiguous() and got.shape == (1, 50, 4)
+    assert got.untyped_storage().nbytes() > got.numel() * 4  # the block-padded inverse output, viewed
+
+
+@pytest.mark.parametrize("make", [
+    lambda: CausalConv1d(8, 8, 7, 3),  # direct, dilated
+    lambda: CausalConv1d(8, 8, 3, 1),
+    lambda: CausalConv1d(8, 6, 5, causal_type="right"),  # look-ahead: zeros after
+    lambda: CausalConv1dUpsample(8, 4, 11, 5),
+    lambda: CausalConv1dDownSample(8, 4, 6, 3),
+])
+def test_an_activation_written_into_the_margined_input_gives_the_same_bytes(make) -> None:
+    """act_conv(x, snake, conv) == conv(snake(x)) bit for bit for direct convs: same values, same
+    layout; only the padded copy is gone."""
+    torch.manual_seed(0)
+    conv, snake = make(), Snake(8)
+    with torch.no_grad():
+        snake.alpha.uniform_(0.5, 2.0)
+        conv.prepare()
+        x = torch.randn(3, 8, 1, 40).contiguous(memory_format=torch.channels_last)
+        ref = conv(snake(x))
+        got = act_conv(x, snake.into, conv)
+    assert torch.equal(got, ref)
+
+
 def test_block_size_must_leave_outputs() -> None:
     with pytest.raises(ValueError, match="larger than the kernel"):
         dft_matrices(8, 11)
@@ -82,8 +145,8 @@ def test_a_prepared_fft_conv_equals_the_prepared_direct_conv_and_keeps_its_keys(
 
 
 def test_the_rule_picks_the_wide_long_convs_and_only_on_cpu() -> None:
-    assert fft_block_size(64, 11) == 0 and fft_block_size(512, 3) == 0  # measured: direct wins there
-    assert fft_block_size(128, 11) == 64 and fft_block_size(256, 11) == 32 and fft_block_size(128, 7) == 32
+    assert fft_block_size(64, 7) == 0 and fft_block_size(512, 3) == 0  # measured: direct wins (or ties) there
+    assert all(fft_block_size(c, k) == 32 for c, k in ((64, 11), (128, 7), (128, 11), (256, 7), (256, 11)))
     cpu = DevicePolicy(device=torch.device("cpu"), dtype=torch.float32, backend="cpu", requested_dtype="fp32")
     gpu = replace(cpu, device=torch.device("cuda"), backend="cuda")
     assert fft_rule_for(cpu) is fft_block_size and fft_rule_for(gpu) is None
@@ -116,6 +179,7 @@ def test_build_hift_uses_fft_convs_on_cpu_unless_asked_for_direct_ones() -> None
     from cosyclone.config import released_config
 
     cpu = DevicePolicy(device=torch.device("cpu"), dtype=torch.float32, backend="cpu", requested_dtype="fp32")
-    for direct, expected in ((False, 36), (True, 0)):  # stages 1-2: k 7 (main + source) and k 11, 6 convs each
+    # stages 1-2: k 7 (main + source) and k 11, 6 convs each; stage 3 (64 channels): the two k 11 blocks
+    for direct, expected in ((False, 48), (True, 0)):
         model = build_hift(released_config(), cpu, load_format="dummy", direct=direct)
         assert sum(m.fft_spec is not None for m in model.modules() if isinstance(m, CausalConv1d)) == expected

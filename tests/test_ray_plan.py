@@ -101,8 +101,8 @@ def test_the_issues_nodes_get_the_rules_figures() -> None:
     small = plan_actors([node(2, 64)], p, fp)
     assert (small.actors, small.threads, small.num_cpus) == (2, 1, 0.5)  # cores bind: 2 x 1 thread, half a CPU
     assert plan_actors([node(2, 9)], p, fp).actors == 1  # one fp32 actor fits 9 GB, two do not
-    # bf16 ones fit two to 9.5 GB (9 GB before HiFT's CPU FFT spectra added 0.21 GB to an actor)
-    assert plan_actors([node(2, 9.5)], *released("cpu", "bf16")).actors == 2
+    # bf16 ones fit two to 9.7 GB (9 GB before HiFT's CPU FFT spectra added 0.29 GB to an actor)
+    assert plan_actors([node(2, 9.7)], *released("cpu", "bf16")).actors == 2
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])

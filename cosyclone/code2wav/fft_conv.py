@@ -1,16 +1,30 @@
 """Overlap-save FFT convolution for HiFT's long-kernel causal convs (fewer FLOPs on CPU).
 
-Why: HiFT's convs run near the CPU's fp32 FMA peak already, so the vocoder only gets faster by
-doing fewer multiply-adds. A causal conv of ``k`` taps over ``C`` channels costs ``2·k·C²`` FLOPs
-per output frame done directly. Cut into blocks of ``N`` samples (``L = N − k + 1`` new outputs
-per block) and moved to the frequency domain, the channel mixing is one complex ``C×C`` product
-per frequency bin: ``8·(N/2+1)·C²/L`` FLOPs per frame (5-6·C² for N = 32/64 instead of 14·C² at
-k = 7 and 22·C² at k = 11), plus two small real DFT products per block. The DFTs are matrices
-(``dft_matrices``) applied as GEMMs, not FFT calls: at N <= 64 a GEMM over all blocks at once is
-faster than many tiny FFTs and runs the same on every device.
+Why: HiFT's direct convs run near the CPU's fp32 FMA peak already, so the vocoder only gets faster
+by doing fewer multiply-adds. A causal conv of ``k`` taps over ``C`` channels costs ``2·k·C²``
+FLOPs per output frame done directly. Cut into blocks of ``N`` samples (``L = N − k + 1`` new
+outputs per block) and moved to the frequency domain, the channel mixing is one complex ``C×C``
+product per frequency bin. Each complex product is done with three real ones (Gauss's trick:
+``k1 = (Xr+Xi)·Hr``, ``k2 = Xr·(Hi−Hr)``, ``k3 = Xi·(Hr+Hi)``; ``Re = k1 − k3``, ``Im = k1 + k2``),
+so a block costs ``2·N'·C²`` FLOPs with ``N' = 3·(N/2−1) + 2`` real products (the bins 0 and N/2
+are real): ``3.6·C²`` per frame at N = 32, k = 7 against ``14·C²`` directly (``4.3·C²`` against
+``22·C²`` at k = 11).
+
+The sums and differences live in the transforms, not in passes of their own: the forward matrix
+has a row for ``Xr+Xi`` beside ``Xr`` and ``Xi`` of each complex bin, the inverse matrix folds
+``Re``/``Im`` back out of ``k1, k2, k3``. The DFTs are such matrices (:func:`dft_matrices`) applied
+as batched GEMMs over blocks, not FFT calls: at N = 32 one call over all blocks beats many tiny
+FFTs, runs the same on every device, and needs no transposes:
+
+* forward: per block, ``(N', N) @ (N, Cin)`` on a strided view of the zero-margined input (the
+  overlapping blocks are never copied out) -> spectra (blocks, N', Cin);
+* per row of the spectra (bin, kind), one ``(blocks, Cin) @ (Cin, Cout)`` product (a bmm over N');
+* inverse: per block, ``(L, N') @ (N', Cout)``, which lands in time order: (blocks, L, Cout) *is*
+  (T, Cout) for dilation 1, so the result needs no reordering copy. The bias rides in bin 0
+  (``N·b`` added to its product: the inverse's bin-0 column is ``1/N``).
 
 Dilation: a causal conv with dilation ``d`` is ``d`` interleaved undilated convs (one per phase
-``t mod d``), so the phases simply become more columns of the same products.
+``t mod d``), so the phases simply become more blocks (one reordering copy at the end).
 
 Numerics: the result equals the direct conv to fp32 rounding (relative ~1e-6 of the largest
 output; tests/test_fft_conv.py pins it against ``F.conv1d``), not bit for bit: it is a different
@@ -27,95 +41,121 @@ from torch import Tensor
 
 
 def dft_matrices(size: int, kernel: int) -> tuple[Tensor, Tensor]:
-    """Real DFT (N, N) and the inverse for the kept outputs (L, N), L = N − k + 1.
+    """Forward (N', N) and inverse (L, N') transforms of Gauss-product spectra, L = N − k + 1.
 
-    Rows of the forward matrix: the two real bins first (0 and N/2, whose imaginary parts vanish
-    for real signals), then ``cos``/``−sin`` per complex bin 1 .. N/2−1 (real part, imaginary part),
-    so a product's rows come out as (bin, re/im) pairs after the two real ones. The inverse keeps
-    only block positions ``k−1 .. N−1`` (free of circular wrap-around) and carries the 1/N and the
-    factor 2 of the bins that stand for a conjugate pair. Built in float64, returned in float32.
+    Forward rows: the real bins 0 and N/2, then per complex bin 1 .. N/2−1 the three rows
+    ``Re+Im``, ``Re``, ``Im`` of the DFT (``cos − sin``, ``cos``, ``−sin``). The inverse keeps only
+    block positions ``k−1 .. N−1`` (free of circular wrap-around); its columns take the products
+    ``k1, k2, k3`` of each complex bin (``Re = k1 − k3``, ``Im = k1 + k2``) and carry the 1/N and the
+    factor 2 of a bin that stands for a conjugate pair. Built in float64, returned in float32.
     """
     if size <= kernel or size % 2:
         raise ValueError(f"FFT block size must be even and larger than the kernel ({kernel}), not {size}")
     n = torch.arange(size, dtype=torch.float64)
     j = torch.arange(1, size // 2, dtype=torch.float64)  # the complex bins
     angle = 2 * math.pi * j[:, None] * n[None, :] / size  # (N/2−1, N)
-    complex_rows = torch.stack([torch.cos(angle), -torch.sin(angle)], dim=1).reshape(-1, size)
+    re, im = torch.cos(angle), -torch.sin(angle)
+    complex_rows = torch.stack([re + im, re, im], dim=1).reshape(-1, size)
     forward = torch.cat([torch.ones(1, size, dtype=torch.float64), torch.cos(math.pi * n)[None], complex_rows])
     kept = n[kernel - 1:]
     angle = 2 * math.pi * kept[:, None] * j[None, :] / size  # (L, N/2−1)
-    complex_cols = torch.stack([2 * torch.cos(angle), -2 * torch.sin(angle)], dim=2).reshape(len(kept), -1)
+    from_re, from_im = 2 * torch.cos(angle), -2 * torch.sin(angle)  # y = Σ Re·from_re + Im·from_im
+    complex_cols = torch.stack([from_re + from_im, from_im, -from_re], dim=2).reshape(len(kept), -1)
     inverse = torch.cat([torch.ones(len(kept), 1, dtype=torch.float64), torch.cos(math.pi * kept)[:, None],
                          complex_cols], dim=1) / size
     return forward.float(), inverse.float()
 
 
 def spectral_weight(weight: Tensor, size: int) -> Tensor:
-    """(Cout, Cin, k) causal conv weight -> (N/2+1, Cin, 2·Cout): per bin the transposed spectrum.
+    """(Cout, Cin, k) causal conv weight -> (N', Cin, Cout): per row of :func:`dft_matrices` the
+    matrix its spectra row is multiplied by (``Hr`` for the real bins; ``Hr``, ``Hi−Hr``, ``Hr+Hi``
+    for the three rows of a complex bin), transposed for a (blocks, Cin) @ (Cin, Cout) product.
 
-    Rows 0 and 1 hold the real bins 0 and N/2 (their ``Cout`` columns only; the rest is zero), rows
-    2.. the complex bins 1 .. N/2−1 as ``[Re | Im]``, the order of :func:`dft_matrices`. The conv
-    reads ``x[t−(k−1)+i]`` with tap ``i``; as a circular convolution over a block that is the filter
-    ``h[m] = w[k−1−m]`` (taps reversed, zero past k). Computed in float64.
+    The conv reads ``x[t−(k−1)+i]`` with tap ``i``; as a circular convolution over a block that is
+    the filter ``h[m] = w[k−1−m]`` (taps reversed, zero past k). Computed in float64.
     """
     cout, cin, k = weight.shape
     h = weight.new_zeros(cout, cin, size, dtype=torch.float64)
     h[..., :k] = weight.double().flip(-1)
-    spec = torch.fft.rfft(h, dim=-1).permute(2, 1, 0)  # (nb, Cin, Cout)
-    out = torch.zeros(size // 2 + 1, cin, 2 * cout, dtype=torch.float64)
-    out[0, :, :cout] = spec[0].real
-    out[1, :, :cout] = spec[-1].real
-    out[2:] = torch.cat([spec[1:-1].real, spec[1:-1].imag], dim=-1)
-    return out.float().contiguous()
+    spec = torch.fft.rfft(h, dim=-1).permute(2, 1, 0)  # (N/2+1, Cin, Cout)
+    hr, hi = spec.real[1:-1], spec.imag[1:-1]
+    gauss = torch.stack([hr, hi - hr, hr + hi], dim=1).reshape(-1, cin, cout)
+    return torch.cat([spec.real[:1], spec.real[-1:], gauss]).float().contiguous()
+
+
+def fft_blocks(frames: int, size: int, kernel: int, dilation: int = 1) -> int:
+    """Blocks per dilation phase for ``frames`` output frames: ceil(ceil(T/d) / L)."""
+    return math.ceil(math.ceil(frames / dilation) / (size - kernel + 1))
+
+
+def fft_margins(frames: int, size: int, kernel: int, dilation: int = 1) -> tuple[int, int]:
+    """Zero frames (before, after) ``frames`` input frames that :func:`fft_causal_conv_padded` reads:
+    the causal ``d·(k−1)`` before, and after up to the last block's end."""
+    step = size - kernel + 1
+    lead = (kernel - 1) * dilation
+    return lead, fft_blocks(frames, size, kernel, dilation) * step * dilation - frames
+
+
+def fft_causal_conv_padded(xp: Tensor, frames: int, spec: Tensor, forward: Tensor, inverse: Tensor,
+                           bias: Tensor | None, *, kernel: int, dilation: int = 1) -> Tensor:
+    """Causal conv of zero-margined channels-last rows by overlap-save.
+
+    xp (B, lead + T + trail, Cin) contiguous with :func:`fft_margins`' zeros around the ``frames``
+    frames (Snake writes its output straight into such a buffer, so no padded copy is made here);
+    spec from :func:`spectral_weight`; forward/inverse from :func:`dft_matrices` -> (B, T, Cout)
+    (B = 1, dilation 1: a view of the inverse's output, already in time order; otherwise a fresh
+    contiguous tensor). Equals ``conv1d(pad(x), w, bias, dilation=d)`` to fp32 rounding.
+    """
+    bsz, total, cin = xp.shape
+    rows_f, size = forward.shape
+    step = size - kernel + 1
+    cout = spec.shape[-1]
+    d = dilation
+    blocks = fft_blocks(frames, size, kernel, d)
+    lead, trail = fft_margins(frames, size, kernel, d)
+    if total != lead + frames + trail:
+        raise ValueError(f"padded input has {total} frames, the conv reads {lead} + {frames} + {trail}")
+    m = bsz * d * blocks
+    spectra = xp.new_empty(bsz, d, blocks, rows_f, cin)
+    transform = forward.expand(blocks, rows_f, size)
+    for b in range(bsz):
+        for p in range(d):  # block (b, p, i) reads frames i·L·d + p + n·d, n < N: overlapping strided rows
+            blocked = xp.as_strided((blocks, size, cin), (step * d * cin, d * cin, 1),
+                                    xp.storage_offset() + (b * total + p) * cin)
+            torch.bmm(transform, blocked, out=spectra[b, p])
+    products = torch.bmm(spectra.view(m, rows_f, cin).transpose(0, 1), spec)  # (N', M, Cout)
+    if bias is not None:
+        products[0].add_(bias, alpha=size)  # the inverse's bin-0 column is 1/N
+    y = torch.bmm(inverse.expand(m, step, rows_f), products.transpose(0, 1))  # (M, L, Cout): time order
+    if d == 1:
+        out = y.view(bsz, blocks * step, cout)[:, :frames]
+        return out if bsz == 1 else out.contiguous()
+    # phases back in between: frame (i·L + l)·d + p of row b is y[b, p, i, l]
+    phased = y.view(bsz, d, blocks, step, cout).permute(0, 2, 3, 1, 4)  # (B, blocks, L, d, Cout)
+    rows = y.new_empty(bsz, frames, cout)
+    span = step * d  # frames per block
+    full = frames // span
+    rows[:, :full * span].view(bsz, full, step, d, cout).copy_(phased[:, :full])
+    if full < blocks:  # the last block, partly past the end
+        rows[:, full * span:].copy_(phased[:, full].reshape(bsz, span, cout)[:, :frames - full * span])
+    return rows
+
+
+def zero_margined(bsz: int, frames: int, channels: int, lead: int, trail: int, *, like: Tensor) -> Tensor:
+    """An uninitialised (B, lead + T + trail, C) buffer whose ``lead`` and ``trail`` frames are zero:
+    what a causal conv reads around its input (only the margins are written, not the whole buffer
+    as ``F.pad`` does)."""
+    buf = like.new_empty(bsz, lead + frames + trail, channels)
+    buf[:, :lead].zero_()
+    buf[:, lead + frames:].zero_()
+    return buf
 
 
 def fft_causal_conv(x: Tensor, spec: Tensor, forward: Tensor, inverse: Tensor, bias: Tensor | None, *,
                     kernel: int, dilation: int = 1) -> Tensor:
-    """Causal conv (left zero padding ``dilation·(kernel−1)``) of channels-last rows by overlap-save.
-
-    x (B, T, Cin) contiguous; spec from :func:`spectral_weight`; forward/inverse from
-    :func:`dft_matrices` -> (B, T, Cout) contiguous (the prepared convs' channels-last memory).
-    Equals ``conv1d(pad(x), w, bias, dilation=d)`` to fp32 rounding.
-    """
+    """:func:`fft_causal_conv_padded` of (B, T, Cin) rows (zero margins added here) -> (B, T, Cout)."""
     bsz, frames, cin = x.shape
-    size = forward.shape[1]
-    pairs = size // 2 - 1  # complex bins
-    step = size - kernel + 1  # new outputs per block
-    cout = spec.shape[-1] // 2
-    d = dilation
-    blocks = math.ceil(math.ceil(frames / d) / step)  # per phase: ceil(ceil(T/d) / L)
-    padded = (blocks * step + kernel - 1) * d
-    lead = (kernel - 1) * d
-    xp = x.new_empty(bsz, padded, cin)
-    xp[:, :lead].zero_()
-    xp[:, lead + frames:].zero_()
+    lead, trail = fft_margins(frames, forward.shape[1], kernel, dilation)
+    xp = zero_margined(bsz, frames, cin, lead, trail, like=x)
     xp[:, lead:lead + frames] = x
-    # column (b, block, phase, c) of block position n holds xp[b, (block·L + n)·d + phase, c]
-    cols = xp.as_strided((size, bsz, blocks, d * cin), (d * cin, padded * cin, step * d * cin, 1))
-    spectra = torch.matmul(forward, cols.reshape(size, -1))  # (N, B·blocks·d·Cin): real bins, (bin, re/im)
-    m = bsz * blocks * d
-    out = spectra.new_empty(size, m, cout)  # the product's spectra, rows as the input's
-    torch.bmm(spectra[:2].view(2, m, cin), spec[:2, :, :cout], out=out[:2])  # real bins: Xr·Hr
-    prod = torch.bmm(spectra[2:].view(pairs, 2 * m, cin), spec[2:])  # (bins, 2M, 2Cout): [Xr; Xi] @ [Hr | Hi]
-    both = out[2:].view(pairs, 2, m, cout)
-    torch.sub(prod[:, :m, :cout], prod[:, m:, cout:], out=both[:, 0])  # Re = Xr·Hr − Xi·Hi
-    torch.add(prod[:, :m, cout:], prod[:, m:, :cout], out=both[:, 1])  # Im = Xr·Hi + Xi·Hr
-    y = torch.matmul(inverse, out.view(size, m * cout))  # (L, B·blocks·d·Cout)
-    # back to time order (b, block, position, phase), straight into (B, T, Cout) with the bias added
-    blocked = y.view(step, bsz, blocks, d, cout).permute(1, 2, 0, 3, 4)
-    rows = y.new_empty(bsz, frames, cout)
-    span = step * d  # frames per block
-    full = frames // span
-    _copy_biased(rows[:, :full * span].view(bsz, full, step, d, cout), blocked[:, :full], bias)
-    if full < blocks:  # the last block, partly past the end
-        tail = blocked[:, full].reshape(bsz, span, cout)[:, :frames - full * span]
-        _copy_biased(rows[:, full * span:], tail, bias)
-    return rows
-
-
-def _copy_biased(dst: Tensor, src: Tensor, bias: Tensor | None) -> None:
-    """``dst = src (+ bias)`` in one pass."""
-    if bias is None:
-        dst.copy_(src)
-    else:
-        torch.add(src, bias, out=dst)
+    return fft_causal_conv_padded(xp, frames, spec, forward, inverse, bias, kernel=kernel, dilation=dilation)

@@ -19,14 +19,15 @@ Why the structure looks like this:
   overlap-add must not see the neighbouring padding); ``hift_dsp`` does both for the whole batch
   at once with the lengths on the device. Padded outputs are zeroed;
 * speed (CPU, fp32): the convs are ~90% of the time and the direct ones run near the FMA peak, so
-  the wide residual convs (128 and 256 channels, kernels 7 and 11) run as overlap-save FFT convs
-  on CPU (:mod:`.fft_conv`, picked by :func:`fft_block_size`: 2-4x fewer FLOPs there, ~0.2 GB of
-  spectra); the rest is saved around the convs: once folded, the fp32 convs hold channels-last
-  (Cout, Cin, 1, k) weights and the activations stay (B, C, 1, T) channels-last end to end (no
-  per-call weight-norm or weight/activation reorders), the upsampling convs run polyphase (3 taps
-  at the input rate instead of 16/11/7 on the upsampled signal), Snake uses one temporary, the
-  sines are computed per frame and the iSTFT's overlap-add is four shifted adds. The float64 F0
-  predictor is unchanged.
+  the long residual convs (kernel 7 at 128 and 256 channels, kernel 11 at 64-256) run as
+  overlap-save FFT convs on CPU (:mod:`.fft_conv`, picked by :func:`fft_block_size`: 2-5x fewer
+  FLOPs there, ~0.29 GB of spectra); the rest is saved around the convs: once folded, the fp32
+  convs hold channels-last (Cout, Cin, 1, k) weights and the activations stay (B, C, 1, T)
+  channels-last end to end (no per-call weight-norm or weight/activation reorders), each
+  activation writes straight into its conv's zero-margined input (no padded copies), the
+  upsampling convs run polyphase (3 taps at the input rate instead of 16/11/7 on the upsampled
+  signal), Snake uses one temporary, the sines are computed per frame and the iSTFT's overlap-add
+  is four shifted adds. The float64 F0 predictor is unchanged.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from .hift_layers import (
     SourceModuleHnNSF,
     _Prepared,
     _wn,
+    act_conv,
 )
 
 
@@ -244,7 +246,7 @@ class CausalHiFTGenerator(nn.Module):
         x = self.conv_pre(mel)
         nk = len(cfg.resblock_kernel_sizes)
         for i, up in enumerate(self.ups):
-            x = up(F.leaky_relu(x, cfg.lrelu_slope, inplace=True))
+            x = _leaky_conv(x, cfg.lrelu_slope, up) if rows else up(F.leaky_relu(x, cfg.lrelu_slope))
             if i == len(self.ups) - 1:
                 x = _reflect_left(x)
             x = x + self.source_resblocks[i](self.source_downs[i](s_stft))
@@ -252,8 +254,9 @@ class CausalHiFTGenerator(nn.Module):
             for j in range(1, nk):
                 acc.add_(self.resblocks[i * nk + j](x))
             x = acc.div_(nk)
-        x = self.conv_post(F.leaky_relu(x, inplace=True))
-        return x.squeeze(2) if rows else x
+        if rows:
+            return _leaky_conv(x, 0.01, self.conv_post).squeeze(2)  # F.leaky_relu's default slope, as official
+        return self.conv_post(F.leaky_relu(x))
 
     def to_wave(self, x: Tensor, mel_len: Tensor | None = None) -> Tensor:
         """conv_post output (B, n_fft+2, 120·T+1) -> waveform (B, 480·T) clamped to ±audio_limit.
@@ -354,20 +357,22 @@ def fft_block_size(channels: int, kernel: int) -> int:
     """Overlap-save block for a residual conv of ``kernel`` taps over ``channels``; 0: run it directly.
 
     Measured per conv at the released sizes (one thread, AMD EPYC Zen 4, 4 s row; direct ms / FFT
-    ms): k 11 over 256 channels 21.2 / 9.1 (block 64), over 128 25.9 / 15.6; k 7 over 256 13.8 / 8.9
-    and over 128 17.1 / 13.5 (block 32). At 64 channels (the last stage) the per-bin products are
-    too small to beat the direct conv's peak rate once memory is shared (k 11: 16.9 ms on a quiet
-    machine, 29 ms beside another job, against 19.7), and k 3 never wins (0.4x).
+    ms at block 32, medians of 9 alternated): k 11 over 256 channels 21.1 / 8.4, over 128 26.6 /
+    14.0, over 64 20.4 / 15.2; k 7 over 256 13.7 / 7.4, over 128 17.2 / 11.9, over 64 13.5 / 13.1
+    (a tie: direct); k 3 never wins by more than noise (6.4 / 6.0 at 256). Block 32 beat 16 and 64
+    for every kernel here (fewer DFT FLOPs than at 64, fewer products per frame than at 16).
     """
-    if channels < 128 or kernel < 7:
+    if kernel < 7 or (channels < 128 and kernel < 11):
         return 0
-    return 64 if kernel >= 11 and channels < 256 else 32  # 256 channels: block 32 halves the spectra
-    # (k 11: 53 MB instead of 104 MB for 10.2 ms a conv instead of 9.1)
+    return 32
 
 
-#: Padded mel frames per HiFT call on CPU (2 rows of 4 s): measured on 2 cores, a row of 200 frames
-#: cost 0.70 s alone, 0.71 s per row in pairs, 0.78 in fours and 0.94 in eights.
-CPU_CHUNK_FRAMES = 400
+#: Padded mel frames per HiFT call on CPU (one row of 4 s, two of 2 s): the working set of a call
+#: (activations of 64 channels x 120 samples a frame) is what sets the per-row cost. Measured with
+#: the FFT convs (AMD EPYC Zen 4, batch 4 of 4 s rows, alternated): 1.007 s a row at 200 frames
+#: against 1.124 at 400 on one thread, 0.590 against 0.632 on two; 2 s rows cost the same alone or
+#: in pairs (0.552 / 0.551 s). Before the FFT convs: 0.70 s alone, 0.71 in pairs, 0.78 in fours.
+CPU_CHUNK_FRAMES = 200
 
 
 def _row_pool(threads: int) -> ThreadPoolExecutor:
@@ -381,6 +386,12 @@ def _row_pool(threads: int) -> ThreadPoolExecutor:
     """
     return ThreadPoolExecutor(threads, thread_name_prefix="cosyclone-hift", initializer=torch.set_num_threads,
                               initargs=(1,))
+
+
+def _leaky_conv(x: Tensor, slope: float, conv: _Prepared) -> Tensor:
+    """``conv(leaky_relu(x, slope))`` on prepared (B, C, 1, T) rows, the activation written straight
+    into the conv's zero-margined input (:func:`act_conv`; same bytes as ``F.leaky_relu``)."""
+    return act_conv(x, lambda v, out: torch.ops.aten.leaky_relu.out(v, slope, out=out), conv)
 
 
 def _rows4(x: Tensor) -> Tensor:

@@ -24,14 +24,15 @@ import torch
 from torch import Tensor
 
 
-def snake(x: Tensor, alpha: Tensor) -> Tensor:
+def snake(x: Tensor, alpha: Tensor, *, out: Tensor | None = None) -> Tensor:
     """Snake activation, x (B, C, ...) with alpha (C,): ``x + 1/(α+1e-9) · sin(αx)²`` (official order).
 
     Each step rounds exactly as the official expression (``pow(·, 2)`` is ``t·t``; products and the
-    final sum are commutative), so the bytes are the same; only the temporaries are fewer.
+    final sum are commutative), so the bytes are the same; only the temporaries are fewer. ``out``
+    (x's shape, any strides, not overlapping x) receives the result instead of a new tensor.
     """
     a = alpha.view(1, -1, *([1] * (x.dim() - 2)))
-    t = x * a
+    t = torch.mul(x, a) if out is None else torch.mul(x, a, out=out)
     t.sin_()
     t.mul_(t)
     t.mul_(1.0 / (a + 1e-9))

@@ -6,12 +6,14 @@ so released ``hift.pt`` files load strictly into :class:`~cosyclone.code2wav.hif
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parametrizations
 
-from .fft_conv import dft_matrices, fft_causal_conv, spectral_weight
+from .fft_conv import dft_matrices, fft_causal_conv_padded, fft_margins, spectral_weight, zero_margined
 from .hift_dsp import polyphase_upsample_weight, snake
 
 
@@ -34,7 +36,11 @@ class _Prepared:
     """Mixin of the generator's fp32 convs: after :meth:`prepare` they run as 2-D convs on (B, C, 1, T)
     channels-last activations (oneDNN's fastest fp32 conv layout on CPU, kept end to end so nothing
     is reordered between layers; cuDNN runs it natively too). Before it (weight-norm or plain 3-D
-    weights: loading, tests of the modules alone) they are the plain (B, C, T) convs."""
+    weights: loading, tests of the modules alone) they are the plain (B, C, T) convs.
+
+    Prepared, a conv reads its input from a zero-margined buffer (:meth:`margins` zeros before and
+    after the frames, :meth:`forward_padded`): the activation in front of it writes straight into
+    one (:func:`act_conv`), so no padded copy is made; :meth:`forward` pads a plain input itself."""
 
     weight: nn.Parameter
     bias: nn.Parameter | None
@@ -43,8 +49,41 @@ class _Prepared:
         """Replace the folded (Cout, Cin, k) weight by its channels-last 4-D form (once, after loading)."""
         self.weight = nn.Parameter(_to_rows(self.weight.detach()), requires_grad=False)
 
-    def _conv4(self, x: Tensor, pad: tuple[int, int], stride: int = 1, dilation: int = 1) -> Tensor:
-        return F.conv2d(F.pad(x, pad), self.weight, self.bias, (1, stride), 0, (1, dilation))
+    def margins(self, frames: int) -> tuple[int, int]:
+        """Zero frames (before, after) ``frames`` input frames that :meth:`forward_padded` reads."""
+        raise NotImplementedError
+
+    def forward_padded(self, xp: Tensor, frames: int) -> Tensor:
+        """(B, Cin, 1, before + frames + after) channels-last, zero margins -> (B, Cout, 1, T') channels-last."""
+        raise NotImplementedError
+
+    def _pad4(self, x: Tensor) -> Tensor:
+        """x (B, C, 1, T) channels-last -> the zero-margined input :meth:`forward_padded` reads."""
+        frames = x.shape[-1]
+        lead, trail = self.margins(frames)
+        if not lead and not trail:
+            return x
+        buf = margined_rows(x.shape[0], x.shape[1], frames, lead, trail, like=x)
+        buf[..., lead:lead + frames] = x
+        return buf
+
+    def _conv4(self, xp: Tensor, stride: int = 1, dilation: int = 1) -> Tensor:
+        return F.conv2d(xp, self.weight, self.bias, (1, stride), 0, (1, dilation))
+
+
+def margined_rows(bsz: int, channels: int, frames: int, lead: int, trail: int, *, like: Tensor) -> Tensor:
+    """(B, C, 1, lead + T + trail) channels-last, zero in the margins, uninitialised in between."""
+    return zero_margined(bsz, frames, channels, lead, trail, like=like).transpose(1, 2).unsqueeze(2)
+
+
+def act_conv(x: Tensor, act: Callable[[Tensor, Tensor], object], conv: _Prepared) -> Tensor:
+    """``conv(act(x))`` for a prepared conv on (B, C, 1, T) channels-last ``x``: ``act(x, out)`` writes
+    its result straight into the conv's zero-margined input (one pass saved per conv)."""
+    frames = x.shape[-1]
+    lead, trail = conv.margins(frames)
+    buf = margined_rows(x.shape[0], x.shape[1], frames, lead, trail, like=x)
+    act(x, buf[..., lead:lead + frames])
+    return conv.forward_padded(buf, frames)
 
 
 class CausalConv1d(_Prepared, nn.Conv1d):
@@ -80,20 +119,26 @@ class CausalConv1d(_Prepared, nn.Conv1d):
             self.register_buffer("fft_inverse", inverse, persistent=False)
         super().prepare()
 
+    def margins(self, frames: int) -> tuple[int, int]:
+        if self.causal_type != "left":
+            return 0, self.causal_pad
+        if self.fft_forward is not None:
+            return fft_margins(frames, self.fft_forward.shape[1], self.kernel_size[0], self.dilation[0])
+        return self.causal_pad, 0
+
     def forward(self, x: Tensor) -> Tensor:  # (B, Cin, T) -> (B, Cout, T)
-        pad = (self.causal_pad, 0) if self.causal_type == "left" else (0, self.causal_pad)
         if self.weight.dim() == 4:
-            if self.fft_spec is not None:
-                return self._fft4(x)
-            return self._conv4(x, pad, dilation=self.dilation[0])
+            return self.forward_padded(self._pad4(x), x.shape[-1])
+        pad = (self.causal_pad, 0) if self.causal_type == "left" else (0, self.causal_pad)
         return super().forward(F.pad(x, pad))
 
-    def _fft4(self, x: Tensor) -> Tensor:
-        """(B, Cin, 1, T) channels-last -> (B, Cout, 1, T) channels-last, by :func:`fft_causal_conv`."""
-        assert self.fft_spec is not None and self.fft_forward is not None and self.fft_inverse is not None
-        rows = x.squeeze(2).transpose(1, 2).contiguous()  # (B, T, Cin): free when x is channels-last
-        y = fft_causal_conv(rows, self.fft_spec, self.fft_forward, self.fft_inverse, self.bias,
-                            kernel=self.kernel_size[0], dilation=self.dilation[0])
+    def forward_padded(self, xp: Tensor, frames: int) -> Tensor:
+        if self.fft_spec is None:
+            return self._conv4(xp, dilation=self.dilation[0])
+        assert self.fft_forward is not None and self.fft_inverse is not None
+        rows = xp.squeeze(2).transpose(1, 2)  # (B, T', Cin): contiguous when xp is channels-last
+        y = fft_causal_conv_padded(rows.contiguous(), frames, self.fft_spec, self.fft_forward, self.fft_inverse,
+                                   self.bias, kernel=self.kernel_size[0], dilation=self.dilation[0])
         return y.transpose(1, 2).unsqueeze(2)
 
 
@@ -115,13 +160,21 @@ class CausalConv1dUpsample(_Prepared, nn.Conv1d):
         if self.bias is not None:
             self.bias = nn.Parameter(self.bias.detach().repeat(self.up), requires_grad=False)
 
+    def margins(self, frames: int) -> tuple[int, int]:
+        return self.weight.shape[-1] - 1, 0
+
     def forward(self, x: Tensor) -> Tensor:
-        if self.weight.dim() == 4:  # (B, Cin, 1, T) -> (B, Cout, 1, up·T), channels-last
-            bsz, _, _, frames = x.shape
-            y = self._conv4(x, (self.weight.shape[-1] - 1, 0)).permute(0, 2, 3, 1)  # (B, 1, T, up·Cout)
-            return y.reshape(bsz, 1, frames * self.up, -1).permute(0, 3, 1, 2)
+        if self.weight.dim() == 4:
+            return self.forward_padded(self._pad4(x), x.shape[-1])
         x = F.interpolate(x, scale_factor=float(self.up), mode="nearest")
         return super().forward(F.pad(x, (self.kernel_size[0] - 1, 0)))
+
+    def forward_padded(self, xp: Tensor, frames: int) -> Tensor:
+        """(B, Cin, 1, P−1+T) -> (B, Cout, 1, up·T) channels-last: the polyphase outputs of a frame,
+        (up, Cout) in memory, are ``up`` consecutive frames already."""
+        bsz = xp.shape[0]
+        y = self._conv4(xp).permute(0, 2, 3, 1)  # (B, 1, T, up·Cout)
+        return y.reshape(bsz, 1, frames * self.up, -1).permute(0, 3, 1, 2)
 
 
 class CausalConv1dDownSample(_Prepared, nn.Conv1d):
@@ -130,10 +183,16 @@ class CausalConv1dDownSample(_Prepared, nn.Conv1d):
     def __init__(self, cin: int, cout: int, kernel_size: int, stride: int) -> None:
         super().__init__(cin, cout, kernel_size, stride=stride, padding=0)
 
+    def margins(self, frames: int) -> tuple[int, int]:
+        return self.stride[0] - 1, 0
+
     def forward(self, x: Tensor) -> Tensor:
         if self.weight.dim() == 4:
-            return self._conv4(x, (self.stride[0] - 1, 0), stride=self.stride[0])
+            return self.forward_padded(self._pad4(x), x.shape[-1])
         return super().forward(F.pad(x, (self.stride[0] - 1, 0)))
+
+    def forward_padded(self, xp: Tensor, frames: int) -> Tensor:
+        return self._conv4(xp, stride=self.stride[0])
 
 
 class Snake(nn.Module):
@@ -146,6 +205,10 @@ class Snake(nn.Module):
     def forward(self, x: Tensor) -> Tensor:  # (B, C, ...) -> same
         return snake(x, self.alpha)
 
+    def into(self, x: Tensor, out: Tensor) -> None:
+        """Snake of x written into ``out`` (x's shape; a view into a conv's padded input)."""
+        snake(x, self.alpha, out=out)
+
 
 class ResBlock(nn.Module):
     """Snake residual block with left-causal dilated convs (key names as official)."""
@@ -157,9 +220,15 @@ class ResBlock(nn.Module):
         self.activations1 = nn.ModuleList(Snake(channels) for _ in dilations)
         self.activations2 = nn.ModuleList(Snake(channels) for _ in dilations)
 
-    def forward(self, x: Tensor) -> Tensor:  # (B, C, T) -> (B, C, T)
-        for c1, c2, a1, a2 in zip(self.convs1, self.convs2, self.activations1, self.activations2, strict=True):
-            x = x + c2(a2(c1(a1(x))))
+    def forward(self, x: Tensor) -> Tensor:  # (B, C, T) -> (B, C, T), or prepared (B, C, 1, T)
+        prepared = x.dim() == 4
+        for i, (c1, c2, a1, a2) in enumerate(zip(self.convs1, self.convs2, self.activations1, self.activations2,
+                                                 strict=True)):
+            if not prepared:
+                x = x + c2(a2(c1(a1(x))))
+                continue
+            y = act_conv(act_conv(x, a1.into, c1), a2.into, c2)
+            x = x + y if i == 0 else x.add_(y)  # the first x is the caller's (shared by the blocks)
         return x
 
 

@@ -21,8 +21,9 @@ from ..user_cache import cache_dir
 
 #: Changes whenever the same inputs would give other audio (a sampler, frontend or code2wav change).
 #: Part of every fingerprint, so a new release redoes rows made by an older algorithm.
-ALGORITHM_VERSION = "cosyclone-audio-4"  # 3: HiFT convs re-laid (fp32 rounding ~5e-8), bf16 flow on oneDNN;
-#: 4: HiFT's long residual convs as FFT convs on CPU (fp32 rounding ~1e-6 of the conv outputs)
+ALGORITHM_VERSION = "cosyclone-audio-5"  # 3: HiFT convs re-laid (fp32 rounding ~5e-8), bf16 flow on oneDNN;
+#: 4: HiFT's long residual convs as FFT convs on CPU (fp32 rounding ~1e-6 of the conv outputs);
+#: 5: those FFT convs with three-product bins, at block 32, also at 64 channels; CPU HiFT chunks of 200 frames
 
 #: Fingerprint parts in the order "what changed" is reported.
 PARTS = ("text", "prompt_text", "mode", "instruct", "speed", "prompt_audio", "seed", "model", "dtype",
