@@ -124,46 +124,65 @@ def main(argv: list[str] | None = None) -> None:
 
 def bench_hift(cfg: ModelConfig, device: str, batches: list[int], reps: int) -> dict[int, float]:
     """HiFT seconds per row at each batch size on (B, 80, 200) mels, as built for the device (on CPU
-    its wide residual convs run as FFT convs) and, alternated with it in the same window, with every
-    conv direct (the algorithm before the FFT convs): their ratio is measured in this run. Printed
-    with the CPU and the official per-request figure (measured elsewhere, so indicative only).
-    Returns {batch: median seconds per row} of the built model."""
+    its long residual convs run as FFT convs) and, alternated with it in the same window, with every
+    conv direct (the algorithm before the FFT convs): their ratio is measured in this run. With
+    ``COSYCLONE_BENCH_OFFICIAL`` naming a CosyVoice checkout, the official vocoder runs in the same
+    window too, on the same weights (:mod:`benchmarks.official_hift`), and the ratio against it is
+    this run's; without it the ratio is against the official per-request figure measured on another
+    machine (indicative only). Returns {batch: median seconds per row} of the built model."""
+    from benchmarks.official_hift import official_and_ours, official_repo, run_official
     from cosyclone.code2wav.hift import build_hift
 
     policy = resolve(device, "fp32")
-    hift = build_hift(cfg, policy, load_format="dummy")  # HiFT always runs fp32 (its F0 part in fp64)
+    repo = official_repo()
+    official = None
+    if repo is not None:  # the same weights in all: cosyclone's vocoders load the official state dict
+        official, hift, direct = official_and_ours(repo, cfg.hift, policy)
+    else:  # HiFT always runs fp32 (its F0 part in fp64)
+        hift, direct = (build_hift(cfg, policy, load_format="dummy", direct=d) for d in (False, True))
     fft = any(getattr(m, "fft_spec", None) is not None for m in hift.modules())
-    direct = build_hift(cfg, policy, load_format="dummy", direct=True) if fft else None
+    if not fft:
+        direct = None  # the build is the all-direct one already (accelerators)
     where = cpu_name() if policy.device.type == "cpu" else str(policy.device)
     out: dict[int, float] = {}
     for b in batches:
         gen = torch.Generator().manual_seed(b)
         mel = (torch.randn(b, 80, HIFT_MEL_FRAMES, generator=gen) * 2 - 6).to(policy.device)
         mel_len = torch.full((b,), HIFT_MEL_FRAMES, device=policy.device)
-        models = {"built": hift} if direct is None else {"built": hift, "direct": direct}
-        times: dict[str, list[float]] = {name: [] for name in models}
+        runs: dict[str, Callable[[], object]] = {"built": lambda m=hift, x=mel, n=mel_len: m.inference(x, n)}
+        if direct is not None:
+            runs["direct"] = lambda m=direct, x=mel, n=mel_len: m.inference(x, n)
+        if official is not None:
+            runs["official"] = lambda m=official, x=mel: run_official(m, x)
+        times: dict[str, list[float]] = {name: [] for name in runs}
         with torch.inference_mode():
-            for model in models.values():
-                model.inference(mel, mel_len)  # warm-up (allocator, kernels, noise table)
+            for run in runs.values():
+                run()  # warm-up (allocator, kernels, noise table)
             for _ in range(max(1, reps)):
-                for name, model in models.items():  # alternated: the same window for both
-                    times[name].append(_time(lambda m=model, x=mel, n=mel_len: m.inference(x, n), policy.device, 1))
+                for name, run in runs.items():  # alternated: the same window for all
+                    times[name].append(_time(run, policy.device, 1))
             if direct is not None:
                 wav, gap = hift.inference(mel, mel_len)[0], direct.inference(mel, mel_len)[0]
                 gap = (wav - gap).abs().max().item() / max(gap.abs().max().item(), 1e-30)
         per_row = statistics.median(times["built"]) / b
         out[b] = per_row
         convs = "FFT convs" if fft else "direct convs"
+        if official is not None:
+            theirs = statistics.median(times["official"]) / b
+            versus = (f"official {theirs:.3f} s per row in this window (same weights, one row at a time, "
+                      f"alternated) = {theirs / per_row:.2f}x")
+        else:
+            versus = (f"vs official {OFFICIAL_HIFT_S:.2f} s per row = {OFFICIAL_HIFT_S / per_row:.2f}x [baseline "
+                      f"measured on another run/machine (Intel Xeon with AMX), not alternated with this run; "
+                      f"set COSYCLONE_BENCH_OFFICIAL to a CosyVoice checkout for a same-window ratio]")
         print(f"HiFT fp32 batch {b} on {where} ({torch.get_num_threads()} threads), {convs}: {per_row:.3f} s per "
-              f"row (4.0 s of audio, median of {len(times['built'])}) -> RTF {per_row / AUDIO_S:.3f}; vs official "
-              f"{OFFICIAL_HIFT_S:.2f} s per row = {OFFICIAL_HIFT_S / per_row:.2f}x [baseline measured on another "
-              f"run/machine (Intel Xeon with AMX), not alternated with this run]", flush=True)
+              f"row (4.0 s of audio, median of {len(times['built'])}) -> RTF {per_row / AUDIO_S:.3f}; {versus}",
+              flush=True)
         if direct is not None:
             before = statistics.median(times["direct"]) / b
             print(f"HiFT fp32 batch {b}, all convs direct (alternated in this run): {before:.3f} s per row -> "
                   f"FFT convs {before / per_row:.2f}x as fast; waveform max |diff| {gap:.2g} of its peak", flush=True)
     return out
-
 
 if __name__ == "__main__":
     main()
