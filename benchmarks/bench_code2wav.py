@@ -8,9 +8,10 @@ reports per-row RTF (wall / 8 / 4 s) so it compares directly with batch 1. The o
 HiFT is timed on its own released-size input, a (B, 80, 200) mel (4.0 s of audio per row, as in
 the baseline), fp32 (its F0 predictor in float64), median of ``--hift-reps`` runs after
 ``--hift-warmup`` untimed rounds (glibc's malloc takes several calls to stop mapping and faulting
-in fresh pages for the large temporaries; a long run is past that), per row at each batch size; the ratio is against the official 0.76 s per request, which was
-measured on another machine (a 2-core Intel Xeon with AMX) in another run, so it is indicative
-only: the honest ratio comes from runs alternated in one window on one machine.
+in fresh pages for the large temporaries; a long run is past that), per row at each batch size;
+the ratio is against the official 0.76 s per request, which was measured on another machine (a
+2-core Intel Xeon with AMX) in another run, so it is indicative only: the honest ratio comes from
+runs alternated in one window on one machine.
 
 Usage: ``python -m benchmarks.bench_code2wav [--batches 1 8] [--steps 10] [--dtypes fp32 bf16]
 [--hift-only]``. ``--steps`` below 10 times fewer Euler steps and scales the flow time by 10/steps
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--hift-only", action="store_true", help="time only HiFT (no flow)")
     ap.add_argument("--hift-reps", type=int, default=3, help="timed HiFT runs per batch (median), after a warm-up")
     ap.add_argument("--hift-warmup", type=int, default=3,
-                    help="untimed alternated HiFT rounds per batch before timing (malloc's steady state, as in a long run)")
+                    help="untimed alternated HiFT rounds per batch before timing, at least 1 (malloc's steady state)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -132,8 +133,8 @@ def bench_hift(cfg: ModelConfig, device: str, batches: list[int], reps: int, *, 
     ``COSYCLONE_BENCH_OFFICIAL`` naming a CosyVoice checkout, the official vocoder runs in the same
     window too, on the same weights (:mod:`benchmarks.official_hift`), and the ratio against it is
     this run's; without it the ratio is against the official per-request figure measured on another
-    machine (indicative only). ``warmup`` untimed alternated rounds come first: the first calls of a
-    process run slower while glibc still maps fresh pages for the large temporaries. Returns {batch: median seconds per row} of the built model."""
+    machine (indicative only). ``warmup`` (at least 1) untimed alternated rounds come first, for the
+    reason in the module docstring. Returns {batch: median seconds per row} of the built model."""
     from benchmarks.official_hift import official_and_ours, official_repo, run_official
     from cosyclone.code2wav.hift import build_hift
 
