@@ -14,7 +14,7 @@ directory's files is still mapped.
 
 Cases: ``dummy-*`` are ``--load-format dummy`` (random weights drawn in the process: anonymous,
 private memory); ``dir-*`` read a full-size model directory in the released layout (random weights,
-written by :func:`cosyclone.tiny.make_tiny_model` at the released sizes into a temp folder, about
+written by :func:`cosyclone.engine.tiny.make_tiny_model` at the released sizes into a temp folder, about
 5.5 GB with the Qwen safetensors copy, deleted at the end) through the real loader
 (``torch.load(mmap=True)``), which is what tells whether weights stay memory-mapped (shared through
 the page cache by the actors of a node) or are copied. ``onnx`` measures onnxruntime's resident bytes
@@ -73,8 +73,8 @@ def _mapped(model_dir: Path) -> int:
 
 
 def _released_sizes() -> Any:
-    from cosyclone.config import released_config
-    from cosyclone.tiny import TinySizes
+    from cosyclone.engine.tiny import TinySizes
+    from cosyclone.model.config import released_config
 
     c = released_config()
     q, f, h = c.talker.qwen, c.flow, c.hift
@@ -87,8 +87,8 @@ def _released_sizes() -> Any:
 
 def write_full_size_dir(root: Path) -> Path:
     """A model directory in the released layout at the released sizes (random weights)."""
-    from cosyclone.config import load_model_config, released_config
-    from cosyclone.tiny import make_tiny_model
+    from cosyclone.engine.tiny import make_tiny_model
+    from cosyclone.model.config import load_model_config, released_config
 
     make_tiny_model(root, _released_sizes())
     got, want = load_model_config(root), released_config()
@@ -116,13 +116,13 @@ def child(case: str, model_dir: Path | None, rows: int, tokens: int, threads: in
     if case == "onnx":
         assert model_dir is not None
         return _onnx_case(model_dir)
-    from cosyclone.config import load_model_config, released_config
-    from cosyclone.device import resolve
+    from cosyclone.base.device import resolve
     from cosyclone.engine import Engine
     from cosyclone.engine.stages import load_stages
+    from cosyclone.engine.tiny import builtin_frontend_dir
+    from cosyclone.model.config import load_model_config, released_config
     from cosyclone.options import RunOptions
     from cosyclone.run.ray_plan import weight_bytes
-    from cosyclone.tiny import builtin_frontend_dir
 
     kind, dtype = case.split("-")
     policy = resolve("cpu", dtype)

@@ -28,9 +28,9 @@ from collections.abc import Callable
 import torch
 
 from benchmarks.machine import cpu_name
+from cosyclone.base.device import resolve
 from cosyclone.code2wav.flow import build_flow
-from cosyclone.config import ModelConfig, released_config
-from cosyclone.device import resolve
+from cosyclone.model.config import ModelConfig, released_config
 
 OFFICIAL_FLOW_RTF = 3.31
 OFFICIAL_HIFT_RTF = 0.19

@@ -73,8 +73,8 @@ BEFORE_REV = "5398f88664609b448ef9ec724acfbb8e0841384b"  # main just before the 
 OPS_SNIPPET = r"""
 import json, sys, time, torch
 from torch.profiler import ProfilerActivity, profile
-from cosyclone.checkpoint import init_dummy
-from cosyclone.config import QwenGeometry, TalkerConfig
+from cosyclone.model.checkpoint import init_dummy
+from cosyclone.model.config import QwenGeometry, TalkerConfig
 from cosyclone.talker.decode import DecodeOptions, TalkerRequest, generate
 from cosyclone.talker.model import CosyVoice3LM
 from cosyclone.talker.sampler import SamplerOptions
@@ -206,10 +206,10 @@ def continuous_vs_static(full: bool, slots: int, *, eos: bool = True) -> dict[st
     cap); else stop ids are blocked (``min_len_override``) and every row runs exactly to its cap,
     sorted by its true length: static batching's best case. Keys of that case end in ``_exact``.
     """
-    from cosyclone import cpu_gemm
-    from cosyclone.checkpoint import init_dummy
-    from cosyclone.config import QwenGeometry, TalkerConfig, released_config
-    from cosyclone.device import resolve
+    from cosyclone.base import cpu_gemm
+    from cosyclone.base.device import resolve
+    from cosyclone.model.checkpoint import init_dummy
+    from cosyclone.model.config import QwenGeometry, TalkerConfig, released_config
     from cosyclone.talker.decode import DecodeOptions, TalkerRequest, generate
     from cosyclone.talker.model import CosyVoice3LM
     from cosyclone.talker.sampler import SamplerOptions
@@ -412,9 +412,9 @@ def flow_gemm_fraction(tokens: int = 100, rounds: int = 5) -> dict[str, Any]:
     Timing: ``rounds`` rounds of (each flow call, each GEMM replay, attention replay), best of each,
     so that load from other processes on a shared machine hits every side of each ratio alike.
     """
+    from cosyclone.base.device import resolve
     from cosyclone.code2wav.flow import build_flow
-    from cosyclone.config import released_config
-    from cosyclone.device import resolve
+    from cosyclone.model.config import released_config
 
     cfg = released_config()
     policy = resolve("cpu", "fp32")
@@ -513,9 +513,9 @@ def run_gemm_fraction(tokens: int = 100, n_timesteps: int | None = None, rounds:
 
 def frontend_cache(model_dir: str | None, rows: int = 16, prompts: int = 2) -> dict[str, Any]:
     """Frontend time over ``rows`` rows sharing ``prompts`` prompts, without and with the prompt cache."""
-    from cosyclone.config import load_model_config, released_config
+    from cosyclone.engine.tiny import builtin_frontend_dir
     from cosyclone.frontend import Frontend
-    from cosyclone.tiny import builtin_frontend_dir
+    from cosyclone.model.config import load_model_config, released_config
 
     cfg = load_model_config(model_dir) if model_dir else replace(released_config(), model_dir=builtin_frontend_dir())
     audio = [ROOT / "manifests" / "prompts" / f"speaker{k % 3 + 1}.wav" for k in range(prompts)]

@@ -78,9 +78,9 @@ def _in_dtype(calls: dict[Any, list[Any]], dtype: torch.dtype) -> dict[Any, list
 
 def flow_fraction(dtype: str, steps: int = 10, rounds: int = 2, profile: bool = False) -> dict[str, Any]:
     """The flow's per-request time and its fraction of the GEMM rate on its own calls in ``dtype``."""
+    from cosyclone.base.device import resolve
     from cosyclone.code2wav.flow import build_flow
-    from cosyclone.config import released_config
-    from cosyclone.device import resolve
+    from cosyclone.model.config import released_config
 
     cfg = released_config()
     policy = resolve("cpu", dtype)

@@ -83,14 +83,14 @@ def main(argv: list[str] | None = None) -> None:
     import ray
     import torch
 
-    from cosyclone.config import released_config
-    from cosyclone.device import resolve
+    from cosyclone.base.device import resolve
     from cosyclone.engine import Engine
     from cosyclone.engine.stages import load_stages
+    from cosyclone.engine.tiny import builtin_frontend_dir
+    from cosyclone.model.config import released_config
     from cosyclone.options import RunOptions
     from cosyclone.run.ray_plan import RayPlan
     from cosyclone.run.ray_pool import run_ray
-    from cosyclone.tiny import builtin_frontend_dir
 
     cores = os.cpu_count() or 1
     tmp = Path(tempfile.mkdtemp(prefix="cosyclone-bench-ray-"))

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.machine import cpu_name
-from cosyclone.config import released_config
-from cosyclone.device import DevicePolicy
+from cosyclone.base.device import DevicePolicy
+from cosyclone.model.config import released_config
 from cosyclone.talker.decode import DecodeOptions, TalkerRequest
 from cosyclone.talker.model import CosyVoice3LM, build_talker
 

@@ -85,7 +85,7 @@ def env(args: argparse.Namespace) -> None:
         fig.update(gpu=props.name, gpu_memory_gib=_gib(props.total_memory), capability=f"{props.major}.{props.minor}",
                    multiprocessors=props.multi_processor_count, bf16=torch.cuda.is_bf16_supported(),
                    cudnn=torch.backends.cudnn.version())
-    from cosyclone.device import resolve
+    from cosyclone.base.device import resolve
 
     policy = resolve("auto", "auto", "auto")
     fig.update(run_device=str(policy.device), run_dtype=policy.dtype_name)
@@ -104,9 +104,9 @@ def device_name(device: torch.device) -> str:
 
 
 def _model(tiny: bool, device: torch.device, dtype: torch.dtype) -> Any:
-    from cosyclone.checkpoint import init_dummy
-    from cosyclone.config import QwenGeometry, TalkerConfig, released_config
-    from cosyclone.device import DevicePolicy
+    from cosyclone.base.device import DevicePolicy
+    from cosyclone.model.checkpoint import init_dummy
+    from cosyclone.model.config import QwenGeometry, TalkerConfig, released_config
     from cosyclone.talker.model import CosyVoice3LM, build_talker
 
     if not tiny:
@@ -230,7 +230,7 @@ def e2e(args: argparse.Namespace) -> dict[str, Any]:
         extra["max_tokens"] = args.max_tokens
     with tempfile.TemporaryDirectory() as tmp:
         if args.tiny:
-            from cosyclone.tiny import make_tiny_model
+            from cosyclone.engine.tiny import make_tiny_model
 
             model_dir, load = str(make_tiny_model(Path(tmp) / "model")), "auto"
         else:

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from cosyclone.config import HiFTConfig
+from cosyclone.model.config import HiFTConfig
 
 ENV = "COSYCLONE_BENCH_OFFICIAL"
 

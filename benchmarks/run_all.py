@@ -93,9 +93,9 @@ def run_stage_benchmarks() -> None:
 
 def _frontend(cfg: E2EConfig):
     """The frontend the run will use (the model directory's, or the dummy run's built-in assets)."""
-    from cosyclone.config import load_model_config, released_config
+    from cosyclone.engine.tiny import builtin_frontend_dir
     from cosyclone.frontend import Frontend
-    from cosyclone.tiny import builtin_frontend_dir
+    from cosyclone.model.config import load_model_config, released_config
 
     if cfg.model_dir is not None:
         return Frontend(load_model_config(cfg.model_dir))

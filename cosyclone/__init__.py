@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+from cosyclone.base.version import __version__
+
 __all__ = ["CosyClone", "Result", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
     if name in ("CosyClone", "Result"):
-        from . import api
+        from cosyclone import api
 
         return getattr(api, name)
     raise AttributeError(f"module 'cosyclone' has no attribute {name!r}")

@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from .engine import Engine, model_config
-from .errors import CosycloneError
-from .manifest import ManifestRow, rows_from_dicts
-from .options import MODEL_FIELDS, RunOptions, build
+from cosyclone.engine import Engine, model_config
+from cosyclone.errors import CosycloneError
+from cosyclone.manifest import ManifestRow, rows_from_dicts
+from cosyclone.options import MODEL_FIELDS, RunOptions, build
 
 __all__ = ["CosyClone", "Result", "model_config", "utterance", "validate_rows"]
 
@@ -70,7 +70,7 @@ def validate_rows(rows: Iterable[Mapping[str, Any] | ManifestRow], *, base: str 
     items = list(rows)
     given = [r for r in items if isinstance(r, ManifestRow)]
     if len(given) == len(items):
-        from .manifest import id_key
+        from cosyclone.manifest import id_key
 
         if len({id_key(r.id) for r in given}) != len(given):
             raise CosycloneError("duplicate row ids (equal after NFKC normalization and case folding)")
@@ -173,7 +173,7 @@ class CosyClone:
         to synthesize. ``plan_only=True`` opens it as ``--dry-run`` does, for ``.plan()`` alone: texts
         are not normalized ahead where validation does not need them (seconds for 200k rows).
         """
-        from .run.job import SynthJob
+        from cosyclone.run.job import SynthJob
 
         fixed = sorted(set(options) & set(MODEL_FIELDS))
         if fixed:

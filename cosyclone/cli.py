@@ -20,11 +20,11 @@ from typing import Any
 
 import typer
 
-from . import __version__
-from .cli_options import with_options
-from .errors import CosycloneError
-from .eval.command import eval_command
-from .options import MODEL, OUTPUT, SAMPLING, SAY, SYNTH
+from cosyclone.base.version import __version__
+from cosyclone.cli_options import with_options
+from cosyclone.errors import CosycloneError
+from cosyclone.eval.command import eval_command
+from cosyclone.options import MODEL, OUTPUT, SAMPLING, SAY, SYNTH
 
 EXIT_OK, EXIT_USAGE, EXIT_ROWS_FAILED = 0, 2, 3
 MODEL_DIR_ENV = "COSYCLONE_MODEL_DIR"  # the default --model-dir of synth and say
@@ -72,9 +72,9 @@ def validate(
     With --model-dir, --show-text or --json each row's text is also planned as the LLM will read
     it (normalized, split, tokenized) and checked against the model's position limit.
     """
-    from .errors import ManifestError
-    from .manifest import ManifestRow, read_manifest
-    from .text_check import TextCheck
+    from cosyclone.errors import ManifestError
+    from cosyclone.manifest import ManifestRow, read_manifest
+    from cosyclone.manifest.text_check import TextCheck
 
     try:
         planned = bool(show_text or json_out or model_dir)  # each row's text planned: normalize them all ahead
@@ -141,8 +141,8 @@ def synth(
 
     Rerunning resumes: a finished row is skipped unless its inputs or options changed. Every option in detail: docs/cli.md.
     """
-    from .progress import Progress
-    from .run.job import SynthJob
+    from cosyclone.base.progress import Progress
+    from cosyclone.run.job import SynthJob
 
     say = (lambda msg: None) if quiet else (lambda msg: typer.echo(msg, err=True))
     if progress_interval < 0.1:
@@ -188,8 +188,8 @@ def _announce(job, say: Callable[[str], None]) -> None:
 @contextmanager
 def _folder_errors() -> Iterator[None]:
     """The exit code of each way a run can stop before it finishes: 5 busy, 4 unwritable, 2 unusable input."""
-    from .run.folder import OutputFolderError
-    from .run.lock import FolderBusy
+    from cosyclone.run.folder import OutputFolderError
+    from cosyclone.run.lock import FolderBusy
 
     try:
         yield
@@ -205,7 +205,7 @@ def _folder_errors() -> Iterator[None]:
 
 def _print_summary(job, summary) -> None:
     """After the run: the rows that failed (stderr, by manifest line), the totals table, the exit code."""
-    from .run import report as totals_mod
+    from cosyclone.run import report as totals_mod
 
     for d in summary.failed:  # the rows that failed after validation, by manifest line (details in diagnostics)
         typer.echo(f"{job.manifest_label}: line {d.get('line')}, row {d['id']!r}: {d.get('error')}", err=True)
@@ -248,10 +248,10 @@ def say(
 
     The same engine, options and checks as synth; prints the utterance's diagnostics briefly.
     """
-    from .api import CosyClone, utterance, validate_rows
-    from .errors import ManifestError
-    from .manifest import check_id
-    from .run.writer import write_wav_atomic
+    from cosyclone.api import CosyClone, utterance, validate_rows
+    from cosyclone.errors import ManifestError
+    from cosyclone.manifest import check_id
+    from cosyclone.run.writer import write_wav_atomic
 
     row_id = out.stem if check_id(out.stem) is None else "say"
     t0 = time.perf_counter()
@@ -304,8 +304,8 @@ def report(
     json_out: bool = typer.Option(False, "--json", help="print the totals as one JSON object"),
 ) -> None:
     """Totals recomputed from the row records of one or more run folders (shards merged)."""
-    from .eval.summary import load_eval_summary
-    from .run import report as totals_mod
+    from cosyclone.eval.summary import load_eval_summary
+    from cosyclone.run import report as totals_mod
 
     for folder in folders:
         if not folder.is_dir():
@@ -322,7 +322,7 @@ def report(
     title = "cosyclone report: " + ", ".join(str(f) for f in folders)
     totals_mod.render(totals, title=title, tty=sys.stdout.isatty())
     if evals:
-        from .eval.summary import eval_summary_renderable
+        from cosyclone.eval.summary import eval_summary_renderable
 
         for folder, e in evals.items():
             if sys.stdout.isatty():
@@ -341,7 +341,7 @@ app.command("eval")(eval_command)  # cosyclone/eval/command.py (models from the 
 def make_tiny_model_cmd(directory: Path = typer.Argument(...),
                         force: bool = typer.Option(False, help="replace an existing directory's files")) -> None:
     """Write a complete tiny model directory in the released layout."""
-    from .tiny import make_tiny_model
+    from cosyclone.engine.tiny import make_tiny_model
 
     if directory.exists() and any(directory.iterdir()) and not force:
         _fail(f"{directory} exists and is not empty (use --force)")
@@ -355,9 +355,9 @@ def inspect(model_dir: Path = typer.Argument(...), device: str = typer.Option("a
     """Geometry, parameter counts, key check against the expected layout, device, providers and
     the text normalizers. Exits 2 when a checkpoint does not match, a stage module or a required
     package does not import."""
-    from . import model_check
-    from .config import load_model_config
-    from .device import resolve
+    from cosyclone.base.device import resolve
+    from cosyclone.engine import inspect as model_check
+    from cosyclone.model.config import load_model_config
 
     try:
         cfg = load_model_config(model_dir)

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import typer
 
-from .options import GROUPS, choices_of, flag_of, hints_of, option_fields
+from cosyclone.options import GROUPS, choices_of, flag_of, hints_of, option_fields
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -24,7 +24,7 @@ import typing
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from .errors import CosycloneError
+from cosyclone.errors import CosycloneError
 
 SYNTH, SAY = "synth", "say"
 BOTH = (SYNTH, SAY)
@@ -250,7 +250,7 @@ def check(*objs: Any) -> None:
                 if value is not None and obj.engine != "ray":
                     raise CosycloneError(f"{flag} sizes the Ray actor pool: give it with --engine ray")
             if obj.shard:
-                from .shard import Shard
+                from cosyclone.base.shard import Shard
 
                 Shard.parse(obj.shard)
 

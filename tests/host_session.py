@@ -24,9 +24,9 @@ from torch import Tensor
 
 from cosyclone.talker import decode
 from cosyclone.talker.decode import DecodeOptions, TalkerRequest, TalkerResult, TalkerSession
-from cosyclone.talker.engine import Admit, SlotEngine
 from cosyclone.talker.graphs import GraphChoice
 from cosyclone.talker.model import CosyVoice3LM
+from cosyclone.talker.step import Admit, SlotStep
 
 #: ``(logits (b, V) fp32, rows (b,) tickets, step) -> logits (b, V)``
 LogitsHook = Callable[[Tensor, Tensor, int], Tensor]
@@ -86,7 +86,7 @@ class HostSession(TalkerSession):
                 tok, ab = self.host_sampler.sample(st.logits[idx], rows, step)
                 tokens[idx], aborted[idx] = tok.long().to(dev), ab.bool().to(dev)
         if self.host_sampler is None:
-            SlotEngine.step(eng, admit)  # the product's in-step sampler draws from the (changed) logits
+            SlotStep.step(eng, admit)  # the product's in-step sampler draws from the (changed) logits
         else:
             eng.advance(tokens, aborted, admit)
 

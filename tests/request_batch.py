@@ -1,6 +1,6 @@
 """Requests padded into one nested dict of tensors with lengths, and back (tests only).
 
-``batch_requests`` gives the shape :mod:`cosyclone.handoff` carries (nested dicts of tensors);
+``batch_requests`` gives the shape :mod:`cosyclone.base.handoff` carries (nested dicts of tensors);
 ``unbatch`` is its exact inverse. The product's stages pad what they need themselves, so this
 round trip lives with the test that checks a frontend batch survives a handoff.
 """
@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from cosyclone.conditioning import Request
 from cosyclone.errors import CosycloneError
+from cosyclone.frontend.conditioning import Request
 
 
 def _pad(seqs: Sequence[torch.Tensor], value: float = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 
 from benchmarks import bench_dtype_agreement
-from cosyclone.config import load_model_config
-from cosyclone.tiny import TinySizes, write_tiny_config
+from cosyclone.engine.tiny import TinySizes, write_tiny_config
+from cosyclone.model.config import load_model_config
 
 
 def test_agreement_benchmark_on_a_tiny_talker(tmp_path: Path) -> None:

@@ -12,10 +12,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from cosyclone.checkpoint import read_state_file
 from cosyclone.cli import app
-from cosyclone.config import QWEN_DIR, QwenGeometry, TalkerConfig
 from cosyclone.errors import ModelDirError
+from cosyclone.model.checkpoint import read_state_file
+from cosyclone.model.config import QWEN_DIR, QwenGeometry, TalkerConfig
 from cosyclone.talker.model import CosyVoice3LM, load_talker_weights
 
 SMALL = TalkerConfig(qwen=QwenGeometry(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -112,7 +112,7 @@ def test_inspect_reports_text_normalizers(tiny_model_dir: Path) -> None:
 
 def test_inspect_fails_when_a_stage_or_a_required_normalizer_does_not_import(
         tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from cosyclone import model_check
+    from cosyclone.engine import inspect as model_check
 
     with monkeypatch.context() as m:
         m.setitem(sys.modules, "cosyclone.code2wav.flow", None)  # import of this module now fails

@@ -9,12 +9,12 @@ import pytest
 import torch
 from torch import nn
 
-from cosyclone.checkpoint import check_keys, init_dummy, load_module_file, load_strict, read_state_file
-from cosyclone.config import QWEN_DIR, YAML_NAME, load_model_config, released_config
-from cosyclone.device import resolve
+from cosyclone.base.device import resolve
+from cosyclone.engine.tiny import TinySizes, write_tiny_config
 from cosyclone.errors import CosycloneError, ModelDirError
-from cosyclone.hyperyaml import Tagged, load_hyperyaml
-from cosyclone.tiny import TinySizes, write_tiny_config
+from cosyclone.model.checkpoint import check_keys, init_dummy, load_module_file, load_strict, read_state_file
+from cosyclone.model.config import QWEN_DIR, YAML_NAME, load_model_config, released_config
+from cosyclone.model.hyperyaml import Tagged, load_hyperyaml
 
 
 def test_tiny_dir_reads_into_one_frozen_config(tmp_path: Path) -> None:

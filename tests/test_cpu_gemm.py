@@ -7,11 +7,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cosyclone import cpu_gemm
+from cosyclone.base import cpu_gemm
+from cosyclone.base.device import resolve
 from cosyclone.code2wav.flow import build_flow
-from cosyclone.config import DiTConfig, FlowConfig, ModelConfig, QwenGeometry, TalkerConfig
-from cosyclone.device import resolve
 from cosyclone.errors import CosycloneError
+from cosyclone.model.config import DiTConfig, FlowConfig, ModelConfig, QwenGeometry, TalkerConfig
 from cosyclone.talker.model import build_talker
 
 needs_onednn = pytest.mark.skipif(not cpu_gemm.onednn_available(), reason="this torch build has no oneDNN")

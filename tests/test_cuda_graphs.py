@@ -180,7 +180,7 @@ def test_batch_shapes_agree_up_to_near_ties_on_cuda() -> None:
     logits were that close. Checked (fp32, greedy, every row alone vs all together): at every step
     up to a row's first differing token its logits agree within tolerance, so the two ids chosen
     where the tokens part were a near tie."""
-    from cosyclone.device import apply_precision
+    from cosyclone.base.device import apply_precision
     from tests.host_session import host_generate
     from tests.samplers import GreedySampler
 

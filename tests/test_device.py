@@ -8,9 +8,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from cosyclone import device
+from cosyclone.base import device
+from cosyclone.base.device import FP16_WARNING, resolve
 from cosyclone.cli import app
-from cosyclone.device import FP16_WARNING, resolve
 
 
 def test_auto_is_fp32_on_cpu_and_records_both_words() -> None:

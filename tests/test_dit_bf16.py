@@ -9,11 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from cosyclone.base.device import resolve
 from cosyclone.code2wav import dit as dit_module
 from cosyclone.code2wav.dit import DiT, attention_bmm
 from cosyclone.code2wav.flow import build_flow
-from cosyclone.config import DiTConfig, FlowConfig, ModelConfig
-from cosyclone.device import resolve
+from cosyclone.model.config import DiTConfig, FlowConfig, ModelConfig
 from tests.test_cpu_gemm import ops_called
 
 CFG = DiTConfig(dim=64, depth=2, heads=4, dim_head=16, ff_mult=2, static_chunk_size=6)

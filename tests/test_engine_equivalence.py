@@ -148,8 +148,8 @@ def test_newcomers_riding_in_a_running_step_get_what_a_separate_prefill_gives(ho
     """Fused admission (the CPU default): a newcomer's prompt goes through the pass of a step whose
     other slots keep decoding. Every row gets exactly what it gets prefilled apart, and only the
     first admission (nothing running yet to share a pass with) is a separate prefill."""
-    from cosyclone.talker.engine import SlotEngine
     from cosyclone.talker.model import CosyVoice3LM
+    from cosyclone.talker.step import SlotStep
 
     model = _model()
     # stop ids blocked: every row runs to its cap (20 tokens short, 60 long) unless the hook aborts it.
@@ -165,7 +165,7 @@ def test_newcomers_riding_in_a_running_step_get_what_a_separate_prefill_gives(ho
     want = _key(reference_generate(model, reqs, opts, hook))  # type: ignore[arg-type]
     assert _key(_generate(model, reqs, replace(opts, fused_admission=False), hook)) == want  # type: ignore[arg-type]
     seen = {"apart": 0, "riding": 0}
-    real_admit, real_step = SlotEngine.admit, CosyVoice3LM.step
+    real_admit, real_step = SlotStep.admit, CosyVoice3LM.step
 
     def admit(self, slots, *args, **kw):  # type: ignore[no-untyped-def]
         seen["apart"] += len(slots)
@@ -175,7 +175,7 @@ def test_newcomers_riding_in_a_running_step_get_what_a_separate_prefill_gives(ho
         seen["riding"] += 0 if admit is None else int(admit[2].numel())
         return real_step(self, *args, admit=admit, **kw)
 
-    monkeypatch.setattr(SlotEngine, "admit", admit)
+    monkeypatch.setattr(SlotStep, "admit", admit)
     monkeypatch.setattr(CosyVoice3LM, "step", step)
     assert _key(_generate(model, reqs, opts, hook)) == want  # type: ignore[arg-type]  # default on CPU: fused
     assert seen["riding"] >= 1 and seen["apart"] + seen["riding"] == len(reqs)

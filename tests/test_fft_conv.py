@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cosyclone.checkpoint import init_dummy
+from cosyclone.base.device import DevicePolicy
 from cosyclone.code2wav.fft_conv import (
     dft_matrices,
     fft_causal_conv,
@@ -26,8 +26,8 @@ from cosyclone.code2wav.hift_layers import (
     act_conv,
 )
 from cosyclone.code2wav.noise import hift_sine_waves
-from cosyclone.config import HiFTConfig
-from cosyclone.device import DevicePolicy
+from cosyclone.model.checkpoint import init_dummy
+from cosyclone.model.config import HiFTConfig
 
 
 def direct(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, d: int) -> torch.Tensor:
@@ -176,7 +176,7 @@ def test_a_generator_with_fft_convs_equals_the_direct_one() -> None:
 def test_build_hift_uses_fft_convs_on_cpu_unless_asked_for_direct_ones() -> None:
     """Released geometry, dummy weights: the CPU build takes the rule's convs; ``direct=True`` none."""
     from cosyclone.code2wav.hift import build_hift
-    from cosyclone.config import released_config
+    from cosyclone.model.config import released_config
 
     cpu = DevicePolicy(device=torch.device("cpu"), dtype=torch.float32, backend="cpu", requested_dtype="fp32")
     # stages 1-2: k 7 (main + source) and k 11, 6 convs each; stage 3 (64 channels): the two k 11 blocks

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from cosyclone.base.device import DevicePolicy
 from cosyclone.code2wav.flow import CausalMaskedDiffWithDiT, build_flow, cosine_time_grid
 from cosyclone.code2wav.noise import flow_noise
-from cosyclone.config import DiTConfig, FlowConfig, ModelConfig
-from cosyclone.device import DevicePolicy
+from cosyclone.model.config import DiTConfig, FlowConfig, ModelConfig
 from tests.reference import state_dict_manifest
 
 CPU = DevicePolicy(device=torch.device("cpu"), dtype=torch.float32, backend="cpu")

@@ -9,13 +9,13 @@ import pytest
 import soundfile as sf
 import torch
 
-from cosyclone import handoff
-from cosyclone.config import QWEN_DIR, load_model_config
+from cosyclone.base import handoff
+from cosyclone.engine.tiny import write_tiny_config
 from cosyclone.errors import CosycloneError
 from cosyclone.frontend import Frontend
 from cosyclone.frontend.onnx import OnnxModels, get_session
 from cosyclone.frontend.tiny_assets import write_tiny_onnx, write_tiny_tokenizer
-from cosyclone.tiny import write_tiny_config
+from cosyclone.model.config import QWEN_DIR, load_model_config
 from tests.request_batch import batch_requests, requests_from_batch, unbatch
 
 

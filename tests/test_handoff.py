@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cosyclone import handoff
+from cosyclone.base import handoff
 from cosyclone.errors import CosycloneError
 
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,

@@ -8,11 +8,11 @@ from dataclasses import replace
 
 import torch
 
-from cosyclone.batching import chunks_by_length
-from cosyclone.checkpoint import init_dummy
+from cosyclone.base.batching import chunks_by_length
 from cosyclone.code2wav.hift import CausalHiFTGenerator
 from cosyclone.code2wav.noise import flow_noise_table, hift_rand_ini, hift_sine_waves
-from cosyclone.config import HiFTConfig
+from cosyclone.model.checkpoint import init_dummy
+from cosyclone.model.config import HiFTConfig
 from tests.reference import state_dict_manifest, state_dict_summary
 
 SMALL = replace(HiFTConfig(), base_channels=8, f0_cond_channels=8)

@@ -7,12 +7,12 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
-from cosyclone.checkpoint import init_dummy
 from cosyclone.code2wav.hift import CausalHiFTGenerator
 from cosyclone.code2wav.hift_dsp import istft_rows, polyphase_upsample_weight, snake, stft_rows
 from cosyclone.code2wav.hift_layers import CausalConv1d, CausalConv1dDownSample, CausalConv1dUpsample
 from cosyclone.code2wav.noise import hift_sine_waves
-from cosyclone.config import HiFTConfig
+from cosyclone.model.checkpoint import init_dummy
+from cosyclone.model.config import HiFTConfig
 
 WINDOW = torch.hann_window(16, periodic=True, dtype=torch.float64).to(torch.float32)
 

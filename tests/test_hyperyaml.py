@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from cosyclone import hyperyaml
 from cosyclone.errors import ModelDirError
-from cosyclone.hyperyaml import load_hyperyaml
+from cosyclone.model import hyperyaml
+from cosyclone.model.hyperyaml import load_hyperyaml
 
 
 def _load(tmp_path: Path, text: str) -> dict:

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from cosyclone.base.shard import Shard
 from cosyclone.errors import CosycloneError
 from cosyclone.manifest import check_id, read_manifest
-from cosyclone.shard import Shard
 
 
 @pytest.fixture()

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cosyclone.manifest import SEED_MAX, SPOKEN_WHITESPACE, read_manifest, rows_from_dicts, text_field_problem
+from cosyclone.manifest import read_manifest, rows_from_dicts
+from cosyclone.manifest.rows import SEED_MAX, SPOKEN_WHITESPACE, text_field_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = str(ROOT / "manifests" / "prompts" / "speaker1.wav")

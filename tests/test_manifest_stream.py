@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 
-from cosyclone import manifest_stream, text_cache, text_pool
 from cosyclone.frontend.normalize import TextNormalizer, get_normalizer
-from cosyclone.manifest import _REFUSED, BIDI_CONTROLS, read_manifest
+from cosyclone.manifest import read_manifest, text_cache, text_pool
+from cosyclone.manifest import stream as manifest_stream
+from cosyclone.manifest.rows import _REFUSED, BIDI_CONTROLS
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = ["It costs $5.20, or 3 pounds.", "Meet me at 10:30 pm, room 12.", "今天是2024年3月15日。",

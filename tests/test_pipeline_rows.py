@@ -12,12 +12,12 @@ import torch
 from typer.testing import CliRunner
 
 import cosyclone.talker.decode as dec
+from cosyclone.base.device import resolve
 from cosyclone.cli import app
-from cosyclone.config import released_config
-from cosyclone.device import resolve
 from cosyclone.engine import stages as pipeline
 from cosyclone.errors import CosycloneError
 from cosyclone.manifest import ManifestRow
+from cosyclone.model.config import released_config
 from cosyclone.options import RunOptions
 from cosyclone.run.writer import write_wav_atomic
 from cosyclone.talker.sampler import row_seed
@@ -28,7 +28,7 @@ from tests.test_pipeline_stub import Flow, Frontend, GenerateSession, Hift, gene
 @pytest.fixture(autouse=True)
 def stubbed(monkeypatch: pytest.MonkeyPatch) -> None:
     """The talker and conditioning stubbed on the real modules (no model work in these tests)."""
-    import cosyclone.conditioning as cond
+    import cosyclone.engine.stages as cond
 
     monkeypatch.setattr(cond, "to_talker_request", lambda r: r)
     monkeypatch.setattr(dec, "generate", generate)

@@ -16,11 +16,11 @@ import soundfile as sf
 import torch
 from typer.testing import CliRunner
 
+from cosyclone.base.device import resolve
 from cosyclone.cli import app
-from cosyclone.config import released_config
-from cosyclone.device import resolve
 from cosyclone.engine import stages as pipeline
 from cosyclone.engine.batches import plan_batches, row_cost
+from cosyclone.model.config import released_config
 from cosyclone.talker.diagnostics import SamplerRowDiagnostics
 
 
@@ -119,7 +119,7 @@ class Hift:
 def stubbed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Stub the stages on the real modules (replacing whole modules in sys.modules broke any import
     of their other names, e.g. the frontend's ``Request``, depending on test order)."""
-    import cosyclone.conditioning as cond
+    import cosyclone.engine.stages as cond
     import cosyclone.talker.decode as dec
 
     monkeypatch.setattr(cond, "to_talker_request", lambda r: r)

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from cosyclone.config import load_model_config, released_config
-from cosyclone.device import DevicePolicy
+from cosyclone.base.device import DevicePolicy
 from cosyclone.errors import CosycloneError
+from cosyclone.model.config import load_model_config, released_config
 from cosyclone.run.ray_plan import (
     CPU_SHARE,
     DEFAULT_CPU_THREADS,

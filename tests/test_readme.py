@@ -23,7 +23,7 @@ import pytest
 import typer.main
 
 from cosyclone.cli import app
-from cosyclone.manifest import KNOWN
+from cosyclone.manifest.rows import KNOWN
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -135,7 +135,7 @@ def test_every_manifest_field_and_exit_code_is_documented() -> None:
 
 def test_shard_examples_use_the_shard_syntax_the_code_takes() -> None:
     """Every ``--shard i/N`` shown parses (shards are 0-based: ``2/2`` is refused)."""
-    from cosyclone.shard import Shard
+    from cosyclone.base.shard import Shard
 
     shown = re.findall(r"--shard (\d+/\d+)", README + "".join(DOCS.values()))
     assert shown

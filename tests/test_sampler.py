@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 import torch
 
-from cosyclone.config import SamplingConfig
+from cosyclone.model.config import SamplingConfig
 from cosyclone.run.report import folder_totals
 from cosyclone.talker.diagnostics import SamplerRowDiagnostics
 from cosyclone.talker.sampler import COUNTER_NAMES, SamplerOptions, row_seed

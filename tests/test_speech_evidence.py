@@ -123,7 +123,7 @@ def test_a_dry_run_of_ordinary_texts_normalizes_nothing(tmp_path: Path, monkeypa
                                                         tiny_model_dir: Path) -> None:
     """``--dry-run`` (``plan_only``) neither normalizes nor starts the pool for texts the shortcut
     answers; the one text it cannot answer is normalized, and the plan is that of a run's opening."""
-    from cosyclone import text_pool
+    from cosyclone.manifest import text_pool
     from cosyclone.run.job import SynthJob
     from tests.test_manifest_stream import rows_of, write
 

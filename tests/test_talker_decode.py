@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from cosyclone.checkpoint import init_dummy
-from cosyclone.config import QwenGeometry, TalkerConfig
+from cosyclone.model.checkpoint import init_dummy
+from cosyclone.model.config import QwenGeometry, TalkerConfig
 from cosyclone.talker.decode import DecodeOptions, TalkerRequest, generate, silent_filter
 from cosyclone.talker.model import CosyVoice3LM
 from tests.host_session import host_generate

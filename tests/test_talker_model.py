@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from cosyclone.config import QWEN_DIR, QwenGeometry, TalkerConfig, load_model_config, released_config
-from cosyclone.device import DevicePolicy
+from cosyclone.base.device import DevicePolicy
+from cosyclone.engine.tiny import TinySizes, write_tiny_config
 from cosyclone.errors import ModelDirError
+from cosyclone.model.config import QWEN_DIR, QwenGeometry, TalkerConfig, load_model_config, released_config
 from cosyclone.talker.model import TIED_LM_HEAD, CosyVoice3LM, build_talker, load_talker_weights
-from cosyclone.tiny import TinySizes, write_tiny_config
 from tests.reference import state_dict_manifest
 
 CPU = DevicePolicy(torch.device("cpu"), torch.float32, "cpu")

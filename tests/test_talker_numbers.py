@@ -8,12 +8,12 @@ from pathlib import Path
 
 import torch
 
-from cosyclone.config import load_model_config, released_config
-from cosyclone.device import DevicePolicy
+from cosyclone.base.device import DevicePolicy
+from cosyclone.engine.tiny import TinySizes, write_tiny_config
+from cosyclone.model.config import load_model_config, released_config
 from cosyclone.talker.decode import DecodeOptions, TalkerRequest, generate
 from cosyclone.talker.model import build_talker
 from cosyclone.talker.sampler import SamplerOptions
-from cosyclone.tiny import TinySizes, write_tiny_config
 from tests.test_talker_decode import _model, _req
 
 

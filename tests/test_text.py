@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from cosyclone.config import SYSTEM_PREFIX
 from cosyclone.errors import CosycloneError
 from cosyclone.frontend.normalize import TextNormalizer, get_normalizer
 from cosyclone.frontend.text import SPECIAL_TOKENS, TextFrontend, instruct_prompt, text_problem
@@ -23,6 +22,7 @@ from cosyclone.frontend.text_rules import (
     unescape_wetext,
 )
 from cosyclone.frontend.tiny_assets import write_tiny_tokenizer
+from cosyclone.model.config import SYSTEM_PREFIX
 from tests.text_table import deviations
 
 PROMPT = SYSTEM_PREFIX + "希望你以后能够做的比我还好呦。"

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cosyclone.cli import app
-from cosyclone.config import QWEN_DIR, SYSTEM_PREFIX
+from cosyclone.model.config import QWEN_DIR, SYSTEM_PREFIX
 from tests.reference import reference_set, reference_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]

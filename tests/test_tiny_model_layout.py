@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from cosyclone.config import load_model_config
-from cosyclone.device import DevicePolicy
+from cosyclone.base.device import DevicePolicy
 from cosyclone.errors import ModelDirError
+from cosyclone.model.config import load_model_config
 from cosyclone.talker.model import TIED_LM_HEAD, TIED_TO, build_talker
 from tests.reference import state_dict_manifest, state_dict_summary
 

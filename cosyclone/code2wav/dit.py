@@ -10,7 +10,7 @@ checkpoint carries it). Two details matter for parity (spec pitfalls 2 and 10):
   shift/scale/gate (MLP); the final AdaLN is (scale, shift).
 
 For speed the three q/k/v projections are stored as one matrix ``to_qkv`` (see
-:mod:`cosyclone.fused`); ``state_dict()``/``load_state_dict()`` keep the released ``to_q``/``to_k``/
+:mod:`cosyclone.model.fused`); ``state_dict()``/``load_state_dict()`` keep the released ``to_q``/``to_k``/
 ``to_v`` names.
 
 Per-inference work is hoisted out of the Euler loop (:class:`DiTContext`, :meth:`DiT.modulations`);
@@ -29,9 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import cpu_gemm
-from ..config import DiTConfig
-from ..fused import FusedLinears
+from cosyclone.base import cpu_gemm
+from cosyclone.model.config import DiTConfig
+from cosyclone.model.fused import FusedLinears
 
 
 class SinusTimeEmbedding(nn.Module):

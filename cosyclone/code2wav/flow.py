@@ -23,12 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import cpu_gemm
-from ..checkpoint import init_dummy, load_module_file
-from ..config import CFMConfig, FlowConfig, ModelConfig
-from ..device import DevicePolicy
-from .dit import DiT
-from .noise import flow_noise
+from cosyclone.base import cpu_gemm
+from cosyclone.base.device import DevicePolicy
+from cosyclone.code2wav.dit import DiT
+from cosyclone.code2wav.noise import flow_noise
+from cosyclone.model.checkpoint import init_dummy, load_module_file
+from cosyclone.model.config import CFMConfig, FlowConfig, ModelConfig
 
 
 class PreLookaheadLayer(nn.Module):

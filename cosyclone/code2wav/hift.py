@@ -41,12 +41,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from ..batching import chunks_by_length
-from ..checkpoint import StateDict, init_dummy, load_module_file
-from ..config import HiFTConfig, ModelConfig
-from ..device import DevicePolicy
-from .hift_dsp import istft_rows, stft_rows
-from .hift_layers import (
+from cosyclone.base.batching import chunks_by_length
+from cosyclone.base.device import DevicePolicy
+from cosyclone.code2wav.hift_dsp import istft_rows, stft_rows
+from cosyclone.code2wav.hift_layers import (
     CausalConv1d,
     CausalConv1dDownSample,
     CausalConv1dUpsample,
@@ -57,6 +55,8 @@ from .hift_layers import (
     _wn,
     act_conv,
 )
+from cosyclone.model.checkpoint import StateDict, init_dummy, load_module_file
+from cosyclone.model.config import HiFTConfig, ModelConfig
 
 
 class CausalHiFTGenerator(nn.Module):
@@ -425,7 +425,7 @@ def build_hift(cfg: ModelConfig, policy: DevicePolicy, load_format: str = "auto"
                direct: bool = False) -> CausalHiFTGenerator:
     """Build, load (``auto``: <model_dir>/hift.pt; ``dummy``: seeded values), fold, install noise.
     ``direct``: every conv direct, FFT convs or not on the device (what benchmarks compare with)."""
-    from .noise import hift_sine_waves
+    from cosyclone.code2wav.noise import hift_sine_waves
 
     model = CausalHiFTGenerator(cfg.hift)
     fft = None if direct else fft_rule_for(policy)

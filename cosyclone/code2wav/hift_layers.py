@@ -13,8 +13,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parametrizations
 
-from .fft_conv import dft_matrices, fft_causal_conv_padded, fft_margins, spectral_weight, zero_margined
-from .hift_dsp import polyphase_upsample_weight, snake
+from cosyclone.code2wav.fft_conv import (
+    dft_matrices,
+    fft_causal_conv_padded,
+    fft_margins,
+    spectral_weight,
+    zero_margined,
+)
+from cosyclone.code2wav.hift_dsp import polyphase_upsample_weight, snake
 
 
 def _wn(conv: nn.Conv1d) -> nn.Conv1d:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..batching import chunks_by_length
+from cosyclone.base.batching import chunks_by_length
 
 #: Padded flow positions (rows x (prompt + target) tokens; the DiT sees twice as many mel frames)
 #: per flow call on CPU: 8 rows of the baseline request (75 + 100 tokens). The DiT is matmul-bound

@@ -5,9 +5,9 @@ Layers inside, each importing only those below it: ``runner`` (:class:`Engine`) 
 talker hand-off, code2wav) -> ``outcome`` / ``batches`` / ``setup``.
 """
 
-from .batches import plan_batches, row_cost
-from .outcome import RowOutcome, RowRecord
-from .runner import Engine
-from .setup import model_config, resolve_options
+from cosyclone.engine.batches import plan_batches, row_cost
+from cosyclone.engine.outcome import RowOutcome, RowRecord
+from cosyclone.engine.runner import Engine
+from cosyclone.engine.setup import model_config, resolve_options
 
 __all__ = ["Engine", "RowOutcome", "RowRecord", "model_config", "plan_batches", "resolve_options", "row_cost"]

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..batching import chunks_by_length
-from ..manifest import ManifestRow
+from cosyclone.base.batching import chunks_by_length
+from cosyclone.manifest import ManifestRow
+from cosyclone.manifest.rows import PROMPT_TOKENS_PER_SECOND
 
-PROMPT_TOKENS_PER_SECOND = 25  # speech tokens per second of prompt audio (token_frame_rate)
 
 def row_cost(row: ManifestRow) -> int:
     """Estimated padded work of one row, in sequence positions (what ``--token-budget`` counts).

@@ -14,11 +14,11 @@ from typing import Any, Protocol
 
 import torch
 
-from ..manifest import ManifestRow
-from ..options import RunOptions
-from . import stages as S
-from .outcome import RowOutcome, RowRecord, failed_record
-from .stages import PreparedBatch, Stages, row_seed_of
+from cosyclone.engine import stages as S
+from cosyclone.engine.outcome import RowOutcome, RowRecord, failed_record
+from cosyclone.engine.stages import PreparedBatch, Stages, row_seed_of
+from cosyclone.manifest import ManifestRow
+from cosyclone.options import RunOptions
 
 
 class TokenCheckpoint(Protocol):
@@ -77,11 +77,10 @@ def generate_isolated(stages: Stages, segments: Sequence[tuple[str, Any]], dec: 
     raise alone fail their rows. A row's tokens do not depend on its batch-mates, so the retries
     give the same audio as the whole batch would have.
     """
-    from ..conditioning import to_talker_request
-    from ..talker.decode import generate
+    from cosyclone.talker.decode import generate
 
     def attempt(idx: list[int]) -> dict[int, Any]:
-        outs = generate(stages.talker, [to_talker_request(segments[i][1]) for i in idx], dec)
+        outs = generate(stages.talker, [S.to_talker_request(segments[i][1]) for i in idx], dec)
         return dict(zip(idx, outs, strict=True))
 
     def solve(idx: list[int]) -> dict[int, Any]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CosycloneError
+from cosyclone.errors import CosycloneError
 
 _ABORTS = ("no_finite_logits", "error")
 

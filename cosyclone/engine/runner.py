@@ -12,17 +12,17 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from ..config import ModelConfig
-from ..device import DevicePolicy
-from ..manifest import ManifestRow
-from ..options import MODEL_FIELDS, RunOptions
-from . import stages as S
-from .batches import plan_batches
-from .isolation import TokenCheckpoint
-from .outcome import RowRecord
-from .scheduler import Scheduler
-from .setup import model_config, resolve_options
-from .stages import Stages
+from cosyclone.base.device import DevicePolicy
+from cosyclone.engine import stages as S
+from cosyclone.engine.batches import plan_batches
+from cosyclone.engine.isolation import TokenCheckpoint
+from cosyclone.engine.outcome import RowRecord
+from cosyclone.engine.schedule import StageSchedule
+from cosyclone.engine.setup import model_config, resolve_options
+from cosyclone.engine.stages import Stages
+from cosyclone.manifest import ManifestRow
+from cosyclone.model.config import ModelConfig
+from cosyclone.options import MODEL_FIELDS, RunOptions
 
 
 class Engine:
@@ -65,7 +65,7 @@ class Engine:
                                                           cuda_graphs=self._graphs(opts))
         if batches is None:
             batches = plan_batches(rows, run_opts.batch_size, run_opts.token_budget)
-        return Scheduler(self.stages, batches, run_opts, tokens=tokens, prefetch=prefetch,
+        return StageSchedule(self.stages, batches, run_opts, tokens=tokens, prefetch=prefetch,
                          graph_errors=self.graph_errors).run()
 
     def _graphs(self, opts: RunOptions) -> str:

@@ -1,7 +1,7 @@
 """The stage calls of a batch: frontend -> (talker, elsewhere) -> code2wav, failures per row.
 
 Wires the stages together and re-implements none of them. A batch's frontend output
-(:class:`PreparedBatch`) goes to the talker (:mod:`cosyclone.engine.scheduler` decides how) and
+(:class:`PreparedBatch`) goes to the talker (:mod:`cosyclone.engine.schedule` decides how) and
 its results come back to :func:`finish_batch`, which runs flow and HiFT over the rows still alive
 and makes their records. A row that fails in any stage is marked in its :class:`RowOutcome`
 (``reason`` and ``error``) and the rest of the batch continues. A row's seed is derived here once
@@ -19,11 +19,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config import ModelConfig
-from ..device import DevicePolicy
-from ..manifest import ManifestRow
-from ..options import RunOptions
-from .outcome import _ABORTS, EMPTY_AFTER_SPEED, NO_TOKENS, NONFINITE_AUDIO, RowOutcome, RowRecord, record_of
+from cosyclone.base.device import DevicePolicy
+from cosyclone.engine.outcome import (
+    _ABORTS,
+    EMPTY_AFTER_SPEED,
+    NO_TOKENS,
+    NONFINITE_AUDIO,
+    RowOutcome,
+    RowRecord,
+    record_of,
+)
+from cosyclone.frontend.conditioning import Request
+from cosyclone.manifest import ManifestRow
+from cosyclone.model.config import ModelConfig
+from cosyclone.options import RunOptions
+from cosyclone.talker.request import TalkerRequest
 
 
 @dataclass
@@ -43,10 +53,10 @@ def load_stages(cfg: ModelConfig, policy: DevicePolicy, load_format: str, *,
     """Build frontend and the three models (``load_format`` dummy reads no weight file)."""
     from dataclasses import replace
 
-    from ..code2wav.flow import build_flow
-    from ..code2wav.hift import build_hift
-    from ..frontend import Frontend
-    from ..talker.model import build_talker
+    from cosyclone.code2wav.flow import build_flow
+    from cosyclone.code2wav.hift import build_hift
+    from cosyclone.frontend import Frontend
+    from cosyclone.talker.model import build_talker
 
     talker = build_talker(cfg, policy, load_format=load_format)
     flow = build_flow(cfg, policy, load_format=load_format)
@@ -55,7 +65,7 @@ def load_stages(cfg: ModelConfig, policy: DevicePolicy, load_format: str, *,
         m.eval()
     frontend_cfg = cfg
     if cfg.model_dir is None:  # dummy weights without a model directory: built-in frontend assets
-        from ..tiny import builtin_frontend_dir
+        from cosyclone.engine.tiny import builtin_frontend_dir
 
         frontend_cfg = replace(cfg, model_dir=builtin_frontend_dir())
     return Stages(cfg=cfg, policy=policy, frontend=Frontend(frontend_cfg, text_frontend=text_frontend),
@@ -63,7 +73,7 @@ def load_stages(cfg: ModelConfig, policy: DevicePolicy, load_format: str, *,
 
 
 def _sampler_options(cfg: ModelConfig, opts: RunOptions) -> Any:
-    from ..talker.sampler import SamplerOptions
+    from cosyclone.talker.sampler import SamplerOptions
 
     overrides: dict[str, Any] = {"nonfinite_policy": opts.nonfinite_policy, "draw": opts.draw}
     for name in ("top_p", "top_k", "win_size", "tau_r"):
@@ -88,9 +98,15 @@ def _embed(req: Any, key: str) -> torch.Tensor:
     return embed[key] if isinstance(embed, dict) else getattr(embed, key)
 
 
+def to_talker_request(req: Request) -> TalkerRequest:
+    """The talker's request for one conditioned segment (the frontend's :class:`Request`)."""
+    return TalkerRequest(row_id=req.row_id, text_ids=req.text_ids.to(torch.long), target_len=req.target_len,
+                         prompt_speech_tokens=req.llm_prompt_tokens, seed=req.seed, segment=req.segment)
+
+
 def row_seed_of(run_seed: int, row: ManifestRow) -> int:
     """The row's seed, derived once: the manifest ``seed`` as given, else ``row_seed(--seed, id)``."""
-    from ..talker.sampler import row_seed
+    from cosyclone.talker.sampler import row_seed
 
     return int(row.seed) if row.seed is not None else row_seed(run_seed, row.id)
 
@@ -136,7 +152,7 @@ def prepare_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptions)
 
 def decode_options(cfg: ModelConfig, opts: RunOptions) -> Any:
     """The talker's :class:`~cosyclone.talker.decode.DecodeOptions` for a run."""
-    from ..talker.decode import DecodeOptions
+    from cosyclone.talker.decode import DecodeOptions
 
     return DecodeOptions(sampler=_sampler_options(cfg, opts), max_len_override=opts.max_tokens,
                          min_len_override=opts.min_tokens, min_len_ratio=opts.min_len_ratio,
@@ -212,7 +228,7 @@ def _segment_record(req: Any) -> dict[str, Any]:
 
 
 def _frames_after_speed(frames: int, speed: float) -> int:
-    from ..code2wav.token2wav import speed_frames
+    from cosyclone.code2wav.token2wav import speed_frames
 
     return speed_frames(frames, speed)
 
@@ -239,7 +255,7 @@ def _code2wav(stages: Stages, live: Sequence[tuple[int, str, Any]], results: dic
 
     Each segment is changed to its own ``speed``; flow and HiFT time is shared out per segment.
     """
-    from ..code2wav.token2wav import token2wav
+    from cosyclone.code2wav.token2wav import token2wav
 
     items = [(r, results[i].tokens) for i, _, r in live]
     dev = stages.policy.device

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from cosyclone import __version__
+from cosyclone.base.version import __version__
 from cosyclone.errors import CosycloneError
 from cosyclone.eval.asr import AsrOptions, Transcript, WhisperASR
 from cosyclone.eval.audio_checks import AudioCheckOptions, check_audio

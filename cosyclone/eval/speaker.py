@@ -146,7 +146,7 @@ class ResemblyzerEncoder:
 
         self.cfg = cfg
         self.path = Path(weights) if weights is not None else resemblyzer_weights()
-        from cosyclone.checkpoint import load_torch_data
+        from cosyclone.model.checkpoint import load_torch_data
 
         try:  # weights-only; a refusal names the object type, never advises unsafe loading
             ckpt = load_torch_data(self.path, mmap=False)

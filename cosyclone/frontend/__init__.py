@@ -1,4 +1,4 @@
-"""Frontend: prompt audio + texts → per-segment :class:`~cosyclone.conditioning.Request` s.
+"""Frontend: prompt audio + texts → per-segment :class:`~cosyclone.frontend.conditioning.Request` s.
 
 Prompt features (tokens, CAM++ embedding, flow mel) are computed once per row and shared by all
 of its segments. Modules: audio (load/resample), features (mels, fbank), onnx (sessions),
@@ -12,14 +12,14 @@ from pathlib import Path
 
 import torch
 
-from cosyclone.conditioning import LLM_PROMPT_MODES, Request
-from cosyclone.config import QWEN_DIR, ModelConfig
 from cosyclone.frontend import prompt_cache
 from cosyclone.frontend.audio import check_prompt, load_audio, resample
+from cosyclone.frontend.conditioning import LLM_PROMPT_MODES, Request
 from cosyclone.frontend.features import align_prompt, flow_mel
 from cosyclone.frontend.onnx import OnnxModels
 from cosyclone.frontend.prompt_cache import LRUCache, audio_digest
 from cosyclone.frontend.text import TextFrontend
+from cosyclone.model.config import QWEN_DIR, ModelConfig
 
 __all__ = ["Frontend", "PromptFeatures"]
 

@@ -36,7 +36,7 @@ code raises; every deviation is a row of the table in docs/text_frontend.md (pin
 
 Normalizers (wetext grammars, the inflect engine) are built once per process
 (:func:`get_normalizer`); a missing or failing normalizer is an error there, never a silent fallback.
-Normalized texts are memoized, and found in the content cache of :mod:`cosyclone.text_cache` that
+Normalized texts are memoized, and found in the content cache of :mod:`cosyclone.manifest.text_cache` that
 manifest validation fills (``store``), so the frontend's later pass is a lookup, and long texts are normalized sentence by sentence (identical output on the reference
 vectors, several times faster: wetext slows down on long inputs).
 """
@@ -49,7 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .text_rules import (
+from cosyclone.frontend.text_rules import (
     _WHITESPACE_RUN,
     TextError,
     chinese_rules,
@@ -109,9 +109,9 @@ class TextNormalizer:
         self._memo_limit = memo_chars
         self._lock = threading.Lock()
         #: Results made ahead for the manifest chunk being validated (text -> (normalized, lang)); see
-        #: cosyclone.manifest_stream. Not copied into the memo: it is replaced chunk by chunk.
+        #: cosyclone.manifest.stream. Not copied into the memo: it is replaced chunk by chunk.
         self.overlay: dict[str, tuple[str, str]] = {}
-        #: The content cache of cosyclone.text_cache (``get_many``), asked on a memo miss before computing.
+        #: The content cache of cosyclone.manifest.text_cache (``get_many``), asked on a memo miss before computing.
         self.store: Any = None
         self._self_check()
 

@@ -16,12 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from cosyclone.config import ENDOFPROMPT, SYSTEM_PREFIX
 from cosyclone.errors import CosycloneError
 from cosyclone.frontend import prompt_cache
 from cosyclone.frontend.normalize import get_normalizer
 from cosyclone.frontend.prompt_cache import LRUCache
 from cosyclone.frontend.text_rules import TextError, has_speech
+from cosyclone.model.config import ENDOFPROMPT, SYSTEM_PREFIX
 
 ENDOFPROMPT_ID = 151646
 MODES = ("zero_shot", "cross_lingual", "instruct2")

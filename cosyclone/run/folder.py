@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import CosycloneError
-from .fingerprint import changed_parts
+from cosyclone.errors import CosycloneError
+from cosyclone.run.fingerprint import changed_parts
 
 DIAG_NAME = "diagnostics.jsonl"
 METADATA_NAME = "metadata.jsonl"

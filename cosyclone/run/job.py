@@ -23,26 +23,26 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .. import manifest_stream
-from .. import options as O
-from ..engine import Engine, RowRecord, model_config, resolve_options
-from ..engine.outcome import failed_record
-from ..engine.stages import row_seed_of
-from ..errors import CosycloneError, ManifestError
-from ..manifest import Manifest, ManifestRow, iter_manifest
-from ..options import FolderOptions, RunOptions
-from ..shard import Shard
-from . import fingerprint, lock
-from . import folder as runfolder
-from .job_types import (
+from cosyclone import options as O
+from cosyclone.base.shard import Shard
+from cosyclone.engine import Engine, RowRecord, model_config, resolve_options
+from cosyclone.engine.outcome import failed_record
+from cosyclone.engine.stages import row_seed_of
+from cosyclone.errors import CosycloneError, ManifestError
+from cosyclone.manifest import Manifest, ManifestRow, iter_manifest
+from cosyclone.manifest import stream as manifest_stream
+from cosyclone.options import FolderOptions, RunOptions
+from cosyclone.run import fingerprint, lock
+from cosyclone.run import folder as runfolder
+from cosyclone.run.job_types import (
     JobPlan,
     JobSummary,
     Prepared,
     ProgressFactory,
     ProgressSink,
 )
-from .parts import ResumeTotals, plan_parts, split_parts
-from .record import Stamper, summarize
+from cosyclone.run.parts import ResumeTotals, plan_parts, split_parts
+from cosyclone.run.record import Stamper, summarize
 
 
 class SynthJob:
@@ -108,7 +108,7 @@ class SynthJob:
             policy = loaded.policy  # as the model was loaded (what was requested included)
         cfg = loaded.cfg if loaded is not None else model_config(model_dir, opts.load_format)
         if folder.engine == "ray":
-            from .ray_cluster import require_ray
+            from cosyclone.run.ray_cluster import require_ray
 
             require_ray()  # before any work: say how to install it
         if not folder.command:
@@ -146,7 +146,7 @@ class SynthJob:
     def ray_plan(self) -> Any:
         """The Ray actors this run would get on the cluster as it is now (:func:`cosyclone.run.ray_cluster.plan_cluster`:
         ``--ray-actors``/``--actor-threads`` or the sizing rule, the measured footprint, each node's shape)."""
-        from .ray_cluster import plan_cluster
+        from cosyclone.run.ray_cluster import plan_cluster
 
         return plan_cluster(self.cfg, self.policy, self.opts.batch_size, address=self.folder.ray_address,
                             actors=self.folder.ray_actors, threads=self.folder.actor_threads)
@@ -215,8 +215,8 @@ class SynthJob:
             return self._run_locked(progress)
 
     def _run_locked(self, progress: ProgressFactory | None) -> JobSummary:
-        from .token_store import TokenStore
-        from .writer import BackgroundWriter, WriterOptions
+        from cosyclone.run.token_store import TokenStore
+        from cosyclone.run.writer import BackgroundWriter, WriterOptions
 
         removed = runfolder.remove_stale_temporaries(self.out)
         if removed:
@@ -294,7 +294,7 @@ class SynthJob:
 
     def _lines(self) -> int:
         """The manifest's non-blank lines: what a streamed run's progress counts against."""
-        from ..manifest_stream import iter_lines
+        from cosyclone.manifest.stream import iter_lines
 
         return sum(1 for _ in iter_lines(self.full.path))
 
@@ -342,7 +342,7 @@ class SynthJob:
         todo = [row for part in parts for row in part]
         if not todo:
             return [], None
-        from .ray_pool import run_ray
+        from cosyclone.run.ray_pool import run_ray
 
         self._ray = self.ray_plan()
         self._ray.check()  # an actor larger than a node's memory: refused before any model loads

@@ -6,15 +6,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..engine import RowRecord
-from . import fingerprint
-from . import folder as runfolder
+from cosyclone.engine import RowRecord
+from cosyclone.run import fingerprint
+from cosyclone.run import folder as runfolder
 
 EXIT_OK, EXIT_ROWS_FAILED = 0, 3  # a finished run: every row done; some rows failed or were rejected
 
 
 class ProgressSink(Protocol):
-    """What :meth:`SynthJob.run` reports finished rows to (:class:`cosyclone.progress.Progress` is one)."""
+    """What :meth:`SynthJob.run` reports finished rows to (:class:`cosyclone.base.progress.Progress` is one)."""
 
     def update(self, record: Any) -> None: ...
 

@@ -11,8 +11,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import CosycloneError
-from .folder import pid_alive, state_dir
+from cosyclone.errors import CosycloneError
+from cosyclone.run.folder import pid_alive, state_dir
 
 
 class FolderBusy(CosycloneError):

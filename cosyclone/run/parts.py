@@ -3,7 +3,7 @@
 Why parts: the first row of a night of a million rows should come out seconds after the start,
 not after every line was validated and normalized. A streamed manifest
 (:func:`cosyclone.manifest.iter_manifest`) hands its rows over one chunk of
-:data:`~cosyclone.manifest_stream.CHUNK_LINES` lines at a time, and the job prepares and runs each
+:data:`~cosyclone.manifest.stream.CHUNK_LINES` lines at a time, and the job prepares and runs each
 chunk as it comes. So that a row is rendered in the same batch whoever runs it, every path plans
 batches per part: a manifest read whole (a shard, a Ray run, a dry run) is cut into the same parts
 by line ordinal (:func:`split_parts`), and :func:`plan_parts` plans each on its own.
@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from ..engine import plan_batches
-from ..manifest import Manifest, ManifestRow
-from . import folder as runfolder
+from cosyclone.engine import plan_batches
+from cosyclone.manifest import Manifest, ManifestRow
+from cosyclone.run import folder as runfolder
 
 
 def split_parts(manifest: Manifest, lines: int) -> Iterator[Manifest]:

@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from ..config import ModelConfig
-from ..device import DevicePolicy
-from ..errors import CosycloneError
-from .ray_plan import NodeShape, RayPlan, plan_run
+from cosyclone.base.device import DevicePolicy
+from cosyclone.errors import CosycloneError
+from cosyclone.model.config import ModelConfig
+from cosyclone.run.ray_plan import NodeShape, RayPlan, plan_run
 
 #: Ray's default share of a node's available memory for its object store (the rest is the logical
 #: ``memory`` resource actors reserve from); used only to predict a local Ray that is not started yet.

@@ -33,9 +33,9 @@ from typing import Any
 
 import torch
 
-from ..config import ONNX_MODELS, ModelConfig
-from ..device import DevicePolicy
-from ..errors import CosycloneError
+from cosyclone.base.device import DevicePolicy
+from cosyclone.errors import CosycloneError
+from cosyclone.model.config import ONNX_MODELS, ModelConfig
 
 GIB = 1 << 30
 
@@ -211,9 +211,9 @@ def weight_bytes(cfg: ModelConfig, policy: DevicePolicy) -> int:
     them out on its device (talker and DiT in the run dtype, the speech-token head fp32, HiFT fp32
     with its F0 predictor float64 and, on CPU, its FFT convs' spectra), counted on the meta device:
     nothing is allocated or read."""
-    from ..code2wav.flow import CausalMaskedDiffWithDiT
-    from ..code2wav.hift import CausalHiFTGenerator, fft_rule_for
-    from ..talker.model import CosyVoice3LM
+    from cosyclone.code2wav.flow import CausalMaskedDiffWithDiT
+    from cosyclone.code2wav.hift import CausalHiFTGenerator, fft_rule_for
+    from cosyclone.talker.model import CosyVoice3LM
 
     dtype = policy.dtype
     with torch.device("meta"):

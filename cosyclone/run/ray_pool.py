@@ -32,15 +32,15 @@ from typing import Any
 
 import numpy as np
 
-from ..config import ModelConfig
-from ..device import DevicePolicy
-from ..engine import Engine, plan_batches
-from ..errors import CosycloneError
-from ..manifest import ManifestRow
-from ..options import RunOptions
-from .ray_cluster import read_cluster, require_ray
-from .ray_plan import RayPlan, plan_run
-from .writer import RowRecord
+from cosyclone.base.device import DevicePolicy
+from cosyclone.engine import Engine, plan_batches
+from cosyclone.errors import CosycloneError
+from cosyclone.manifest import ManifestRow
+from cosyclone.model.config import ModelConfig
+from cosyclone.options import RunOptions
+from cosyclone.run.ray_cluster import read_cluster, require_ray
+from cosyclone.run.ray_plan import RayPlan, plan_run
+from cosyclone.run.writer import RowRecord
 
 #: Test hook: when set in the workers' environment, each actor appends ``<pid>\n`` to this file as
 #: it starts a batch, so a test can kill a worker that is known to be mid-batch.
@@ -64,7 +64,7 @@ class SynthActor:
 
     def __init__(self, cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, threads: int | None,
                  token_root: str | None = None) -> None:
-        from ..device import apply_precision
+        from cosyclone.base.device import apply_precision
 
         apply_precision()  # process-wide (no TF32): the driver's resolve() switched only the driver's process
         if threads is not None:  # explicit, not Ray's OMP_NUM_THREADS: CPU bytes depend on the thread count
@@ -82,7 +82,7 @@ class SynthActor:
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
         """One task: a group of consecutive planned batches, run by the engine under the run's schedule."""
-        from .token_store import TokenStore
+        from cosyclone.run.token_store import TokenStore
 
         ids: list[str] = []
         diags: list[str] = []

@@ -9,12 +9,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .. import options as O
-from ..engine import RowRecord
-from ..manifest import ManifestRow
-from . import fingerprint
-from . import folder as runfolder
-from .job_types import JobSummary, Prepared
+from cosyclone import options as O
+from cosyclone.engine import RowRecord
+from cosyclone.manifest import ManifestRow
+from cosyclone.run import fingerprint
+from cosyclone.run import folder as runfolder
+from cosyclone.run.job_types import JobSummary, Prepared
 
 
 class Stamper:
@@ -66,8 +66,8 @@ def versions(text_frontend: str) -> dict[str, str]:
 
     import torch
 
-    from .. import __version__
-    from ..frontend.normalize import get_normalizer
+    from cosyclone.base.version import __version__
+    from cosyclone.frontend.normalize import get_normalizer
 
     normalizer = {k: v for k, v in get_normalizer(text_frontend).version().items() if k != "text_frontend"}
     return {"cosyclone": __version__, "torch": torch.__version__, "python": platform.python_version(), **normalizer}
@@ -76,8 +76,8 @@ def versions(text_frontend: str) -> dict[str, str]:
 def summarize(job: Any, prep: Prepared, records: Sequence[RowRecord], current: Mapping[str, Mapping[str, Any]],
               *, run_id: str, wall: float, hits: int, write_error: str | None, written: int) -> JobSummary:
     """Totals of the folder and this run's figures, written to summary.json and runs.jsonl."""
-    from . import report
-    from .writer import write_summary
+    from cosyclone.run import report
+    from cosyclone.run.writer import write_summary
 
     made = [r.diagnostics for r in records]
     last_run = _last_run(job, prep, made, run_id=run_id, wall=wall, hits=hits, write_error=write_error)

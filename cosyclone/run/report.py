@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import folder as runfolder
+from cosyclone.run import folder as runfolder
 
 #: sampler counter -> (calls total name, rows total name)
 SAMPLER_COUNTERS = {

@@ -2,7 +2,7 @@
 
 Why: the talker is the sequential, expensive part of a row on a GPU; when code2wav fails for a row
 (out of memory, a killed run between the two stages), the row's speech tokens are already known.
-They are stored with the :mod:`cosyclone.handoff` serializer (exact bytes, checksummed) under
+They are stored with the :mod:`cosyclone.base.handoff` serializer (exact bytes, checksummed) under
 ``OUT/.cosyclone/tokens/<fingerprint>-<segment>.cch``, keyed by the row's fingerprint, so a row whose
 inputs changed never reuses them. A row's files are removed once its WAV is written; the tokens of a
 row that failed after the talker stay for the next run. Tokens are a function of the row alone (its
@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
-from .. import handoff
-from ..talker.decode import TalkerResult
-from ..talker.diagnostics import SamplerRowDiagnostics
-from . import folder as runfolder
+from cosyclone.base import handoff
+from cosyclone.run import folder as runfolder
+from cosyclone.talker.decode import TalkerResult
+from cosyclone.talker.diagnostics import SamplerRowDiagnostics
 
 _DIAG_FIELDS = {f.name for f in fields(SamplerRowDiagnostics)}
 

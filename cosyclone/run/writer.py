@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.outcome import RowRecord
-from . import folder as runfolder
+from cosyclone.engine.outcome import RowRecord
+from cosyclone.run import folder as runfolder
 
 SAMPLE_RATE = 24000
 SUMMARY_NAME = "summary.json"

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 
 import torch
 
-from .model import CosyVoice3LM
-from .request import DecodeOptions, TalkerRequest, length_limits, prompt_batch, prompt_length
-from .results import MAX_SILENT, SILENT_TOKENS, TalkerResult, silent_filter
-from .session import TalkerSession
+from cosyclone.talker.model import CosyVoice3LM
+from cosyclone.talker.request import DecodeOptions, TalkerRequest, length_limits, prompt_batch, prompt_length
+from cosyclone.talker.results import MAX_SILENT, SILENT_TOKENS, TalkerResult, silent_filter
+from cosyclone.talker.session import TalkerSession
 
 __all__ = ["MAX_SILENT", "SILENT_TOKENS", "DecodeOptions", "TalkerRequest", "TalkerResult", "TalkerSession",
            "generate", "length_limits", "prompt_batch", "prompt_length", "silent_filter"]

@@ -2,7 +2,7 @@
 
 Why: on a GPU the talker's speed is set by host work per step (hundreds of kernel launches at
 batch 16), not by the weights. The engine's step already has fixed shapes and needs no host
-value (:mod:`cosyclone.talker.engine`), so its launches can be recorded once as a CUDA graph and
+value (:mod:`cosyclone.talker.step`), so its launches can be recorded once as a CUDA graph and
 replayed with one call. A step's shape depends on the slot count (fixed for one
 :func:`~cosyclone.talker.decode.generate` call, so one engine is one slot-count bucket) and on the
 KV cells it reads (the scheduler's ``kv_len`` bucket, a host int baked into the kernels): one

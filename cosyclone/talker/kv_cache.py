@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..config import QwenGeometry
+from cosyclone.model.config import QwenGeometry
 
 
 class SlotKVCache(nn.Module):

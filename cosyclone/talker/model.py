@@ -21,13 +21,13 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from .. import cpu_gemm
-from ..checkpoint import CheckpointKeyError, LoadReport, init_dummy, load_module_file
-from ..config import QWEN_DIR, ModelConfig, TalkerConfig, validate_geometry
-from ..device import DevicePolicy
-from ..errors import ModelDirError
-from .kv_cache import SlotKVCache
-from .qwen2 import Admission, Qwen2Encoder, Qwen2Model, attention_mask
+from cosyclone.base import cpu_gemm
+from cosyclone.base.device import DevicePolicy
+from cosyclone.errors import ModelDirError
+from cosyclone.model.checkpoint import CheckpointKeyError, LoadReport, init_dummy, load_module_file
+from cosyclone.model.config import QWEN_DIR, ModelConfig, TalkerConfig, validate_geometry
+from cosyclone.talker.kv_cache import SlotKVCache
+from cosyclone.talker.qwen2 import Admission, Qwen2Encoder, Qwen2Model, attention_mask
 
 #: The tied text head the released ``llm.pt`` carries; accepted by the loader and never used.
 TIED_LM_HEAD = "llm.model.lm_head.weight"

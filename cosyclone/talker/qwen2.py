@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import QwenGeometry
-from ..fused import FusedLinears
-from .kv_cache import SlotKVCache
+from cosyclone.model.config import QwenGeometry
+from cosyclone.model.fused import FusedLinears
+from cosyclone.talker.kv_cache import SlotKVCache
 
 
 @dataclass(frozen=True)

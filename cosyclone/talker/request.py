@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from .engine import to_device
-from .model import CosyVoice3LM
+from cosyclone.talker.model import CosyVoice3LM
+from cosyclone.talker.step import to_device
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from .graphs import CaptureBackend, GraphChoice
-    from .sampler import SamplerOptions
+    from cosyclone.talker.graphs import CaptureBackend, GraphChoice
+    from cosyclone.talker.sampler import SamplerOptions
 
 
 @dataclass(frozen=True)

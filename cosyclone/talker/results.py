@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .diagnostics import SamplerRowDiagnostics
-from .engine import REASONS, Harvest
-from .request import TalkerRequest
-from .sampler import COUNTER_NAMES, SamplerOptions, row_diagnostics
+from cosyclone.talker.diagnostics import SamplerRowDiagnostics
+from cosyclone.talker.request import TalkerRequest
+from cosyclone.talker.sampler import COUNTER_NAMES, SamplerOptions, row_diagnostics
+from cosyclone.talker.step import REASONS, Harvest
 
 #: FSQ codes of silence/breath (spec 1.5); runs longer than MAX_SILENT are dropped from ``tokens``.
 SILENT_TOKENS: frozenset[int] = frozenset({1, 2, 28, 29, 55, 248, 494, 2241, 2242, 2322, 2323})

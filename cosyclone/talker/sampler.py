@@ -56,8 +56,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from ..config import SamplingConfig
-from .diagnostics import SamplerRowDiagnostics
+from cosyclone.model.config import SamplingConfig
+from cosyclone.talker.diagnostics import SamplerRowDiagnostics
 
 NonfinitePolicy = Literal["exclude", "error", "legacy-zero"]
 DrawMethod = Literal["race", "legacy-multinomial"]

@@ -1,6 +1,6 @@
 """The talker's scheduler over a fixed-capacity slot KV cache (continuous batching).
 
-Why this shape: the decode step (:class:`~cosyclone.talker.engine.SlotEngine`) has fixed shapes
+Why this shape: the decode step (:class:`~cosyclone.talker.step.SlotStep`) has fixed shapes
 whatever rows are active, so it can be compiled or graph-captured, and a freed slot is refilled at
 once: with ``DecodeOptions.slots`` smaller than the number of requests, the next request is
 prefilled into a slot as soon as one finishes, instead of the batch waiting for its longest row.
@@ -35,13 +35,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .engine import Admit, HostRead, SlotEngine, to_device
-from .graphs import CudaGraphCapture, GraphChoice, GraphedStep, resolve_cuda_graphs
-from .model import CosyVoice3LM
-from .request import DecodeOptions, TalkerRequest, length_limits, prompt_batch, prompt_length
-from .results import TalkerResult, harvest_tokens, talker_result
-from .sampler import SamplerOptions, stream_key
-from .slot_sampler import SlotSampler, legacy_generator
+from cosyclone.talker.graphs import CudaGraphCapture, GraphChoice, GraphedStep, resolve_cuda_graphs
+from cosyclone.talker.model import CosyVoice3LM
+from cosyclone.talker.request import DecodeOptions, TalkerRequest, length_limits, prompt_batch, prompt_length
+from cosyclone.talker.results import TalkerResult, harvest_tokens, talker_result
+from cosyclone.talker.sampler import SamplerOptions, stream_key
+from cosyclone.talker.slot_sampler import SlotSampler, legacy_generator
+from cosyclone.talker.step import Admit, HostRead, SlotStep, to_device
 
 
 class _Flags:
@@ -72,7 +72,7 @@ class TalkerSession:
 
     The host never needs a device value to know a slot's position: a row admitted at global step a
     has taken g - a draws at step g. When a newcomer needs more cache cells or token cells than the
-    engine holds, the engine grows (:meth:`SlotEngine.grow`; rows already running are unaffected).
+    engine holds, the engine grows (:meth:`SlotStep.grow`; rows already running are unaffected).
     """
 
     def __init__(self, model: CosyVoice3LM, options: DecodeOptions | None = None, *, slots: int,
@@ -86,7 +86,7 @@ class TalkerSession:
                               speech_token_size=cfg.speech_token_size, device=model.device)
         if options.capacity is not None:
             capacity = options.capacity
-        self.engine = SlotEngine(model, slots=self.n_slots, capacity=max(1, capacity),
+        self.engine = SlotStep(model, slots=self.n_slots, capacity=max(1, capacity),
                                  token_capacity=max(1, token_capacity), sampler=sampler)
         # per ticket
         self.requests: list[TalkerRequest | None] = []  # by ticket (None once its result was returned)
@@ -275,7 +275,7 @@ class TalkerSession:
         """Admit, run ``sync_every`` steps, read the finished slots once.
 
         Finished slots are freed at once and their values queued for the host
-        (:meth:`SlotEngine.harvest_start`); with lagged reads they are read one window later,
+        (:meth:`SlotStep.harvest_start`); with lagged reads they are read one window later,
         after the next window's steps are queued, so the device never waits for this read."""
         queued, self.reading = self.reading, []
         admit = self._admit()

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from .sampler import (
+from cosyclone.talker.sampler import (
     _DRAW_CONSTS,
     _ERR_EMPTY,
     _ERR_NONFINITE,

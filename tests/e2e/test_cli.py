@@ -69,7 +69,7 @@ STOP_REASONS = {"eos", "max_len", "no_finite_logits", "error"}
 
 def samples_per_token(model_dir: Path) -> int:
     """Audio samples one speech token becomes: token_mel_ratio mel frames x HiFT's samples per frame."""
-    from cosyclone.config import load_model_config
+    from cosyclone.model.config import load_model_config
 
     cfg = load_model_config(model_dir)
     hop = 1
@@ -286,9 +286,9 @@ def test_inspect_checks_keys_the_way_stages_load_them(model_dir: Path, tmp_path:
 
 
 def test_dummy_run_without_model_dir_gets_builtin_frontend_assets(manifest: Path) -> None:
-    from cosyclone.config import released_config
+    from cosyclone.engine.tiny import builtin_frontend_dir
     from cosyclone.frontend import Frontend
-    from cosyclone.tiny import builtin_frontend_dir
+    from cosyclone.model.config import released_config
 
     root = builtin_frontend_dir()
     assert builtin_frontend_dir() == root  # written once per process

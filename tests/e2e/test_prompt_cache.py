@@ -101,9 +101,9 @@ def test_digest_is_of_content_not_name(tmp_path: Path) -> None:
 
 
 def test_a_missing_prompt_fails_with_the_loaders_error(tiny_model_dir: Path, tmp_path: Path) -> None:
-    from cosyclone.config import load_model_config
     from cosyclone.errors import CosycloneError
     from cosyclone.frontend import Frontend
+    from cosyclone.model.config import load_model_config
 
     fe = Frontend(load_model_config(tiny_model_dir))
     with pytest.raises(CosycloneError, match="row7"):

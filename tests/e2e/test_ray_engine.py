@@ -108,8 +108,8 @@ def planned_threads(model_dir: Path) -> int:
     import ray
     import torch
 
-    from cosyclone.config import load_model_config
-    from cosyclone.device import DevicePolicy
+    from cosyclone.base.device import DevicePolicy
+    from cosyclone.model.config import load_model_config
     from cosyclone.run.ray_cluster import read_cluster
     from cosyclone.run.ray_plan import plan_run
 

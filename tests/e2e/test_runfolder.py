@@ -19,7 +19,7 @@ import soundfile as sf
 import torch
 from typer.testing import CliRunner
 
-from cosyclone import cpu_gemm
+from cosyclone.base import cpu_gemm
 from cosyclone.cli import app
 from cosyclone.engine import stages as pipeline
 from cosyclone.engine.batches import plan_batches

@@ -174,7 +174,7 @@ def test_synth_records_sampler_options_and_threads(tiny_model_dir: Path, tmp_pat
         assert res.exit_code == 0, res.output
         assert torch.get_num_threads() == 1
     finally:
-        from cosyclone.device import set_threads
+        from cosyclone.base.device import set_threads
         from cosyclone.frontend.onnx import set_intra_op_threads
 
         set_threads(before)

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cosyclone import manifest as manifest_mod
-from cosyclone import manifest_stream
 from cosyclone.cli import app
+from cosyclone.manifest import reader as manifest_mod
+from cosyclone.manifest import stream as manifest_stream
 from cosyclone.run import record
 
 from .test_cli import ROOT

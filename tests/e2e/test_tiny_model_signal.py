@@ -18,12 +18,12 @@ import soundfile as sf
 import torch
 from typer.testing import CliRunner
 
+from cosyclone.base.device import DevicePolicy
 from cosyclone.cli import app
 from cosyclone.code2wav.flow import build_flow
 from cosyclone.code2wav.hift import build_hift
 from cosyclone.code2wav.token2wav import token2wav
-from cosyclone.config import load_model_config
-from cosyclone.device import DevicePolicy
+from cosyclone.model.config import load_model_config
 
 from .pcm16 import assert_same_pcm16_up_to_rounding
 from .test_cli import ROOT, diags

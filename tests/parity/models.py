@@ -10,10 +10,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from cosyclone.checkpoint import load_module_file
 from cosyclone.code2wav.flow import CausalMaskedDiffWithDiT
 from cosyclone.code2wav.hift import CausalHiFTGenerator, FFTRule, load_hift_file
-from cosyclone.config import DiTConfig, FlowConfig, HiFTConfig
+from cosyclone.model.checkpoint import load_module_file
+from cosyclone.model.config import DiTConfig, FlowConfig, HiFTConfig
 
 from .conftest import VECTORS
 

@@ -44,7 +44,7 @@ AVX2-only AMD EPYC (where the old global tolerances failed by single outlier bin
 Zen 4 (where this was written and run) and Intel Xeon with AMX differ only in summation order
 and FFT radix, which the worst case already covers. AMX itself has no float32 arithmetic; torch
 keeps float32 matmuls in float32 unless the matmul precision is lowered, and
-``cosyclone.device`` pins it to "highest". The flow, LLM and HiFT parity tests compare two
+``cosyclone.base.device`` pins it to "highest". The flow, LLM and HiFT parity tests compare two
 float32 runs instead (ours here, the official one on the capture machine): there
 ``|ours - ref| <= |ours - exact| + |ref - exact|``, both terms of the order of the float32 noise
 the vectors' JSON measured on the capture machine (``float32_noise``), which another kernel changes

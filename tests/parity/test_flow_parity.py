@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from cosyclone import cpu_gemm
+from cosyclone.base import cpu_gemm
 from cosyclone.code2wav.flow import CausalMaskedDiffWithDiT
 from cosyclone.code2wav.noise import flow_noise
 

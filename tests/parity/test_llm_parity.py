@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cosyclone import cpu_gemm
-from cosyclone.config import QwenGeometry, TalkerConfig
+from cosyclone.base import cpu_gemm
+from cosyclone.model.config import QwenGeometry, TalkerConfig
 from cosyclone.talker.decode import DecodeOptions, TalkerRequest
 from cosyclone.talker.model import CosyVoice3LM, load_talker_weights
 from tests.host_session import host_generate

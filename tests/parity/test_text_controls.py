@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from cosyclone.frontend.text import TextFrontend
-from cosyclone.manifest import SPOKEN_WHITESPACE, text_field_problem
+from cosyclone.manifest.rows import SPOKEN_WHITESPACE, text_field_problem
 from tests.reference import reference_tokenizer
 
 TABLE = Path(__file__).resolve().parents[1] / "fixtures" / "text_controls.json"

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from cosyclone.config import ENDOFPROMPT, SYSTEM_PREFIX
 from cosyclone.frontend.normalize import get_normalizer
 from cosyclone.frontend.text import TextFrontend
 from cosyclone.frontend.text_rules import TextError
+from cosyclone.model.config import ENDOFPROMPT, SYSTEM_PREFIX
 from tests.reference import reference_set, reference_tokenizer
 from tests.text_table import VARIANTS, Deviation, deviations
 

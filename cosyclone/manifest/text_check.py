@@ -12,8 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .errors import CosycloneError, ManifestError
-from .manifest import ManifestRow
+from cosyclone.errors import CosycloneError, ManifestError
+from cosyclone.manifest.rows import PROMPT_TOKENS_PER_SECOND, ManifestRow
 
 
 class TextCheck:
@@ -24,15 +24,15 @@ class TextCheck:
     """
 
     def __init__(self, model_dir: Path | None, text_frontend: str) -> None:
-        from .config import QWEN_DIR, load_model_config, released_config
-        from .frontend.text import TextFrontend
+        from cosyclone.frontend.text import TextFrontend
+        from cosyclone.model.config import QWEN_DIR, load_model_config, released_config
 
         self.stand_in = model_dir is None
         if model_dir is not None:
             self.cfg = load_model_config(model_dir)
             qwen = model_dir / QWEN_DIR
         else:
-            from .frontend.tiny_assets import write_tiny_tokenizer
+            from cosyclone.frontend.tiny_assets import write_tiny_tokenizer
 
             self.cfg = released_config()
             qwen = write_tiny_tokenizer(Path(tempfile.mkdtemp(prefix="cosyclone-validate-")) / QWEN_DIR)
@@ -41,8 +41,6 @@ class TextCheck:
     def plan(self, row: ManifestRow) -> Any:
         """The row's text plan (``prompt_ids``, ``segments``); :class:`ManifestError` (field ``text``,
         the row's line) when it cannot be planned or a segment would not fit the LLM."""
-        from .engine.batches import PROMPT_TOKENS_PER_SECOND
-
         try:
             plan = self.text.plan(row.mode, row.prompt_text, row.text, row.instruct, row_id=row.id)
             speech = round(PROMPT_TOKENS_PER_SECOND * row.prompt_seconds) if row.mode == "zero_shot" else 0

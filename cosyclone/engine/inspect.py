@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import CosycloneError
+from cosyclone.errors import CosycloneError
 
 TEXT_NORMALIZERS = ("wetext", "inflect")  # what the official frontend normalizes with when ttsfrd is absent
 #: The modules a run imports beyond the models (a broken one must fail inspect, not a run's first row).
@@ -99,10 +99,10 @@ def checkpoint_checks(model_dir: Path, cfg: Any) -> Iterator[tuple[str, bool]]:
     """(line, ok) per checkpoint file: parameter count and the key check against its stage."""
     import torch
 
-    from .checkpoint import check_keys, check_tied, read_state_file
-    from .code2wav.flow import CausalMaskedDiffWithDiT
-    from .code2wav.hift import CausalHiFTGenerator
-    from .talker.model import TIED_LM_HEAD, TIED_TO, CosyVoice3LM
+    from cosyclone.code2wav.flow import CausalMaskedDiffWithDiT
+    from cosyclone.code2wav.hift import CausalHiFTGenerator
+    from cosyclone.model.checkpoint import check_keys, check_tied, read_state_file
+    from cosyclone.talker.model import TIED_LM_HEAD, TIED_TO, CosyVoice3LM
 
     checks = (
         ("llm.pt", lambda: CosyVoice3LM(cfg.talker), None, {TIED_LM_HEAD: TIED_TO}),

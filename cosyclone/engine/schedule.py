@@ -22,12 +22,12 @@ from typing import Any
 
 import torch
 
-from ..manifest import ManifestRow
-from ..options import RunOptions
-from . import isolation as I
-from . import stages as S
-from .outcome import RowRecord
-from .stages import PreparedBatch, Stages
+from cosyclone.engine import isolation as I
+from cosyclone.engine import stages as S
+from cosyclone.engine.outcome import RowRecord
+from cosyclone.engine.stages import PreparedBatch, Stages
+from cosyclone.manifest import ManifestRow
+from cosyclone.options import RunOptions
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class _InFlight:
     error: BaseException | None = None  # why the batch goes through every stage row by row instead
 
 
-class Scheduler:
+class StageSchedule:
     """Runs planned batches through the stages under ``opts.schedule``; :meth:`run` yields the records.
 
     Continuous: one :class:`~cosyclone.talker.decode.TalkerSession` across batches.
@@ -177,10 +177,8 @@ class Scheduler:
             f.results, todo = I.stored_results(self.tokens, segs, alive)
             self.flight.append(f)
             if todo:
-                from ..conditioning import to_talker_request
-
                 try:
-                    reqs = [to_talker_request(segs[i][1]) for i in todo]
+                    reqs = [S.to_talker_request(segs[i][1]) for i in todo]
                 except Exception as exc:  # a malformed segment: the batch goes row by row (the row fails alone)
                     f.prepared, f.error = None, exc
                     continue
@@ -192,7 +190,7 @@ class Scheduler:
     def _session(self, first: int) -> Any:
         """The open session, or a new one (``first``: segments the first batch brings)."""
         if self.session is None:
-            from ..talker import decode
+            from cosyclone.talker import decode
 
             if not self.opts.talker_slots:
                 self.slots = max(self.slots, first)

@@ -4,7 +4,7 @@ wetext's English grammar costs about 30 us per character (some 3 ms for a short 
 validating a manifest; a resume, a second shard on the same machine or a ``--dry-run`` followed by
 the run would pay it again for every unchanged text. This module keeps what
 :meth:`~cosyclone.frontend.normalize.TextNormalizer.normalize` returned in one SQLite file in the
-user cache directory (:func:`cosyclone.user_cache.cache_dir`, ``COSYCLONE_CACHE_DIR``), not in the
+user cache directory (:func:`cosyclone.base.user_cache.cache_dir`, ``COSYCLONE_CACHE_DIR``), not in the
 output folder: validation and ``--dry-run`` do not write the folder, and the same text in another
 folder is the same work.
 
@@ -43,7 +43,7 @@ def normalizer_identity(normalizer: Any) -> str:
     try:
         source = hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in (normalize, text_rules))).hexdigest()
     except OSError:  # no source to read (a frozen install): the package version must do
-        from cosyclone import __version__
+        from cosyclone.base.version import __version__
 
         source = f"cosyclone-{__version__}"
     return json.dumps({**normalizer.version(), "source": source, "chunk_chars": text_rules.CHUNK_CHARS},
@@ -173,7 +173,7 @@ def text_cache_for(normalizer: Any) -> TextCache | None:
     when the file cannot be opened)."""
     if os.environ.get("COSYCLONE_TEXT_CACHE", "1") == "0":
         return None
-    from .user_cache import cache_dir
+    from cosyclone.base.user_cache import cache_dir
 
     path = cache_dir() / CACHE_NAME
     identity = normalizer_identity(normalizer)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .config import CHECKPOINTS, QWEN_DIR, YAML_NAME
+from cosyclone.model.config import CHECKPOINTS, QWEN_DIR, YAML_NAME
 
 if TYPE_CHECKING:
     from torch import nn
@@ -196,7 +196,7 @@ def _released_hift_keys(state: dict) -> dict:
 def _released_llm_keys(state: dict) -> dict:
     """llm.pt as the official ``state_dict()`` writes it: the tied ``llm.model.lm_head.weight``
     is a second key for the embedding tensor (same storage), and the official strict load needs it."""
-    from .talker.model import TIED_LM_HEAD, TIED_TO
+    from cosyclone.talker.model import TIED_LM_HEAD, TIED_TO
 
     return {**state, TIED_LM_HEAD: state[TIED_TO]}
 
@@ -212,7 +212,7 @@ def qwen_pretrained_state(llm_state: dict) -> dict:
     before ``llm.pt`` is loaded over it. The tied ``lm_head.weight`` is left out, as
     ``save_pretrained`` leaves out tied copies (``tie_word_embeddings`` restores it).
     """
-    from .talker.model import TIED_LM_HEAD
+    from cosyclone.talker.model import TIED_LM_HEAD
 
     return {k[len(HF_PREFIX):]: v.detach().cpu().clone().contiguous() for k, v in llm_state.items()
             if k.startswith(HF_PREFIX) and k != TIED_LM_HEAD}
@@ -245,11 +245,11 @@ TOKEN_EMBEDDING_STD = 1.0
 
 def audible_init(module: nn.Module, seed: int) -> None:
     """Re-fill a tiny flow or HiFT so its audio follows its input (see
-    :data:`CODE2WAV_INIT_STD`); seeded and CPU-drawn like :func:`~cosyclone.checkpoint.init_dummy`."""
+    :data:`CODE2WAV_INIT_STD`); seeded and CPU-drawn like :func:`~cosyclone.model.checkpoint.init_dummy`."""
     import torch
     from torch import nn
 
-    from .checkpoint import init_dummy
+    from cosyclone.model.checkpoint import init_dummy
 
     init_dummy(module, seed=seed, std=CODE2WAV_INIT_STD)
     gen = torch.Generator(device="cpu").manual_seed(seed + 1)
@@ -274,12 +274,12 @@ def make_tiny_model(root: str | Path, sizes: TinySizes | None = None, seed: int 
     """
     import torch
 
-    from .code2wav.flow import build_flow
-    from .code2wav.hift import CausalHiFTGenerator
-    from .config import load_model_config
-    from .device import resolve
-    from .frontend.tiny_assets import write_tiny_onnx, write_tiny_tokenizer
-    from .talker.model import build_talker
+    from cosyclone.base.device import resolve
+    from cosyclone.code2wav.flow import build_flow
+    from cosyclone.code2wav.hift import CausalHiFTGenerator
+    from cosyclone.frontend.tiny_assets import write_tiny_onnx, write_tiny_tokenizer
+    from cosyclone.model.config import load_model_config
+    from cosyclone.talker.model import build_talker
 
     root = Path(root)
     write_tiny_config(root, sizes)
@@ -321,7 +321,7 @@ def builtin_frontend_dir() -> Path:
     if _BUILTIN_FRONTEND is None or not _BUILTIN_FRONTEND.is_dir():
         import tempfile
 
-        from .frontend.tiny_assets import write_tiny_onnx, write_tiny_tokenizer
+        from cosyclone.frontend.tiny_assets import write_tiny_onnx, write_tiny_tokenizer
 
         root = Path(tempfile.mkdtemp(prefix="cosyclone-builtin-frontend-"))
         write_tiny_config(root)

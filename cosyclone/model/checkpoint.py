@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .errors import ModelDirError
+from cosyclone.errors import ModelDirError
 
 StateDict = dict[str, torch.Tensor]
 KeyAdapter = Callable[[StateDict], StateDict]

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .errors import CosycloneError
+from cosyclone.errors import CosycloneError
 
 #: ``--cpu-gemm`` words; "auto" resolves to "onednn" on CPU where torch has it, else "aten".
 CPU_GEMMS = ("auto", "onednn", "aten")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import CosycloneError
+from cosyclone.errors import CosycloneError
 
 _DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
            "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
@@ -87,9 +87,9 @@ def apply_precision() -> None:
 
 def resolve(device: str = "auto", dtype: str = "auto", cpu_gemm: str = "auto") -> DevicePolicy:
     """Turn CLI words into a :class:`DevicePolicy` (and switch TF32 off); a missing accelerator is a
-    clear error. See the module docstring for what ``auto`` picks, and :mod:`cosyclone.cpu_gemm`
+    clear error. See the module docstring for what ``auto`` picks, and :mod:`cosyclone.base.cpu_gemm`
     for ``cpu_gemm``."""
-    from .cpu_gemm import resolve_cpu_gemm
+    from cosyclone.base.cpu_gemm import resolve_cpu_gemm
 
     device = device.lower()
     found = backend_name()
@@ -119,15 +119,12 @@ def resolve(device: str = "auto", dtype: str = "auto", cpu_gemm: str = "auto") -
 
 
 def set_threads(n: int | None) -> None:
-    """``--threads N``: torch's intra-op threads and the ONNX sessions' (speech tokenizer, CAM++).
+    """``--threads N``: torch's intra-op threads (the engine sets the ONNX sessions' alongside).
 
-    None leaves both as they are (torch: its default, one per core; ONNX: 1, as upstream).
+    None leaves them as they are (torch's default: one per core).
     """
     if n is None:
         return
     if n < 1:
         raise CosycloneError(f"--threads must be at least 1, not {n}")
-    from .frontend.onnx import set_intra_op_threads
-
     torch.set_num_threads(int(n))
-    set_intra_op_threads(int(n))

@@ -60,11 +60,3 @@ class Request:
 def llm_prompt_tokens(req: Request) -> torch.Tensor:
     """Functional form of :attr:`Request.llm_prompt_tokens`."""
     return req.llm_prompt_tokens
-
-
-def to_talker_request(req: Request) -> Any:
-    """The talker's ``TalkerRequest`` for this segment (imported lazily: talker is optional here)."""
-    from cosyclone.talker.decode import TalkerRequest
-
-    return TalkerRequest(row_id=req.row_id, text_ids=req.text_ids.to(torch.long), target_len=req.target_len,
-                         prompt_speech_tokens=req.llm_prompt_tokens, seed=req.seed, segment=req.segment)

@@ -1,7 +1,7 @@
 """One frozen configuration for the whole model, read once from a model directory.
 
 A model directory in the released layout holds ``cosyvoice3.yaml`` (HyperPyYAML, read as data by
-:mod:`cosyclone.hyperyaml`), ``CosyVoice-BlankEN/config.json`` (the nested Qwen2 config, read through
+:mod:`cosyclone.model.hyperyaml`), ``CosyVoice-BlankEN/config.json`` (the nested Qwen2 config, read through
 ``transformers.AutoConfig``), ``llm.pt``, ``flow.pt``, ``hift.pt``, ``campplus.onnx`` and
 ``speech_tokenizer_v3.onnx``. :func:`load_model_config` turns the two config files into a
 :class:`ModelConfig` whose parts (talker, flow, hift, frontend) are passed down to every stage;
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .errors import ModelDirError
-from .hyperyaml import Tagged, load_hyperyaml
+from cosyclone.errors import ModelDirError
+from cosyclone.model.hyperyaml import Tagged, load_hyperyaml
 
 YAML_NAME = "cosyvoice3.yaml"
 QWEN_DIR = "CosyVoice-BlankEN"

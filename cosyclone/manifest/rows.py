@@ -22,7 +22,7 @@ A ``text`` is checked as the model will read it: blank, or nothing left to speak
 error of that row. The normalizer is loaded once per process, and what it produced here is reused
 by the frontend (see :mod:`cosyclone.frontend.normalize`). The file is read as a stream and its
 texts are normalized a chunk ahead on every core, through a content cache that outlives the run
-(:mod:`cosyclone.manifest_stream`, :mod:`cosyclone.text_cache`); the checks and their errors are
+(:mod:`cosyclone.manifest.stream`, :mod:`cosyclone.manifest.text_cache`); the checks and their errors are
 those of one pass over the lines. Validation alone (``normalize_all=False``: a dry run) normalizes
 only the texts that do not evidently have speech
 (:func:`~cosyclone.frontend.text_rules.evidently_speakable`), with the same answers.
@@ -31,13 +31,13 @@ only the texts that do not evidently have speech
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import CosycloneError, ManifestError
-from .manifest_lines import LineError, decode_line, short_repr
-from .shard import Shard
+from cosyclone.base.shard import Shard
+from cosyclone.errors import CosycloneError, ManifestError
+from cosyclone.manifest.lines import short_repr
 
 MODES = ("zero_shot", "cross_lingual", "instruct2")
 REQUIRED = ("id", "prompt_audio", "text")
@@ -45,6 +45,7 @@ OPTIONAL = ("mode", "prompt_text", "instruct", "seed", "speed")
 KNOWN = frozenset(REQUIRED + OPTIONAL)
 _UNSAFE_CHARS = ("/", "\\", "\x00", ":")
 TEXT_FIELDS = ("id", "text", "prompt_text", "instruct", "prompt_audio")  # checked by text_field_problem
+PROMPT_TOKENS_PER_SECOND = 25  # speech tokens per second of prompt audio (the model's token_frame_rate)
 SEED_MAX = (1 << 64) - 1  # seeds are unsigned 64-bit: the LEGACY draw's torch.Generator takes 0..2**64-1
 #: Bidi controls that reorder how a text displays (embeddings, overrides, isolates): refused. The
 #: marks U+200E, U+200F and U+061C are kept (real right-to-left text carries them; see docs/text_frontend.md).
@@ -177,7 +178,7 @@ def _audio_problem(path: Path) -> tuple[str | None, float]:
         return f"unreadable audio {path}: {exc}", 0.0
     if info.frames <= 0:
         return f"audio has no samples: {path}", 0.0
-    from .frontend.audio import MAX_PROMPT_SECONDS, MIN_SAMPLE_RATE  # the frontend's own limits
+    from cosyclone.frontend.audio import MAX_PROMPT_SECONDS, MIN_SAMPLE_RATE  # the frontend's own limits
 
     seconds = float(info.frames) / float(info.samplerate or 1)
     if info.samplerate < MIN_SAMPLE_RATE:
@@ -196,7 +197,7 @@ def parse_row(obj: object, *, line: int, base: Path, check_audio: bool = True,
 
     ``text_frontend`` (wetext | none) normalizes ``text`` to check it has something to speak;
     None skips that check (the other text checks remain). ``audio_check`` replaces the prompt
-    file's check (same answers; :class:`~cosyclone.manifest_stream.AudioChecks` memoizes it).
+    file's check (same answers; :class:`~cosyclone.manifest.stream.AudioChecks` memoizes it).
     """
     if not isinstance(obj, dict):
         raise ManifestError("each line must be a JSON object", line=line)
@@ -274,7 +275,7 @@ def _prompt_path(base: Path, written: str) -> Path:
 
 
 def _text_problem(mode: str, text: str, text_frontend: str | None) -> str | None:
-    from .frontend.text import target_parts, text_problem
+    from cosyclone.frontend.text import target_parts, text_problem
 
     if text_frontend is None:
         try:
@@ -285,45 +286,6 @@ def _text_problem(mode: str, text: str, text_frontend: str | None) -> str | None
     return text_problem(mode, text, text_frontend=text_frontend)
 
 
-def read_manifest(path: str | Path, *, check_audio: bool = True, text_frontend: str | None = "wetext",
-                  normalize_all: bool = True) -> Manifest:
-    """Read and validate a JSONL manifest; per-row problems land in ``Manifest.errors``.
-
-    ``normalize_all``: normalize every text ahead, into the content cache, for the frontend that
-    reads the rows next; False when only the rows' validity is wanted (a text evidently speakable is
-    then judged without normalizing it: :func:`~cosyclone.frontend.text_rules.evidently_speakable`).
-    The rows and errors are the same either way.
-
-    Raises :class:`CosycloneError` only when the file itself is unusable (missing, not UTF-8) or
-    the text normalizer ``text_frontend`` cannot be loaded. Duplicate ids (also ids equal after
-    NFKC normalization and case folding, :func:`id_key`): the first occurrence is kept, later
-    ones are errors naming the first one's line.
-    """
-    whole, parts = iter_manifest(path, check_audio=check_audio, text_frontend=text_frontend,
-                                 normalize_all=normalize_all)
-    for _ in parts:
-        pass
-    return whole
-
-
-def rows_from_dicts(objs: Sequence[object], *, base: str | Path = ".", check_audio: bool = True,
-                    text_frontend: str | None = "wetext") -> Manifest:
-    """Validate Python objects as manifest rows (the Python API's way in), exactly as
-    :func:`read_manifest` validates a file's lines: item k (0-based) is reported as line k + 1.
-
-    Relative ``prompt_audio`` paths are taken from ``base`` (default: the working directory).
-    """
-    base = Path(base).expanduser().resolve()
-    if text_frontend is not None:
-        from .frontend.normalize import get_normalizer
-
-        get_normalizer(text_frontend)
-    out = Manifest(path=base / "<rows>")
-    _collect(out, enumerate(objs, start=1), base=base, check_audio=check_audio, text_frontend=text_frontend,
-             as_json=False)
-    return out
-
-
 def id_key(row_id: str) -> str:
     """The file-system identity of an id: NFKC-normalized and case-folded (NFKC again after
     folding, which can denormalize). Ids with equal keys look alike, or are the same file on
@@ -331,97 +293,3 @@ def id_key(row_id: str) -> str:
     import unicodedata
 
     return unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", row_id).casefold())
-
-
-def _collect(out: Manifest, numbered: Iterable[tuple[int, object]], *, base: Path, check_audio: bool,
-             text_frontend: str | None, as_json: bool) -> None:
-    """Validate ``(line number, item)`` pairs into ``out`` (rows, errors); items are JSON text
-    (``as_json``, a manifest's lines) or already decoded objects (the Python API)."""
-    for _ in _collect_parts(out, numbered, base=base, check_audio=check_audio, text_frontend=text_frontend,
-                            as_json=as_json):
-        pass
-
-
-def _collect_parts(out: Manifest, numbered: Iterable[tuple[int, object]], *, base: Path, check_audio: bool,
-                   text_frontend: str | None, as_json: bool, normalize_all: bool = True) -> Iterator[Manifest]:
-    """:func:`_collect`, yielding after each chunk what that chunk added (its rows and errors).
-
-    Chunk by chunk (:mod:`cosyclone.manifest_stream`): each chunk's texts are normalized ahead, on
-    every core and through the content cache, while the previous chunk is checked here in order
-    (without ``normalize_all``, only the texts validation cannot judge unnormalized).
-    """
-    from contextlib import closing
-
-    from .manifest_stream import AudioChecks, TextWarmer, decoded_chunks, warmed_chunks
-
-    seen: dict[str, tuple[int, str]] = {}  # id_key -> (first line, first id)
-    warmer = TextWarmer(text_frontend, every=normalize_all) if text_frontend is not None else None
-    audio = AudioChecks(_check_audio)
-    with closing(warmed_chunks(decoded_chunks(numbered, decode_line if as_json else None, LineError), warmer)) as chunks:
-        for chunk in chunks:
-            rows, errors = len(out.rows), len(out.errors)
-            for number, obj in chunk:
-                _collect_one(out, seen, number, obj, base=base, check_audio=check_audio, text_frontend=text_frontend,
-                             audio=audio)
-            yield Manifest(path=out.path, rows=out.rows[rows:], errors=out.errors[errors:])
-
-
-def iter_manifest(path: str | Path, *, check_audio: bool = True, text_frontend: str | None = "wetext",
-                  normalize_all: bool = True) -> tuple[Manifest, Iterator[Manifest]]:
-    """A manifest read as it is validated: (the whole, filling as it goes; its parts, chunk by chunk).
-
-    The same rows, errors and messages as :func:`read_manifest` (which is this, drained), so a run
-    can start on the first rows while later lines are still being read and normalized. The file's
-    problems (missing, unreadable) raise :class:`CosycloneError` here, before any part.
-    ``normalize_all``: as for :func:`read_manifest`.
-    """
-    path = Path(path).expanduser()
-    if text_frontend is not None:
-        from .frontend.normalize import get_normalizer
-
-        get_normalizer(text_frontend)  # a missing or broken normalizer stops here, before any row
-    if not path.is_file():
-        raise CosycloneError(f"{path}: manifest not found")
-    from .manifest_stream import iter_lines
-
-    out = Manifest(path=path)
-
-    def parts() -> Iterator[Manifest]:
-        try:  # read as a stream (manifest_stream): the file is never held whole
-            yield from _collect_parts(out, iter_lines(path), base=path.resolve().parent, check_audio=check_audio,
-                                      text_frontend=text_frontend, as_json=True, normalize_all=normalize_all)
-        except OSError as exc:
-            raise CosycloneError(f"{path}: cannot read the manifest: {exc}") from exc
-
-    return out, parts()
-
-
-def _collect_one(out: Manifest, seen: dict[str, tuple[int, str]], number: int, obj: object, *, base: Path,
-                 check_audio: bool, text_frontend: str | None, audio: Callable[[Path], tuple[str | None, float]]) -> None:
-    """One decoded line (or its :class:`LineError`) into ``out``: a row, or the line's error."""
-    out.ordinals[number] = out.total_lines
-    out.total_lines += 1
-    if isinstance(obj, LineError):
-        out.errors.append(ManifestError(str(obj), line=number, field=obj.key))
-        return
-    try:
-        row = parse_row(obj, line=number, base=base, check_audio=check_audio, text_frontend=text_frontend,
-                        audio_check=audio)
-    except ManifestError as exc:
-        out.errors.append(exc)
-        return
-    except Exception as exc:  # a check that tripped on this value: the line's error, never the run's
-        out.errors.append(ManifestError(f"could not be validated ({type(exc).__name__}: {short_repr(str(exc))})",
-                                        line=number))
-        return
-    key = id_key(row.id)
-    if key in seen:
-        first_line, first_id = seen[key]
-        how = "duplicate id" if first_id == row.id else (
-            f"duplicate id: {row.id!r} and {first_id!r} are equal after Unicode normalization (NFKC) and "
-            "case folding, so they would be look-alike files here and the same file on macOS and Windows")
-        out.errors.append(ManifestError(f"{how} (first used on line {first_line})", line=number,
-                                        field="id", row_id=row.id))
-        return
-    seen[key] = (number, row.id)
-    out.rows.append(row)

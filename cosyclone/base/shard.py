@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import CosycloneError
+from cosyclone.errors import CosycloneError
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@
 text on one core before saying anything (some 3 ms a row: wetext is most of it). Here the file is
 read line by line (:func:`iter_lines`) and validated in chunks of :data:`CHUNK_LINES` lines
 (:func:`warmed_chunks`): while one chunk is checked in this process, the texts of the next are
-looked up in the content cache (:mod:`cosyclone.text_cache`) and the ones missing are normalized
-by a process pool (:mod:`cosyclone.text_pool`). The checks themselves are unchanged
+looked up in the content cache (:mod:`cosyclone.manifest.text_cache`) and the ones missing are normalized
+by a process pool (:mod:`cosyclone.manifest.text_pool`). The checks themselves are unchanged
 (:func:`cosyclone.manifest.parse_row` runs on every row as before): the normalizer just finds the
 chunk's results ready (``TextNormalizer.overlay``), so every error, row and message is what the
 one-by-one pass gives, naming the same manifest line. When only validity is wanted (a dry run)
@@ -67,8 +67,8 @@ def speech_bodies(objs: Iterable[Any], *, every: bool = True) -> list[str]:
     """The texts to normalize for these decoded rows (``text_problem``'s ``speakable`` body): with
     ``every``, each one the run's frontend will read; without, only those validation itself must
     normalize to judge (not :func:`~cosyclone.frontend.text_rules.evidently_speakable`)."""
-    from .frontend.text import MODES, target_parts
-    from .frontend.text_rules import evidently_speakable, has_markup
+    from cosyclone.frontend.text import MODES, target_parts
+    from cosyclone.frontend.text_rules import evidently_speakable, has_markup
 
     out: dict[str, None] = {}
     for obj in objs:
@@ -97,9 +97,9 @@ class TextWarmer:
 
     def __init__(self, kind: str, *, workers: int | None = None, min_pool_texts: int | None = None,
                  every: bool = True) -> None:
-        from .frontend.normalize import get_normalizer
-        from .text_cache import text_cache_for
-        from .text_pool import MIN_POOL_TEXTS, NormalizePool
+        from cosyclone.frontend.normalize import get_normalizer
+        from cosyclone.manifest.text_cache import text_cache_for
+        from cosyclone.manifest.text_pool import MIN_POOL_TEXTS, NormalizePool
 
         self.normalizer = get_normalizer(kind)
         self.cache = text_cache_for(self.normalizer)
@@ -119,7 +119,7 @@ class TextWarmer:
 
     def finish(self, handle: tuple[dict[str, tuple[str, str]], list[str], list[Any]]) -> dict[str, tuple[str, str]]:
         """The chunk's results: cached, from the pool, and the rest normalized here (then stored)."""
-        from .text_pool import normalize_serial
+        from cosyclone.manifest.text_pool import normalize_serial
 
         found, missing, futures = handle
         made = self.pool.gather(futures)

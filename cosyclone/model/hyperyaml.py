@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from .errors import ModelDirError
+from cosyclone.errors import ModelDirError
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The decode engine: a fixed number of slots, a fixed-shape step, rows entering and leaving slots.
+"""The decode step: a fixed number of slots, a fixed-shape step, rows entering and leaving slots.
 
 Why: on a GPU the talker's speed is set by the host work of each step, not by the weights. A
 step whose shapes never change (slots x capacity, whatever rows are running) and that needs no
@@ -7,7 +7,7 @@ host value launches the same kernels every time, so it can be compiled once
 handed to the next row of the manifest at once (continuous batching, scheduled by
 :func:`cosyclone.talker.decode.generate`).
 
-One step, all on the device (:meth:`SlotEngine.step`): draw a token per slot from the logits
+One step, all on the device (:meth:`SlotStep.step`): draw a token per slot from the logits
 the previous forward left in :attr:`SlotState.logits` (:class:`SlotSampler`), apply the stop
 rules (stop id, sampler abort, max length) and record the token, then feed every slot's token
 through the model at its own position and keep the new logits. Slots that are not running
@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .kv_cache import SlotKVCache
-from .model import CosyVoice3LM
-from .slot_sampler import SlotSampler
+from cosyclone.talker.kv_cache import SlotKVCache
+from cosyclone.talker.model import CosyVoice3LM
+from cosyclone.talker.slot_sampler import SlotSampler
 
 #: Per-slot ``reason`` codes (0 = still running or never used).
 RUNNING, EOS, MAX_LEN, ABORTED = 0, 1, 2, 3
@@ -97,7 +97,7 @@ class Harvest:
 
 @dataclass
 class PendingHarvest:
-    """Finished slots' values on their way to the host (:meth:`SlotEngine.harvest_start`)."""
+    """Finished slots' values on their way to the host (:meth:`SlotStep.harvest_start`)."""
 
     read: HostRead  # rows of [reason, n_emit, tokens (cap), sampler state]
     cap: int  # token cells per row when the read was queued
@@ -109,7 +109,7 @@ class PendingHarvest:
                         sampler_state=[int(v) for v in r[2 + cap:]]) for r in self.read.tolist()]
 
 
-class SlotEngine(nn.Module):
+class SlotStep(nn.Module):
     """The model's slot cache, the per-slot state and (optionally) the in-step sampler."""
 
     def __init__(self, model: CosyVoice3LM, *, slots: int, capacity: int, token_capacity: int,
@@ -238,12 +238,12 @@ class SlotEngine(nn.Module):
 
 @dataclass(frozen=True)
 class Admit:
-    """Rows to prefill into free slots during a step (:meth:`SlotEngine.step`), instead of apart.
+    """Rows to prefill into free slots during a step (:meth:`SlotStep.step`), instead of apart.
 
     On a CPU the step is bound by reading the weights; prompts that ride along in the same pass
     (:meth:`CosyVoice3LM.step` with ``admit``) cost their arithmetic only. The newcomers draw
     their first token at the next step; a step with nothing running has nothing to share, so the
-    scheduler admits apart then (:meth:`SlotEngine.admit`).
+    scheduler admits apart then (:meth:`SlotStep.admit`).
     """
 
     slots: Sequence[int]  # free slots (not running in this step)

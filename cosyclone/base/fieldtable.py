@@ -1,0 +1,71 @@
+"""A dataclass's fields with the comment written beside each, for tables in the docs.
+
+Why comments rather than ``field(metadata=...)``: records and options keep whisper's style, one
+line per field with its meaning beside it, and the docs' field tables are generated from those
+same lines, so a field cannot be added, renamed or redefined without its table following (a test
+compares the two). A comment continued on the next line (a line holding only a comment) belongs
+to the field above it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import io
+import textwrap
+import tokenize
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FieldDoc:
+    """One documented field."""
+
+    name: str  # the field's name
+    type: str  # its annotation as written in the source
+    doc: str  # the comment beside it (and on the comment-only lines below it)
+
+
+def field_docs(cls: type) -> list[FieldDoc]:
+    """The fields of dataclass ``cls`` in order, with their annotations and comments.
+
+    Raises ``ValueError`` naming a field that has no comment: every field of a documented record
+    says what it holds.
+    """
+    source = textwrap.dedent(inspect.getsource(cls))
+    names = {f.name for f in dataclasses.fields(cls)}
+    comments: dict[str, list[str]] = {}
+    types: dict[str, str] = {}
+    current: str | None = None
+    depth = 0
+    lines = source.splitlines()
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.OP and tok.string in "([{":
+            depth += 1
+        elif tok.type == tokenize.OP and tok.string in ")]}":
+            depth -= 1
+        elif tok.type == tokenize.NAME and depth == 0 and tok.start[1] == 4 and tok.string in names:
+            line = lines[tok.start[0] - 1]
+            if line[4 + len(tok.string):].lstrip().startswith(":"):
+                current = tok.string
+                annotation = line.split(":", 1)[1].split("=", 1)[0].split("#", 1)[0].strip()
+                types[current] = annotation
+                comments.setdefault(current, [])
+        elif tok.type == tokenize.NAME and depth == 0 and tok.start[1] == 4:
+            current = None  # a method or another statement: comments below are not a field's
+        elif tok.type == tokenize.COMMENT and current is not None:
+            comments[current].append(tok.string.lstrip("#").strip())
+    out = []
+    for f in dataclasses.fields(cls):
+        doc = " ".join(c for c in comments.get(f.name, []) if c)
+        if not doc:
+            raise ValueError(f"{cls.__name__}.{f.name} has no comment: say what it holds")
+        out.append(FieldDoc(name=f.name, type=types.get(f.name, str(f.type)), doc=doc))
+    return out
+
+
+def markdown_table(docs: list[FieldDoc]) -> str:
+    """The fields as a Markdown table (``| field | type | meaning |``), one row each."""
+    rows = ["| field | type | meaning |", "|---|---|---|"]
+    rows += [f"| `{d.name}` | `{d.type}` | {d.doc.replace('|', '/')} |" for d in docs]
+    return "\n".join(rows) + "\n"
