@@ -160,11 +160,10 @@ def summarize(cfg: E2EConfig, out: Path) -> dict:
 
     summary = json.loads((out / "summary.json").read_text())
     lines = list(read_records(out).values())
-    ok = [d for d in lines if d.get("status") == "ok"]
-    stages = {k: sum(float(d.get("seconds", {}).get(k, 0.0)) for d in lines)
-              for k in ("frontend", "talker", "flow", "hift")}
-    tokens = [sum(d.get("tokens", [])) for d in ok]
-    steps = [sum(int(s.get("steps", 0)) for s in d.get("sampler", [])) for d in ok]
+    ok = [d for d in lines if d.ok]
+    stages = {k: sum(float(d.seconds.get(k, 0.0)) for d in lines) for k in ("frontend", "talker", "flow", "hift")}
+    tokens = [sum(d.tokens) for d in ok]
+    steps = [sum(s.steps for s in d.sampler) for d in ok]
     audio = float(summary["audio_seconds"])
     run = summary["last_run"]  # the invocation's own figures (the top level totals the folder)
     model_wall = float(run["wall_seconds"])

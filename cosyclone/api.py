@@ -3,7 +3,7 @@
     from cosyclone import CosyClone
     tts = CosyClone("/models/Fun-CosyVoice3-0.5B")
     r = tts.synthesize("Hello there.", prompt_audio="me.wav", prompt_text="What I say in me.wav.")
-    print(r.diagnostics["tokens"], r.sample_rate)  # r.audio: float32 samples at 24 kHz
+    print(r.ok, r.tokens, r.sampler[0].nan_steps)  # r.audio: float32 samples at r.sample_rate (24 kHz)
     results = tts.synthesize_rows([{"id": "a", "prompt_audio": "me.wav", "text": "Hi.", "mode": "cross_lingual"}])
 
 A thin facade over the one engine (:class:`cosyclone.engine.Engine`), which ``cosyclone synth``,
@@ -18,13 +18,10 @@ here and under ``synth``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from cosyclone.engine import Engine, model_config
+from cosyclone.engine import Engine, RowResult, model_config
 from cosyclone.errors import CosycloneError
 from cosyclone.manifest import ManifestRow, rows_from_dicts
 from cosyclone.options import MODEL_FIELDS, RunOptions, build
@@ -32,23 +29,9 @@ from cosyclone.options import MODEL_FIELDS, RunOptions, build
 __all__ = ["CosyClone", "Result", "model_config", "utterance", "validate_rows"]
 
 
-@dataclass
-class Result:
-    """One row's outcome: its audio (None when the row failed) and its diagnostics."""
-
-    id: str  # the row id
-    audio: np.ndarray | None  # (N,) float32 mono at ``sample_rate``; None for a failed row
-    sample_rate: int  # 24000 for the released model
-    diagnostics: dict[str, Any] = field(default_factory=dict)  # what synth writes to diagnostics.jsonl
-
-    @property
-    def ok(self) -> bool:
-        return self.diagnostics.get("status") == "ok"
-
-    @property
-    def error(self) -> str | None:
-        """Why the row failed ("<stage>: <what happened>"), None when it did not."""
-        return self.diagnostics.get("error")
+#: One row's result: its audio (None when the row failed) and what happened on the way (the engine's
+#: :class:`~cosyclone.engine.RowResult`, the same object a run folder records).
+Result = RowResult
 
 
 def utterance(text: str, prompt_audio: str | Path, prompt_text: str | None = None, *, mode: str = "zero_shot",
@@ -153,10 +136,8 @@ class CosyClone:
         No stage-0 checkpoint is kept: a call has no folder, and a loaded model serves many calls.
         """
         valid = self.validate(rows, base=base)
-        records = {rec.row_id: rec for rec in self.engine.run(valid)}
-        return [Result(id=r.id, audio=records[r.id].wav, sample_rate=self.sample_rate,
-                       diagnostics={k: v for k, v in records[r.id].diagnostics.items() if k != "wav"})
-                for r in valid]
+        results = {res.id: res for res in self.engine.run(valid)}
+        return [results[r.id] for r in valid]
 
     def validate(self, rows: Iterable[Mapping[str, Any] | ManifestRow], *,
                  base: str | Path = ".") -> list[ManifestRow]:

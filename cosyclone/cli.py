@@ -22,11 +22,10 @@ import typer
 
 from cosyclone.base.version import __version__
 from cosyclone.cli_options import with_options
-from cosyclone.errors import CosycloneError
+from cosyclone.errors import CosycloneError, Exit
 from cosyclone.eval.command import eval_command
 from cosyclone.options import MODEL, OUTPUT, SAMPLING, SAY, SYNTH
 
-EXIT_OK, EXIT_USAGE, EXIT_ROWS_FAILED = 0, 2, 3
 MODEL_DIR_ENV = "COSYCLONE_MODEL_DIR"  # the default --model-dir of synth and say
 app = typer.Typer(add_completion=False, help="Offline batched CosyVoice3 voice cloning.")
 
@@ -34,7 +33,7 @@ app = typer.Typer(add_completion=False, help="Offline batched CosyVoice3 voice c
 def _print_version(value: bool) -> None:
     if value:
         typer.echo(f"cosyclone {__version__}")
-        raise typer.Exit(EXIT_OK)
+        raise typer.Exit(Exit.OK)
 
 
 @app.callback()
@@ -49,7 +48,7 @@ INPUT, RUN = "Input", "Run"
 
 def _fail(msg: str) -> None:
     typer.echo(f"error: {msg}", err=True)
-    raise typer.Exit(EXIT_USAGE)
+    raise typer.Exit(Exit.USAGE)
 
 
 TEXT_FRONTEND_HELP = ("wetext (the official normalizer: numbers, dates, units spelled out) | none (the official "
@@ -111,7 +110,7 @@ def validate(
             for i, seg in enumerate(plan.segments, start=1):
                 typer.echo(f"  segment {i}/{len(plan.segments)}, {len(seg.ids)} tokens: {seg.text}")
     typer.echo(f"{len(m.rows) + len(m.errors) - rejected} valid rows, {rejected} rejected", file=report)
-    raise typer.Exit(EXIT_ROWS_FAILED if rejected else EXIT_OK)
+    raise typer.Exit(Exit.ROWS_FAILED if rejected else Exit.OK)
 
 
 def _emit_row_error(manifest: Path, err, json_out: bool) -> None:
@@ -160,12 +159,9 @@ def synth(
                 typer.echo(line)
             if plan.refusal:
                 _fail(plan.refusal)
-            raise typer.Exit(EXIT_ROWS_FAILED if plan.rejected else EXIT_OK)
+            raise typer.Exit(Exit.ROWS_FAILED if plan.rejected else Exit.OK)
         summary = job.run(progress=lambda total: Progress(total, interval=progress_interval, quiet=quiet))
     _print_summary(job, summary)
-
-
-EXIT_WRITE, EXIT_BUSY = 4, 5  # an output file could not be written; another synth holds the folder
 
 
 def _rejected(manifest: Path) -> Callable[[object], None]:
@@ -195,10 +191,10 @@ def _folder_errors() -> Iterator[None]:
         yield
     except FolderBusy as exc:
         typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(EXIT_BUSY) from None
+        raise typer.Exit(Exit.BUSY) from None
     except OutputFolderError as exc:
         typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(EXIT_WRITE) from None
+        raise typer.Exit(Exit.WRITE) from None
     except CosycloneError as exc:  # the model did not load; a Ray run that lost rows
         _fail(str(exc))
 
@@ -207,18 +203,18 @@ def _print_summary(job, summary) -> None:
     """After the run: the rows that failed (stderr, by manifest line), the totals table, the exit code."""
     from cosyclone.run import report as totals_mod
 
-    for d in summary.failed:  # the rows that failed after validation, by manifest line (details in diagnostics)
-        typer.echo(f"{job.manifest_label}: line {d.get('line')}, row {d['id']!r}: {d.get('error')}", err=True)
+    for r in summary.failed:  # the rows that failed after validation, by manifest line (details in diagnostics)
+        typer.echo(f"{job.manifest_label}: line {r.line}, row {r.id!r}: {r.error}", err=True)
     run = summary.last_run
-    extra = {"this run": f"{run['done']} done, {run['failed']} failed, {run['skipped']} skipped, "
-                         f"{run['redone']} redone, {run['invalid']} invalid",
-             "this run audio-s/s": run["throughput_audio_s_per_s"], "outputs": str(job.out)}
+    extra = {"this run": f"{run.done} done, {run.failed} failed, {run.skipped} skipped, "
+                         f"{run.redone} redone, {run.invalid} invalid",
+             "this run audio-s/s": run.throughput_audio_s_per_s, "outputs": str(job.out)}
     totals_mod.render(summary.totals, title=f"cosyclone synth: {job.out}", tty=sys.stdout.isatty(), extra=extra)
     if summary.write_error:
         typer.echo(f"error: {summary.write_error}. The {summary.written} rows written before it are kept and no "
                    "partial file is left; free space (or fix permissions) and rerun the same command to resume",
                    err=True)
-        raise typer.Exit(EXIT_WRITE)
+        raise typer.Exit(Exit.WRITE)
     raise typer.Exit(summary.exit_code)
 
 
@@ -272,30 +268,27 @@ def say(
         _fail(f"{flag.get(exc.field or '', exc.field or 'input')}: {exc.reason}")
     except CosycloneError as exc:
         _fail(str(exc))
-    d = res.diagnostics
     if not res.ok or res.audio is None:
-        typer.echo(f"error: synthesis failed ({d.get('reason')}): {d.get('error')}", err=True)
-        raise typer.Exit(EXIT_ROWS_FAILED)
+        typer.echo(f"error: synthesis failed ({res.reason}): {res.error}", err=True)
+        raise typer.Exit(Exit.ROWS_FAILED)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         write_wav_atomic(out, res.audio, sample_rate=res.sample_rate, float_wav=float_wav)
     except (OSError, CosycloneError) as exc:  # disk full, no permission: nothing partial is left
         typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(EXIT_WRITE) from None
+        raise typer.Exit(Exit.WRITE) from None
     wall = time.perf_counter() - t0
-    sampler = d.get("sampler", [])
-    nan = sum(int(x.get("nan_steps", 0)) for x in sampler)
-    secs = d.get("seconds", {})
-    typer.echo(f"wrote {out}: {d['audio_seconds']:.2f} s at {res.sample_rate} Hz "
-               f"({'float32' if float_wav else 'PCM16'}), {mode}, seed {d['seed']}")
-    typer.echo(f"  {len(d['tokens'])} segment(s), tokens {d['tokens']}, stop {d['stop_reasons']}; "
-               f"sampler steps {sum(int(x.get('steps', 0)) for x in sampler)}, NaN steps {nan}, "
-               f"RAS fallbacks {sum(int(x.get('ras_fallbacks', 0)) for x in sampler)}")
+    nan = sum(s.nan_steps for s in res.sampler)
+    typer.echo(f"wrote {out}: {res.audio_seconds:.2f} s at {res.sample_rate} Hz "
+               f"({'float32' if float_wav else 'PCM16'}), {mode}, seed {res.seed}")
+    typer.echo(f"  {len(res.tokens)} segment(s), tokens {list(res.tokens)}, stop {list(res.stop_reasons)}; "
+               f"sampler steps {sum(s.steps for s in res.sampler)}, NaN steps {nan}, "
+               f"RAS fallbacks {sum(s.ras_fallbacks for s in res.sampler)}")
     typer.echo(f"  {wall:.1f} s in all with loading; synthesis " + ", ".join(
-        f"{k} {v:.2f} s" for k, v in secs.items()) + f" ({tts.policy.device}, {tts.policy.dtype_name})")
+        f"{k} {v:.2f} s" for k, v in res.seconds.items()) + f" ({tts.policy.device}, {tts.policy.dtype_name})")
     if nan:
         typer.echo(f"warning: {nan} sampler steps had NaN logits (excluded; see docs/precision.md, --dtype)", err=True)
-    raise typer.Exit(EXIT_OK)
+    raise typer.Exit(Exit.OK)
 
 
 @app.command()
@@ -318,7 +311,7 @@ def report(
     if json_out:
         typer.echo(json.dumps({**totals, "folders": [str(f) for f in folders], "eval": evals or None},
                               sort_keys=True))
-        raise typer.Exit(EXIT_OK)
+        raise typer.Exit(Exit.OK)
     title = "cosyclone report: " + ", ".join(str(f) for f in folders)
     totals_mod.render(totals, title=title, tty=sys.stdout.isatty())
     if evals:
@@ -331,7 +324,7 @@ def report(
                 Console().print(eval_summary_renderable(e))
             else:
                 typer.echo(f"eval of {folder}: {json.dumps(e, sort_keys=True)}")
-    raise typer.Exit(EXIT_OK)
+    raise typer.Exit(Exit.OK)
 
 
 app.command("eval")(eval_command)  # cosyclone/eval/command.py (models from the optional eval extra)
@@ -373,11 +366,11 @@ def inspect(model_dir: Path = typer.Argument(...), device: str = typer.Option("a
     broken = model_check.stage_import_error()
     if broken:  # a stage that does not import is a broken install, not a pass
         typer.echo(f"stage modules: NOT importable ({broken})")
-        raise typer.Exit(EXIT_USAGE)
+        raise typer.Exit(Exit.USAGE)
     for line, ok in model_check.checkpoint_checks(model_dir, cfg):
         typer.echo(line)
         bad = bad or not ok
-    raise typer.Exit(EXIT_USAGE if bad else EXIT_OK)
+    raise typer.Exit(Exit.USAGE if bad else Exit.OK)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -6,6 +6,8 @@ with a message that names the file/row/field and says what to do.
 
 from __future__ import annotations
 
+from enum import IntEnum
+
 
 class CosycloneError(Exception):
     """A user-facing error: the message names what was wrong and where."""
@@ -33,3 +35,16 @@ class ManifestError(CosycloneError):
         self.field = field
         self.row_id = row_id
         self.reason = message
+
+
+class Exit(IntEnum):
+    """The command's exit codes, defined once (the README's table; ``synth``, ``validate``, ``eval``,
+    ``say`` and the API's callers read them from here)."""
+
+    OK = 0  # every row done (valid); say: the file is written
+    USAGE = 2  # unusable input: manifest or model directory unreadable, bad options, a package missing
+    ROWS_FAILED = 3  # some rows failed or were rejected; the others were produced (say: the utterance failed)
+    WRITE = 4  # the output folder cannot be written (rows finished before are kept)
+    BUSY = 5  # another synth is writing the same folder (and shard)
+    SIGINT = 130  # stopped by Ctrl-C (128 + 2), the accounts written: rerun to resume
+    SIGTERM = 143  # stopped by SIGTERM (128 + 15), the accounts written: rerun to resume

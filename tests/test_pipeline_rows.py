@@ -4,6 +4,7 @@ that leaves no frames, and exceptions that fail their own rows only (type, messa
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from typer.testing import CliRunner
 import cosyclone.talker.decode as dec
 from cosyclone.base.device import resolve
 from cosyclone.cli import app
+from cosyclone.engine import RowResult
 from cosyclone.engine import stages as pipeline
 from cosyclone.errors import CosycloneError
 from cosyclone.manifest import ManifestRow
@@ -81,9 +83,9 @@ def _rows(texts: dict[str, str], **fields: object) -> list[ManifestRow]:
             for i, (rid, text) in enumerate(texts.items())]
 
 
-def _run(rows: list[ManifestRow], **opts: object) -> dict[str, dict]:
+def _run(rows: list[ManifestRow], **opts: object) -> dict[str, RowResult]:
     recs = engine_run(_stages(), rows, RunOptions(max_tokens=4, **opts), lambda rec: None)  # type: ignore[arg-type]
-    return {r.row_id: r.diagnostics for r in recs}
+    return {r.id: r for r in recs}
 
 
 def test_row_seed_is_derived_once_and_reported_as_used(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -96,27 +98,27 @@ def test_row_seed_is_derived_once_and_reported_as_used(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(dec, "generate", spy)
     d = _run(_rows({"given": "one|two", "derived": "three"}, given={"seed": 123}), seed=9)
-    assert d["given"]["seed"] == 123 and seen["given"] == {123}  # every segment, as the manifest gave it
-    assert d["derived"]["seed"] == row_seed(9, "derived") and seen["derived"] == {row_seed(9, "derived")}
-    assert [s["seed"] for s in d["given"]["sampler"]] == [123, 123]
+    assert d["given"].seed == 123 and seen["given"] == {123}  # every segment, as the manifest gave it
+    assert d["derived"].seed == row_seed(9, "derived") and seen["derived"] == {row_seed(9, "derived")}
+    assert [s.seed for s in d["given"].sampler] == [123, 123]
 
 
 def test_nonfinite_audio_fails_the_row_by_default_and_counts_it() -> None:
     d = _run(_rows({"ok": "fine", "n": "nanwav|nanwav", "i": "infwav"}), batch_size=8)
-    assert d["ok"]["status"] == "ok" and d["ok"]["nonfinite_audio_samples"] == 0
-    assert d["n"]["status"] == "failed" and d["n"]["reason"] == "nonfinite_audio"
-    assert d["n"]["nonfinite_audio_samples"] == 24 and "12 NaN" in d["n"]["error"]  # 12 per segment
-    assert d["i"]["reason"] == "nonfinite_audio" and d["i"]["nonfinite_audio_samples"] == 3 and "3 inf" in d["i"]["error"]
+    assert d["ok"].status == "ok" and d["ok"].nonfinite_audio_samples == 0
+    assert d["n"].status == "failed" and d["n"].reason == "nonfinite_audio"
+    assert d["n"].nonfinite_audio_samples == 24 and "12 NaN" in (d["n"].error or "")  # 12 per segment
+    assert d["i"].reason == "nonfinite_audio" and d["i"].nonfinite_audio_samples == 3 and "3 inf" in (d["i"].error or "")
 
 
 def test_nonfinite_audio_zero_keeps_the_old_output_and_still_counts() -> None:
     written: list = []
     engine_run(_stages(), _rows({"n": "nanwav", "i": "infwav"}),
                  RunOptions(max_tokens=4, nonfinite_audio="zero"), written.append)
-    d = {r.row_id: r.diagnostics for r in written}
-    wav = {r.row_id: r.wav for r in written}
-    assert d["n"]["status"] == d["i"]["status"] == "ok"
-    assert d["n"]["nonfinite_audio_samples"] == 12 and d["i"]["nonfinite_audio_samples"] == 3
+    d = {r.id: r for r in written}
+    wav = {r.id: r.audio for r in written}
+    assert d["n"].status == d["i"].status == "ok"
+    assert d["n"].nonfinite_audio_samples == 12 and d["i"].nonfinite_audio_samples == 3
     assert np.isfinite(wav["n"]).all() and (wav["n"][5:17] == 0).all() and (wav["i"][:3] == 1.0).all()
     with pytest.raises(CosycloneError, match="--nonfinite-audio must be one of fail, zero"):
         RunOptions(nonfinite_audio="ignore")
@@ -133,10 +135,10 @@ def test_a_speed_that_leaves_no_mel_frames_fails_the_row() -> None:
     written: list = []
     engine_run(_stages(), _rows({"fast": "x", "fine": "y"}, fast={"speed": 3.0}, fine={"speed": 2.0}),
                  RunOptions(max_tokens=1), written.append)
-    d = {r.row_id: r for r in written}
-    assert d["fast"].diagnostics["status"] == "failed" and d["fast"].wav is None
-    assert d["fast"].diagnostics["reason"] == "empty_after_speed" and "speed 3" in d["fast"].diagnostics["error"]
-    assert d["fine"].diagnostics["status"] == "ok" and d["fine"].wav.size == 480  # int(2 / 2) = 1 frame
+    d = {r.id: r for r in written}
+    assert d["fast"].status == "failed" and d["fast"].audio is None
+    assert d["fast"].reason == "empty_after_speed" and "speed 3" in (d["fast"].error or "")
+    assert d["fine"].status == "ok" and d["fine"].audio is not None and d["fine"].audio.size == 480  # 1 frame
 
 
 def test_stage_exceptions_fail_their_rows_with_type_message_and_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -148,20 +150,20 @@ def test_stage_exceptions_fail_their_rows_with_type_message_and_traceback(monkey
     monkeypatch.setattr(dec, "generate", talker)
     d = _run(_rows({"a": "one|two", "t-boom": "x", "c": "c2w-boom", "f": "frontend-fail", "u": "user-error",
                     "b": "three"}), batch_size=8)
-    assert d["a"]["status"] == d["b"]["status"] == "ok"  # the batch's other rows are produced
+    assert d["a"].status == d["b"].status == "ok"  # the batch's other rows are produced
     t = d["t-boom"]
-    assert (t["status"], t["reason"], t["error_type"]) == ("failed", "exception", "RuntimeError")
-    assert t["error"].startswith("talker: RuntimeError: talker stub: shape mismatch")
-    assert "Traceback" in t["traceback"] and "in talker" in t["traceback"]
+    assert (t.status, t.reason, t.error_type) == ("failed", "exception", "RuntimeError")
+    assert (t.error or "").startswith("talker: RuntimeError: talker stub: shape mismatch")
+    assert "Traceback" in (t.traceback or "") and "in talker" in (t.traceback or "")
     c = d["c"]
-    assert (c["reason"], c["error_type"]) == ("exception", "IndexError") and "in inference" in c["traceback"]
-    assert c["error"].startswith("code2wav: IndexError: flow stub")
+    assert (c.reason, c.error_type) == ("exception", "IndexError") and "in inference" in (c.traceback or "")
+    assert (c.error or "").startswith("code2wav: IndexError: flow stub")
     f = d["f"]
-    assert (f["reason"], f["error_type"]) == ("exception", "ValueError") and "cannot tokenize" in f["traceback"]
+    assert (f.reason, f.error_type) == ("exception", "ValueError") and "cannot tokenize" in (f.traceback or "")
     u = d["u"]  # a user-fixable error: type and message, no traceback
-    assert (u["reason"], u["error_type"], u["traceback"]) == ("bad_input", "CosycloneError", None)
-    assert "not speakable" in u["error"]
-    assert all(d[k]["traceback"] is None for k in ("a", "b"))
+    assert (u.reason, u.error_type, u.traceback) == ("bad_input", "CosycloneError", None)
+    assert "not speakable" in (u.error or "")
+    assert all(d[k].traceback is None for k in ("a", "b"))
 
 
 def test_talker_out_of_memory_halves_the_batch_and_gives_the_same_rows(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -176,11 +178,10 @@ def test_talker_out_of_memory_halves_the_batch_and_gives_the_same_rows(monkeypat
         return generate(model, requests, options)
 
     monkeypatch.setattr(dec, "generate", small_device)
-    strip = {"seconds"}
 
-    def same(a: dict, b: dict) -> bool:
-        return {k: {f: v for f, v in d.items() if f not in strip} for k, d in a.items()} == \
-            {k: {f: v for f, v in d.items() if f not in strip} for k, d in b.items()}
+    def same(a: dict[str, RowResult], b: dict[str, RowResult]) -> bool:
+        """Equal results but for wall seconds (the audio is not compared here: halving keeps tokens)."""
+        return {k: replace(r, seconds={}) for k, r in a.items()} == {k: replace(r, seconds={}) for k, r in b.items()}
 
     halved = _run(rows, batch_size=8, schedule="static")
     assert sizes == [12, 6, 3, 3, 6, 3, 3]  # 12 segments -> halves -> quarters, each retried once
@@ -197,7 +198,7 @@ def test_talker_out_of_memory_halves_the_batch_and_gives_the_same_rows(monkeypat
 
     monkeypatch.setattr(dec, "generate", always_oom)
     d = _run(rows[:2], batch_size=8)
-    assert all(x["status"] == "failed" and x["error_type"] == "OutOfMemoryError" for x in d.values())
+    assert all(x.status == "failed" and x.error_type == "OutOfMemoryError" for x in d.values())
 
 
 def test_a_bug_outside_the_stage_guards_fails_only_its_row(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -210,9 +211,9 @@ def test_a_bug_outside_the_stage_guards_fails_only_its_row(monkeypatch: pytest.M
 
     monkeypatch.setattr(pipeline, "_check_audio", check)
     d = _run(_rows({"a": "one", "bug": "two", "b": "three"}), batch_size=8)
-    assert d["a"]["status"] == d["b"]["status"] == "ok"
-    assert d["bug"]["reason"] == "exception" and d["bug"]["error_type"] == "KeyError"
-    assert d["bug"]["error"].startswith("pipeline: KeyError") and "in check" in d["bug"]["traceback"]
+    assert d["a"].status == d["b"].status == "ok"
+    assert d["bug"].reason == "exception" and d["bug"].error_type == "KeyError"
+    assert (d["bug"].error or "").startswith("pipeline: KeyError") and "in check" in (d["bug"].traceback or "")
 
 
 @pytest.mark.parametrize("schedule", ["continuous", "static"])
@@ -236,10 +237,8 @@ def test_a_frontend_bug_outside_the_row_guards_loses_no_row(monkeypatch: pytest.
     monkeypatch.setattr(pipeline, "prepare_batch", real)
     clean = _run(rows, batch_size=2, schedule=schedule)
     assert d.keys() == clean.keys() == texts.keys()
-    strip = {"seconds"}
     for rid in texts:
-        assert {k: v for k, v in d[rid].items() if k not in strip} == \
-            {k: v for k, v in clean[rid].items() if k not in strip}, rid
+        assert replace(d[rid], seconds={}) == replace(clean[rid], seconds={}), rid
     assert ["bug"] in calls  # its batch was retried row by row
 
 

@@ -246,23 +246,28 @@ def test_released_config_loads_without_dir() -> None:
 
 
 def test_writer_atomic_float_and_torn_line(tmp_path: Path) -> None:
+    from cosyclone.engine import RowResult
     from cosyclone.run.folder import is_complete, journal_path, read_records
-    from cosyclone.run.writer import BackgroundWriter, RowRecord, WriterOptions
+    from cosyclone.run.row_record import RowStamp
+    from cosyclone.run.writer import BackgroundWriter, WriterOptions
+
+    stamp = RowStamp(fingerprint=None, fingerprint_parts=None, run_id="r", text="t", prompt_text="", prompt_audio="p",
+                     mode="zero_shot", instruct="", speed=1.0, manifest="m", shard=None)
 
     (tmp_path / "diagnostics.jsonl").write_text('{"id": "old", "status": "ok"}\n{"id": "torn", "sta')
     (tmp_path / "wavs").mkdir()
     (tmp_path / "wavs" / "y.wav").write_bytes(b"stale audio of an earlier attempt")
     w = BackgroundWriter(WriterOptions(out_dir=tmp_path, float_wav=True), journal_path(tmp_path, "all"))
-    w.submit(RowRecord("x", np.full(480, 0.25, np.float32), {"id": "x", "status": "ok"}))
-    w.submit(RowRecord("y", None, {"id": "y", "status": "failed", "error": "boom", "traceback": "Traceback..."}))
+    w.submit(RowResult(id="x", line=1, seed=0, audio=np.full(480, 0.25, np.float32)), stamp)
+    w.submit(RowResult(id="y", line=2, seed=0, status="failed", error="boom", traceback="Traceback..."), stamp)
     w.close()
     data, sr = sf.read(str(tmp_path / "wavs" / "x.wav"), dtype="float32")
     assert sr == 24000 and np.allclose(data, 0.25) and sf.info(str(tmp_path / "wavs" / "x.wav")).subtype == "FLOAT"
     assert not list((tmp_path / "wavs").glob(".*tmp*"))
     records = read_records(tmp_path)
-    assert set(records) == {"old", "x", "y"} and records["x"]["samples"] == 480
+    assert set(records) == {"old", "x", "y"} and records["x"].samples == 480
     assert [r for r in records if is_complete(tmp_path, records[r])] == ["x"]
     assert not (tmp_path / "wavs" / "y.wav").exists()  # a failed row leaves no stale WAV behind
     errors = [json.loads(x) for x in (tmp_path / "errors.jsonl").read_text().splitlines()]
     assert errors[0]["id"] == "y" and errors[0]["traceback"] == "Traceback..."
-    assert records["y"]["traceback"] == "see errors.jsonl"
+    assert records["y"].traceback == "see errors.jsonl"

@@ -3,19 +3,25 @@ rows replayed no graph says so, and every failed capture is listed once."""
 
 from __future__ import annotations
 
-from cosyclone.run.record import graphs_record
+from cosyclone.engine import RowResult
+from cosyclone.run.account import RunTally
+from cosyclone.talker.diagnostics import SamplerRowDiagnostics
 
 
-def _row(*steps: int) -> dict:
-    return {"sampler": [{"graph_steps": n} for n in steps]}
+def _row(rid: str, *steps: int) -> RowResult:
+    return RowResult(id=rid, line=1, seed=0, sampler=tuple(SamplerRowDiagnostics(row_id=rid, seed=0, graph_steps=n)
+                                                           for n in steps))
 
 
 def test_graphs_used_only_when_some_row_replayed_a_graph() -> None:
-    asked_not_run = graphs_record("on", [_row(0, 0), _row(0)], ["RuntimeError: capture failed"] * 2)
-    assert asked_not_run == {"resolved": "on", "used": False, "rows_with_graph_steps": 0, "graph_steps": 0,
-                             "capture_errors": ["RuntimeError: capture failed"]}
-    ran = graphs_record("on", [_row(3, 4), _row(0), {"sampler": None}], [])
-    assert ran["used"] and ran["rows_with_graph_steps"] == 1 and ran["graph_steps"] == 7
+    asked_not_run = RunTally()
+    for r in (_row("a", 0, 0), _row("b", 0)):
+        asked_not_run.add(r)
+    assert asked_not_run.graph_rows == 0 and asked_not_run.graph_steps == 0
+    ran = RunTally()
+    for r in (_row("a", 3, 4), _row("b", 0), _row("c")):
+        ran.add(r)
+    assert ran.graph_rows == 1 and ran.graph_steps == 7 and ran.done == 3
 
 
 def test_a_cpu_run_records_that_no_graph_ran(tiny_model_dir, tmp_path) -> None:

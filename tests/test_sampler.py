@@ -9,6 +9,7 @@ import torch
 
 from cosyclone.model.config import SamplingConfig
 from cosyclone.run.report import folder_totals
+from cosyclone.run.row_record import RowRecord
 from cosyclone.talker.diagnostics import SamplerRowDiagnostics
 from cosyclone.talker.sampler import COUNTER_NAMES, SamplerOptions, row_seed
 from tests.samplers import BatchSampler, legacy_slot_sampler
@@ -273,7 +274,9 @@ def test_subset_rows_and_history() -> None:
 def test_diagnostics_dataclass() -> None:
     d = SamplerRowDiagnostics(row_id="a", seed=1, steps=81, all_nan_steps=46, nan_steps=46)
     # the run's totals word it like the bug report that motivated the counters
-    totals = folder_totals([{"status": "ok", "sampler": [d.to_dict()]}])
+    record = RowRecord.from_json({"id": "a", "status": "ok", "sampler": [d.to_dict()]})
+    assert record is not None and record.sampler == (d,)  # the counters read back as written
+    totals = folder_totals([record])
     assert totals["nan_summary"] == "81 sampler calls, 46 entirely NaN"
     assert d.to_dict()["row_id"] == "a" and not d.aborted
 

@@ -67,5 +67,10 @@ def field_docs(cls: type) -> list[FieldDoc]:
 def markdown_table(docs: list[FieldDoc]) -> str:
     """The fields as a Markdown table (``| field | type | meaning |``), one row each."""
     rows = ["| field | type | meaning |", "|---|---|---|"]
-    rows += [f"| `{d.name}` | `{d.type}` | {d.doc.replace('|', '/')} |" for d in docs]
+    rows += [f"| `{d.name}` | `{_cell(d.type)}` | {_cell(d.doc)} |" for d in docs]
     return "\n".join(rows) + "\n"
+
+
+def _cell(text: str) -> str:
+    """Text safe inside a Markdown table cell (a bare ``|`` would start a new cell, ``<x>`` an HTML tag)."""
+    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 
 def _duration(seconds: float) -> str:
@@ -19,6 +19,16 @@ def _duration(seconds: float) -> str:
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)
     return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+class FinishedRow(Protocol):
+    """What progress reads of a finished row."""
+
+    @property
+    def ok(self) -> bool: ...
+
+    @property
+    def audio_seconds(self) -> float: ...
 
 
 class Progress:
@@ -45,13 +55,12 @@ class Progress:
             self._thread = threading.Thread(target=self._tick, name="cosyclone-progress", daemon=True)
             self._thread.start()
 
-    def update(self, record: Any) -> None:
-        """One finished row (its :class:`~cosyclone.engine.RowRecord`)."""
-        d = getattr(record, "diagnostics", record) or {}
+    def update(self, row: FinishedRow) -> None:
+        """One finished row (a :class:`~cosyclone.engine.RowResult`)."""
         with self._lock:
             self.rows += 1
-            if d.get("status") == "ok":
-                self.audio_seconds += float(d.get("audio_seconds") or 0.0)
+            if row.ok:
+                self.audio_seconds += float(row.audio_seconds)
             else:
                 self.failed += 1
             if self._bar is not None:

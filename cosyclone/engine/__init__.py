@@ -6,8 +6,8 @@ talker hand-off, code2wav) -> ``outcome`` / ``batches`` / ``setup``.
 """
 
 from cosyclone.engine.batches import plan_batches, row_cost
-from cosyclone.engine.outcome import RowOutcome, RowRecord
+from cosyclone.engine.outcome import RowResult, SegmentText
 from cosyclone.engine.runner import Engine
 from cosyclone.engine.setup import model_config, resolve_options
 
-__all__ = ["Engine", "RowOutcome", "RowRecord", "model_config", "plan_batches", "resolve_options", "row_cost"]
+__all__ = ["Engine", "RowResult", "SegmentText", "model_config", "plan_batches", "resolve_options", "row_cost"]

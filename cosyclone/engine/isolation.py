@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import torch
 
 from cosyclone.engine import stages as S
-from cosyclone.engine.outcome import RowOutcome, RowRecord, failed_record
+from cosyclone.engine.outcome import RowOutcome, RowResult, failed_result
 from cosyclone.engine.stages import PreparedBatch, Stages, row_seed_of
 from cosyclone.manifest import ManifestRow
 from cosyclone.options import RunOptions
@@ -114,7 +114,7 @@ def generate_isolated(stages: Stages, segments: Sequence[tuple[str, Any]], dec: 
 
 @torch.inference_mode()
 def synthesize_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptions,
-                     tokens: TokenCheckpoint | None = None, prepared: PreparedBatch | None = None) -> list[RowRecord]:
+                     tokens: TokenCheckpoint | None = None, prepared: PreparedBatch | None = None) -> list[RowResult]:
     """One batch through every stage at once (the talker over all its segments together).
 
     A stage that raises for the whole batch is retried row by row (segment by segment in the
@@ -134,14 +134,15 @@ def synthesize_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptio
 
 
 def rows_alone(stages: Stages, batch: Sequence[ManifestRow], opts: RunOptions, exc: BaseException,
-               tokens: TokenCheckpoint | None = None) -> list[RowRecord]:
+               tokens: TokenCheckpoint | None = None) -> list[RowResult]:
     """Each row of a batch that raised, through every stage alone; a row that still raises is a
-    failed record with its traceback."""
+    failed result with its traceback."""
     records = []
     for row in batch:
         try:
             records.extend(synthesize_batch(stages, [row], opts, tokens))
         except Exception as exc_row:
-            records.append(failed_record(row.id, row.line, row_seed_of(opts.seed, row), "pipeline", exc_row,
-                                         note=f" (the batch raised {type(exc).__name__}: {exc})"))
+            records.append(failed_result(row.id, row.line, row_seed_of(opts.seed, row), "pipeline", exc_row,
+                                         note=f" (the batch raised {type(exc).__name__}: {exc})",
+                                         sample_rate=int(stages.cfg.hift.sampling_rate)))
     return records

@@ -13,10 +13,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from cosyclone.base.device import DevicePolicy
+from cosyclone.base.stop import StopRequest
 from cosyclone.engine import stages as S
 from cosyclone.engine.batches import plan_batches
 from cosyclone.engine.isolation import TokenCheckpoint
-from cosyclone.engine.outcome import RowRecord
+from cosyclone.engine.outcome import RowResult
 from cosyclone.engine.schedule import StageSchedule
 from cosyclone.engine.setup import model_config, resolve_options
 from cosyclone.engine.stages import Stages
@@ -54,19 +55,21 @@ class Engine:
 
     def run(self, rows: Sequence[ManifestRow] = (), *, batches: Sequence[Sequence[ManifestRow]] | None = None,
             opts: RunOptions | None = None, tokens: TokenCheckpoint | None = None,
-            prefetch: bool = True) -> Iterator[RowRecord]:
+            prefetch: bool = True, stop: StopRequest | None = None) -> Iterator[RowResult]:
         """Synthesize ``rows`` (planned into batches here) or the given planned ``batches``; yields each
-        row's record (audio and diagnostics) in batch order, as soon as its batch is done.
+        row's result (audio included) in batch order, as soon as its batch is done.
 
         ``opts``: this run's options (default: the engine's; model fields must match the loaded
         model). ``tokens``: the run's stage-0 checkpoint (talker results reused and kept by segment).
+        ``stop``: once requested no further batch starts (the rows in flight finish); once
+        immediate, the rows still in flight are dropped.
         """
         run_opts = self.opts if opts is None else replace(opts, **{k: getattr(self.opts, k) for k in MODEL_FIELDS},
                                                           cuda_graphs=self._graphs(opts))
         if batches is None:
             batches = plan_batches(rows, run_opts.batch_size, run_opts.token_budget)
         return StageSchedule(self.stages, batches, run_opts, tokens=tokens, prefetch=prefetch,
-                         graph_errors=self.graph_errors).run()
+                             graph_errors=self.graph_errors, stop=stop).run()
 
     def _graphs(self, opts: RunOptions) -> str:
         """The run's CUDA graphs choice, resolved against the loaded device (``off`` stays off)."""

@@ -22,9 +22,10 @@ from typing import Any
 
 import torch
 
+from cosyclone.base.stop import StopRequest
 from cosyclone.engine import isolation as I
 from cosyclone.engine import stages as S
-from cosyclone.engine.outcome import RowRecord
+from cosyclone.engine.outcome import RowResult
 from cosyclone.engine.stages import PreparedBatch, Stages
 from cosyclone.manifest import ManifestRow
 from cosyclone.options import RunOptions
@@ -97,8 +98,9 @@ class StageSchedule:
 
     def __init__(self, stages: Stages, batches: Sequence[Sequence[ManifestRow]], opts: RunOptions, *,
                  tokens: I.TokenCheckpoint | None = None, prefetch: bool = True,
-                 graph_errors: list[str] | None = None) -> None:
+                 graph_errors: list[str] | None = None, stop: StopRequest | None = None) -> None:
         self.stages, self.batches, self.opts, self.tokens, self.prefetch = stages, batches, opts, tokens, prefetch
+        self.stop = stop  # a stop request: no batch starts after it; an immediate one ends the run
         self.graph_errors = graph_errors if graph_errors is not None else []  # failed CUDA graph captures
         self.dec = S.decode_options(stages.cfg, opts)
         self.frontend: FrontendPrefetch | None = None
@@ -112,7 +114,7 @@ class StageSchedule:
         threaded = opts.code2wav_thread
         if threaded is None:
             threaded = stages.policy.device.type == "cuda"
-        self.finishing: list[Future[list[RowRecord]]] = []
+        self.finishing: list[Future[list[RowResult]]] = []
         # the worker takes this thread's torch threads (--threads): a new thread would start at torch's default
         self.code2wav = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cosyclone-code2wav",
                                            initializer=torch.set_num_threads,
@@ -120,7 +122,7 @@ class StageSchedule:
         device = stages.policy.device
         self.stream = torch.cuda.Stream(device) if threaded and device.type == "cuda" else None  # code2wav's own
 
-    def run(self) -> Iterator[RowRecord]:
+    def run(self) -> Iterator[RowResult]:
         """The records of every planned batch, in batch order, each batch as soon as it is done."""
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cosyclone-frontend") as pool:
             self.frontend = FrontendPrefetch(pool, self.stages, self.batches, self.opts, enabled=self.prefetch)
@@ -132,10 +134,12 @@ class StageSchedule:
             finally:
                 self.frontend.cancel()
 
-    def _run_static(self) -> Iterator[RowRecord]:
+    def _run_static(self) -> Iterator[RowResult]:
         """Each batch through every stage before the next (its talker session holds that batch alone)."""
         assert self.frontend is not None
         for k, batch in enumerate(self.batches):
+            if self._stopping():
+                return
             prepared = self.frontend.take(k)
             with torch.inference_mode():
                 try:
@@ -144,9 +148,15 @@ class StageSchedule:
                     records = I.rows_alone(self.stages, batch, self.opts, exc, self.tokens)
             yield from records
 
-    def _run_continuous(self) -> Iterator[RowRecord]:
+    def _run_continuous(self) -> Iterator[RowResult]:
         try:
             while self.next < len(self.batches) or self.flight or self.finishing:
+                if self._stopping():
+                    self.next = len(self.batches)  # no batch joins after a stop request
+                    if self.stop is not None and self.stop.immediate:
+                        return  # what is in flight is dropped, unrecorded (it runs on the resume)
+                    if not self.flight and not self.finishing:
+                        return
                 with torch.inference_mode():
                     try:
                         self._feed()
@@ -159,6 +169,9 @@ class StageSchedule:
             self._close_session()
             if self.code2wav is not None:
                 self.code2wav.shutdown(wait=True)
+
+    def _stopping(self) -> bool:
+        return self.stop is not None and self.stop.requested
 
     def _feed(self) -> None:
         """Add batches while a slot could take their segments without waiting a window."""
@@ -249,13 +262,13 @@ class StageSchedule:
         while self.flight and not self.flight[0].todo:
             f = self.flight.pop(0)
             if self.code2wav is None:
-                done: Future[list[RowRecord]] = Future()
+                done: Future[list[RowResult]] = Future()
                 done.set_result(self._finish(f))
             else:
                 done = self.code2wav.submit(self._finish_on_stream, f)
             self.finishing.append(done)
 
-    def _finish(self, f: _InFlight) -> list[RowRecord]:
+    def _finish(self, f: _InFlight) -> list[RowResult]:
         if f.prepared is None:
             assert f.error is not None
             return I.rows_alone(self.stages, f.rows, self.opts, f.error, self.tokens)
@@ -264,7 +277,7 @@ class StageSchedule:
         except Exception as exc:
             return I.rows_alone(self.stages, f.rows, self.opts, exc, self.tokens)
 
-    def _finish_on_stream(self, f: _InFlight) -> list[RowRecord]:
+    def _finish_on_stream(self, f: _InFlight) -> list[RowResult]:
         """code2wav on its own CUDA stream (its kernels overlap the talker's), after what was queued before."""
         if self.stream is None:
             return self._finish(f)
@@ -274,7 +287,7 @@ class StageSchedule:
         self.stream.synchronize()
         return records
 
-    def _finished(self, *, wait: bool) -> Iterator[RowRecord]:
+    def _finished(self, *, wait: bool) -> Iterator[RowResult]:
         """Finished batches' records in batch order (``wait``: the next one at least)."""
         while self.finishing and (wait or self.finishing[0].done()):
             yield from self.finishing.pop(0).result()

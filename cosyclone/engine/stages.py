@@ -3,7 +3,7 @@
 Wires the stages together and re-implements none of them. A batch's frontend output
 (:class:`PreparedBatch`) goes to the talker (:mod:`cosyclone.engine.schedule` decides how) and
 its results come back to :func:`finish_batch`, which runs flow and HiFT over the rows still alive
-and makes their records. A row that fails in any stage is marked in its :class:`RowOutcome`
+and makes their results. A row that fails in any stage is marked in its :class:`RowOutcome`
 (``reason`` and ``error``) and the rest of the batch continues. A row's seed is derived here once
 (:func:`row_seed_of`) and handed, unchanged, to every stage.
 """
@@ -21,13 +21,13 @@ import torch
 
 from cosyclone.base.device import DevicePolicy
 from cosyclone.engine.outcome import (
-    _ABORTS,
+    ABORTS,
     EMPTY_AFTER_SPEED,
     NO_TOKENS,
     NONFINITE_AUDIO,
     RowOutcome,
-    RowRecord,
-    record_of,
+    RowResult,
+    SegmentText,
 )
 from cosyclone.frontend.conditioning import Request
 from cosyclone.manifest import ManifestRow
@@ -162,7 +162,7 @@ def decode_options(cfg: ModelConfig, opts: RunOptions) -> Any:
 
 @torch.inference_mode()
 def finish_batch(stages: Stages, prepared: PreparedBatch, results: dict[int, Any],
-                 opts: RunOptions) -> list[RowRecord]:
+                 opts: RunOptions) -> list[RowResult]:
     """After the talker: stop reasons into the outcomes, code2wav over the rows still alive, records.
 
     ``results`` maps a segment's index in ``prepared.segments`` to its talker result; a segment
@@ -176,8 +176,8 @@ def finish_batch(stages: Stages, prepared: PreparedBatch, results: dict[int, Any
             continue
         oc.stop_reasons.append(res.stop_reason)
         oc.tokens.append(len(res.tokens))
-        oc.sampler.append(res.diagnostics.to_dict())
-        if res.stop_reason in _ABORTS:
+        oc.sampler.append(res.diagnostics)
+        if res.stop_reason in ABORTS:
             err = getattr(res.diagnostics, "error", None)
             oc.fail("talker", res.stop_reason, res.stop_reason + (f": {err}" if err else ""))
         elif not res.tokens:
@@ -215,16 +215,16 @@ def finish_batch(stages: Stages, prepared: PreparedBatch, results: dict[int, Any
             parts = [audio[i] for i, (rid, _) in enumerate(segments) if rid == row.id]
             wav = np.concatenate(parts) if parts else np.zeros(0, np.float32)
             oc.audio_seconds = len(wav) / sr
-        records.append(record_of(oc, wav))
+        records.append(oc.result(wav, int(sr)))
     return records
 
 
-def _segment_record(req: Any) -> dict[str, Any]:
-    """What the LLM read for one segment, for the row record (a bad row traces to its text)."""
+def _segment_record(req: Any) -> SegmentText:
+    """What the LLM read for one segment, for the row's result (a bad row traces to its text)."""
     ids = getattr(req, "text_ids", None)
     target = int(getattr(req, "target_len", 0) or 0)
     total = int(ids.numel()) if isinstance(ids, torch.Tensor) else target
-    return {"text": getattr(req, "segment_text", ""), "text_ids": target, "prompt_ids": max(0, total - target)}
+    return SegmentText(text=str(getattr(req, "segment_text", "")), text_ids=target, prompt_ids=max(0, total - target))
 
 
 def _frames_after_speed(frames: int, speed: float) -> int:

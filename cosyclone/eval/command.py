@@ -13,9 +13,7 @@ from pathlib import Path
 
 import typer
 
-from cosyclone.errors import CosycloneError
-
-EXIT_OK, EXIT_USAGE, EXIT_ROWS_FAILED = 0, 2, 3  # the same codes as cosyclone.cli
+from cosyclone.errors import CosycloneError, Exit
 
 
 def eval_command(
@@ -58,7 +56,7 @@ def eval_command(
 
     def fail(msg: str) -> None:
         typer.echo(f"error: {msg}", err=True)
-        raise typer.Exit(EXIT_USAGE)
+        raise typer.Exit(Exit.USAGE)
 
     if not asr_model:
         fail("give --asr-model DIR: a local CTranslate2 Whisper directory (see docs/eval.md); "
@@ -99,4 +97,4 @@ def eval_command(
     if result.redo_path is not None:
         typer.echo(f"{len(result.redo_ids)} rows to redo: cosyclone synth {result.redo_path} --out {out}")
     bad = result.summary["failing"] or result.summary["errors"]
-    raise typer.Exit(EXIT_ROWS_FAILED if bad else EXIT_OK)
+    raise typer.Exit(Exit.ROWS_FAILED if bad else Exit.OK)

@@ -241,7 +241,7 @@ def evaluate(out_dir: str | Path, manifest: str | Path, options: EvalOptions, *,
         if rec is None:
             rec = _base_record(frow)
             rec.update(status="skipped", skip_reason=frow.skip,
-                       synth_error=(frow.diagnostics or {}).get("error"))
+                       synth_error=frow.record.error if frow.record is not None else None)
         elif rec["status"] == "error":
             rec["models"] = scorer.models
         records.append(rec)

@@ -1,8 +1,7 @@
 """Read a synthesis output folder as eval sees it: the manifest's rows, their WAVs and their status.
 
-Only the two things every version of the folder has are read: ``OUT/wavs/<id>.wav`` and
-``OUT/diagnostics.jsonl`` (one JSON object per line with at least ``id`` and ``status``; when an
-id has several lines the last one wins, a line that does not parse is skipped). The rows, their
+Only the row records are read (``diagnostics.jsonl`` and any journal, as synth reads them: the
+latest record of an id wins, a line that does not parse is skipped) and the audio file each names. The rows, their
 order and their fields come from the manifest the user names, so eval needs no other file of the
 folder and keeps working while the folder's bookkeeping evolves.
 """
@@ -16,7 +15,8 @@ from typing import Any
 
 from cosyclone.errors import CosycloneError, ManifestError
 from cosyclone.manifest import ManifestRow, read_manifest
-from cosyclone.run.folder import read_records, wav_path
+from cosyclone.run.folder import audio_path, read_records, wav_path
+from cosyclone.run.row_record import RowRecord
 
 # Why a manifest row is not scored.
 NOT_SYNTHESIZED = "not_synthesized"  # no diagnostics line for the id
@@ -30,17 +30,15 @@ class FolderRow:
 
     row: ManifestRow  # the validated manifest row (prompt_audio already absolute)
     raw: dict[str, Any]  # the manifest line's JSON object as written (for redo.jsonl)
-    wav: Path  # OUT/wavs/<id>.wav (may not exist)
-    diagnostics: dict[str, Any] | None  # the row's latest diagnostics line
+    wav: Path  # the row's audio file (OUT/wavs/<id>.wav unless its record names another; may not exist)
+    record: RowRecord | None  # the row's latest record (diagnostics.jsonl)
     skip: str | None  # None when the row is scored, else one of the reasons above
 
     @property
     def seed(self) -> int | None:
         """The seed that made the WAV (diagnostics), else the manifest's; None when neither says."""
-        d = self.diagnostics or {}
-        s = d.get("seed")
-        if isinstance(s, int) and not isinstance(s, bool):
-            return s
+        if self.record is not None and self.record.seed >= 0:
+            return self.record.seed
         return self.row.seed
 
 
@@ -55,7 +53,7 @@ class Folder:
     unknown_ids: list[str] = field(default_factory=list)  # ids with diagnostics but not in the manifest
 
 
-def read_status(out_dir: Path) -> dict[str, dict[str, Any]]:
+def read_status(out_dir: Path) -> dict[str, RowRecord]:
     """The current record per id, as synth and ``report`` read it (diagnostics plus any journal)."""
     return read_records(Path(out_dir))
 
@@ -71,17 +69,17 @@ def read_folder(out_dir: str | Path, manifest: str | Path) -> Folder:
     folder = Folder(out_dir=out_dir, manifest=Path(m.path), invalid=list(m.errors))
     for row in m.rows:
         raw = json.loads(lines[row.line - 1])
-        wav = wav_path(out_dir, row.id)
-        diag = status.get(row.id)
-        if diag is None:
+        rec = status.get(row.id)
+        wav = (audio_path(out_dir, rec) if rec is not None else None) or wav_path(out_dir, row.id)
+        if rec is None:
             skip: str | None = NOT_SYNTHESIZED
-        elif diag.get("status") != "ok":
+        elif not rec.ok:
             skip = SYNTH_FAILED
         elif not wav.is_file():
             skip = WAV_MISSING
         else:
             skip = None
-        folder.rows.append(FolderRow(row=row, raw=raw, wav=wav, diagnostics=diag, skip=skip))
+        folder.rows.append(FolderRow(row=row, raw=raw, wav=wav, record=rec, skip=skip))
     known = {r.row.id for r in folder.rows}
     folder.unknown_ids = sorted(i for i in status if i not in known)
     return folder

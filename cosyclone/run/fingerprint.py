@@ -27,7 +27,7 @@ ALGORITHM_VERSION = "cosyclone-audio-5"  # 3: HiFT convs re-laid (fp32 rounding 
 
 #: Fingerprint parts in the order "what changed" is reported.
 PARTS = ("text", "prompt_text", "mode", "instruct", "speed", "prompt_audio", "seed", "model", "dtype",
-         "device", "options", "algorithm")
+         "device", "threads", "options", "algorithm")
 
 
 def _sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -120,7 +120,8 @@ class RunContext:
 
     model: str  # model_content_hash
     dtype: str  # resolved run dtype (fp32 | bf16 | fp16)
-    device: str  # device kind (cpu | cuda | rocm): kernels differ in rounding
+    device: str  # the backend (cpu | cuda | rocm): kernels differ in rounding
+    threads: str  # CPU intra-op threads ("-" on a GPU): fp32 sums split differently across threads
     options: Mapping[str, Any]  # sampler / code2wav / non-finite / text-frontend options that change audio
 
 
@@ -167,7 +168,7 @@ def _context_parts(ctx: RunContext) -> dict[str, str]:
     global _CONTEXT
     last = _CONTEXT
     if last[0] is not ctx:
-        last = _CONTEXT = (ctx, {"model": ctx.model[:16], "dtype": _digest(ctx.dtype), "device": _digest(ctx.device),
+        last = _CONTEXT = (ctx, {"model": ctx.model[:16], "dtype": _digest(ctx.dtype), "device": _digest(ctx.device), "threads": _digest(ctx.threads),
                                  "options": _digest(dict(ctx.options)), "algorithm": _digest(ALGORITHM_VERSION)})
     return dict(last[1])
 
@@ -186,9 +187,21 @@ def row_fingerprint(row: Any, seed: int, ctx: RunContext, hashes: HashCache) -> 
     return _digest([parts[k] for k in PARTS]), parts
 
 
-def changed_parts(old: Mapping[str, Any], new: Mapping[str, str]) -> list[str]:
+def cpu_threads(policy: Any, actor_threads: int | None = None) -> str:
+    """The thread count a row's CPU bytes depend on: ``actor_threads`` (a Ray actor's), else this
+    process's torch intra-op threads; "-" on a GPU, whose kernels do not split sums by host thread."""
+    if policy.device.type != "cpu":
+        return "-"
+    if actor_threads is not None:
+        return str(int(actor_threads))
+    import torch
+
+    return str(torch.get_num_threads())
+
+
+def changed_parts(stored: Mapping[str, str] | None, new: Mapping[str, str]) -> list[str]:
     """The parts of ``new`` that differ from a stored record's ``fingerprint_parts`` (all when absent)."""
-    stored = old.get("fingerprint_parts") or {}
+    stored = stored or {}
     return [k for k in PARTS if stored.get(k) != new[k]] or ["fingerprint"]
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 from cosyclone.errors import CosycloneError
 from cosyclone.run.fingerprint import changed_parts
+from cosyclone.run.row_record import RowRecord
 
 DIAG_NAME = "diagnostics.jsonl"
 METADATA_NAME = "metadata.jsonl"
@@ -44,10 +45,6 @@ TOKEN_DIR = "tokens"  # under STATE_DIR: the stage-0 checkpoint (token_store.py)
 
 class OutputFolderError(CosycloneError):
     """The output folder cannot be used: not writable, or a write failed (disk full, permission)."""
-
-
-class FolderBusy(CosycloneError):
-    """Another live ``synth`` holds the folder (or this shard of it)."""
 
 
 # ----------------------------------------------------------------------------- records
@@ -83,25 +80,33 @@ def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
             yield obj
 
 
-def read_records(out_dir: Path) -> dict[str, dict[str, Any]]:
+def read_records(out_dir: Path) -> dict[str, RowRecord]:
     """The current record per row id: ``diagnostics.jsonl`` and every journal, latest ``finished_at`` wins."""
     out_dir = Path(out_dir)
     sources = [out_dir / DIAG_NAME, *sorted(state_dir(out_dir).glob("journal-*.jsonl"))]
-    found: dict[str, dict[str, Any]] = {}
+    found: dict[str, RowRecord] = {}
     for path in sources:
         for obj in iter_jsonl(path):
-            rid = obj.get("id")
-            if not isinstance(rid, str):
+            try:
+                rec = RowRecord.from_json(obj)
+            except (TypeError, ValueError):  # a line no version of cosyclone wrote: not a record
                 continue
-            prev = found.get(rid)
-            if prev is None or float(obj.get("finished_at", 0.0)) >= float(prev.get("finished_at", 0.0)):
-                found[rid] = obj
+            if rec is None:
+                continue
+            prev = found.get(rec.id)
+            if prev is None or rec.finished_at >= prev.finished_at:
+                found[rec.id] = rec
     return found
 
 
-def wav_path(out_dir: Path, row_id: str) -> Path:
-    """Where a row's WAV lies in a run folder (``wavs/<id>.wav``)."""
-    return Path(out_dir) / WAV_DIR / f"{row_id}.wav"
+def wav_path(out_dir: Path, row_id: str, suffix: str = ".wav") -> Path:
+    """Where a row's audio file lies in a run folder (``wavs/<id>.wav``, or another ``suffix``)."""
+    return Path(out_dir) / WAV_DIR / f"{row_id}{suffix}"
+
+
+def audio_path(out_dir: Path, record: RowRecord) -> Path | None:
+    """The audio file a record vouches for (None: a failed row has none)."""
+    return Path(out_dir) / record.file if record.file else None
 
 
 def wav_frames(path: Path) -> int | None:
@@ -114,15 +119,15 @@ def wav_frames(path: Path) -> int | None:
         return None
 
 
-def is_complete(out_dir: Path, record: Mapping[str, Any]) -> bool:
-    """An ``ok`` record whose WAV exists with the recorded number of samples."""
-    if record.get("status") != "ok":
+def is_complete(out_dir: Path, record: RowRecord) -> bool:
+    """An ``ok`` record whose audio file exists with the recorded number of samples."""
+    path = audio_path(out_dir, record)
+    if not record.ok or path is None:
         return False
-    frames = wav_frames(wav_path(out_dir, record["id"]))
+    frames = wav_frames(path)
     if frames is None:
         return False
-    samples = record.get("samples")
-    return samples is None or int(samples) == frames
+    return record.samples is None or int(record.samples) == frames
 
 
 @dataclass
@@ -156,12 +161,11 @@ class ResumePlan:
 
 
 def plan_resume(out_dir: Path, rows: Iterable[Any], fingerprints: Mapping[str, tuple[str, dict[str, str]]],
-                *, all_ids: Iterable[str], overwrite: bool = False,
-                records: Mapping[str, Mapping[str, Any]] | None = None) -> ResumePlan:
-    """Decide per row: skip (complete, same fingerprint) or redo, and why. ``records``: the folder's,
-    read once by a run that plans its rows part by part (default: read here)."""
-    records = read_records(out_dir) if records is None else records
-    plan = ResumePlan(todo=[], done=[], redone={}, retried=[], foreign=sorted(set(records) - set(all_ids)))
+                *, records: Mapping[str, RowRecord], overwrite: bool = False) -> ResumePlan:
+    """Decide per row: skip (complete, same fingerprint) or redo, and why, against the folder's
+    ``records`` (read once by a run that plans its rows part by part). Foreign rows (in the folder,
+    not in the manifest) are the caller's to find: only it has seen every part."""
+    plan = ResumePlan(todo=[], done=[], redone={}, retried=[], foreign=[])
     for row in rows:
         rec = records.get(row.id)
         fp, parts = fingerprints[row.id]
@@ -169,12 +173,12 @@ def plan_resume(out_dir: Path, rows: Iterable[Any], fingerprints: Mapping[str, t
             plan.todo.append(row)
             continue
         complete = is_complete(out_dir, rec)
-        if complete and not overwrite and rec.get("fingerprint") == fp:
+        if complete and not overwrite and rec.fingerprint == fp:
             plan.done.append(row.id)
             continue
         plan.todo.append(row)
-        if rec.get("fingerprint") != fp and rec.get("status") == "ok":
-            plan.redone[row.id] = changed_parts(rec, parts)
+        if rec.fingerprint != fp and rec.ok:
+            plan.redone[row.id] = changed_parts(rec.fingerprint_parts, parts)
         elif overwrite and complete:
             plan.redone[row.id] = ["overwrite"]
         else:
@@ -315,18 +319,18 @@ def _compaction_lock(out_dir: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _order(records: Mapping[str, Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    return [records[k] for k in sorted(records, key=lambda rid: (int(records[rid].get("line") or 0), rid))]
+def _order(records: Mapping[str, RowRecord]) -> list[RowRecord]:
+    return [records[k] for k in sorted(records, key=lambda rid: (records[rid].line, rid))]
 
 
-def metadata_line(rec: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``metadata.jsonl`` line of an ``ok`` row (the audiofolder loader's ``file_name`` convention)."""
-    return {"file_name": f"{WAV_DIR}/{rec['id']}.wav", "id": rec["id"], "text": rec.get("text"),
-            "prompt_audio": rec.get("prompt_audio"), "prompt_text": rec.get("prompt_text"),
-            "mode": rec.get("mode"), "duration": rec.get("audio_seconds"), "seed": rec.get("seed")}
+def metadata_line(rec: RowRecord) -> dict[str, Any]:
+    """The ``metadata.jsonl`` line of an ``ok`` row: the fields of its record that a dataset loader
+    wants, under the audiofolder convention's ``file_name`` (one schema, no second format)."""
+    return {"file_name": rec.file, "id": rec.id, "text": rec.text, "prompt_audio": rec.prompt_audio,
+            "prompt_text": rec.prompt_text, "mode": rec.mode, "duration": rec.audio_seconds, "seed": rec.seed}
 
 
-def compact(out_dir: Path, tag: str | None = None) -> dict[str, dict[str, Any]]:
+def compact(out_dir: Path, tag: str | None = None) -> dict[str, RowRecord]:
     """Merge ``diagnostics.jsonl`` and every journal into one record per row; rewrite ``metadata.jsonl``.
 
     ``tag``'s own journal is removed afterwards (other shards' journals stay: their writers may
@@ -336,10 +340,10 @@ def compact(out_dir: Path, tag: str | None = None) -> dict[str, dict[str, Any]]:
     with _compaction_lock(out_dir):
         records = read_records(out_dir)
         ordered = _order(records)
-        lines = "".join(json.dumps(r, ensure_ascii=False, sort_keys=True, default=str) + "\n" for r in ordered)
+        lines = "".join(json.dumps(r.to_json(), ensure_ascii=False, sort_keys=True, default=str) + "\n"
+                        for r in ordered)
         write_bytes_atomic(out_dir / DIAG_NAME, lines.encode())
-        meta = "".join(json.dumps(metadata_line(r), ensure_ascii=False) + "\n" for r in ordered
-                       if r.get("status") == "ok")
+        meta = "".join(json.dumps(metadata_line(r), ensure_ascii=False) + "\n" for r in ordered if r.ok)
         write_bytes_atomic(out_dir / METADATA_NAME, meta.encode())
         if tag is not None:
             with contextlib.suppress(FileNotFoundError):

@@ -1,22 +1,20 @@
-"""What a run into a folder says: its plan (``--dry-run``), its summary, and where its progress goes."""
+"""What a run into a folder plans (``--dry-run``), what it prepared per part, and where its progress goes."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
-from cosyclone.engine import RowRecord
+from cosyclone.engine import RowResult
 from cosyclone.run import fingerprint
 from cosyclone.run import folder as runfolder
-
-EXIT_OK, EXIT_ROWS_FAILED = 0, 3  # a finished run: every row done; some rows failed or were rejected
 
 
 class ProgressSink(Protocol):
     """What :meth:`SynthJob.run` reports finished rows to (:class:`cosyclone.base.progress.Progress` is one)."""
 
-    def update(self, record: Any) -> None: ...
+    def update(self, result: RowResult) -> None: ...
 
     def close(self) -> None: ...
 
@@ -49,28 +47,11 @@ class JobPlan:
                 f"{self.todo} to synthesize in {self.batches} batches on {self.device} ({self.dtype}){extra}")
 
 
-@dataclass(frozen=True)
-class JobSummary:
-    """The end of a run: the folder's totals, this invocation's figures, and what went wrong."""
-
-    totals: dict[str, Any]  # report.folder_totals over every record in the folder (summary.json's top level)
-    last_run: dict[str, Any]  # this invocation (summary.json's last_run, one line of runs.jsonl)
-    failed: list[dict[str, Any]]  # this run's failed row records (line, id, error), in arrival order
-    write_error: str | None  # why the folder could not be written (rows finished before it are kept)
-    written: int  # row records the writer committed in this run
-
-    @property
-    def exit_code(self) -> int:
-        """0 when every row of the shard is done, 3 when some failed or were rejected (a write error is 4,
-        the caller's to report)."""
-        return EXIT_ROWS_FAILED if self.last_run["failed"] + self.last_run["invalid"] else EXIT_OK
-
-
 @dataclass
 class Prepared:
     """A folder's rows sorted out under its lock: fingerprints, the resume plan, rows that failed already."""
 
     ctx: fingerprint.RunContext
     fps: dict[str, tuple[str, dict[str, str]]]  # row id -> (fingerprint, parts) for every preparable row
-    failed: list[RowRecord]  # rows whose fingerprint raised: failed records, ready for the writer
+    failed: list[RowResult]  # rows whose fingerprint raised: failed results, ready for the writer
     resume: runfolder.ResumePlan

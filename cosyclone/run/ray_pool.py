@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -33,19 +34,14 @@ from typing import Any
 import numpy as np
 
 from cosyclone.base.device import DevicePolicy
-from cosyclone.engine import Engine, plan_batches
+from cosyclone.engine import Engine, RowResult
 from cosyclone.errors import CosycloneError
 from cosyclone.manifest import ManifestRow
 from cosyclone.model.config import ModelConfig
-from cosyclone.options import RunOptions
+from cosyclone.options import FolderOptions, RunOptions
 from cosyclone.run.ray_cluster import read_cluster, require_ray
 from cosyclone.run.ray_plan import RayPlan, plan_run
-from cosyclone.run.writer import RowRecord
-
-#: Test hook: when set in the workers' environment, each actor appends ``<pid>\n`` to this file as
-#: it starts a batch, so a test can kill a worker that is known to be mid-batch.
-PID_FILE_ENV = "COSYCLONE_RAY_PID_FILE"
-LOAD_ERROR = "load_error"  # the key of the one result an actor returns when its model did not load
+from cosyclone.run.token_store import TokenStore
 
 
 def row_to_dict(row: ManifestRow) -> dict[str, Any]:
@@ -60,7 +56,7 @@ def row_from_dict(d: dict[str, Any]) -> ManifestRow:
 
 
 class SynthActor:
-    """One model replica: stages loaded once, then one planned batch per call (Ray Data ``map_batches``)."""
+    """One model replica: stages loaded once, then one task of planned batches per call (``map_batches``)."""
 
     def __init__(self, cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, threads: int | None,
                  token_root: str | None = None) -> None:
@@ -73,62 +69,95 @@ class SynthActor:
             torch.set_num_threads(threads)
         self.opts = opts
         self.token_root = token_root  # the run folder's stage-0 checkpoint (None: the run keeps none)
-        self._pid_file = os.environ.get(PID_FILE_ENV)
         self.load_error: str | None = None
         try:
-            self.engine = Engine.load(None, opts, cfg=cfg)
+            self.engine: Engine | None = Engine.load(None, opts, cfg=cfg)
         except CosycloneError as exc:  # a bad model directory: told to the driver by the first batch
+            self.engine = None
             self.load_error = str(exc)  # (raised here, Ray would bury it in an ActorDiedError traceback)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
-        """One task: a group of consecutive planned batches, run by the engine under the run's schedule."""
-        from cosyclone.run.token_store import TokenStore
+        """One task: a group of consecutive planned batches, run by the engine under the run's schedule.
 
-        ids: list[str] = []
-        diags: list[str] = []
-        wavs: list[np.ndarray] = []
+        Results travel pickled (a :class:`RowResult` with its audio), one per row, with the task's
+        stage-0 checkpoint hits on its last row."""
+        results: list[bytes] = []
         hits: list[int] = []
-        if self.load_error is not None:
-            return {"id": np.array([""], dtype=object), "wav": [np.zeros(0, np.float32)], "hits": [0],
-                    "diagnostics": np.array([json.dumps({LOAD_ERROR: self.load_error})], dtype=object)}
+        if self.load_error is not None or self.engine is None:
+            return {"result": np.array([b""], dtype=object), "hits": [0],
+                    "load_error": np.array([self.load_error or "the model did not load"], dtype=object)}
         for task_json in batch["task"]:
-            if self._pid_file:
-                with open(self._pid_file, "a", encoding="utf-8") as fh:
-                    fh.write(f"{os.getpid()}\n")
             task = json.loads(str(task_json))
             batches = [[row_from_dict(d) for d in b] for b in task["batches"]]
             tokens = TokenStore(Path(self.token_root), task["keys"]) if self.token_root else None
-            for rec in self.engine.run(batches=batches, opts=self.opts, tokens=tokens):
-                ids.append(rec.row_id)
-                diags.append(json.dumps(rec.diagnostics, ensure_ascii=False))
-                wavs.append(np.zeros(0, np.float32) if rec.wav is None else np.asarray(rec.wav, np.float32))
+            for res in self.engine.run(batches=batches, opts=self.opts, tokens=tokens):
+                results.append(pickle.dumps(res))
                 hits.append(0)
             if hits and tokens is not None:
                 hits[-1] = tokens.hits  # the task's checkpoint hits, on its last row
-        return {"id": np.array(ids, dtype=object), "diagnostics": np.array(diags, dtype=object), "wav": wavs,
-                "hits": hits}
+        return {"result": np.array(results, dtype=object), "hits": hits,
+                "load_error": np.array([""] * len(results), dtype=object)}
 
 
-def run_ray(cfg: ModelConfig, policy: DevicePolicy, rows: Sequence[ManifestRow], opts: RunOptions,
-            submit: Callable[[RowRecord], None], progress: Callable[[RowRecord], Any] | None = None, *,
-            address: str | None = None, plan: RayPlan | None = None, num_actors: int | None = None,
-            actor_threads: int | None = None, on_plan: Callable[[RayPlan], Any] | None = None,
-            tokens: Any = None, batches: Sequence[Sequence[ManifestRow]] | None = None) -> list[RowRecord]:
-    """Synthesize ``rows`` (the caller's already-filtered to-do list) on Ray; same contract as
-    :meth:`cosyclone.engine.Engine.run`: each record goes to ``submit`` as it arrives (diagnostics carry
-    ``wav``), ``progress`` gets each finished record, and the records come back without audio.
+class RaySource:
+    """Rows made by a pool of Ray actors (the run's :class:`~cosyclone.run.drive.RowSource` under ``--engine ray``).
+
+    The batches of every part are gathered by :meth:`feed` and run together by :meth:`drain`, so the
+    pool balances over the whole run; the plan is made on the live cluster as the pool starts
+    (``on_record`` gets it for runs.jsonl, ``log`` its lines) and a plan that does not fit is refused
+    before any actor starts.
+    """
+
+    def __init__(self, cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, folder: FolderOptions,
+                 tokens: TokenStore | None, *, log: Callable[[str], None],
+                 on_record: Callable[[dict[str, Any]], None], plan: RayPlan | None = None) -> None:
+        self.cfg, self.policy, self.opts, self.folder, self.tokens = cfg, policy, opts, folder, tokens
+        self.log, self.on_record, self.plan = log, on_record, plan
+        self.hits = 0
+        self.graph_errors: list[str] = []
+        self._batches: list[list[ManifestRow]] = []
+
+    def feed(self, batches: Sequence[Sequence[ManifestRow]]) -> Iterator[RowResult]:
+        self._batches += [list(b) for b in batches]
+        return iter(())
+
+    def cancel(self) -> None:
+        self._batches = []
+
+    def drain(self) -> Iterator[RowResult]:
+        batches, self._batches = self._batches, []
+        if not batches:
+            return
+        yield from run_ray(self.cfg, self.policy, self.opts, batches, tokens=self.tokens,
+                           address=self.folder.ray_address, plan=self.plan, num_actors=self.folder.ray_actors,
+                           actor_threads=self.folder.actor_threads, on_plan=self._started, on_hits=self._hit)
+
+    def _hit(self, n: int) -> None:
+        self.hits += n
+
+    def _started(self, plan: RayPlan) -> None:
+        """The plan made on the live cluster (what runs.jsonl records), shown as it starts."""
+        self.on_record({"ray_actors": self.folder.ray_actors, "actor_threads": self.folder.actor_threads,
+                        "address": self.folder.ray_address, "plan": plan.as_record()})
+        for line in plan.describe():
+            self.log(line)
+
+
+def run_ray(cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, batches: Sequence[Sequence[ManifestRow]], *,
+            tokens: TokenStore | None = None, address: str | None = None, plan: RayPlan | None = None,
+            num_actors: int | None = None, actor_threads: int | None = None,
+            on_plan: Callable[[RayPlan], Any] | None = None,
+            on_hits: Callable[[int], Any] | None = None) -> Iterator[RowResult]:
+    """Synthesize planned ``batches`` on Ray; yields each row's result (audio included) as it arrives,
+    each row once (a task re-run after a kill repeats rows already yielded: they are dropped by id).
 
     ``address``: a running cluster (``auto``, ``ray://host:10001``, ``host:6379``); None joins the
     cluster this machine started with ``ray start`` or else starts a local one (stopped at the end).
     ``num_actors`` / ``actor_threads``: ``--ray-actors`` / ``--actor-threads`` (None: the rule of
-    :mod:`cosyclone.run.ray_plan`); a ``plan`` made beforehand (a dry run's, :func:`~cosyclone.run.ray_cluster.plan_cluster`)
-    gives them instead. Either way the run is planned again on the live cluster's nodes, which may
-    differ from what was read before (a node joined or left, a local Ray's memory figure); that plan
-    goes to ``on_plan`` (to be shown and recorded) and, if it does not fit, its refusal is raised
-    as a :class:`CosycloneError` before any actor starts.
+    :mod:`cosyclone.run.ray_plan`); a ``plan`` made beforehand (a dry run's) gives them instead.
+    Either way the run is planned again on the live cluster's nodes; that plan goes to ``on_plan``
+    and, if it does not fit, its refusal is raised as a :class:`CosycloneError` before any actor starts.
     """
-    if not rows:
-        return []
     import builtins
 
     ray = require_ray()
@@ -147,19 +176,17 @@ def run_ray(cfg: ModelConfig, policy: DevicePolicy, rows: Sequence[ManifestRow],
         if on_plan is not None:
             on_plan(live)
         live.check()
-        return _run(ray, cfg, policy, rows, opts, submit, progress, live, tokens, batches)
+        yield from _run(ray, cfg, policy, opts, batches, live, tokens, on_hits)
     finally:
         if started:
             ray.shutdown()
         builtins.print = saved_print
 
 
-def _run(ray: Any, cfg: ModelConfig, policy: DevicePolicy, rows: Sequence[ManifestRow], opts: RunOptions,
-         submit: Callable[[RowRecord], None], progress: Callable[[RowRecord], Any] | None,
-         plan: RayPlan, tokens: Any, planned: Sequence[Sequence[ManifestRow]] | None = None) -> list[RowRecord]:
+def _run(ray: Any, cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, batches: Sequence[Sequence[ManifestRow]],
+         plan: RayPlan, tokens: TokenStore | None, on_hits: Callable[[int], Any] | None) -> Iterator[RowResult]:
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False  # the CLI shows its own per-row bar
-    batches = planned if planned is not None else plan_batches(rows, opts.batch_size, opts.token_budget)
     groups = task_groups(len(batches), plan.pool_size(len(batches)), opts.schedule)
     keys = dict(tokens.keys) if tokens is not None else {}
     items = [{"task": json.dumps({"batches": [[row_to_dict(r) for r in batches[k]] for k in group],
@@ -171,24 +198,21 @@ def _run(ray: Any, cfg: ModelConfig, policy: DevicePolicy, rows: Sequence[Manife
         SynthActor, fn_constructor_args=(cfg, policy, actor_opts, plan.threads, token_root), batch_size=1,
         batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=plan.pool_size(len(items))),
         **plan.remote_args())
-    out: list[RowRecord] = []
     seen: set[str] = set()
-    for rec, hits in _records(ds):
-        if tokens is not None:
-            tokens.hits += hits
-        if rec.row_id in seen:  # a re-run batch repeating a row already written
+    for item in ds.iter_rows():
+        if item.get("load_error"):  # the same error the local engine stops with before any row
+            raise CosycloneError(str(item["load_error"]))
+        if on_hits is not None:
+            on_hits(int(item.get("hits", 0)))
+        res: RowResult = pickle.loads(item["result"])
+        if res.id in seen:  # a re-run batch repeating a row already yielded
             continue
-        seen.add(rec.row_id)
-        submit(rec)
-        done = RowRecord(row_id=rec.row_id, wav=None, diagnostics=rec.diagnostics)
-        out.append(done)
-        if progress is not None:
-            progress(done)
-    missing = [r.id for r in rows if r.id not in seen]
+        seen.add(res.id)
+        yield res
+    missing = [r.id for b in batches for r in b if r.id not in seen]
     if missing:  # Ray Data finished without them: never report a partial run as complete
         raise CosycloneError(f"the Ray run returned no result for {len(missing)} rows ({', '.join(missing[:5])} ...); "
                              "rerun the command to resume them")
-    return out
 
 
 def task_groups(n_batches: int, actors: int, schedule: str) -> list[list[int]]:
@@ -203,15 +227,3 @@ def task_groups(n_batches: int, actors: int, schedule: str) -> list[list[int]]:
         return [[k] for k in range(n_batches)]
     per = max(1, math.ceil(n_batches / max(1, 2 * actors)))
     return [list(range(k, min(n_batches, k + per))) for k in range(0, n_batches, per)]
-
-
-def _records(ds: Any) -> Iterator[tuple[RowRecord, int]]:
-    """The dataset's results as records with the task's checkpoint hits, in arrival order (wav None
-    for a failed row)."""
-    for item in ds.iter_rows():
-        diagnostics = json.loads(item["diagnostics"])
-        if LOAD_ERROR in diagnostics:  # the same error the local engine stops with before any row
-            raise CosycloneError(diagnostics[LOAD_ERROR])
-        ok = diagnostics.get("status") == "ok"
-        wav = np.asarray(item["wav"], dtype=np.float32).reshape(-1) if ok else None
-        yield RowRecord(row_id=str(item["id"]), wav=wav, diagnostics=diagnostics), int(item.get("hits", 0))

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cosyclone.run import folder as runfolder
+from cosyclone.run.row_record import RowRecord
 
 #: sampler counter -> (calls total name, rows total name)
 SAMPLER_COUNTERS = {
@@ -26,7 +27,7 @@ SAMPLER_COUNTERS = {
 }
 
 
-def folder_totals(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+def folder_totals(records: Iterable[RowRecord]) -> dict[str, Any]:
     """Totals over every row record: done, failed by reason, NaN-row counts, audio seconds."""
     recs = list(records)
     sampler: dict[str, int] = {}
@@ -38,19 +39,18 @@ def folder_totals(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     ok = audio_rows = audio_samples = 0
     audio = 0.0
     for rec in recs:
-        if rec.get("status") == "ok":
+        if rec.ok:
             ok += 1
-            audio += float(rec.get("audio_seconds") or 0.0)
+            audio += rec.audio_seconds
         else:
-            key = str(rec.get("reason") or "unknown")
+            key = str(rec.reason or "unknown")
             reasons[key] = reasons.get(key, 0) + 1
-        segs = rec.get("sampler") or []
         for counter, (calls, rows) in SAMPLER_COUNTERS.items():
-            n = sum(int(s.get(counter, 0) or 0) for s in segs)
+            n = sum(int(getattr(s, counter)) for s in rec.sampler)
             sampler[calls] += n
             if rows and n:
                 sampler[rows] += 1
-        bad = int(rec.get("nonfinite_audio_samples", 0) or 0)
+        bad = rec.nonfinite_audio_samples
         audio_samples += bad
         audio_rows += 1 if bad else 0
     return {
@@ -61,16 +61,16 @@ def folder_totals(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-def merge_folders(folders: Sequence[Path]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+def merge_folders(folders: Sequence[Path]) -> tuple[dict[str, RowRecord], list[str]]:
     """Current records of several folders (shards): (id -> record, warnings about ids in two folders)."""
-    merged: dict[str, dict[str, Any]] = {}
+    merged: dict[str, RowRecord] = {}
     where: dict[str, Path] = {}
     warnings = []
     for folder in folders:
         for rid, rec in runfolder.read_records(folder).items():
             if rid in merged:
                 warnings.append(f"row {rid!r} is in {where[rid]} and {folder}: the later attempt counts")
-                if float(rec.get("finished_at", 0.0)) < float(merged[rid].get("finished_at", 0.0)):
+                if rec.finished_at < merged[rid].finished_at:
                     continue
             merged[rid], where[rid] = rec, folder
     return merged, warnings

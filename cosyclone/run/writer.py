@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from cosyclone.engine.outcome import RowRecord
+from cosyclone.engine import RowResult
 from cosyclone.run import folder as runfolder
+from cosyclone.run.row_record import NO_FILE, FileFacts, RowRecord, RowStamp, make_record
 
 SAMPLE_RATE = 24000
 SUMMARY_NAME = "summary.json"
@@ -79,18 +80,19 @@ def write_wav_atomic(path: Path, wav: np.ndarray, *, sample_rate: int, float_wav
 
 
 class BackgroundWriter:
-    """Writes :class:`RowRecord`s on a worker thread; ``close()`` waits and re-raises its error.
+    """Writes finished rows on a worker thread; ``close()`` waits and re-raises its error.
 
-    Records go to ``journal`` (this writer's journal in the folder); a failed row's stale WAV from
-    an earlier attempt is removed (its record now says why there is none), and the traceback of a
-    non-user error moves to ``errors.jsonl`` so the row records stay readable.
+    Each row's file goes first (atomic), then its :class:`RowRecord` to ``journal`` (this writer's
+    journal in the folder): the record is the commit. A failed row's stale file from an earlier
+    attempt is removed (its record now says why there is none), and the traceback of a non-user
+    error moves to ``errors.jsonl`` so the row records stay readable.
     """
 
     def __init__(self, options: WriterOptions, journal: Path, *, max_queue: int = 64) -> None:
         self.options = options
         self._journal = runfolder.Journal(journal)
         (Path(options.out_dir) / WAV_DIR).mkdir(parents=True, exist_ok=True)
-        self._queue: queue.Queue[RowRecord | None] = queue.Queue(maxsize=max_queue)
+        self._queue: queue.Queue[tuple[RowResult, RowStamp] | None] = queue.Queue(maxsize=max_queue)
         self._error: BaseException | None = None
         self.written = 0
         self._thread = threading.Thread(target=self._work, name="cosyclone-writer", daemon=True)
@@ -98,41 +100,47 @@ class BackgroundWriter:
 
     def _work(self) -> None:
         while True:
-            rec = self._queue.get()
-            if rec is None:
+            item = self._queue.get()
+            if item is None:
                 return
             if self._error is not None:
                 continue
             try:
-                self.write_now(rec)
+                self.write_now(*item)
             except BaseException as exc:  # surfaced by submit() / close()
                 self._error = exc
 
-    def write_now(self, rec: RowRecord) -> None:
-        """WAV first (atomic), then its record: the record is the commit."""
+    def write_now(self, result: RowResult, stamp: RowStamp) -> RowRecord:
+        """The row's file first (atomic), then its record: the record is the commit."""
         out = Path(self.options.out_dir)
-        d = dict(rec.diagnostics)
-        path = wav_path(out, rec.row_id)
-        if rec.wav is not None:
-            write_wav_atomic(path, rec.wav, sample_rate=self.options.sample_rate, float_wav=self.options.float_wav)
-            d["samples"], d["sample_rate"] = int(np.asarray(rec.wav).size), self.options.sample_rate
+        path = wav_path(out, result.id)
+        facts = NO_FILE
+        if result.ok and result.audio is not None:
+            write_wav_atomic(path, result.audio, sample_rate=self.options.sample_rate,
+                             float_wav=self.options.float_wav)
+            facts = FileFacts(file=str(path.relative_to(out)), samples=int(np.asarray(result.audio).size),
+                              sample_rate=self.options.sample_rate, audio_format="wav",
+                              encoding="float" if self.options.float_wav else "pcm16",
+                              trimmed_lead_seconds=0.0, trimmed_trail_seconds=0.0)
         elif path.exists():
             path.unlink()
             runfolder.fsync_dir(path.parent)
-        tb = d.pop("traceback", None)
-        if tb:
+        note = None
+        if result.traceback:
             runfolder.append_jsonl(out / runfolder.ERRORS_NAME,
-                                   {"id": rec.row_id, "run_id": d.get("run_id"), "time": time.time(),
-                                    "error_type": d.get("error_type"), "error": d.get("error"), "traceback": tb})
-            d["traceback"] = f"see {runfolder.ERRORS_NAME}"
-        d.setdefault("finished_at", time.time())
-        self._journal.append(d)
+                                   {"id": result.id, "run_id": stamp.run_id, "time": time.time(),
+                                    "error_type": result.error_type, "error": result.error,
+                                    "traceback": result.traceback})
+            note = f"see {runfolder.ERRORS_NAME}"
+        record = make_record(result, stamp, facts, traceback_note=note)
+        self._journal.append(record.to_json())
         self.written += 1
+        return record
 
-    def submit(self, rec: RowRecord) -> None:
+    def submit(self, result: RowResult, stamp: RowStamp) -> None:
         if self._error is not None:
             raise self._error
-        self._queue.put(rec)
+        self._queue.put((result, stamp))
 
     def close(self) -> None:
         self._queue.put(None)

@@ -5,6 +5,7 @@ as without it; a row whose frontend raises fails alone, with the same record eit
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +44,7 @@ def _run(tts: Any, prefetch: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[lis
     got: list[tuple[str, dict, bytes]] = []
 
     def submit(rec: Any) -> None:
-        diag = {k: v for k, v in rec.diagnostics.items() if k != "seconds"}  # wall times differ
-        got.append((rec.row_id, diag, b"" if rec.wav is None else rec.wav.tobytes()))
+        got.append((rec.id, replace(rec, seconds={}), b"" if rec.audio is None else rec.audio.tobytes()))  # wall times differ
 
     engine_run(tts.stages, rows, tts.options, submit, prefetch=prefetch)
     monkeypatch.setattr(type(fe), "prepare", real)
@@ -61,6 +61,6 @@ def test_prefetch_gives_the_same_records_and_bytes(tts: Any, monkeypatch: pytest
         assert d_ahead == d_plain, rid
         assert w_ahead == w_plain, rid
     boom = next(d for r, d, _ in ahead if r == "boom")
-    assert boom["status"] == "failed" and boom["reason"] == EXCEPTION
-    assert "RuntimeError: frontend stub" in boom["error"] and "prepare" in boom["traceback"]
-    assert sum(1 for _, d, w in ahead if d["status"] == "ok" and len(w) > 0) == len(TEXTS) - 1
+    assert boom.status == "failed" and boom.reason == EXCEPTION
+    assert "RuntimeError: frontend stub" in (boom.error or "") and "prepare" in (boom.traceback or "")
+    assert sum(1 for _, d, w in ahead if d.ok and len(w) > 0) == len(TEXTS) - 1

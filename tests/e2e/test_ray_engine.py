@@ -26,7 +26,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cosyclone.cli import app
-from cosyclone.run.ray_pool import PID_FILE_ENV
+from tests.ray_hooks import PID_FILE_ENV
 
 from .test_cli import ROOT, diag_lines, diags
 
@@ -51,7 +51,9 @@ def ray_pid_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     pid_file = tmp_path_factory.mktemp("ray") / "pids.txt"
     old = os.environ.get(PID_FILE_ENV)
     os.environ[PID_FILE_ENV] = str(pid_file)  # before ray.init: the workers inherit the environment
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # tests.*
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"worker_process_setup_hook": "tests.ray_hooks.record_task_starts"})
     try:
         yield pid_file
     finally:

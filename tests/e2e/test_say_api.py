@@ -84,7 +84,7 @@ def test_api_say_and_synth_give_byte_identical_audio(tts, tiny_model_dir: Path, 
 
     one = tts.synthesize("Hello there, how are you?", prompt_audio=tmp_path / "prompts" / "speaker1.wav",
                          prompt_text="reference words", seed=5, id="seeded")
-    assert one.diagnostics["seed"] == 5 and one.diagnostics["tokens"] == results[0].diagnostics["tokens"]
+    assert one.seed == 5 and one.tokens == results[0].tokens
     write_wav_atomic(tmp_path / "one.wav", one.audio, sample_rate=one.sample_rate, float_wav=False)
     # alone, not in a batch of two: the same tokens, and the batch's float rounding at most
     assert_same_pcm16_up_to_rounding(tmp_path / "one.wav", tmp_path / "out" / "wavs" / "seeded.wav")
@@ -96,7 +96,7 @@ def test_api_say_and_synth_give_byte_identical_audio(tts, tiny_model_dir: Path, 
 
 def test_cross_lingual_without_prompt_text_validates_and_runs(tts, tiny_model_dir: Path, tmp_path: Path) -> None:
     r = tts.synthesize("Bonjour.", prompt_audio=PROMPT, mode="cross_lingual")
-    assert r.ok and r.error is None and r.diagnostics["tokens"]
+    assert r.ok and r.error is None and r.tokens
     res = say(tiny_model_dir, tmp_path / "x.wav", "--mode", "cross_lingual", text="Bonjour.")
     assert res.exit_code == 0, res.output
     res = say(tiny_model_dir, tmp_path / "y.wav", text="Bonjour.")  # zero_shot reads the transcript
@@ -153,9 +153,9 @@ def test_length_ratios_reach_the_decoder(tiny_model_dir: Path) -> None:
     r = fixed.synthesize(text, prompt_audio=PROMPT, mode="cross_lingual")
     n = len(plan.segments[0].ids)
     assert len(plan.segments) == 1 and n > 1
-    seg = r.diagnostics["sampler"][0]
-    assert r.diagnostics["stop_reasons"] == ["max_len"] and seg["tokens_emitted"] == n  # exactly int(1 x n)
-    assert seg["min_len_suppressed"] >= 0
+    seg = r.sampler[0]
+    assert r.stop_reasons == ("max_len",) and seg.tokens_emitted == n  # exactly int(1 x n)
+    assert seg.min_len_suppressed >= 0
 
 
 def test_synth_records_sampler_options_and_threads(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -200,9 +200,10 @@ def test_threads_reach_the_onnx_sessions(tiny_model_dir: Path) -> None:
 
 
 def test_the_api_runs_the_engine_synth_runs(tts) -> None:
-    """CosyClone is a facade: its rows go through the one Engine, whose records carry the audio."""
+    """CosyClone is a facade: its rows go through the one Engine, whose typed results carry the audio
+    (and nothing of a folder: the engine knows no file layout)."""
     rows = tts.validate([{"id": "a", "prompt_audio": str(PROMPT), "mode": "cross_lingual", "text": "Hi there."}])
-    records = list(tts.engine.run(rows))
-    assert [r.row_id for r in records] == ["a"] and records[0].wav is not None
-    assert records[0].diagnostics["status"] == "ok" and records[0].diagnostics["wav"] == "wavs/a.wav"
-    assert np.array_equal(records[0].wav, tts.synthesize_rows(rows)[0].audio)
+    results = list(tts.engine.run(rows))
+    assert [r.id for r in results] == ["a"] and results[0].audio is not None and results[0].ok
+    assert not hasattr(results[0], "file") and not hasattr(results[0], "wav")
+    assert np.array_equal(results[0].audio, tts.synthesize_rows(rows)[0].audio)

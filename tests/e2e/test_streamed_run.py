@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from cosyclone.cli import app
 from cosyclone.manifest import reader as manifest_mod
 from cosyclone.manifest import stream as manifest_stream
-from cosyclone.run import record
+from cosyclone.run.drive import Driver
 
 from .test_cli import ROOT
 
@@ -35,18 +35,18 @@ def test_the_first_rows_are_written_before_the_last_line_is_read(tiny_model_dir:
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(manifest_stream, "CHUNK_LINES", 2)  # parts of 2 lines: 4 parts here
     events: list[tuple[str, object]] = []
-    real_parse, real_stamp = manifest_mod.parse_row, record.Stamper.__call__
+    real_parse, real_commit = manifest_mod.parse_row, Driver.commit
 
     def parse(obj, *, line, **kw):
         events.append(("validated", line))
         return real_parse(obj, line=line, **kw)
 
-    def stamp(self, rec):
-        events.append(("written", rec.row_id))
-        return real_stamp(self, rec)
+    def commit(self, result):
+        events.append(("written", result.id))
+        return real_commit(self, result)
 
     monkeypatch.setattr(manifest_mod, "parse_row", parse)
-    monkeypatch.setattr(record.Stamper, "__call__", stamp)
+    monkeypatch.setattr(Driver, "commit", commit)
     m = _manifest(tmp_path / "in")
     res = CliRunner().invoke(app, ["synth", str(m), "--model-dir", str(tiny_model_dir), "--out",
                                    str(tmp_path / "streamed"), *FAST])
@@ -59,7 +59,7 @@ def test_the_first_rows_are_written_before_the_last_line_is_read(tiny_model_dir:
 
     # the same manifest read whole first (a shard of one does that) gives the same WAVs
     monkeypatch.setattr(manifest_mod, "parse_row", real_parse)
-    monkeypatch.setattr(record.Stamper, "__call__", real_stamp)
+    monkeypatch.setattr(Driver, "commit", real_commit)
     res = CliRunner().invoke(app, ["synth", str(m), "--model-dir", str(tiny_model_dir), "--out",
                                    str(tmp_path / "whole"), "--shard", "0/1", *FAST])
     assert res.exit_code == 3, res.output

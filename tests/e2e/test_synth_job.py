@@ -62,7 +62,7 @@ def test_synth_folder_writes_the_folder_cosyclone_synth_writes(tiny_model_dir: P
                                    *FAST_ARGS])
     assert res.exit_code == 0, res.output
     summary = tts.synth_folder(MANIFEST, api_out)
-    assert summary.exit_code == 0 and summary.last_run["done"] == 4 and not summary.failed
+    assert summary.exit_code == 0 and summary.last_run.done == 4 and not summary.failed
     cli, api = _folder(cli_out), _folder(api_out)
     assert sorted(cli) == sorted(api)
     assert sum(1 for k in cli if k.endswith(".wav")) == 4
@@ -73,7 +73,7 @@ def test_synth_folder_writes_the_folder_cosyclone_synth_writes(tiny_model_dir: P
 def test_synth_folder_resumes_and_plans_like_the_cli(tiny_model_dir: Path, tts, tmp_path: Path) -> None:
     out = tmp_path / "o"
     first = tts.synth_folder(MANIFEST, out)
-    assert first.last_run["done"] == 4
+    assert first.last_run.done == 4
     job = tts.folder_job(MANIFEST, out, seed=1)  # a new run seed changes every row without a manifest seed
     plan = job.plan()
     assert (plan.valid_rows, plan.done, plan.todo, plan.rejected) == (4, 1, 3, 0)
@@ -81,7 +81,7 @@ def test_synth_folder_resumes_and_plans_like_the_cli(tiny_model_dir: Path, tts, 
     dry = tts.folder_job(MANIFEST, out, seed=1, plan_only=True).plan()  # as --dry-run opens it
     assert (dry.valid_rows, dry.done, dry.todo, dry.rejected, dry.batches) == (4, 1, 3, 0, plan.batches)
     again = tts.synth_folder(MANIFEST, out)  # the original seed: the folder's rows are still done
-    assert again.last_run["skipped"] == 4 and again.last_run["todo"] == 0
+    assert again.last_run.skipped == 4 and again.last_run.todo == 0
     res = CliRunner().invoke(app, ["synth", str(MANIFEST), "--model-dir", str(tiny_model_dir), "--out", str(out),
                                    *FAST_ARGS, "--dry-run"])
     assert res.exit_code == 0 and "4 already done, 0 to synthesize in 0 batches" in res.output, res.output
@@ -122,7 +122,7 @@ def test_a_prompt_that_changes_after_validation_fails_its_row_alone(tiny_model_d
     manifest = _two_speaker_manifest(tmp_path / "in")
     job = SynthJob.open(manifest, tmp_path / "out", model_dir=tiny_model_dir, device="cpu", **FAST)
     assert job.plan().valid_rows == 2  # a dry run reads the manifest (a run streams it: this one reuses it)
-    assert [r.id for r in job.rows.rows] == ["stays", "moved"]  # both valid when read
+    assert [r.id for r in job.planned.rows.rows] == ["stays", "moved"]  # both valid when read
     victim = tmp_path / "in" / "prompts" / "speaker2.wav"
     if change == "vanishes":
         victim.unlink()
@@ -130,13 +130,14 @@ def test_a_prompt_that_changes_after_validation_fails_its_row_alone(tiny_model_d
         victim.write_bytes(b"RIFF but not a wave file at all" * 8)
     summary = job.run()
     assert summary.exit_code == 3
-    assert summary.last_run["done"] == 1 and summary.last_run["failed"] == 1
+    assert summary.last_run.done == 1 and summary.last_run.failed == 1
     (failed,) = summary.failed
-    assert failed["id"] == "moved" and failed["line"] == 2 and failed["status"] == "failed"
+    assert failed.id == "moved" and failed.line == 2 and failed.status == "failed"
     # vanished: the hash of its prompt raised (a traceback); garbage: the frontend's own user error
     expected = {"vanishes": ("exception", "prepare: FileNotFoundError"),
                 "turns_to_garbage": ("bad_input", "frontend: AudioError")}[change]
-    assert (failed["reason"], failed["error"].split(":", 2)[0] + ":" + failed["error"].split(":", 2)[1]) == expected
+    error = failed.error or ""
+    assert (failed.reason, error.split(":", 2)[0] + ":" + error.split(":", 2)[1]) == expected
     records = {json.loads(x)["id"]: json.loads(x) for x in (tmp_path / "out" / "diagnostics.jsonl").read_text().splitlines()}
     assert records["stays"]["status"] == "ok" and (tmp_path / "out" / "wavs" / "stays.wav").is_file()
     assert records["moved"]["status"] == "failed" and not (tmp_path / "out" / "wavs" / "moved.wav").exists()

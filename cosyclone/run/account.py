@@ -1,0 +1,234 @@
+"""A run's accounts: what each invocation did (``runs.jsonl``, ``summary.json``'s ``last_run``).
+
+Why a typed record: a night's log is read by scripts (rows done, the device, peak memory, why it
+stopped), so :class:`RunRecord` is a frozen dataclass with a comment per field, built in one place
+(:func:`run_record`) and serialized in one place (:meth:`RunRecord.to_json`); docs/output.md's
+table of it is generated from those comments. The figures come from a :class:`RunTally` kept as
+rows finish, so a million-row run holds counts, not records.
+"""
+
+from __future__ import annotations
+
+import platform
+import socket
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from cosyclone.engine import RowResult
+from cosyclone.errors import Exit
+from cosyclone.run import folder as runfolder
+from cosyclone.run import report
+from cosyclone.run.folder import ResumePlan
+
+
+@dataclass
+class RunTally:
+    """This invocation's rows as they finish: counts and the failed rows (the only rows kept)."""
+
+    done: int = 0  # rows written ok
+    failed: list[RowResult] = field(default_factory=list)  # rows written failed, without audio, in arrival order
+    audio_seconds: float = 0.0  # audio of the ok rows
+    graph_rows: int = 0  # rows with at least one decode step replayed as a CUDA graph
+    graph_steps: int = 0  # decode steps replayed as CUDA graphs
+    hits: int = 0  # segments whose talker result came from the stage-0 checkpoint
+
+    def add(self, result: RowResult) -> None:
+        if result.ok:
+            self.done += 1
+            self.audio_seconds += result.audio_seconds
+        else:
+            self.failed.append(result.without_audio())
+        steps = sum(s.graph_steps for s in result.sampler)
+        self.graph_steps += steps
+        self.graph_rows += 1 if steps else 0
+
+    @property
+    def made(self) -> int:
+        return self.done + len(self.failed)
+
+
+@dataclass(frozen=True)
+class GraphsRecord:
+    """What the CUDA graphs really did in a run."""
+
+    resolved: str  # the resolved choice: on (capture where the device allows) | off
+    used: bool  # whether any decode step replayed a graph
+    rows_with_graph_steps: int  # rows with at least one replayed step
+    graph_steps: int  # replayed decode steps, all rows
+    capture_errors: tuple[str, ...]  # why captures failed (the sessions went on eagerly)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One invocation of a run into a folder: a line of ``runs.jsonl``, ``summary.json``'s ``last_run``."""
+
+    run_id: str  # this invocation's id (the rows it made carry it)
+    started_at: float  # when the command started (Unix time)
+    finished_at: float  # when it ended
+    argv: tuple[str, ...]  # the command line
+    host: str  # the machine's host name
+    manifest: str  # the manifest as given
+    shard: str | None  # --shard i/N
+    stopped_by: str | None  # the signal that stopped the run early (SIGTERM, SIGINT); None: it ran to the end
+    rows_in_manifest: int  # valid rows of this shard
+    invalid: int  # lines of this shard that validation refused
+    invalid_rows: tuple[str, ...]  # each refused line's message
+    todo: int  # rows this run set out to make
+    done: int  # rows it wrote ok
+    failed: int  # rows it wrote failed
+    skipped: int  # rows already done with an unchanged fingerprint
+    redone: int  # done rows made again because an input changed (or --overwrite)
+    redone_by: dict[str, int]  # changed fingerprint part -> rows
+    retried: int  # rows whose earlier attempt failed or whose file was missing or torn
+    not_written: int  # rows to make that this run did not write (a stop, a write error)
+    failed_rows: dict[str, str | None]  # id -> error of each row this run wrote failed
+    rows_not_in_manifest: int  # rows in the folder that this manifest lacks (kept)
+    write_error: str | None  # why the folder could not be written (rows written before it are kept)
+    talker_checkpoint_hits: int  # segments whose speech tokens came from the stage-0 checkpoint
+    audio_seconds: float  # audio written ok by this run (model time, before trimming)
+    wall_seconds: float  # seconds from the first model work to the last row
+    total_wall_seconds: float  # seconds from the command's start to its end
+    rows_per_s: float  # rows written per wall second
+    throughput_audio_s_per_s: float  # audio seconds per wall second
+    rtf: float | None  # wall seconds per audio second (None: no audio)
+    versions: dict[str, str]  # cosyclone, torch, Python and the text normalizers' versions
+    devices: tuple[str, ...]  # the GPUs torch saw, or this machine's processor
+    model_dir: str | None  # the model directory (None: dummy weights without one)
+    model_hash: str  # the model files' content hash (part of every fingerprint)
+    model_yaml_sha256: str | None  # the model's cosyvoice3.yaml hash
+    load_format: str  # auto | dummy
+    device: str  # the device the stages ran on (cpu | cuda)
+    backend: str  # the backend (cpu | cuda | rocm)
+    dtype: str  # the resolved run dtype
+    dtype_requested: str  # --dtype as given
+    options: dict[str, Any]  # every run option as resolved
+    output: dict[str, Any]  # how the audio files are written (format, encoding, rate, trimming)
+    algorithm: str  # the audio algorithm version (part of every fingerprint)
+    engine: str  # local | ray
+    ray: dict[str, Any] | None  # --ray-actors/--actor-threads as given, the address and the live plan
+    cuda_graphs: GraphsRecord  # what the CUDA graphs really did
+    engine_facts: dict[str, Any] | None  # what the engine chose and measured (sizes, stage dtypes, peak memory)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object of ``runs.jsonl`` and ``summary.json``'s ``last_run``."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["argv"], out["invalid_rows"], out["devices"] = list(self.argv), list(self.invalid_rows), list(self.devices)
+        out["cuda_graphs"] = {f.name: getattr(self.cuda_graphs, f.name) for f in fields(GraphsRecord)}
+        out["cuda_graphs"]["capture_errors"] = list(self.cuda_graphs.capture_errors)
+        return out
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the job knows of a run before its rows: inputs, device, options (the record's fixed part)."""
+
+    run_id: str  # this invocation's id
+    started_at: float  # when the command started
+    manifest: str  # the manifest as given
+    shard: str | None  # --shard
+    rows_in_manifest: int  # valid rows of this shard
+    invalid_rows: tuple[str, ...]  # refused lines' messages
+    model_dir: str | None  # the model directory
+    model_hash: str  # the model's content hash
+    model_yaml_sha256: str | None  # its yaml's hash
+    load_format: str  # auto | dummy
+    device: str  # the device type
+    backend: str  # cpu | cuda | rocm
+    dtype: str  # the resolved dtype
+    dtype_requested: str  # --dtype as given
+    options: dict[str, Any]  # the resolved options
+    output: dict[str, Any]  # the output options
+    text_frontend: str  # wetext | none (its versions are recorded)
+    engine: str  # local | ray
+    graphs_resolved: str  # on | off
+
+
+def run_record(facts: RunFacts, resume: ResumePlan, tally: RunTally, *, prepared_failures: int, wall: float,
+               write_error: str | None, stopped_by: str | None, graph_errors: Sequence[str],
+               ray: dict[str, Any] | None, engine_facts: dict[str, Any] | None) -> RunRecord:
+    """This invocation's record, from what it knew before and what its rows did."""
+    audio, made = tally.audio_seconds, tally.made
+    todo = len(resume.todo) + prepared_failures
+    now = time.time()
+    return RunRecord(
+        run_id=facts.run_id, started_at=facts.started_at, finished_at=now, argv=tuple(sys.argv),
+        host=socket.gethostname(), manifest=facts.manifest, shard=facts.shard, stopped_by=stopped_by,
+        rows_in_manifest=facts.rows_in_manifest, invalid=len(facts.invalid_rows), invalid_rows=facts.invalid_rows,
+        todo=todo, done=tally.done, failed=len(tally.failed), skipped=len(resume.done), redone=len(resume.redone),
+        redone_by=resume.redone_counts(), retried=len(resume.retried), not_written=todo - made,
+        failed_rows={r.id: r.error for r in tally.failed}, rows_not_in_manifest=len(resume.foreign),
+        write_error=write_error, talker_checkpoint_hits=tally.hits, audio_seconds=audio, wall_seconds=wall,
+        total_wall_seconds=now - facts.started_at, rows_per_s=made / wall if wall > 0 and made else 0.0,
+        throughput_audio_s_per_s=audio / wall if wall > 0 else 0.0, rtf=wall / audio if audio > 0 else None,
+        versions=versions(facts.text_frontend), devices=tuple(devices(facts.device)), model_dir=facts.model_dir,
+        model_hash=facts.model_hash, model_yaml_sha256=facts.model_yaml_sha256, load_format=facts.load_format,
+        device=facts.device, backend=facts.backend, dtype=facts.dtype, dtype_requested=facts.dtype_requested,
+        options=facts.options, output=facts.output, algorithm=_algorithm(), engine=facts.engine, ray=ray,
+        cuda_graphs=GraphsRecord(resolved=facts.graphs_resolved, used=tally.graph_steps > 0,
+                                 rows_with_graph_steps=tally.graph_rows, graph_steps=tally.graph_steps,
+                                 capture_errors=tuple(dict.fromkeys(graph_errors))),
+        engine_facts=engine_facts)
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """The end of a run: the folder's totals, this invocation's record, and what went wrong."""
+
+    totals: dict[str, Any]  # report.folder_totals over every record in the folder (summary.json's top level)
+    last_run: RunRecord  # this invocation (summary.json's last_run, one line of runs.jsonl)
+    failed: tuple[RowResult, ...]  # this run's failed rows (without audio), in arrival order
+    write_error: str | None  # why the folder could not be written (rows finished before it are kept)
+    written: int  # row records the writer committed in this run
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every row of the shard is done, 3 when some failed or were rejected (a write error is 4,
+        a stop by signal 143 or 130: the caller's to report)."""
+        return Exit.ROWS_FAILED if self.last_run.failed + self.last_run.invalid else Exit.OK
+
+
+def write_accounts(out: Any, record: RunRecord, current: Mapping[str, Any], *, write_error: str | None,
+                   failed: Sequence[RowResult], written: int) -> JobSummary:
+    """``summary.json`` (folder totals and this run) and this run's line of ``runs.jsonl``."""
+    from dataclasses import replace
+
+    from cosyclone.run.writer import write_summary
+
+    totals = report.folder_totals(current.values())
+    try:
+        write_summary(out, {**totals, "out_dir": str(out), "last_run": record.to_json()})
+        runfolder.append_jsonl(out / runfolder.RUNS_NAME, record.to_json())
+    except runfolder.OutputFolderError as exc:
+        write_error = write_error or str(exc)
+        record = replace(record, write_error=write_error)
+    return JobSummary(totals=totals, last_run=record, failed=tuple(failed), write_error=write_error,
+                      written=written)
+
+
+def devices(device: str) -> list[str]:
+    """The device names a run used: the GPUs torch sees, or this machine's processor."""
+    import torch
+
+    if device == "cuda" and torch.cuda.is_available():
+        return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return [platform.processor() or platform.machine()]
+
+
+def versions(text_frontend: str) -> dict[str, str]:
+    """The versions that change what a run produces: cosyclone, torch, Python, the text normalizers."""
+    import torch
+
+    from cosyclone.base.version import __version__
+    from cosyclone.frontend.normalize import get_normalizer
+
+    normalizer = {k: v for k, v in get_normalizer(text_frontend).version().items() if k != "text_frontend"}
+    return {"cosyclone": __version__, "torch": torch.__version__, "python": platform.python_version(), **normalizer}
+
+
+def _algorithm() -> str:
+    from cosyclone.run.fingerprint import ALGORITHM_VERSION
+
+    return ALGORITHM_VERSION

@@ -1,0 +1,131 @@
+"""The one driver loop of a run: rows from a source, each stamped, written, counted and shown.
+
+Why one loop: the local engine and the Ray actor pool used to have a loop each (stamping, the
+writer, progress, the records kept), near copies that drifted. Here a :class:`RowSource` is the
+only thing that differs: this process's engine (:class:`LocalSource`) or Ray's actors
+(:class:`cosyclone.run.ray_pool.RaySource`). The loop takes the run's parts as they are read,
+hands each part's planned batches to the source and commits every result that comes back: the
+row's stamp (what made it), the writer (file, then record), the tally (this run's figures) and
+the progress sink. A stop request ends the feeding; what the source already holds is drained,
+or dropped when the request says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from cosyclone.base.stop import StopRequest
+from cosyclone.engine import Engine, RowResult
+from cosyclone.engine.isolation import TokenCheckpoint
+from cosyclone.manifest import Manifest, ManifestRow
+from cosyclone.options import RunOptions
+from cosyclone.run import folder as runfolder
+from cosyclone.run.account import RunTally
+from cosyclone.run.job_types import Prepared, ProgressSink
+from cosyclone.run.parts import plan_parts
+from cosyclone.run.row_record import RowStamp
+
+
+class RowSource(Protocol):
+    """Where a run's rows are made: batches in, results out (audio included), in any order."""
+
+    hits: int  # segments whose talker result came from the stage-0 checkpoint
+    graph_errors: list[str]  # why CUDA graph captures failed
+
+    def feed(self, batches: Sequence[Sequence[ManifestRow]]) -> Iterator[RowResult]:
+        """Take ``batches`` (one part's plan); yield the results that are ready now."""
+        ...
+
+    def drain(self) -> Iterator[RowResult]:
+        """Yield every result still outstanding (after the last part, or after a stop)."""
+        ...
+
+    def cancel(self) -> None:
+        """Drop every outstanding batch (a second signal, or the grace period ran out)."""
+        ...
+
+
+class LocalSource:
+    """Rows made by this process's engine, loaded at the first batch (a resumed run may need none)."""
+
+    def __init__(self, load: Callable[[], Engine], opts: RunOptions, tokens: TokenCheckpoint | None,
+                 stop: StopRequest | None = None) -> None:
+        self._load, self.opts, self.tokens, self.stop = load, opts, tokens, stop
+        self.engine: Engine | None = None
+        self.graph_errors: list[str] = []
+        self._running: Iterator[RowResult] | None = None
+
+    @property
+    def hits(self) -> int:
+        return int(getattr(self.tokens, "hits", 0))
+
+    def feed(self, batches: Sequence[Sequence[ManifestRow]]) -> Iterator[RowResult]:
+        if not batches:
+            return
+        if self.engine is None:
+            self.engine = self._load()
+            self.graph_errors = self.engine.graph_errors
+        self._running = self.engine.run(batches=batches, opts=self.opts, tokens=self.tokens, stop=self.stop)
+        try:
+            yield from self._running
+        finally:
+            self._running = None
+
+    def drain(self) -> Iterator[RowResult]:
+        return iter(())  # feed runs each part to its end
+
+    def cancel(self) -> None:
+        running, self._running = self._running, None
+        if running is not None and hasattr(running, "close"):
+            running.close()  # type: ignore[attr-defined]  # a generator: its finally blocks free the session
+
+
+@dataclass
+class DriveEnd:
+    """How the loop ended."""
+
+    write_error: str | None  # why a write failed (the loop stopped there; rows written before are kept)
+    stopped_by: str | None  # the signal that stopped it early (None: every part ran)
+
+
+class Driver:
+    """Commits results: the writer, the tally, progress. One per run."""
+
+    def __init__(self, submit: Callable[[RowResult, RowStamp], None], tally: RunTally, sink: ProgressSink | None,
+                 stamp: Callable[[RowResult], RowStamp]) -> None:
+        self.submit, self.tally, self.sink, self.stamp = submit, tally, sink, stamp
+
+    def commit(self, result: RowResult) -> None:
+        """One finished row: written (file, then record), counted, shown."""
+        self.submit(result, self.stamp(result))
+        self.tally.add(result)
+        if self.sink is not None:
+            self.sink.update(result)
+
+    def drive(self, parts: Iterable[tuple[Manifest, Prepared]], source: RowSource, *, batch_size: int,
+              token_budget: int | None, stop: StopRequest | None = None,
+              on_part: Callable[[Manifest, Prepared], None] | None = None) -> DriveEnd:
+        """Every part through ``source``; returns why it stopped (a write error, a signal, or the end)."""
+        try:
+            for part, prep in parts:
+                if stop is not None and stop.requested:
+                    break
+                if on_part is not None:
+                    on_part(part, prep)
+                for result in prep.failed:  # rows that failed before any stage (their fingerprint)
+                    self.commit(result)
+                for result in source.feed(plan_parts([prep.resume.todo], batch_size, token_budget)):
+                    self.commit(result)
+            if stop is not None and stop.immediate:
+                source.cancel()
+            else:
+                for result in source.drain():
+                    self.commit(result)
+        except runfolder.OutputFolderError as exc:
+            source.cancel()
+            return DriveEnd(write_error=str(exc), stopped_by=stop.signal_name if stop is not None else None)
+        finally:
+            self.tally.hits = source.hits
+        return DriveEnd(write_error=None, stopped_by=stop.signal_name if stop is not None else None)

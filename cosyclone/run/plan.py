@@ -1,0 +1,191 @@
+"""A run's plan: the manifest and options read, fingerprints made, and the resume decided per row.
+
+Why its own object: planning is what ``--dry-run`` does alone and what a run does first, part by
+part, under the lock. It reads the manifest (streamed or whole), the folder's records and the
+inputs' content hashes; it loads no model and writes nothing but the hash cache. A row whose
+fingerprint cannot be made (its prompt vanished) becomes a failed result here and the others go on.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from cosyclone import options as O
+from cosyclone.base.device import DevicePolicy
+from cosyclone.base.shard import Shard
+from cosyclone.engine import Engine, RowResult, model_config, resolve_options
+from cosyclone.engine.outcome import failed_result
+from cosyclone.engine.stages import row_seed_of
+from cosyclone.errors import CosycloneError, ManifestError
+from cosyclone.manifest import Manifest, ManifestRow, iter_manifest
+from cosyclone.manifest import stream as manifest_stream
+from cosyclone.model.config import ModelConfig
+from cosyclone.options import FolderOptions, RunOptions
+from cosyclone.run import fingerprint
+from cosyclone.run import folder as runfolder
+from cosyclone.run.job_types import JobPlan, Prepared
+from cosyclone.run.parts import ResumeTotals, plan_parts, split_parts
+from cosyclone.run.row_record import RowRecord
+
+
+class RunPlan:
+    """A manifest (or one shard of it) against an output folder, under resolved options."""
+
+    def __init__(self, manifest: Manifest, out: Path, opts: RunOptions, *, cfg: ModelConfig, policy: DevicePolicy,
+                 model_dir: Path | None, folder: FolderOptions = FolderOptions(), manifest_label: str | None = None,
+                 started_at: float | None = None, stream: Iterator[Manifest] | None = None,
+                 on_rejected: Callable[[ManifestError], None] | None = None) -> None:
+        self._stream = stream  # the manifest's parts still to be read (``manifest`` fills as they are); None: whole
+        self.streamed = stream is not None
+        self.full = manifest  # every row: another shard's rows are not "foreign" to the folder
+        self.rows = manifest.shard(Shard.parse(folder.shard)) if folder.shard else manifest  # this shard's
+        self.on_rejected = on_rejected or (lambda err: None)  # each rejected line, as it is found
+        self.out, self.opts, self.cfg, self.policy, self.model_dir = Path(out), opts, cfg, policy, model_dir
+        self.folder = folder
+        self.manifest_label = manifest_label if manifest_label is not None else str(manifest.path)
+        self.tag = runfolder.shard_tag(folder.shard)
+        self.started_at = time.time() if started_at is None else started_at
+        self._ray_plan: Any = None
+        O.check(opts, folder)
+
+    @classmethod
+    def open(cls, manifest: str | Path, out: str | Path, *, model_dir: str | Path | None = None,
+             loaded: Engine | None = None, on_rejected: Callable[[ManifestError], None] | None = None,
+             plan_only: bool = False, **options: Any) -> RunPlan:
+        """Read ``manifest``, check the options, resolve device, dtype and model configuration.
+
+        See :meth:`cosyclone.run.job.SynthJob.open`, which this serves.
+        """
+        started = time.time()
+        opts, folder = O.split(options)  # checked before devices are resolved or the model read
+        if loaded is not None:
+            opts = replace(opts, **{k: getattr(loaded.opts, k) for k in O.MODEL_FIELDS})
+        full, stream = iter_manifest(manifest, text_frontend=opts.text_frontend, normalize_all=not plan_only)
+        stream_or_none: Iterator[Manifest] | None = stream
+        if folder.shard or folder.engine != "local":
+            for _ in stream:  # a shard's lines need the line count; Ray plans the whole run at once
+                pass
+            stream_or_none = None
+        opts, policy = resolve_options(opts)
+        if loaded is not None:
+            policy = loaded.policy  # as the model was loaded (what was requested included)
+        cfg = loaded.cfg if loaded is not None else model_config(model_dir, opts.load_format)
+        if folder.engine == "ray":
+            from cosyclone.run.ray_cluster import require_ray
+
+            require_ray()  # before any work: say how to install it
+        if not folder.command:
+            folder = replace(folder, command=" ".join(sys.argv))
+        return cls(full, Path(out), opts, cfg=cfg, policy=policy,
+                   model_dir=Path(model_dir) if model_dir is not None else None, folder=folder,
+                   manifest_label=str(manifest), started_at=started, stream=stream_or_none, on_rejected=on_rejected)
+
+    # ------------------------------------------------------------------ the plan
+
+    def plan(self, log: Callable[[str], None]) -> JobPlan:
+        """What a run would do if started now (the folder is read, not locked or written)."""
+        runfolder.check_writable(self.out)
+        hashes = fingerprint.HashCache()
+        ctx, existing = self.context(hashes), runfolder.read_records(self.out)
+        total, failed, todo_parts = ResumeTotals(), 0, []
+        for part in self.parts():
+            prep = self.prepare(part.rows, ctx, hashes, existing)
+            total.add(prep.resume)
+            failed += len(prep.failed)
+            todo_parts.append(prep.resume.todo)
+        hashes.save()
+        resume = self.finish_resume(total, existing)
+        if resume.describe():
+            log(resume.describe())
+        ray = self.ray_plan() if self.folder.engine == "ray" else None
+        batches = plan_parts(todo_parts, self.opts.batch_size, self.opts.token_budget)
+        return JobPlan(valid_rows=len(self.rows.rows), rejected=len(self.rows.errors), done=len(resume.done),
+                       todo=len(resume.todo), unprepared=failed, batches=len(batches),
+                       resume=resume.describe(), device=str(self.policy.device), dtype=self.policy.dtype_name,
+                       engine=self.folder.engine, engine_lines=tuple(ray.describe()) if ray else (),
+                       refusal=ray.refusal if ray else None)
+
+    def ray_plan(self) -> Any:
+        """The Ray actors this run would get on the cluster as it is now (:func:`cosyclone.run.ray_cluster.plan_cluster`),
+        read once per job."""
+        if self._ray_plan is None:
+            from cosyclone.run.ray_cluster import plan_cluster
+
+            self._ray_plan = plan_cluster(self.cfg, self.policy, self.opts.batch_size,
+                                          address=self.folder.ray_address, actors=self.folder.ray_actors,
+                                          threads=self.folder.actor_threads)
+        return self._ray_plan
+
+    def actor_threads(self) -> int | None:
+        """The torch threads each Ray actor runs with (None: a local run, this process's count)."""
+        if self.folder.engine != "ray" or self.policy.device.type != "cpu":
+            return None
+        return self.folder.actor_threads or self.ray_plan().threads
+
+    def parts(self) -> Iterator[Manifest]:
+        """This run's rows part by part (:mod:`.parts`): a streamed manifest's chunks as they are
+        validated, else the manifest read whole, cut the same way. Rejected lines are told as found."""
+        if self._stream is not None:
+            stream, self._stream = self._stream, None
+            parts: Iterator[Manifest] = stream
+        else:
+            parts = split_parts(self.rows, manifest_stream.CHUNK_LINES)
+        for part in parts:
+            for err in part.errors:
+                self.on_rejected(err)
+            yield part
+
+    def context(self, hashes: fingerprint.HashCache) -> fingerprint.RunContext:
+        """The run-wide fingerprint parts (an unreadable model directory stops the run, as unusable input)."""
+        try:
+            return fingerprint.RunContext(
+                model=fingerprint.model_content_hash(self.model_dir, hashes,
+                                                   dummy_tag="released" if self.opts.load_format == "dummy" else ""),
+                dtype=self.opts.dtype, device=self.policy.backend,
+                threads=fingerprint.cpu_threads(self.policy, self.actor_threads()),
+                options={**O.audio_values(self.opts), "float_wav": self.folder.float_wav})
+        except OSError as exc:
+            raise CosycloneError(f"cannot hash the inputs: {exc}") from exc
+
+    def prepare(self, rows: Sequence[ManifestRow], ctx: fingerprint.RunContext, hashes: fingerprint.HashCache,
+                existing: Mapping[str, RowRecord]) -> Prepared:
+        """Fingerprint ``rows`` and plan their resume against the folder's ``existing`` records.
+
+        A row's own hash (its prompt's content, its text) is the row's: a row whose fingerprint
+        raises becomes a failed result and the others go on.
+        """
+        fps: dict[str, tuple[str, dict[str, str]]] = {}
+        failed: list[RowResult] = []
+        for row in rows:
+            try:
+                fps[row.id] = fingerprint.row_fingerprint(row, row_seed_of(self.opts.seed, row), ctx, hashes)
+            except Exception as exc:  # a vanished or unreadable prompt, a field the hash cannot take
+                failed.append(_failed_result(row, self.opts.seed, exc, int(self.cfg.hift.sampling_rate)))
+        ready = [r for r in rows if r.id in fps]
+        resume = runfolder.plan_resume(self.out, ready, fps, overwrite=self.folder.overwrite, records=existing)
+        return Prepared(ctx=ctx, fps=fps, failed=failed, resume=resume)
+
+    def finish_resume(self, total: ResumeTotals, existing: Mapping[str, RowRecord]) -> runfolder.ResumePlan:
+        """The run's resume plan once every part is in: with the folder's rows this manifest lacks."""
+        total.plan.foreign = sorted(set(existing) - {r.id for r in self.full.rows})
+        return total.plan
+
+    def lines(self) -> int:
+        """The manifest's non-blank lines: what a streamed run's progress counts against."""
+        from cosyclone.manifest.stream import iter_lines
+
+        return sum(1 for _ in iter_lines(self.full.path))
+
+
+def _failed_result(row: ManifestRow, run_seed: int, exc: BaseException, sample_rate: int) -> RowResult:
+    """A row that failed before any stage (its fingerprint raised), as the result the writer commits."""
+    try:
+        seed = row_seed_of(run_seed, row)
+    except Exception:  # the seed derivation is what failed: report the row without one
+        seed = -1
+    return failed_result(row.id, row.line, seed, "prepare", exc, sample_rate=sample_rate)

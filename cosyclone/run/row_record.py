@@ -1,0 +1,165 @@
+"""A row's record: the one line per row of ``diagnostics.jsonl``, typed.
+
+Why one frozen dataclass: the record is the main output a user reads and the folder's memory
+(resume, totals, export and eval read it back). It is built in one place, by the writer once the
+row's file is on disk (:func:`make_record`), written in one place (:meth:`RowRecord.to_json`) and
+read in one place (:meth:`RowRecord.from_json`), and docs/output.md's field table is generated
+from the comments below (tests/test_output_docs.py keeps them equal).
+
+Reading is tolerant: a line written by an older cosyclone lacks newer fields (they take their
+defaults) and may hold fields since dropped (ignored); compaction writes every line back in this
+shape. A line without a string ``id`` is not a record.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from cosyclone.engine.outcome import RowResult, SegmentText
+from cosyclone.talker.diagnostics import SamplerRowDiagnostics
+
+
+@dataclass(frozen=True)
+class RowStamp:
+    """What made a row, beside its result: the inputs it was made from and the run that made it."""
+
+    fingerprint: str | None  # the row's fingerprint (None: it failed before one could be made)
+    fingerprint_parts: dict[str, str] | None  # the fingerprint's parts (what a resume compares)
+    run_id: str  # the invocation that made it (a line of runs.jsonl)
+    text: str  # the manifest's text
+    prompt_text: str  # the manifest's prompt transcript
+    prompt_audio: str  # the prompt recording's path as resolved
+    mode: str  # zero_shot | cross_lingual | instruct2
+    instruct: str  # the instruction (instruct2)
+    speed: float  # the speaking-rate factor
+    manifest: str  # the manifest as given on the command line
+    shard: str | None  # --shard i/N of the run that made it
+
+
+@dataclass(frozen=True)
+class FileFacts:
+    """The audio file a row's record vouches for, as the writer wrote it."""
+
+    file: str | None  # the audio file relative to the folder (wavs/<id>.wav or .flac); None for a failed row
+    samples: int | None  # samples in the file (a resume checks the file still holds them)
+    sample_rate: int | None  # the file's sample rate
+    audio_format: str | None  # wav | flac
+    encoding: str | None  # pcm16 | pcm24 | float
+    trimmed_lead_seconds: float  # leading silence cut by --trim-silence (0.0 without it)
+    trimmed_trail_seconds: float  # trailing silence cut by --trim-silence (0.0 without it)
+
+
+@dataclass(frozen=True)
+class RowRecord:
+    """One line of ``diagnostics.jsonl``: a row's latest attempt."""
+
+    id: str  # the manifest row's id (the file's stem)
+    line: int  # its 1-based manifest line
+    status: str  # ok | failed
+    reason: str | None  # why it failed: bad_input, exception, no_speech_tokens, empty_after_speed,
+    # nonfinite_audio, no_finite_logits or error; None when ok
+    error: str | None  # "<stage>: <what happened>" for a failed row
+    error_type: str | None  # the exception's class name when a stage raised
+    traceback: str | None  # "see errors.jsonl" when a stage raised something other than a user error
+    seed: int  # the row's seed as used (manifest seed, else derived from --seed and the id)
+    text: str  # the manifest's text
+    prompt_text: str  # the manifest's prompt transcript
+    prompt_audio: str  # the prompt recording's path as resolved
+    mode: str  # zero_shot | cross_lingual | instruct2
+    instruct: str  # the instruction (instruct2)
+    speed: float  # the speaking-rate factor
+    file: str | None  # the audio file relative to the folder (wavs/<id>.wav or .flac); None for a failed row
+    samples: int | None  # samples in that file (a resume checks the file still holds them)
+    sample_rate: int | None  # the file's sample rate
+    audio_format: str | None  # wav | flac
+    encoding: str | None  # pcm16 | pcm24 | float
+    audio_seconds: float  # seconds of audio as the model made it (before --trim-silence)
+    trimmed_lead_seconds: float  # leading silence cut by --trim-silence (0.0 without it)
+    trimmed_trail_seconds: float  # trailing silence cut by --trim-silence (0.0 without it)
+    nonfinite_audio_samples: int  # NaN/inf samples code2wav produced (the row failed, or they were zeroed)
+    stop_reasons: tuple[str, ...]  # the talker's stop reason per text segment
+    tokens: tuple[int, ...]  # speech tokens per segment, after the silent-token filter
+    segments: tuple[SegmentText, ...]  # what the LLM read per segment: text, text_ids, prompt_ids
+    sampler: tuple[SamplerRowDiagnostics, ...]  # the sampler's counters per segment ("The sampler's counters")
+    seconds: dict[str, float]  # wall seconds per stage: frontend, talker, flow, hift
+    fingerprint: str | None  # the row's fingerprint (None: it failed before one could be made)
+    fingerprint_parts: dict[str, str] | None  # the fingerprint's parts (what changed, on a redo)
+    run_id: str | None  # the invocation that made it (its line in runs.jsonl)
+    manifest: str | None  # the manifest as given on the command line
+    shard: str | None  # --shard i/N of the run that made it
+    finished_at: float  # when the record was committed (Unix time); the latest wins across journals
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object written to the journal and ``diagnostics.jsonl``."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["stop_reasons"], out["tokens"] = list(self.stop_reasons), list(self.tokens)
+        out["segments"] = [asdict(s) for s in self.segments]
+        out["sampler"] = [s.to_dict() for s in self.sampler]
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> RowRecord | None:
+        """A record read back (older lines included); None when ``obj`` is not a row record."""
+        rid = obj.get("id")
+        if not isinstance(rid, str):
+            return None
+        values = {f.name: obj.get(f.name, _DEFAULTS.get(f.name)) for f in fields(cls)}
+        if values["file"] is None and obj.get("wav"):  # written before audio formats: the WAV's path
+            values["file"] = obj["wav"]
+        if values["file"] is not None and values["audio_format"] is None:
+            values["audio_format"] = "wav"
+        for name, default in _DEFAULTS.items():
+            if values[name] is None:
+                values[name] = default
+        values["stop_reasons"] = tuple(str(x) for x in values["stop_reasons"])
+        values["tokens"] = tuple(int(x) for x in values["tokens"])
+        values["segments"] = tuple(SegmentText.from_json(x) for x in values["segments"])
+        values["sampler"] = tuple(_sampler(x, rid) for x in values["sampler"] if isinstance(x, dict))
+        return cls(**values)
+
+
+_SAMPLER_FIELDS = frozenset(f.name for f in fields(SamplerRowDiagnostics))
+
+
+def _sampler(obj: Mapping[str, Any], row_id: str) -> SamplerRowDiagnostics:
+    """One segment's sampler counters read back (keys of other versions ignored, missing ones zero)."""
+    known = {k: v for k, v in obj.items() if k in _SAMPLER_FIELDS}
+    known.setdefault("row_id", row_id)
+    known.setdefault("seed", -1)
+    return SamplerRowDiagnostics(**known)
+
+
+# Values a field takes when an older line lacks it (or holds null where a value is required).
+_DEFAULTS: dict[str, Any] = {
+    "line": 0, "status": "failed", "seed": -1, "text": "", "prompt_text": "", "prompt_audio": "",
+    "mode": "zero_shot", "instruct": "", "speed": 1.0, "audio_seconds": 0.0, "trimmed_lead_seconds": 0.0,
+    "trimmed_trail_seconds": 0.0, "nonfinite_audio_samples": 0, "stop_reasons": (), "tokens": (),
+    "segments": (), "sampler": (), "seconds": {}, "finished_at": 0.0,
+}
+
+
+def make_record(result: RowResult, stamp: RowStamp, facts: FileFacts, *,
+                traceback_note: str | None = None) -> RowRecord:
+    """The record of a written row: the engine's result, what made it, and the file on disk."""
+    return RowRecord(
+        id=result.id, line=result.line, status=result.status, reason=result.reason, error=result.error,
+        error_type=result.error_type, traceback=traceback_note if result.traceback else None, seed=result.seed,
+        text=stamp.text, prompt_text=stamp.prompt_text, prompt_audio=stamp.prompt_audio, mode=stamp.mode,
+        instruct=stamp.instruct, speed=stamp.speed, file=facts.file, samples=facts.samples,
+        sample_rate=facts.sample_rate, audio_format=facts.audio_format, encoding=facts.encoding,
+        audio_seconds=result.audio_seconds, trimmed_lead_seconds=facts.trimmed_lead_seconds,
+        trimmed_trail_seconds=facts.trimmed_trail_seconds, nonfinite_audio_samples=result.nonfinite_audio_samples,
+        stop_reasons=result.stop_reasons, tokens=result.tokens, segments=result.segments, sampler=result.sampler,
+        seconds=dict(result.seconds), fingerprint=stamp.fingerprint, fingerprint_parts=stamp.fingerprint_parts,
+        run_id=stamp.run_id, manifest=stamp.manifest, shard=stamp.shard, finished_at=time.time())
+
+
+NO_FILE = FileFacts(file=None, samples=None, sample_rate=None, audio_format=None, encoding=None,
+                    trimmed_lead_seconds=0.0, trimmed_trail_seconds=0.0)

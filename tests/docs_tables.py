@@ -1,0 +1,56 @@
+"""The docs' field tables, generated from the records' dataclasses (the comment beside each field).
+
+``python -m tests.docs_tables`` rewrites every table in place; tests/test_output_docs.py fails when
+a table and its dataclass disagree. A table lives between ``<!-- fields: NAME -->`` and
+``<!-- /fields -->`` in its Markdown file.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from cosyclone.base.fieldtable import field_docs, markdown_table
+from cosyclone.run.account import GraphsRecord, RunRecord
+from cosyclone.run.row_record import RowRecord
+from cosyclone.talker.diagnostics import SamplerRowDiagnostics
+
+ROOT = Path(__file__).resolve().parents[1]
+#: table name -> (the dataclass, the Markdown file that holds its table)
+TABLES: dict[str, tuple[type, Path]] = {
+    "RowRecord": (RowRecord, ROOT / "docs" / "output.md"),
+    "SamplerRowDiagnostics": (SamplerRowDiagnostics, ROOT / "docs" / "output.md"),
+    "RunRecord": (RunRecord, ROOT / "docs" / "output.md"),
+    "GraphsRecord": (GraphsRecord, ROOT / "docs" / "output.md"),
+}
+
+
+def _pattern(name: str) -> re.Pattern[str]:
+    return re.compile(rf"(<!-- fields: {re.escape(name)} -->\n)(.*?)(<!-- /fields -->)", re.S)
+
+
+def expected(name: str) -> str:
+    return markdown_table(field_docs(TABLES[name][0]))
+
+
+def found(name: str) -> str | None:
+    """The table as the docs hold it now (None: the markers are missing)."""
+    m = _pattern(name).search(TABLES[name][1].read_text(encoding="utf-8"))
+    return m.group(2) if m else None
+
+
+def rewrite() -> list[str]:
+    """Every table rewritten from its dataclass; returns the names of the tables that changed."""
+    changed = []
+    for name, (_, path) in TABLES.items():
+        text = path.read_text(encoding="utf-8")
+        new = _pattern(name).sub(lambda m: m.group(1) + expected(name) + m.group(3), text)
+        if new != text:
+            path.write_text(new, encoding="utf-8")
+            changed.append(name)
+    return changed
+
+
+if __name__ == "__main__":
+    print("rewrote:", ", ".join(rewrite()) or "nothing", file=sys.stderr)
