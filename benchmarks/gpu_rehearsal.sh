@@ -10,7 +10,8 @@
 #      it must be on benchmarks/gpu_image_packages.txt;
 #   2. the bundle built by that venv's Python for its own version (.gpu-bundle/pyXY);
 #   3. gpu_check.sh --dry-run with PY=the venv's python: the bundle installed with --no-index
-#      --no-deps --target as on the device, then the five parts to the summary table.
+#      --no-deps --target as on the device, then the five parts to the summary table and RESULT: PASS
+#      (the dry run is the only run that may pass on a CPU: without --dry-run the check says FAIL there).
 # Network: PyPI (pip) for steps 1 and 2 only. REHEARSAL_PY: the base interpreter (default python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."

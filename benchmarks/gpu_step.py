@@ -1,20 +1,27 @@
-"""The Python parts of ``benchmarks/gpu_check.sh``: the machine, ms per decode step (eager vs CUDA
-graphs) and a warm end-to-end run; each prints one ``SUMMARY:`` line for the check's table and
-its figures as one JSON line (appended to ``$GPU_CHECK_FIGURES`` when set).
+"""The Python parts of ``benchmarks/gpu_check.sh``: the machine and ms per decode step (eager vs
+CUDA graphs); the end-to-end part is ``benchmarks/gpu_e2e.py``, the verdicts
+``benchmarks/gpu_verdict.py``. Each prints one ``SUMMARY:`` line for the check's table and its
+figures as one JSON line (appended to ``$GPU_CHECK_FIGURES`` when set).
+
+No silent CPU fallback: ``--device`` is what runs (default ``cuda``), and a ``cuda`` that torch
+cannot reach ends the part within seconds, saying why (a CPU build of torch, no driver, no
+visible device), instead of measuring the CPU under a GPU's name. Only the dry run asks for
+``--device cpu``, and says so in every figure.
 
 Why this decode measure: on a GPU a decode step's cost is its host work (kernel launches), which
 CUDA graphs remove; the weights of the released talker take about 0.15 ms to read on an H200. A
 step is timed as the difference of two ``generate`` calls that decode N1 and N2 steps per row
 (rows run exactly that long: stop ids blocked below N, max length N), so prefill, engine setup and
 the graph captures (one shape: ``kv_bucket=None``, fixed capacity; the same captures in both
-calls) cancel out. Tokens of the two modes are compared too: at the same batch shape the replayed
-graph runs the eager step's kernels, so they must be equal.
+calls) cancel out. Tokens of the two modes are compared too, first (row, step) where they part:
+at the same batch shape the replayed graph runs the eager step's kernels, so they must be equal.
+Row 0 is the same request at every batch size; where its tokens at batch N part from batch 1's is
+printed too, as information (other shapes run other kernels: only rounding is promised there).
 
 Subcommands::
 
-    python -m benchmarks.gpu_step env                                  # GPU, torch, CUDA
+    python -m benchmarks.gpu_step env [--require-cuda]                 # GPU, memory, torch, CUDA
     python -m benchmarks.gpu_step steps [--tiny] [--device cuda] [--dtype bf16] [--batches 1,16,64]
-    python -m benchmarks.gpu_step e2e [--tiny] [--rows 48] [--batch 16]   # warm end-to-end run
     python -m benchmarks.gpu_step manifest OUT.jsonl --rows 16          # rows for a synth run
     python -m benchmarks.gpu_step rtf RUN_FOLDER                        # RTF from the run's summary.json
 
@@ -31,12 +38,13 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from benchmarks.gpu_verdict import decode_verdict, token_difference
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT_TEXT, PROMPT_SPEECH = 77, 50  # assembled prompt: 2 + 77 + 50 = 129 positions
@@ -62,36 +70,77 @@ def emit(part: str, figures: dict[str, Any], summary: str) -> None:
     print(f"SUMMARY: {summary}", flush=True)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _gib(n: float) -> float:
     return round(n / 2**30, 3)
 
 
+#: The environment variables that change what the check measures or may reach, shown in the env log.
+ENV_VARS = ("CUDA_VISIBLE_DEVICES", "CUBLAS_WORKSPACE_CONFIG", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+            "PYTORCH_CUDA_ALLOC_CONF", "OMP_NUM_THREADS")
+
+
+def no_cuda_reason() -> str:
+    """Why torch reaches no CUDA device, in the driver's own words where torch has them."""
+    if not torch.version.cuda and not getattr(torch.version, "hip", None):
+        return f"torch {torch.__version__} is a CPU build (no CUDA in it)"
+    where = f"torch {torch.__version__} (CUDA {torch.version.cuda})"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    hint = f", CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else ""
+    try:
+        torch.cuda.init()
+    except Exception as exc:  # the driver's message: no driver, too old, no device
+        return f"{where} finds no usable GPU{hint}: {str(exc).splitlines()[0][:200]}"
+    return f"{where} sees {torch.cuda.device_count()} devices but is_available() is false{hint}"
+
+
+def require_device(name: str) -> torch.device:
+    """The device asked for, or a clear exit within seconds: the check never measures the CPU in a
+    GPU's place (its figures would carry a GPU's label and a CPU's speed)."""
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        why = f"--device {name}: {no_cuda_reason()}; the check never falls back to the CPU"
+        print(f"SUMMARY: {why}", flush=True)
+        raise SystemExit(3)
+    return dev
+
+
 def env(args: argparse.Namespace) -> None:
-    """What the figures were measured on: GPU, torch, CUDA, and the precision the run will take."""
+    """What the figures were measured on: GPU (name, total and free memory), torch, CUDA, cuDNN,
+    the variables that shape the run, and the precision synth would take. ``--require-cuda``
+    (every run but the dry run): no CUDA device is a failure (exit 3), said in the summary."""
     import platform
 
     from benchmarks.machine import cpu_name
 
     fig: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
                            "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None),
-                           "cpu": cpu_name(), "cores": os.cpu_count(), "cuda_available": torch.cuda.is_available()}
+                           "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+                           "cpu": cpu_name(), "cores": os.cpu_count(), "cuda_available": torch.cuda.is_available(),
+                           "env": {k: os.environ.get(k) for k in ENV_VARS}}
+    problem = None
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        fig.update(gpu=props.name, gpu_memory_gib=_gib(props.total_memory), capability=f"{props.major}.{props.minor}",
-                   multiprocessors=props.multi_processor_count, bf16=torch.cuda.is_bf16_supported(),
-                   cudnn=torch.backends.cudnn.version())
+        free, total = torch.cuda.mem_get_info(0)
+        fig.update(gpu=torch.cuda.get_device_name(0), gpus=torch.cuda.device_count(), gpu_memory_gib=_gib(total),
+                   gpu_free_gib=_gib(free), capability=f"{props.major}.{props.minor}",
+                   multiprocessors=props.multi_processor_count, bf16=torch.cuda.is_bf16_supported())
+    else:
+        problem = no_cuda_reason()
+        fig["no_cuda"] = problem
+    for k, v in fig.items():
+        print(f"  {k}: {v}")
     from cosyclone.base.device import resolve
 
     policy = resolve("auto", "auto", "auto")
     fig.update(run_device=str(policy.device), run_dtype=policy.dtype_name)
-    where = fig.get("gpu") or "no GPU (CPU only)"
-    emit("env", fig, f"{where}; torch {torch.__version__}, CUDA {torch.version.cuda}; synth would run "
-                     f"{policy.dtype_name} on {policy.device}")
+    where = (f"{fig['gpu']}, {fig['gpu_memory_gib']:.1f} GiB ({fig['gpu_free_gib']:.1f} free)" if "gpu" in fig
+             else "no GPU (CPU only)")
+    line = (f"{where}; torch {torch.__version__}, CUDA {torch.version.cuda}; synth would run "
+            f"{policy.dtype_name} on {policy.device}")
+    if problem and args.require_cuda:
+        emit("env", fig, f"NO CUDA: {problem}")
+        raise SystemExit(3)
+    emit("env", fig, line)
 
 
 def device_name(device: torch.device) -> str:
@@ -130,14 +179,16 @@ def _requests(model: Any, batch: int, text_len: int, speech_len: int) -> list[An
 
 
 def _timed(model: Any, reqs: list[Any], steps: int, capacity: int, graphs: str,
-           backend: Any) -> tuple[float, list, bool]:
+           backend: Any, reps: int = 2) -> tuple[float, list, bool]:
+    """The best of ``reps`` decodes of ``steps`` steps per row: seconds, each row's tokens, and
+    whether any step replayed a graph (what ran, not what was asked)."""
     from cosyclone.talker.decode import DecodeOptions, generate
 
     seen: list[Any] = []
     opts = DecodeOptions(max_len_override=steps, min_len_override=steps, kv_bucket=None, capacity=capacity,
                          cuda_graphs=graphs, graph_backend=backend, on_graphs=lambda c, n: seen.append((c, n)))
     best, res = float("inf"), []
-    for _ in range(2):
+    for _ in range(reps):
         if model.device.type == "cuda":
             torch.cuda.synchronize(model.device)
         t0 = time.perf_counter()
@@ -156,7 +207,7 @@ def steps(args: argparse.Namespace) -> dict[str, Any]:
     """ms per decode step at each batch, eager and graphed, on one model; peak memory per batch."""
     from cosyclone.talker.graphs import EagerCapture
 
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = require_device(args.device)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     tiny = bool(args.tiny)
     model = _model(tiny, device, dtype)
@@ -169,6 +220,7 @@ def steps(args: argparse.Namespace) -> dict[str, Any]:
           f"KV capacity {capacity}, on {where}", flush=True)
     out: dict[str, Any] = {"device": where, "ms_per_step": {}}
     cells = []
+    first: list[int] | None = None  # row 0's eager tokens at the first batch (the same request in every batch)
     with torch.inference_mode():
         for b in [int(x) for x in args.batches.split(",")]:
             reqs = _requests(model, b, text_len, speech_len)
@@ -177,13 +229,20 @@ def steps(args: argparse.Namespace) -> dict[str, Any]:
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             for mode in ("off", "auto"):
-                _timed(model, reqs, n1, capacity, mode, backend)  # warm-up (kernels, allocator, cuBLAS)
+                _timed(model, reqs, n1, capacity, mode, backend, reps=1)  # warm-up (kernels, allocator, cuBLAS)
                 t1, _, _ = _timed(model, reqs, n1, capacity, mode, backend)
                 t2, toks[mode], used = _timed(model, reqs, n2, capacity, mode, backend)
                 row["eager" if mode == "off" else "graphs"] = 1e3 * (t2 - t1) / (n2 - n1)
                 if mode == "auto":
                     row["graphs_used"] = used
-            row["tokens_equal"] = toks["off"] == toks["auto"]
+            diff = token_difference(toks["off"], toks["auto"])  # tokens first: the same shape, the same kernels
+            row["tokens_equal"] = diff is None
+            if diff:
+                row["token_difference"] = f"eager vs graphs: {diff}"
+            if first is None:
+                first = toks["off"][0]
+            else:  # information only: another batch shape runs other kernels
+                row["row0_vs_first_batch"] = token_difference([first], [toks["off"][0]]) or "equal"
             if device.type == "cuda":
                 row["peak_allocated_gib"] = _gib(torch.cuda.max_memory_allocated(device))
                 row["peak_reserved_gib"] = _gib(torch.cuda.max_memory_reserved(device))
@@ -193,19 +252,18 @@ def steps(args: argparse.Namespace) -> dict[str, Any]:
             ratio = f"{row['eager'] / row['graphs']:5.2f}x" if min(row["eager"], row["graphs"]) > 0 else "n/a"
             print(f"  batch {b:3d}: eager {row['eager']:8.3f} ms/step, graphs {row['graphs']:8.3f} ms/step "
                   f"({ratio}), graphs used: {row['graphs_used']}, "
-                  f"tokens equal: {row['tokens_equal']}{mem}"
+                  f"tokens equal: {row['tokens_equal'] or row['token_difference']}{mem}"
+                  + (f"; row 0 vs its first batch: {row['row0_vs_first_batch']}" if "row0_vs_first_batch" in row
+                     else "")
                   + ("  [CPU: graphs = EagerCapture stand-in, not a speed figure]" if backend is not None else ""),
                   flush=True)
             cells.append(f"b{b} {row['eager']:.2f}/{row['graphs']:.2f}"
                          + (f" ({row['peak_allocated_gib']:.1f}G)" if "peak_allocated_gib" in row else ""))
-    equal = all(r["tokens_equal"] for r in out["ms_per_step"].values())
-    used = all(r["graphs_used"] for r in out["ms_per_step"].values())
-    emit("decode", out, f"{args.dtype} ms/step eager/graphs: {', '.join(cells)}; tokens equal: {equal}; "
-                        f"graphs used: {used}")
-    if not equal:
-        raise SystemExit("graphs and eager decoded different tokens")
-    if not used:
-        raise SystemExit("graphs were asked for but no step ran as a replay")
+    ok, why = decode_verdict(out, require_graphs=True)
+    emit("decode", out, f"{args.dtype} ms/step eager/graphs: {', '.join(cells)}; "
+                        + ("tokens equal, graphs replayed" if ok else why))
+    if not ok:
+        raise SystemExit(f"decode: {why}")
     return out
 
 
@@ -215,73 +273,6 @@ def _rows(n: int) -> list[dict[str, str]]:
     return [{"id": f"row{i:02d}", "prompt_audio": f"prompts/speaker{i % 3 + 1}.wav",
              "prompt_text": "This is the reference speaker talking.",
              "text": " ".join(words[: 6 + (i * 5) % (len(words) - 6)]).capitalize() + "."} for i in range(n)]
-
-
-def e2e(args: argparse.Namespace) -> dict[str, Any]:
-    """A warm end-to-end run: the model loaded once, one warm-up batch, then ``rows`` rows timed."""
-    from cosyclone.api import CosyClone
-
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    extra: dict[str, Any] = {"batch_size": args.batch}
-    if args.n_timesteps:
-        extra["n_timesteps"] = args.n_timesteps
-    if args.max_tokens:
-        extra["max_tokens"] = args.max_tokens
-    with tempfile.TemporaryDirectory() as tmp:
-        if args.tiny:
-            from cosyclone.engine.tiny import make_tiny_model
-
-            model_dir, load = str(make_tiny_model(Path(tmp) / "model")), "auto"
-        else:
-            model_dir, load = None, "dummy"
-        t0 = time.perf_counter()
-        tts = CosyClone(model_dir, load_format=load, device=device, dtype=args.dtype, **extra)
-        _sync(dev)
-        load_s = time.perf_counter() - t0
-    base = ROOT / "manifests"
-    rows = _rows(args.rows)
-    t0 = time.perf_counter()
-    tts.synthesize_rows(rows[: args.batch], base=base)  # warm-up: kernels, allocator, graph captures
-    _sync(dev)
-    warm_s = time.perf_counter() - t0
-    if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(dev)
-    t0 = time.perf_counter()
-    res = tts.synthesize_rows(rows, base=base)
-    _sync(dev)
-    wall = time.perf_counter() - t0
-    ok = [r for r in res if r.ok]
-    audio = sum(len(r.audio) for r in ok if r.audio is not None) / tts.sample_rate
-    stages: dict[str, float] = {}
-    graph_steps, steps, tokens = 0, 0, 0
-    for r in res:
-        for k, v in (r.diagnostics.get("seconds") or {}).items():
-            stages[k] = stages.get(k, 0.0) + float(v)
-        for seg in r.diagnostics.get("sampler") or []:
-            graph_steps += int(seg.get("graph_steps", 0))
-            steps += int(seg.get("steps", 0))
-        tokens += sum(r.diagnostics.get("tokens") or [])
-    fig: dict[str, Any] = {
-        "device": f"{device_name(dev)} ({dev.type}, {tts.options.dtype}, "
-                  f"{'tiny' if args.tiny else 'full-size dummy'} weights)",
-        "rows": len(res), "ok": len(ok), "batch": args.batch, "load_s": round(load_s, 2), "warmup_s": round(warm_s, 2),
-        "wall_s": round(wall, 3), "audio_s": round(audio, 2), "rtf": round(wall / audio, 4) if audio else None,
-        "rows_per_s": round(len(res) / wall, 3), "speech_tokens": tokens,
-        "stage_seconds": {k: round(v, 3) for k, v in sorted(stages.items())},
-        "graph_steps": graph_steps, "decode_steps": steps, "schedule": tts.options.schedule,
-        "errors": sorted({str(r.error) for r in res if not r.ok})[:3]}
-    if dev.type == "cuda":
-        fig.update(peak_allocated_gib=_gib(torch.cuda.max_memory_allocated(dev)),
-                   peak_reserved_gib=_gib(torch.cuda.max_memory_reserved(dev)))
-    print("stage seconds are the rows' shares summed (stages overlap where code2wav has its own stream)")
-    st = " ".join(f"{k} {v:.1f}s" for k, v in fig["stage_seconds"].items())
-    mem = f", peak {fig['peak_allocated_gib']:.1f} GiB" if "peak_allocated_gib" in fig else ""
-    emit("e2e", fig, f"{len(ok)}/{len(res)} rows at batch {args.batch}: RTF {fig['rtf']}, {fig['rows_per_s']} rows/s"
-                     f"{mem}; {st}; graph steps {graph_steps}/{steps}")
-    if len(ok) != len(res):
-        raise SystemExit(f"{len(res) - len(ok)} rows failed: {fig['errors']}")
-    return fig
 
 
 def manifest(args: argparse.Namespace) -> None:
@@ -308,20 +299,13 @@ def rtf(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("env")
+    p = sub.add_parser("env")
+    p.add_argument("--require-cuda", action="store_true", help="no CUDA device is a failure (exit 3)")
     p = sub.add_parser("steps")
     p.add_argument("--tiny", action="store_true", help="tiny geometry, few steps (CPU-sized check)")
-    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    p.add_argument("--device", default="cuda", help="cuda (default; none reachable: exit 3, never the CPU) | cpu")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
     p.add_argument("--batches", default="1,16,64")
-    p = sub.add_parser("e2e")
-    p.add_argument("--tiny", action="store_true", help="a tiny model directory instead of full-size dummy weights")
-    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-    p.add_argument("--dtype", default="auto", help="auto (bf16 on GPUs with bf16) | bf16 | fp32")
-    p.add_argument("--rows", type=int, default=48)
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--n-timesteps", type=int, default=None, help="flow Euler steps (default: the model's)")
-    p.add_argument("--max-tokens", type=int, default=None, help="cap on speech tokens per segment")
     p = sub.add_parser("manifest")
     p.add_argument("out")
     p.add_argument("--rows", type=int, default=16)
@@ -329,7 +313,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("folder")
     args = ap.parse_args(argv)
     _deadline()
-    {"env": env, "steps": steps, "e2e": e2e, "manifest": manifest, "rtf": rtf}[args.cmd](args)
+    {"env": env, "steps": steps, "manifest": manifest, "rtf": rtf}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,8 @@ def rewrite() -> list[str]:
     changed = []
     for name, (_, path) in TABLES.items():
         text = path.read_text(encoding="utf-8")
-        new = _pattern(name).sub(lambda m: m.group(1) + expected(name) + m.group(3), text)
+        table = expected(name)
+        new = _pattern(name).sub(lambda m, t=table: m.group(1) + t + m.group(3), text)
         if new != text:
             path.write_text(new, encoding="utf-8")
             changed.append(name)

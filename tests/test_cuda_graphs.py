@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+from benchmarks.gpu_verdict import token_difference
 from cosyclone.talker.decode import DecodeOptions, generate
 from cosyclone.talker.graphs import (
     EagerCapture,
@@ -167,6 +168,8 @@ def test_cuda_graph_tokens_equal_eager_on_cuda(dtype: torch.dtype) -> None:
     (choice, captured), = seen_g
     assert choice.enabled, choice.reason
     assert captured >= 2
+    diff = token_difference([r[1] for r in eager], [r[1] for r in graphed], names=[r[0] for r in eager])
+    assert diff is None, f"graphs vs eager: {diff}"  # tokens first: where they part is the finding
     assert graphed == eager  # the same shapes both ways: a replay runs the eager step's own kernels
     eager_steps, graph_steps = GRAPH_STEPS[-2:]
     assert eager_steps == [0] * 9 and sum(graph_steps) > 0, graph_steps  # graphs really ran
@@ -218,23 +221,25 @@ def test_batch_shapes_agree_up_to_near_ties_on_cuda() -> None:
 @pytest.mark.gpu
 def test_synth_on_cuda_records_graphs_on_and_matches_off(tiny_model_dir: Any, tmp_path: Any) -> None:
     """The real CLI on CUDA: ``--cuda-graphs auto`` resolves to on (recorded in summary.json) and
-    writes the tokens and WAV bytes ``--cuda-graphs off`` writes."""
+    writes the tokens and WAV bytes ``--cuda-graphs off`` writes (token ids compared first)."""
     import json
 
     from typer.testing import CliRunner
 
     from cosyclone.cli import app
     from tests.e2e.test_batch_invariance import _manifest
-    from tests.e2e.test_cli import diags
+    from tests.e2e.test_cli import diags, wav_bytes
+    from tests.run_tokens import run_difference, talker_tokens
 
     assert resolve_cuda_graphs("auto", "cuda").enabled
     manifest = _manifest(tmp_path)
     runs = {}
     for mode in ("off", "auto"):
         out = tmp_path / mode
-        res = CliRunner().invoke(app, ["synth", str(manifest), "--model-dir", str(tiny_model_dir), "--out", str(out),
-                                       "--device", "cuda", "--dtype", "fp32", "--n-timesteps", "2",
-                                       "--cuda-graphs", mode])
+        with talker_tokens() as tokens:
+            res = CliRunner().invoke(app, ["synth", str(manifest), "--model-dir", str(tiny_model_dir), "--out",
+                                           str(out), "--device", "cuda", "--dtype", "fp32", "--n-timesteps", "2",
+                                           "--cuda-graphs", mode])
         assert res.exit_code == 0, res.output
         summary = json.loads((out / "summary.json").read_text())
         assert summary["last_run"]["options"]["cuda_graphs"] == ("on" if mode == "auto" else "off")
@@ -243,9 +248,9 @@ def test_synth_on_cuda_records_graphs_on_and_matches_off(tiny_model_dir: Any, tm
         graphs = summary["last_run"]["cuda_graphs"]  # the run's own account agrees with its rows
         assert graphs["used"] is (mode == "auto") and graphs["graph_steps"] == sum(replayed)
         assert graphs["capture_errors"] == []
-        runs[mode] = ({k: d["tokens"] for k, d in diags(out).items()},
-                      {p.name: p.read_bytes() for p in sorted((out / "wavs").glob("*.wav"))})
-    assert runs["auto"] == runs["off"]
+        runs[mode] = (tokens, wav_bytes(out))
+    diff = run_difference(runs["off"], runs["auto"])
+    assert diff is None, f"--cuda-graphs auto vs off: {diff}"
 
 
 def test_cuda_capture_protocol_with_fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
