@@ -1,4 +1,4 @@
-"""The ``cosyclone`` command: synth, say, validate, eval, make-tiny-model, inspect.
+"""The ``cosyclone`` command: synth, say, validate, eval, report, export, make-tiny-model, inspect.
 
 Exit codes: 0 = every row done; 3 = some rows failed or were rejected by validation (the others
 were produced); 2 = unusable input (manifest or model directory unreadable, bad options);
@@ -25,6 +25,7 @@ from .cli_options import with_options
 from .errors import CosycloneError
 from .eval.command import eval_command
 from .options import MODEL, OUTPUT, SAMPLING, SAY, SYNTH
+from .run.export_command import export_command
 
 EXIT_OK, EXIT_USAGE, EXIT_ROWS_FAILED = 0, 2, 3
 MODEL_DIR_ENV = "COSYCLONE_MODEL_DIR"  # the default --model-dir of synth and say
@@ -335,6 +336,7 @@ def report(
 
 
 app.command("eval")(eval_command)  # cosyclone/eval/command.py (models from the optional eval extra)
+app.command("export")(export_command)  # cosyclone/run/export_command.py (shards of a run folder)
 
 
 @app.command("make-tiny-model")

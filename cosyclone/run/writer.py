@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import queue
-import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ import numpy as np
 
 from ..engine.outcome import RowRecord
 from . import folder as runfolder
+from .audio_out import encode_wav  # noqa: F401  (moved to audio_out with PCM24 and FLAC; this name stays)
 
 SAMPLE_RATE = 24000
 SUMMARY_NAME = "summary.json"
@@ -41,31 +41,6 @@ class WriterOptions:
 
 
 wav_path = runfolder.wav_path  # one definition of where a row's WAV lies
-
-
-def encode_wav(wav: np.ndarray, *, sample_rate: int, float_wav: bool) -> bytes:
-    """The WAV file's bytes: mono PCM16 (``round(x * 32767)``) or IEEE float32, samples clipped to [-1, 1].
-
-    Written here rather than by libsndfile because its float files carry a PEAK chunk with the
-    time of writing, so the same audio gave different bytes on every run. A non-finite sample is
-    refused, never silently zeroed: the pipeline decides what NaN/inf audio means
-    (``--nonfinite-audio``) and counts it per row.
-    """
-    data = np.asarray(wav, dtype=np.float32).reshape(-1)
-    if not np.isfinite(data).all():
-        raise ValueError(f"{int((~np.isfinite(data)).sum())} non-finite samples reached the writer "
-                         "(the pipeline fails such rows or zeroes them under --nonfinite-audio zero)")
-    data = np.clip(data, -1.0, 1.0)
-    if float_wav:
-        body, fmt_tag, width = data.astype("<f4").tobytes(), 3, 4  # WAVE_FORMAT_IEEE_FLOAT
-        fmt = struct.pack("<HHIIHHH", fmt_tag, 1, sample_rate, sample_rate * width, width, 8 * width, 0)
-        extra = b"fact" + struct.pack("<II", 4, data.size)  # non-PCM formats carry a fact chunk
-    else:
-        body, fmt_tag, width = np.rint(data * 32767.0).astype("<i2").tobytes(), 1, 2  # WAVE_FORMAT_PCM
-        fmt = struct.pack("<HHIIHH", fmt_tag, 1, sample_rate, sample_rate * width, width, 8 * width)
-        extra = b""
-    chunks = b"fmt " + struct.pack("<I", len(fmt)) + fmt + extra + b"data" + struct.pack("<I", len(body)) + body
-    return b"RIFF" + struct.pack("<I", 4 + len(chunks)) + b"WAVE" + chunks
 
 
 def write_wav_atomic(path: Path, wav: np.ndarray, *, sample_rate: int, float_wav: bool) -> None:
