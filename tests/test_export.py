@@ -267,3 +267,19 @@ def test_the_folder_still_loads_as_an_audiofolder_beside_its_exports(run_folder:
     ds = datasets.load_dataset("audiofolder", data_dir=str(run_folder), split="train")
     listed = [json.loads(x)["id"] for x in (run_folder / "metadata.jsonl").read_text().splitlines()]
     assert ds["id"] == listed and len(listed) == 7  # metadata.jsonl's rows, no shard taken for a split
+
+
+def test_tar_members_have_fixed_headers_and_long_ids_survive(tmp_path: Path) -> None:
+    import tarfile
+
+    out = tmp_path / "out"
+    long_id = "é" * 100  # 200 bytes: the longest id a manifest takes; its key is 600 characters (a PAX header)
+    write_rows(out, [(long_id, 1, "ok"), ("short", 2, "ok")])
+    summary = export(out, fmt="webdataset")
+    with tarfile.open(summary.shards[0].path) as tar:
+        members = tar.getmembers()
+    assert [m.name for m in members] == [f"{wds_key(long_id)}.wav", f"{wds_key(long_id)}.json", "short.wav",
+                                        "short.json"]
+    assert {(m.mtime, m.uid, m.gid, m.uname, m.gname, m.mode) for m in members} == {(0, 0, 0, "", "", 0o644)}
+    assert summary.shards[0].bytes % tarfile.RECORDSIZE == 0
+    assert [json.loads(s["json"])["id"] for s in read_tars(summary.to_dir)] == [long_id, "short"]

@@ -20,6 +20,7 @@ given to eval; ``only_passed`` exports those rows alone.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import re
@@ -32,7 +33,7 @@ from ..errors import CosycloneError
 from . import export_shards as shards
 from . import folder as runfolder
 from .audio_out import MODEL_RATE, record_audio_path
-from .export_index import EvalIndex, RecordIndex
+from .export_index import EVAL_NAME, EvalIndex, RecordIndex
 from .export_shards import ExportFormat, ExportRow, ShardInfo
 
 EXPORT_DIR = "export"  # OUT/export/<format>/: the default target
@@ -193,7 +194,19 @@ def export(out_dir: Path | str, *, fmt: ExportFormat = "parquet", shard_size_byt
         raise CosycloneError(f"--shard-size must be at least 1 byte, not {shard_size_bytes!r}")
     if not out_dir.is_dir():
         raise CosycloneError(f"{out_dir}: run folder not found")
-    index = RecordIndex(out_dir)
+    with contextlib.ExitStack() as stack:
+        index = RecordIndex(out_dir)
+        stack.callback(index.close)
+        evals = EvalIndex(out_dir) if (out_dir / EVAL_NAME).is_file() else None
+        if evals is not None:
+            stack.callback(evals.close)
+        return _export(out_dir, index, evals, fmt=fmt, shard_size_bytes=shard_size_bytes, to_dir=to_dir,
+                       only_passed=only_passed, log=log)
+
+
+def _export(out_dir: Path, index: RecordIndex, evals: EvalIndex | None, *, fmt: ExportFormat,
+            shard_size_bytes: int, to_dir: Path | None, only_passed: bool,
+            log: Callable[[str], None]) -> ExportSummary:
     if index.lines_read == 0:
         raise CosycloneError(f"{out_dir}: not a run folder (no records in {runfolder.DIAG_NAME} or a journal)")
     rates = index.rates()
@@ -201,7 +214,6 @@ def export(out_dir: Path | str, *, fmt: ExportFormat = "parquet", shard_size_byt
         found = ", ".join(f"{r} Hz: {n} row{'' if n == 1 else 's'}" for r, n in sorted(rates.items()))
         raise CosycloneError(f"{out_dir} holds rows at several sample rates ({found}): a run at another "
                              "--sample-rate has not redone them all; finish it (rerun synth) before exporting")
-    evals = EvalIndex(out_dir) if (out_dir / "eval.jsonl").is_file() else None
     if only_passed and evals is None:
         raise CosycloneError(f"--only-passed keeps the rows eval passed, and {out_dir} has no eval.jsonl: "
                              "run cosyclone eval first")
@@ -226,9 +238,6 @@ def export(out_dir: Path | str, *, fmt: ExportFormat = "parquet", shard_size_byt
     except BaseException:
         writer.abandon()  # an interrupted export leaves whole shards only, no temporary
         raise
-    finally:
-        if evals is not None:
-            evals.close()
     if not written:
         log(f"no rows to export: no shard written in {target}")
     return ExportSummary(format=fmt, to_dir=target, sample_rate=rate if rows else None, rows=rows,

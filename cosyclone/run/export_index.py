@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from array import array
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,51 +39,51 @@ def id_hash(row_id: str) -> tuple[int, int]:
     return int.from_bytes(digest[:8], "little"), int.from_bytes(digest[8:], "little")
 
 
-def iter_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(byte offset, object) of each JSON-object line of ``path``, streamed; torn lines skipped."""
-    try:
-        fh = open(path, "rb")  # noqa: SIM115 (closed below; a missing file is no source)
-    except FileNotFoundError:
-        return
-    with fh:
-        offset = 0
-        for raw in fh:
-            here, offset = offset, offset + len(raw)
-            try:
-                obj = json.loads(raw.decode("utf-8", errors="replace"))
-            except json.JSONDecodeError:
-                continue
-            if isinstance(obj, dict):
-                yield here, obj
+def open_sources(paths: list[Path]) -> list[BinaryIO]:
+    """The files of ``paths`` that exist, opened once for both passes.
+
+    Held open so that a run finishing meanwhile cannot pull a record from under an export: its
+    compaction renames a new ``diagnostics.jsonl`` over the old and unlinks its journal, and the
+    open files still read the bytes the index was made from (journals are only appended to).
+    """
+    files: list[BinaryIO] = []
+    for path in paths:
+        try:
+            files.append(open(path, "rb"))  # noqa: SIM115 (closed by the index's close())
+        except FileNotFoundError:
+            continue
+    return files
+
+
+def iter_lines(fh: BinaryIO) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(byte offset, object) of each JSON-object line of an open file, streamed; torn lines skipped."""
+    fh.seek(0)
+    offset = 0
+    for raw in fh:
+        here, offset = offset, offset + len(raw)
+        try:
+            obj = json.loads(raw.decode("utf-8", errors="replace"))
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            yield here, obj
 
 
 def _number(value: Any, default: float) -> float:
+    """``value`` as a finite float, else ``default`` (a record is data: it may say anything)."""
     try:
-        return float(value)
+        x = float(value)
     except (TypeError, ValueError):
         return default
+    return x if math.isfinite(x) else default
 
 
-class LineReader:
-    """Reads one JSON line back at a known offset, keeping each source open once."""
-
-    def __init__(self, paths: list[Path]) -> None:
-        self.paths = paths
-        self._open: dict[int, BinaryIO] = {}
-
-    def read(self, source: int, offset: int) -> dict[str, Any]:
-        fh = self._open.get(source)
-        if fh is None:
-            fh = self._open[source] = open(self.paths[source], "rb")  # noqa: SIM115 (closed in close())
-        fh.seek(offset)
-        obj = json.loads(fh.readline().decode("utf-8", errors="replace"))
-        assert isinstance(obj, dict)
-        return obj
-
-    def close(self) -> None:
-        for fh in self._open.values():
-            fh.close()
-        self._open.clear()
+def read_at(fh: BinaryIO, offset: int) -> dict[str, Any]:
+    """The JSON object of the line at ``offset`` (indexed before, so it parses)."""
+    fh.seek(offset)
+    obj = json.loads(fh.readline().decode("utf-8", errors="replace"))
+    assert isinstance(obj, dict)
+    return obj
 
 
 class RecordIndex:
@@ -90,11 +91,12 @@ class RecordIndex:
 
     def __init__(self, out_dir: Path) -> None:
         out_dir = Path(out_dir)
-        self.paths = [out_dir / runfolder.DIAG_NAME, *sorted(runfolder.state_dir(out_dir).glob("journal-*.jsonl"))]
+        self.files = open_sources([out_dir / runfolder.DIAG_NAME,
+                                   *sorted(runfolder.state_dir(out_dir).glob("journal-*.jsonl"))])
         hi, lo, src, off, line = array("Q"), array("Q"), array("H"), array("q"), array("q")
         finished, rate = array("d"), array("i")  # rate 0: the line is not an ok record
-        for s, path in enumerate(self.paths):
-            for offset, obj in iter_lines(path):
+        for s, fh in enumerate(self.files):
+            for offset, obj in iter_lines(fh):
                 rid = obj.get("id")
                 if not isinstance(rid, str):
                     continue
@@ -134,23 +136,24 @@ class RecordIndex:
 
     def records(self) -> Iterator[dict[str, Any]]:
         """The current ``ok`` records, manifest order, read one at a time."""
-        reader = LineReader(self.paths)
-        try:
-            for s, o in zip(self.source.tolist(), self.offset.tolist(), strict=True):
-                yield reader.read(s, o)
-        finally:
-            reader.close()
+        for start in range(0, self.offset.size, 4096):  # Python ints a chunk at a time, not a list per row
+            chunk = slice(start, start + 4096)
+            for s, o in zip(self.source[chunk].tolist(), self.offset[chunk].tolist(), strict=True):
+                yield read_at(self.files[s], o)
+
+    def close(self) -> None:
+        for fh in self.files:
+            fh.close()
 
 
 class EvalIndex:
     """``eval.jsonl`` by id hash (the last line of an id wins), and the speaker backends it scored."""
 
     def __init__(self, out_dir: Path) -> None:
-        self.path = Path(out_dir) / EVAL_NAME
-        self.exists = self.path.is_file()
+        self.files = open_sources([Path(out_dir) / EVAL_NAME])
         hi, lo, off = array("Q"), array("Q"), array("q")
         backends: set[str] = set()
-        for offset, obj in iter_lines(self.path):
+        for offset, obj in (pair for fh in self.files for pair in iter_lines(fh)):
             rid = obj.get("id")
             if not isinstance(rid, str):
                 continue
@@ -169,7 +172,6 @@ class EvalIndex:
         keep = order[last]
         self._hi, self._lo = h_hi[keep].copy(), h_lo[keep].copy()
         self._off = np.frombuffer(off, np.int64)[keep].copy()
-        self._reader = LineReader([self.path])
 
     def get(self, row_id: str) -> dict[str, Any] | None:
         """The row's eval record, None when eval wrote none for it."""
@@ -177,9 +179,10 @@ class EvalIndex:
         i = int(np.searchsorted(self._hi, np.uint64(h_hi)))
         while i < self._hi.size and int(self._hi[i]) == h_hi:
             if int(self._lo[i]) == h_lo:
-                return self._reader.read(0, int(self._off[i]))
+                return read_at(self.files[0], int(self._off[i]))
             i += 1
         return None
 
     def close(self) -> None:
-        self._reader.close()
+        for fh in self.files:
+            fh.close()

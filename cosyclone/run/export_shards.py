@@ -10,7 +10,8 @@ run folder, which ``load_dataset("audiofolder", data_dir=OUT)`` must keep readin
 Parquet: an ``audio`` column of struct {bytes, path} (the file as the folder holds it, and its
 name) plus the scalar columns, in row groups of 100 rows (what ``datasets`` itself writes for
 audio, so the Hub's viewer and streaming read a row group cheaply), snappy-compressed, statistics
-for the scalar columns only (the audio bytes' min/max would bloat the footer). The schema carries
+and dictionary encoding for the scalar columns only (the audio bytes' min/max would bloat the
+footer, and no two rows' audio are alike). The schema carries
 the ``huggingface`` metadata ``datasets`` reads its features from: ``Audio(sampling_rate=R)``,
 ``Value``s and a ``Sequence`` for the list of failed eval checks.
 
@@ -24,7 +25,6 @@ no user names, mode 0644, PAX for names over 100 bytes), so the same rows give t
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import re
@@ -41,7 +41,7 @@ ExportFormat = Literal["parquet", "webdataset"]
 EXTENSIONS: dict[str, str] = {"parquet": ".parquet", "webdataset": ".tar"}
 SHARD_PREFIX = "data"
 ROW_GROUP_ROWS = 100  # rows per Parquet row group (datasets' own choice for audio)
-ROW_GROUP_BYTES = 64 * 2**20  # ... or fewer, when their audio passes this: the buffer's bound
+ROW_GROUP_BYTES = 32 * 2**20  # ... or fewer, when their audio passes this: the buffer's bound
 _KEY_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 
 # Column name -> (arrow type name, datasets feature); the order is the Parquet column order.
@@ -106,14 +106,17 @@ def clear_shards(to_dir: Path, fmt: ExportFormat) -> list[Path]:
     shard = re.compile(rf"^{SHARD_PREFIX}-\d{{5,}}{ext}$")
     temp = re.compile(rf"^\.{SHARD_PREFIX}-\d{{5,}}{ext}\.(.+)\.(\d+)\.tmp$")
     removed = []
-    for path in sorted(to_dir.iterdir()) if to_dir.is_dir() else []:
-        m = temp.match(path.name)
-        stale = m is not None and m.group(1) == socket.gethostname() and not runfolder.pid_alive(int(m.group(2)))
-        if shard.match(path.name) or stale:
-            path.unlink()
-            removed.append(path)
-    if removed:
-        runfolder.fsync_dir(to_dir)
+    try:
+        for path in sorted(to_dir.iterdir()) if to_dir.is_dir() else []:
+            m = temp.match(path.name)
+            stale = m is not None and m.group(1) == socket.gethostname() and not runfolder.pid_alive(int(m.group(2)))
+            if shard.match(path.name) or stale:
+                path.unlink()
+                removed.append(path)
+        if removed:
+            runfolder.fsync_dir(to_dir)
+    except OSError as exc:
+        raise runfolder.OutputFolderError(f"cannot remove the earlier shards in {to_dir}: {exc.strerror or exc}") from exc
     return removed
 
 
@@ -146,7 +149,8 @@ class ParquetShard:
         self.path, self.cols, self.rows = path, cols, 0
         self.schema = parquet_schema(sample_rate, cols)
         leaves = [f"{n}.list.element" if t.startswith("list") else n for n, t in cols]
-        self._writer = pq.ParquetWriter(str(path), self.schema, compression="snappy", write_statistics=leaves)
+        self._writer = pq.ParquetWriter(str(path), self.schema, compression="snappy", write_statistics=leaves,
+                                        use_dictionary=leaves)
         self._buffer: list[ExportRow] = []
         self._buffered = 0
 
@@ -162,10 +166,11 @@ class ParquetShard:
 
         if not self._buffer:
             return
-        data: dict[str, list[Any]] = {"audio": [{"bytes": r.audio, "path": r.audio_name} for r in self._buffer]}
-        for name, _ in self.cols:
-            data[name] = [r.columns.get(name) for r in self._buffer]
-        self._writer.write_table(pa.Table.from_pydict(data, schema=self.schema), row_group_size=ROW_GROUP_ROWS)
+        audio = pa.StructArray.from_arrays(  # built from flat arrays: converting dicts costs several times more
+            [pa.array([r.audio for r in self._buffer], pa.binary()),
+             pa.array([r.audio_name for r in self._buffer], pa.string())], names=["bytes", "path"])
+        arrays = [audio, *(pa.array([r.columns.get(n) for r in self._buffer], _arrow_type(t)) for n, t in self.cols)]
+        self._writer.write_table(pa.Table.from_arrays(arrays, schema=self.schema), row_group_size=ROW_GROUP_ROWS)
         self._buffer, self._buffered = [], 0
 
     def size_with(self, row: ExportRow) -> int:
@@ -205,40 +210,43 @@ def parquet_schema(sample_rate: int, cols: list[tuple[str, str]]) -> Any:
 
 
 class TarShard:
-    """A WebDataset tar: ``<key><suffix>`` and ``<key>.json`` per row, fixed headers."""
+    """A WebDataset tar: ``<key><suffix>`` and ``<key>.json`` per row, fixed headers.
+
+    Written block by block (``TarInfo.tobuf`` headers, 512-byte padding, the two end blocks and
+    the padding to tarfile's 10240-byte records) rather than through ``tarfile.TarFile``, which
+    keeps every member's TarInfo for the life of the archive: memory that grew with the shard.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path, self.rows = path, 0
         self._fh = open(path, "wb")  # noqa: SIM115 (closed in close())
-        self._tar = tarfile.open(fileobj=self._fh, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115
-
-    def _member(self, name: str, data: bytes) -> None:
-        info = tarfile.TarInfo(name)
-        info.size, info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = len(data), 0, 0o644, 0, 0, "", ""
-        self._tar.addfile(info, io.BytesIO(data))
 
     @staticmethod
-    def _members(row: ExportRow) -> list[tuple[str, bytes]]:
+    def _members(row: ExportRow) -> list[bytes]:
+        """The row's two members as header, data and padding, each a multiple of 512 bytes."""
         key = wds_key(row.row_id)
         meta = json.dumps({**row.columns, "sample_rate": row.sample_rate}, ensure_ascii=False, sort_keys=True)
-        return [(key + row.suffix, row.audio), (key + ".json", meta.encode())]
+        out = []
+        for name, data in ((key + row.suffix, row.audio), (key + ".json", meta.encode())):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = len(data), 0, 0o644, 0, 0, "", ""
+            header = info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+            out += [header, data, b"\0" * (-len(data) % tarfile.BLOCKSIZE)]
+        return out
 
     def add(self, row: ExportRow) -> None:
-        for name, data in self._members(row):
-            self._member(name, data)
+        for part in self._members(row):
+            self._fh.write(part)
         self.rows += 1
 
     def size_with(self, row: ExportRow) -> int:
-        """The tar's exact size once closed with ``row`` (headers, 512-byte blocks, the end blocks and
-        the padding to tarfile's 10240-byte records); a PAX header for a long name counted as 1024."""
-        size = self._fh.tell()
-        for name, data in self._members(row):
-            size += tarfile.BLOCKSIZE * (1 + 2 * (len(name) > 100)) + -(-len(data) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
-        size += 2 * tarfile.BLOCKSIZE
+        """The tar's exact size once closed with ``row`` added."""
+        size = self._fh.tell() + sum(len(p) for p in self._members(row)) + 2 * tarfile.BLOCKSIZE
         return -(-size // tarfile.RECORDSIZE) * tarfile.RECORDSIZE
 
     def close(self) -> None:
-        self._tar.close()
+        end = self._fh.tell() + 2 * tarfile.BLOCKSIZE
+        self._fh.write(b"\0" * (2 * tarfile.BLOCKSIZE + -end % tarfile.RECORDSIZE))
         self._fh.flush()
         os.fsync(self._fh.fileno())
         self._fh.close()
