@@ -9,8 +9,10 @@ compacted ``diagnostics.jsonl`` whose records have a real run's fields and size 
 export runs as the real CLI in a child process; printed per folder and format: rows, seconds, the
 child's peak RSS (``wait4``'s ``ru_maxrss``: the process's own high-water mark, reaped once) and the
 shards written, then the ratio of the 20,000-row peak to the 2,000-row one. Export holds one row's
-file and one Parquet row group (100 rows) at a time and 46 bytes of index a record, so the ratio
-should stay near 1: what grows with the folder is the index, under 1 MB at 20,000 rows.
+file and one Parquet row group (100 rows) at a time; what grows is the index (46 bytes a record
+line, under 1 MB at 20,000 rows) and an open Parquet shard's footer (a few hundred bytes a row
+group), so the ratio should stay near 1. The first line is the floor: a process that only
+imports what the Parquet path imports (pyarrow's first conversion adds about 50 MB more).
 """
 
 from __future__ import annotations

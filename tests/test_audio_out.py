@@ -234,3 +234,11 @@ def test_a_records_file_gives_only_the_suffix_of_its_audio_path(tmp_path: Path) 
     assert record_audio_path(tmp_path, {"id": "a", "wav": "wavs/a.wav"}) == tmp_path / "wavs" / "a.wav"
     assert record_audio_path(tmp_path, {"id": "a", "file": "../../etc/passwd"}) == tmp_path / "wavs" / "a.wav"
     assert record_audio_path(tmp_path, {"id": "a", "wav": None}) == tmp_path / "wavs" / "a.wav"
+
+
+def test_the_default_output_keeps_the_fingerprints_folders_already_have() -> None:
+    assert AudioOutput().fingerprint_values() == {"float_wav": False}  # what runs always put into "options"
+    assert AudioOutput(encoding="float").fingerprint_values() == {"float_wav": True}
+    changed = AudioOutput(sample_rate=16000, format="flac", encoding="pcm24", trim_silence=True)
+    assert changed.fingerprint_values() == {"float_wav": False, "sample_rate": 16000, "audio_format": "flac",
+                                            "audio_encoding": "pcm24", "trim_silence": True}

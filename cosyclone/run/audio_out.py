@@ -69,6 +69,21 @@ class AudioOutput:
         """True for the output cosyclone always wrote (24 kHz PCM16 WAV, untrimmed)."""
         return self == AudioOutput()
 
+    def fingerprint_values(self) -> dict[str, Any]:
+        """This output's entries in a row fingerprint's ``options`` part.
+
+        ``float_wav`` as runs have always recorded it, and each other field only where it differs from
+        the default: a folder written before these options keeps its fingerprints (no row redone by an
+        upgrade), while a rerun at another rate, format, encoding or trim redoes every row.
+        """
+        values: dict[str, Any] = {"float_wav": self.encoding == "float"}
+        for key, value, default in (("sample_rate", self.sample_rate, MODEL_RATE), ("audio_format", self.format, "wav"),
+                                    ("audio_encoding", self.encoding if self.encoding == "pcm24" else "pcm16", "pcm16"),
+                                    ("trim_silence", self.trim_silence, False)):
+            if value != default:
+                values[key] = value
+        return values
+
     @classmethod
     def from_float_wav(cls, float_wav: bool, **fields: Any) -> AudioOutput:
         """The output ``--float-wav`` asks for: float WAV when set (``--audio-encoding float``)."""

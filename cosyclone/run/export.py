@@ -44,7 +44,7 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?(b?)\s*$", re.IGNORECASE)
 
 # Why a row with a record was not exported (ExportSummary.skipped)
 FAILED = "failed"  # its current record does not say ok
-AUDIO_MISSING = "audio_missing"  # ok, but its audio file is not there
+AUDIO_MISSING = "audio_missing"  # ok, but its audio file is not there (or cannot be read)
 AUDIO_MISMATCH = "audio_mismatch"  # the file is unreadable or holds other samples or another rate than recorded
 NOT_PASSED = "not_passed"  # only_passed, and eval did not pass this very file
 
@@ -146,12 +146,13 @@ def iter_rows(out_dir: Path, index: RecordIndex, evals: EvalIndex | None, *, onl
         path = record_audio_path(out_dir, rec)
         try:
             data = path.read_bytes()
-        except (FileNotFoundError, IsADirectoryError):
+        except OSError:  # not there (or not readable): the row is not done
             skipped[AUDIO_MISSING] += 1
             continue
         facts = _audio_facts(data)
-        samples, rate = rec.get("samples"), int(rec.get("sample_rate") or MODEL_RATE)
-        if facts is None or facts[1] != rate or (samples is not None and int(samples) != facts[0]):
+        rate = _int(rec.get("sample_rate")) or MODEL_RATE  # records before --sample-rate were all 24 kHz
+        samples = rec.get("samples", facts[0] if facts else None)  # records without a count: the file's
+        if facts is None or facts[1] != rate or _int(samples) != facts[0]:
             skipped[AUDIO_MISMATCH] += 1
             continue
         cols = _base_columns(rec, facts[0] / float(rate))

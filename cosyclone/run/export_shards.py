@@ -9,11 +9,12 @@ run folder, which ``load_dataset("audiofolder", data_dir=OUT)`` must keep readin
 
 Parquet: an ``audio`` column of struct {bytes, path} (the file as the folder holds it, and its
 name) plus the scalar columns, in row groups of 100 rows (what ``datasets`` itself writes for
-audio, so the Hub's viewer and streaming read a row group cheaply), snappy-compressed, statistics
-and dictionary encoding for the scalar columns only (the audio bytes' min/max would bloat the
-footer, and no two rows' audio are alike). The schema carries
-the ``huggingface`` metadata ``datasets`` reads its features from: ``Audio(sampling_rate=R)``,
-``Value``s and a ``Sequence`` for the list of failed eval checks.
+audio, so the Hub's viewer and streaming read a row group cheaply), snappy-compressed. Dictionary
+encoding for the scalar columns only (no two rows' audio are alike) and min/max statistics only for
+those a reader filters on (id, mode, seed, duration, eval verdicts): the footer, held in memory
+until a shard closes, keeps a few hundred bytes per row group, not the audio's or the texts' ends.
+The schema carries the ``huggingface`` metadata ``datasets`` reads its features from:
+``Audio(sampling_rate=R)``, ``Value``s and a ``Sequence`` for the list of failed eval checks.
 
 WebDataset: per row ``<key>.wav`` (or ``.flac``) and ``<key>.json`` (the same columns, plus
 ``sample_rate``). A key is the id with every byte outside ``[A-Za-z0-9_-]`` written ``%XX``:
@@ -42,6 +43,8 @@ EXTENSIONS: dict[str, str] = {"parquet": ".parquet", "webdataset": ".tar"}
 SHARD_PREFIX = "data"
 ROW_GROUP_ROWS = 100  # rows per Parquet row group (datasets' own choice for audio)
 ROW_GROUP_BYTES = 32 * 2**20  # ... or fewer, when their audio passes this: the buffer's bound
+# Columns of free text: no min/max statistics (a row group's longest texts, kept in the footer, filter nothing)
+FREE_TEXT = frozenset({"text", "prompt_text", "prompt_audio", "instruct", "eval_transcript"})
 _KEY_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 
 # Column name -> (arrow type name, datasets feature); the order is the Parquet column order.
@@ -149,7 +152,8 @@ class ParquetShard:
         self.path, self.cols, self.rows = path, cols, 0
         self.schema = parquet_schema(sample_rate, cols)
         leaves = [f"{n}.list.element" if t.startswith("list") else n for n, t in cols]
-        self._writer = pq.ParquetWriter(str(path), self.schema, compression="snappy", write_statistics=leaves,
+        stats = [n for n in leaves if n not in FREE_TEXT]
+        self._writer = pq.ParquetWriter(str(path), self.schema, compression="snappy", write_statistics=stats,
                                         use_dictionary=leaves)
         self._buffer: list[ExportRow] = []
         self._buffered = 0
