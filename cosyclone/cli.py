@@ -1,4 +1,4 @@
-"""The ``cosyclone`` command: synth, say, validate, eval, make-tiny-model, inspect.
+"""The ``cosyclone`` command: synth, say, validate, eval, report, export, make-tiny-model, inspect.
 
 Exit codes: 0 = every row done; 3 = some rows failed or were rejected by validation (the others
 were produced); 2 = unusable input (manifest or model directory unreadable, bad options);
@@ -25,7 +25,9 @@ from cosyclone.cli_options import with_options
 from cosyclone.errors import CosycloneError, Exit
 from cosyclone.eval.command import eval_command
 from cosyclone.options import MODEL, OUTPUT, SAMPLING, SAY, SYNTH
+from cosyclone.run.export_command import export_command
 
+OUTPUT_FIELDS = ("float_wav", "sample_rate", "audio_format", "audio_encoding", "trim_silence")  # say's file
 MODEL_DIR_ENV = "COSYCLONE_MODEL_DIR"  # the default --model-dir of synth and say
 app = typer.Typer(add_completion=False, help="Offline batched CosyVoice3 voice cloning.")
 
@@ -247,7 +249,9 @@ def say(
     from cosyclone.api import CosyClone, utterance, validate_rows
     from cosyclone.errors import ManifestError
     from cosyclone.manifest import check_id
-    from cosyclone.run.writer import write_wav_atomic
+    from cosyclone.options import FolderOptions, build
+    from cosyclone.run.audio_out import AudioOutput
+    from cosyclone.run.writer import write_audio_atomic
 
     row_id = out.stem if check_id(out.stem) is None else "say"
     t0 = time.perf_counter()
@@ -256,7 +260,7 @@ def say(
             raise CosycloneError(f"-o {out} is a directory; give the WAV file to write")
         row = utterance(text, prompt_audio.expanduser().resolve(), prompt_text, mode=mode, instruct=instruct,
                         seed=seed, speed=speed, id=row_id)
-        float_wav = bool(options.pop("float_wav", False))
+        output = AudioOutput.of(build(FolderOptions, {k: options.pop(k) for k in OUTPUT_FIELDS if k in options}))
         validate_rows([row], text_frontend=options.get("text_frontend", "wetext"))  # fail in seconds, not minutes
         tts = CosyClone(model_dir, **options)
         for warning in tts.warnings:
@@ -273,14 +277,16 @@ def say(
         raise typer.Exit(Exit.ROWS_FAILED)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        write_wav_atomic(out, res.audio, sample_rate=res.sample_rate, float_wav=float_wav)
+        written = write_audio_atomic(out, res.audio, model_rate=res.sample_rate, output=output)
     except (OSError, CosycloneError) as exc:  # disk full, no permission: nothing partial is left
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(Exit.WRITE) from None
     wall = time.perf_counter() - t0
     nan = sum(s.nan_steps for s in res.sampler)
-    typer.echo(f"wrote {out}: {res.audio_seconds:.2f} s at {res.sample_rate} Hz "
-               f"({'float32' if float_wav else 'PCM16'}), {mode}, seed {res.seed}")
+    trimmed = (f", trimmed {written.trimmed_lead_s:.2f} s + {written.trimmed_trail_s:.2f} s"
+               if output.trim_silence else "")
+    typer.echo(f"wrote {out}: {written.seconds:.2f} s at {written.sample_rate} Hz "
+               f"({output.format}, {output.encoding}{trimmed}), {mode}, seed {res.seed}")
     typer.echo(f"  {len(res.tokens)} segment(s), tokens {list(res.tokens)}, stop {list(res.stop_reasons)}; "
                f"sampler steps {sum(s.steps for s in res.sampler)}, NaN steps {nan}, "
                f"RAS fallbacks {sum(s.ras_fallbacks for s in res.sampler)}")
@@ -328,6 +334,7 @@ def report(
 
 
 app.command("eval")(eval_command)  # cosyclone/eval/command.py (models from the optional eval extra)
+app.command("export")(export_command)  # cosyclone/run/export_command.py (shards of a run folder)
 
 
 @app.command("make-tiny-model")

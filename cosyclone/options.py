@@ -43,6 +43,8 @@ NonfiniteAudio = Literal["fail", "zero"]
 Schedule = Literal["continuous", "static"]
 CudaGraphs = Literal["auto", "on", "off"]
 Engine = Literal["local", "ray"]
+AudioFormat = Literal["wav", "flac"]
+AudioEncoding = Literal["pcm16", "pcm24", "float"]
 
 
 def opt(default: Any, help: str, *, panel: str, audio: bool = False, commands: tuple[str, ...] = BOTH,
@@ -151,15 +153,24 @@ class RunOptions(EngineOptions, SamplingOptions, ModelOptions):
 
 @dataclass(frozen=True)
 class FolderOptions:
-    """How a run treats its output folder and where it runs (only ``float_wav`` changes a file's bytes)."""
+    """How a run treats its output folder and where it runs (the audio fields change a file's bytes)."""
 
     # "i/N" (0-based i): this machine's contiguous slice of the manifest's lines
     shard: str | None = opt(None, "i/N: this machine's slice (i from 0)", panel=SCALE_OUT, metavar="I/N",
                             commands=(SYNTH,))
     # redo every row of the manifest (default: resume, skipping finished rows)
     overwrite: bool = opt(False, "redo every row (default: resume)", panel=OUTPUT, commands=(SYNTH,))
-    # 32-bit float WAVs instead of PCM16 (part of the fingerprint)
-    float_wav: bool = opt(False, "32-bit float WAV instead of PCM16", panel=OUTPUT)
+    # 32-bit float WAVs instead of PCM16: the same as --audio-encoding float (part of the fingerprint)
+    float_wav: bool = opt(False, "32-bit float WAV (= --audio-encoding float)", panel=OUTPUT)
+    # Hz of the written files (8000-48000); 24000, the model's, writes its samples as they are
+    sample_rate: int = opt(24000, "output rate in Hz, 8000-48000 (default 24000)", panel=OUTPUT, low=8000,
+                           high=48000, metavar="HZ")
+    # the files' container: wav | flac (lossless, about half the size)
+    audio_format: AudioFormat = opt("wav", "wav | flac", panel=OUTPUT, metavar="FMT")
+    # the files' samples: pcm16 | pcm24 | float (wav only)
+    audio_encoding: AudioEncoding = opt("pcm16", "pcm16 | pcm24 | float (wav only)", panel=OUTPUT, metavar="ENC")
+    # cut leading and trailing silence below -40 dBFS, keeping 0.1 s beside the speech (off: as the model made it)
+    trim_silence: bool = opt(False, "cut leading/trailing silence (kept: 0.1 s)", panel=OUTPUT)
     # local: this process; ray: a Ray Data actor pool (pip install 'cosyclone[ray]')
     engine: Engine = opt("local", "local | ray (pip install cosyclone\\[ray])", panel=SCALE_OUT, metavar="E",
                          commands=(SYNTH,))
@@ -253,6 +264,12 @@ def check(*objs: Any) -> None:
                 from cosyclone.base.shard import Shard
 
                 Shard.parse(obj.shard)
+            if obj.float_wav and obj.audio_encoding != "pcm16":
+                raise CosycloneError(f"--float-wav is --audio-encoding float: give one, not both "
+                                     f"(--audio-encoding {obj.audio_encoding})")
+            if obj.audio_format == "flac" and (obj.float_wav or obj.audio_encoding == "float"):
+                raise CosycloneError("--audio-format flac stores integer samples only: give --audio-encoding "
+                                     "pcm16 or pcm24 (float needs --audio-format wav)")
 
 
 def build(cls: type, values: dict[str, Any]) -> Any:

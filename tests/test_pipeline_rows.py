@@ -21,7 +21,8 @@ from cosyclone.errors import CosycloneError
 from cosyclone.manifest import ManifestRow
 from cosyclone.model.config import released_config
 from cosyclone.options import RunOptions
-from cosyclone.run.writer import write_wav_atomic
+from cosyclone.run.audio_out import AudioOutput
+from cosyclone.run.writer import write_audio_atomic
 from cosyclone.talker.sampler import row_seed
 from tests.engine_run import run as engine_run
 from tests.test_pipeline_stub import Flow, Frontend, GenerateSession, Hift, generate, make_manifest
@@ -126,7 +127,8 @@ def test_nonfinite_audio_zero_keeps_the_old_output_and_still_counts() -> None:
 
 def test_the_writer_refuses_nonfinite_samples_instead_of_zeroing_them(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="non-finite"):
-        write_wav_atomic(tmp_path / "x.wav", np.array([0.1, np.nan], np.float32), sample_rate=24000, float_wav=True)
+        write_audio_atomic(tmp_path / "x.wav", np.array([0.1, np.nan], np.float32), model_rate=24000,
+                           output=AudioOutput(encoding="float"))
     assert not (tmp_path / "x.wav").exists()
 
 

@@ -104,9 +104,17 @@ def wav_path(out_dir: Path, row_id: str, suffix: str = ".wav") -> Path:
     return Path(out_dir) / WAV_DIR / f"{row_id}{suffix}"
 
 
+AUDIO_SUFFIXES = (".wav", ".flac")  # the containers a row's file may have (run.audio_out.SUFFIXES)
+
+
 def audio_path(out_dir: Path, record: RowRecord) -> Path | None:
-    """The audio file a record vouches for (None: a failed row has none)."""
-    return Path(out_dir) / record.file if record.file else None
+    """The audio file a record vouches for: ``wavs/<id><suffix>``, the suffix read from its ``file``
+    (None: a failed row has none). Only the suffix comes from the record, so a record cannot point a
+    resume or an export outside ``wavs/``."""
+    if not record.file:
+        return None
+    suffix = Path(record.file).suffix.lower()
+    return wav_path(out_dir, record.id, suffix if suffix in AUDIO_SUFFIXES else ".wav")
 
 
 def wav_frames(path: Path) -> int | None:

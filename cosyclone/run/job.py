@@ -131,8 +131,7 @@ class SynthJob:
         run_id = uuid.uuid4().hex[:12]
         # stage-0 checkpoint, owned by this run: a row that failed after the talker keeps its tokens
         tokens = TokenStore(runfolder.state_dir(p.out) / runfolder.TOKEN_DIR, {})
-        writer = BackgroundWriter(WriterOptions(out_dir=p.out, float_wav=p.folder.float_wav,
-                                                sample_rate=p.cfg.hift.sampling_rate),
+        writer = BackgroundWriter(WriterOptions(out_dir=p.out, output=p.output, model_rate=p.cfg.hift.sampling_rate),
                                   runfolder.journal_path(p.out, p.tag))
         total, fps, rows = ResumeTotals(), {}, {}
         failed_before = 0
@@ -205,7 +204,7 @@ class SynthJob:
                         model_yaml_sha256=p.cfg.yaml_sha256 or None, load_format=p.opts.load_format,
                         device=str(p.policy.device), backend=p.policy.backend, dtype=p.policy.dtype_name,
                         dtype_requested=p.policy.requested_dtype,
-                        options=O.as_record(p.opts), output={"float_wav": p.folder.float_wav},
+                        options=O.as_record(p.opts), output=p.output.as_record(),
                         text_frontend=p.opts.text_frontend, engine=p.folder.engine, graphs_resolved=p.opts.cuda_graphs)
 
     def _tell_resume(self, preps: Iterable[Prepared], existing: Mapping[str, RowRecord]) -> None:

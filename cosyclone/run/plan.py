@@ -28,6 +28,7 @@ from cosyclone.model.config import ModelConfig
 from cosyclone.options import FolderOptions, RunOptions
 from cosyclone.run import fingerprint
 from cosyclone.run import folder as runfolder
+from cosyclone.run.audio_out import AudioOutput
 from cosyclone.run.job_types import JobPlan, Prepared
 from cosyclone.run.parts import ResumeTotals, plan_parts, split_parts
 from cosyclone.run.row_record import RowRecord
@@ -47,6 +48,7 @@ class RunPlan:
         self.on_rejected = on_rejected or (lambda err: None)  # each rejected line, as it is found
         self.out, self.opts, self.cfg, self.policy, self.model_dir = Path(out), opts, cfg, policy, model_dir
         self.folder = folder
+        self.output = AudioOutput.of(folder)  # the files' rate, format, encoding and trimming
         self.manifest_label = manifest_label if manifest_label is not None else str(manifest.path)
         self.tag = runfolder.shard_tag(folder.shard)
         self.started_at = time.time() if started_at is None else started_at
@@ -148,7 +150,7 @@ class RunPlan:
                                                    dummy_tag="released" if self.opts.load_format == "dummy" else ""),
                 dtype=self.opts.dtype, device=self.policy.backend,
                 threads=fingerprint.cpu_threads(self.policy, self.actor_threads()),
-                options={**O.audio_values(self.opts), "float_wav": self.folder.float_wav})
+                options={**O.audio_values(self.opts), **self.output.fingerprint_values()})
         except OSError as exc:
             raise CosycloneError(f"cannot hash the inputs: {exc}") from exc
 

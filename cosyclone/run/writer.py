@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import queue
-import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ import numpy as np
 
 from cosyclone.engine import RowResult
 from cosyclone.run import folder as runfolder
+from cosyclone.run.audio_out import SUFFIXES, AudioFacts, AudioOutput, process
 from cosyclone.run.row_record import NO_FILE, FileFacts, RowRecord, RowStamp, make_record
 
 SAMPLE_RATE = 24000
@@ -37,46 +37,23 @@ class WriterOptions:
     """How results are written."""
 
     out_dir: Path  # root of all outputs
-    float_wav: bool = False  # 32-bit float WAV instead of PCM16
-    sample_rate: int = SAMPLE_RATE  # sample rate written into the WAV header
+    output: AudioOutput = AudioOutput()  # rate, container, encoding and trimming of the files
+    model_rate: int = SAMPLE_RATE  # the rate of the samples the engine hands over (the model's)
 
 
 wav_path = runfolder.wav_path  # one definition of where a row's WAV lies
 
 
-def encode_wav(wav: np.ndarray, *, sample_rate: int, float_wav: bool) -> bytes:
-    """The WAV file's bytes: mono PCM16 (``round(x * 32767)``) or IEEE float32, samples clipped to [-1, 1].
-
-    Written here rather than by libsndfile because its float files carry a PEAK chunk with the
-    time of writing, so the same audio gave different bytes on every run. A non-finite sample is
-    refused, never silently zeroed: the pipeline decides what NaN/inf audio means
-    (``--nonfinite-audio``) and counts it per row.
-    """
-    data = np.asarray(wav, dtype=np.float32).reshape(-1)
-    if not np.isfinite(data).all():
-        raise ValueError(f"{int((~np.isfinite(data)).sum())} non-finite samples reached the writer "
-                         "(the pipeline fails such rows or zeroes them under --nonfinite-audio zero)")
-    data = np.clip(data, -1.0, 1.0)
-    if float_wav:
-        body, fmt_tag, width = data.astype("<f4").tobytes(), 3, 4  # WAVE_FORMAT_IEEE_FLOAT
-        fmt = struct.pack("<HHIIHHH", fmt_tag, 1, sample_rate, sample_rate * width, width, 8 * width, 0)
-        extra = b"fact" + struct.pack("<II", 4, data.size)  # non-PCM formats carry a fact chunk
-    else:
-        body, fmt_tag, width = np.rint(data * 32767.0).astype("<i2").tobytes(), 1, 2  # WAVE_FORMAT_PCM
-        fmt = struct.pack("<HHIIHH", fmt_tag, 1, sample_rate, sample_rate * width, width, 8 * width)
-        extra = b""
-    chunks = b"fmt " + struct.pack("<I", len(fmt)) + fmt + extra + b"data" + struct.pack("<I", len(body)) + body
-    return b"RIFF" + struct.pack("<I", 4 + len(chunks)) + b"WAVE" + chunks
-
-
-def write_wav_atomic(path: Path, wav: np.ndarray, *, sample_rate: int, float_wav: bool) -> None:
-    """Write ``wav`` to ``path`` durably: temporary file, fsync, rename, directory fsync."""
+def write_audio_atomic(path: Path, wav: np.ndarray, *, model_rate: int, output: AudioOutput) -> AudioFacts:
+    """``wav`` (the model's samples at ``model_rate``) as ``output`` asks, to ``path``, durably:
+    temporary file, fsync, rename, directory fsync. Non-finite samples are refused (``ValueError``)."""
     try:
-        data = encode_wav(wav, sample_rate=sample_rate, float_wav=float_wav)
+        data, facts = process(wav, model_rate=model_rate, out=output)
     except ValueError as exc:
         raise ValueError(f"{path.name}: {exc}") from None
     path.parent.mkdir(parents=True, exist_ok=True)
     runfolder.write_bytes_atomic(path, data)
+    return facts
 
 
 class BackgroundWriter:
@@ -112,19 +89,15 @@ class BackgroundWriter:
 
     def write_now(self, result: RowResult, stamp: RowStamp) -> RowRecord:
         """The row's file first (atomic), then its record: the record is the commit."""
-        out = Path(self.options.out_dir)
-        path = wav_path(out, result.id)
+        out, output = Path(self.options.out_dir), self.options.output
+        path = wav_path(out, result.id, output.suffix)
         facts = NO_FILE
         if result.ok and result.audio is not None:
-            write_wav_atomic(path, result.audio, sample_rate=self.options.sample_rate,
-                             float_wav=self.options.float_wav)
-            facts = FileFacts(file=str(path.relative_to(out)), samples=int(np.asarray(result.audio).size),
-                              sample_rate=self.options.sample_rate, audio_format="wav",
-                              encoding="float" if self.options.float_wav else "pcm16",
-                              trimmed_lead_seconds=0.0, trimmed_trail_seconds=0.0)
-        elif path.exists():
-            path.unlink()
-            runfolder.fsync_dir(path.parent)
+            audio = write_audio_atomic(path, result.audio, model_rate=self.options.model_rate, output=output)
+            facts = FileFacts(file=str(path.relative_to(out)), samples=audio.samples, sample_rate=audio.sample_rate,
+                              audio_format=audio.format, encoding=audio.encoding,
+                              trimmed_lead_seconds=audio.trimmed_lead_s, trimmed_trail_seconds=audio.trimmed_trail_s)
+        _remove_other_files(out, result.id, keep=path if facts.file else None)
         note = None
         if result.traceback:
             runfolder.append_jsonl(out / runfolder.ERRORS_NAME,
@@ -148,6 +121,16 @@ class BackgroundWriter:
         self._journal.close()
         if self._error is not None:
             raise self._error
+
+
+def _remove_other_files(out: Path, row_id: str, *, keep: Path | None) -> None:
+    """A row's files from earlier attempts in another format (or any, for a failed row) are removed:
+    its record now names the one file it has, or says why there is none."""
+    for suffix in SUFFIXES.values():
+        stale = wav_path(out, row_id, suffix)
+        if stale != keep and stale.exists():
+            stale.unlink()
+            runfolder.fsync_dir(stale.parent)
 
 
 def write_summary(out_dir: Path, summary: dict[str, Any]) -> Path:

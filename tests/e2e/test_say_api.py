@@ -60,7 +60,8 @@ def test_say_writes_a_24k_wav_and_prints_its_diagnostics(tiny_model_dir: Path, t
 
 
 def test_api_say_and_synth_give_byte_identical_audio(tts, tiny_model_dir: Path, tmp_path: Path) -> None:
-    from cosyclone.run.writer import write_wav_atomic
+    from cosyclone.run.audio_out import AudioOutput
+    from cosyclone.run.writer import write_audio_atomic
 
     shutil.copytree(ROOT / "manifests" / "prompts", tmp_path / "prompts")
     rows = [{"id": "seeded", "prompt_audio": "prompts/speaker1.wav", "prompt_text": "reference words",
@@ -79,13 +80,13 @@ def test_api_say_and_synth_give_byte_identical_audio(tts, tiny_model_dir: Path, 
     for r in results:
         assert r.sample_rate == 24000 and r.audio is not None and r.audio.dtype == np.float32
         path = tmp_path / "api" / f"{r.id}.wav"
-        write_wav_atomic(path, r.audio, sample_rate=r.sample_rate, float_wav=False)
+        write_audio_atomic(path, r.audio, model_rate=r.sample_rate, output=AudioOutput(encoding="pcm16"))
         assert path.read_bytes() == cli[r.id], r.id
 
     one = tts.synthesize("Hello there, how are you?", prompt_audio=tmp_path / "prompts" / "speaker1.wav",
                          prompt_text="reference words", seed=5, id="seeded")
     assert one.seed == 5 and one.tokens == results[0].tokens
-    write_wav_atomic(tmp_path / "one.wav", one.audio, sample_rate=one.sample_rate, float_wav=False)
+    write_audio_atomic(tmp_path / "one.wav", one.audio, model_rate=one.sample_rate, output=AudioOutput(encoding="pcm16"))
     # alone, not in a batch of two: the same tokens, and the batch's float rounding at most
     assert_same_pcm16_up_to_rounding(tmp_path / "one.wav", tmp_path / "out" / "wavs" / "seeded.wav")
     # say derives the seed from the output's file stem as synth derives it from the id
