@@ -199,6 +199,17 @@ def cpu_threads(policy: Any, actor_threads: int | None = None) -> str:
     return str(torch.get_num_threads())
 
 
+#: Parts that change a row's samples in their last bits but never its speech tokens: the stage-0
+#: checkpoint (the talker's tokens) is keyed without them, so a rerun at another thread count (a Ray
+#: actor's) still reuses the tokens a local run kept.
+NOT_TOKENS = frozenset({"threads"})
+
+
+def token_key(parts: Mapping[str, str]) -> str:
+    """The stage-0 checkpoint's key of a row: its fingerprint without the parts in :data:`NOT_TOKENS`."""
+    return _digest([parts[k] for k in PARTS if k not in NOT_TOKENS])
+
+
 def changed_parts(stored: Mapping[str, str] | None, new: Mapping[str, str]) -> list[str]:
     """The parts of ``new`` that differ from a stored record's ``fingerprint_parts`` (all when absent)."""
     stored = stored or {}

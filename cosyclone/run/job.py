@@ -142,7 +142,7 @@ class SynthJob:
             fps.update(prep.fps)
             rows.update((r.id, r) for r in part.rows)
             failed_before += len(prep.failed)
-            tokens.keys.update({rid: fp for rid, (fp, _) in prep.fps.items()})
+            tokens.keys.update({rid: fingerprint.token_key(parts) for rid, (_, parts) in prep.fps.items()})
 
         def stamp(result: RowResult) -> RowStamp:
             return _stamp(rows[result.id], fps.get(result.id), run_id, p.manifest_label, p.folder.shard)
