@@ -50,8 +50,10 @@ gpu-check:
 gpu-rehearsal:
 	REFERENCE=$(REFERENCE) bash benchmarks/gpu_rehearsal.sh
 
+# ruff over everything, mypy over the package (configured in pyproject.toml; .ci/run runs this after the tests)
 lint: $(STAMP)
 	$(BIN)/ruff check cosyclone tests benchmarks
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run_all

@@ -60,7 +60,8 @@ def validate_rows(rows: Iterable[Mapping[str, Any] | ManifestRow], *, base: str 
         return given
     if given:
         raise CosycloneError("give rows either all as dicts or all as ManifestRow, not mixed")
-    m = rows_from_dicts([dict(r) for r in items], base=base, text_frontend=text_frontend)
+    m = rows_from_dicts([dict(r) for r in items if not isinstance(r, ManifestRow)], base=base,
+                        text_frontend=text_frontend)
     if m.errors:
         if len(m.errors) == 1:
             raise m.errors[0]

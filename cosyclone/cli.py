@@ -306,9 +306,9 @@ def report(
     from cosyclone.eval.summary import load_eval_summary
     from cosyclone.run import report as totals_mod
 
-    for folder in folders:
-        if not folder.is_dir():
-            _fail(f"{folder}: not a folder")
+    for path in folders:
+        if not path.is_dir():
+            _fail(f"{path}: not a folder")
     records, warnings = totals_mod.merge_folders(folders)
     totals = totals_mod.folder_totals(records.values())
     evals = {str(f): e for f in folders if (e := load_eval_summary(f)) is not None}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +104,7 @@ def checkpoint_checks(model_dir: Path, cfg: Any) -> Iterator[tuple[str, bool]]:
     from cosyclone.model.checkpoint import check_keys, check_tied, read_state_file
     from cosyclone.talker.model import TIED_LM_HEAD, TIED_TO, CosyVoice3LM
 
-    checks = (
+    checks: tuple[tuple[str, Callable[[], Any], Any, dict[str, str]], ...] = (
         ("llm.pt", lambda: CosyVoice3LM(cfg.talker), None, {TIED_LM_HEAD: TIED_TO}),
         ("flow.pt", lambda: CausalMaskedDiffWithDiT(cfg.flow), None, {}),
         ("hift.pt", lambda: CausalHiFTGenerator(cfg.hift), CausalHiFTGenerator.adapt_keys, {}),

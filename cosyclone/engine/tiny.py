@@ -289,6 +289,7 @@ def make_tiny_model(root: str | Path, sizes: TinySizes | None = None, seed: int 
     policy = resolve("cpu", "fp32")
     torch.manual_seed(seed)
     for name in CHECKPOINTS:
+        module: nn.Module
         if name == "hift.pt":
             # build_hift folds weight norm; the released file holds the unfolded g/v parametrizations
             module = CausalHiFTGenerator(cfg.hift)

@@ -237,9 +237,9 @@ def evaluate(out_dir: str | Path, manifest: str | Path, options: EvalOptions, *,
             progress(len(batch))
     records = []
     for frow in folder.rows:
-        rec = by_id.get(frow.row.id)
-        if rec is None:
-            rec = _base_record(frow)
+        found = by_id.get(frow.row.id)
+        rec = found if found is not None else _base_record(frow)
+        if found is None:
             rec.update(status="skipped", skip_reason=frow.skip,
                        synth_error=frow.record.error if frow.record is not None else None)
         elif rec["status"] == "error":

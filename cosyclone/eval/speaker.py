@@ -153,6 +153,9 @@ class ResemblyzerEncoder:
         except CosycloneError as exc:
             raise CosycloneError(f"cannot read Resemblyzer weights: {exc}") from None
         state = ckpt.get("model_state", ckpt) if isinstance(ckpt, dict) else ckpt
+        if not isinstance(state, dict):
+            raise CosycloneError(f"cannot read Resemblyzer weights: {self.path} holds {type(state).__name__}, "
+                                 "not a state dict")
         self.net = _GE2E(cfg).eval()
         own = {k: v for k, v in state.items() if k.startswith(("lstm.", "linear."))}
         self.net.load_state_dict(own, strict=True)

@@ -172,7 +172,11 @@ class TextNormalizer:
         text = text.strip()
         if contains_chinese(text):
             return Normalized(chinese_rules(self._tn(text)), "zh")
-        return Normalized(spell_numbers(self._tn(text), self._inflect.number_to_words), "en")
+        return Normalized(spell_numbers(self._tn(text), self._number_to_words), "en")
+
+    def _number_to_words(self, digits: str) -> str:
+        """inflect's spelling of one run of digits (always one string: the official call's form)."""
+        return str(self._inflect.number_to_words(digits))
 
     def _tn(self, text: str) -> str:
         """wetext over ``text`` (its own language pick), sentence by sentence; identity for ``none``."""

@@ -252,6 +252,7 @@ def parse_row(obj: object, *, line: int, base: Path, check_audio: bool = True,
         why, seconds = (audio_check or _check_audio)(audio)
         if why:
             raise ManifestError(why, line=line, field="prompt_audio", row_id=rid_s)
+    assert isinstance(rid, str)  # check_id refused anything else above
     return ManifestRow(line=line, id=rid, prompt_audio=audio, prompt_text=prompt_text, text=text,
                        mode=mode, instruct=instruct, seed=seed, speed=float(speed), prompt_seconds=seconds)
 

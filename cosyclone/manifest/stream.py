@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -136,7 +136,7 @@ class TextWarmer:
         self.pool.close()
 
 
-def warmed_chunks(chunks: Iterable[Decoded], warmer: TextWarmer | None) -> Iterator[Decoded]:
+def warmed_chunks(chunks: Iterable[Decoded], warmer: TextWarmer | None) -> Generator[Decoded, None, None]:
     """``chunks`` in order, each with its texts ready in the normalizer (``overlay``) while it is
     checked; the next chunk's texts are already being normalized meanwhile."""
     if warmer is None:

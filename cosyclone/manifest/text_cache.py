@@ -41,7 +41,7 @@ def normalizer_identity(normalizer: Any) -> str:
     from cosyclone.frontend import normalize, text_rules
 
     try:
-        source = hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in (normalize, text_rules))).hexdigest()
+        source = hashlib.sha256(b"".join(Path(str(m.__file__)).read_bytes() for m in (normalize, text_rules))).hexdigest()
     except OSError:  # no source to read (a frozen install): the package version must do
         from cosyclone.base.version import __version__
 

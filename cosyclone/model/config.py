@@ -14,6 +14,7 @@ cache is later sized from the very :class:`QwenGeometry` that builds the attenti
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -238,7 +239,7 @@ def _as_dict(node: Any, what: str, src: Path) -> dict[str, Any]:
 
 def _pick(cls: type, values: dict[str, Any], **renames: str) -> dict[str, Any]:
     """Keep the keys of ``values`` that are fields of dataclass ``cls`` (after renames)."""
-    names = set(cls.__dataclass_fields__)
+    names = {f.name for f in dataclasses.fields(cls)}
     out: dict[str, Any] = {}
     for key, value in values.items():
         key = renames.get(key, key)

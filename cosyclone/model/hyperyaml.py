@@ -14,6 +14,7 @@ import ast
 import math
 import operator
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,7 @@ _DataLoader.add_implicit_resolver(
     list("-+0123456789"),
 )
 
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+_OPS: dict[type, Callable[..., Any]] = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
         ast.FloorDiv: operator.floordiv, ast.USub: operator.neg, ast.UAdd: operator.pos}
 # Largest magnitude an arithmetic !ref may produce or consume. The released yaml multiplies two
 # small ints (``<chunk_size> * <token_mel_ratio>``); the bound keeps a hostile file from building

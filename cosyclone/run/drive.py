@@ -31,8 +31,12 @@ from cosyclone.run.row_record import RowStamp
 class RowSource(Protocol):
     """Where a run's rows are made: batches in, results out (audio included), in any order."""
 
-    hits: int  # segments whose talker result came from the stage-0 checkpoint
     graph_errors: list[str]  # why CUDA graph captures failed
+
+    @property
+    def hits(self) -> int:
+        """Segments whose talker result came from the stage-0 checkpoint."""
+        ...
 
     def feed(self, batches: Sequence[Sequence[ManifestRow]]) -> Iterator[RowResult]:
         """Take ``batches`` (one part's plan); yield the results that are ready now."""

@@ -133,7 +133,9 @@ class SynthJob:
         tokens = TokenStore(runfolder.state_dir(p.out) / runfolder.TOKEN_DIR, {})
         writer = BackgroundWriter(WriterOptions(out_dir=p.out, output=p.output, model_rate=p.cfg.hift.sampling_rate),
                                   runfolder.journal_path(p.out, p.tag))
-        total, fps, rows = ResumeTotals(), {}, {}
+        total = ResumeTotals()
+        fps: dict[str, tuple[str, dict[str, str]]] = {}
+        rows: dict[str, ManifestRow] = {}
         failed_before = 0
 
         def on_part(part: Manifest, prep: Prepared) -> None:
