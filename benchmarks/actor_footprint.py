@@ -119,7 +119,7 @@ def child(case: str, model_dir: Path | None, rows: int, tokens: int, threads: in
     from cosyclone.base.device import resolve
     from cosyclone.engine import Engine
     from cosyclone.engine.stages import load_stages
-    from cosyclone.engine.tiny import builtin_frontend_dir
+    from cosyclone.frontend.tiny_assets import builtin_assets_dir
     from cosyclone.model.config import load_model_config, released_config
     from cosyclone.options import RunOptions
     from cosyclone.run.ray_plan import weight_bytes
@@ -132,7 +132,7 @@ def child(case: str, model_dir: Path | None, rows: int, tokens: int, threads: in
     else:
         from dataclasses import replace
 
-        cfg, load_format = replace(released_config(), model_dir=builtin_frontend_dir()), "dummy"
+        cfg, load_format = replace(released_config(), model_dir=builtin_assets_dir()), "dummy"
     start = memory(model_dir)
     t0 = time.perf_counter()
     stages = load_stages(cfg, policy, load_format)

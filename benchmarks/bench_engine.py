@@ -513,11 +513,11 @@ def run_gemm_fraction(tokens: int = 100, n_timesteps: int | None = None, rounds:
 
 def frontend_cache(model_dir: str | None, rows: int = 16, prompts: int = 2) -> dict[str, Any]:
     """Frontend time over ``rows`` rows sharing ``prompts`` prompts, without and with the prompt cache."""
-    from cosyclone.engine.tiny import builtin_frontend_dir
+    from cosyclone.frontend.tiny_assets import builtin_assets_dir
     from cosyclone.frontend import Frontend
     from cosyclone.model.config import load_model_config, released_config
 
-    cfg = load_model_config(model_dir) if model_dir else replace(released_config(), model_dir=builtin_frontend_dir())
+    cfg = load_model_config(model_dir) if model_dir else replace(released_config(), model_dir=builtin_assets_dir())
     audio = [ROOT / "manifests" / "prompts" / f"speaker{k % 3 + 1}.wav" for k in range(prompts)]
     texts = [f"Sentence number {i}, spoken in one of {prompts} voices." for i in range(rows)]
 

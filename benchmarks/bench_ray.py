@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     from cosyclone.base.device import resolve
     from cosyclone.engine import Engine
     from cosyclone.engine.stages import load_stages
-    from cosyclone.engine.tiny import builtin_frontend_dir
+    from cosyclone.frontend.tiny_assets import builtin_assets_dir
     from cosyclone.model.config import released_config
     from cosyclone.options import RunOptions
     from cosyclone.run.ray_plan import RayPlan
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="cosyclone-bench-ray-"))
     plans: dict[str, RayPlan] = {}
     try:
-        cfg, policy = replace(released_config(), model_dir=builtin_frontend_dir()), resolve("cpu", args.dtype)
+        cfg, policy = replace(released_config(), model_dir=builtin_assets_dir()), resolve("cpu", args.dtype)
         rows = _rows(tmp, args.rows)
         opts = RunOptions(batch_size=args.batch, max_tokens=args.tokens, min_tokens=args.tokens,
                           n_timesteps=args.n_timesteps, load_format="dummy", schedule="static",

@@ -94,13 +94,13 @@ def run_stage_benchmarks() -> None:
 
 def _frontend(cfg: E2EConfig):
     """The frontend the run will use (the model directory's, or the dummy run's built-in assets)."""
-    from cosyclone.engine.tiny import builtin_frontend_dir
+    from cosyclone.frontend.tiny_assets import builtin_assets_dir
     from cosyclone.frontend import Frontend
     from cosyclone.model.config import load_model_config, released_config
 
     if cfg.model_dir is not None:
         return Frontend(load_model_config(cfg.model_dir))
-    return Frontend(replace(released_config(), model_dir=builtin_frontend_dir()))
+    return Frontend(replace(released_config(), model_dir=builtin_assets_dir()))
 
 
 def _fit(count, base: str, n: int, suffix: str = "") -> tuple[str, int]:

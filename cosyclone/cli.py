@@ -24,7 +24,7 @@ from cosyclone.base.version import __version__
 from cosyclone.cli_options import with_options
 from cosyclone.errors import CosycloneError, Exit
 from cosyclone.eval.command import eval_command
-from cosyclone.options import MODEL, OUTPUT, SAMPLING, SAY, SYNTH
+from cosyclone.options import INSPECT, MODEL, OUTPUT, SAMPLING, SAY, SYNTH
 from cosyclone.run.export_command import export_command
 
 OUTPUT_FIELDS = ("float_wav", "sample_rate", "audio_format", "audio_encoding", "trim_silence")  # say's file
@@ -350,8 +350,8 @@ def make_tiny_model_cmd(directory: Path = typer.Argument(...),
 
 
 @app.command()
-def inspect(model_dir: Path = typer.Argument(...), device: str = typer.Option("auto"),
-            dtype: str = typer.Option("auto")) -> None:
+@with_options(INSPECT)
+def inspect(model_dir: Path = typer.Argument(...), **options: Any) -> None:
     """Geometry, parameter counts, key check against the expected layout, device, providers and
     the text normalizers. Exits 2 when a checkpoint does not match, a stage module or a required
     package does not import."""
@@ -361,7 +361,7 @@ def inspect(model_dir: Path = typer.Argument(...), device: str = typer.Option("a
 
     try:
         cfg = load_model_config(model_dir)
-        policy = resolve(device, dtype)
+        policy = resolve(options["device"], options["dtype"])
     except CosycloneError as exc:
         _fail(str(exc))
     for line in model_check.geometry_lines(model_dir, cfg, policy):

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from cosyclone.errors import CosycloneError
 
-SYNTH, SAY = "synth", "say"
+SYNTH, SAY, INSPECT = "synth", "say", "inspect"
 BOTH = (SYNTH, SAY)
 
 # the --help groups, in the order --help shows them
@@ -67,9 +67,11 @@ class ModelOptions:
     text_frontend: TextFrontend = opt("wetext", "wetext (official normalizer) | none", panel=MODEL, audio=True,
                                       metavar="NAME")
     # the device the stages run on; "auto" until resolved (a run records the resolved type)
-    device: DeviceName = opt("auto", "auto | cuda | rocm | cpu", panel=MODEL, metavar="DEV")
+    device: DeviceName = opt("auto", "auto | cuda | rocm | cpu", panel=MODEL, metavar="DEV",
+                             commands=(SYNTH, SAY, INSPECT))
     # the run dtype; auto: bf16 on GPUs with bf16, else fp32 (head, sampler and HiFT stay fp32)
-    dtype: DtypeName = opt("auto", "auto | bf16 | fp16 | fp32", panel=MODEL, metavar="TYPE")
+    dtype: DtypeName = opt("auto", "auto | bf16 | fp16 | fp32", panel=MODEL, metavar="TYPE",
+                           commands=(SYNTH, SAY, INSPECT))
     # the library of the talker's and flow's fp32 linear layers on CPU (rounding differs by ~1e-6)
     cpu_gemm: CpuGemm = opt("auto", "CPU fp32 GEMMs: auto | onednn | aten", panel=MODEL, audio=True,
                             metavar="LIB")

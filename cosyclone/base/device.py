@@ -22,14 +22,8 @@ import torch
 
 from cosyclone.errors import CosycloneError
 
-_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
-           "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # options.DtypeName, less auto
 _NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
-
-#: Help text of ``--dtype`` (CLI).
-DTYPE_HELP = ("auto | bf16 | fp16 | fp32. auto: bf16 on CUDA/ROCm GPUs with bf16 support (Ampere+, MI200+), "
-              "else fp32; fp32 on CPU; never fp16. The talker's speech-token head, the sampler and HiFT "
-              "always run fp32; TF32 is off. fp16 warns: the talker backbone can overflow.")
 
 #: Printed when a run uses fp16: where fp16 is known to overflow, and what is counted.
 FP16_WARNING = (

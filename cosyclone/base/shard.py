@@ -3,9 +3,7 @@ no cluster (one output folder each; ``cosyclone report`` merges them)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from cosyclone.errors import CosycloneError
 
@@ -33,7 +31,3 @@ class Shard:
         start = (n * self.index) // self.count
         stop = (n * (self.index + 1)) // self.count
         return start, stop
-
-    def select(self, rows: Sequence[Any]) -> list[Any]:
-        start, stop = self.bounds(len(rows))
-        return list(rows[start:stop])

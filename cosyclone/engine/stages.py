@@ -65,9 +65,9 @@ def load_stages(cfg: ModelConfig, policy: DevicePolicy, load_format: str, *,
         m.eval()
     frontend_cfg = cfg
     if cfg.model_dir is None:  # dummy weights without a model directory: built-in frontend assets
-        from cosyclone.engine.tiny import builtin_frontend_dir
+        from cosyclone.frontend.tiny_assets import builtin_assets_dir
 
-        frontend_cfg = replace(cfg, model_dir=builtin_frontend_dir())
+        frontend_cfg = replace(cfg, model_dir=builtin_assets_dir())
     return Stages(cfg=cfg, policy=policy, frontend=Frontend(frontend_cfg, text_frontend=text_frontend),
                   talker=talker, flow=flow, hift=hift)
 

@@ -309,27 +309,3 @@ def make_tiny_model(root: str | Path, sizes: TinySizes | None = None, seed: int 
         torch.save(state, tmp)
         tmp.replace(root / name)
     return root
-
-
-def builtin_frontend_dir() -> Path:
-    """A directory with built-in frontend assets (tiny tokenizer + tiny ONNX models) for dummy runs.
-
-    ``--load-format dummy`` without a model directory has no tokenizer, CAM++ or speech tokenizer to
-    open; random-weight models do not care what the frontend's ONNX weights are, so the tiny ones
-    (same signatures as the released models) stand in. Written once per process to a temp folder.
-    """
-    global _BUILTIN_FRONTEND
-    if _BUILTIN_FRONTEND is None or not _BUILTIN_FRONTEND.is_dir():
-        import tempfile
-
-        from cosyclone.frontend.tiny_assets import write_tiny_onnx, write_tiny_tokenizer
-
-        root = Path(tempfile.mkdtemp(prefix="cosyclone-builtin-frontend-"))
-        write_tiny_config(root)
-        write_tiny_tokenizer(root / QWEN_DIR)
-        write_tiny_onnx(root)
-        _BUILTIN_FRONTEND = root
-    return _BUILTIN_FRONTEND
-
-
-_BUILTIN_FRONTEND: Path | None = None

@@ -6,8 +6,7 @@ cross_lingual and instruct2 give the flow the prompt but the LLM none.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
@@ -34,7 +33,6 @@ class Request:
     seed: int = 0
     speed: float = 1.0
     mode: str = "zero_shot"
-    meta: dict[str, Any] = field(default_factory=dict)
     segment_text: str = ""  # normalized segment text (cross_lingual: with the system prefix); target_len counts its ids
 
     def __post_init__(self) -> None:

@@ -128,3 +128,40 @@ def write_tiny_tokenizer(qwen_dir: str | Path) -> Path:
                       "ignore_merges": False, "vocab": vocab, "merges": [f"{a} {b}" for a, b in _MERGES]}}
     (qwen_dir / "tokenizer.json").write_text(json.dumps(fast, ensure_ascii=False), encoding="utf-8")
     return qwen_dir
+
+
+def builtin_assets_dir() -> Path:
+    """A folder with the tiny tokenizer and ONNX models, for runs without a model directory
+    (``--load-format dummy``) and for ``validate`` without ``--model-dir``.
+
+    Random-weight models do not care what the frontend's ONNX weights are, so the tiny ones (the
+    released models' signatures) stand in. Written once per user into the cache folder
+    (:func:`cosyclone.base.user_cache.cache_dir`), keyed by this module's source so an edit writes a
+    fresh one, and made whole in a temporary sibling renamed into place: a concurrent process either
+    finds it complete or makes its own, and no run leaves a temporary folder behind.
+    """
+    import hashlib
+    import os
+    import shutil
+    import tempfile
+
+    from cosyclone.base.user_cache import cache_dir
+    from cosyclone.model.config import QWEN_DIR
+
+    digest = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+    root = cache_dir() / f"builtin-frontend-{digest}"
+    if (root / "campplus.onnx").is_file():
+        return root
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
+    try:
+        write_tiny_tokenizer(tmp / QWEN_DIR)
+        write_tiny_onnx(tmp)  # last: its campplus.onnx marks the folder whole
+        try:
+            os.rename(tmp, root)
+        except OSError:  # another process put its own in place first: use that one
+            if not (root / "campplus.onnx").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return root

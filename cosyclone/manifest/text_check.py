@@ -8,7 +8,6 @@ print (the command does) or read model weights.
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +31,10 @@ class TextCheck:
             self.cfg = load_model_config(model_dir)
             qwen = model_dir / QWEN_DIR
         else:
-            from cosyclone.frontend.tiny_assets import write_tiny_tokenizer
+            from cosyclone.frontend.tiny_assets import builtin_assets_dir
 
             self.cfg = released_config()
-            qwen = write_tiny_tokenizer(Path(tempfile.mkdtemp(prefix="cosyclone-validate-")) / QWEN_DIR)
+            qwen = builtin_assets_dir() / QWEN_DIR
         self.text = TextFrontend(qwen, text_frontend=text_frontend)
 
     def plan(self, row: ManifestRow) -> Any:

@@ -51,31 +51,22 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
 
 from cosyclone.model.config import SamplingConfig
+from cosyclone.options import Draw as DrawMethod
+from cosyclone.options import NonfinitePolicy
 from cosyclone.talker.diagnostics import SamplerRowDiagnostics
 
-NonfinitePolicy = Literal["exclude", "error", "legacy-zero"]
-DrawMethod = Literal["race", "legacy-multinomial"]
+# The policies' vocabularies are the run options' (one definition, cosyclone.options); the min-len rule
+# is the sampler's own (official-head reproduces HEAD's quirk for the parity tests).
 MinLenRule = Literal["block-all-stop", "official-head"]
-
-NONFINITE_POLICIES: tuple[str, ...] = ("exclude", "error", "legacy-zero")
-DRAW_METHODS: tuple[str, ...] = ("race", "legacy-multinomial")
-MIN_LEN_RULES: tuple[str, ...] = ("block-all-stop", "official-head")
-
-#: Help text for CLIs; LEGACY choices are labelled as such.
-NONFINITE_POLICY_HELP = (
-    "exclude: NaN/-inf are never sampled, +inf entries are picked uniformly, a row with nothing "
-    "finite is aborted (no_finite_logits); error: abort a row at its first NaN/+inf; "
-    "legacy-zero: LEGACY pre-fix behaviour, NaN is treated as a 0.0 logit.")
-DRAW_HELP = ("race: batched exponential-race draw, per-row counter-based noise (default); "
-             "legacy-multinomial: LEGACY per-row torch.multinomial, for comparisons only.")
-MIN_LEN_RULE_HELP = ("block-all-stop: all stop ids are forbidden before min_len (release-time "
-                     "behaviour, default); official-head: mask only id speech_token_size (HEAD quirk).")
+NONFINITE_POLICIES: tuple[str, ...] = get_args(NonfinitePolicy)
+DRAW_METHODS: tuple[str, ...] = get_args(DrawMethod)
+MIN_LEN_RULES: tuple[str, ...] = get_args(MinLenRule)
 
 # stop_reason values set by the sampler itself
 NO_FINITE = "no_finite_logits"
@@ -93,9 +84,13 @@ class SamplerOptions:
     top_k: int = 25  # nucleus size cap (top_k=1 -> arg-max)
     win_size: int = 10  # repetition window: the row's last win_size returned tokens
     tau_r: float = 0.1  # repetition threshold ratio: fall back when count >= win_size * tau_r
-    nonfinite_policy: NonfinitePolicy = "exclude"  # see NONFINITE_POLICY_HELP ("legacy-zero" is LEGACY)
-    draw: DrawMethod = "race"  # see DRAW_HELP ("legacy-multinomial" is LEGACY)
-    min_len_rule: MinLenRule = "block-all-stop"  # see MIN_LEN_RULE_HELP
+    # exclude: NaN/-inf never drawn, +inf picked uniformly, a row with nothing finite aborted
+    # (no_finite_logits); error: abort a row at its first NaN/+inf; legacy-zero: LEGACY, NaN read as 0.0
+    nonfinite_policy: NonfinitePolicy = "exclude"
+    # race: exponential-race draw on per-row counter noise; legacy-multinomial: LEGACY torch.multinomial
+    draw: DrawMethod = "race"
+    # block-all-stop: every stop id forbidden before min_len (release-time); official-head: only id S (HEAD)
+    min_len_rule: MinLenRule = "block-all-stop"
 
     def __post_init__(self) -> None:
         if not 0.0 < self.top_p <= 1.0:

@@ -288,12 +288,12 @@ def test_inspect_checks_keys_the_way_stages_load_them(model_dir: Path, tmp_path:
 
 
 def test_dummy_run_without_model_dir_gets_builtin_frontend_assets(manifest: Path) -> None:
-    from cosyclone.engine.tiny import builtin_frontend_dir
     from cosyclone.frontend import Frontend
+    from cosyclone.frontend.tiny_assets import builtin_assets_dir
     from cosyclone.model.config import released_config
 
-    root = builtin_frontend_dir()
-    assert builtin_frontend_dir() == root  # written once per process
+    root = builtin_assets_dir()
+    assert builtin_assets_dir() == root  # written once (per user, in the cache folder)
     cfg = released_config()
     from dataclasses import replace
 
@@ -302,3 +302,23 @@ def test_dummy_run_without_model_dir_gets_builtin_frontend_assets(manifest: Path
     requests = frontend.prepare(row["id"], manifest.parent / row["prompt_audio"], row.get("prompt_text"),
                                 row["text"], row.get("mode", "zero_shot"), row.get("instruct"), 0, 1.0)
     assert requests and requests[0].embed["embedding"].shape[-1] == cfg.frontend.spk_embed_dim
+
+
+def test_validate_and_the_builtin_assets_leave_no_temporary_folder(manifest: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """validate without --model-dir and dummy runs use the built-in frontend assets: written once into
+    the user cache folder (whole, by a rename), never into a temporary folder left behind."""
+    import tempfile
+
+    from cosyclone.frontend.tiny_assets import builtin_assets_dir
+
+    scratch, cache = tmp_path / "tmp", tmp_path / "cache"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setenv("COSYCLONE_CACHE_DIR", str(cache))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    res = CliRunner().invoke(app, ["validate", str(manifest), "--show-text"])
+    assert res.exit_code == 0, res.output
+    root = builtin_assets_dir()
+    assert root.parent == cache and [p.name for p in cache.glob("builtin-*")] == [root.name]
+    assert list(scratch.iterdir()) == []
