@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from cosyclone.engine import RowResult
@@ -22,6 +23,7 @@ from cosyclone.errors import Exit
 from cosyclone.run import folder as runfolder
 from cosyclone.run import report
 from cosyclone.run.folder import ResumePlan
+from cosyclone.run.row_record import RowRecord
 
 
 @dataclass
@@ -190,7 +192,7 @@ class JobSummary:
         return Exit.ROWS_FAILED if self.last_run.failed + self.last_run.invalid else Exit.OK
 
 
-def write_accounts(out: Any, record: RunRecord, current: Mapping[str, Any], *, write_error: str | None,
+def write_accounts(out: Path, record: RunRecord, current: Mapping[str, RowRecord], *, write_error: str | None,
                    failed: Sequence[RowResult], written: int) -> JobSummary:
     """``summary.json`` (folder totals and this run) and this run's line of ``runs.jsonl``."""
     from dataclasses import replace

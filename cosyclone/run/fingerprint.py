@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cosyclone.base.device import DevicePolicy
 from cosyclone.base.user_cache import cache_dir
+from cosyclone.manifest import ManifestRow
 
 #: Changes whenever the same inputs would give other audio (a sampler, frontend or code2wav change).
 #: Part of every fingerprint, so a new release redoes rows made by an older algorithm.
@@ -160,7 +162,7 @@ def _shared_prefix(digest: str) -> str:
     return found
 
 
-_CONTEXT: tuple[Any, dict[str, str]] = (None, {})  # (the last RunContext, its run-wide parts), read and set whole
+_CONTEXT: tuple[RunContext | None, dict[str, str]] = (None, {})  # (the last RunContext, its run-wide parts), read and set whole
 
 
 def _context_parts(ctx: RunContext) -> dict[str, str]:
@@ -173,7 +175,7 @@ def _context_parts(ctx: RunContext) -> dict[str, str]:
     return dict(last[1])
 
 
-def row_fingerprint(row: Any, seed: int, ctx: RunContext, hashes: HashCache) -> tuple[str, dict[str, str]]:
+def row_fingerprint(row: ManifestRow, seed: int, ctx: RunContext, hashes: HashCache) -> tuple[str, dict[str, str]]:
     """(fingerprint, parts): a stable hash of everything that changes ``row``'s audio.
 
     ``parts`` maps each name of :data:`PARTS` to a short hash, so a changed row can say what changed.
@@ -187,7 +189,7 @@ def row_fingerprint(row: Any, seed: int, ctx: RunContext, hashes: HashCache) -> 
     return _digest([parts[k] for k in PARTS]), parts
 
 
-def cpu_threads(policy: Any, actor_threads: int | None = None) -> str:
+def cpu_threads(policy: DevicePolicy, actor_threads: int | None = None) -> str:
     """The thread count a row's CPU bytes depend on: ``actor_threads`` (a Ray actor's), else this
     process's torch intra-op threads; "-" on a GPU, whose kernels do not split sums by host thread."""
     if policy.device.type != "cpu":

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from cosyclone.errors import CosycloneError
+from cosyclone.manifest import ManifestRow
 from cosyclone.run.fingerprint import changed_parts
 from cosyclone.run.row_record import RowRecord
 
@@ -142,7 +143,7 @@ def is_complete(out_dir: Path, record: RowRecord) -> bool:
 class ResumePlan:
     """What a run must do with the manifest rows, against the folder's records."""
 
-    todo: list[Any]  # rows to synthesize (new, changed, failed before, or incomplete)
+    todo: list[ManifestRow]  # rows to synthesize (new, changed, failed before, or incomplete)
     done: list[str]  # ids skipped: complete and fingerprint unchanged
     redone: dict[str, list[str]]  # id -> changed fingerprint parts (rows that were complete)
     retried: list[str]  # ids whose earlier attempt failed or whose WAV is missing/torn
@@ -168,7 +169,7 @@ class ResumePlan:
         return "; ".join(bits)
 
 
-def plan_resume(out_dir: Path, rows: Iterable[Any], fingerprints: Mapping[str, tuple[str, dict[str, str]]],
+def plan_resume(out_dir: Path, rows: Iterable[ManifestRow], fingerprints: Mapping[str, tuple[str, dict[str, str]]],
                 *, records: Mapping[str, RowRecord], overwrite: bool = False) -> ResumePlan:
     """Decide per row: skip (complete, same fingerprint) or redo, and why, against the folder's
     ``records`` (read once by a run that plans its rows part by part). Foreign rows (in the folder,

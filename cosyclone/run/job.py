@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cosyclone import options as O
+from cosyclone.base.device import DevicePolicy
 from cosyclone.base.stop import StopRequest
 from cosyclone.engine import Engine, RowResult
 from cosyclone.errors import ManifestError
@@ -85,7 +86,7 @@ class SynthJob:
         return self.planned.opts
 
     @property
-    def policy(self) -> Any:
+    def policy(self) -> DevicePolicy:
         return self.planned.policy
 
     @property
