@@ -249,6 +249,7 @@ def test_writer_atomic_float_and_torn_line(tmp_path: Path) -> None:
     from cosyclone.engine import RowResult
     from cosyclone.run.folder import is_complete, journal_path, read_records
     from cosyclone.run.row_record import RowStamp
+    from cosyclone.run.audio_out import AudioOutput
     from cosyclone.run.writer import BackgroundWriter, WriterOptions
 
     stamp = RowStamp(fingerprint=None, fingerprint_parts=None, run_id="r", text="t", prompt_text="", prompt_audio="p",
@@ -257,7 +258,7 @@ def test_writer_atomic_float_and_torn_line(tmp_path: Path) -> None:
     (tmp_path / "diagnostics.jsonl").write_text('{"id": "old", "status": "ok"}\n{"id": "torn", "sta')
     (tmp_path / "wavs").mkdir()
     (tmp_path / "wavs" / "y.wav").write_bytes(b"stale audio of an earlier attempt")
-    w = BackgroundWriter(WriterOptions(out_dir=tmp_path, float_wav=True), journal_path(tmp_path, "all"))
+    w = BackgroundWriter(WriterOptions(out_dir=tmp_path, output=AudioOutput(encoding="float")), journal_path(tmp_path, "all"))
     w.submit(RowResult(id="x", line=1, seed=0, audio=np.full(480, 0.25, np.float32)), stamp)
     w.submit(RowResult(id="y", line=2, seed=0, status="failed", error="boom", traceback="Traceback..."), stamp)
     w.close()

@@ -27,13 +27,33 @@ class FieldDoc:
 
 
 def field_docs(cls: type) -> list[FieldDoc]:
-    """The fields of dataclass ``cls`` in order, with their annotations and comments.
+    """The fields of dataclass ``cls`` with their annotations and comments: its own fields first, then
+    those of its bases in method resolution order (a field is documented where it is declared).
 
     Raises ``ValueError`` naming a field that has no comment: every field of a documented record
     says what it holds.
     """
+    comments: dict[str, str] = {}
+    types: dict[str, str] = {}
+    for owner in reversed(cls.__mro__):  # a subclass's own comment wins over its base's
+        if dataclasses.is_dataclass(owner) and owner is not object:
+            own_types, own_docs = _declared(owner)
+            types.update(own_types)
+            comments.update(own_docs)
+    out = []
+    order = {name: rank for rank, name in enumerate(n for c in cls.__mro__ for n in c.__dict__.get("__annotations__", {}))}
+    for f in sorted(dataclasses.fields(cls), key=lambda f: order.get(f.name, len(order))):  # own fields first
+        doc = comments.get(f.name, "")
+        if not doc:
+            raise ValueError(f"{cls.__name__}.{f.name} has no comment: say what it holds")
+        out.append(FieldDoc(name=f.name, type=types.get(f.name, str(f.type)), doc=doc))
+    return out
+
+
+def _declared(cls: type) -> tuple[dict[str, str], dict[str, str]]:
+    """(annotation, comment) of each field the class body of ``cls`` itself declares."""
     source = textwrap.dedent(inspect.getsource(cls))
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = set(cls.__dict__.get("__annotations__", {}))
     comments: dict[str, list[str]] = {}
     types: dict[str, str] = {}
     current: str | None = None
@@ -48,20 +68,13 @@ def field_docs(cls: type) -> list[FieldDoc]:
             line = lines[tok.start[0] - 1]
             if line[4 + len(tok.string):].lstrip().startswith(":"):
                 current = tok.string
-                annotation = line.split(":", 1)[1].split("=", 1)[0].split("#", 1)[0].strip()
-                types[current] = annotation
+                types[current] = line.split(":", 1)[1].split("=", 1)[0].split("#", 1)[0].strip()
                 comments.setdefault(current, [])
         elif tok.type == tokenize.NAME and depth == 0 and tok.start[1] == 4:
             current = None  # a method or another statement: comments below are not a field's
         elif tok.type == tokenize.COMMENT and current is not None:
             comments[current].append(tok.string.lstrip("#").strip())
-    out = []
-    for f in dataclasses.fields(cls):
-        doc = " ".join(c for c in comments.get(f.name, []) if c)
-        if not doc:
-            raise ValueError(f"{cls.__name__}.{f.name} has no comment: say what it holds")
-        out.append(FieldDoc(name=f.name, type=types.get(f.name, str(f.type)), doc=doc))
-    return out
+    return types, {k: " ".join(c for c in v if c) for k, v in comments.items()}
 
 
 def markdown_table(docs: list[FieldDoc]) -> str:

@@ -135,14 +135,6 @@ class Shard(Protocol):
     def close(self) -> None: ...  # everything in the file and fsynced
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class ParquetShard:
     """A Parquet file written a row group at a time (at most ROW_GROUP_ROWS rows buffered)."""
 
@@ -185,7 +177,7 @@ class ParquetShard:
     def close(self) -> None:
         self._flush()
         self._writer.close()
-        _fsync(self.path)
+        runfolder.fsync_dir(self.path)
 
 
 def _arrow_type(name: str) -> Any:

@@ -209,7 +209,7 @@ def pid_alive(pid: int) -> bool:
 # ----------------------------------------------------------------------------- durability
 
 def fsync_dir(path: Path) -> None:
-    """Make a rename or unlink in ``path`` durable."""
+    """Make a rename or unlink in the folder ``path`` durable (or a file's written bytes: any path opens)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -27,15 +27,15 @@ class RowStamp:
     """What made a row, beside its result: the inputs it was made from and the run that made it."""
 
     fingerprint: str | None  # the row's fingerprint (None: it failed before one could be made)
-    fingerprint_parts: dict[str, str] | None  # the fingerprint's parts (what a resume compares)
-    run_id: str  # the invocation that made it (a line of runs.jsonl)
+    fingerprint_parts: dict[str, str] | None  # the fingerprint's parts (what changed, on a redo)
+    run_id: str | None  # the invocation that made it (its line in runs.jsonl)
     text: str  # the manifest's text
     prompt_text: str  # the manifest's prompt transcript
     prompt_audio: str  # the prompt recording's path as resolved
     mode: str  # zero_shot | cross_lingual | instruct2
     instruct: str  # the instruction (instruct2)
     speed: float  # the speaking-rate factor
-    manifest: str  # the manifest as given on the command line
+    manifest: str | None  # the manifest as given on the command line
     shard: str | None  # --shard i/N of the run that made it
 
 
@@ -53,8 +53,9 @@ class FileFacts:
 
 
 @dataclass(frozen=True)
-class RowRecord:
-    """One line of ``diagnostics.jsonl``: a row's latest attempt."""
+class RowRecord(FileFacts, RowStamp):
+    """One line of ``diagnostics.jsonl``: a row's latest attempt, flat (what made it and its file are the
+    fields of :class:`RowStamp` and :class:`FileFacts`, declared once there)."""
 
     id: str  # the manifest row's id (the file's stem)
     line: int  # its 1-based manifest line
@@ -65,31 +66,13 @@ class RowRecord:
     error_type: str | None  # the exception's class name when a stage raised
     traceback: str | None  # "see errors.jsonl" when a stage raised something other than a user error
     seed: int  # the row's seed as used (manifest seed, else derived from --seed and the id)
-    text: str  # the manifest's text
-    prompt_text: str  # the manifest's prompt transcript
-    prompt_audio: str  # the prompt recording's path as resolved
-    mode: str  # zero_shot | cross_lingual | instruct2
-    instruct: str  # the instruction (instruct2)
-    speed: float  # the speaking-rate factor
-    file: str | None  # the audio file relative to the folder (wavs/<id>.wav or .flac); None for a failed row
-    samples: int | None  # samples in that file (a resume checks the file still holds them)
-    sample_rate: int | None  # the file's sample rate
-    audio_format: str | None  # wav | flac
-    encoding: str | None  # pcm16 | pcm24 | float
     audio_seconds: float  # seconds of audio as the model made it (before --trim-silence)
-    trimmed_lead_seconds: float  # leading silence cut by --trim-silence (0.0 without it)
-    trimmed_trail_seconds: float  # trailing silence cut by --trim-silence (0.0 without it)
     nonfinite_audio_samples: int  # NaN/inf samples code2wav produced (the row failed, or they were zeroed)
     stop_reasons: tuple[str, ...]  # the talker's stop reason per text segment
     tokens: tuple[int, ...]  # speech tokens per segment, after the silent-token filter
     segments: tuple[SegmentText, ...]  # what the LLM read per segment: text, text_ids, prompt_ids
     sampler: tuple[SamplerRowDiagnostics, ...]  # the sampler's counters per segment ("The sampler's counters")
     seconds: dict[str, float]  # wall seconds per stage: frontend, talker, flow, hift
-    fingerprint: str | None  # the row's fingerprint (None: it failed before one could be made)
-    fingerprint_parts: dict[str, str] | None  # the fingerprint's parts (what changed, on a redo)
-    run_id: str | None  # the invocation that made it (its line in runs.jsonl)
-    manifest: str | None  # the manifest as given on the command line
-    shard: str | None  # --shard i/N of the run that made it
     finished_at: float  # when the record was committed (Unix time); the latest wins across journals
 
     @property
@@ -149,16 +132,13 @@ def make_record(result: RowResult, stamp: RowStamp, facts: FileFacts, *,
                 traceback_note: str | None = None) -> RowRecord:
     """The record of a written row: the engine's result, what made it, and the file on disk."""
     return RowRecord(
+        **{f.name: getattr(stamp, f.name) for f in fields(RowStamp)},
+        **{f.name: getattr(facts, f.name) for f in fields(FileFacts)},
         id=result.id, line=result.line, status=result.status, reason=result.reason, error=result.error,
         error_type=result.error_type, traceback=traceback_note if result.traceback else None, seed=result.seed,
-        text=stamp.text, prompt_text=stamp.prompt_text, prompt_audio=stamp.prompt_audio, mode=stamp.mode,
-        instruct=stamp.instruct, speed=stamp.speed, file=facts.file, samples=facts.samples,
-        sample_rate=facts.sample_rate, audio_format=facts.audio_format, encoding=facts.encoding,
-        audio_seconds=result.audio_seconds, trimmed_lead_seconds=facts.trimmed_lead_seconds,
-        trimmed_trail_seconds=facts.trimmed_trail_seconds, nonfinite_audio_samples=result.nonfinite_audio_samples,
+        audio_seconds=result.audio_seconds, nonfinite_audio_samples=result.nonfinite_audio_samples,
         stop_reasons=result.stop_reasons, tokens=result.tokens, segments=result.segments, sampler=result.sampler,
-        seconds=dict(result.seconds), fingerprint=stamp.fingerprint, fingerprint_parts=stamp.fingerprint_parts,
-        run_id=stamp.run_id, manifest=stamp.manifest, shard=stamp.shard, finished_at=time.time())
+        seconds=dict(result.seconds), finished_at=time.time())
 
 
 NO_FILE = FileFacts(file=None, samples=None, sample_rate=None, audio_format=None, encoding=None,
