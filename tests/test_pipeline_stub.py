@@ -247,9 +247,9 @@ def test_released_config_loads_without_dir() -> None:
 
 def test_writer_atomic_float_and_torn_line(tmp_path: Path) -> None:
     from cosyclone.engine import RowResult
+    from cosyclone.run.audio_out import AudioOutput
     from cosyclone.run.folder import is_complete, journal_path, read_records
     from cosyclone.run.row_record import RowStamp
-    from cosyclone.run.audio_out import AudioOutput
     from cosyclone.run.writer import BackgroundWriter, WriterOptions
 
     stamp = RowStamp(fingerprint=None, fingerprint_parts=None, run_id="r", text="t", prompt_text="", prompt_audio="p",
