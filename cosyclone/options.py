@@ -165,7 +165,7 @@ class FolderOptions:
     # 32-bit float WAVs instead of PCM16: the same as --audio-encoding float (part of the fingerprint)
     float_wav: bool = opt(False, "32-bit float WAV (= --audio-encoding float)", panel=OUTPUT)
     # Hz of the written files (8000-48000); 24000, the model's, writes its samples as they are
-    sample_rate: int = opt(24000, "output rate in Hz, 8000-48000 (default 24000)", panel=OUTPUT, low=8000,
+    sample_rate: int = opt(24000, "output Hz, 8000-48000 (default 24000)", panel=OUTPUT, low=8000,
                            high=48000, metavar="HZ")
     # the files' container: wav | flac (lossless, about half the size)
     audio_format: AudioFormat = opt("wav", "wav | flac", panel=OUTPUT, metavar="FMT")
