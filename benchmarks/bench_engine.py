@@ -513,8 +513,8 @@ def run_gemm_fraction(tokens: int = 100, n_timesteps: int | None = None, rounds:
 
 def frontend_cache(model_dir: str | None, rows: int = 16, prompts: int = 2) -> dict[str, Any]:
     """Frontend time over ``rows`` rows sharing ``prompts`` prompts, without and with the prompt cache."""
-    from cosyclone.frontend.tiny_assets import builtin_assets_dir
     from cosyclone.frontend import Frontend
+    from cosyclone.frontend.tiny_assets import builtin_assets_dir
     from cosyclone.model.config import load_model_config, released_config
 
     cfg = load_model_config(model_dir) if model_dir else replace(released_config(), model_dir=builtin_assets_dir())

@@ -94,8 +94,8 @@ def run_stage_benchmarks() -> None:
 
 def _frontend(cfg: E2EConfig):
     """The frontend the run will use (the model directory's, or the dummy run's built-in assets)."""
-    from cosyclone.frontend.tiny_assets import builtin_assets_dir
     from cosyclone.frontend import Frontend
+    from cosyclone.frontend.tiny_assets import builtin_assets_dir
     from cosyclone.model.config import load_model_config, released_config
 
     if cfg.model_dir is not None:
