@@ -21,3 +21,22 @@ def test_every_field_of_a_record_says_what_it_holds() -> None:
     for cls, _ in docs_tables.TABLES.values():
         docs = field_docs(cls)  # raises on a field without its comment
         assert sorted(d.name for d in docs) == sorted(cls.__dataclass_fields__)
+
+
+def test_a_text_holding_a_line_separator_keeps_its_record(tmp_path) -> None:
+    """U+2028 and U+2029 are valid in a manifest text and written raw (ensure_ascii=False); the folder's
+    reader splits lines at \\n only, so such a row's record reads back (it used to be redone forever)."""
+    from cosyclone.engine import RowResult
+    from cosyclone.run import folder as runfolder
+    from cosyclone.run.row_record import RowStamp
+    from cosyclone.run.writer import BackgroundWriter, WriterOptions
+
+    text = "first line\u2028second\u2029third"
+    stamp = RowStamp(fingerprint="f", fingerprint_parts={}, run_id="r", text=text, prompt_text="", prompt_audio="p",
+                     mode="cross_lingual", instruct="", speed=1.0, manifest="m", shard=None)
+    writer = BackgroundWriter(WriterOptions(out_dir=tmp_path), runfolder.journal_path(tmp_path, "all"))
+    writer.submit(RowResult(id="sep", line=1, seed=0, status="failed", error="x"), stamp)
+    writer.close()
+    assert runfolder.read_records(tmp_path)["sep"].text == text
+    assert runfolder.compact(tmp_path, "all")["sep"].text == text
+    assert runfolder.read_records(tmp_path)["sep"].text == text  # and after compaction

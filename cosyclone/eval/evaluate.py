@@ -35,6 +35,7 @@ from cosyclone.eval.redo import REDO_NAME, current_seed, redo_seed, write_redo
 from cosyclone.eval.speaker import SpeakerEncoder, build_encoder, cosine
 from cosyclone.eval.summary import summarize, write_summary
 from cosyclone.eval.thresholds import Thresholds, failures
+from cosyclone.run.folder import iter_jsonl
 
 EVAL_NAME = "eval.jsonl"
 ASR_RATE = 16000
@@ -87,12 +88,8 @@ def _previous(out_dir: Path) -> dict[str, dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
     if not path.is_file():
         return found
-    for raw in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict) and isinstance(obj.get("id"), str):
+    for obj in iter_jsonl(path):  # the run folder's reader: lines end at \n only, torn ones skipped
+        if isinstance(obj.get("id"), str):
             found[obj["id"]] = obj
     return found
 

@@ -64,7 +64,7 @@ def read_folder(out_dir: str | Path, manifest: str | Path) -> Folder:
     if not out_dir.is_dir():
         raise CosycloneError(f"{out_dir}: output folder not found")
     m = read_manifest(manifest)
-    lines = Path(m.path).read_text(encoding="utf-8").splitlines()
+    lines = Path(m.path).read_text(encoding="utf-8").split("\n")  # manifest lines end at \n only (as it is read)
     status = read_status(out_dir)
     folder = Folder(out_dir=out_dir, manifest=Path(m.path), invalid=list(m.errors))
     for row in m.rows:

@@ -72,7 +72,8 @@ def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
         data = path.read_bytes()
     except FileNotFoundError:
         return
-    for raw in data.decode("utf-8", errors="replace").splitlines():
+    # lines end at "\n" only: str.splitlines would also cut at U+2028/U+2029, which a text may hold raw
+    for raw in data.decode("utf-8", errors="replace").split("\n"):
         try:
             obj = json.loads(raw)
         except json.JSONDecodeError:
