@@ -88,3 +88,40 @@ def test_rocm_buckets_pad_the_shapes_and_move_audio_by_rounding_only(engine: Any
     assert seen and all(s % 16 == 0 for s in seen)  # every flow call padded to the bucket
     for a, b in zip(padded.wavs, plain.wavs, strict=True):
         assert a.shape == b.shape and torch.allclose(a, b, rtol=0, atol=1e-5)
+
+
+def test_a_sized_run_decodes_with_the_sized_slots_and_hands_code2wav_its_budgets(
+        engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine wires a GPU-style sizing through (forced here on CPU): the continuous session takes
+    the sized slot count and reserves the sized cache, code2wav gets the budgets; the tokens are
+    the CPU defaults' and the audio moves by float rounding only."""
+    from dataclasses import replace
+
+    from cosyclone.code2wav import token2wav as T
+    from cosyclone.engine import Engine
+    from cosyclone.manifest import rows_from_dicts
+
+    root = Path(__file__).resolve().parents[1]
+    rows = rows_from_dicts([{"id": f"r{i}", "prompt_audio": str(root / "manifests" / "prompts" / "speaker2.wav"),
+                             "prompt_text": "reference words", "text": t}
+                            for i, t in enumerate(["Hello there.", "Short.", "One more line.", "The end."])]).rows
+    opts = replace(engine.opts, batch_size=2)
+    plain = Engine(engine.stages, opts)
+    want = list(plain.run(rows))
+    sized = Engine(engine.stages, opts)
+    sized.sizing = replace(sized.sizing, sized=True, talker_slots=3, hift_max_frames=30, flow_max_tokens=20,
+                           reserve_positions=64)
+    seen: list[dict] = []
+    real = T.token2wav
+
+    def spy(*a: Any, **k: Any) -> Any:
+        seen.append({n: k.get(n) for n in ("flow_max_tokens", "hift_max_frames")})
+        return real(*a, **k)
+
+    monkeypatch.setattr(T, "token2wav", spy)
+    got = list(sized.run(rows))
+    assert sized.facts().talker_slots_used == 3 and plain.facts().talker_slots_used == 2  # CPU: a batch's worth
+    assert seen and all(s == {"flow_max_tokens": 20, "hift_max_frames": 30} for s in seen)
+    for a, b in zip(got, want, strict=True):
+        assert a.diagnostics["tokens"] == b.diagnostics["tokens"] and a.wav is not None and b.wav is not None
+        assert a.wav.shape == b.wav.shape and float(abs(a.wav - b.wav).max()) < 1e-4

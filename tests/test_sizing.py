@@ -142,3 +142,24 @@ def test_a_dry_run_subtracts_the_weights_in_each_stages_dtype() -> None:
     mixed = Z.weights_bytes(CFG, resolve("cpu", "mixed"))
     assert 2.5e9 < fp32 < 4.5e9 and 0 < fp32 - mixed < fp32 / 2
     assert not Z.dry_run_sizing(CFG, resolve("cpu", "fp32"), RunOptions()).sized  # CPU: no memory read
+
+
+def _fake_gpu_memory(monkeypatch: pytest.MonkeyPatch, free: int, reserved: int = 0, allocated: int = 0) -> None:
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 80 * GIB))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: reserved)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: allocated)
+
+
+def test_free_memory_counts_the_allocators_idle_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the driver reports free, plus what torch's cache holds with no tensor in it (reused first)."""
+    _fake_gpu_memory(monkeypatch, free=10 * GIB, reserved=5 * GIB, allocated=3 * GIB)
+    assert Z.free_device_bytes(torch.device("cuda")) == 12 * GIB
+    assert Z.free_device_bytes(torch.device("cpu")) is None
+
+
+def test_a_dry_run_on_a_gpu_plans_for_what_the_load_will_leave(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_gpu_memory(monkeypatch, free=40 * GIB)
+    policy = _gpu()
+    s = Z.dry_run_sizing(CFG, policy, RunOptions())
+    assert s.sized and s.free_bytes == 40 * GIB - Z.weights_bytes(CFG, policy)
+    assert s == plan_sizing(CFG, policy, RunOptions(), free_bytes=s.free_bytes)  # the same rule as after load

@@ -212,11 +212,14 @@ def plan_sizing(cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, *, fre
 
 
 def free_device_bytes(device: torch.device) -> int | None:
-    """``torch.cuda.mem_get_info``'s free bytes on ``device`` (None on CPU)."""
+    """The memory this process can still use on ``device`` (None on CPU): ``torch.cuda.mem_get_info``'s
+    free bytes plus the blocks torch's caching allocator holds with no tensor in them (the load's
+    temporaries), which the driver counts as used but this process reuses first."""
     if device.type != "cuda":
         return None
     free, _total = torch.cuda.mem_get_info(device)
-    return int(free)
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return int(free + max(0, cached))
 
 
 def weights_bytes(cfg: ModelConfig, policy: DevicePolicy) -> int:
