@@ -8,7 +8,9 @@ batch 1): every row generates exactly ``COSYCLONE_BENCH_TOKENS`` speech tokens (
 (75 prompt speech tokens), a prompt text of 20 ids ending in ``<|endofprompt|>`` and a target
 text of 30 ids (measured with the run's own tokenizer), 10 Euler steps. Reported: audio seconds
 per wall second of the three stages (what the baseline timed) and of the whole model run
-(frontend included), and the per-stage seconds summed from ``diagnostics.jsonl``.
+(frontend included), the per-stage seconds summed from ``diagnostics.jsonl``, and each stage's
+rows per second on the same rows (the frontend's per prompt worker and for the run's workers: it
+must outpace the talker and code2wav, or it bounds the GPU).
 
 Environment (all optional):
 
@@ -141,7 +143,7 @@ def build_manifest(cfg: E2EConfig, folder: Path) -> dict:
     prompt_tokens = sorted({int(fe.prompt_features(folder / f"prompt{k}.wav")["speech_token"].numel())
                             for k in (1, 2, 3)})
     return {"prompt_ids": n_prompt, "text_ids": sorted({k for _, k in texts}), "prompt_tokens": prompt_tokens,
-            "prompt_seconds": BASELINE_PROMPT_S}
+            "prompt_seconds": BASELINE_PROMPT_S, "distinct_prompts": len({r["prompt_audio"] for r in rows})}
 
 
 def synth_args(cfg: E2EConfig, manifest: Path, out: Path) -> list[str]:
@@ -180,7 +182,35 @@ def summarize(cfg: E2EConfig, out: Path) -> dict:
             "device": run.get("device"), "dtype": run.get("dtype"), "batch_size": cfg.batch_size,
             "load_format": "full-size dummy" if cfg.model_dir is None else str(cfg.model_dir),
             "n_timesteps": run.get("options", {}).get("n_timesteps"),
-            "cpu_gemm": run.get("options", {}).get("cpu_gemm")}
+            "cpu_gemm": run.get("options", {}).get("cpu_gemm"),
+            "frontend_workers": _frontend_workers(run), "rates": stage_rates(len(lines), stages)}
+
+
+def stage_rates(rows: int, stages: dict) -> dict:
+    """Rows per second of each stage on the same rows, from the stage seconds summed over them: the
+    frontend's per prompt worker (its seconds are the workers' compute, charged to the rows),
+    the talker's and code2wav's (flow + HiFT) as the run shares them out."""
+    def rate(seconds: float) -> float:
+        return rows / seconds if seconds > 0 else float("inf")
+
+    return {"frontend_per_worker": rate(stages["frontend"]), "talker": rate(stages["talker"]),
+            "code2wav": rate(stages["flow"] + stages["hift"])}
+
+
+def _frontend_workers(run: dict) -> int:
+    """The run's prompt workers: as its record names them, else by the engine's rule for this machine."""
+    facts = run.get("engine_facts")  # EngineFacts.as_record(), where the run records it
+    given = ((facts.get("sizing") or {}) if isinstance(facts, dict) else {}).get("frontend_workers")
+    if given:
+        return int(given)
+    from cosyclone.engine.sizing import frontend_plan
+    from cosyclone.options import RunOptions
+
+    opts = run.get("options", {})
+    workers, _ = frontend_plan(RunOptions(threads=opts.get("threads"), frontend_workers=opts.get("frontend_workers"),
+                                          frontend_threads=opts.get("frontend_threads")),
+                               gpu=str(run.get("device", "cpu")).split(":")[0] != "cpu")
+    return workers
 
 
 def end_to_end(cfg: E2EConfig | None = None) -> dict:
@@ -217,6 +247,7 @@ def render(fig: dict) -> str:
             f"{OFFICIAL_AUDIO_S:.1f}/{OFFICIAL_WALL_S:.2f} = {fig['official_audio_s_per_wall_s']:.3f} "
             f"(ratio {fig['ratio_vs_official']:.2f}x)\n"
             f"  per stage: {per_stage}; frontend {st['frontend']:.2f} s (not in the baseline)\n"
+            f"{render_rates(fig)}\n"
             f"  whole model run incl. frontend: {fig['model_wall_s']:.1f} s -> {fig['audio_s_per_model_wall_s']:.3f} "
             f"audio s per wall s; process incl. load {fig['process_wall_s']:.1f} s\n"
             f"  differs from the baseline: {rows} rows in batches of {fig['batch_size']} (baseline: batch 1), "
@@ -225,6 +256,15 @@ def render(fig: dict) -> str:
             f"(baseline: 2-thread CPU float32), flow steps {steps} (baseline 10), one timed run without warm-up "
             f"(baseline: median of 3 after a warm-up), stop ids blocked below min_len (baseline: masked to -inf), "
             f"silent-token filter on; stage seconds are the sums in diagnostics.jsonl")
+
+
+def render_rates(fig: dict) -> str:
+    """The stages' rates side by side: the frontend must keep ahead of the talker and code2wav."""
+    r, workers = fig["rates"], int(fig.get("frontend_workers") or 1)
+    front = r["frontend_per_worker"]
+    return (f"  rows/s on these rows ({fig.get('distinct_prompts', '?')} distinct prompts): frontend "
+            f"{front:.2f} per prompt worker, {front * workers:.2f} with the run's {workers}; talker "
+            f"{r['talker']:.2f}; code2wav {r['code2wav']:.2f}")
 
 
 def main() -> None:

@@ -35,7 +35,7 @@ MODEL, SAMPLING, BATCHING, OUTPUT, SCALE_OUT = "Model", "Sampling", "Batching", 
 LoadFormat = Literal["auto", "dummy"]
 TextFrontend = Literal["wetext", "none"]
 DeviceName = Literal["auto", "cuda", "rocm", "cpu"]
-DtypeName = Literal["auto", "bf16", "fp16", "fp32"]
+DtypeName = Literal["auto", "mixed", "bf16", "fp16", "fp32"]
 CpuGemm = Literal["auto", "onednn", "aten"]
 NonfinitePolicy = Literal["exclude", "error", "legacy-zero"]
 Draw = Literal["race", "legacy-multinomial"]
@@ -69,8 +69,8 @@ class ModelOptions:
     # the device the stages run on; "auto" until resolved (a run records the resolved type)
     device: DeviceName = opt("auto", "auto | cuda | rocm | cpu", panel=MODEL, metavar="DEV",
                              commands=(SYNTH, SAY, INSPECT))
-    # the run dtype; auto: bf16 on GPUs with bf16, else fp32 (head, sampler and HiFT stay fp32)
-    dtype: DtypeName = opt("auto", "auto | bf16 | fp16 | fp32", panel=MODEL, metavar="TYPE",
+    # the run dtype; auto: mixed (talker fp32, DiT bf16) on GPUs with bf16, else fp32 (head, sampler, HiFT: fp32)
+    dtype: DtypeName = opt("auto", "auto | mixed | bf16 | fp16 | fp32", panel=MODEL, metavar="TYPE",
                            commands=(SYNTH, SAY, INSPECT))
     # the library of the talker's and flow's fp32 linear layers on CPU (rounding differs by ~1e-6)
     cpu_gemm: CpuGemm = opt("auto", "CPU fp32 GEMMs: auto | onednn | aten", panel=MODEL, audio=True,
@@ -128,12 +128,15 @@ class SamplingOptions:
 class EngineOptions:
     """How rows are batched and scheduled: none of these change a row's WAV bytes."""
 
-    # max rows per batch (all of a row's segments travel together)
-    batch_size: int = opt(8, "max rows per batch", panel=BATCHING, low=1, metavar="N", commands=(SYNTH,))
+    # max rows per batch (all of a row's segments travel together); None: 8 on CPU, on CUDA/ROCm sized
+    # from the memory free after load (engine/sizing.py); resolved before a run plans its batches
+    batch_size: int | None = opt(None, "max rows per batch (default: 8; GPU: sized)", panel=BATCHING, low=1,
+                                 metavar="N", commands=(SYNTH,))
     # max padded work per batch: rows x the largest row estimate (None: rows only)
     token_budget: int | None = opt(None, "max padded work per batch", panel=BATCHING, low=1, metavar="N",
                                    commands=(SYNTH,))
-    # segments the talker decodes at once (None: a batch's worth); the others wait for a free slot
+    # segments the talker decodes at once (None: a batch's worth on CPU, sized from free memory on
+    # CUDA/ROCm); the others wait for a free slot
     talker_slots: int | None = opt(None, "segments decoded at once", panel=BATCHING, low=1, metavar="N",
                                    commands=(SYNTH,))
     # continuous: one talker session for the run, rows take freed slots across batches; static: per batch
@@ -143,6 +146,16 @@ class EngineOptions:
     cuda_graphs: CudaGraphs = opt("auto", "decode as CUDA graphs: auto | off", panel=BATCHING, metavar="M")
     # code2wav of a finished batch on a worker thread (None: on CUDA/ROCm, off on CPU)
     code2wav_thread: bool | None = opt(None, "", panel=BATCHING, commands=())
+    # threads that prepare upcoming rows' prompts (decode, resample, features, speech tokens, CAM++)
+    # ahead of the talker; None: the cores torch leaves / frontend_threads, at least 1 (engine/sizing.py)
+    frontend_workers: int | None = opt(None, "prompt workers (default: the cores left)", panel=BATCHING, low=1,
+                                       metavar="N", commands=(SYNTH,))
+    # torch and ONNX intra-op threads of each prompt worker (None: 1: rows in parallel scale better)
+    frontend_threads: int | None = opt(None, "threads per prompt worker (default 1)", panel=BATCHING, low=1,
+                                       metavar="N", commands=(SYNTH,))
+    # share of the GPU memory free after load that sizing may plan for (None: 0.9); CPU: unused
+    gpu_memory_fraction: float | None = opt(None, "GPU memory share to size for (0.9)", panel=BATCHING,
+                                            low=0.05, high=1.0, metavar="F", commands=(SYNTH,))
 
 
 @dataclass(frozen=True)

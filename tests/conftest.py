@@ -79,3 +79,13 @@ def reference_vectors() -> Path:
     for name in reference.listed_sets():
         reference.reference_set(name)
     return reference.vectors_dir()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_process_graphs():
+    """Each test starts with the CUDA-graph state of a fresh process: graphs allowed, no pooled
+    step. A failed capture turns graphs off for the whole process by design
+    (``cosyclone/talker/graph_pool.py``), which must not leak from one test into the next."""
+    yield
+    if "cosyclone.talker.graph_pool" in sys.modules:
+        sys.modules["cosyclone.talker.graph_pool"].PROCESS.reset()

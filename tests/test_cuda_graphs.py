@@ -256,9 +256,10 @@ def test_synth_on_cuda_records_graphs_on_and_matches_off(tiny_model_dir: Any, tm
 def test_cuda_capture_protocol_with_fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     """CudaGraphCapture's calls, checked on CPU against stand-ins (real semantics need a GPU, see
     the ``gpu`` tests): ONE side stream per capture owner serves every warm-up and capture; it first
-    waits for the current stream and is waited on after; a capture synchronizes, brackets the step
-    with ``capture_begin``/``capture_end`` in thread-local error mode (no ``torch.cuda.graph``: its
-    ``__enter__`` empties the caches every capture), the first graph's pool is shared by later
+    waits for the current stream and is waited on after; a capture waits only on its own stream (no
+    device-wide synchronize: that would wait for code2wav's stream too), brackets the step with
+    ``capture_begin``/``capture_end`` in thread-local error mode (no ``torch.cuda.graph``: its
+    ``__enter__`` synchronizes and empties the caches every capture), the first graph's pool is shared by later
     captures, replay is the graph's own, and a step that raises during capture still ends it and
     its own error propagates. The keyword arguments used exist in this torch's ``capture_begin``."""
     import inspect
@@ -330,8 +331,8 @@ def test_cuda_capture_protocol_with_fake_cuda(monkeypatch: pytest.MonkeyPatch) -
     events.clear()
     replay1, out1 = cap.capture(lambda: events.append(("step",)) or "o1")
     replay2, out2 = cap.capture(lambda: "o2")
-    assert events == [("sync",), *side, ("begin", 1, None, "thread_local"), ("step",), ("end", 1), *back,
-                      ("sync",), *side, ("begin", 2, "pool1", "thread_local"), ("end", 2), *back]
+    assert events == [*side, ("begin", 1, None, "thread_local"), ("step",), ("end", 1), *back,
+                      *side, ("begin", 2, "pool1", "thread_local"), ("end", 2), *back]
     assert (out1, out2) == ({"out": "o1"}, {"out": "o2"}) and len(cap.graphs) == 2
     events.clear()
     replay2()
@@ -344,5 +345,5 @@ def test_cuda_capture_protocol_with_fake_cuda(monkeypatch: pytest.MonkeyPatch) -
 
     with pytest.raises(RuntimeError, match="operation not permitted"):
         cap.capture(bad)
-    assert events == [("sync",), *side, ("begin", 3, "pool1", "thread_local"), ("end", 3), *back]
+    assert events == [*side, ("begin", 3, "pool1", "thread_local"), ("end", 3), *back]
     assert len(cap.graphs) == 2 and made == ["side"]  # one side stream for every warm-up and capture

@@ -237,7 +237,8 @@ def test_a_run_that_cannot_fit_is_refused_before_any_actor_starts(tiny_model_dir
         seen: list[RayPlan] = []
         row = ManifestRow(id="r", prompt_audio=Path("p.wav"), prompt_text="a", text="b", line=1)
         with pytest.raises(CosycloneError, match=r"no node has room for one actor: it needs \d+\.\d GB") as err:
-            list(run_ray(load_model_config(tiny_model_dir), policy("cpu", "fp32"), RunOptions(), [[row]],
+            # run_ray takes resolved options (resolve_options sets the batch size: 8 on CPU)
+            list(run_ray(load_model_config(tiny_model_dir), policy("cpu", "fp32"), RunOptions(batch_size=8), [[row]],
                          on_plan=seen.append))
         assert "0.3 GB" in str(err.value)
         assert len(seen) == 1 and seen[0].actors == 0 and seen[0].refusal == str(err.value)

@@ -1,12 +1,19 @@
 """Device and dtype selection: CUDA, ROCm (torch's HIP build reports itself as ``cuda``) or CPU.
 
-What ``--dtype`` means, stage by stage:
+What ``--dtype`` means, stage by stage (:attr:`DevicePolicy.stage_dtypes` names each):
 
-* ``auto``: bf16 on a CUDA or ROCm GPU for which ``torch.cuda.is_bf16_supported()`` is true
-  (NVIDIA Ampere and newer, AMD MI200/MI300), fp32 on older GPUs and on CPU. ``auto`` never picks
-  fp16. The resolved name is what the run records (``summary.json`` options ``dtype``).
-* The talker backbone and the flow's DiT run in the run dtype. The talker's speech-token head and
-  the sampler are fp32 in every dtype, and so is HiFT (its F0 predictor in float64).
+* ``auto``: ``mixed`` on a CUDA or ROCm GPU for which ``torch.cuda.is_bf16_supported()`` is true
+  (NVIDIA Ampere and newer, AMD MI200/MI300), fp32 on older GPUs and on every CPU. ``auto`` never
+  picks fp16. The resolved name is what the run records (``summary.json`` options ``dtype``).
+* ``mixed``: the talker backbone in fp32, the flow's DiT in bf16. Why not bf16 for the talker
+  too: its tokens are sampled from its logits, and a reduced-precision backbone both moves them
+  (bf16 picks fp32's token 97% of the time, docs/precision.md) and is where CosyVoice3's LLM has
+  been reported to produce NaN logits in fp16/bf16 (vLLM-Omni PR #4168); a NaN row is what users
+  of this tool count, so the default must not cause it. The DiT regresses mel frames, where bf16
+  rounding is noise under the vocoder, and it is most of code2wav's arithmetic.
+* ``bf16`` / ``fp16`` / ``fp32``: the talker backbone and the DiT both in that dtype. The talker's
+  speech-token head and the sampler are fp32 in every dtype, and so is HiFT (its F0 predictor in
+  float64).
 * fp32 means fp32: TF32 is switched off for matmuls and cuDNN convolutions (:func:`apply_precision`)
   whatever the run dtype, because every fp32 op of this pipeline (head, sampler, HiFT, and all of
   an fp32 run) is fp32 on purpose. TF32 would give fp32 runs 10-bit mantissas on CUDA only.
@@ -25,6 +32,9 @@ from cosyclone.errors import CosycloneError
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # options.DtypeName, less auto
 _NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
+#: The ``--dtype`` word of a talker in fp32 with the DiT in bf16 (what ``auto`` picks on bf16 GPUs).
+MIXED = "mixed"
+
 #: Printed when a run uses fp16: where fp16 is known to overflow, and what is counted.
 FP16_WARNING = (
     "fp16: the talker's Qwen2 backbone can overflow fp16's range (max 65504) in its residual stream "
@@ -40,15 +50,30 @@ class DevicePolicy:
     """Where and in which precision the models run."""
 
     device: torch.device  # the torch device every module and buffer lives on
-    dtype: torch.dtype  # run dtype of the talker backbone and the DiT (head, sampler, HiFT: fp32)
+    dtype: torch.dtype  # run dtype of the talker backbone, and of the DiT unless flow_dtype says otherwise
     backend: str  # "cuda", "rocm" or "cpu", for diagnostics
     requested_dtype: str = "auto"  # the --dtype word this policy was resolved from
     cpu_gemm: str = "aten"  # "onednn" | "aten": the library of the fp32 linear layers on CPU (cpu_gemm.py)
+    flow_dtype: torch.dtype | None = None  # the DiT's dtype when it differs from ``dtype`` (mixed); None: dtype
+
+    @property
+    def dit_dtype(self) -> torch.dtype:
+        """The dtype the flow (its DiT and the conditions fed to it) runs in."""
+        return self.dtype if self.flow_dtype is None else self.flow_dtype
 
     @property
     def dtype_name(self) -> str:
-        """``fp32`` | ``bf16`` | ``fp16``: the resolved run dtype as the run records it."""
+        """``fp32`` | ``bf16`` | ``fp16`` | ``mixed``: the resolved ``--dtype`` word as the run records it
+        (``mixed`` when the DiT runs in another dtype than the talker: see :attr:`stage_dtypes`)."""
+        if self.dit_dtype != self.dtype:
+            return MIXED
         return dtype_name(self.dtype)
+
+    @property
+    def stage_dtypes(self) -> dict[str, str]:
+        """Each stage's compute dtype: ``talker`` (its Qwen2 backbone; head and sampler are fp32),
+        ``flow`` (the DiT) and ``hift`` (always fp32, its F0 predictor float64)."""
+        return {"talker": dtype_name(self.dtype), "flow": dtype_name(self.dit_dtype), "hift": "fp32"}
 
     @property
     def warnings(self) -> tuple[str, ...]:
@@ -100,16 +125,20 @@ def resolve(device: str = "auto", dtype: str = "auto", cpu_gemm: str = "auto") -
         dev = torch.device("cpu")
     else:
         raise CosycloneError(f"--device must be auto, cuda, rocm or cpu, not {device!r}")
-    if dtype == "auto":
-        # fp32 on CPU is the faithful default; bf16 on GPUs that support it; never fp16.
-        run_dtype = torch.bfloat16 if dev.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+    word = dtype.lower()
+    if word == "auto":
+        # fp32 on CPU is the faithful default; on GPUs with bf16 the DiT in bf16 (mixed); never fp16.
+        word = MIXED if dev.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+    if word == MIXED:
+        run_dtype, flow_dtype = torch.float32, torch.bfloat16
+    elif word in _DTYPES:
+        run_dtype, flow_dtype = _DTYPES[word], None
     else:
-        if dtype.lower() not in _DTYPES:
-            raise CosycloneError(f"--dtype must be auto, bf16, fp16 or fp32, not {dtype!r}")
-        run_dtype = _DTYPES[dtype.lower()]
+        raise CosycloneError(f"--dtype must be auto, mixed, bf16, fp16 or fp32, not {dtype!r}")
     gemm = resolve_cpu_gemm(cpu_gemm, dev)
     apply_precision()
-    return DevicePolicy(device=dev, dtype=run_dtype, backend=device, requested_dtype=dtype.lower(), cpu_gemm=gemm)
+    return DevicePolicy(device=dev, dtype=run_dtype, backend=device, requested_dtype=dtype.lower(), cpu_gemm=gemm,
+                        flow_dtype=flow_dtype)
 
 
 def set_threads(n: int | None) -> None:

@@ -130,11 +130,14 @@ class CausalMaskedDiffWithDiT(nn.Module):
         self.decoder.estimator.rotary_embed.reset_buffers()
 
     def conditions(self, token: Tensor, token_len: Tensor, prompt_token: Tensor, prompt_token_len: Tensor,
-                   prompt_feat: Tensor, embedding: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                   prompt_feat: Tensor, embedding: Tensor, *,
+                   pad_to: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """Pack rows and build the CFM conditions.
 
         Returns ``mu (B, 80, T)``, ``mask (B, 1, T)`` float, ``spks (B, 80)``, ``cond (B, 80, T)`` and
-        ``pre (B, L, 80)`` (pre-lookahead output) with ``T = 2 * L``, ``L = max(P_b + N_b)``.
+        ``pre (B, L, 80)`` (pre-lookahead output) with ``T = 2 * L``, ``L = max(P_b + N_b, pad_to)``:
+        ``pad_to`` widens the padding (masked like any other) so that a device that builds kernels
+        per shape (MIOpen) sees few widths; a row's values change only by the rounding of the wider shape.
         """
         dev = self.input_embedding.weight.device
         dtype = self.input_embedding.weight.dtype
@@ -143,7 +146,7 @@ class CausalMaskedDiffWithDiT(nn.Module):
         p = prompt_token_len.to(dev).long()
         ratio = self.cfg.token_mel_ratio
         total = p + n
-        seq = int(total.max().item()) if total.numel() else 0
+        seq = max(int(total.max().item()) if total.numel() else 0, int(pad_to))
         pos = torch.arange(seq, device=dev).unsqueeze(0)  # (1, L)
         in_prompt = pos < p.unsqueeze(1)
         valid = pos < total.unsqueeze(1)
@@ -173,7 +176,7 @@ class CausalMaskedDiffWithDiT(nn.Module):
     @torch.inference_mode()
     def inference(self, token: Tensor, token_len: Tensor, prompt_token: Tensor, prompt_token_len: Tensor,
                   prompt_feat: Tensor, embedding: Tensor, *, n_timesteps: int | None = None,
-                  streaming: bool = False) -> tuple[Tensor, Tensor]:
+                  streaming: bool = False, pad_to: int = 0) -> tuple[Tensor, Tensor]:
         """Tokens -> mel for a batch of rows with different prompt and target lengths.
 
         Args:
@@ -182,12 +185,13 @@ class CausalMaskedDiffWithDiT(nn.Module):
             prompt_feat: ``(B, 2P, 80)`` prompt mel, time-major (row b: first ``2 P_b`` frames).
             embedding: ``(B, 192)`` speaker embedding (L2-normalized here).
             n_timesteps: Euler steps (default ``cfg.cfm.n_timesteps`` = 10).
+            pad_to: pad the rows to at least this many token positions (see :meth:`conditions`).
         Returns:
             ``mel (B, 80, 2 * max N_b)`` float32 (zero past each row's end) and ``mel_len (B,)``.
         """
         steps = self.cfg.cfm.n_timesteps if n_timesteps is None else n_timesteps
         mu, mask, spks, cond, _ = self.conditions(token, token_len, prompt_token, prompt_token_len,
-                                                  prompt_feat, embedding)
+                                                  prompt_feat, embedding, pad_to=pad_to)
         dev = mu.device
         ratio = self.cfg.token_mel_ratio
         n = token_len.to(dev).long()
@@ -206,7 +210,7 @@ class CausalMaskedDiffWithDiT(nn.Module):
 
 def build_flow(cfg: ModelConfig, policy: DevicePolicy,
                load_format: Literal["auto", "dummy"] | str = "auto") -> CausalMaskedDiffWithDiT:
-    """Build the flow on ``policy.device`` in ``policy.dtype``, eval mode.
+    """Build the flow on ``policy.device`` in ``policy.dit_dtype`` (the run dtype, bf16 under ``mixed``), eval mode.
 
     Built on the meta device and materialized with ``to_empty`` (no wasted default init of 330 M
     parameters); ``inv_freq`` is then recomputed in float32. ``"auto"`` strict-loads
@@ -222,7 +226,7 @@ def build_flow(cfg: ModelConfig, policy: DevicePolicy,
         load_module_file(model, cfg.path("flow.pt"))
     else:
         raise ValueError(f"load_format must be 'auto' or 'dummy', not {load_format!r}")
-    model = model.to(dtype=policy.dtype)
+    model = model.to(dtype=policy.dit_dtype)
     model.reset_buffers()
     cpu_gemm.apply(model, policy.cpu_gemm, bf16=True)  # bf16 layers too: bias and GELU fused
     return model.eval().requires_grad_(False)

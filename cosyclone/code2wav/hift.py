@@ -284,16 +284,15 @@ class CausalHiFTGenerator(nn.Module):
         return self.to_wave(self.network(mel, self.source_stft(source, mel_len)), mel_len)
 
     @torch.inference_mode()
-    def inference(self, mel: Tensor, mel_len: Tensor, *, max_frames: int | None = None) -> tuple[Tensor, Tensor]:
+    def inference(self, mel: Tensor, mel_len: Tensor, *, max_frames: int | None = None,
+                  bucket: int = 0) -> tuple[Tensor, Tensor]:
         """mel (B, 80, T), mel_len (B,) -> wav (B, 480·T) zero beyond each row, wav_len (B,).
 
-        Rows run in padded batches (see :meth:`padded_batch`) of at most ``max_frames`` padded mel
-        frames each (rows x the chunk's longest row; a longer row still runs, alone), rows sorted by
-        length so a chunk pads little. Default: :data:`CPU_CHUNK_FRAMES` on CPU, where the convs'
-        activations of a large batch fall out of cache and a row costs more in a big batch than
-        alone; the whole batch at once on accelerators, where nothing here waits for the host. On
-        CPU with several torch threads the chunks run side by side, one thread each
-        (:func:`_row_pool`).
+        Rows run in length-sorted padded batches (:meth:`padded_batch`) of at most ``max_frames``
+        padded frames (rows x the chunk's longest row up to a multiple of ``bucket``: MIOpen meets few
+        widths; a longer row runs alone). Default: :data:`CPU_CHUNK_FRAMES` on CPU (a big batch falls
+        out of cache), else one call unless the engine sizes a budget (``engine/sizing.py``). On CPU
+        with several torch threads the chunks run side by side, one thread each (:func:`_row_pool`).
         """
         cpu = mel.device.type == "cpu"
         if max_frames is None:
@@ -311,8 +310,9 @@ class CausalHiFTGenerator(nn.Module):
 
         def run(rows: list[int]) -> tuple[Tensor, Tensor]:
             index = torch.tensor(rows, dtype=torch.long, device=mel.device)
+            width = min(frames, -(-int(lens[rows].max()) // max(1, bucket)) * max(1, bucket))  # the chunk's own
             with torch.inference_mode():  # per thread
-                return index, self.padded_batch(mel.index_select(0, index), lens[rows].to(mel.device))[0]
+                return index, self.padded_batch(mel[:, :, :width].index_select(0, index), lens[rows].to(mel.device))[0]
 
         if threads > 1:
             self._noise_table(int(lens.max()) * self.upsample_scale)  # grown here, not raced by the workers

@@ -34,25 +34,36 @@ FLOW_CPU_CHUNK_TOKENS = 1400
 
 def run_flow(flow: Any, token: Tensor, token_len: Tensor, prompt_token: Tensor, prompt_token_len: Tensor,
              prompt_feat: Tensor, embedding: Tensor, *, n_timesteps: int | None = None,
-             max_tokens: int | None = None) -> tuple[Tensor, Tensor]:
+             max_tokens: int | None = None, bucket: int = 0) -> tuple[Tensor, Tensor]:
     """``flow.inference`` over length-sorted chunks of at most ``max_tokens`` padded positions.
 
     Same arguments and result as ``flow.inference`` (``mel (B, 80, 2 max N_b)``, ``mel_len (B,)``);
     the flow batches exactly and reads only each row's ``token_len``/``prompt_token_len`` leading
     entries, so a chunk passes the batch's padded tensors restricted to its rows and changes no
     row. ``max_tokens`` None: :data:`FLOW_CPU_CHUNK_TOKENS` on CPU, one call elsewhere; 0: one call.
+    ``bucket`` > 0: each call's positions are padded up to a multiple of it (``flow.inference``'s
+    ``pad_to``; ROCm, where MIOpen builds kernels per shape); 0 leaves the calls as they are.
     """
     if max_tokens is None:
         max_tokens = FLOW_CPU_CHUNK_TOKENS if token.device.type == "cpu" else 0
-    chunks = chunks_by_length((token_len + prompt_token_len).tolist(), max_tokens)
+    totals = (token_len + prompt_token_len).tolist()
+    chunks = chunks_by_length(totals, max_tokens)
+
+    def call(*args: Tensor, longest: int) -> tuple[Tensor, Tensor]:
+        extra = {}
+        if bucket > 0:
+            cap = int(flow.cfg.cfm.noise_frames // flow.cfg.token_mel_ratio)  # the noise table's length
+            extra["pad_to"] = max(longest, min(cap, -(-longest // bucket) * bucket))
+        return flow.inference(*args, n_timesteps=n_timesteps, **extra)
+
     if len(chunks) <= 1:
-        return flow.inference(token, token_len, prompt_token, prompt_token_len, prompt_feat, embedding,
-                              n_timesteps=n_timesteps)
+        return call(token, token_len, prompt_token, prompt_token_len, prompt_feat, embedding,
+                    longest=int(max(totals, default=0)))
     rows: list[Tensor] = [token.new_zeros(0)] * int(token.shape[0])
     for chunk in chunks:
         ix = torch.tensor(chunk, dtype=torch.long, device=token.device)
-        mel, mel_len = flow.inference(token[ix], token_len[ix], prompt_token[ix], prompt_token_len[ix],
-                                      prompt_feat[ix], embedding[ix], n_timesteps=n_timesteps)
+        mel, mel_len = call(token[ix], token_len[ix], prompt_token[ix], prompt_token_len[ix], prompt_feat[ix],
+                            embedding[ix], longest=int(max(totals[i] for i in chunk)))
         for k, b in enumerate(chunk):
             rows[b] = mel[k, :, : int(mel_len[k])]
     lens = [int(r.shape[-1]) for r in rows]
@@ -113,7 +124,8 @@ class Token2WavResult:
 def token2wav(flow: Any, hift: Any, token: Tensor, token_len: Tensor, prompt_token: Tensor,
               prompt_token_len: Tensor, prompt_feat: Tensor, embedding: Tensor, *,
               speed: Sequence[float] | None = None, n_timesteps: int | None = None,
-              flow_max_tokens: int | None = None) -> Token2WavResult:
+              flow_max_tokens: int | None = None, hift_max_frames: int | None = None,
+              flow_bucket: int = 0, hift_bucket: int = 0) -> Token2WavResult:
     """Batched non-streaming token2wav: ``flow.inference`` -> per-row speed change -> ``hift.inference``.
 
     Args:
@@ -125,6 +137,10 @@ def token2wav(flow: Any, hift: Any, token: Tensor, token_len: Tensor, prompt_tok
         speed: one factor per row (default all 1.0, which skips the interpolation entirely).
         n_timesteps: flow Euler steps (None: the flow's configured default).
         flow_max_tokens: padded positions per flow call (see :func:`run_flow`; None: per device).
+        hift_max_frames: padded mel frames per HiFT call (``hift.inference``'s ``max_frames``; None: per device).
+        flow_bucket, hift_bucket: pad each flow call's token positions / HiFT call's mel frames up to
+            a multiple of these (0: no bucketing). A row's audio changes by float rounding only, as
+            with a longer batch mate: used on ROCm so that MIOpen meets few shapes.
     Returns:
         :class:`Token2WavResult` with row b's waveform trimmed to its own length.
     """
@@ -132,11 +148,17 @@ def token2wav(flow: Any, hift: Any, token: Tensor, token_len: Tensor, prompt_tok
     speeds = [1.0] * bsz if speed is None else [float(s) for s in speed]
     t0 = time.perf_counter()
     mel, mel_len = run_flow(flow, token, token_len, prompt_token, prompt_token_len, prompt_feat, embedding,
-                            n_timesteps=n_timesteps, max_tokens=flow_max_tokens)
+                            n_timesteps=n_timesteps, max_tokens=flow_max_tokens, bucket=flow_bucket)
     mel_len = mel_len.cpu()  # also waits for the flow on an accelerator, so the timing is honest
     t1 = time.perf_counter()
     mel, mel_len = change_speed(mel, mel_len, speeds)
-    wav, wav_len = hift.inference(mel, mel_len.to(mel.device))
+    extra: dict[str, int] = {}  # only what was asked: stand-in vocoders take (mel, mel_len) alone
+    if hift_max_frames is not None:
+        extra["max_frames"] = int(hift_max_frames)
+    if hift_bucket > 0:
+        extra["bucket"] = int(hift_bucket)
+        mel = F.pad(mel, (0, -(-int(mel.shape[-1]) // hift_bucket) * hift_bucket - int(mel.shape[-1])))
+    wav, wav_len = hift.inference(mel, mel_len.to(mel.device), **extra)
     wav, wav_len = wav.float().cpu(), wav_len.cpu()
     t2 = time.perf_counter()
     wavs = [wav[b, : int(wav_len[b])].clone() for b in range(bsz)]

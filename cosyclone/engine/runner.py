@@ -13,31 +13,44 @@ from dataclasses import replace
 from pathlib import Path
 
 from cosyclone.base.device import DevicePolicy
+from cosyclone.base.memory import read_peaks, reset_peaks
 from cosyclone.base.stop import StopRequest
 from cosyclone.engine import stages as S
 from cosyclone.engine.batches import plan_batches
+from cosyclone.engine.facts import EngineFacts, GraphFacts
 from cosyclone.engine.isolation import TokenCheckpoint
 from cosyclone.engine.outcome import RowResult
 from cosyclone.engine.schedule import StageSchedule
 from cosyclone.engine.setup import model_config, resolve_options
+from cosyclone.engine.sizing import Sizing, free_device_bytes, plan_sizing
 from cosyclone.engine.stages import Stages
 from cosyclone.manifest import ManifestRow
 from cosyclone.model.config import ModelConfig
 from cosyclone.options import MODEL_FIELDS, RunOptions
+from cosyclone.talker.graph_pool import PROCESS
 
 
 class Engine:
     """Stages loaded once, under resolved :class:`~cosyclone.options.RunOptions`."""
 
-    def __init__(self, stages: Stages, opts: RunOptions) -> None:
+    def __init__(self, stages: Stages, opts: RunOptions, *, free_bytes: int | None = None) -> None:
+        """``free_bytes``: the device memory free after load (default: read now, on an accelerator;
+        tests give a made-up figure)."""
         self.stages = stages
         self.opts = opts  # resolved: device, dtype, cpu_gemm and cuda_graphs are never "auto"
         self.graph_errors: list[str] = []  # why CUDA graph captures failed in this engine's runs (none: none did)
+        if free_bytes is None:
+            free_bytes = free_device_bytes(stages.policy.device)
+        self.free_bytes = free_bytes  # what sizing planned from (None on CPU)
+        self.sizing: Sizing = plan_sizing(stages.cfg, stages.policy, opts, free_bytes=free_bytes)
+        stages.sizing = self.sizing  # code2wav's budgets (the stages read it per call)
+        self._last: StageSchedule | None = None  # the last run's schedule (its talker slots)
 
     @classmethod
     def load(cls, model_dir: str | Path | None, opts: RunOptions, *, cfg: ModelConfig | None = None) -> Engine:
-        """Resolve ``opts`` and build the frontend and the three models (dummy weights read no file)."""
-        opts, policy = resolve_options(opts)
+        """Resolve ``opts`` and build the frontend and the three models (dummy weights read no file);
+        on an accelerator the sizes come from the memory free once they are loaded."""
+        opts, policy = resolve_options(opts, cfg=cfg)
         cfg = cfg if cfg is not None else model_config(model_dir, opts.load_format)
         return cls(S.load_stages(cfg, policy, opts.load_format, text_frontend=opts.text_frontend), opts)
 
@@ -66,11 +79,42 @@ class Engine:
         """
         run_opts = self.opts if opts is None else replace(opts, **{k: getattr(self.opts, k) for k in MODEL_FIELDS},
                                                           cuda_graphs=self._graphs(opts))
+        sizing = self.sizing if run_opts == self.opts else plan_sizing(self.cfg, self.policy, run_opts,
+                                                                        free_bytes=self.free_bytes)
+        self.stages.sizing = sizing
+        run_opts = replace(run_opts, batch_size=sizing.batch_size) if run_opts.batch_size is None else run_opts
         if batches is None:
-            batches = plan_batches(rows, run_opts.batch_size, run_opts.token_budget)
-        return StageSchedule(self.stages, batches, run_opts, tokens=tokens, prefetch=prefetch,
-                             graph_errors=self.graph_errors, stop=stop).run()
+            batches = plan_batches(rows, run_opts.batch_size or sizing.batch_size, run_opts.token_budget)
+        self._last = StageSchedule(self.stages, batches, run_opts, tokens=tokens, prefetch=prefetch,
+                                   graph_errors=self.graph_errors, stop=stop)
+        return self._recorded(self._last.run())
+
+    def _recorded(self, results: Iterator[RowResult]) -> Iterator[RowResult]:
+        """The run's results; afterwards a capture failure anywhere in the process (static batches,
+        isolation retries, the continuous session) is in :attr:`graph_errors`, once."""
+        try:
+            yield from results
+        finally:
+            reason = PROCESS.disabled
+            if reason is not None and not any(reason in e for e in self.graph_errors):
+                self.graph_errors.append(reason)
 
     def _graphs(self, opts: RunOptions) -> str:
         """The run's CUDA graphs choice, resolved against the loaded device (``off`` stays off)."""
         return "off" if opts.cuda_graphs == "off" else self.opts.cuda_graphs
+
+    def facts(self) -> EngineFacts:
+        """What this engine chose and measured so far (see :class:`~cosyclone.engine.facts.EngineFacts`):
+        device, stage dtypes, sizes, CUDA graphs (process-wide counts), peak memory."""
+        policy = self.policy
+        g = PROCESS.counts
+        graphs = GraphFacts(resolved=self.opts.cuda_graphs, captures=g.captures, replays=g.replays,
+                            sessions=g.sessions, reused=g.reused, disabled=PROCESS.disabled)
+        slots = self._last.slots if self._last is not None and self._last.opts.schedule == "continuous" else None
+        return EngineFacts(device=str(policy.device), backend=policy.backend, dtype=policy.dtype_name,
+                           stage_dtypes=policy.stage_dtypes, sizing=self.stages.sizing or self.sizing,
+                           talker_slots_used=slots, graphs=graphs, peak=read_peaks(policy.device))
+
+    def reset_peaks(self) -> None:
+        """Start the peak-memory figures afresh (a run that wants its own peaks, not the load's)."""
+        reset_peaks(self.policy.device)

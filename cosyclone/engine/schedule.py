@@ -7,7 +7,8 @@ while a slot could take them, and sends a batch to code2wav as soon as its last 
 the talker (on this thread, or a worker thread with its own CUDA stream). A row's tokens do not
 depend on its slot mates and code2wav sees the same batches either way, so both give the same WAV
 bytes. Records come out in batch order, as a generator. With prefetch one worker thread runs the
-frontend of the next batch (queue depth 1) while the models work.
+frontend of the next batch (queue depth 1) while the models work, and prompt workers compute the
+prompts of the rows further ahead (:mod:`.prefetch`).
 
 Must not: plan batches or run a stage itself; those are :mod:`.batches`' and :mod:`.stages`'.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -26,46 +27,15 @@ from cosyclone.base.stop import StopRequest
 from cosyclone.engine import isolation as I
 from cosyclone.engine import stages as S
 from cosyclone.engine.outcome import RowResult
+from cosyclone.engine.prefetch import FrontendPrefetch, PromptAhead
 from cosyclone.engine.stages import PreparedBatch, Stages
 from cosyclone.manifest import ManifestRow
 from cosyclone.options import RunOptions
+from cosyclone.talker.graph_pool import free_device_cache
+
+__all__ = ["FrontendPrefetch", "StageSchedule"]
 
 log = logging.getLogger(__name__)
-
-
-class FrontendPrefetch:
-    """The frontend one batch ahead on a worker thread: :meth:`take` of batch k starts batch k + 1."""
-
-    def __init__(self, pool: ThreadPoolExecutor, stages: Stages, batches: Sequence[Sequence[ManifestRow]],
-                 opts: RunOptions, *, enabled: bool) -> None:
-        self.pool, self.stages, self.batches, self.opts, self.enabled = pool, stages, batches, opts, enabled
-        self.ahead: tuple[int, Future[PreparedBatch]] | None = None
-        if enabled and batches:
-            self.ahead = (0, pool.submit(S.prepare_batch, stages, batches[0], opts))
-
-    def take(self, k: int) -> PreparedBatch | None:
-        """Batch ``k``'s frontend output if it was prepared ahead (None: prepare it on this thread)."""
-        prepared = None
-        if self.ahead is not None and self.ahead[0] == k:
-            prepared = _result_or_none(self.ahead[1])
-            self.ahead = None
-        if self.enabled and k + 1 < len(self.batches):
-            self.ahead = (k + 1, self.pool.submit(S.prepare_batch, self.stages, self.batches[k + 1], self.opts))
-        return prepared
-
-    def cancel(self) -> None:
-        if self.ahead is not None:
-            self.ahead[1].cancel()
-
-
-def _result_or_none(ahead: Future[PreparedBatch] | None) -> PreparedBatch | None:
-    """The prefetched batch, or None (no prefetch, or it raised: the caller prepares it again)."""
-    if ahead is None:
-        return None
-    try:
-        return ahead.result()
-    except Exception:
-        return None
 
 
 @dataclass
@@ -102,11 +72,16 @@ class StageSchedule:
         self.stages, self.batches, self.opts, self.tokens, self.prefetch = stages, batches, opts, tokens, prefetch
         self.stop = stop  # a stop request: no batch starts after it; an immediate one ends the run
         self.graph_errors = graph_errors if graph_errors is not None else []  # failed CUDA graph captures
+        sizing = stages.sizing
         self.dec = S.decode_options(stages.cfg, opts)
+        if sizing is not None and sizing.reserve_positions:  # GPU: the cache a slot is sized for, up front
+            self.dec = replace(self.dec, reserve_positions=sizing.reserve_positions)
         self.frontend: FrontendPrefetch | None = None
-        # slots: --talker-slots, else a batch's worth (no more than the run's rows: an empty slot
-        # computes too) or, when the first batch to decode brings more segments, that many
-        self.slots = max(1, opts.talker_slots or min(opts.batch_size, sum(len(b) for b in batches)))
+        # slots: --talker-slots, else the sized count on a GPU or a batch's worth on CPU (no more than
+        # the run's rows: an empty slot computes too) or, when the first batch to decode brings more
+        # segments, that many
+        per_batch = (sizing.talker_slots if sizing is not None and sizing.sized else None) or opts.batch_size or 8
+        self.slots = max(1, opts.talker_slots or min(per_batch, sum(len(b) for b in batches)))
         self.session: Any = None
         self.owner: dict[int, tuple[_InFlight, int]] = {}  # ticket -> (batch, segment index)
         self.flight: list[_InFlight] = []
@@ -125,7 +100,8 @@ class StageSchedule:
     def run(self) -> Iterator[RowResult]:
         """The records of every planned batch, in batch order, each batch as soon as it is done."""
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cosyclone-frontend") as pool:
-            self.frontend = FrontendPrefetch(pool, self.stages, self.batches, self.opts, enabled=self.prefetch)
+            self.frontend = FrontendPrefetch(pool, self.stages, self.batches, self.opts, enabled=self.prefetch,
+                                             prompts=self._prompt_workers())
             try:
                 if self.opts.schedule == "static":
                     yield from self._run_static()
@@ -133,6 +109,16 @@ class StageSchedule:
                     yield from self._run_continuous()
             finally:
                 self.frontend.cancel()
+
+    def _prompt_workers(self) -> PromptAhead | None:
+        """Prompt workers ahead of the talker (with prefetch, for a frontend that computes prompts
+        apart): as far ahead as two talker-fulls of rows, or four rows per worker, whichever is more."""
+        sizing, frontend = self.stages.sizing, self.stages.frontend
+        if not self.prefetch or sizing is None or not PromptAhead.usable(frontend):
+            return None
+        return PromptAhead(frontend, self.batches, workers=sizing.frontend_workers,
+                           threads=sizing.frontend_threads,
+                           ahead_rows=max(2 * self.slots, 4 * sizing.frontend_workers))
 
     def _run_static(self) -> Iterator[RowResult]:
         """Each batch through every stage before the next (its talker session holds that batch alone)."""
@@ -180,7 +166,7 @@ class StageSchedule:
             k = self.next
             self.next += 1
             try:
-                prepared = self.frontend.take(k) or S.prepare_batch(self.stages, self.batches[k], self.opts)
+                prepared = self.frontend.take(k) or self._prepare(k)
             except Exception as exc:  # outside the per-row guards: each row alone, as synthesize_batch_isolated
                 self.flight.append(_InFlight(rows=list(self.batches[k]), prepared=None, error=exc))
                 continue
@@ -199,6 +185,13 @@ class StageSchedule:
                 tickets = session.add(reqs)
                 f.todo.update(todo)
                 self.owner.update({t: (f, i) for t, i in zip(tickets, todo, strict=True)})
+
+    def _prepare(self, k: int) -> PreparedBatch:
+        """Batch ``k``'s frontend on this thread (no prefetch, or the prefetch raised)."""
+        prompts = self.frontend.prompts if self.frontend is not None else None
+        if prompts is None:
+            return S.prepare_batch(self.stages, self.batches[k], self.opts)
+        return S.prepare_batch(self.stages, self.batches[k], self.opts, prompts=prompts)
 
     def _session(self, first: int) -> Any:
         """The open session, or a new one (``first``: segments the first batch brings)."""
@@ -232,8 +225,8 @@ class StageSchedule:
         log.warning("talker session failed (%s: %s); its rows are decoded batch by batch", type(exc).__name__, exc)
         self._close_session()
         self.owner.clear()
-        if I.is_out_of_memory(exc) and self.stages.policy.device.type == "cuda":
-            torch.cuda.empty_cache()
+        if I.is_out_of_memory(exc):  # idle pooled steps go; empty_cache unless a capture failed
+            free_device_cache(self.stages.policy.device)
         for f in self.flight:
             if not f.todo:
                 continue

@@ -34,21 +34,34 @@ def model_config(model_dir: str | Path | None, load_format: str = "auto") -> Mod
     return released_config()
 
 
-def resolve_options(opts: RunOptions) -> tuple[RunOptions, DevicePolicy]:
-    """``opts`` with device, dtype, CPU GEMM library and CUDA graphs resolved (never ``auto``), and
-    the :class:`~cosyclone.base.device.DevicePolicy` every builder takes. Idempotent: resolving a
-    resolved set gives it back. Sets the process's thread counts (``threads``)."""
+def resolve_options(opts: RunOptions, *, cfg: ModelConfig | None = None,
+                    free_bytes: int | None = None) -> tuple[RunOptions, DevicePolicy]:
+    """``opts`` with device, dtype, CPU GEMM library, CUDA graphs and batch size resolved (never
+    ``auto`` or None; the prompt workers stay as given: they follow each machine's cores), and the :class:`~cosyclone.base.device.DevicePolicy` every
+    builder takes. Idempotent: resolving a resolved set gives it back. Sets the process's thread
+    counts (``threads``; the ONNX sessions take the prompt workers' ``frontend_threads``).
+
+    The batch size is resolved before any weight is loaded (a run plans its batches first): on CPU
+    8, on an accelerator :func:`~cosyclone.engine.sizing.plan_sizing` from ``free_bytes`` (default:
+    the free memory now less the weights the load will take, of ``cfg`` or the released geometry).
+    """
     from cosyclone.base.device import backend_name, resolve, set_threads
+    from cosyclone.engine.sizing import dry_run_sizing, plan_sizing
     from cosyclone.frontend.onnx import set_intra_op_threads
+    from cosyclone.model.config import released_config
     from cosyclone.talker.graphs import resolve_cuda_graphs
 
     check(opts)
     device = "rocm" if opts.device == "cuda" and backend_name() == "rocm" else opts.device  # ROCm runs as cuda
     policy = resolve(device, opts.dtype, opts.cpu_gemm)
     set_threads(opts.threads)
-    if opts.threads is not None:  # the ONNX sessions (speech tokenizer, CAM++) take the same count
-        set_intra_op_threads(int(opts.threads))
+    geometry = cfg if cfg is not None else released_config()
+    if policy.device.type == "cpu" or free_bytes is not None or opts.batch_size is not None:
+        sizing = plan_sizing(geometry, policy, opts, free_bytes=free_bytes if free_bytes is not None else 0)
+    else:
+        sizing = dry_run_sizing(geometry, policy, opts)
+    set_intra_op_threads(sizing.frontend_threads)  # the ONNX sessions (speech tokenizer, CAM++) the workers run
     graphs = resolve_cuda_graphs("off" if opts.cuda_graphs == "off" else "auto", policy.device, draw=opts.draw)
     resolved = replace(opts, device=policy.device.type, dtype=policy.dtype_name, cpu_gemm=policy.cpu_gemm,
-                       cuda_graphs=graphs.value)
+                       cuda_graphs=graphs.value, batch_size=sizing.batch_size)
     return resolved, policy

@@ -46,6 +46,7 @@ class Stages:
     talker: Any
     flow: Any
     hift: Any
+    sizing: Any = None  # the run's engine.sizing.Sizing (code2wav's budgets); None: the device defaults
 
 
 def load_stages(cfg: ModelConfig, policy: DevicePolicy, load_format: str, *,
@@ -56,6 +57,7 @@ def load_stages(cfg: ModelConfig, policy: DevicePolicy, load_format: str, *,
     from cosyclone.code2wav.flow import build_flow
     from cosyclone.code2wav.hift import build_hift
     from cosyclone.frontend import Frontend
+    from cosyclone.frontend.onnx import default_providers
     from cosyclone.talker.model import build_talker
 
     talker = build_talker(cfg, policy, load_format=load_format)
@@ -68,8 +70,8 @@ def load_stages(cfg: ModelConfig, policy: DevicePolicy, load_format: str, *,
         from cosyclone.frontend.tiny_assets import builtin_assets_dir
 
         frontend_cfg = replace(cfg, model_dir=builtin_assets_dir())
-    return Stages(cfg=cfg, policy=policy, frontend=Frontend(frontend_cfg, text_frontend=text_frontend),
-                  talker=talker, flow=flow, hift=hift)
+    frontend = Frontend(frontend_cfg, providers=default_providers(policy.backend), text_frontend=text_frontend)
+    return Stages(cfg=cfg, policy=policy, frontend=frontend, talker=talker, flow=flow, hift=hift)
 
 
 def _sampler_options(cfg: ModelConfig, opts: RunOptions) -> Any:
@@ -128,8 +130,12 @@ _FRONTEND_LOCK = threading.Lock()
 
 
 @torch.inference_mode()
-def prepare_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptions) -> PreparedBatch:
-    """The frontend over ``rows``; a bad prompt or text fails its row only (recorded in its outcome)."""
+def prepare_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptions, *,
+                  prompts: Any = None) -> PreparedBatch:
+    """The frontend over ``rows``; a bad prompt or text fails its row only (recorded in its outcome).
+
+    ``prompts``: an :class:`~cosyclone.engine.prefetch.PromptAhead` whose workers computed the rows'
+    prompt features ahead (the row is charged their seconds); None: computed here."""
     outcomes = {r.id: RowOutcome(row_id=r.id, line=r.line, seed=row_seed_of(opts.seed, r)) for r in rows}
     segments: list[tuple[str, Any]] = []
     # the position check must use the run's max length ratio when it overrides the model's
@@ -137,15 +143,17 @@ def prepare_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptions)
     for row in rows:
         oc = outcomes[row.id]
         t0 = time.perf_counter()
+        ahead, ahead_seconds = prompts.take(row) if prompts is not None else (None, 0.0)
+        extra = fit if ahead is None else {**fit, "features": ahead}
         try:
             with _FRONTEND_LOCK:
                 reqs = stages.frontend.prepare(row.id, row.prompt_audio, row.prompt_text, row.text, row.mode,
-                                               row.instruct, oc.seed, row.speed, **fit)
+                                               row.instruct, oc.seed, row.speed, **extra)
             segments.extend((row.id, r) for r in reqs)
             oc.segments = [_segment_record(r) for r in reqs]
         except Exception as exc:  # a bad prompt or text fails its row only
             oc.fail_exc("frontend", exc)
-        oc.seconds["frontend"] = time.perf_counter() - t0
+        oc.seconds["frontend"] = time.perf_counter() - t0 + ahead_seconds
     return PreparedBatch(rows=list(rows), outcomes=outcomes, segments=segments)
 
 
@@ -264,13 +272,22 @@ def _code2wav(stages: Stages, live: Sequence[tuple[int, str, Any]], results: dic
                            for r, _ in items], dev)
     feats = [torch.as_tensor(_embed(r, "speech_feat")).reshape(-1, 80) for r, _ in items]
     pfeat, _ = _pad(feats, dev)
-    pfeat = pfeat.to(stages.policy.dtype)
+    pfeat = pfeat.to(stages.policy.dit_dtype)
     emb = torch.stack([torch.as_tensor(_embed(r, "embedding")).reshape(-1) for r, _ in items])
-    emb = emb.to(dev, dtype=stages.policy.dtype)
+    emb = emb.to(dev, dtype=stages.policy.dit_dtype)
     res = token2wav(stages.flow, stages.hift, tok, tok_len, ptok, ptok_len, pfeat, emb,
-                    speed=[float(r.speed) for r, _ in items], n_timesteps=opts.n_timesteps)
+                    speed=[float(r.speed) for r, _ in items], n_timesteps=opts.n_timesteps,
+                    **code2wav_budgets(stages.sizing))
     for _, rid, _ in live:
         outcomes[rid].seconds["flow"] = outcomes[rid].seconds.get("flow", 0.0) + res.flow_seconds / len(items)
         outcomes[rid].seconds["hift"] = outcomes[rid].seconds.get("hift", 0.0) + res.hift_seconds / len(items)
     return {i: w.numpy().astype(np.float32, copy=False) for (i, _, _), w in zip(live, res.wavs, strict=True)}
 
+
+def code2wav_budgets(sizing: Any) -> dict[str, int]:
+    """token2wav's per-call budgets and ROCm buckets from the run's sizing; none on CPU (the
+    stages' own CPU defaults run, the same code path as before sizing existed)."""
+    if sizing is None or not sizing.sized:
+        return {}
+    return {"flow_max_tokens": sizing.flow_max_tokens, "hift_max_frames": sizing.hift_max_frames,
+            "flow_bucket": sizing.flow_bucket, "hift_bucket": sizing.hift_bucket}

@@ -87,16 +87,18 @@ class Frontend:
 
     def prepare(self, row_id: str, prompt_audio: str | Path | tuple[torch.Tensor, int],
                 prompt_text: str | None, text: str, mode: str = "zero_shot", instruct: str | None = None,
-                seed: int = 0, speed: float = 1.0, *, max_len_ratio: float | None = None) -> list[Request]:
+                seed: int = 0, speed: float = 1.0, *, max_len_ratio: float | None = None,
+                features: PromptFeatures | None = None) -> list[Request]:
         """One :class:`Request` per target segment; text is checked before any audio work.
 
         Each Request carries its segment's normalized text (``segment_text``) and target id count
         (``target_len``), so the run record shows what the model read. A segment that could
         overflow the LLM's positions is refused here, before the talker (at the model's max length
-        ratio, or ``max_len_ratio`` when the run overrides it).
+        ratio, or ``max_len_ratio`` when the run overrides it). ``features``: this prompt's
+        :meth:`prompt_features`, already computed (by a prompt worker ahead of the talker).
         """
         plan = self.text.plan(mode, prompt_text, text, instruct, row_id=row_id)
-        feats = self.prompt_features(prompt_audio, row_id=row_id)
+        feats = features if features is not None else self.prompt_features(prompt_audio, row_id=row_id)
         llm_speech = int(feats["speech_token"].numel()) if mode in LLM_PROMPT_MODES else 0
         talker = self.cfg.talker
         ratio = talker.max_len_ratio if max_len_ratio is None else max_len_ratio

@@ -32,13 +32,22 @@ def set_intra_op_threads(n: int) -> None:
     _INTRA_OP_THREADS[0] = int(n)
 
 
-def default_providers() -> list[str]:
-    """CUDA or ROCm execution provider when this onnxruntime build has one, else CPU."""
+#: The accelerator execution providers used for each torch backend, when the installed onnxruntime
+#: offers them. ROCm: the ROCm provider was removed from recent onnxruntime releases; its successor,
+#: MIGraphX, compiles a program per input shape and every prompt brings a new length, so it is not
+#: picked: on a ROCm machine without the old provider the frontend runs on the CPU (its workers).
+GPU_PROVIDERS = {"cuda": ("CUDAExecutionProvider",), "rocm": ("ROCMExecutionProvider",)}
+
+
+def default_providers(backend: str | None = None) -> list[str]:
+    """The execution providers for the frontend's sessions, from what this onnxruntime build offers:
+    ``backend`` (the run's torch backend) picks :data:`GPU_PROVIDERS`' entry (``cpu``: none); None
+    takes any CUDA or ROCm provider offered. The CPU provider always comes last."""
     import onnxruntime as ort
 
     avail = ort.get_available_providers()
-    out = [p for p in ("CUDAExecutionProvider", "ROCMExecutionProvider") if p in avail]
-    return out + ["CPUExecutionProvider"]
+    wanted = ("CUDAExecutionProvider", "ROCMExecutionProvider") if backend is None else GPU_PROVIDERS.get(backend, ())
+    return [p for p in wanted if p in avail] + ["CPUExecutionProvider"]
 
 
 def get_session(path: str | Path, providers: list[str] | None = None) -> object:

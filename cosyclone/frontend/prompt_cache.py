@@ -50,7 +50,9 @@ class LRUCache(Generic[V]):
     """A bounded, thread-safe least-recently-used map with hit and miss counters.
 
     :meth:`get_or_compute` runs ``compute`` outside the lock (ONNX work must not serialize other
-    lookups); two threads missing the same key at once both compute it, and the results are equal.
+    lookups). A key being computed is computed once: a second thread that misses it meanwhile
+    waits for the first and takes its value (a hit), or computes it itself when the first raised
+    (failures are not stored: each row gets its own error).
     """
 
     def __init__(self, max_entries: int = DEFAULT_ENTRIES) -> None:
@@ -61,25 +63,40 @@ class LRUCache(Generic[V]):
         self.misses = 0
         self._data: OrderedDict[Hashable, V] = OrderedDict()
         self._lock = threading.Lock()
+        self._computing: dict[Hashable, threading.Event] = {}  # keys a thread is computing now
 
     def __len__(self) -> int:
         return len(self._data)
 
     def get_or_compute(self, key: Hashable, compute: Callable[[], V]) -> V:
-        with self._lock:
-            if key in self._data:
-                self.hits += 1
-                self._data.move_to_end(key)
-                return self._data[key]
-            self.misses += 1
-        value = compute()  # an exception stores nothing
-        if self.max_entries:
+        while True:
             with self._lock:
-                self._data[key] = value
-                self._data.move_to_end(key)
-                while len(self._data) > self.max_entries:
-                    self._data.popitem(last=False)
-        return value
+                if key in self._data:
+                    self.hits += 1
+                    self._data.move_to_end(key)
+                    return self._data[key]
+                busy = self._computing.get(key) if self.max_entries else None
+                if busy is None:
+                    self.misses += 1
+                    mine = threading.Event()
+                    if self.max_entries:
+                        self._computing[key] = mine
+                    break
+            busy.wait()  # another thread computes it: take its value (or compute, if it raised)
+        try:
+            value = compute()  # an exception stores nothing
+            if self.max_entries:
+                with self._lock:
+                    self._data[key] = value
+                    self._data.move_to_end(key)
+                    while len(self._data) > self.max_entries:
+                        self._data.popitem(last=False)
+            return value
+        finally:
+            with self._lock:
+                if self._computing.get(key) is mine:
+                    del self._computing[key]
+            mine.set()
 
     def stats(self) -> dict[str, int]:
         return {"hits": self.hits, "misses": self.misses, "entries": len(self._data)}

@@ -24,9 +24,12 @@ arguments by ``copy_`` and it returns the graph's static outputs, valid until th
 The capture mechanism is a :class:`CaptureBackend`: :class:`CudaGraphCapture` (``torch.cuda``)
 on a GPU, :class:`EagerCapture` (the same state machine and buffer copies, no graph) so the
 wrapper's logic is tested on CPU. A capture that raises switches the wrapper to eager for the
-rest of the decode, with the reason recorded (:attr:`GraphedStep.reason`); what really ran is
-counted (:attr:`GraphedStep.replayed`; per row ``graph_steps`` in the sampler diagnostics, per
-session ``TalkerSession.graphs_used`` / ``graph_capture_error``).
+rest of the decode, with the reason recorded (:attr:`GraphedStep.reason`), and tells its owner
+(``on_failure``: the process's graphs go off for good, :mod:`cosyclone.talker.graph_pool`); what
+really ran is counted (:attr:`GraphedStep.replayed`; per row ``graph_steps`` in the sampler
+diagnostics, per session ``TalkerSession.graphs_used`` / ``graph_capture_error``). Graphs are
+captured once per process and step shape: the pooled steps of :mod:`~cosyclone.talker.graph_pool`
+outlive the sessions that use them.
 
 UNVERIFIED on a GPU: this module was written and tested on a CPU-only machine; the CUDA path
 (side-stream warm-up, ``torch.cuda.graph`` capture with a shared pool, replay) follows torch's
@@ -130,13 +133,15 @@ class CudaGraphCapture:
     """``torch.cuda.CUDAGraph`` capture: one side stream for every warm-up and capture of its
     owner (a decode session), one memory pool for all its graphs.
 
-    Why not ``torch.cuda.graph``: its ``__enter__`` empties the device and pinned-host caches (and
-    may ``gc.collect``) before every capture; a session captures once per ``kv_len`` bucket, in
-    the middle of a run whose allocator should stay warm. The protocol is the same otherwise:
-    synchronize, capture on a side stream that waited for the current one, ``capture_end`` even
-    when the step raised. ``capture_error_mode="thread_local"``: other threads of the run
-    (frontend worker, code2wav on its own stream) may use CUDA while this one captures.
-    UNVERIFIED on a GPU (see the module docstring).
+    Why not ``torch.cuda.graph``: its ``__enter__`` synchronizes the whole device and empties the
+    device and pinned-host caches (and may ``gc.collect``) before every capture; a step is captured
+    once per ``kv_len`` bucket in the middle of a run whose allocator should stay warm, and a device
+    synchronize would wait for code2wav's stream too. Here a capture waits only on its own stream:
+    the side stream waits (on the device, by event) for the talker's current stream, captures, and
+    the current stream waits for it; nothing is synchronized on the host (a capture runs no
+    kernel, so it needs no finished input). ``capture_end`` runs even when the step raised.
+    ``capture_error_mode="thread_local"``: other threads of the run (prompt workers, code2wav on
+    its own stream) may use CUDA while this one captures. UNVERIFIED on a GPU (module docstring).
     """
 
     def __init__(self, device: torch.device | str) -> None:
@@ -159,7 +164,6 @@ class CudaGraphCapture:
 
     def capture(self, thunk: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
         graph = torch.cuda.CUDAGraph()
-        torch.cuda.synchronize(self.device)
 
         def record() -> Any:
             graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
@@ -201,10 +205,15 @@ class GraphedStep:
     """
 
     def __init__(self, fn: Callable[..., Any], key: Callable[[], Hashable], backend: CaptureBackend, *,
-                 warmup: int = 2) -> None:
+                 warmup: int = 2, counts: Any = None, on_failure: Callable[[str], None] | None = None) -> None:
+        """``counts``: an object whose ``captures``/``replays`` this wrapper adds to (the process's
+        :class:`~cosyclone.talker.graph_pool.GraphCounts`); ``on_failure``: told the reason once a
+        capture failed (the process turns graphs off)."""
         self.fn = fn
         self.key = key
         self.backend = backend
+        self.counts = counts
+        self.on_failure = on_failure
         self.warmup = max(1, int(warmup))  # at least one real run: lazy inits must not happen in capture
         self.inputs: dict[Hashable, tuple[Tensor, ...]] = {}
         self.replays: dict[Hashable, tuple[Callable[[], None], dict[str, Any]]] = {}
@@ -245,10 +254,16 @@ class GraphedStep:
             except Exception as exc:  # capture refused: decode on eagerly (capture ran nothing)
                 self.reason = f"capture failed for key {key!r}: {type(exc).__name__}: {exc}"
                 log.warning("CUDA graphs off for this decode: %s", self.reason)
+                if self.on_failure is not None:
+                    self.on_failure(self.reason)
                 return self.fn(*args)
             self.replays[key] = done
+            if self.counts is not None:
+                self.counts.captures += 1
         replay, holder = done
         replay()
         self.replayed += 1
+        if self.counts is not None:
+            self.counts.replays += 1
         self.last_replayed = True
         return holder.get("out")

@@ -56,6 +56,8 @@ class DecodeOptions:
     # None: on CUDA/ROCm only (on CPU nothing runs ahead, so it would only delay refills). Same tokens
     kv_bucket: int | None = 64  # cells a step reads, rounded up to this (None: the whole capacity, fixed shape)
     capacity: int | None = None  # cache cells per slot (None: longest prompt + largest max_len)
+    reserve_positions: int | None = None  # with CUDA graphs: cache cells per slot allocated up front (the
+    # engine's sized figure on a GPU), so rows that fit never grow the pooled step and force a recapture
     compile: str | None = None  # torch.compile backend for the step ("inductor", "eager", ...; fullgraph=True);
     # use with kv_bucket=None (one shape) and a fixed capacity
     cuda_graphs: str = "auto"  # "auto": capture the step as CUDA graphs (one per kv_len bucket) on CUDA/ROCm

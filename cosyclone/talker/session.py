@@ -28,6 +28,7 @@ Nothing here hashes the seed again.
 from __future__ import annotations
 
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -35,7 +36,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from cosyclone.talker.graphs import CudaGraphCapture, GraphChoice, GraphedStep, resolve_cuda_graphs
+from cosyclone.talker.graph_pool import PROCESS, PooledStep
+from cosyclone.talker.graphs import GraphChoice, GraphedStep, resolve_cuda_graphs
 from cosyclone.talker.model import CosyVoice3LM
 from cosyclone.talker.request import DecodeOptions, TalkerRequest, length_limits, prompt_batch, prompt_length
 from cosyclone.talker.results import TalkerResult, harvest_tokens, talker_result
@@ -82,12 +84,22 @@ class TalkerSession:
         cfg = model.cfg
         self.n_slots = max(1, int(slots))
         self.sampler_options: SamplerOptions = options.sampler or SamplerOptions.from_config(cfg.sampling)
-        sampler = SlotSampler(self.sampler_options, slots=self.n_slots, vocab=cfg.decoder_size,
-                              speech_token_size=cfg.speech_token_size, device=model.device)
         if options.capacity is not None:
             capacity = options.capacity
-        self.engine = SlotStep(model, slots=self.n_slots, capacity=max(1, capacity),
-                                 token_capacity=max(1, token_capacity), sampler=sampler)
+        self.graphs = self._choice()
+        self.pooled: PooledStep | None = None  # with graphs: the process's step, borrowed until close()
+        self.graphed: GraphedStep | None = None
+        self.engine: SlotStep
+        if self.graphs.enabled:
+            key = (self.n_slots, self.sampler_options, options.graph_backend)
+            self.pooled = PROCESS.acquire(model, key, self._new_step, backend=options.graph_backend,
+                                          capacity=max(1, capacity, options.reserve_positions or 0),
+                                          token_capacity=max(1, token_capacity, options.reserve_positions or 0))
+            self._release = weakref.finalize(self, PROCESS.release, self.pooled)  # also if never closed
+            self.engine = self.pooled.step
+            self.graphed = self.pooled.graphed
+        else:
+            self.engine = self._new_step(max(1, capacity), max(1, token_capacity))
         # per ticket
         self.requests: list[TalkerRequest | None] = []  # by ticket (None once its result was returned)
         self.keys: list[int] = []
@@ -106,35 +118,44 @@ class TalkerSession:
         lagged = options.lagged_reads
         self.lagged = model.device.type == "cuda" if lagged is None else bool(lagged)
         self.unread: _Flags | None = None  # the last window's flags, when reads lag a window
-        self.step_fn: Callable[[], None] = self.engine.step
+        self.step_fn: Callable[[], None] = self.engine.step if self.graphed is None else self.graphed
         if options.compile:
             self.step_fn = torch.compile(self.engine.step, fullgraph=True, backend=options.compile)
-        self.graphs, self.graphed = self._graphs()
         self.graphs_captured = 0  # by graph sets dropped when the engine grew
         self.graphs_replayed = 0  # likewise
+        # the pooled step's counts when this session took it: what it did itself is the difference
+        self._captured0 = self.graphed.captured if self.graphed is not None else 0
+        self._replayed0 = self.graphed.replayed if self.graphed is not None else 0
         cpu = model.device.type == "cpu"
         self.sync_every = max(1, options.sync_every or (1 if cpu else 4))
         fuse = options.fused_admission
         self.fuse = cpu and not options.compile and self.graphed is None if fuse is None else bool(fuse)
 
-    def _graphs(self) -> tuple[GraphChoice, Any]:
-        """Resolve ``cuda_graphs`` and, when on, route the step through per-``kv_len`` graphs."""
+    def _new_step(self, capacity: int, token_capacity: int) -> SlotStep:
+        """A slot step of this session's shape (its own sampler; with graphs, the pool keeps it)."""
+        cfg = self.model.cfg
+        sampler = SlotSampler(self.sampler_options, slots=self.n_slots, vocab=cfg.decoder_size,
+                              speech_token_size=cfg.speech_token_size, device=self.model.device)
+        return SlotStep(self.model, slots=self.n_slots, capacity=capacity, token_capacity=token_capacity,
+                        sampler=sampler)
+
+    def _choice(self) -> GraphChoice:
+        """Resolve ``cuda_graphs``: on routes the step through the process's pooled, per-``kv_len``
+        graphs (:mod:`~cosyclone.talker.graph_pool`); off for good once a capture failed in the process."""
         opts = self.options
+        backend = opts.graph_backend if opts.graph_backend is not None else (
+            PROCESS.stand_in() if PROCESS.stand_in is not None else None)
         choice = resolve_cuda_graphs(opts.cuda_graphs, self.model.device, draw=self.sampler_options.draw,
-                                     compile=opts.compile,
-                                     backend=opts.graph_backend)
-        if not choice.enabled:
-            return choice, None
-        backend = opts.graph_backend or CudaGraphCapture(self.model.device)
-        graphed = GraphedStep(self.engine.step, key=lambda: self.engine._kv_len, backend=backend)
-        self.step_fn = graphed
-        return choice, graphed
+                                     compile=opts.compile, backend=backend)
+        if choice.enabled and PROCESS.disabled is not None:
+            return GraphChoice(False, f"off for this process since a capture failed: {PROCESS.disabled}")
+        return choice
 
     def graph_report(self) -> tuple[GraphChoice, int]:
-        """The graph choice as the decode ended and the graphs captured."""
+        """The graph choice as the decode ended and the graphs this session captured."""
         if self.graphed is None:
             return self.graphs, 0
-        captured = self.graphs_captured + self.graphed.captured
+        captured = self.graphs_captured + self.graphed.captured - self._captured0
         if self.graphed.reason is not None:
             return GraphChoice(False, self.graphed.reason), captured
         return self.graphs, captured
@@ -142,7 +163,8 @@ class TalkerSession:
     @property
     def graphs_used(self) -> bool:
         """True once a decode step really ran as a replayed CUDA graph (not what was asked: what ran)."""
-        return self.graphs_replayed + (self.graphed.replayed if self.graphed is not None else 0) > 0
+        mine = self.graphed.replayed - self._replayed0 if self.graphed is not None else 0
+        return self.graphs_replayed + mine > 0
 
     @property
     def graph_capture_error(self) -> str | None:
@@ -214,14 +236,14 @@ class TalkerSession:
             self._regraph()
 
     def _regraph(self) -> None:
-        """The captured graphs point at the old buffers: capture again from now on."""
-        if self.graphed is not None:
-            self.graphs_captured += self.graphed.captured
-            self.graphs_replayed += self.graphed.replayed
-            reason = self.graphed.reason
-            self.graphs, self.graphed = self._graphs()
-            if reason is not None and self.graphed is not None:
-                self.graphed.reason = reason  # a capture that failed once stays off for the session
+        """The captured graphs point at the old buffers: capture again from now on (a failed
+        capture stays failed: :meth:`PooledStep.regraph`)."""
+        if self.pooled is not None and self.graphed is not None:
+            self.graphs_captured += self.graphed.captured - self._captured0
+            self.graphs_replayed += self.graphed.replayed - self._replayed0
+            self._captured0 = self._replayed0 = 0
+            self.graphed = self.pooled.regraph()
+            self.step_fn = self.graphed
         # a compiled step needs nothing here: its guards see the new buffer shapes and recompile
 
     def _admit(self) -> Admit | None:
@@ -352,10 +374,15 @@ class TalkerSession:
         return out
 
     def close(self) -> None:
-        """Free the cache and report the graphs (``DecodeOptions.on_graphs``)."""
-        self.engine.cache = self.model.new_cache(self.n_slots, 1)  # the cells go; a closed session is done
+        """Free what the session owns and report the graphs (``DecodeOptions.on_graphs``): its own
+        cache goes, or its pooled step goes back to the process (cache and graphs kept for the next)."""
+        report = self.graph_report()
+        if self.pooled is not None:
+            self._release()  # once: the finalizer does nothing after this
+        else:
+            self.engine.cache = self.model.new_cache(self.n_slots, 1)  # the cells go; a closed session is done
         if self.options.on_graphs is not None:
-            self.options.on_graphs(*self.graph_report())
+            self.options.on_graphs(*report)
 
     def _tokens(self, t: int) -> tuple[list[int], list[int], str]:
         """Ticket ``t``'s raw tokens, kept tokens and engine stop reason (:func:`harvest_tokens`)."""

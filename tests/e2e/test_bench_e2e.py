@@ -45,3 +45,9 @@ def test_end_to_end_rows_and_summary_on_a_tiny_model(tiny_model_dir: Path, tmp_p
     assert fig["ratio_vs_official"] == pytest.approx(fig["audio_s_per_wall_s"] / fig["official_audio_s_per_wall_s"])
     line = run_all.render({**fig, **shape, "process_wall_s": 1.0})
     assert "3 rows x 5 tokens" in line and "differs from the baseline" in line and "flow steps 2" in line
+    # make bench prints the frontend's rate beside the talker's and code2wav's, on the same rows
+    rates = fig["rates"]
+    assert rates["frontend_per_worker"] == pytest.approx(3 / fig["stage_s"]["frontend"])
+    assert rates["code2wav"] == pytest.approx(3 / (fig["stage_s"]["flow"] + fig["stage_s"]["hift"]))
+    assert "rows/s on these rows (3 distinct prompts): frontend " in line and "; talker " in line
+    assert fig["frontend_workers"] >= 1
