@@ -41,3 +41,26 @@ def test_a_cpu_run_records_that_no_graph_ran(tiny_model_dir, tmp_path) -> None:
     assert last["options"]["cuda_graphs"] == "off"  # resolved once: CPU has no graphs
     assert last["cuda_graphs"] == {"resolved": "off", "used": False, "rows_with_graph_steps": 0, "graph_steps": 0,
                                    "capture_errors": []}
+
+
+def test_a_run_records_its_peak_memory_stage_dtypes_and_sizes(tiny_model_dir, tmp_path) -> None:
+    import json
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from cosyclone.cli import app
+
+    root = Path(__file__).resolve().parents[1]
+    res = CliRunner().invoke(app, ["synth", str(root / "manifests" / "example.jsonl"), "--model-dir",
+                                   str(tiny_model_dir), "--out", str(tmp_path / "o"), "--device", "cpu",
+                                   "--max-tokens", "3", "--n-timesteps", "1", "--quiet"])
+    assert res.exit_code == 0, res.output
+    (line,) = [json.loads(x) for x in (tmp_path / "o" / "runs.jsonl").read_text().splitlines()]
+    assert line == json.loads((tmp_path / "o" / "summary.json").read_text())["last_run"]
+    assert line["stage_dtypes"] == {"talker": "fp32", "flow": "fp32", "hift": "fp32"}
+    peak = line["peak_memory"]
+    assert peak["host_rss_bytes"] > 50 * 2**20 and peak["gpu_allocated_bytes"] is None  # a CPU run: no GPU peak
+    facts = line["engine_facts"]
+    assert facts["stage_dtypes"] == line["stage_dtypes"] and facts["peak_memory"]["host_rss_bytes"] > 0
+    assert facts["sizing"]["batch_size"] == 8 and facts["sizing"]["sized"] is False  # CPU keeps its defaults

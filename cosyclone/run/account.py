@@ -112,7 +112,11 @@ class RunRecord:
     engine: str  # local | ray
     ray: dict[str, Any] | None  # --ray-actors/--actor-threads as given, the address and the live plan
     cuda_graphs: GraphsRecord  # what the CUDA graphs really did
-    engine_facts: dict[str, Any] | None  # what the engine chose and measured (sizes, stage dtypes, peak memory)
+    stage_dtypes: dict[str, str]  # each stage's compute dtype: talker (its backbone), flow (the DiT), hift
+    peak_memory: dict[str, int | None]  # this process's peaks: host_rss_bytes, and on a GPU gpu_allocated_bytes
+    # and gpu_reserved_bytes (a Ray run's actors are other processes: their engine_facts are not here)
+    engine_facts: dict[str, Any] | None  # what the local engine chose and measured: sizes (talker slots,
+    # code2wav budgets, prompt workers), graphs captured and reused, peak memory; None when no engine ran here
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object of ``runs.jsonl`` and ``summary.json``'s ``last_run``."""
@@ -143,6 +147,7 @@ class RunFacts:
     dtype_requested: str  # --dtype as given
     options: dict[str, Any]  # the resolved options
     output: dict[str, Any]  # the output options
+    stage_dtypes: dict[str, str]  # each stage's compute dtype
     text_frontend: str  # wetext | none (its versions are recorded)
     engine: str  # local | ray
     graphs_resolved: str  # on | off
@@ -150,7 +155,8 @@ class RunFacts:
 
 def run_record(facts: RunFacts, resume: ResumePlan, tally: RunTally, *, prepared_failures: int, wall: float,
                write_error: str | None, stopped_by: str | None, graph_errors: Sequence[str],
-               ray: dict[str, Any] | None, engine_facts: dict[str, Any] | None) -> RunRecord:
+               ray: dict[str, Any] | None, engine_facts: dict[str, Any] | None,
+               peak_memory: dict[str, int | None]) -> RunRecord:
     """This invocation's record, from what it knew before and what its rows did."""
     audio, made = tally.audio_seconds, tally.made
     todo = len(resume.todo) + prepared_failures
@@ -172,7 +178,7 @@ def run_record(facts: RunFacts, resume: ResumePlan, tally: RunTally, *, prepared
         cuda_graphs=GraphsRecord(resolved=facts.graphs_resolved, used=tally.graph_steps > 0,
                                  rows_with_graph_steps=tally.graph_rows, graph_steps=tally.graph_steps,
                                  capture_errors=tuple(dict.fromkeys(graph_errors))),
-        engine_facts=engine_facts)
+        stage_dtypes=dict(facts.stage_dtypes), peak_memory=peak_memory, engine_facts=engine_facts)
 
 
 @dataclass(frozen=True)

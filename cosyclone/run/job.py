@@ -22,6 +22,7 @@ from typing import Any
 
 from cosyclone import options as O
 from cosyclone.base.device import DevicePolicy
+from cosyclone.base.memory import read_peaks
 from cosyclone.base.stop import StopRequest
 from cosyclone.engine import Engine, RowResult
 from cosyclone.errors import ManifestError
@@ -158,7 +159,7 @@ class SynthJob:
         t_model = time.perf_counter()
         close_error: str | None = None
         try:
-            end = driver.drive(prepared, source, batch_size=p.opts.batch_size, token_budget=p.opts.token_budget,
+            end = driver.drive(prepared, source, batch_size=p.batch_size, token_budget=p.opts.token_budget,
                                stop=self.stop, on_part=on_part)
         finally:  # also when the source raised (a Ray run that lost rows): what was written is committed
             close_error = _close(writer)
@@ -173,9 +174,11 @@ class SynthJob:
         write_error = end.write_error or close_error or compact_error
         self._tidy_tokens(tokens, fps, current)
         facts = self._facts(run_id, ctx)
+        engine_facts = self.engine.facts().as_record() if self.engine is not None else None
         record = run_record(facts, resume, tally, prepared_failures=failed_before, wall=wall,
                             write_error=write_error, stopped_by=end.stopped_by, graph_errors=source.graph_errors,
-                            ray=self._ray_record, engine_facts=None)
+                            ray=self._ray_record, engine_facts=engine_facts,
+                            peak_memory=read_peaks(p.policy.device).as_record())
         return write_accounts(p.out, record, current, write_error=write_error, failed=tally.failed,
                               written=writer.written)
 
@@ -207,7 +210,7 @@ class SynthJob:
                         model_yaml_sha256=p.cfg.yaml_sha256 or None, load_format=p.opts.load_format,
                         device=str(p.policy.device), backend=p.policy.backend, dtype=p.policy.dtype_name,
                         dtype_requested=p.policy.requested_dtype,
-                        options=O.as_record(p.opts), output=p.output.as_record(),
+                        options=O.as_record(p.opts), output=p.output.as_record(), stage_dtypes=p.policy.stage_dtypes,
                         text_frontend=p.opts.text_frontend, engine=p.folder.engine, graphs_resolved=p.opts.cuda_graphs)
 
     def _tell_resume(self, preps: Iterable[Prepared], existing: Mapping[str, RowRecord]) -> None:

@@ -105,11 +105,17 @@ class RunPlan:
         if resume.describe():
             log(resume.describe())
         ray = self.ray_plan() if self.folder.engine == "ray" else None
-        batches = plan_parts(todo_parts, self.opts.batch_size, self.opts.token_budget)
+        batches = plan_parts(todo_parts, self.batch_size, self.opts.token_budget)
+        if ray is not None:
+            engine_lines = tuple(ray.describe())
+        else:  # what this machine's engine would run at (on a GPU: from the memory free now)
+            from cosyclone.engine.sizing import dry_run_sizing
+
+            engine_lines = tuple(dry_run_sizing(self.cfg, self.policy, self.opts).describe())
         return JobPlan(valid_rows=len(self.rows.rows), rejected=len(self.rows.errors), done=len(resume.done),
                        todo=len(resume.todo), unprepared=failed, batches=len(batches),
                        resume=resume.describe(), device=str(self.policy.device), dtype=self.policy.dtype_name,
-                       engine=self.folder.engine, engine_lines=tuple(ray.describe()) if ray else (),
+                       engine=self.folder.engine, engine_lines=engine_lines,
                        refusal=ray.refusal if ray else None)
 
     def ray_plan(self) -> Any:
@@ -118,10 +124,16 @@ class RunPlan:
         if self._ray_plan is None:
             from cosyclone.run.ray_cluster import plan_cluster
 
-            self._ray_plan = plan_cluster(self.cfg, self.policy, self.opts.batch_size,
+            self._ray_plan = plan_cluster(self.cfg, self.policy, self.batch_size,
                                           address=self.folder.ray_address, actors=self.folder.ray_actors,
                                           threads=self.folder.actor_threads)
         return self._ray_plan
+
+    @property
+    def batch_size(self) -> int:
+        """Rows per batch as resolved (``resolve_options`` always sets it: 8 on CPU, sized on a GPU)."""
+        assert self.opts.batch_size is not None
+        return self.opts.batch_size
 
     def actor_threads(self) -> int | None:
         """The torch threads each Ray actor runs with (None: a local run, this process's count)."""
