@@ -24,6 +24,11 @@ from cosyclone.model.config import QwenGeometry
 class SlotKVCache(nn.Module):
     """K/V cells (L, slots, H_kv, capacity, D_head) and per-slot lengths (slots,)."""
 
+    # registered buffers (non-persistent), typed for the checker
+    k: Tensor
+    v: Tensor
+    lengths: Tensor
+
     def __init__(self, geometry: QwenGeometry, slots: int, capacity: int, *, dtype: torch.dtype,
                  device: torch.device | str) -> None:
         super().__init__()

@@ -106,11 +106,11 @@ class Attention(FusedLinears):
         q, k, v = qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + hkv:]  # (b, t, heads, dh) each
         if ctx is not None and ctx.admit is not None:  # flat (1, S + b'T): the step's rows, then prompts
             s = ctx.cache.slots
-            step = self._step(*(z[0, :s, None] for z in (q, k, v)), mask, ctx)  # writes first: a free
+            step = self._step(q[0, :s, None], k[0, :s, None], v[0, :s, None], mask, ctx)  # writes first: a free
             # slot's step row may land inside the newcomer's prompt cells, which the prefill then rewrites
             n, length = ctx.admit.mask.shape[0], ctx.admit.mask.shape[-1]
-            pre = self._prefill(*(z[0, s:].view(n, length, -1, dh) for z in (q, k, v)), ctx.admit.mask, ctx,
-                                ctx.admit.slots)
+            pre = self._prefill(q[0, s:].view(n, length, -1, dh), k[0, s:].view(n, length, -1, dh),
+                                v[0, s:].view(n, length, -1, dh), ctx.admit.mask, ctx, ctx.admit.slots)
             y = torch.cat((step.reshape(s, -1), pre.reshape(n * length, -1)))[None]
         elif ctx is not None and ctx.positions is not None:
             y = self._step(q, k, v, mask, ctx)
@@ -122,6 +122,7 @@ class Attention(FusedLinears):
         """One query per slot, (slots, 1, heads, dh): write each slot's K/V at its position, attend
         over the cache's first ``mask.shape[-1]`` cells -> (slots, 1, H*dh)."""
         b, h, hkv, dh = q.shape[0], self.n_heads, self.n_kv, self.head_dim
+        assert ctx.positions is not None, "a decode context carries the slots' positions"
         ctx.cache.write_step(ctx.layer, k.transpose(1, 2), v.transpose(1, 2), ctx.positions, rows=ctx.rows)
         keys, values = ctx.cache.view(ctx.layer, mask.shape[-1])
         # The H/H_kv query heads that share a K/V head become that head's "query positions", so no
@@ -221,6 +222,7 @@ class Qwen2Model(nn.Module):
         cos, sin = self.rope_table[positions].to(x.dtype).unsqueeze(2).chunk(2, dim=-1)
         step_pos = rows = None
         if decode:
+            assert cache is not None, "a decode step reads the slot cache"
             step_pos = positions[:, 0] if admit is None else positions[0, :cache.slots]
             rows = torch.arange(step_pos.shape[0], device=x.device)
         for i, layer in enumerate(self.layers):

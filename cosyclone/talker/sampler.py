@@ -51,7 +51,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Literal, get_args
+from typing import Any, Literal, cast, get_args, overload
 
 import torch
 from torch import Tensor
@@ -135,6 +135,14 @@ def row_seed(run_seed: int, row_id: str) -> int:
 
 # ---------------------------------------------------------------------------------------------
 # Counter-based noise
+
+
+@overload
+def _mix32(h: Tensor) -> Tensor: ...
+
+
+@overload
+def _mix32(h: int) -> int: ...
 
 
 def _mix32(h: Tensor | int) -> Tensor | int:
@@ -279,7 +287,7 @@ def row_diagnostics(opt: SamplerOptions, row_id: str, seed: int, segment: int, c
     """
     vals = {name: int(counters[k]) for k, name in enumerate(COUNTER_NAMES)}
     d = SamplerRowDiagnostics(row_id=row_id, seed=seed, segment=segment, policy=opt.nonfinite_policy,
-                              draw=opt.draw, **vals)
+                              draw=opt.draw, **cast(dict[str, Any], vals))  # the int counters by name
     if dead:
         kind, step, n_nan, n_pinf = (int(v) for v in err)
         if opt.nonfinite_policy == "error":

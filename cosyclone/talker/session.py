@@ -270,13 +270,19 @@ class TalkerSession:
         self._started(slots)
         return None
 
+    def _row_in(self, slot: int) -> int:
+        """The request index of the row a busy slot holds."""
+        row = self.slot_row[slot]
+        assert row is not None, f"slot {slot} holds no row"
+        return row
+
     def _started(self, slots: Sequence[int]) -> None:
         """The in-step sampler's state for rows just prefilled into ``slots``."""
         sampler = self.engine.sampler
         if sampler is None:
             return
         dev = self.model.device
-        rows = [self.slot_row[s] for s in slots]
+        rows = [self._row_in(s) for s in slots]
         sampler.reset(to_device(slots, dev), to_device([self.keys[r] for r in rows], dev),
                       to_device([self.min_len[r] for r in rows], dev))
         if sampler.options.draw == "legacy-multinomial":

@@ -21,7 +21,7 @@ official capture (the seeded draws exactly, the frequencies by chi-square).
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -57,12 +57,31 @@ class Masked(NamedTuple):
 class SlotSampler(nn.Module):
     """Per-slot RAS sampler state (registered buffers) and the in-step draw."""
 
+    # registered buffers (non-persistent), typed for the checker
+    keys: Tensor
+    min_len: Tensor
+    hist: Tensor
+    counters: Tensor
+    err: Tensor
+    vocab_hash: Tensor
+    stop_cols: Tensor
+    lanes: Tensor
+    keys_hi: Tensor
+    draw_consts: Tensor
+    rank_tail: Tensor
+    neg_inf: Tensor
+    zero: Tensor
+    stop_token: Tensor
+    err_kind: Tensor
+    stat_flip: Tensor
+    ok_gated: Tensor
+
     def __init__(self, options: SamplerOptions, *, slots: int, vocab: int, speech_token_size: int,
                  device: torch.device | str) -> None:
         super().__init__()
         self.options = options
         self.speech_token_size = int(speech_token_size)
-        i64 = dict(dtype=torch.int64, device=device)
+        i64: dict[str, Any] = {"dtype": torch.int64, "device": device}
         buf = self.register_buffer
         buf("keys", torch.zeros(slots, **i64), persistent=False)  # stream_key(seed, segment) per slot
         buf("min_len", torch.zeros(slots, **i64), persistent=False)
@@ -83,7 +102,7 @@ class SlotSampler(nn.Module):
         # order, what a stable descending sort gives); see _nucleus_draw.
         self._rank_shift = max(1, (vocab - 1).bit_length())
         buf("rank_tail", (1 << self._rank_shift) - 1 - cols, persistent=False)
-        f32 = dict(dtype=torch.float32, device=device)
+        f32: dict[str, Any] = {"dtype": torch.float32, "device": device}
         buf("neg_inf", torch.tensor(NEG_INF, **f32), persistent=False)
         buf("zero", torch.tensor(0.0, **f32), persistent=False)
         buf("stop_token", torch.tensor(S, **i64), persistent=False)

@@ -73,9 +73,18 @@ class HostRead:
 class SlotState(nn.Module):
     """Per-slot decode state (registered buffers, (slots, ...) shapes)."""
 
+    # registered buffers (non-persistent), typed for the checker
+    logits: Tensor
+    steps: Tensor
+    n_emit: Tensor
+    max_len: Tensor
+    reason: Tensor
+    running: Tensor
+    tokens: Tensor
+
     def __init__(self, slots: int, token_capacity: int, vocab: int, device: torch.device | str) -> None:
         super().__init__()
-        i64 = dict(dtype=torch.int64, device=device)
+        i64: dict[str, Any] = {"dtype": torch.int64, "device": device}
         buf = self.register_buffer
         buf("logits", torch.zeros(slots, vocab, dtype=torch.float32, device=device), persistent=False)
         buf("steps", torch.zeros(slots, **i64), persistent=False)  # draws taken (the sampler's step)
@@ -111,6 +120,8 @@ class PendingHarvest:
 
 class SlotStep(nn.Module):
     """The model's slot cache, the per-slot state and (optionally) the in-step sampler."""
+
+    # registered buffers (non-persistent), typed for the checker
 
     def __init__(self, model: CosyVoice3LM, *, slots: int, capacity: int, token_capacity: int,
                  sampler: SlotSampler | None) -> None:
