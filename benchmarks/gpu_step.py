@@ -183,20 +183,29 @@ def _timed(model: Any, reqs: list[Any], steps: int, capacity: int, graphs: str,
     """The best of ``reps`` decodes of ``steps`` steps per row: seconds, each row's tokens, and
     whether any step replayed a graph (what ran, not what was asked)."""
     from cosyclone.talker.decode import DecodeOptions, generate
+    from cosyclone.talker.graph_pool import PROCESS
+    from cosyclone.talker.graphs import GraphChoice, resolve_cuda_graphs
 
-    seen: list[Any] = []
     opts = DecodeOptions(max_len_override=steps, min_len_override=steps, kv_bucket=None, capacity=capacity,
-                         cuda_graphs=graphs, graph_backend=backend, on_graphs=lambda c, n: seen.append((c, n)))
+                         cuda_graphs=graphs)
     best, res = float("inf"), []
-    for _ in range(reps):
-        if model.device.type == "cuda":
-            torch.cuda.synchronize(model.device)
-        t0 = time.perf_counter()
-        res = generate(model, reqs, opts)
-        if model.device.type == "cuda":
-            torch.cuda.synchronize(model.device)
-        best = min(best, time.perf_counter() - t0)
-    choice, captured = seen[-1]
+    saved = PROCESS.capture, PROCESS.capture_anywhere
+    if backend is not None:  # the CPU rehearsal: the process captures with a stand-in on any device
+        PROCESS.capture, PROCESS.capture_anywhere = (lambda device: backend), True
+    try:
+        for _ in range(reps):
+            if model.device.type == "cuda":
+                torch.cuda.synchronize(model.device)
+            t0 = time.perf_counter()
+            res = generate(model, reqs, opts)
+            if model.device.type == "cuda":
+                torch.cuda.synchronize(model.device)
+            best = min(best, time.perf_counter() - t0)
+        choice = resolve_cuda_graphs(graphs, model.device, anywhere=PROCESS.capture_anywhere)
+    finally:
+        PROCESS.capture, PROCESS.capture_anywhere = saved
+    if PROCESS.disabled is not None:  # a capture failed: the decode went on eagerly
+        choice = GraphChoice(False, PROCESS.disabled)
     if graphs == "auto" and not choice.enabled:
         print(f"    note: graphs off: {choice.reason}", flush=True)
     used = any(getattr(r.diagnostics, "graph_steps", 0) for r in res)  # what ran, not what was asked

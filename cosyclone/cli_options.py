@@ -41,8 +41,7 @@ def derived_parameters(command: str) -> list[inspect.Parameter]:
         choices = choices_of(f, owner)
         annotation = _annotation(owner, f.name)
         if choices is not None:
-            offered = tuple(c for c in choices if not (f.name == "cuda_graphs" and c == "on"))  # "on": a record
-            annotation = typing.Literal[offered]  # typer offers exactly these values
+            annotation = typing.Literal[choices]  # typer offers exactly these values
         # no min/max here: bounds are options.check's, so every door words the error the same way
         option = typer.Option(f.default, flag_of(f), help=meta["help"], rich_help_panel=meta["panel"],
                               metavar=meta.get("metavar"), hidden=meta.get("hidden", False), show_default=False)

@@ -142,8 +142,9 @@ class EngineOptions:
     # continuous: one talker session for the run, rows take freed slots across batches; static: per batch
     schedule: Schedule = opt("continuous", "continuous | static (same bytes)", panel=BATCHING, metavar="S",
                              commands=(SYNTH,))
-    # auto: replay the decode step as CUDA graphs where the device allows; a run records on/off
-    cuda_graphs: CudaGraphs = opt("auto", "decode as CUDA graphs: auto | off", panel=BATCHING, metavar="M")
+    # auto (or on): replay the decode step as CUDA graphs where the device allows (CUDA/ROCm, the race
+    # draw, no torch.compile); off: eager. Resolved once per run to on | off, which the run records
+    cuda_graphs: CudaGraphs = opt("auto", "decode as CUDA graphs: auto | on | off", panel=BATCHING, metavar="M")
     # code2wav of a finished batch on a worker thread (None: on CUDA/ROCm, off on CPU)
     code2wav_thread: bool | None = opt(None, "", panel=BATCHING, commands=())
     # threads that prepare upcoming rows' prompts (decode, resample, features, speech tokens, CAM++)

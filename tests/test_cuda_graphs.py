@@ -17,6 +17,7 @@ import torch
 
 from benchmarks.gpu_verdict import token_difference
 from cosyclone.talker.decode import DecodeOptions, generate
+from cosyclone.talker.graph_pool import PROCESS
 from cosyclone.talker.graphs import (
     EagerCapture,
     GraphChoice,
@@ -24,18 +25,20 @@ from cosyclone.talker.graphs import (
     resolve_cuda_graphs,
 )
 from cosyclone.talker.sampler import SamplerOptions
+from tests.capture import captured_with, graph_reports
 from tests.test_engine_equivalence import _key, _requests
 from tests.test_talker_decode import _model
 
 SAMPLER = SamplerOptions(top_k=40, top_p=0.9)
 
 
-def _run(model: Any, reqs: list, **kw: Any) -> tuple[list, list[tuple[GraphChoice, int]]]:
+def _run(model: Any, reqs: list, backend: Any = None, **kw: Any) -> tuple[list, list[tuple[GraphChoice, int]]]:
     """Each row's tokens, stop reason and sampler diagnostics; ``graph_steps`` (what ran as a
-    replay, which differs by mode) goes to ``GRAPH_STEPS[-1]`` instead."""
-    seen: list[tuple[GraphChoice, int]] = []
-    opts = DecodeOptions(sampler=SAMPLER, slots=3, kv_bucket=8, on_graphs=lambda c, n: seen.append((c, n)))
-    rows = _key(generate(model, reqs, replace(opts, **kw)))
+    replay, which differs by mode) goes to ``GRAPH_STEPS[-1]`` instead. ``backend``: the process
+    captures with it (any device)."""
+    opts = DecodeOptions(sampler=SAMPLER, slots=3, kv_bucket=8)
+    with captured_with(backend), graph_reports() as seen:
+        rows = _key(generate(model, reqs, replace(opts, **kw)))
     GRAPH_STEPS.append([d.pop("graph_steps") for *_, d in rows])
     return rows, seen
 
@@ -48,13 +51,13 @@ def test_resolve_rules() -> None:
     assert cpu == GraphChoice(False, "device is cpu: CUDA graphs need a CUDA/ROCm device")
     assert cpu.value == "off"
     assert resolve_cuda_graphs("off", "cpu").reason == "off requested"
-    with pytest.raises(ValueError, match="cuda_graphs must be one of auto, off"):
-        resolve_cuda_graphs("on", "cpu")
-    be = EagerCapture()
-    assert resolve_cuda_graphs("auto", "cpu", backend=be).value == "on"
-    assert "legacy" in resolve_cuda_graphs("auto", "cpu", draw="legacy-multinomial", backend=be).reason
-    assert not resolve_cuda_graphs("auto", "cpu", compile="eager", backend=be).enabled
-    assert not resolve_cuda_graphs("off", "cpu", backend=be).enabled
+    with pytest.raises(ValueError, match="cuda_graphs must be one of auto, on, off"):
+        resolve_cuda_graphs("yes", "cpu")
+    assert resolve_cuda_graphs("on", "cpu") == cpu  # a resolved run's word for the same choice
+    assert resolve_cuda_graphs("auto", "cpu", anywhere=True).value == "on"
+    assert "legacy" in resolve_cuda_graphs("auto", "cpu", draw="legacy-multinomial", anywhere=True).reason
+    assert not resolve_cuda_graphs("auto", "cpu", compile="eager", anywhere=True).enabled
+    assert not resolve_cuda_graphs("off", "cpu", anywhere=True).enabled
 
 
 def test_auto_on_cpu_is_off_and_equals_off() -> None:
@@ -75,7 +78,7 @@ def test_graph_wrapper_state_machine_gives_plain_tokens() -> None:
     reqs = _requests(9, 1)
     plain, _ = _run(model, reqs, cuda_graphs="off")
     be = EagerCapture()
-    graphed, seen = _run(model, reqs, cuda_graphs="auto", graph_backend=be)
+    graphed, seen = _run(model, reqs, be, cuda_graphs="auto")
     assert graphed == plain
     (choice, captured), = seen
     assert choice.enabled and captured == be.captures and captured >= 2  # several kv_len buckets
@@ -96,7 +99,7 @@ def test_failed_capture_falls_back_to_eager_with_reason() -> None:
     model = _model()
     reqs = _requests(6, 3)
     plain, _ = _run(model, reqs, cuda_graphs="off")
-    got, seen = _run(model, reqs, cuda_graphs="auto", graph_backend=_Refuses())
+    got, seen = _run(model, reqs, _Refuses(), cuda_graphs="auto")
     assert got == plain
     (choice, captured), = seen
     assert not choice.enabled and captured == 0
@@ -114,11 +117,12 @@ def test_session_says_what_really_ran() -> None:
     reqs = _requests(4, 5)
     for mode, backend, used, error in (("auto", EagerCapture(), True, None), ("off", EagerCapture(), False, None),
                                        ("auto", _Refuses(), False, "capture failed for key ")):
-        session = TalkerSession(model, DecodeOptions(sampler=SAMPLER, kv_bucket=8, cuda_graphs=mode,
-                                                     graph_backend=backend), slots=2)
-        session.add(reqs)
-        res = [r for _, r in session.drain()]
-        session.close()
+        PROCESS.reset()  # each mode in a fresh process (pooled steps keep what an earlier mode captured)
+        with captured_with(backend):
+            session = TalkerSession(model, DecodeOptions(sampler=SAMPLER, kv_bucket=8, cuda_graphs=mode), slots=2)
+            session.add(reqs)
+            res = [r for _, r in session.drain()]
+            session.close()
         assert len(res) == 4 and session.graphs_used is used, mode
         assert (session.graph_capture_error or "").startswith(error or "") and (error is None) == (
             session.graph_capture_error is None)

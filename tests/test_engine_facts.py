@@ -132,5 +132,5 @@ def test_a_sized_run_decodes_with_the_sized_slots_and_hands_code2wav_its_budgets
     assert sized.facts().talker_slots_used == 3 and plain.facts().talker_slots_used == 2  # CPU: a batch's worth
     assert seen and all(s == {"flow_max_tokens": 20, "hift_max_frames": 30} for s in seen)
     for a, b in zip(got, want, strict=True):
-        assert a.diagnostics["tokens"] == b.diagnostics["tokens"] and a.wav is not None and b.wav is not None
-        assert a.wav.shape == b.wav.shape and float(abs(a.wav - b.wav).max()) < 1e-4
+        assert a.tokens == b.tokens and a.audio is not None and b.audio is not None
+        assert a.audio.shape == b.audio.shape and float(abs(a.audio - b.audio).max()) < 1e-4

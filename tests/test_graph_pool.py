@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import torch
 
-from cosyclone.talker import graph_pool
 from cosyclone.talker.decode import DecodeOptions, TalkerSession, generate
 from cosyclone.talker.graph_pool import PROCESS, free_device_cache
 from cosyclone.talker.graphs import EagerCapture
 from cosyclone.talker.sampler import SamplerOptions
+from tests.capture import captured_with
 from tests.test_engine_equivalence import _key, _requests
 from tests.test_talker_decode import _model
 
@@ -32,10 +32,11 @@ class _Refuses(EagerCapture):
 
 
 def _decode(model: Any, reqs: list, backend: Any, **kw: Any) -> tuple[list, TalkerSession]:
-    session = TalkerSession(model, DecodeOptions(sampler=SAMPLER, kv_bucket=8, graph_backend=backend, **kw), slots=3)
-    session.add(reqs)
-    out = sorted(session.drain(), key=lambda tr: tr[0])
-    session.close()
+    with captured_with(backend):
+        session = TalkerSession(model, DecodeOptions(sampler=SAMPLER, kv_bucket=8, **kw), slots=3)
+        session.add(reqs)
+        out = sorted(session.drain(), key=lambda tr: tr[0])
+        session.close()
     return _key([r for _, r in out]), session
 
 
@@ -77,15 +78,16 @@ def test_generate_per_batch_reuses_the_pooled_step_across_batches() -> None:
     count on the process's pooled step. A batch longer than any before grows the step (its graphs
     are captured again on the new buffers); once it has met the longest batch, every batch replays."""
     model, backend = _model(), EagerCapture()
-    opts = DecodeOptions(sampler=SAMPLER, kv_bucket=8, graph_backend=backend)
+    opts = DecodeOptions(sampler=SAMPLER, kv_bucket=8)
     reqs = _requests(9, 4)
     batches = [reqs[:3], reqs[3:6], reqs[6:9]]
     want = [_key(generate(model, b, replace(opts, cuda_graphs="off"))) for b in batches]
-    for _ in range(2):  # warm-up calls count across sessions: two passes let every bucket pass them
-        assert [_without_graph_steps(_key(generate(model, b, opts))) for b in batches] == [
-            _without_graph_steps(w) for w in want]
-    settled = backend.captures
-    got = [_key(generate(model, b, opts)) for b in batches]
+    with captured_with(backend):
+        for _ in range(2):  # warm-up calls count across sessions: two passes let every bucket pass them
+            assert [_without_graph_steps(_key(generate(model, b, opts))) for b in batches] == [
+                _without_graph_steps(w) for w in want]
+        settled = backend.captures
+        got = [_key(generate(model, b, opts)) for b in batches]
     assert backend.captures == settled and PROCESS.counts.reused == 8 and len(PROCESS._pools[model]) == 1
     assert all(sum(r[-1]["graph_steps"] for r in g) > 0 for g in got)  # each batch replayed graphs
 
@@ -99,12 +101,13 @@ def test_a_closed_or_dropped_session_frees_what_it_owned_without_a_full_gc() -> 
         ref = weakref.ref(session)
         del session
         assert ref() is None  # no reference cycle keeps a finished session (and its graphs) alive
-        dropped = TalkerSession(model, DecodeOptions(sampler=SAMPLER, kv_bucket=8, graph_backend=backend), slots=3)
-        step = dropped.engine
-        del dropped  # never closed: its pooled step still goes back
-        again = TalkerSession(model, DecodeOptions(sampler=SAMPLER, kv_bucket=8, graph_backend=backend), slots=3)
-        assert again.engine is step
-        again.close()
+        with captured_with(backend):
+            dropped = TalkerSession(model, DecodeOptions(sampler=SAMPLER, kv_bucket=8), slots=3)
+            step = dropped.engine
+            del dropped  # never closed: its pooled step still goes back
+            again = TalkerSession(model, DecodeOptions(sampler=SAMPLER, kv_bucket=8), slots=3)
+            assert again.engine is step
+            again.close()
     finally:
         gc.enable()
     session = TalkerSession(model, DecodeOptions(sampler=SAMPLER, kv_bucket=8, cuda_graphs="off"), slots=3)
@@ -140,9 +143,9 @@ def test_out_of_memory_recovery_forgets_idle_pooled_steps() -> None:
     assert PROCESS._pools[model] == []
 
 
-def test_the_stand_in_serves_sessions_that_name_no_backend() -> None:
-    """What engine-level tests use: with the stand-in, a session asked for graphs (auto) captures
-    through it on any device, as it would through CUDA on a GPU."""
+def test_the_process_capture_backend_serves_every_session() -> None:
+    """What engine-level tests use: with another capture backend for the process, a session asked
+    for graphs (auto) captures through it on any device, as it would through CUDA on a GPU."""
     model = _model()
     made: list[EagerCapture] = []
 
@@ -150,7 +153,7 @@ def test_the_stand_in_serves_sessions_that_name_no_backend() -> None:
         made.append(EagerCapture())
         return made[-1]
 
-    with graph_pool.stand_in(factory):
+    with captured_with(factory=factory):
         _, session = _decode(model, _requests(3, 5), None)
     assert session.graphs.enabled and session.graphs_used and made and made[-1].captures >= 1
     _, plain = _decode(model, _requests(3, 5), None)
@@ -178,10 +181,10 @@ def test_every_path_of_an_engine_run_records_a_failed_capture(tiny_model_dir: An
             if factory is None:
                 recs = list(on.run(rows))
             else:
-                with graph_pool.stand_in(factory):
+                with captured_with(factory=factory):
                     recs = list(on.run(rows))
             facts = on.facts().graphs
-            runs[(schedule, mode)] = [(r.row_id, None if r.wav is None else r.wav.tobytes()) for r in recs]
+            runs[(schedule, mode)] = [(r.id, None if r.audio is None else r.audio.tobytes()) for r in recs]
             if mode == "graphs":
                 assert facts.captures >= 1 and facts.disabled is None and not on.graph_errors
                 assert schedule == "continuous" or facts.reused >= 1  # batch 2 replays batch 1's graphs

@@ -26,7 +26,7 @@ from cosyclone.engine.sizing import Sizing, free_device_bytes, plan_sizing
 from cosyclone.engine.stages import Stages
 from cosyclone.manifest import ManifestRow
 from cosyclone.model.config import ModelConfig
-from cosyclone.options import MODEL_FIELDS, RunOptions
+from cosyclone.options import MODEL_FIELDS, CudaGraphs, RunOptions
 from cosyclone.talker.graph_pool import PROCESS
 
 
@@ -99,7 +99,7 @@ class Engine:
             if reason is not None and not any(reason in e for e in self.graph_errors):
                 self.graph_errors.append(reason)
 
-    def _graphs(self, opts: RunOptions) -> str:
+    def _graphs(self, opts: RunOptions) -> CudaGraphs:
         """The run's CUDA graphs choice, resolved against the loaded device (``off`` stays off)."""
         return "off" if opts.cuda_graphs == "off" else self.opts.cuda_graphs
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 from cosyclone.base.device import DevicePolicy
 from cosyclone.errors import CosycloneError
 from cosyclone.model.config import ModelConfig
-from cosyclone.options import RunOptions, check
+from cosyclone.options import CpuGemm, DeviceName, DtypeName, RunOptions, check
 
 LOAD_FORMATS = ("auto", "dummy")
 
@@ -61,7 +62,10 @@ def resolve_options(opts: RunOptions, *, cfg: ModelConfig | None = None,
     else:
         sizing = dry_run_sizing(geometry, policy, opts)
     set_intra_op_threads(sizing.frontend_threads)  # the ONNX sessions (speech tokenizer, CAM++) the workers run
-    graphs = resolve_cuda_graphs("off" if opts.cuda_graphs == "off" else "auto", policy.device, draw=opts.draw)
-    resolved = replace(opts, device=policy.device.type, dtype=policy.dtype_name, cpu_gemm=policy.cpu_gemm,
-                       cuda_graphs=graphs.value, batch_size=sizing.batch_size)
+    graphs = resolve_cuda_graphs(opts.cuda_graphs, policy.device, draw=opts.draw)
+    # the policy's words are the options' own vocabularies (device.resolve accepts no other), so the
+    # narrowing casts below hold by construction; check() runs again as the replaced options are built
+    resolved = replace(opts, device=cast(DeviceName, policy.device.type), dtype=cast(DtypeName, policy.dtype_name),
+                       cpu_gemm=cast(CpuGemm, policy.cpu_gemm), cuda_graphs=graphs.value,
+                       batch_size=sizing.batch_size)
     return resolved, policy

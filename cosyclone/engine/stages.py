@@ -165,7 +165,7 @@ def decode_options(cfg: ModelConfig, opts: RunOptions) -> Any:
     return DecodeOptions(sampler=_sampler_options(cfg, opts), max_len_override=opts.max_tokens,
                          min_len_override=opts.min_tokens, min_len_ratio=opts.min_len_ratio,
                          max_len_ratio=opts.max_len_ratio, slots=opts.talker_slots,
-                         cuda_graphs="off" if opts.cuda_graphs == "off" else "auto")  # resolved once: on | off
+                         cuda_graphs=opts.cuda_graphs)  # resolved once per run (engine.setup): on | off
 
 
 @torch.inference_mode()

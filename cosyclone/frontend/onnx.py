@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -16,7 +17,8 @@ import torch
 from cosyclone.errors import ModelDirError
 from cosyclone.frontend.features import kaldi_fbank, mean_normalize, whisper_log_mel
 
-_SESSIONS: dict[tuple[str, tuple[str, ...], int], object] = {}
+# onnxruntime ships no type information: its sessions are Any to the checker
+_SESSIONS: dict[tuple[str, tuple[str, ...], int], Any] = {}
 _LOCK = threading.Lock()
 MAX_TOKENIZER_SECONDS = 30.0
 _INTRA_OP_THREADS = [1]  # upstream's 1 thread; ``--threads N`` sets N (see set_intra_op_threads)
@@ -50,7 +52,7 @@ def default_providers(backend: str | None = None) -> list[str]:
     return [p for p in wanted if p in avail] + ["CPUExecutionProvider"]
 
 
-def get_session(path: str | Path, providers: list[str] | None = None) -> object:
+def get_session(path: str | Path, providers: list[str] | None = None) -> Any:
     """The cached ``InferenceSession`` for ``path`` (graph opt ALL, 1 intra-op thread as upstream
     unless :func:`set_intra_op_threads` said otherwise)."""
     import onnxruntime as ort

@@ -51,12 +51,14 @@ class _DataLoader(yaml.SafeLoader):
     """SafeLoader that turns HyperPyYAML tags into data."""
 
 
-def _tagged(kind: str):
+def _tagged(kind: str) -> Callable[[yaml.SafeLoader, str, yaml.Node], Tagged]:
     def construct(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> Tagged:
         if isinstance(node, yaml.MappingNode):
-            return Tagged(kind, suffix, args=loader.construct_mapping(node, deep=True))
+            return Tagged(kind, suffix, args={str(k): v for k, v in loader.construct_mapping(node, deep=True).items()})
         if isinstance(node, yaml.SequenceNode):
             return Tagged(kind, suffix, positional=loader.construct_sequence(node, deep=True))
+        if not isinstance(node, yaml.ScalarNode):  # what yaml itself says of a node it cannot take
+            raise yaml.constructor.ConstructorError(None, None, f"!{kind}: unexpected node", node.start_mark)
         value = loader.construct_scalar(node)
         return Tagged(kind, suffix, positional=[] if value in ("", None) else [value])
 
@@ -65,7 +67,13 @@ def _tagged(kind: str):
 
 for _kind in ("new", "name", "apply"):
     _DataLoader.add_multi_constructor(f"!{_kind}:", _tagged(_kind))
-_DataLoader.add_constructor("!ref", lambda loader, node: Ref(str(loader.construct_scalar(node))))
+def _ref(loader: yaml.SafeLoader, node: yaml.Node) -> Ref:
+    if not isinstance(node, yaml.ScalarNode):
+        raise yaml.constructor.ConstructorError(None, None, "!ref takes a scalar", node.start_mark)
+    return Ref(str(loader.construct_scalar(node)))
+
+
+_DataLoader.add_constructor("!ref", _ref)
 # yaml 1.1 reads "1e-06" as a string; accept it as a float like HyperPyYAML (ruamel) does.
 _DataLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",

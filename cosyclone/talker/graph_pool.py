@@ -5,7 +5,7 @@ state), so a session that builds its own step must capture again; the static sch
 session per batch and isolation retries open more, so a run captured the same step shapes over
 and over, each capture a stall. Here the step (with its buffers and its graphs) belongs to the
 process: a session borrows an idle pooled step of its shape (talker, slot count, sampler
-options, capture backend), resets its slot state in place (the addresses the graphs read stay),
+options), resets its slot state in place (the addresses the graphs read stay),
 and gives it back when it closes; the next session of that shape replays the graphs already
 captured. One capture per (slots, ``kv_len`` bucket) per process, as long as the step's cache
 needs no growth (the engine reserves the cache a slot is sized for up front on a GPU).
@@ -23,12 +23,11 @@ an idle pooled step is dropped after :data:`MAX_IDLE` others (or by :func:`free_
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -92,21 +91,24 @@ class ProcessGraphs:
     def __init__(self) -> None:
         self.disabled: str | None = None  # why graphs are off for the rest of the process
         self.counts = GraphCounts()
-        self.stand_in: Callable[[], CaptureBackend] | None = None  # tests: capture with this on any device
+        # how this process captures a step's graphs: CUDA graphs on the model's device. Another
+        # CaptureBackend (graphs.EagerCapture) makes every device capture-capable, which is how the
+        # capture and replay logic runs on CPU, the backend being the one part that differs
+        self.capture: Callable[[torch.device], CaptureBackend] = CudaGraphCapture
+        self.capture_anywhere = False  # True: graphs are tried on any device (with a non-CUDA capture)
         self._pools: weakref.WeakKeyDictionary[nn.Module, list[PooledStep]] = weakref.WeakKeyDictionary()
         self._lock = threading.RLock()
 
     def acquire(self, model: nn.Module, key: Hashable, build: Callable[[int, int], SlotStep], *, capacity: int,
-                token_capacity: int, backend: CaptureBackend | None) -> PooledStep:
+                token_capacity: int) -> PooledStep:
         """An idle pooled step of ``key`` for ``model`` (the roomiest, grown when short), else a new
-        one ``build(capacity, token_capacity)`` makes. ``backend``: capture with this instance
-        (tests); None: a :class:`CudaGraphCapture` (or the :attr:`stand_in`) per set of graphs."""
+        one ``build(capacity, token_capacity)`` makes, capturing with :attr:`capture`."""
         with self._lock:
             pool = self._pools.setdefault(model, [])
             idle = [e for e in pool if e.key == key and not e.in_use]
             entry = max(idle, key=lambda e: e.step.capacity, default=None)
             if entry is None:
-                entry = PooledStep(build(capacity, token_capacity), key, self._factory(model, backend), self)
+                entry = PooledStep(build(capacity, token_capacity), key, self._factory(model), self)
                 pool.append(entry)
             else:
                 pool.remove(entry)  # most recently used last
@@ -120,13 +122,9 @@ class ProcessGraphs:
             entry.used_before = True
             return entry
 
-    def _factory(self, model: nn.Module, backend: CaptureBackend | None) -> Callable[[], CaptureBackend]:
-        if backend is not None:
-            return lambda: backend
-        if self.stand_in is not None:
-            return self.stand_in
-        device = next(model.parameters()).device
-        return lambda: CudaGraphCapture(device)
+    def _factory(self, model: nn.Module) -> Callable[[], CaptureBackend]:
+        device, capture = next(model.parameters()).device, self.capture
+        return lambda: capture(device)
 
     def release(self, entry: PooledStep) -> None:
         """A session is done with ``entry``: it goes idle (the oldest idle steps beyond :data:`MAX_IDLE` go)."""
@@ -190,14 +188,3 @@ def free_device_cache(device: torch.device | str) -> bool:
         return False
     torch.cuda.empty_cache()
     return True
-
-
-@contextlib.contextmanager
-def stand_in(factory: Callable[[], CaptureBackend]) -> Iterator[None]:
-    """Tests: decode through ``factory()``'s backend wherever graphs are asked (``cuda_graphs``
-    auto or on), on any device, as a GPU would capture."""
-    old, PROCESS.stand_in = PROCESS.stand_in, factory
-    try:
-        yield
-    finally:
-        PROCESS.stand_in = old

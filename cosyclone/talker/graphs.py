@@ -43,15 +43,17 @@ import contextlib
 import logging
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 import torch
 from torch import Tensor
 
+from cosyclone.options import CudaGraphs
+
 log = logging.getLogger(__name__)
 
-#: Values of ``--cuda-graphs`` / ``DecodeOptions.cuda_graphs``.
-GRAPH_MODES = ("auto", "off")
+#: Values of ``--cuda-graphs`` / ``DecodeOptions.cuda_graphs``: the run option's vocabulary.
+GRAPH_MODES: tuple[str, ...] = get_args(CudaGraphs)
 
 
 @dataclass(frozen=True)
@@ -62,28 +64,29 @@ class GraphChoice:
     reason: str
 
     @property
-    def value(self) -> str:
+    def value(self) -> Literal["on", "off"]:
         """``on`` | ``off``: what a run records (``summary.json`` options ``cuda_graphs``)."""
         return "on" if self.enabled else "off"
 
 
 def resolve_cuda_graphs(requested: str, device: torch.device | str, *, draw: str = "race",
-                        compile: str | None = None, backend: CaptureBackend | None = None) -> GraphChoice:
-    """``auto``: capture when the device is CUDA/ROCm (or a test gives a ``backend``) and the
-    step can be captured: the race draw (the LEGACY multinomial draw reads the host every step),
-    and not the ``torch.compile`` path (one or the other). ``off``: never."""
+                        compile: str | None = None, anywhere: bool = False) -> GraphChoice:
+    """``auto`` or ``on`` (a resolved run's word for the same choice): capture when the device is
+    CUDA/ROCm (or ``anywhere``: the process captures with a backend that needs no GPU) and the step can be captured: the
+    race draw (the LEGACY multinomial draw reads the host every step), and not the ``torch.compile``
+    path (one or the other). ``off``: never."""
     if requested not in GRAPH_MODES:
         raise ValueError(f"cuda_graphs must be one of {', '.join(GRAPH_MODES)}, not {requested!r}")
     if requested == "off":
         return GraphChoice(False, "off requested")
     dev = torch.device(device)
-    if backend is None and (dev.type != "cuda" or not torch.cuda.is_available()):
+    if not anywhere and (dev.type != "cuda" or not torch.cuda.is_available()):
         return GraphChoice(False, f"device is {dev.type}: CUDA graphs need a CUDA/ROCm device")
     if draw == "legacy-multinomial":
         return GraphChoice(False, "the legacy-multinomial draw reads the host every step")
     if compile:
         return GraphChoice(False, f"the torch.compile path ({compile}) is used instead")
-    return GraphChoice(True, f"auto on {dev.type}" if backend is None else f"auto with {type(backend).__name__}")
+    return GraphChoice(True, f"auto on {dev.type}")
 
 
 class CaptureBackend(Protocol):

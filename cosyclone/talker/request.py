@@ -7,7 +7,7 @@ requests or options (the engine's stages, conditioning) need nothing of it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -18,7 +18,6 @@ from cosyclone.talker.model import CosyVoice3LM
 from cosyclone.talker.step import to_device
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from cosyclone.talker.graphs import CaptureBackend, GraphChoice
     from cosyclone.talker.sampler import SamplerOptions
 
 
@@ -62,9 +61,7 @@ class DecodeOptions:
     # use with kv_bucket=None (one shape) and a fixed capacity
     cuda_graphs: str = "auto"  # "auto": capture the step as CUDA graphs (one per kv_len bucket) on CUDA/ROCm
     # when it can be captured (see graphs.resolve_cuda_graphs), eager otherwise; "off": always eager
-    graph_backend: CaptureBackend | None = None  # tests: capture with this (graphs.EagerCapture on CPU)
-    on_graphs: Callable[[GraphChoice, int], None] | None = None  # told once per call: the choice as the decode
-    # ended (a failed capture: off, with the reason) and the number of graphs captured
+
 
 
 def prompt_length(request: TalkerRequest) -> int:

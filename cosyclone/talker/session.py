@@ -91,8 +91,8 @@ class TalkerSession:
         self.graphed: GraphedStep | None = None
         self.engine: SlotStep
         if self.graphs.enabled:
-            key = (self.n_slots, self.sampler_options, options.graph_backend)
-            self.pooled = PROCESS.acquire(model, key, self._new_step, backend=options.graph_backend,
+            key = (self.n_slots, self.sampler_options)
+            self.pooled = PROCESS.acquire(model, key, self._new_step,
                                           capacity=max(1, capacity, options.reserve_positions or 0),
                                           token_capacity=max(1, token_capacity, options.reserve_positions or 0))
             self._release = weakref.finalize(self, PROCESS.release, self.pooled)  # also if never closed
@@ -115,6 +115,7 @@ class TalkerSession:
         self.done: dict[int, Any] = {}  # ticket -> Harvest (absent: never took a slot, max_len <= 0)
         self.reading: list[tuple[list[int], Any]] = []  # (tickets, PendingHarvest) queued, not yet read
         self.graph_steps: list[int] = []  # per ticket: steps its slot ran as a CUDA graph replay
+        self.graphs_ended: tuple[GraphChoice, int] | None = None  # at close(): the choice as it ended, graphs captured
         lagged = options.lagged_reads
         self.lagged = model.device.type == "cuda" if lagged is None else bool(lagged)
         self.unread: _Flags | None = None  # the last window's flags, when reads lag a window
@@ -143,10 +144,8 @@ class TalkerSession:
         """Resolve ``cuda_graphs``: on routes the step through the process's pooled, per-``kv_len``
         graphs (:mod:`~cosyclone.talker.graph_pool`); off for good once a capture failed in the process."""
         opts = self.options
-        backend = opts.graph_backend if opts.graph_backend is not None else (
-            PROCESS.stand_in() if PROCESS.stand_in is not None else None)
         choice = resolve_cuda_graphs(opts.cuda_graphs, self.model.device, draw=self.sampler_options.draw,
-                                     compile=opts.compile, backend=backend)
+                                     compile=opts.compile, anywhere=PROCESS.capture_anywhere)
         if choice.enabled and PROCESS.disabled is not None:
             return GraphChoice(False, f"off for this process since a capture failed: {PROCESS.disabled}")
         return choice
@@ -380,15 +379,13 @@ class TalkerSession:
         return out
 
     def close(self) -> None:
-        """Free what the session owns and report the graphs (``DecodeOptions.on_graphs``): its own
-        cache goes, or its pooled step goes back to the process (cache and graphs kept for the next)."""
-        report = self.graph_report()
+        """Free what the session owns: its own cache goes, or its pooled step goes back to the process
+        (cache and graphs kept for the next). What its graphs did stays readable (:attr:`graphs_ended`)."""
+        self.graphs_ended = self.graph_report()
         if self.pooled is not None:
             self._release()  # once: the finalizer does nothing after this
         else:
             self.engine.cache = self.model.new_cache(self.n_slots, 1)  # the cells go; a closed session is done
-        if self.options.on_graphs is not None:
-            self.options.on_graphs(*report)
 
     def _tokens(self, t: int) -> tuple[list[int], list[int], str]:
         """Ticket ``t``'s raw tokens, kept tokens and engine stop reason (:func:`harvest_tokens`)."""
