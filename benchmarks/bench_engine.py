@@ -75,7 +75,7 @@ import json, sys, time, torch
 from torch.profiler import ProfilerActivity, profile
 from cosyclone.model.checkpoint import init_dummy
 from cosyclone.model.config import QwenGeometry, TalkerConfig
-from cosyclone.talker.decode import DecodeOptions, TalkerRequest, generate
+from cosyclone.talker.decode import StepMechanics, DecodeOptions, TalkerRequest, generate
 from cosyclone.talker.model import CosyVoice3LM
 from cosyclone.talker.sampler import SamplerOptions
 torch.set_num_threads(2)
@@ -94,8 +94,7 @@ reqs = [TalkerRequest(row_id=f"r{i}", text_ids=torch.randint(0, 300, (10 + i,), 
 def leaf_ops(steps):
     opts = DecodeOptions(sampler=SamplerOptions(), max_len_override=steps, min_len_override=steps)
     if BACKEND:  # one fixed shape (the compiled step's), the same tokens as eager
-        opts = DecodeOptions(sampler=SamplerOptions(), max_len_override=steps, min_len_override=steps,
-                             kv_bucket=None, capacity=80)
+        opts = DecodeOptions(sampler=SamplerOptions(), max_len_override=steps, min_len_override=steps, mechanics=StepMechanics(kv_bucket=None, capacity=80))
         eager = [r.raw_tokens for r in generate(model, reqs, opts)]
         opts = DecodeOptions(**{**opts.__dict__, "compile": BACKEND})
         assert [r.raw_tokens for r in generate(model, reqs, opts)] == eager, "compiled tokens differ"
@@ -178,18 +177,19 @@ def compile_check(backend: str) -> dict[str, Any]:
     from torch._dynamo.utils import counters
 
     from cosyclone.talker.decode import DecodeOptions, generate
+    from cosyclone.talker.request import StepMechanics
     from cosyclone.talker.sampler import SamplerOptions
     from tests.test_engine_equivalence import _key, _requests
     from tests.test_talker_decode import _model
 
     model = _model()
     reqs = _requests(12, 5)
-    opts = DecodeOptions(sampler=SamplerOptions(top_k=40, top_p=0.9), slots=4, kv_bucket=None, capacity=160)
+    opts = DecodeOptions(sampler=SamplerOptions(top_k=40, top_p=0.9), slots=4, mechanics=StepMechanics(kv_bucket=None, capacity=160))
     eager = _key(generate(model, reqs, opts))
     torch._dynamo.reset()
     counters.clear()
     t0 = time.perf_counter()
-    compiled = _key(generate(model, reqs, replace(opts, compile=backend)))
+    compiled = _key(generate(model, reqs, replace(opts, mechanics=replace(opts.mechanics, compile=backend))))
     return {"recompiles": int(counters["stats"]["unique_graphs"]) - 1, "eager_equal": compiled == eager,
             "graph_breaks": sum(counters["graph_break"].values()), "compile_backend": backend,
             "compile_run_s": round(time.perf_counter() - t0, 1)}

@@ -185,9 +185,9 @@ def _timed(model: Any, reqs: list[Any], steps: int, capacity: int, graphs: str,
     from cosyclone.talker.decode import DecodeOptions, generate
     from cosyclone.talker.graph_pool import PROCESS
     from cosyclone.talker.graphs import GraphChoice, resolve_cuda_graphs
+    from cosyclone.talker.request import StepMechanics
 
-    opts = DecodeOptions(max_len_override=steps, min_len_override=steps, kv_bucket=None, capacity=capacity,
-                         cuda_graphs=graphs)
+    opts = DecodeOptions(max_len_override=steps, min_len_override=steps, cuda_graphs=graphs, mechanics=StepMechanics(kv_bucket=None, capacity=capacity))
     best, res = float("inf"), []
     saved = PROCESS.capture, PROCESS.capture_anywhere
     if backend is not None:  # the CPU rehearsal: the process captures with a stand-in on any device

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from benchmarks.gpu_verdict import token_difference
-from cosyclone.talker.decode import DecodeOptions, generate
+from cosyclone.talker.decode import DecodeOptions, StepMechanics, generate
 from cosyclone.talker.graph_pool import PROCESS
 from cosyclone.talker.graphs import (
     EagerCapture,
@@ -36,7 +36,7 @@ def _run(model: Any, reqs: list, backend: Any = None, **kw: Any) -> tuple[list, 
     """Each row's tokens, stop reason and sampler diagnostics; ``graph_steps`` (what ran as a
     replay, which differs by mode) goes to ``GRAPH_STEPS[-1]`` instead. ``backend``: the process
     captures with it (any device)."""
-    opts = DecodeOptions(sampler=SAMPLER, slots=3, kv_bucket=8)
+    opts = DecodeOptions(sampler=SAMPLER, slots=3, mechanics=StepMechanics(kv_bucket=8))
     with captured_with(backend), graph_reports() as seen:
         rows = _key(generate(model, reqs, replace(opts, **kw)))
     GRAPH_STEPS.append([d.pop("graph_steps") for *_, d in rows])
@@ -119,7 +119,7 @@ def test_session_says_what_really_ran() -> None:
                                        ("auto", _Refuses(), False, "capture failed for key ")):
         PROCESS.reset()  # each mode in a fresh process (pooled steps keep what an earlier mode captured)
         with captured_with(backend):
-            session = TalkerSession(model, DecodeOptions(sampler=SAMPLER, kv_bucket=8, cuda_graphs=mode), slots=2)
+            session = TalkerSession(model, DecodeOptions(sampler=SAMPLER, cuda_graphs=mode, mechanics=StepMechanics(kv_bucket=8)), slots=2)
             session.add(reqs)
             res = [r for _, r in session.drain()]
             session.close()
@@ -204,7 +204,7 @@ def test_batch_shapes_agree_up_to_near_ties_on_cuda() -> None:
             return logits
 
         sampler = GreedySampler([int(2 * r.target_len) for r in reqs], model.cfg.speech_token_size)
-        opts = DecodeOptions(slots=slots, kv_bucket=8, max_len_override=24)
+        opts = DecodeOptions(slots=slots, max_len_override=24, mechanics=StepMechanics(kv_bucket=8))
         return [r.raw_tokens for r in host_generate(model, reqs, opts, sampler=sampler, logits_hook=hook)], seen
 
     with torch.inference_mode():

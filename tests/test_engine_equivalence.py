@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from cosyclone.talker.decode import DecodeOptions, TalkerRequest, generate, prompt_length
+from cosyclone.talker.decode import DecodeOptions, StepMechanics, TalkerRequest, generate, prompt_length
 from cosyclone.talker.sampler import SamplerOptions, nucleus_keep, stream_key
 from cosyclone.talker.slot_sampler import SlotSampler
 from tests.host_session import HostSession, LogitsHook, host_generate
@@ -128,8 +128,8 @@ def test_generate_equals_todays_loop_for_any_slot_count_and_order(seed: int, n: 
     assert len({len(w[1]) for w in want}) > 1 or n == 1  # rows of different lengths
     for slots, sync, lagged, fused in ((None, 4, False, None), (1, 1, False, True), (2, 3, False, True),
                                        (3, 4, False, False), (1, 2, True, True), (2, 3, True, False), (2, None, False, None)):
-        got = _key(_generate(model, reqs, replace(opts, slots=slots, sync_every=sync, lagged_reads=lagged,
-                                                  fused_admission=fused), hook))  # type: ignore[arg-type]
+        how = replace(opts.mechanics, sync_every=sync, lagged_reads=lagged, fused_admission=fused)
+        got = _key(_generate(model, reqs, replace(opts, slots=slots, mechanics=how), hook))  # type: ignore[arg-type]
         assert got == want, (slots, sync, lagged, fused)
     order = list(reversed(range(n)))  # another admission order: the same rows, reversed
 
@@ -163,7 +163,8 @@ def test_newcomers_riding_in_a_running_step_get_what_a_separate_prefill_gives(ho
     reqs = [row("long", 0), row("short", 0), row("short", 1), row("long", 1), row("long", 2), row("short", 2)]
     opts = DecodeOptions(sampler=SamplerOptions(top_k=40, top_p=0.9), slots=2, min_len_override=100)
     want = _key(reference_generate(model, reqs, opts, hook))  # type: ignore[arg-type]
-    assert _key(_generate(model, reqs, replace(opts, fused_admission=False), hook)) == want  # type: ignore[arg-type]
+    apart = replace(opts, mechanics=replace(opts.mechanics, fused_admission=False))
+    assert _key(_generate(model, reqs, apart, hook)) == want  # type: ignore[arg-type]
     seen = {"apart": 0, "riding": 0}
     real_admit, real_step = SlotStep.admit, CosyVoice3LM.step
 
@@ -201,9 +202,9 @@ def test_a_session_fed_while_it_decodes_equals_todays_loop(slots: int, chunk: in
 
     model = _model()
     reqs = sorted(_requests(9, 3), key=lambda r: prompt_length(r) + 20 * r.target_len)
-    opts = DecodeOptions(sampler=SamplerOptions(top_k=40, top_p=0.9), kv_bucket=8)
+    opts = DecodeOptions(sampler=SamplerOptions(top_k=40, top_p=0.9), mechanics=StepMechanics(kv_bucket=8))
     want = _key(reference_generate(model, reqs, opts, hook))  # type: ignore[arg-type]
-    session_opts = replace(opts, lagged_reads=slots == 2)
+    session_opts = replace(opts, mechanics=replace(opts.mechanics, lagged_reads=slots == 2))
     session = (TalkerSession(model, session_opts, slots=slots) if hook is None
                else HostSession(model, session_opts, slots=slots, logits_hook=hook))  # type: ignore[arg-type]
     grown: list[int] = []
@@ -230,7 +231,7 @@ def test_a_session_fed_while_it_decodes_equals_todays_loop(slots: int, chunk: in
 def test_a_fixed_capacity_below_a_row_is_refused() -> None:
     model = _model()
     with pytest.raises(ValueError, match="capacity 10 is below"):
-        generate(model, _requests(2, 0), DecodeOptions(capacity=10))
+        generate(model, _requests(2, 0), DecodeOptions(mechanics=StepMechanics(capacity=10)))
 
 
 def test_a_decode_on_the_same_model_meanwhile_leaves_an_open_session_intact() -> None:

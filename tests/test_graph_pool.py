@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from cosyclone.talker.decode import DecodeOptions, TalkerSession, generate
+from cosyclone.talker.decode import DecodeOptions, StepMechanics, TalkerSession, generate
 from cosyclone.talker.graph_pool import PROCESS, free_device_cache
 from cosyclone.talker.graphs import EagerCapture
 from cosyclone.talker.sampler import SamplerOptions
@@ -33,7 +33,7 @@ class _Refuses(EagerCapture):
 
 def _decode(model: Any, reqs: list, backend: Any, **kw: Any) -> tuple[list, TalkerSession]:
     with captured_with(backend):
-        session = TalkerSession(model, DecodeOptions(sampler=SAMPLER, kv_bucket=8, **kw), slots=3)
+        session = TalkerSession(model, DecodeOptions(sampler=SAMPLER, **kw, mechanics=StepMechanics(kv_bucket=8)), slots=3)
         session.add(reqs)
         out = sorted(session.drain(), key=lambda tr: tr[0])
         session.close()
@@ -78,7 +78,7 @@ def test_generate_per_batch_reuses_the_pooled_step_across_batches() -> None:
     count on the process's pooled step. A batch longer than any before grows the step (its graphs
     are captured again on the new buffers); once it has met the longest batch, every batch replays."""
     model, backend = _model(), EagerCapture()
-    opts = DecodeOptions(sampler=SAMPLER, kv_bucket=8)
+    opts = DecodeOptions(sampler=SAMPLER, mechanics=StepMechanics(kv_bucket=8))
     reqs = _requests(9, 4)
     batches = [reqs[:3], reqs[3:6], reqs[6:9]]
     want = [_key(generate(model, b, replace(opts, cuda_graphs="off"))) for b in batches]
@@ -102,15 +102,15 @@ def test_a_closed_or_dropped_session_frees_what_it_owned_without_a_full_gc() -> 
         del session
         assert ref() is None  # no reference cycle keeps a finished session (and its graphs) alive
         with captured_with(backend):
-            dropped = TalkerSession(model, DecodeOptions(sampler=SAMPLER, kv_bucket=8), slots=3)
+            dropped = TalkerSession(model, DecodeOptions(sampler=SAMPLER, mechanics=StepMechanics(kv_bucket=8)), slots=3)
             step = dropped.engine
             del dropped  # never closed: its pooled step still goes back
-            again = TalkerSession(model, DecodeOptions(sampler=SAMPLER, kv_bucket=8), slots=3)
+            again = TalkerSession(model, DecodeOptions(sampler=SAMPLER, mechanics=StepMechanics(kv_bucket=8)), slots=3)
             assert again.engine is step
             again.close()
     finally:
         gc.enable()
-    session = TalkerSession(model, DecodeOptions(sampler=SAMPLER, kv_bucket=8, cuda_graphs="off"), slots=3)
+    session = TalkerSession(model, DecodeOptions(sampler=SAMPLER, cuda_graphs="off", mechanics=StepMechanics(kv_bucket=8)), slots=3)
     session.add(reqs)
     session.drain()
     session.close()

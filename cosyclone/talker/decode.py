@@ -15,11 +15,18 @@ from collections.abc import Sequence
 import torch
 
 from cosyclone.talker.model import CosyVoice3LM
-from cosyclone.talker.request import DecodeOptions, TalkerRequest, length_limits, prompt_batch, prompt_length
+from cosyclone.talker.request import (
+    DecodeOptions,
+    StepMechanics,
+    TalkerRequest,
+    length_limits,
+    prompt_batch,
+    prompt_length,
+)
 from cosyclone.talker.results import MAX_SILENT, SILENT_TOKENS, TalkerResult, silent_filter
 from cosyclone.talker.session import TalkerSession
 
-__all__ = ["MAX_SILENT", "SILENT_TOKENS", "DecodeOptions", "TalkerRequest", "TalkerResult", "TalkerSession",
+__all__ = ["MAX_SILENT", "SILENT_TOKENS", "DecodeOptions", "StepMechanics", "TalkerRequest", "TalkerResult", "TalkerSession",
            "generate", "length_limits", "prompt_batch", "prompt_length", "silent_filter"]
 
 
@@ -34,11 +41,11 @@ def generate(model: CosyVoice3LM, requests: Sequence[TalkerRequest],
     n = len(requests)
     max_len = [length_limits(model, options, r)[1] for r in requests]
     # one cache for the whole call, sized for its longest prompt and longest row (no growth on the way)
-    capacity = options.capacity or (max(prompt_length(r) for r in requests) + max(1, max(max_len)))
+    capacity = options.mechanics.capacity or (max(prompt_length(r) for r in requests) + max(1, max(max_len)))
     session = TalkerSession(model, options, slots=min(n, options.slots or n), capacity=capacity,
                             token_capacity=max(1, max(max_len)))
     session.add(requests)
-    session._fit(list(range(n)))  # only checks: a fixed ``options.capacity`` below a row's need raises
+    session._fit(list(range(n)))  # only checks: a fixed ``options.mechanics.capacity`` below a row's need raises
     found: dict[int, TalkerResult] = {}
     try:
         found.update(session.drain())

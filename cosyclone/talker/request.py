@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from cosyclone.options import CudaGraphs
 from cosyclone.talker.model import CosyVoice3LM
 from cosyclone.talker.step import to_device
 
@@ -34,34 +35,42 @@ class TalkerRequest:
 
 
 @dataclass(frozen=True)
+class StepMechanics:
+    """How the decode step runs, as opposed to what it decodes: every choice here gives the same
+    tokens (tests/test_engine_equivalence.py pins each), so a run leaves them all at their defaults,
+    chosen by device; the equivalence tests and the benchmarks vary them."""
+
+    sync_every: int | None = None  # steps between host reads of the finished flags; None: 4 on CUDA/ROCm
+    # (a read waits for the queue to drain), 1 on CPU (nothing runs ahead: a read costs nothing and a
+    # finished row's slot is refilled at the next step)
+    fused_admission: bool | None = None  # prefill newcomers in the pass of a decode step (step.Admit)
+    # instead of apart; None: on CPU without compile or CUDA graphs (a step there is bound by reading the
+    # weights once, so prompts riding along cost only their arithmetic)
+    lagged_reads: bool | None = None  # read a window's finished flags after the next window is queued,
+    # copied without blocking (the device never waits on the host; a slot is refilled one window later);
+    # None: on CUDA/ROCm only (on CPU nothing runs ahead, so it would only delay refills)
+    kv_bucket: int | None = 64  # cells a step reads, rounded up to this (None: the whole capacity, fixed shape)
+    capacity: int | None = None  # cache cells per slot (None: longest prompt + largest max_len)
+    compile: str | None = None  # torch.compile backend for the step ("inductor", "eager", ...; fullgraph=True);
+    # use with kv_bucket=None (one shape) and a fixed capacity
+
+
+@dataclass(frozen=True)
 class DecodeOptions:
-    """How :func:`~cosyclone.talker.decode.generate` and a :class:`~cosyclone.talker.session.TalkerSession` decode."""
+    """What :func:`~cosyclone.talker.decode.generate` and a :class:`~cosyclone.talker.session.TalkerSession`
+    decode: what a run sets (engine.stages.decode_options), and how the step runs (:class:`StepMechanics`)."""
 
     sampler: SamplerOptions | None = None  # RAS options; None = SamplerOptions.from_config(model.cfg.sampling)
-    silent_filter: bool = True  # drop silent ids after MAX_SILENT consecutive ones from ``tokens``
     max_len_override: int | None = None  # cap on generated tokens per row instead of int(20 * target_len)
     min_len_override: int | None = None  # stop ids blocked below this many tokens instead of int(2 * target_len)
     min_len_ratio: float | None = None  # min tokens = int(ratio * target_len); None = the model's (official 2)
     max_len_ratio: float | None = None  # max tokens = int(ratio * target_len); None = the model's (official 20)
     slots: int | None = None  # rows decoded at once; more requests wait and take a slot as one frees (None: all)
-    sync_every: int | None = None  # steps between host reads of the finished flags; None: 4 on CUDA/ROCm
-    # (a read waits for the queue to drain), 1 on CPU (nothing runs ahead: a read costs nothing and a
-    # finished row's slot is refilled at the next step). Same tokens
-    fused_admission: bool | None = None  # prefill newcomers in the pass of a decode step (engine.Admit)
-    # instead of apart; None: on CPU without compile or CUDA graphs (a step there is bound by reading the
-    # weights once, so prompts riding along cost only their arithmetic). Same tokens
-    lagged_reads: bool | None = None  # read a window's finished flags after the next window is queued,
-    # copied without blocking (the device never waits on the host; a slot is refilled one window later);
-    # None: on CUDA/ROCm only (on CPU nothing runs ahead, so it would only delay refills). Same tokens
-    kv_bucket: int | None = 64  # cells a step reads, rounded up to this (None: the whole capacity, fixed shape)
-    capacity: int | None = None  # cache cells per slot (None: longest prompt + largest max_len)
     reserve_positions: int | None = None  # with CUDA graphs: cache cells per slot allocated up front (the
     # engine's sized figure on a GPU), so rows that fit never grow the pooled step and force a recapture
-    compile: str | None = None  # torch.compile backend for the step ("inductor", "eager", ...; fullgraph=True);
-    # use with kv_bucket=None (one shape) and a fixed capacity
-    cuda_graphs: str = "auto"  # "auto": capture the step as CUDA graphs (one per kv_len bucket) on CUDA/ROCm
-    # when it can be captured (see graphs.resolve_cuda_graphs), eager otherwise; "off": always eager
-
+    cuda_graphs: CudaGraphs = "auto"  # auto | on: capture the step as CUDA graphs (one per kv_len bucket) where
+    # it can be captured (see graphs.resolve_cuda_graphs), eager otherwise; off: always eager
+    mechanics: StepMechanics = StepMechanics()  # how the step runs (same tokens whatever they are)
 
 
 def prompt_length(request: TalkerRequest) -> int:

@@ -54,20 +54,19 @@ def silent_filter(tokens: Sequence[int], silent: frozenset[int] = SILENT_TOKENS,
     return kept
 
 
-def harvest_tokens(h: Harvest | None, *, filter_silent: bool) -> tuple[list[int], list[int], str]:
+def harvest_tokens(h: Harvest | None) -> tuple[list[int], list[int], str]:
     """A slot's raw tokens, the tokens kept by the silent filter, and its engine stop reason
     ("eos", "max_len", "aborted"; "max_len" for a request that never took a slot: ``h`` None)."""
     raw = h.tokens if h is not None else []
-    kept = silent_filter(raw) if filter_silent else list(raw)
+    kept = silent_filter(raw)  # the official post-filter; the raw tokens stay beside them
     return raw, kept, REASONS[h.reason] if h is not None else "max_len"
 
 
-def talker_result(req: TalkerRequest, h: Harvest | None, sampler: SamplerOptions, *, filter_silent: bool,
-                  min_len: int, max_len: int, seconds: float, graph_steps: int) -> TalkerResult:
+def talker_result(req: TalkerRequest, h: Harvest | None, sampler: SamplerOptions, *, min_len: int, max_len: int, seconds: float, graph_steps: int) -> TalkerResult:
     """One row's result from its harvest (``h`` None: it never took a slot). A row the sampler
     aborted gets the sampler's reason ("no_finite_logits" / "error"); ``graph_steps`` (steps its
     slot ran as a graph replay) is capped at the row's own steps (a slot held past its end adds none)."""
-    raw, kept, reason = harvest_tokens(h, filter_silent=filter_silent)
+    raw, kept, reason = harvest_tokens(h)
     state = h.sampler_state if h is not None else _NEVER
     diag = row_diagnostics(sampler, req.row_id, req.seed, req.segment, state[:-4], dead=reason == "aborted",
                            err=state[-4:], stop_reason=None if reason == "aborted" else reason,

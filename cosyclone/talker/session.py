@@ -9,7 +9,7 @@ computes what it would alone (the same tokens; logits equal up to fp32 rounding 
 kernel shape): apart from the decode steps on a GPU (a captured step keeps its shapes), and on a
 CPU inside the next step's pass while the other slots decode (``fused_admission``: the step there
 is bound by reading the weights, which a separate prefill would read a second time). The host
-reads the finished flags every ``DecodeOptions.sync_every`` steps; tokens, stop flags, length
+reads the finished flags every ``StepMechanics.sync_every`` steps; tokens, stop flags, length
 rules and diagnostic counters stay on the device in between (on a CPU, where a read costs
 nothing, every step). On CUDA the read lags a window (``lagged_reads``): the flags are copied
 to pinned memory without blocking and read once the next window is queued, so the device never
@@ -67,7 +67,7 @@ class TalkerSession:
 
     Requests are added in any number of calls (:meth:`add`, each gets a ticket: its index in
     arrival order); :meth:`poll` admits waiting requests into free slots (lowest slot first, in
-    arrival order), runs one window of ``DecodeOptions.sync_every`` steps and returns the requests
+    arrival order), runs one window of ``StepMechanics.sync_every`` steps and returns the requests
     that finished. A session can span a whole manifest, so the next rows take the slots of the
     finished ones instead of waiting for a batch to drain, and the engine (and its captured graphs)
     lives for the whole run. :func:`generate` is a session that is given every request at once.
@@ -84,8 +84,8 @@ class TalkerSession:
         cfg = model.cfg
         self.n_slots = max(1, int(slots))
         self.sampler_options: SamplerOptions = options.sampler or SamplerOptions.from_config(cfg.sampling)
-        if options.capacity is not None:
-            capacity = options.capacity
+        if options.mechanics.capacity is not None:
+            capacity = options.mechanics.capacity
         self.graphs = self._choice()
         self.pooled: PooledStep | None = None  # with graphs: the process's step, borrowed until close()
         self.graphed: GraphedStep | None = None
@@ -116,21 +116,21 @@ class TalkerSession:
         self.reading: list[tuple[list[int], Any]] = []  # (tickets, PendingHarvest) queued, not yet read
         self.graph_steps: list[int] = []  # per ticket: steps its slot ran as a CUDA graph replay
         self.graphs_ended: tuple[GraphChoice, int] | None = None  # at close(): the choice as it ended, graphs captured
-        lagged = options.lagged_reads
+        lagged = options.mechanics.lagged_reads
         self.lagged = model.device.type == "cuda" if lagged is None else bool(lagged)
         self.unread: _Flags | None = None  # the last window's flags, when reads lag a window
         self.step_fn: Callable[[], None] = self.engine.step if self.graphed is None else self.graphed
-        if options.compile:
-            self.step_fn = torch.compile(self.engine.step, fullgraph=True, backend=options.compile)
+        if options.mechanics.compile:
+            self.step_fn = torch.compile(self.engine.step, fullgraph=True, backend=options.mechanics.compile)
         self.graphs_captured = 0  # by graph sets dropped when the engine grew
         self.graphs_replayed = 0  # likewise
         # the pooled step's counts when this session took it: what it did itself is the difference
         self._captured0 = self.graphed.captured if self.graphed is not None else 0
         self._replayed0 = self.graphed.replayed if self.graphed is not None else 0
         cpu = model.device.type == "cpu"
-        self.sync_every = max(1, options.sync_every or (1 if cpu else 4))
-        fuse = options.fused_admission
-        self.fuse = cpu and not options.compile and self.graphed is None if fuse is None else bool(fuse)
+        self.sync_every = max(1, options.mechanics.sync_every or (1 if cpu else 4))
+        fuse = options.mechanics.fused_admission
+        self.fuse = cpu and not options.mechanics.compile and self.graphed is None if fuse is None else bool(fuse)
 
     def _new_step(self, capacity: int, token_capacity: int) -> SlotStep:
         """A slot step of this session's shape (its own sampler; with graphs, the pool keeps it)."""
@@ -145,7 +145,7 @@ class TalkerSession:
         graphs (:mod:`~cosyclone.talker.graph_pool`); off for good once a capture failed in the process."""
         opts = self.options
         choice = resolve_cuda_graphs(opts.cuda_graphs, self.model.device, draw=self.sampler_options.draw,
-                                     compile=opts.compile, anywhere=PROCESS.capture_anywhere)
+                                     compile=opts.mechanics.compile, anywhere=PROCESS.capture_anywhere)
         if choice.enabled and PROCESS.disabled is not None:
             return GraphChoice(False, f"off for this process since a capture failed: {PROCESS.disabled}")
         return choice
@@ -225,13 +225,13 @@ class TalkerSession:
         eng = self.engine
         if need <= eng.capacity and need_tokens <= eng.token_capacity:
             return
-        if self.options.capacity is not None and need > eng.capacity:
+        if self.options.mechanics.capacity is not None and need > eng.capacity:
             raise ValueError(f"capacity {eng.capacity} is below a row's prompt + max_len ({need})")
         def grown(need: int, have: int, bucket: int = 1) -> int:
             """``have`` if it suffices, else at least 1.5x it (a few growths per manifest), bucketed."""
             return have if need <= have else -(-max(need, have + have // 2) // bucket) * bucket
 
-        if eng.grow(grown(need, eng.capacity, self.options.kv_bucket or 1), grown(need_tokens, eng.token_capacity)):
+        if eng.grow(grown(need, eng.capacity, self.options.mechanics.kv_bucket or 1), grown(need_tokens, eng.token_capacity)):
             self._regraph()
 
     def _regraph(self) -> None:
@@ -291,7 +291,7 @@ class TalkerSession:
 
     def _kv_len(self, window: int) -> int | None:
         """Cells the next ``window`` steps read: a bucketed bound on every slot's position."""
-        bucket = self.options.kv_bucket
+        bucket = self.options.mechanics.kv_bucket
         if not bucket:
             return None
         bound = max(self.plen[r] + self.g - self.admitted_at[s] + window
@@ -367,7 +367,7 @@ class TalkerSession:
     def _result(self, t: int) -> TalkerResult:
         """Ticket ``t``'s result from its harvest (the in-step sampler's counters become ``diagnostics``)."""
         return talker_result(self._request(t), self.done.get(t), self.sampler_options,
-                             filter_silent=self.options.silent_filter, min_len=self.min_len[t],
+                             min_len=self.min_len[t],
                              max_len=self.max_len[t], seconds=self.seconds[t], graph_steps=self.graph_steps[t])
 
     @torch.no_grad()
@@ -389,4 +389,4 @@ class TalkerSession:
 
     def _tokens(self, t: int) -> tuple[list[int], list[int], str]:
         """Ticket ``t``'s raw tokens, kept tokens and engine stop reason (:func:`harvest_tokens`)."""
-        return harvest_tokens(self.done.get(t), filter_silent=self.options.silent_filter)
+        return harvest_tokens(self.done.get(t))

@@ -98,9 +98,9 @@ def test_forced_decode_every_step(gemm: str) -> None:
 
     sampler = ForcedSampler([forced], stop_token=model.cfg.eos)
     # official-head min_len rule: index S (sos) masked while step < min_len; reproduce that mask here
-    (res,) = host_generate(model, [_request(vec, meta)], DecodeOptions(silent_filter=False), sampler=sampler,
+    (res,) = host_generate(model, [_request(vec, meta)], DecodeOptions(), sampler=sampler,
                            logits_hook=hook)
-    assert res.tokens == vec["decode.yielded_tokens"].tolist() and res.stop_reason == "eos"
+    assert res.raw_tokens == vec["decode.yielded_tokens"].tolist() and res.stop_reason == "eos"
     assert len(seen) == n_steps
     min_len = meta["derived"]["min_len"]
     S = model.cfg.speech_token_size
