@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from cosyclone.base.device import DevicePolicy, dtype_name
 from cosyclone.model.config import ModelConfig, released_config
-from cosyclone.talker.decode import DecodeOptions, TalkerRequest, generate
+from cosyclone.talker import DecodeOptions, TalkerRequest, generate
 from cosyclone.talker.model import CosyVoice3LM, build_talker
 from cosyclone.talker.sampler import SamplerOptions, nucleus_keep, race_keys, stream_key, uniform_noise
 

@@ -75,7 +75,7 @@ import json, sys, time, torch
 from torch.profiler import ProfilerActivity, profile
 from cosyclone.model.checkpoint import init_dummy
 from cosyclone.model.config import QwenGeometry, TalkerConfig
-from cosyclone.talker.decode import StepMechanics, DecodeOptions, TalkerRequest, generate
+from cosyclone.talker import StepMechanics, DecodeOptions, TalkerRequest, generate
 from cosyclone.talker.model import CosyVoice3LM
 from cosyclone.talker.sampler import SamplerOptions
 torch.set_num_threads(2)
@@ -176,7 +176,7 @@ def compile_check(backend: str) -> dict[str, Any]:
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    from cosyclone.talker.decode import DecodeOptions, generate
+    from cosyclone.talker import DecodeOptions, generate
     from cosyclone.talker.request import StepMechanics
     from cosyclone.talker.sampler import SamplerOptions
     from tests.test_engine_equivalence import _key, _requests
@@ -210,7 +210,7 @@ def continuous_vs_static(full: bool, slots: int, *, eos: bool = True) -> dict[st
     from cosyclone.base.device import resolve
     from cosyclone.model.checkpoint import init_dummy
     from cosyclone.model.config import QwenGeometry, TalkerConfig, released_config
-    from cosyclone.talker.decode import DecodeOptions, TalkerRequest, generate
+    from cosyclone.talker import DecodeOptions, TalkerRequest, generate
     from cosyclone.talker.model import CosyVoice3LM
     from cosyclone.talker.sampler import SamplerOptions
 

@@ -20,7 +20,7 @@ import torch
 from benchmarks.machine import cpu_name
 from cosyclone.base.device import DevicePolicy
 from cosyclone.model.config import released_config
-from cosyclone.talker.decode import DecodeOptions, TalkerRequest
+from cosyclone.talker import DecodeOptions, TalkerRequest
 from cosyclone.talker.model import CosyVoice3LM, build_talker
 
 

@@ -169,7 +169,7 @@ def _model(tiny: bool, device: torch.device, dtype: torch.dtype) -> Any:
 
 
 def _requests(model: Any, batch: int, text_len: int, speech_len: int) -> list[Any]:
-    from cosyclone.talker.decode import TalkerRequest
+    from cosyclone.talker import TalkerRequest
 
     g = torch.Generator().manual_seed(0)
     vocab, speech = model.cfg.qwen.vocab_size, model.cfg.speech_token_size
@@ -182,7 +182,7 @@ def _timed(model: Any, reqs: list[Any], steps: int, capacity: int, graphs: str,
            backend: Any, reps: int = 2) -> tuple[float, list, bool]:
     """The best of ``reps`` decodes of ``steps`` steps per row: seconds, each row's tokens, and
     whether any step replayed a graph (what ran, not what was asked)."""
-    from cosyclone.talker.decode import DecodeOptions, generate
+    from cosyclone.talker import DecodeOptions, generate
     from cosyclone.talker.graph_pool import PROCESS
     from cosyclone.talker.graphs import GraphChoice, resolve_cuda_graphs
     from cosyclone.talker.request import StepMechanics

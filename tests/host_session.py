@@ -22,8 +22,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from cosyclone.talker import decode
-from cosyclone.talker.decode import DecodeOptions, TalkerRequest, TalkerResult, TalkerSession
+from cosyclone.talker import DecodeOptions, TalkerRequest, TalkerResult, TalkerSession, decode
 from cosyclone.talker.graphs import GraphChoice
 from cosyclone.talker.model import CosyVoice3LM
 from cosyclone.talker.step import Admit, SlotStep

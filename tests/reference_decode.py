@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from cosyclone.talker.decode import DecodeOptions, TalkerRequest, TalkerResult, prompt_batch, silent_filter
+from cosyclone.talker import DecodeOptions, TalkerRequest, TalkerResult, prompt_batch, silent_filter
 from cosyclone.talker.model import CosyVoice3LM
 from cosyclone.talker.sampler import SamplerOptions
 from tests.samplers import BatchSampler

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from benchmarks.gpu_verdict import token_difference
-from cosyclone.talker.decode import DecodeOptions, StepMechanics, generate
+from cosyclone.talker import DecodeOptions, StepMechanics, generate
 from cosyclone.talker.graph_pool import PROCESS
 from cosyclone.talker.graphs import (
     EagerCapture,
@@ -111,7 +111,7 @@ def test_failed_capture_falls_back_to_eager_with_reason() -> None:
 def test_session_says_what_really_ran() -> None:
     """A session reports what ran, not what was asked: ``graphs_used`` once a step replayed,
     ``graph_capture_error`` when a capture failed (the decode went on eagerly)."""
-    from cosyclone.talker.decode import TalkerSession
+    from cosyclone.talker import TalkerSession
 
     model = _model()
     reqs = _requests(4, 5)

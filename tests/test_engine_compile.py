@@ -11,7 +11,7 @@ import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
 
-from cosyclone.talker.decode import DecodeOptions, StepMechanics, generate
+from cosyclone.talker import DecodeOptions, StepMechanics, generate
 from cosyclone.talker.sampler import SamplerOptions
 from tests.test_engine_equivalence import _key, _requests
 from tests.test_talker_decode import _model

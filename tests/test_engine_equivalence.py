@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from cosyclone.talker.decode import DecodeOptions, StepMechanics, TalkerRequest, generate, prompt_length
+from cosyclone.talker import DecodeOptions, StepMechanics, TalkerRequest, generate, prompt_length
 from cosyclone.talker.sampler import SamplerOptions, nucleus_keep, stream_key
 from cosyclone.talker.slot_sampler import SlotSampler
 from tests.host_session import HostSession, LogitsHook, host_generate
@@ -198,7 +198,7 @@ def test_max_len_zero_rows_never_take_a_slot() -> None:
 def test_a_session_fed_while_it_decodes_equals_todays_loop(slots: int, chunk: int, hook: object) -> None:
     """Requests join a running session a few at a time, longest last (so its cache and token buffers
     grow mid-decode, with rows running): every request gets what today's loop gives it alone."""
-    from cosyclone.talker.decode import TalkerSession
+    from cosyclone.talker import TalkerSession
 
     model = _model()
     reqs = sorted(_requests(9, 3), key=lambda r: prompt_length(r) + 20 * r.target_len)
@@ -237,7 +237,7 @@ def test_a_fixed_capacity_below_a_row_is_refused() -> None:
 def test_a_decode_on_the_same_model_meanwhile_leaves_an_open_session_intact() -> None:
     """A run's session stays open while a row is retried alone (generate) on the same model: each
     decode has its own cache cells, so both get exactly what they get alone."""
-    from cosyclone.talker.decode import TalkerSession
+    from cosyclone.talker import TalkerSession
 
     model = _model()
     reqs, other = _requests(5, 6), _requests(3, 7)

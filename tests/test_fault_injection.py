@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from cosyclone.talker.decode import DecodeOptions
+from cosyclone.talker import DecodeOptions
 from cosyclone.talker.sampler import SamplerOptions
 from tests.host_session import host_generate
 from tests.test_talker_decode import _model, _req

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from cosyclone.talker.decode import DecodeOptions, StepMechanics, TalkerSession, generate
+from cosyclone.talker import DecodeOptions, StepMechanics, TalkerSession, generate
 from cosyclone.talker.graph_pool import PROCESS, free_device_cache
 from cosyclone.talker.graphs import EagerCapture
 from cosyclone.talker.sampler import SamplerOptions

@@ -14,7 +14,7 @@ import torch
 
 from cosyclone.run import folder as runfolder
 from cosyclone.run.token_store import TokenStore
-from cosyclone.talker.decode import TalkerResult
+from cosyclone.talker import TalkerResult
 
 
 def _dead_pid() -> int:

@@ -6,7 +6,7 @@ import torch
 
 from cosyclone.model.checkpoint import init_dummy
 from cosyclone.model.config import QwenGeometry, TalkerConfig
-from cosyclone.talker.decode import DecodeOptions, TalkerRequest, generate, silent_filter
+from cosyclone.talker import DecodeOptions, TalkerRequest, generate, silent_filter
 from cosyclone.talker.model import CosyVoice3LM
 from tests.host_session import host_generate
 from tests.samplers import ForcedSampler, GreedySampler

@@ -11,7 +11,7 @@ import torch
 from cosyclone.base.device import DevicePolicy
 from cosyclone.engine.tiny import TinySizes, write_tiny_config
 from cosyclone.model.config import load_model_config, released_config
-from cosyclone.talker.decode import DecodeOptions, TalkerRequest, generate
+from cosyclone.talker import DecodeOptions, TalkerRequest, generate
 from cosyclone.talker.model import build_talker
 from cosyclone.talker.sampler import SamplerOptions
 from tests.test_talker_decode import _model, _req

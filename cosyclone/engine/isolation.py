@@ -77,10 +77,10 @@ def generate_isolated(stages: Stages, segments: Sequence[tuple[str, Any]], dec: 
     raise alone fail their rows. A row's tokens do not depend on its batch-mates, so the retries
     give the same audio as the whole batch would have.
     """
-    from cosyclone.talker.decode import generate
+    from cosyclone.talker import decode
 
     def attempt(idx: list[int]) -> dict[int, Any]:
-        outs = generate(stages.talker, [S.to_talker_request(segments[i][1]) for i in idx], dec)
+        outs = decode.generate(stages.talker, [S.to_talker_request(segments[i][1]) for i in idx], dec)
         return dict(zip(idx, outs, strict=True))
 
     def solve(idx: list[int]) -> dict[int, Any]:

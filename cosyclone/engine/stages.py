@@ -160,7 +160,7 @@ def prepare_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptions,
 
 def decode_options(cfg: ModelConfig, opts: RunOptions) -> Any:
     """The talker's :class:`~cosyclone.talker.decode.DecodeOptions` for a run."""
-    from cosyclone.talker.decode import DecodeOptions
+    from cosyclone.talker import DecodeOptions
 
     return DecodeOptions(sampler=_sampler_options(cfg, opts), max_len_override=opts.max_tokens,
                          min_len_override=opts.min_tokens, min_len_ratio=opts.min_len_ratio,

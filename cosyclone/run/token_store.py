@@ -21,7 +21,7 @@ import torch
 
 from cosyclone.base import handoff
 from cosyclone.run import folder as runfolder
-from cosyclone.talker.decode import TalkerResult
+from cosyclone.talker import TalkerResult
 from cosyclone.talker.diagnostics import SamplerRowDiagnostics
 
 _DIAG_FIELDS = {f.name for f in fields(SamplerRowDiagnostics)}

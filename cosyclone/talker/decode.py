@@ -1,11 +1,6 @@
-"""The talker's door: decode a list of requests (:func:`generate`), or keep a session open.
-
-:func:`generate` is a :class:`~cosyclone.talker.session.TalkerSession` handed every request at
-once. The names callers use are importable from here: the requests and options
-(:mod:`~cosyclone.talker.request`), the results and the silent filter
-(:mod:`~cosyclone.talker.results`), the session (:mod:`~cosyclone.talker.session`). ``generate``
-builds its session by this module's ``TalkerSession`` name (the engine's scheduler does too), so
-a test that replaces the session replaces it here.
+"""Decode a list of requests at once: :func:`generate`, a :class:`~cosyclone.talker.session.TalkerSession`
+handed every request, its cache sized once for the longest, closed when every row is out (the
+static schedule's talker and the isolation retries; the continuous schedule keeps a session open).
 """
 
 from __future__ import annotations
@@ -15,19 +10,9 @@ from collections.abc import Sequence
 import torch
 
 from cosyclone.talker.model import CosyVoice3LM
-from cosyclone.talker.request import (
-    DecodeOptions,
-    StepMechanics,
-    TalkerRequest,
-    length_limits,
-    prompt_batch,
-    prompt_length,
-)
-from cosyclone.talker.results import MAX_SILENT, SILENT_TOKENS, TalkerResult, silent_filter
+from cosyclone.talker.request import DecodeOptions, TalkerRequest, length_limits, prompt_length
+from cosyclone.talker.results import TalkerResult
 from cosyclone.talker.session import TalkerSession
-
-__all__ = ["MAX_SILENT", "SILENT_TOKENS", "DecodeOptions", "StepMechanics", "TalkerRequest", "TalkerResult", "TalkerSession",
-           "generate", "length_limits", "prompt_batch", "prompt_length", "silent_filter"]
 
 
 @torch.no_grad()

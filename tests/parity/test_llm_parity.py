@@ -12,7 +12,7 @@ import torch
 
 from cosyclone.base import cpu_gemm
 from cosyclone.model.config import QwenGeometry, TalkerConfig
-from cosyclone.talker.decode import DecodeOptions, TalkerRequest
+from cosyclone.talker import DecodeOptions, TalkerRequest
 from cosyclone.talker.model import CosyVoice3LM, load_talker_weights
 from tests.host_session import host_generate
 from tests.samplers import ForcedSampler
