@@ -227,8 +227,8 @@ def test_a_run_that_cannot_fit_is_refused_before_any_actor_starts(tiny_model_dir
     from cosyclone.run.ray_cluster import read_cluster
     from cosyclone.run.ray_pool import run_ray
 
-    # the actor pool is built in ray_pool._run: reaching it would mean actors were started
-    monkeypatch.setattr(ray_pool, "_run", lambda *a, **k: pytest.fail("an actor pool was built"))
+    # actors are started by ray_pool.ActorPool: building one would mean actors could start
+    monkeypatch.setattr(ray_pool, "ActorPool", lambda *a, **k: pytest.fail("an actor pool was built"))
     ray.init(num_cpus=2, _memory=int(0.3 * GB), object_store_memory=100 * 2**20, include_dashboard=False,
              log_to_driver=False)
     try:
