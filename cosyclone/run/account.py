@@ -108,7 +108,7 @@ class RunRecord:
     output: dict[str, Any]  # how the audio files are written (format, encoding, rate, trimming)
     algorithm: str  # the audio algorithm version (part of every fingerprint)
     engine: str  # local | ray
-    ray: dict[str, Any] | None  # --ray-actors/--actor-threads as given, the address and the live plan
+    ray: dict[str, Any] | None  # --ray-actors/--actor-threads as given, the address, the live plan, each actor's node
     cuda_graphs: GraphsRecord  # what the CUDA graphs really did
     engine_facts: dict[str, Any] | None  # what the engine chose and measured (sizes, stage dtypes, peak memory)
 

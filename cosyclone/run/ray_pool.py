@@ -81,7 +81,6 @@ def placement(plan: RayPlan) -> list[str]:
 
 @dataclass
 class _Task:
-    rows: tuple[str, ...]  # its rows' ids
     spec: str  # the encoded task (ray_actor.encode_task)
     prompts: dict[str, Any]  # its prompt files' object references, by path
 
@@ -123,8 +122,7 @@ class ActorPool:
         keys = dict(self.tokens.keys) if self.tokens is not None else {}
         for group in task_groups(len(batches), self.plan.actors, self.opts.schedule):
             rows = [list(batches[k]) for k in group]
-            self._queue.append(_Task(rows=tuple(r.id for b in rows for r in b), spec=encode_task(rows, keys),
-                                     prompts=self._ship(r for b in rows for r in b)))
+            self._queue.append(_Task(spec=encode_task(rows, keys), prompts=self._ship(r for b in rows for r in b)))
             self.fed.update(r.id for b in rows for r in b)
             self._tasks += 1
         self._grow()
@@ -216,7 +214,8 @@ class ActorPool:
         self.stopping = True
         self._queue.clear()
         for k, _ in self._running.values():
-            self.actors[k].stop.remote(self.stop.signal_name or "stop")
+            if self.actors[k] is not None:
+                self.actors[k].stop.remote(self.stop.signal_name or "stop")
 
     def missing(self) -> list[str]:
         return sorted(self.fed - self.seen)
