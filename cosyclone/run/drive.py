@@ -121,10 +121,16 @@ class Driver:
         After a stop request no part is fed; once it is immediate, the results the source still
         holds are dropped (:meth:`RowSource.cancel`), unrecorded: they run on the resume.
         """
+        todo = iter(parts)
         try:
-            for part, prep in parts:
-                if stop is not None and stop.requested:
+            while True:
+                if stop is not None and stop.requested:  # before the next part is read and fingerprinted
+                    _close_iter(todo)  # (a streamed manifest's reader stops its normalizing pool)
                     break
+                item = next(todo, None)
+                if item is None:
+                    break
+                part, prep = item
                 if on_part is not None:
                     on_part(part, prep)
                 for result in prep.failed:  # rows that failed before any stage (their fingerprint)
@@ -148,8 +154,13 @@ class Driver:
         for result in results:
             self.commit(result)
             if stop is not None and stop.immediate:
-                close = getattr(results, "close", None)
-                if close is not None:  # a generator: its finally blocks run now (the engine frees its session)
-                    close()
+                _close_iter(results)  # the engine's finally blocks run now: it frees its talker session
                 return False
         return True
+
+
+def _close_iter(it: Iterator[object]) -> None:
+    """Close a generator left part-way (its finally blocks run now, not when it is collected)."""
+    close = getattr(it, "close", None)
+    if close is not None:
+        close()

@@ -158,10 +158,12 @@ class SynthJob:
             end = driver.drive(prepared, source, batch_size=p.opts.batch_size, token_budget=p.opts.token_budget,
                                stop=self.stop, on_part=on_part)
         finally:  # also when the source raised (a Ray run that lost rows): what was written is committed
-            source.close()  # a Ray pool's actors stop here, before the accounts
-            close_error = _close(writer)
-            if sink is not None:
-                sink.close()
+            try:
+                source.close()  # a Ray pool's actors stop here, before the accounts
+            finally:
+                close_error = _close(writer)
+                if sink is not None:
+                    sink.close()
         hashes.save()
         resume = p.finish_resume(total, existing)
         if p.streamed and resume.describe():
