@@ -13,6 +13,12 @@ checked and resolved in the same place, and :meth:`CosyClone.synth_folder` runs 
 output folder through the same :class:`~cosyclone.run.job.SynthJob` as ``cosyclone synth`` (resume,
 lock, totals: the same folder bytes). The same row (same seed, options) gives the same samples
 here and under ``synth``.
+
+Signals: while a call works (on the main thread), SIGINT and SIGTERM are caught so that the work
+ends cleanly: :meth:`~CosyClone.synth_folder` stops as ``synth`` does (rows in flight get the
+``grace`` option's seconds, the accounts are written, the lock released), ``synthesize*`` drop the
+rows at once. Then the process's own handlers are back and the signal is handed on to them
+(:func:`cosyclone.base.stop.propagate`): Ctrl-C raises KeyboardInterrupt after the cleanup.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from cosyclone.base.stop import StopRequest, catch_signals, propagate
 from cosyclone.engine import Engine, RowResult, model_config
 from cosyclone.errors import CosycloneError
 from cosyclone.manifest import ManifestRow, rows_from_dicts
@@ -137,7 +144,10 @@ class CosyClone:
         No stage-0 checkpoint is kept: a call has no folder, and a loaded model serves many calls.
         """
         valid = self.validate(rows, base=base)
-        results = {res.id: res for res in self.engine.run(valid)}
+        stop = StopRequest(grace=0.0)  # nothing is kept of a call cut short: drop its rows at once
+        with catch_signals(stop):
+            results = {res.id: res for res in self.engine.run(valid, stop=stop)}
+        propagate(stop)  # the engine's session is closed: the interrupt goes on
         return [results[r.id] for r in valid]
 
     def validate(self, rows: Iterable[Mapping[str, Any] | ManifestRow], *,
@@ -169,5 +179,11 @@ class CosyClone:
         """Synthesize ``manifest`` into the run folder ``out`` exactly as ``cosyclone synth`` does
         (resume by fingerprint, the folder lock, ``summary.json``, ``runs.jsonl``); returns the
         :class:`~cosyclone.run.job.JobSummary`. ``options`` as :meth:`folder_job`; ``progress``
-        as :meth:`SynthJob.run <cosyclone.run.job.SynthJob.run>`."""
-        return self.folder_job(manifest, out, log=log, **options).run(progress=progress)
+        as :meth:`SynthJob.run <cosyclone.run.job.SynthJob.run>`. A signal stops it as it stops
+        ``synth`` (``grace`` option), then goes on to the process's handlers (KeyboardInterrupt)."""
+        job = self.folder_job(manifest, out, log=log, **options)
+        job.stop = StopRequest(grace=job.planned.folder.grace)
+        with catch_signals(job.stop):
+            summary = job.run(progress=progress)
+        propagate(job.stop)  # the folder's accounts are written and its lock released
+        return summary

@@ -3,9 +3,10 @@
 Exit codes: 0 = every row done; 3 = some rows failed or were rejected by validation (the others
 were produced); 2 = unusable input (manifest or model directory unreadable, bad options);
 4 = the output folder cannot be written (not writable, disk full: rows finished before are kept);
-5 = another ``synth`` is writing the same folder (and shard).
-``say`` (one utterance): 0 = WAV written; 2 = unusable input (bad option, model directory, or the
-utterance itself rejected by validation); 3 = the utterance failed during synthesis (no WAV).
+5 = another ``synth`` is writing the same folder (and shard); 143 / 130 = stopped by SIGTERM / SIGINT,
+the accounts written (rerun to resume). ``say`` (one utterance): 0 = WAV written; 2 = unusable input (bad
+option, model directory, or the utterance rejected by validation); 3 = the utterance failed during
+synthesis (no WAV); 143 / 130 = stopped by a signal (no WAV).
 """
 
 from __future__ import annotations
@@ -143,6 +144,7 @@ def synth(
     Rerunning resumes: a finished row is skipped unless its inputs or options changed. Every option in detail: docs/cli.md.
     """
     from cosyclone.base.progress import Progress
+    from cosyclone.base.stop import StopRequest, catch_signals
     from cosyclone.run.job import SynthJob
 
     say = (lambda msg: None) if quiet else (lambda msg: typer.echo(msg, err=True))
@@ -162,7 +164,10 @@ def synth(
             if plan.refusal:
                 _fail(plan.refusal)
             raise typer.Exit(Exit.ROWS_FAILED if plan.rejected else Exit.OK)
-        summary = job.run(progress=lambda total: Progress(total, interval=progress_interval, quiet=quiet))
+        # SIGTERM and Ctrl-C stop the run gracefully (no new rows, those in flight get --grace seconds)
+        job.stop = StopRequest(grace=job.planned.folder.grace)
+        with catch_signals(job.stop, notice=True):
+            summary = job.run(progress=lambda total: Progress(total, interval=progress_interval, quiet=quiet))
     _print_summary(job, summary)
 
 
@@ -217,6 +222,8 @@ def _print_summary(job, summary) -> None:
                    "partial file is left; free space (or fix permissions) and rerun the same command to resume",
                    err=True)
         raise typer.Exit(Exit.WRITE)
+    if summary.stop_line():  # after the totals, last: what a scheduler's log shows of a stopped job
+        typer.echo(summary.stop_line(), err=True)
     raise typer.Exit(summary.exit_code)
 
 
@@ -247,6 +254,7 @@ def say(
     The same engine, options and checks as synth; prints the utterance's diagnostics briefly.
     """
     from cosyclone.api import CosyClone, utterance, validate_rows
+    from cosyclone.base.stop import Interrupted, StopRequest, catch_signals
     from cosyclone.errors import ManifestError
     from cosyclone.manifest import check_id
     from cosyclone.options import FolderOptions, build
@@ -255,23 +263,31 @@ def say(
 
     row_id = out.stem if check_id(out.stem) is None else "say"
     t0 = time.perf_counter()
+    stop = StopRequest(grace=0.0)  # one utterance: a signal drops it at once
     try:
-        if out.is_dir():
-            raise CosycloneError(f"-o {out} is a directory; give the WAV file to write")
-        row = utterance(text, prompt_audio.expanduser().resolve(), prompt_text, mode=mode, instruct=instruct,
-                        seed=seed, speed=speed, id=row_id)
-        output = AudioOutput.of(build(FolderOptions, {k: options.pop(k) for k in OUTPUT_FIELDS if k in options}))
-        validate_rows([row], text_frontend=options.get("text_frontend", "wetext"))  # fail in seconds, not minutes
-        tts = CosyClone(model_dir, **options)
-        for warning in tts.warnings:
-            typer.echo(f"warning: {warning}", err=True)
-        res = tts.synthesize_rows([row])[0]
+        with catch_signals(stop):
+            if out.is_dir():
+                raise CosycloneError(f"-o {out} is a directory; give the WAV file to write")
+            row = utterance(text, prompt_audio.expanduser().resolve(), prompt_text, mode=mode, instruct=instruct,
+                            seed=seed, speed=speed, id=row_id)
+            output = AudioOutput.of(build(FolderOptions, {k: options.pop(k) for k in OUTPUT_FIELDS if k in options}))
+            validate_rows([row], text_frontend=options.get("text_frontend", "wetext"))  # fail in seconds, not minutes
+            tts = CosyClone(model_dir, **options)
+            for warning in tts.warnings:
+                typer.echo(f"warning: {warning}", err=True)
+            if stop.signal_name is None:  # (a signal during the load: no synthesis)
+                res = tts.synthesize_rows([row])[0]  # the API cleans up after a signal, then raises Interrupted
+    except Interrupted as exc:
+        stop.request(exc.signal_name)
     except ManifestError as exc:  # the utterance itself: name the option, not a manifest line
         flag = {"text": "TEXT", "prompt_audio": "--prompt-audio", "prompt_text": "--prompt-text",
                 "mode": "--mode", "instruct": "--instruct", "seed": "--seed", "speed": "--speed"}
         _fail(f"{flag.get(exc.field or '', exc.field or 'input')}: {exc.reason}")
     except CosycloneError as exc:
         _fail(str(exc))
+    if stop.signal_name is not None:  # nothing is written: the WAV is written whole, after the synthesis
+        typer.echo(f"interrupted by {stop.signal_name}: no WAV written", err=True)
+        raise typer.Exit(Exit[stop.signal_name])
     if not res.ok or res.audio is None:
         typer.echo(f"error: synthesis failed ({res.reason}): {res.error}", err=True)
         raise typer.Exit(Exit.ROWS_FAILED)

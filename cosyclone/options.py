@@ -187,7 +187,7 @@ class FolderOptions:
     audio_encoding: AudioEncoding = opt("pcm16", "pcm16 | pcm24 | float (wav only)", panel=OUTPUT, metavar="ENC")
     # cut leading and trailing silence below -40 dBFS, keeping 0.1 s beside the speech (off: as the model made it)
     trim_silence: bool = opt(False, "cut leading/trailing silence (kept: 0.1 s)", panel=OUTPUT)
-    # local: this process; ray: a Ray Data actor pool (pip install 'cosyclone[ray]')
+    # local: this process; ray: a pool of Ray actors (pip install 'cosyclone[ray]')
     engine: Engine = opt("local", "local | ray (pip install cosyclone\\[ray])", panel=SCALE_OUT, metavar="E",
                          commands=(SYNTH,))
     # the Ray cluster to join (None: the one `ray start` began here, else a local one)
@@ -199,6 +199,9 @@ class FolderOptions:
     # torch threads per CPU actor (None: the sizing rule, docs/ray.md)
     actor_threads: int | None = opt(None, "torch threads per CPU actor", panel=SCALE_OUT, low=1, metavar="N",
                                     commands=(SYNTH,))
+    # seconds the rows in flight get after SIGTERM or SIGINT before they are dropped (they run on the resume)
+    grace: float = opt(25.0, "seconds to finish rows on SIGTERM (25)", panel=OUTPUT,
+                       low=0.0, metavar="S", commands=(SYNTH,))
     # who holds the folder lock (written to the lock file)
     command: str = opt("", "", panel=OUTPUT, commands=())
 

@@ -137,6 +137,21 @@ def test_an_explicit_actor_count_gets_the_cores_there_are() -> None:
         plan_actors([node(2, 8)], p, fp, actors=0)
 
 
+def test_actors_are_placed_round_robin_over_the_nodes_each_within_its_room() -> None:
+    """The pool pins actor k to placement(plan)[k]: a short run (few actors) still uses every node, and no
+    node gets more than the plan's room there."""
+    from cosyclone.run.ray_pool import placement
+
+    p, fp = released("cpu", "fp32")
+    nodes = [NodeShape(name=f"n{i}", cpus=c, gpus=0, memory_bytes=256 * GB, node_id=f"id{i}")
+             for i, c in enumerate((4, 1, 2))]
+    full = plan_actors(nodes, p, fp, threads=1)
+    assert placement(full) == ["id0", "id1", "id2", "id0", "id2", "id0", "id0"]
+    two = plan_actors(nodes, p, fp, actors=2, threads=1)
+    assert placement(two) == ["id0", "id1"]
+    assert [n.node_id for n in two.nodes] == ["id0", "id1", "id2"] and two.as_record()["nodes"][1]["node_id"] == "id1"
+
+
 def test_heterogeneous_nodes_share_one_thread_count_and_each_fits() -> None:
     p, fp = released("cpu", "fp32")
     nodes = [node(64, 256, name="big"), node(16, 8, name="small"), node(2, 2, name="tiny")]
@@ -227,8 +242,8 @@ def test_a_run_that_cannot_fit_is_refused_before_any_actor_starts(tiny_model_dir
     from cosyclone.run.ray_cluster import read_cluster
     from cosyclone.run.ray_pool import run_ray
 
-    # the actor pool is built in ray_pool._run: reaching it would mean actors were started
-    monkeypatch.setattr(ray_pool, "_run", lambda *a, **k: pytest.fail("an actor pool was built"))
+    # actors are started by ray_pool.ActorPool: building one would mean actors could start
+    monkeypatch.setattr(ray_pool, "ActorPool", lambda *a, **k: pytest.fail("an actor pool was built"))
     ray.init(num_cpus=2, _memory=int(0.3 * GB), object_store_memory=100 * 2**20, include_dashboard=False,
              log_to_driver=False)
     try:

@@ -1,9 +1,10 @@
 """Progress that moves: a bar per finished row on a terminal, a plain line every N seconds in a log.
 
 A nightly job's stderr is a file, where a redrawn bar prints nothing useful; there a line such as
-``synth: 12/240 rows (5%), 0.41 rows/s, 3.2 audio-s/s, ETA 9m16s`` appears every ``interval``
-seconds (and once at the end), so a log shows the run is alive. A timer thread drives both, so
-the elapsed time moves while a long batch is still in the model.
+``synth: 12/240 rows (5%), 11 done, 1 failed, 0.41 rows/s, 3.2 audio-s/s, ETA 9m16s, elapsed 29s``
+appears every ``interval`` seconds (and once at the end), so a log shows the run is alive and a
+script can read how far it got. A timer thread drives both, so the line comes on time (and the
+elapsed time moves) while a long batch is still in the model.
 """
 
 from __future__ import annotations
@@ -64,25 +65,23 @@ class Progress:
             else:
                 self.failed += 1
             if self._bar is not None:
-                self._bar.set_postfix_str(self._rates(), refresh=False)
+                failed = f", {self.failed} failed" if self.failed else ""
+                self._bar.set_postfix_str(self._rates() + failed, refresh=False)
                 self._bar.update(1)
 
     def _rates(self) -> str:
         wall = max(1e-9, time.perf_counter() - self._t0)
         rate = self.rows / wall
         eta = (self.total - self.rows) / rate if rate > 0 else None
-        bits = [f"{rate:.2f} rows/s", f"{self.audio_seconds / wall:.2f} audio-s/s",
-                f"ETA {_duration(eta) if eta is not None else '?'}"]
-        if self.failed:
-            bits.append(f"{self.failed} failed")
-        return ", ".join(bits)
+        return (f"{rate:.2f} rows/s, {self.audio_seconds / wall:.2f} audio-s/s, "
+                f"ETA {_duration(eta) if eta is not None else '?'}")
 
     def line(self) -> str:
-        """The plain log line of the current state."""
+        """The plain log line of the current state: rows finished of all, done and failed, rates, ETA."""
         with self._lock:
             pct = 100.0 * self.rows / self.total if self.total else 100.0
-            return (f"{self.label}: {self.rows}/{self.total} rows ({pct:.0f}%), {self._rates()}, "
-                    f"elapsed {_duration(time.perf_counter() - self._t0)}")
+            return (f"{self.label}: {self.rows}/{self.total} rows ({pct:.0f}%), {self.rows - self.failed} done, "
+                    f"{self.failed} failed, {self._rates()}, elapsed {_duration(time.perf_counter() - self._t0)}")
 
     def _tick(self) -> None:
         period = 1.0 if self.tty else self.interval

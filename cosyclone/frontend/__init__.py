@@ -8,12 +8,13 @@ prompt_cache (prompt features cached by audio content), tiny_assets (test stand-
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
 from cosyclone.frontend import prompt_cache
-from cosyclone.frontend.audio import check_prompt, load_audio, resample
+from cosyclone.frontend.audio import PromptBytes, check_prompt, load_audio, resample
 from cosyclone.frontend.conditioning import LLM_PROMPT_MODES, Request
 from cosyclone.frontend.features import align_prompt, flow_mel
 from cosyclone.frontend.onnx import OnnxModels
@@ -21,7 +22,10 @@ from cosyclone.frontend.prompt_cache import LRUCache, audio_digest
 from cosyclone.frontend.text import TextFrontend
 from cosyclone.model.config import QWEN_DIR, ModelConfig
 
-__all__ = ["Frontend", "PromptFeatures"]
+__all__ = ["Frontend", "PromptBytes", "PromptFeatures"]
+
+#: A prompt as the frontend takes it: a file, a file's bytes read elsewhere, or an in-memory (wave, rate).
+PromptAudio = str | Path | PromptBytes | tuple[torch.Tensor, int]
 
 
 class PromptFeatures(dict):
@@ -42,18 +46,25 @@ class Frontend:
         # prompt audio content -> features; the frontend settings and providers shape them too
         self.prompt_cache: LRUCache[PromptFeatures] = LRUCache(prompt_cache_entries)
         self._settings = repr((cfg.frontend, providers))
+        # prompt files read by another process (a Ray driver ships them to its actors), by path as the
+        # manifest resolved it: such a path is decoded from these bytes, not opened here
+        self.prompt_bytes: Mapping[str, bytes] = {}
 
     def cache_stats(self) -> dict[str, dict[str, int]]:
         """Hits, misses and entries of the prompt-audio and prompt-text caches."""
         return {"prompt_audio": self.prompt_cache.stats(), "prompt_text": self.text.prompt_ids_cache.stats()}
 
-    def prompt_features(self, prompt_audio: str | Path | tuple[torch.Tensor, int], *,
-                        row_id: str | None = None) -> PromptFeatures:
-        """Prompt wave (path or (wave (N,), sr)) → aligned tokens, flow mel and speaker embedding.
+    def prompt_features(self, prompt_audio: PromptAudio, *, row_id: str | None = None) -> PromptFeatures:
+        """Prompt wave (path, shipped bytes or (wave (N,), sr)) → aligned tokens, flow mel and speaker embedding.
 
         Computed once per distinct prompt content (:mod:`~cosyclone.frontend.prompt_cache`); each
-        call gets its own copies, so no caller can change what later rows read.
+        call gets its own copies, so no caller can change what later rows read. A path found in
+        :attr:`prompt_bytes` is read from there: the same content, so the same features and cache key.
         """
+        if isinstance(prompt_audio, str | Path) and self.prompt_bytes:
+            data = self.prompt_bytes.get(str(prompt_audio))
+            if data is not None:
+                prompt_audio = PromptBytes(str(prompt_audio), data)
         if not self.prompt_cache.max_entries:
             return self._compute_prompt_features(prompt_audio, row_id=row_id)
         try:
@@ -64,8 +75,7 @@ class Frontend:
             key, lambda: self._compute_prompt_features(prompt_audio, row_id=row_id))
         return PromptFeatures({k: v.clone() for k, v in feats.items()})
 
-    def _compute_prompt_features(self, prompt_audio: str | Path | tuple[torch.Tensor, int], *,
-                                 row_id: str | None = None) -> PromptFeatures:
+    def _compute_prompt_features(self, prompt_audio: PromptAudio, *, row_id: str | None = None) -> PromptFeatures:
         fe = self.cfg.frontend
         if isinstance(prompt_audio, tuple):
             wave, sr = prompt_audio
@@ -85,7 +95,7 @@ class Frontend:
         feat, tokens = align_prompt(mel[0].T.contiguous(), tokens, fe.token_mel_ratio)
         return PromptFeatures(speech_token=tokens, speech_feat=feat, embedding=embedding)
 
-    def prepare(self, row_id: str, prompt_audio: str | Path | tuple[torch.Tensor, int],
+    def prepare(self, row_id: str, prompt_audio: PromptAudio,
                 prompt_text: str | None, text: str, mode: str = "zero_shot", instruct: str | None = None,
                 seed: int = 0, speed: float = 1.0, *, max_len_ratio: float | None = None,
                 features: PromptFeatures | None = None) -> list[Request]:

@@ -7,7 +7,9 @@ torch (built in float64, cached as float32 like the original) and applied as a s
 
 from __future__ import annotations
 
+import io
 import math
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -25,18 +27,33 @@ class AudioError(CosycloneError):
     """A prompt audio file cannot be used (unreadable, too low a rate, too long, empty)."""
 
 
-def load_audio(path: str | Path, *, row_id: str | None = None,
+@dataclass(frozen=True)
+class PromptBytes:
+    """A prompt file's bytes as another process read them (the Ray driver ships each prompt once, so a
+    worker node needs no copy of the file), with the path they were read from, which messages name.
+
+    Decoded from memory by the same libsndfile call as the file: the same samples, so the same features."""
+
+    path: str  # the file as the manifest resolved it
+    data: bytes  # its whole content
+
+
+def load_audio(path: str | Path | PromptBytes, *, row_id: str | None = None,
                min_sr: int = MIN_SAMPLE_RATE, max_seconds: float = MAX_PROMPT_SECONDS
                ) -> tuple[torch.Tensor, int]:
-    """Read ``path`` → (wave (N,) float32 mono in [-1, 1], file sample rate).
+    """Read ``path`` (a file, or a file's :class:`PromptBytes`) → (wave (N,) float32 mono in [-1, 1],
+    file sample rate).
 
     Stereo is averaged to mono (as the official ``load_wav``). Rates below ``min_sr`` (8 kHz
     telephone prompts) and prompts longer than ``max_seconds`` (speech tokenizer limit) are
     rejected here, naming the row, rather than failing deep inside ONNX.
     """
     where = f"row {row_id!r}: " if row_id is not None else ""
+    source = io.BytesIO(path.data) if isinstance(path, PromptBytes) else str(path)
+    if isinstance(path, PromptBytes):
+        path = path.path
     try:
-        data, sr = sf.read(str(path), dtype="float32", always_2d=True)
+        data, sr = sf.read(source, dtype="float32", always_2d=True)
     except Exception as exc:  # soundfile raises several types (LibsndfileError, RuntimeError)
         raise AudioError(f"{where}cannot read prompt audio {path}: {exc}") from exc
     wave = torch.from_numpy(data).mean(dim=1) if data.shape[1] > 1 else torch.from_numpy(data[:, 0].copy())

@@ -23,6 +23,8 @@ from typing import Generic, TypeVar
 import numpy as np
 import torch
 
+from cosyclone.frontend.audio import PromptBytes
+
 __all__ = ["DEFAULT_ENTRIES", "LRUCache", "audio_digest"]
 
 DEFAULT_ENTRIES = 256  # distinct prompts kept; a prompt's features are a few hundred KB at most
@@ -30,10 +32,14 @@ DEFAULT_ENTRIES = 256  # distinct prompts kept; a prompt's features are a few hu
 V = TypeVar("V")
 
 
-def audio_digest(prompt_audio: str | Path | tuple[torch.Tensor, int]) -> str:
-    """sha256 of a prompt's content: the file's bytes, or an in-memory wave's float32 samples and rate."""
+def audio_digest(prompt_audio: str | Path | PromptBytes | tuple[torch.Tensor, int]) -> str:
+    """sha256 of a prompt's content: the file's bytes (read here or shipped), or an in-memory wave's
+    float32 samples and rate."""
     h = hashlib.sha256()
-    if isinstance(prompt_audio, tuple):
+    if isinstance(prompt_audio, PromptBytes):  # the same digest as the file it was read from
+        h.update(b"file:")
+        h.update(prompt_audio.data)
+    elif isinstance(prompt_audio, tuple):
         wave, sr = prompt_audio
         arr = np.ascontiguousarray(wave.detach().to(torch.float32).cpu().numpy())
         h.update(f"wave:{int(sr)}:{tuple(arr.shape)}:".encode())

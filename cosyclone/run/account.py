@@ -110,7 +110,7 @@ class RunRecord:
     output: dict[str, Any]  # how the audio files are written (format, encoding, rate, trimming)
     algorithm: str  # the audio algorithm version (part of every fingerprint)
     engine: str  # local | ray
-    ray: dict[str, Any] | None  # --ray-actors/--actor-threads as given, the address and the live plan
+    ray: dict[str, Any] | None  # --ray-actors/--actor-threads as given, the address, the live plan, each actor's node
     cuda_graphs: GraphsRecord  # what the CUDA graphs really did
     stage_dtypes: dict[str, str]  # each stage's compute dtype: talker (its backbone), flow (the DiT), hift
     peak_memory: dict[str, int | None]  # this process's peaks: host_rss_bytes, and on a GPU gpu_allocated_bytes
@@ -190,16 +190,30 @@ class JobSummary:
     failed: tuple[RowResult, ...]  # this run's failed rows (without audio), in arrival order
     write_error: str | None  # why the folder could not be written (rows finished before it are kept)
     written: int  # row records the writer committed in this run
+    rows_total: int = 0  # the manifest's (shard's) rows: valid rows, or its lines when a stop came mid-read
 
     @property
     def exit_code(self) -> int:
-        """0 when every row of the shard is done, 3 when some failed or were rejected (a write error is 4,
-        a stop by signal 143 or 130: the caller's to report)."""
+        """143 or 130 when a signal stopped the run (README's table), else 0 when every row of the shard
+        is done, 3 when some failed or were rejected (a write error, 4, is the caller's to report)."""
+        if self.last_run.stopped_by in ("SIGTERM", "SIGINT"):
+            return Exit[self.last_run.stopped_by]
         return Exit.ROWS_FAILED if self.last_run.failed + self.last_run.invalid else Exit.OK
+
+    def stop_line(self) -> str | None:
+        """The one line a stopped run ends with (None: no signal stopped it): how far it got, what to do."""
+        run = self.last_run
+        if run.stopped_by is None:
+            return None
+        done = run.skipped + run.done
+        total = max(self.rows_total, done)
+        rest = "; rerun the same command to resume" if done < total else ""
+        failed = f", {run.failed} failed" if run.failed else ""
+        return f"interrupted by {run.stopped_by}: {done} of {total} rows done{failed}{rest}"
 
 
 def write_accounts(out: Path, record: RunRecord, current: Mapping[str, RowRecord], *, write_error: str | None,
-                   failed: Sequence[RowResult], written: int) -> JobSummary:
+                   failed: Sequence[RowResult], written: int, rows_total: int = 0) -> JobSummary:
     """``summary.json`` (folder totals and this run) and this run's line of ``runs.jsonl``."""
     from dataclasses import replace
 
@@ -213,7 +227,7 @@ def write_accounts(out: Path, record: RunRecord, current: Mapping[str, RowRecord
         write_error = write_error or str(exc)
         record = replace(record, write_error=write_error)
     return JobSummary(totals=totals, last_run=record, failed=tuple(failed), write_error=write_error,
-                      written=written)
+                      written=written, rows_total=rows_total or record.rows_in_manifest)
 
 
 def devices(device: str) -> list[str]:

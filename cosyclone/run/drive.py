@@ -6,8 +6,10 @@ only thing that differs: this process's engine (:class:`LocalSource`) or Ray's a
 (:class:`cosyclone.run.ray_pool.RaySource`). The loop takes the run's parts as they are read,
 hands each part's planned batches to the source and commits every result that comes back: the
 row's stamp (what made it), the writer (file, then record), the tally (this run's figures) and
-the progress sink. A stop request ends the feeding; what the source already holds is drained,
-or dropped when the request says so.
+the progress sink. A stop request ends the feeding; what the source already holds is drained
+(the source itself stops admitting rows and lets those in flight finish), or dropped once the
+request turns immediate (a second signal, the grace period spent): the loop looks at it after
+every result, and the sources look at it while they wait.
 """
 
 from __future__ import annotations
@@ -31,7 +33,10 @@ from cosyclone.run.row_record import RowStamp
 class RowSource(Protocol):
     """Where a run's rows are made: batches in, results out (audio included), in any order."""
 
-    graph_errors: list[str]  # why CUDA graph captures failed
+    @property
+    def graph_errors(self) -> list[str]:
+        """Why CUDA graph captures failed (each reason once)."""
+        ...
 
     @property
     def hits(self) -> int:
@@ -50,6 +55,10 @@ class RowSource(Protocol):
         """Drop every outstanding batch (a second signal, or the grace period ran out)."""
         ...
 
+    def close(self) -> None:
+        """Free what the source holds (a Ray pool's actors and its connection); called once, at the end."""
+        ...
+
 
 class LocalSource:
     """Rows made by this process's engine, loaded at the first batch (a resumed run may need none)."""
@@ -66,7 +75,7 @@ class LocalSource:
         return int(getattr(self.tokens, "hits", 0))
 
     def feed(self, batches: Sequence[Sequence[ManifestRow]]) -> Iterator[RowResult]:
-        if not batches:
+        if not batches or (self.stop is not None and self.stop.requested):  # no model loaded for a stopped run
             return
         if self.engine is None:
             self.engine = self._load()
@@ -84,6 +93,9 @@ class LocalSource:
         running, self._running = self._running, None
         if running is not None and hasattr(running, "close"):
             running.close()  # type: ignore[attr-defined]  # a generator: its finally blocks free the session
+
+    def close(self) -> None:
+        self.cancel()
 
 
 @dataclass
@@ -111,25 +123,51 @@ class Driver:
     def drive(self, parts: Iterable[tuple[Manifest, Prepared]], source: RowSource, *, batch_size: int,
               token_budget: int | None, stop: StopRequest | None = None,
               on_part: Callable[[Manifest, Prepared], None] | None = None) -> DriveEnd:
-        """Every part through ``source``; returns why it stopped (a write error, a signal, or the end)."""
+        """Every part through ``source``; returns why it stopped (a write error, a signal, or the end).
+
+        After a stop request no part is fed; once it is immediate, the results the source still
+        holds are dropped (:meth:`RowSource.cancel`), unrecorded: they run on the resume.
+        """
+        todo = iter(parts)
         try:
-            for part, prep in parts:
-                if stop is not None and stop.requested:
+            while True:
+                if stop is not None and stop.requested:  # before the next part is read and fingerprinted
+                    _close_iter(todo)  # (a streamed manifest's reader stops its normalizing pool)
                     break
+                item = next(todo, None)
+                if item is None:
+                    break
+                part, prep = item
                 if on_part is not None:
                     on_part(part, prep)
                 for result in prep.failed:  # rows that failed before any stage (their fingerprint)
                     self.commit(result)
-                for result in source.feed(plan_parts([prep.resume.todo], batch_size, token_budget)):
-                    self.commit(result)
+                if not self._commit_all(source.feed(plan_parts([prep.resume.todo], batch_size, token_budget)),
+                                        stop):
+                    break
+            if stop is None or not stop.immediate:
+                self._commit_all(source.drain(), stop)
             if stop is not None and stop.immediate:
                 source.cancel()
-            else:
-                for result in source.drain():
-                    self.commit(result)
         except runfolder.OutputFolderError as exc:
             source.cancel()
             return DriveEnd(write_error=str(exc), stopped_by=stop.signal_name if stop is not None else None)
         finally:
             self.tally.hits = source.hits
         return DriveEnd(write_error=None, stopped_by=stop.signal_name if stop is not None else None)
+
+    def _commit_all(self, results: Iterator[RowResult], stop: StopRequest | None) -> bool:
+        """Commit ``results`` until they end (True) or a stop turns immediate (False: the rest is dropped)."""
+        for result in results:
+            self.commit(result)
+            if stop is not None and stop.immediate:
+                _close_iter(results)  # the engine's finally blocks run now: it frees its talker session
+                return False
+        return True
+
+
+def _close_iter(it: Iterator[object]) -> None:
+    """Close a generator left part-way (its finally blocks run now, not when it is collected)."""
+    close = getattr(it, "close", None)
+    if close is not None:
+        close()

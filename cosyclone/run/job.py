@@ -162,9 +162,12 @@ class SynthJob:
             end = driver.drive(prepared, source, batch_size=p.batch_size, token_budget=p.opts.token_budget,
                                stop=self.stop, on_part=on_part)
         finally:  # also when the source raised (a Ray run that lost rows): what was written is committed
-            close_error = _close(writer)
-            if sink is not None:
-                sink.close()
+            try:
+                source.close()  # a Ray pool's actors stop here, before the accounts
+            finally:
+                close_error = _close(writer)
+                if sink is not None:
+                    sink.close()
         hashes.save()
         resume = p.finish_resume(total, existing)
         if p.streamed and resume.describe():
@@ -180,7 +183,15 @@ class SynthJob:
                             ray=self._ray_record, engine_facts=engine_facts,
                             peak_memory=read_peaks(p.policy.device).as_record())
         return write_accounts(p.out, record, current, write_error=write_error, failed=tally.failed,
-                              written=writer.written)
+                              written=writer.written, rows_total=self._rows_total(end.stopped_by))
+
+    def _rows_total(self, stopped_by: str | None) -> int:
+        """The rows the end line counts against: the shard's valid rows, or, when a stop came before a
+        streamed manifest was read to its end, its non-blank lines (reading on would outlast the grace)."""
+        p = self.planned
+        if p.streamed and stopped_by is not None:
+            return p.lines() - len(p.rows.errors)
+        return len(p.rows.rows)
 
     def _source(self, tokens: TokenStore) -> RowSource:
         """Where this run's rows are made: this process's engine, or a Ray actor pool."""
@@ -189,7 +200,7 @@ class SynthJob:
             from cosyclone.run.ray_pool import RaySource
 
             return RaySource(p.cfg, p.policy, p.opts, p.folder, tokens, log=self.log, on_record=self._on_ray,
-                             plan=p.ray_plan())
+                             plan=p.ray_plan(), stop=self.stop)
         return LocalSource(self._load, p.opts, tokens, stop=self.stop)
 
     def _on_ray(self, record: dict[str, Any]) -> None:

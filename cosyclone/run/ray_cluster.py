@@ -8,6 +8,8 @@ talks to Ray: connecting, reading the nodes, disconnecting.
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +44,8 @@ def read_cluster(ray: Any) -> tuple[NodeShape, ...]:
             name = f"{name}#{seen[name]}"
         gpus = float(res.get("GPU", 0.0))
         out.append(NodeShape(name=name, cpus=float(res.get("CPU", 0.0)), gpus=gpus,
-                             memory_bytes=int(res.get("memory", 0)), gpu_memory_bytes=gpu_memory if gpus else None))
+                             memory_bytes=int(res.get("memory", 0)), gpu_memory_bytes=gpu_memory if gpus else None,
+                             node_id=str(node.get("NodeID", ""))))
     return tuple(out)
 
 
@@ -82,7 +85,7 @@ def cluster_nodes(address: str | None = None) -> tuple[tuple[NodeShape, ...], st
     if ray.is_initialized():
         return read_cluster(ray), "the connected Ray cluster"
     try:
-        ray.init(address=address or "auto", log_to_driver=False, logging_level="error")
+        init(ray, address=address or "auto", log_to_driver=False, logging_level="error")
     except ConnectionError:
         if address is not None:
             raise CosycloneError(f"--ray-address {address}: no Ray cluster answers there") from None
@@ -96,7 +99,7 @@ def cluster_nodes(address: str | None = None) -> tuple[tuple[NodeShape, ...], st
 def plan_cluster(cfg: ModelConfig, policy: DevicePolicy, batch_size: int, *, address: str | None = None,
                  actors: int | None = None, threads: int | None = None) -> RayPlan:
     """The plan a run would get now (:func:`cluster_nodes`), for a dry run and the refusal before any
-    work; the run itself plans again on the live cluster (:func:`cosyclone.run.ray_pool.run_ray`)."""
+    work; the run itself plans again on the live cluster (:class:`cosyclone.run.ray_pool.RaySource`)."""
     from dataclasses import replace
 
     nodes, where = cluster_nodes(address)
@@ -104,14 +107,29 @@ def plan_cluster(cfg: ModelConfig, policy: DevicePolicy, batch_size: int, *, add
     return replace(plan, notes=(*plan.notes, f"nodes: {where}"))
 
 
-INSTALL_HINT = "--engine ray needs Ray: pip install 'cosyclone[ray]' (or pip install 'ray[data]')"
+INSTALL_HINT = "--engine ray needs Ray: pip install 'cosyclone[ray]' (or pip install ray)"
+
+
+def init(ray: Any, **kwargs: Any) -> None:
+    """``ray.init(**kwargs)``, keeping this process's SIGTERM handler.
+
+    ``ray.init`` installs its own in the driver (an exit on the spot, before a run could write its
+    accounts); a run's handler, which stops it gracefully, is put back (on the main thread only:
+    elsewhere Python sets no handlers, and Ray sets none either)."""
+    if threading.current_thread() is not threading.main_thread():
+        ray.init(**kwargs)
+        return
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        ray.init(**kwargs)
+    finally:
+        signal.signal(signal.SIGTERM, handler if handler is not None else signal.SIG_DFL)
 
 
 def require_ray() -> Any:
     """The ``ray`` module, or a :class:`CosycloneError` that says how to install it."""
     try:
         import ray
-        import ray.data  # noqa: F401 - the data extra, not only ray core
     except ImportError as exc:
         raise CosycloneError(f"{INSTALL_HINT} ({exc})") from None
     return ray

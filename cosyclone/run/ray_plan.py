@@ -4,7 +4,7 @@ Owns the sizing rule and its figures: the per-actor memory footprint (measured, 
 :data:`BASE_BYTES`), the shape of the cluster's nodes (:func:`read_cluster`, :func:`local_node`),
 and the plan (:class:`RayPlan`) that ``synth --dry-run --engine ray`` shows, that refuses a run
 that cannot fit before any model loads (:meth:`RayPlan.check`), that ``runs.jsonl`` records
-(:meth:`RayPlan.as_record`) and that :func:`cosyclone.run.ray_pool.run_ray` runs.
+(:meth:`RayPlan.as_record`) and that :class:`cosyclone.run.ray_pool.ActorPool` places.
 
 Must not: start actors or load a model (planning is arithmetic on node shapes and the model's
 geometry; the only Ray calls are reading a cluster's nodes), or print (``describe()`` returns lines).
@@ -19,7 +19,7 @@ The rule (docs/ray.md, "Sizing"):
   for more actors than GPUs and the GPU memory holds ``k`` footprints.
 * Every actor asks Ray for ``memory=`` its footprint (Ray's logical memory resource), so no node is
   handed more actors than its memory holds, whatever Ray's placement; ``num_cpus`` is half the
-  actor's threads (:data:`CPU_SHARE`), which leaves room for Ray Data's own tasks and the driver on
+  actor's threads (:data:`CPU_SHARE`), which leaves room for Ray's own workers and the driver on
   small machines (whole-CPU actors on a 2-core machine take every CPU and a task waits for ever).
 """
 
@@ -89,6 +89,7 @@ class NodeShape:
     gpus: float = 0.0  # Ray's GPU resource of the node
     memory_bytes: int = 0  # Ray's logical ``memory`` resource: what actors may reserve there
     gpu_memory_bytes: int | None = None  # memory of each of its GPUs (None: not known)
+    node_id: str = ""  # Ray's id of the node, where actors are placed ("": a node predicted, not read)
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,7 @@ class NodePlan:
     room: int  # actors it has room for under the rule (cores, memory, GPUs)
     actors: int  # actors the run may place here: min(room, the run's total)
     bound: str  # what limits ``room``: "cores" | "memory" | "gpus" | "gpu memory"
+    node_id: str = ""  # Ray's id of the node ("": predicted): the pool pins its actors here
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,7 @@ class RayPlan:
         return node.actors * self.footprint.host_bytes
 
     def remote_args(self) -> dict[str, float]:
-        """What each actor asks Ray for (``map_batches`` keywords)."""
+        """What each actor asks Ray for (``.options`` keywords of the actor class)."""
         args = {"num_cpus": self.num_cpus, "memory": float(self.memory_bytes)}
         if self.num_gpus:
             args["num_gpus"] = self.num_gpus
@@ -192,7 +194,7 @@ class RayPlan:
                 "num_gpus": self.num_gpus, "memory_bytes": self.memory_bytes, "device": self.device,
                 "dtype": self.dtype, "requested_actors": self.requested_actors,
                 "requested_threads": self.requested_threads, "footprint": self.footprint.as_record(),
-                "nodes": [{"name": n.name, "cpus": n.cpus, "gpus": n.gpus, "memory_bytes": n.memory_bytes,
+                "nodes": [{"name": n.name, "node_id": n.node_id, "cpus": n.cpus, "gpus": n.gpus, "memory_bytes": n.memory_bytes,
                            "room": n.room, "actors": n.actors, "bound": n.bound,
                            "expected_bytes": self.node_bytes(n)} for n in self.nodes],
                 "refusal": self.refusal}
@@ -279,7 +281,7 @@ Rooms = Sequence[tuple[NodeShape, tuple[int, str]]]
 
 def _nodes(rooms: Rooms, total: int) -> tuple[NodePlan, ...]:
     return tuple(NodePlan(name=n.name, cpus=n.cpus, gpus=n.gpus, memory_bytes=n.memory_bytes, room=room,
-                          actors=min(room, total), bound=bound) for n, (room, bound) in rooms)
+                          actors=min(room, total), bound=bound, node_id=n.node_id) for n, (room, bound) in rooms)
 
 
 def _fits(rooms: Rooms) -> str:

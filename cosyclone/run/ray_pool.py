@@ -1,218 +1,59 @@
 """``--engine ray``: the local engine's batches, run by a pool of Ray actors, written by the driver.
 
-Why Ray Data rather than our own scheduler: it already places actors on GPUs across machines,
-restarts a killed actor and re-runs its batch (``max_restarts`` / ``max_task_retries`` are -1 for
-actor pools), and streams results back while later batches still run.
+Why our own pool rather than Ray Data: a run must stop on SIGTERM (admit nothing new, let the rows
+in flight finish, then drop what is left and stop the actors), place each actor on the node the
+plan gave it, ship the prompts with the tasks, and stream rows back while later parts are still
+fed; Ray Data's ``map_batches`` hides its tasks and actors from all of that. Ray itself still does
+the rest: a killed actor is restarted and its task re-run (``max_restarts`` / ``max_task_retries``
+-1), results stream back as a task makes them (an actor method that is a generator).
 
-The dataset is the local engine's batch plan (:func:`~cosyclone.engine.plan_batches`), grouped
-into tasks of consecutive batches (:func:`task_groups`), so a row is computed in exactly the batch
-it would be computed in locally and its WAV is byte-identical. :class:`SynthActor` loads one
-:class:`~cosyclone.engine.Engine` and runs each task through it under the run's ``--schedule``
-and with the run's stage-0 token checkpoint (the output folder's: actors on other machines keep it
-only where that folder is shared): there is no second pipeline. Everything crossing process
-boundaries is plain data: rows as JSON lists of :class:`~cosyclone.manifest.ManifestRow` dicts,
-results as a row id, the diagnostics line as JSON and the wave as a float32 numpy array. The driver
-hands each record to ``submit`` (the same writer as the local engine) once: a task re-run after a
-kill can only repeat rows the driver already has, and those are dropped by id.
+The work is the local engine's batch plan, part by part, grouped into tasks of consecutive
+batches (:func:`task_groups`), so a row is computed in exactly the batch it would be computed in
+locally and its audio is byte-identical; :class:`~cosyclone.run.ray_actor.SynthActor` runs them.
+The driver hands each row to the writer once: a task re-run after a kill can only repeat rows
+already received, and those are dropped by id.
 
-Resources: how many actors, with how many torch threads, and what each asks Ray for (CPUs, GPUs,
-``memory=`` its measured footprint) is :mod:`cosyclone.run.ray_plan`'s: :func:`run_ray` plans on the
-live cluster's nodes after connecting and refuses a run that cannot fit before any actor starts.
+Resources: how many actors, with how many torch threads, on which node, and what each asks Ray
+for (CPUs, GPUs, ``memory=`` its measured footprint) is :mod:`cosyclone.run.ray_plan`'s: the pool
+plans on the live cluster's nodes after connecting and refuses a run that cannot fit before any
+actor starts; each actor is pinned (softly: elsewhere if its node dies) to its planned node.
 """
 
 from __future__ import annotations
 
-import json
+import builtins
 import math
 import os
-import pickle
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from cosyclone.base.device import DevicePolicy
-from cosyclone.engine import Engine, RowResult
+from cosyclone.base.stop import StopRequest
+from cosyclone.engine import RowResult
 from cosyclone.errors import CosycloneError
 from cosyclone.manifest import ManifestRow
 from cosyclone.model.config import ModelConfig
 from cosyclone.options import FolderOptions, RunOptions
-from cosyclone.run.ray_cluster import read_cluster, require_ray
+from cosyclone.run.ray_actor import (
+    CONTROL,
+    LoadFailed,
+    SynthActor,
+    TaskEnd,
+    encode_task,
+    row_from_dict,
+    row_to_dict,
+)
+from cosyclone.run.ray_cluster import init, read_cluster, require_ray
 from cosyclone.run.ray_plan import RayPlan, plan_run
 from cosyclone.run.token_store import TokenStore
 
+__all__ = ["ActorPool", "RaySource", "placement", "row_from_dict", "row_to_dict", "run_ray", "task_groups"]
 
-def row_to_dict(row: ManifestRow) -> dict[str, Any]:
-    """A manifest row as JSON-able data (the prompt path as a string)."""
-    d = asdict(row)
-    d["prompt_audio"] = str(row.prompt_audio)
-    return d
-
-
-def row_from_dict(d: dict[str, Any]) -> ManifestRow:
-    return ManifestRow(**{**d, "prompt_audio": Path(d["prompt_audio"])})
-
-
-class SynthActor:
-    """One model replica: stages loaded once, then one task of planned batches per call (``map_batches``)."""
-
-    def __init__(self, cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, threads: int | None,
-                 token_root: str | None = None) -> None:
-        from cosyclone.base.device import apply_precision
-
-        apply_precision()  # process-wide (no TF32): the driver's resolve() switched only the driver's process
-        if threads is not None:  # explicit, not Ray's OMP_NUM_THREADS: CPU bytes depend on the thread count
-            import torch
-
-            torch.set_num_threads(threads)
-        self.opts = opts
-        self.token_root = token_root  # the run folder's stage-0 checkpoint (None: the run keeps none)
-        self.load_error: str | None = None
-        try:
-            self.engine: Engine | None = Engine.load(None, opts, cfg=cfg)
-        except CosycloneError as exc:  # a bad model directory: told to the driver by the first batch
-            self.engine = None
-            self.load_error = str(exc)  # (raised here, Ray would bury it in an ActorDiedError traceback)
-
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
-        """One task: a group of consecutive planned batches, run by the engine under the run's schedule.
-
-        Results travel pickled (a :class:`RowResult` with its audio), one per row, with the task's
-        stage-0 checkpoint hits on its last row."""
-        results: list[bytes] = []
-        hits: list[int] = []
-        if self.load_error is not None or self.engine is None:
-            return {"result": np.array([b""], dtype=object), "hits": [0],
-                    "load_error": np.array([self.load_error or "the model did not load"], dtype=object)}
-        for task_json in batch["task"]:
-            task = json.loads(str(task_json))
-            batches = [[row_from_dict(d) for d in b] for b in task["batches"]]
-            tokens = TokenStore(Path(self.token_root), task["keys"]) if self.token_root else None
-            for res in self.engine.run(batches=batches, opts=self.opts, tokens=tokens):
-                results.append(pickle.dumps(res))
-                hits.append(0)
-            if hits and tokens is not None:
-                hits[-1] = tokens.hits  # the task's checkpoint hits, on its last row
-        return {"result": np.array(results, dtype=object), "hits": hits,
-                "load_error": np.array([""] * len(results), dtype=object)}
-
-
-class RaySource:
-    """Rows made by a pool of Ray actors (the run's :class:`~cosyclone.run.drive.RowSource` under ``--engine ray``).
-
-    The batches of every part are gathered by :meth:`feed` and run together by :meth:`drain`, so the
-    pool balances over the whole run; the plan is made on the live cluster as the pool starts
-    (``on_record`` gets it for runs.jsonl, ``log`` its lines) and a plan that does not fit is refused
-    before any actor starts.
-    """
-
-    def __init__(self, cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, folder: FolderOptions,
-                 tokens: TokenStore | None, *, log: Callable[[str], None],
-                 on_record: Callable[[dict[str, Any]], None], plan: RayPlan | None = None) -> None:
-        self.cfg, self.policy, self.opts, self.folder, self.tokens = cfg, policy, opts, folder, tokens
-        self.log, self.on_record, self.plan = log, on_record, plan
-        self.hits = 0
-        self.graph_errors: list[str] = []
-        self._batches: list[list[ManifestRow]] = []
-
-    def feed(self, batches: Sequence[Sequence[ManifestRow]]) -> Iterator[RowResult]:
-        self._batches += [list(b) for b in batches]
-        return iter(())
-
-    def cancel(self) -> None:
-        self._batches = []
-
-    def drain(self) -> Iterator[RowResult]:
-        batches, self._batches = self._batches, []
-        if not batches:
-            return
-        yield from run_ray(self.cfg, self.policy, self.opts, batches, tokens=self.tokens,
-                           address=self.folder.ray_address, plan=self.plan, num_actors=self.folder.ray_actors,
-                           actor_threads=self.folder.actor_threads, on_plan=self._started, on_hits=self._hit)
-
-    def _hit(self, n: int) -> None:
-        self.hits += n
-
-    def _started(self, plan: RayPlan) -> None:
-        """The plan made on the live cluster (what runs.jsonl records), shown as it starts."""
-        self.on_record({"ray_actors": self.folder.ray_actors, "actor_threads": self.folder.actor_threads,
-                        "address": self.folder.ray_address, "plan": plan.as_record()})
-        for line in plan.describe():
-            self.log(line)
-
-
-def run_ray(cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, batches: Sequence[Sequence[ManifestRow]], *,
-            tokens: TokenStore | None = None, address: str | None = None, plan: RayPlan | None = None,
-            num_actors: int | None = None, actor_threads: int | None = None,
-            on_plan: Callable[[RayPlan], Any] | None = None,
-            on_hits: Callable[[int], Any] | None = None) -> Iterator[RowResult]:
-    """Synthesize planned ``batches`` on Ray; yields each row's result (audio included) as it arrives,
-    each row once (a task re-run after a kill repeats rows already yielded: they are dropped by id).
-
-    ``address``: a running cluster (``auto``, ``ray://host:10001``, ``host:6379``); None joins the
-    cluster this machine started with ``ray start`` or else starts a local one (stopped at the end).
-    ``num_actors`` / ``actor_threads``: ``--ray-actors`` / ``--actor-threads`` (None: the rule of
-    :mod:`cosyclone.run.ray_plan`); a ``plan`` made beforehand (a dry run's) gives them instead.
-    Either way the run is planned again on the live cluster's nodes; that plan goes to ``on_plan``
-    and, if it does not fit, its refusal is raised as a :class:`CosycloneError` before any actor starts.
-    """
-    import builtins
-
-    ray = require_ray()
-    # Ray's distributed tqdm replaces builtins.print process-wide when the first worker log line
-    # reaches the driver; keep this process's print ours.
-    os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
-    saved_print = builtins.print
-    started = False
-    if not ray.is_initialized():
-        ray.init(address=address, log_to_driver=True)
-        started = True
-    try:
-        if plan is not None:
-            num_actors, actor_threads = plan.requested_actors, plan.requested_threads
-        live = plan_run(cfg, policy, opts.batch_size, read_cluster(ray), actors=num_actors, threads=actor_threads)
-        if on_plan is not None:
-            on_plan(live)
-        live.check()
-        yield from _run(ray, cfg, policy, opts, batches, live, tokens, on_hits)
-    finally:
-        if started:
-            ray.shutdown()
-        builtins.print = saved_print
-
-
-def _run(ray: Any, cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, batches: Sequence[Sequence[ManifestRow]],
-         plan: RayPlan, tokens: TokenStore | None, on_hits: Callable[[int], Any] | None) -> Iterator[RowResult]:
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False  # the CLI shows its own per-row bar
-    groups = task_groups(len(batches), plan.pool_size(len(batches)), opts.schedule)
-    keys = dict(tokens.keys) if tokens is not None else {}
-    items = [{"task": json.dumps({"batches": [[row_to_dict(r) for r in batches[k]] for k in group],
-                                  "keys": {r.id: keys[r.id] for k in group for r in batches[k] if r.id in keys}},
-                                 ensure_ascii=False)} for group in groups]
-    token_root = str(tokens.root) if tokens is not None else None
-    actor_opts = replace(opts, threads=plan.threads if plan.threads is not None else opts.threads)
-    ds = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
-        SynthActor, fn_constructor_args=(cfg, policy, actor_opts, plan.threads, token_root), batch_size=1,
-        batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=plan.pool_size(len(items))),
-        **plan.remote_args())
-    seen: set[str] = set()
-    for item in ds.iter_rows():
-        if item.get("load_error"):  # the same error the local engine stops with before any row
-            raise CosycloneError(str(item["load_error"]))
-        if on_hits is not None:
-            on_hits(int(item.get("hits", 0)))
-        res: RowResult = pickle.loads(item["result"])
-        if res.id in seen:  # a re-run batch repeating a row already yielded
-            continue
-        seen.add(res.id)
-        yield res
-    missing = [r.id for b in batches for r in b if r.id not in seen]
-    if missing:  # Ray Data finished without them: never report a partial run as complete
-        raise CosycloneError(f"the Ray run returned no result for {len(missing)} rows ({', '.join(missing[:5])} ...); "
-                             "rerun the command to resume them")
+#: Seconds the driver waits for a result before it looks at a stop request again.
+POLL_SECONDS = 0.2
 
 
 def task_groups(n_batches: int, actors: int, schedule: str) -> list[list[int]]:
@@ -227,3 +68,295 @@ def task_groups(n_batches: int, actors: int, schedule: str) -> list[list[int]]:
         return [[k] for k in range(n_batches)]
     per = max(1, math.ceil(n_batches / max(1, 2 * actors)))
     return [list(range(k, min(n_batches, k + per))) for k in range(0, n_batches, per)]
+
+
+def placement(plan: RayPlan) -> list[str]:
+    """The node id of each actor, in the order they start: round robin over the plan's nodes, each up
+    to the actors it has room for, so that a run of few tasks is spread over the nodes too."""
+    order: list[str] = []
+    for k in range(max((n.actors for n in plan.nodes), default=0)):
+        order += [n.node_id for n in plan.nodes if n.actors > k]
+    return order[:plan.actors]
+
+
+@dataclass
+class _Task:
+    spec: str  # the encoded task (ray_actor.encode_task)
+    prompts: dict[str, Any]  # its prompt files' object references, by path
+
+
+class ActorPool:
+    """The run's actors on a connected cluster: tasks queued, dispatched one per idle actor, results
+    streamed back; a stop request stops admitting tasks, tells the running ones, and :meth:`kill` ends them.
+
+    Actors start as tasks arrive (never more than the plan's, nor than the tasks fed), in the order of
+    :func:`placement`. ``on_start`` hears of each actor's node as it starts (the run's record).
+    """
+
+    def __init__(self, ray: Any, cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, plan: RayPlan,
+                 tokens: TokenStore | None, stop: StopRequest | None,
+                 on_start: Callable[[list[str]], None] | None = None) -> None:
+        self.ray, self.plan, self.opts, self.tokens, self.stop = ray, plan, opts, tokens, stop
+        self.on_start = on_start or (lambda nodes: None)
+        self._actor_args = (cfg, policy, replace(opts, threads=plan.threads if plan.threads is not None else opts.threads),
+                            plan.threads, str(tokens.root) if tokens is not None else None)
+        self._remote = _actor_class(ray)
+        self._where = placement(plan)
+        self.actors: list[Any] = []  # handles, in start order (None: died for good)
+        self.started: list[str] = []  # the node id each actor was placed on
+        self._idle: deque[int] = deque()
+        self._queue: deque[_Task] = deque()
+        self._running: dict[Any, tuple[int, _Task]] = {}  # a task's result generator -> (actor, task)
+        self._shipped: dict[str, Any] = {}  # prompt path -> object reference (None: unreadable here)
+        self._tasks = 0
+        self.fed: set[str] = set()  # ids of every row fed
+        self.seen: set[str] = set()  # ids of every row received
+        self.hits = 0
+        self.graph_errors: list[str] = []
+        self.stopping = False
+
+    # ------------------------------------------------------------------ feeding
+
+    def submit(self, batches: Sequence[Sequence[ManifestRow]]) -> None:
+        """Queue ``batches`` (one part's plan) as tasks and start what can start."""
+        keys = dict(self.tokens.keys) if self.tokens is not None else {}
+        for group in task_groups(len(batches), self.plan.actors, self.opts.schedule):
+            rows = [list(batches[k]) for k in group]
+            self._queue.append(_Task(spec=encode_task(rows, keys), prompts=self._ship(r for b in rows for r in b)))
+            self.fed.update(r.id for b in rows for r in b)
+            self._tasks += 1
+        self._grow()
+        self._dispatch()
+
+    def _ship(self, rows: Iterator[ManifestRow]) -> dict[str, Any]:
+        """The object references of these rows' prompt files, each file read (and put) once per run.
+
+        A file the driver cannot read is not shipped: the actor opens the path itself and the row
+        fails there with the loader's message, as it would locally."""
+        refs = {}
+        for row in rows:
+            path = str(row.prompt_audio)
+            if path not in self._shipped:
+                try:
+                    self._shipped[path] = self.ray.put(Path(path).read_bytes())
+                except OSError:
+                    self._shipped[path] = None
+            if self._shipped[path] is not None:
+                refs[path] = self._shipped[path]
+        return refs
+
+    def _grow(self) -> None:
+        while len(self.actors) < min(self.plan.actors, self._tasks):
+            node = self._where[len(self.actors)] if len(self.actors) < len(self._where) else ""
+            strategy = {}
+            if node:
+                from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+                strategy["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node, soft=True)
+            actor = self._remote.options(max_restarts=-1, max_task_retries=-1, **strategy,
+                                         **self.plan.remote_args()).remote(*self._actor_args)
+            self._idle.append(len(self.actors))
+            self.actors.append(actor)
+            self.started.append(node)
+            self.on_start(list(self.started))
+
+    def _dispatch(self) -> None:
+        while self._queue and self._idle and not self.stopping:
+            k, task = self._idle.popleft(), self._queue.popleft()
+            self._running[self.actors[k].run.remote(task.spec, task.prompts)] = (k, task)
+
+    # ------------------------------------------------------------------ results
+
+    def results(self, *, block: bool) -> Iterator[RowResult]:
+        """Each new row as it arrives (``block``: until no task is left; else only what is ready now).
+
+        Returns early, with tasks still running, once the stop request is immediate (the caller
+        then :meth:`kill`\\ s them)."""
+        while self._running:
+            self._watch_stop()
+            if self.stop is not None and self.stop.immediate:
+                return
+            ready, _ = self.ray.wait(list(self._running), num_returns=1, timeout=POLL_SECONDS if block else 0)
+            if not ready and not block:
+                return
+            for gen in ready:
+                yield from self._take(gen)
+            self._dispatch()
+
+    def _take(self, gen: Any) -> Iterator[RowResult]:
+        k, task = self._running[gen]
+        try:
+            item = self.ray.get(next(gen))
+        except StopIteration:
+            del self._running[gen]
+            self._idle.append(k)
+            return
+        except self.ray.exceptions.ActorDiedError:  # gone for good (restarts exhausted): its task goes elsewhere
+            del self._running[gen]
+            self.actors[k] = None
+            self._queue.appendleft(task)
+            if not any(a is not None for a in self.actors):
+                raise CosycloneError("every Ray actor died; rerun the command to resume") from None
+            return
+        if isinstance(item, LoadFailed):  # the same error the local engine stops with before any row
+            raise CosycloneError(item.message)
+        if isinstance(item, TaskEnd):
+            self.hits += item.hits
+            self.graph_errors += [e for e in item.graph_errors if e not in self.graph_errors]
+        elif item.id not in self.seen:  # (a re-run task repeats rows already received)
+            self.seen.add(item.id)
+            yield item
+
+    def _watch_stop(self) -> None:
+        """At the first look after a stop request: no queued task starts, the running ones are told."""
+        if self.stop is None or not self.stop.requested or self.stopping:
+            return
+        self.stopping = True
+        self._queue.clear()
+        for k, _ in self._running.values():
+            if self.actors[k] is not None:
+                self.actors[k].stop.remote(self.stop.signal_name or "stop")
+
+    def missing(self) -> list[str]:
+        return sorted(self.fed - self.seen)
+
+    def kill(self) -> None:
+        """End every actor now (what is in flight is dropped); the pool takes no more work."""
+        self.stopping = True
+        self._queue.clear()
+        self._running.clear()
+        for actor in self.actors:
+            if actor is not None:
+                self.ray.kill(actor, no_restart=True)
+        self.actors = [None] * len(self.actors)
+
+
+def _actor_class(ray: Any) -> Any:
+    """SynthActor as a Ray actor class whose :meth:`~SynthActor.stop` runs beside a running task."""
+    ray.method(concurrency_group=CONTROL)(SynthActor.stop)
+    return ray.remote(concurrency_groups={CONTROL: 1})(SynthActor)
+
+
+class RayConnection:
+    """The driver's Ray session: joined or started here (then left, or stopped, at :meth:`close`).
+
+    The run's SIGTERM handler survives ``ray.init`` (:func:`~cosyclone.run.ray_cluster.init`). Ray's
+    distributed tqdm replaces ``builtins.print`` process-wide when the first worker log line reaches
+    the driver; ours is put back at the end."""
+
+    def __init__(self, address: str | None) -> None:
+        self.ray = require_ray()
+        os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
+        self._print = builtins.print
+        self.started = False
+        if not self.ray.is_initialized():
+            init(self.ray, address=address, log_to_driver=True)
+            self.started = True
+
+    def close(self) -> None:
+        if self.started:
+            self.ray.shutdown()
+            self.started = False
+        builtins.print = self._print
+
+
+class RaySource:
+    """Rows made by a pool of Ray actors (the run's :class:`~cosyclone.run.drive.RowSource` under ``--engine ray``).
+
+    The pool starts at the first part with rows to do: connected, planned on the live cluster
+    (``on_record`` gets the plan and where each actor went, for runs.jsonl; ``log`` its lines) and
+    refused before any actor starts when it does not fit. Each part's batches become tasks at once;
+    rows stream back from :meth:`feed` (what is ready) and :meth:`drain` (the rest).
+    """
+
+    def __init__(self, cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, folder: FolderOptions,
+                 tokens: TokenStore | None, *, log: Callable[[str], None],
+                 on_record: Callable[[dict[str, Any]], None], plan: RayPlan | None = None,
+                 stop: StopRequest | None = None, on_plan: Callable[[RayPlan], Any] | None = None) -> None:
+        self.cfg, self.policy, self.opts, self.folder, self.tokens = cfg, policy, opts, folder, tokens
+        self.log, self.on_record, self.plan, self.stop, self.on_plan = log, on_record, plan, stop, on_plan
+        self.pool: ActorPool | None = None
+        self._conn: RayConnection | None = None
+        self._record: dict[str, Any] = {}
+
+    @property
+    def hits(self) -> int:
+        return self.pool.hits if self.pool is not None else 0
+
+    @property
+    def graph_errors(self) -> list[str]:
+        return self.pool.graph_errors if self.pool is not None else []
+
+    def feed(self, batches: Sequence[Sequence[ManifestRow]]) -> Iterator[RowResult]:
+        if not batches or (self.stop is not None and self.stop.requested):
+            return
+        pool = self.pool or self._start()
+        pool.submit(batches)
+        yield from pool.results(block=False)
+
+    def drain(self) -> Iterator[RowResult]:
+        if self.pool is None:
+            return
+        yield from self.pool.results(block=True)
+        missing = self.pool.missing()
+        if missing and not self.pool.stopping:  # never report a partial run as complete
+            raise CosycloneError(f"the Ray run returned no result for {len(missing)} rows ({', '.join(missing[:5])} "
+                                 "...); rerun the command to resume them")
+
+    def cancel(self) -> None:
+        if self.pool is not None:
+            self.pool.kill()
+
+    def close(self) -> None:
+        """Stop the actors (a joined cluster keeps running), then the Ray this run started."""
+        try:
+            self.cancel()
+        finally:
+            if self._conn is not None:
+                self._conn.close()
+
+    def _start(self) -> ActorPool:
+        self._conn = RayConnection(self.folder.ray_address)
+        actors, threads = self.folder.ray_actors, self.folder.actor_threads
+        if self.plan is not None:  # a plan made beforehand (the job's, a dry run's): what it was asked for
+            actors, threads = self.plan.requested_actors, self.plan.requested_threads
+        assert self.opts.batch_size is not None  # resolve_options sets it
+        live = plan_run(self.cfg, self.policy, self.opts.batch_size, read_cluster(self._conn.ray), actors=actors,
+                        threads=threads)
+        self._record = {"ray_actors": self.folder.ray_actors, "actor_threads": self.folder.actor_threads,
+                        "address": self.folder.ray_address, "plan": live.as_record(), "placed": []}
+        self.on_record(self._record)
+        if self.on_plan is not None:
+            self.on_plan(live)
+        for line in live.describe():
+            self.log(line)
+        live.check()  # before any actor starts
+        self.pool = ActorPool(self._conn.ray, self.cfg, self.policy, self.opts, live, self.tokens, self.stop,
+                              on_start=self._placed)
+        return self.pool
+
+    def _placed(self, nodes: list[str]) -> None:
+        """runs.jsonl's ``ray.placed``: the node id of each actor started, in start order."""
+        self._record = {**self._record, "placed": nodes}
+        self.on_record(self._record)
+
+
+def run_ray(cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, batches: Sequence[Sequence[ManifestRow]], *,
+            tokens: TokenStore | None = None, address: str | None = None, plan: RayPlan | None = None,
+            num_actors: int | None = None, actor_threads: int | None = None,
+            on_plan: Callable[[RayPlan], Any] | None = None) -> Iterator[RowResult]:
+    """Synthesize planned ``batches`` on Ray, outside a run folder (benchmarks); yields each row once.
+
+    ``address``, ``num_actors`` / ``actor_threads`` as ``--ray-address``, ``--ray-actors`` /
+    ``--actor-threads``; a ``plan`` made beforehand gives the last two instead. The plan made on the
+    live cluster goes to ``on_plan`` and, if it does not fit, its refusal is raised as a
+    :class:`CosycloneError` before any actor starts.
+    """
+    folder = FolderOptions(engine="ray", ray_address=address, ray_actors=num_actors, actor_threads=actor_threads)
+    source = RaySource(cfg, policy, opts, folder, tokens, log=lambda line: None, plan=plan,
+                       on_record=lambda record: None, on_plan=on_plan)
+    try:
+        yield from source.feed(batches)
+        yield from source.drain()
+    finally:
+        source.close()

@@ -26,7 +26,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cosyclone.cli import app
-from tests.ray_hooks import PID_FILE_ENV
+from tests.ray_hooks import PID_FILE_ENV, task_starts
 
 from .test_cli import ROOT, diag_lines, diags
 
@@ -154,8 +154,8 @@ def test_ray_engine_gives_the_local_engines_bytes_diagnostics_and_totals(local_o
     assert all(d["status"] == "ok" for d in _results(ray_out).values())
     assert len(diag_lines(ray_out)) == N_ROWS  # each row written once
     assert _summary(ray_out) == _summary(local_out)
-    starts = ray_pid_file.read_text().split()
-    assert len(starts) == N_ROWS // BATCH and str(os.getpid()) not in starts  # each batch once, in an actor
+    starts = [pid for pid, _ in task_starts(ray_pid_file)]
+    assert len(starts) == N_ROWS // BATCH and os.getpid() not in starts  # each batch once, in an actor
 
 
 def test_rerun_redoes_nothing_then_exactly_the_missing_rows(ray_out: Path, local_out: Path, manifest: Path,
@@ -197,10 +197,10 @@ def test_a_worker_killed_mid_batch_loses_no_row_and_writes_none_twice(ray_pid_fi
 
     def kill_first_worker() -> None:  # SIGKILL the first actor the moment it starts a batch
         while not stop.is_set():
-            pids = ray_pid_file.read_text().split()
-            if pids:
-                os.kill(int(pids[0]), signal.SIGKILL)
-                killed.append(int(pids[0]))
+            starts = task_starts(ray_pid_file)
+            if starts:
+                os.kill(starts[0][0], signal.SIGKILL)
+                killed.append(starts[0][0])
                 return
             time.sleep(0.005)
 
@@ -212,7 +212,7 @@ def test_a_worker_killed_mid_batch_loses_no_row_and_writes_none_twice(ray_pid_fi
         stop.set()
         killer.join()
     assert len(killed) == 1
-    starts = Counter(int(p) for p in ray_pid_file.read_text().split())
+    starts = Counter(pid for pid, _ in task_starts(ray_pid_file))
     assert starts[killed[0]] == 1  # the killed process never ran another batch
     assert sum(starts.values()) == N_ROWS // BATCH + 1  # its batch ran again elsewhere, the others once
     lines = diag_lines(tmp_path / "out")
@@ -253,7 +253,7 @@ def test_the_runs_actors_follow_the_plan(ray_pid_file: Path, tiny_model_dir: Pat
     threads = planned_threads(tiny_model_dir)
     (node,) = read_cluster(ray)
     assert node.cpus == 2.0 and threads == DEFAULT_CPU_THREADS
-    assert CPU_SHARE * threads * (2 // threads) <= 1.0  # at least one CPU stays free for Ray Data's tasks
+    assert CPU_SHARE * threads * (2 // threads) <= 1.0  # at least one CPU stays free for the driver and Ray
 
 
 def test_an_actor_switches_tf32_off_in_its_own_process(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -262,11 +262,11 @@ def test_an_actor_switches_tf32_off_in_its_own_process(monkeypatch: pytest.Monke
 
     from cosyclone.engine import Engine
     from cosyclone.options import RunOptions
-    from cosyclone.run import ray_pool
+    from cosyclone.run import ray_actor
 
     monkeypatch.setattr(Engine, "load", lambda *a, **k: None)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)  # a fresh process's default
-    ray_pool.SynthActor(None, None, RunOptions(), None)  # type: ignore[arg-type]
+    ray_actor.SynthActor(None, None, RunOptions(), None)  # type: ignore[arg-type]
     assert torch.backends.cudnn.allow_tf32 is False
 
 
@@ -299,7 +299,10 @@ def test_ray_actors_read_and_keep_the_folders_token_checkpoint(ray_pid_file: Pat
                                                              tiny_model_dir: Path, tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A local run whose code2wav failed leaves every row's tokens in OUT/.cosyclone/tokens; the Ray rerun's
-    actors (continuous schedule) take them from there instead of decoding again, and write the local bytes."""
+    actors (continuous schedule) take them from there instead of decoding again, and write the local bytes.
+    The local run is at the actors' torch threads: the count is part of a CPU row's fingerprint."""
+    import torch
+
     from cosyclone.engine import stages
 
     out = tmp_path / "out"
@@ -307,11 +310,16 @@ def test_ray_actors_read_and_keep_the_folders_token_checkpoint(ray_pid_file: Pat
     def broken(*args, **kwargs):
         raise RuntimeError("code2wav down")
 
-    with monkeypatch.context() as m:
-        m.setattr(stages, "_code2wav", broken)
-        res = CliRunner().invoke(app, ["synth", str(manifest), "--model-dir", str(tiny_model_dir), "--out", str(out),
-                                       "--device", "cpu", "--max-tokens", "6", "--n-timesteps", "2", "--float-wav",
-                                       "--batch-size", str(BATCH), "--seed", "3"])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(planned_threads(tiny_model_dir))
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(stages, "_code2wav", broken)
+            res = CliRunner().invoke(app, ["synth", str(manifest), "--model-dir", str(tiny_model_dir), "--out",
+                                           str(out), "--device", "cpu", "--max-tokens", "6", "--n-timesteps", "2",
+                                           "--float-wav", "--batch-size", str(BATCH), "--seed", "3"])
+    finally:
+        torch.set_num_threads(threads)
     assert res.exit_code == 3, res.output
     kept = sorted((out / ".cosyclone" / "tokens").glob("*.cch"))
     assert len(kept) == N_ROWS  # one segment per row, each kept for the rerun
