@@ -15,11 +15,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cosyclone.base.device import DevicePolicy
 from cosyclone.base.user_cache import cache_dir
-from cosyclone.manifest import ManifestRow
+
+if TYPE_CHECKING:  # annotations only: reading a folder's records loads neither torch nor the frontend
+    from cosyclone.base.device import DevicePolicy
+    from cosyclone.manifest import ManifestRow
 
 #: Changes whenever the same inputs would give other audio (a sampler, frontend or code2wav change).
 #: Part of every fingerprint, so a new release redoes rows made by an older algorithm.

@@ -28,12 +28,14 @@ import socket
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cosyclone.errors import CosycloneError
-from cosyclone.manifest import ManifestRow
 from cosyclone.run.fingerprint import changed_parts
 from cosyclone.run.row_record import RowRecord
+
+if TYPE_CHECKING:  # annotations only: reading a folder's records loads neither torch nor the frontend
+    from cosyclone.manifest import ManifestRow
 
 DIAG_NAME = "diagnostics.jsonl"
 METADATA_NAME = "metadata.jsonl"
