@@ -10,13 +10,15 @@ import torch
 import torch.nn.functional as F
 
 from cosyclone.base.device import resolve
-from cosyclone.code2wav import dit as dit_module
-from cosyclone.code2wav.dit import DiT, attention_bmm
+from cosyclone.code2wav import dit_attention
+from cosyclone.code2wav.dit import DiT
+from cosyclone.code2wav.dit_attention import attention_bmm
 from cosyclone.code2wav.flow import build_flow
 from cosyclone.model.config import DiTConfig, FlowConfig, ModelConfig
+from tests.streaming_mask import streaming_context
 from tests.test_cpu_gemm import ops_called
 
-CFG = DiTConfig(dim=64, depth=2, heads=4, dim_head=16, ff_mult=2, static_chunk_size=6)
+CFG = DiTConfig(dim=64, depth=2, heads=4, dim_head=16, ff_mult=2)
 
 
 def _sdpa(qkv: torch.Tensor, heads: int, mask: torch.Tensor | None,
@@ -29,7 +31,7 @@ def _sdpa(qkv: torch.Tensor, heads: int, mask: torch.Tensor | None,
 @pytest.fixture(autouse=True)
 def _no_amx(monkeypatch: pytest.MonkeyPatch) -> None:
     """The bf16 path under test is the one CPUs without AMX take; on an AMX CI machine too."""
-    monkeypatch.setattr(dit_module, "cpu_has_amx", lambda: False)
+    monkeypatch.setattr(dit_attention, "cpu_has_amx", lambda: False)
 
 
 @pytest.mark.parametrize("group", [4, 3, 1])
@@ -39,14 +41,16 @@ def test_bf16_attention_equals_sdpa_within_bf16_rounding(case: str, group: int,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """All heads in one pass, or (long rows: buffers capped) in groups of 3 (the last one short) or 1."""
     t = 20
-    monkeypatch.setattr(dit_module, "ATTENTION_BUFFER_BYTES", group * 6 * t * t)
+    monkeypatch.setattr(dit_attention, "ATTENTION_BUFFER_BYTES", group * 6 * t * t)
     torch.manual_seed(0)
     dit = DiT(CFG).to(torch.bfloat16)
     mask = torch.ones(3, 1, t)
     if case != "full":
         mask[1, :, 13:] = 0
         mask[2, :, 5:] = 0
-    ctx = dit.context(mask, streaming=case == "streaming")
+    ctx = dit.context(mask)
+    if case == "streaming":  # a mask that differs per query (the official streaming one, 6-frame chunks)
+        ctx = streaming_context(ctx, mask, 6)
     assert ctx.scores is not None and ctx.scores.shape == (group, t, t) and ctx.scores.dtype == torch.float32
     assert (ctx.attn_mask is None) == (case == "full")
     # logits of a trained model's size (std ~6): scores rounded to bf16 would be off by ~0.3 here
@@ -66,7 +70,7 @@ def test_bf16_attention_equals_sdpa_within_bf16_rounding(case: str, group: int,
 def test_bf16_cpu_without_amx_takes_the_bmm_attention_and_the_rest_keep_sdpa(
         amx: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """bf16 on a CPU without AMX: attention_bmm; fp32 (byte for byte as before) and AMX CPUs: SDPA."""
-    monkeypatch.setattr(dit_module, "cpu_has_amx", lambda: amx)
+    monkeypatch.setattr(dit_attention, "cpu_has_amx", lambda: amx)
     torch.manual_seed(1)
     x, mu, cond = (torch.randn(2, 80, 12) for _ in range(3))
     mask, t, spks = torch.ones(2, 1, 12), torch.tensor([0.3, 0.6]), torch.randn(2, 80)

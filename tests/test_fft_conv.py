@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from cosyclone.base.device import DevicePolicy
 from cosyclone.code2wav.fft_conv import (
     dft_matrices,
-    fft_causal_conv,
     fft_causal_conv_padded,
     fft_margins,
     spectral_weight,
@@ -34,6 +33,16 @@ def direct(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, d: int) -> 
     """The reference: (B, T, Cin) rows, left zero padding d·(k−1), conv1d -> (B, T, Cout)."""
     k = w.shape[-1]
     return F.conv1d(F.pad(x.transpose(1, 2), (d * (k - 1), 0)), w, b, dilation=d).transpose(1, 2)
+
+
+def fft_causal_conv(x: torch.Tensor, spec: torch.Tensor, forward: torch.Tensor, inverse: torch.Tensor,
+                    bias: torch.Tensor | None, *, kernel: int, dilation: int = 1) -> torch.Tensor:
+    """:func:`fft_causal_conv_padded` of (B, T, Cin) rows, the zero margins added here -> (B, T, Cout)."""
+    bsz, frames, cin = x.shape
+    lead, trail = fft_margins(frames, forward.shape[1], kernel, dilation)
+    xp = zero_margined(bsz, frames, cin, lead, trail, like=x)
+    xp[:, lead:lead + frames] = x
+    return fft_causal_conv_padded(xp, frames, spec, forward, inverse, bias, kernel=kernel, dilation=dilation)
 
 
 @pytest.mark.parametrize(("cin", "cout", "k", "d", "frames", "size", "bias"), [

@@ -10,7 +10,7 @@ import torch
 
 from cosyclone.base.batching import chunks_by_length
 from cosyclone.code2wav.hift import CausalHiFTGenerator
-from cosyclone.code2wav.noise import flow_noise_table, hift_rand_ini, hift_sine_waves
+from cosyclone.code2wav.noise import flow_noise_table, hift_generator_before_rand_ini, hift_sine_waves
 from cosyclone.model.checkpoint import init_dummy
 from cosyclone.model.config import HiFTConfig
 from tests.reference import state_dict_manifest, state_dict_summary
@@ -33,6 +33,14 @@ def _sha256(t: torch.Tensor) -> str:
     return hashlib.sha256(t.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
 
 
+def _rand_ini() -> torch.Tensor:
+    """The released ``rand_ini`` (1, 9) with harmonic 0 set to 0, as the module holds it. The vocoder
+    never reads it (the causal source does not), but drawing it proves the replay's order."""
+    out = torch.rand(1, 9, generator=hift_generator_before_rand_ini())
+    out[:, 0] = 0
+    return out
+
+
 def test_released_state_dict_on_meta() -> None:
     with torch.device("meta"):
         model = CausalHiFTGenerator(HiFTConfig())
@@ -47,7 +55,7 @@ def test_noise_tables_have_the_released_sha256() -> None:
     full = hift_sine_waves(SINE_WAVES_SAMPLES)
     assert full.shape == (1, SINE_WAVES_SAMPLES, 9) and full.dtype == torch.float32
     got = {"hift.m_source.l_sin_gen.sine_waves": _sha256(full),
-           "hift.m_source.l_sin_gen.rand_ini": _sha256(hift_rand_ini()),
+           "hift.m_source.l_sin_gen.rand_ini": _sha256(_rand_ini()),
            "hift.stft_window": _sha256(CausalHiFTGenerator(SMALL).stft_window),
            "flow.decoder.rand_noise": _sha256(flow_noise_table())}
     assert got == RELEASED_TABLE_SHA256
@@ -85,8 +93,8 @@ def _dummy(std: float = 0.02) -> CausalHiFTGenerator:
 def test_window_follows_input_dtype() -> None:
     model = _dummy()
     assert "stft_window" not in model.state_dict()
-    real, _ = model._stft(torch.randn(1, 64, dtype=torch.float64))
-    assert real.dtype == torch.float64 and model.stft_window.dtype == torch.float64
+    spec = model.source_stft(torch.randn(1, 1, 64, dtype=torch.float64))
+    assert spec.dtype == torch.float64 and model.stft_window.dtype == torch.float64
 
 
 def test_batch_rows_equal_alone() -> None:
@@ -175,17 +183,19 @@ def test_padding_garbage_does_not_matter() -> None:
 
 
 def test_frame_arithmetic() -> None:
-    """480·n samples -> 120·n+1 centred STFT frames -> iSTFT back to 480·n samples (checked, not assumed)."""
+    """480·n samples -> 120·n+1 centred STFT frames, as many as the decoder's upsampling reaches
+    (120·n frames + 1 reflect-padded) -> iSTFT back to 480·n samples (checked, not assumed)."""
     model = _dummy()
-    for n in (1, 3, 7):
-        real, _ = model._stft(torch.randn(1, n * 480))
-        assert real.shape[-1] == model.frames_for(n) == 120 * n + 1
-        x = torch.randn(1, 18, model.frames_for(n))
-        assert model.to_wave(x).shape[-1] == n * 480
+    with torch.inference_mode():
+        for n in (1, 3, 7):
+            assert model.source_stft(torch.randn(1, 1, n * 480)).shape[-1] == 120 * n + 1
+            decoded = model.network(torch.randn(1, 80, n), torch.randn(1, 18, 120 * n + 1))
+            assert decoded.shape[-1] == 120 * n + 1
+            assert model.to_wave(torch.randn(1, 18, 120 * n + 1)).shape[-1] == n * 480
 
 
 def test_noise_tables_released_values() -> None:
-    assert torch.allclose(hift_rand_ini()[0, :4], torch.tensor([0.0, 0.17098892, 0.1653319, 0.14378005]))
+    assert torch.allclose(_rand_ini()[0, :4], torch.tensor([0.0, 0.17098892, 0.1653319, 0.14378005]))
     small = hift_sine_waves(100)
     assert torch.allclose(small.flatten()[:4], torch.tensor([0.922826, 0.4774475, 0.8270518, 0.28345716]))
     assert torch.equal(hift_sine_waves(5000)[:, :100], small)

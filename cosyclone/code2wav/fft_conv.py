@@ -149,13 +149,3 @@ def zero_margined(bsz: int, frames: int, channels: int, lead: int, trail: int, *
     buf[:, :lead].zero_()
     buf[:, lead + frames:].zero_()
     return buf
-
-
-def fft_causal_conv(x: Tensor, spec: Tensor, forward: Tensor, inverse: Tensor, bias: Tensor | None, *,
-                    kernel: int, dilation: int = 1) -> Tensor:
-    """:func:`fft_causal_conv_padded` of (B, T, Cin) rows (zero margins added here) -> (B, T, Cout)."""
-    bsz, frames, cin = x.shape
-    lead, trail = fft_margins(frames, forward.shape[1], kernel, dilation)
-    xp = zero_margined(bsz, frames, cin, lead, trail, like=x)
-    xp[:, lead:lead + frames] = x
-    return fft_causal_conv_padded(xp, frames, spec, forward, inverse, bias, kernel=kernel, dilation=dilation)

@@ -47,9 +47,9 @@ class PreLookaheadLayer(nn.Module):
         return h.transpose(1, 2) + x
 
 
-def cosine_time_grid(n_timesteps: int, *, device: torch.device, dtype: torch.dtype = torch.float32) -> Tensor:
-    """``(n+1,)``: ``1 - cos(linspace(0, 1, n+1) * pi/2)`` (t=0 noise, t=1 data)."""
-    s = torch.linspace(0, 1, n_timesteps + 1, device=device, dtype=dtype)
+def cosine_time_grid(n_timesteps: int, *, device: torch.device) -> Tensor:
+    """``(n+1,)`` float32: ``1 - cos(linspace(0, 1, n+1) * pi/2)`` (t=0 noise, t=1 data)."""
+    s = torch.linspace(0, 1, n_timesteps + 1, device=device, dtype=torch.float32)
     return 1 - torch.cos(s * 0.5 * math.pi)
 
 
@@ -62,23 +62,18 @@ class CausalConditionalCFM(nn.Module):
         self.estimator = estimator
 
     @torch.inference_mode()
-    def forward(self, mu: Tensor, mask: Tensor, spks: Tensor, cond: Tensor, *, n_timesteps: int,
-                noise: Tensor | None = None, streaming: bool = False,
-                trace: list[dict[str, Tensor]] | None = None) -> Tensor:
-        """Euler-solve the ODE from the fixed noise.
+    def forward(self, mu: Tensor, mask: Tensor, spks: Tensor, cond: Tensor, *, n_timesteps: int) -> Tensor:
+        """Euler-solve the ODE from the fixed noise (the table's first T frames, shared by every row).
 
         Args:
             mu, cond: ``(B, 80, T)``; mask: ``(B, 1, T)``; spks: ``(B, 80)``.
-            noise: ``(1|B, 80, T)`` start point; default the fixed table's first T frames.
-            trace: if a list, receives per step ``{"t", "x_in", "v_cond", "v_uncond"}`` (tests).
         Returns:
             ``(B, 80, T)`` float32.
         """
         b, _, seq = mu.shape
         dev = mu.device
         dtype = self.estimator.proj_out.weight.dtype
-        if noise is None:
-            noise = flow_noise(seq, self.cfg.noise_seed, total_frames=self.cfg.noise_frames)
+        noise = flow_noise(seq, self.cfg.noise_seed, total_frames=self.cfg.noise_frames)
         x = noise.to(device=dev, dtype=torch.float32).expand(b, -1, -1).clone()
         t_span = cosine_time_grid(n_timesteps, device=dev)
         rate = self.cfg.inference_cfg_rate
@@ -101,15 +96,12 @@ class CausalConditionalCFM(nn.Module):
         if not times:
             return x
         est = self.estimator
-        ctx = est.context(mask_in, streaming=streaming)
+        ctx = est.context(mask_in)
         blocks, final = est.modulations(torch.stack(times))
-        for i, (t, dt) in enumerate(zip(times, steps, strict=True)):
+        for i, dt in enumerate(steps):
             x_in = torch.cat([x, x], dim=0).to(dtype)
             v = est.velocity(x_in, mu_in, spks_in, cond_in, ctx, ([m[i] for m in blocks], final[i])).float()
-            v_c, v_u = v[:b], v[b:]
-            if trace is not None:
-                trace.append({"t": t.clone(), "x_in": x.clone(), "v_cond": v_c.clone(), "v_uncond": v_u.clone()})
-            x = x + dt * ((1.0 + rate) * v_c - rate * v_u)
+            x = x + dt * ((1.0 + rate) * v[:b] - rate * v[b:])
         return x
 
 
@@ -176,7 +168,7 @@ class CausalMaskedDiffWithDiT(nn.Module):
     @torch.inference_mode()
     def inference(self, token: Tensor, token_len: Tensor, prompt_token: Tensor, prompt_token_len: Tensor,
                   prompt_feat: Tensor, embedding: Tensor, *, n_timesteps: int | None = None,
-                  streaming: bool = False, pad_to: int = 0) -> tuple[Tensor, Tensor]:
+                  pad_to: int = 0) -> tuple[Tensor, Tensor]:
         """Tokens -> mel for a batch of rows with different prompt and target lengths.
 
         Args:
@@ -196,7 +188,7 @@ class CausalMaskedDiffWithDiT(nn.Module):
         ratio = self.cfg.token_mel_ratio
         n = token_len.to(dev).long()
         p = prompt_token_len.to(dev).long()
-        feat = self.decoder(mu, mask, spks, cond, n_timesteps=steps, streaming=streaming)
+        feat = self.decoder(mu, mask, spks, cond, n_timesteps=steps)
         out_frames = ratio * int(n.max().item()) if n.numel() else 0
         opos = torch.arange(out_frames, device=dev).unsqueeze(0)
         src = (ratio * p).unsqueeze(1) + opos

@@ -10,14 +10,16 @@ Why the structure looks like this:
   :meth:`CausalHiFTGenerator.set_noise_tables` (released ones come from ``noise.py``);
 * batching is exact with one padded batch: rows of different lengths run together through the
   conv network, which is left-causal except ``conv_pre`` and the F0 predictor's first conv; those
-  look a few frames right and pad zeros there themselves, so :meth:`CausalHiFTGenerator.inference`
+  look a few frames right and pad zeros there themselves, so :meth:`CausalHiFTGenerator.padded_batch`
   zeroes the mel past each row's end and a row's valid frames see exactly what they see alone.
   The F0 predictor and the sine source (cumulative phase, a noise-table prefix shared by all
   rows) are causal as well and run batched on that zero-padded mel.
   The only non-causal steps work at each row's own length: the centred (reflect-padded) STFT
   of the source (zero past the row's frames) and the iSTFT of the row's valid frames (its end's
   overlap-add must not see the neighbouring padding); ``hift_dsp`` does both for the whole batch
-  at once with the lengths on the device. Padded outputs are zeroed;
+  at once with the lengths on the device. Padded outputs are zeroed. How a batch of rows is cut
+  into such padded calls (length-sorted chunks, side by side on CPU threads) is not the
+  generator's arithmetic and lives in ``hift_batching``;
 * speed (CPU, fp32): the convs are ~90% of the time and the direct ones run near the FMA peak, so
   the long residual convs (kernel 7 at 128 and 256 channels, kernel 11 at 64-256) run as
   overlap-save FFT convs on CPU (:mod:`.fft_conv`, picked by :func:`fft_block_size`: 2-5x fewer
@@ -34,26 +36,29 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from cosyclone.base.batching import chunks_by_length
 from cosyclone.base.device import DevicePolicy
+from cosyclone.code2wav.hift_batching import vocode_in_chunks
 from cosyclone.code2wav.hift_dsp import istft_rows, stft_rows
 from cosyclone.code2wav.hift_layers import (
     CausalConv1d,
     CausalConv1dDownSample,
     CausalConv1dUpsample,
     CausalConvRNNF0Predictor,
+    PreparedConv,
     ResBlock,
     SourceModuleHnNSF,
-    _Prepared,
-    _wn,
-    act_conv,
+    leaky_conv,
+    reflect_left,
+    to_rows,
+    typed_modules,
+    weight_normed,
 )
 from cosyclone.model.checkpoint import StateDict, init_dummy, load_module_file
 from cosyclone.model.config import HiFTConfig, ModelConfig
@@ -62,6 +67,10 @@ from cosyclone.model.config import HiFTConfig, ModelConfig
 class CausalHiFTGenerator(nn.Module):
     """Mel (B, 80, T) at 50 Hz -> waveform (B, 480·T) at 24 kHz."""
 
+    stft_window: Tensor
+    sine_waves: Tensor
+    harmonic_numbers: Tensor
+
     def __init__(self, cfg: HiFTConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -69,9 +78,10 @@ class CausalHiFTGenerator(nn.Module):
         self.upsample_scale = math.prod(cfg.upsample_rates) * cfg.hop_len
         base = cfg.base_channels
         self.m_source = SourceModuleHnNSF(self.harmonics)
-        self.conv_pre = _wn(CausalConv1d(cfg.in_channels, base, cfg.conv_pre_look_right + 1, causal_type="right"))
+        self.conv_pre = weight_normed(CausalConv1d(cfg.in_channels, base, cfg.conv_pre_look_right + 1,
+                                                   causal_type="right"))
         self.ups = nn.ModuleList(
-            _wn(CausalConv1dUpsample(base // 2**i, base // 2 ** (i + 1), k, u))
+            weight_normed(CausalConv1dUpsample(base // 2**i, base // 2 ** (i + 1), k, u))
             for i, (u, k) in enumerate(zip(cfg.upsample_rates, cfg.upsample_kernel_sizes, strict=True)))
         down_rates = [1, *list(cfg.upsample_rates[::-1][:-1])]
         cum = [math.prod(down_rates[: i + 1]) for i in range(len(down_rates))][::-1]
@@ -90,7 +100,7 @@ class CausalHiFTGenerator(nn.Module):
             ch = base // 2 ** (i + 1)
             for k, d in zip(cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes, strict=True):
                 self.resblocks.append(ResBlock(ch, k, tuple(d)))
-        self.conv_post = _wn(CausalConv1d(base // 2 ** len(self.ups), cfg.n_fft + 2, 7))
+        self.conv_post = weight_normed(CausalConv1d(base // 2 ** len(self.ups), cfg.n_fft + 2, 7))
         self.f0_predictor = CausalConvRNNF0Predictor(cfg.f0_in_channels, cfg.f0_cond_channels, cfg.f0_num_class)
         # the released window is scipy's float64 Hann rounded to float32 (its SHA-256 is pinned in
         # tests/test_hift.py); torch's float32 hann_window differs in the last bit of 9 of 16 values
@@ -120,7 +130,7 @@ class CausalHiFTGenerator(nn.Module):
     @torch.no_grad()
     def fold_weight_norm(self, *, fft: FFTRule | None = None) -> CausalHiFTGenerator:
         """Replace every weight-norm parametrization by its plain weight g·v/‖v‖ (after loading), then
-        give the fp32 convs their inference layout (:meth:`_Prepared.prepare`; the float64 F0
+        give the fp32 convs their inference layout (:meth:`PreparedConv.prepare`; the float64 F0
         predictor keeps its plain convs). With ``fft`` (a rule such as :func:`fft_block_size`: channels,
         kernel -> block size, 0 for direct), the residual blocks' convs it picks run as overlap-save
         FFT convs (:mod:`.fft_conv`): fewer FLOPs where the direct convs already run at the CPU's peak."""
@@ -128,19 +138,25 @@ class CausalHiFTGenerator(nn.Module):
             if parametrize.is_parametrized(module, "weight"):
                 parametrize.remove_parametrizations(module, "weight", leave_parametrized=True)
         f0_convs = set(self.f0_predictor.modules())
-        block_convs = {conv for block in (*self.resblocks, *self.source_resblocks)
-                       for conv in (*block.convs1, *block.convs2)}
+        blocks = (*typed_modules(self.resblocks, ResBlock), *typed_modules(self.source_resblocks, ResBlock))
+        block_convs = {conv for block in blocks for c1, c2, _, _ in block.layers() for conv in (c1, c2)}
         for module in self.modules():
-            if isinstance(module, _Prepared) and module not in f0_convs and module.weight.dim() == 3:
-                if fft is not None and module in block_convs:
-                    module.prepare(fft_size=fft(module.out_channels, module.kernel_size[0]))
-                else:
-                    module.prepare()
+            if not isinstance(module, PreparedConv) or module in f0_convs or module.weight.dim() != 3:
+                continue
+            if fft is not None and isinstance(module, CausalConv1d) and module in block_convs:
+                module.prepare(fft_size=fft(module.out_channels, module.kernel_size[0]))
+            else:
+                module.prepare()
         return self
 
     def set_noise_tables(self, sine_waves: Tensor) -> None:
         """Install the uniform source-noise table (1, N, 9); N must cover 480·T of every call."""
         self.sine_waves = sine_waves.float().to(self.sine_waves.device)
+
+    def reserve_noise(self, samples: int) -> None:
+        """Hold the noise table for ``samples`` output samples now (before worker threads that would
+        race to grow it: :func:`.hift_batching.vocode_in_chunks`)."""
+        self._noise_table(samples)
 
     def _noise_table(self, length: int) -> Tensor:
         """The first ``length`` rows of the noise table (1, length, 9), drawing a longer prefix when
@@ -154,28 +170,13 @@ class CausalHiFTGenerator(nn.Module):
                                "call set_noise_tables (build_hift does this)")
         return self.sine_waves[:, :length]
 
-    # ---- STFT ----------------------------------------------------------------------------------
+    # ---- stages --------------------------------------------------------------------------------
 
     def _window_for(self, x: Tensor) -> Tensor:
         """The Hann window on ``x``'s device/dtype; a moved copy replaces the buffer (kept)."""
         if self.stft_window.device != x.device or self.stft_window.dtype != x.dtype:
             self.stft_window = self.stft_window.to(device=x.device, dtype=x.dtype)
         return self.stft_window
-
-    def _stft(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """x (B, L) -> real, imag (B, n_fft/2+1, L/hop+1), centred with reflect padding."""
-        spec = torch.stft(x, self.cfg.n_fft, self.cfg.hop_len, self.cfg.n_fft, window=self._window_for(x),
-                          center=True, pad_mode="reflect", return_complex=True)
-        return spec.real, spec.imag
-
-    def _istft(self, magnitude: Tensor, phase: Tensor) -> Tensor:
-        """(B, 9, F) magnitude/phase -> (B, hop·(F−1)) samples."""
-        magnitude = torch.clip(magnitude, max=1e2)
-        spec = torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))
-        return torch.istft(spec, self.cfg.n_fft, self.cfg.hop_len, self.cfg.n_fft,
-                           window=self._window_for(magnitude), center=True)
-
-    # ---- stages --------------------------------------------------------------------------------
 
     def predict_f0(self, mel: Tensor) -> Tensor:
         """mel (B, 80, T) -> f0 (B, T) float32, computed in float64."""
@@ -207,14 +208,6 @@ class CausalHiFTGenerator(nn.Module):
         uv_up = uv.unsqueeze(2).expand(bsz, frames, up, 1).reshape(bsz, length, 1)
         return merged.transpose(1, 2), sine_waves, uv_up, noise.view(bsz, length, self.harmonics)
 
-    def frames_for(self, mel_frames: int) -> int:
-        """STFT frames (= conv_post frames) for ``mel_frames`` mel frames: 120·T + 1 at release size.
-
-        The source has ``480·T`` samples; a centred STFT with hop 4 gives ``480·T/4 + 1`` frames, and
-        the decoder's last stage reaches the same count via ``120·T`` upsampled frames + 1 reflect pad.
-        """
-        return mel_frames * self.upsample_scale // self.cfg.hop_len + 1
-
     def _samples(self, source: Tensor, mel_len: Tensor | None) -> Tensor:
         """(B,) valid source samples per row: ``480·mel_len`` (all of them without ``mel_len``)."""
         if mel_len is None:
@@ -242,20 +235,20 @@ class CausalHiFTGenerator(nn.Module):
         cfg = self.cfg
         rows = self.conv_pre.weight.dim() == 4
         if rows:
-            mel, s_stft = _rows4(mel), _rows4(s_stft)
+            mel, s_stft = to_rows(mel), to_rows(s_stft)
         x = self.conv_pre(mel)
         nk = len(cfg.resblock_kernel_sizes)
-        for i, up in enumerate(self.ups):
-            x = _leaky_conv(x, cfg.lrelu_slope, up) if rows else up(F.leaky_relu(x, cfg.lrelu_slope))
+        for i, up in enumerate(typed_modules(self.ups, CausalConv1dUpsample)):
+            x = leaky_conv(x, cfg.lrelu_slope, up) if rows else up(F.leaky_relu(x, cfg.lrelu_slope))
             if i == len(self.ups) - 1:
-                x = _reflect_left(x)
+                x = reflect_left(x)
             x = x + self.source_resblocks[i](self.source_downs[i](s_stft))
             acc = self.resblocks[i * nk](x)
             for j in range(1, nk):
                 acc.add_(self.resblocks[i * nk + j](x))
             x = acc.div_(nk)
         if rows:
-            return _leaky_conv(x, 0.01, self.conv_post).squeeze(2)  # F.leaky_relu's default slope, as official
+            return leaky_conv(x, 0.01, self.conv_post).squeeze(2)  # F.leaky_relu's default slope, as official
         return self.conv_post(F.leaky_relu(x))
 
     def to_wave(self, x: Tensor, mel_len: Tensor | None = None) -> Tensor:
@@ -289,41 +282,13 @@ class CausalHiFTGenerator(nn.Module):
         """mel (B, 80, T), mel_len (B,) -> wav (B, 480·T) zero beyond each row, wav_len (B,).
 
         Rows run in length-sorted padded batches (:meth:`padded_batch`) of at most ``max_frames``
-        padded frames (rows x the chunk's longest row up to a multiple of ``bucket``: MIOpen meets few
-        widths; a longer row runs alone). Default: :data:`CPU_CHUNK_FRAMES` on CPU (a big batch falls
-        out of cache), else one call unless the engine sizes a budget (``engine/sizing.py``). On CPU
-        with several torch threads the chunks run side by side, one thread each (:func:`_row_pool`).
+        padded frames, each a multiple of ``bucket`` wide (:func:`.hift_batching.vocode_in_chunks`).
+        Default: :data:`CPU_CHUNK_FRAMES` on CPU (a big batch falls out of cache), else one call
+        unless the engine sizes a budget (``engine/sizing.py``).
         """
-        cpu = mel.device.type == "cpu"
         if max_frames is None:
-            max_frames = CPU_CHUNK_FRAMES if cpu else 0
-        bsz, _, frames = mel.shape
-        if max_frames <= 0 or bsz <= 1:
-            return self.padded_batch(mel, mel_len)
-        lens = mel_len.to(torch.long).cpu().clamp(min=0, max=frames)
-        chunks = chunks_by_length(lens.tolist(), max_frames)  # from the rows alone: bytes do not
-        # depend on the thread count (a row's chunk decides its padded GEMM shapes)
-        if len(chunks) == 1:
-            return self.padded_batch(mel, mel_len)
-        threads = min(torch.get_num_threads(), len(chunks)) if cpu else 1
-        wav = torch.zeros(bsz, frames * self.upsample_scale, device=mel.device, dtype=torch.float32)
-
-        def run(rows: list[int]) -> tuple[Tensor, Tensor]:
-            index = torch.tensor(rows, dtype=torch.long, device=mel.device)
-            width = min(frames, -(-int(lens[rows].max()) // max(1, bucket)) * max(1, bucket))  # the chunk's own
-            with torch.inference_mode():  # per thread
-                return index, self.padded_batch(mel[:, :, :width].index_select(0, index), lens[rows].to(mel.device))[0]
-
-        if threads > 1:
-            self._noise_table(int(lens.max()) * self.upsample_scale)  # grown here, not raced by the workers
-            with _row_pool(threads) as pool:
-                parts = pool.map(run, chunks)
-                for index, part in parts:
-                    wav[index, : part.shape[1]] = part
-        else:
-            for index, part in map(run, chunks):
-                wav[index, : part.shape[1]] = part
-        return wav, lens.to(mel.device) * self.upsample_scale
+            max_frames = CPU_CHUNK_FRAMES if mel.device.type == "cpu" else 0
+        return vocode_in_chunks(self, mel, mel_len, max_frames=max_frames, bucket=bucket)
 
     def padded_batch(self, mel: Tensor, mel_len: Tensor) -> tuple[Tensor, Tensor]:
         """:meth:`inference` on one padded batch: mel (B, 80, T), mel_len (B,) -> (B, 480·T), (B,).
@@ -375,41 +340,11 @@ def fft_block_size(channels: int, kernel: int) -> int:
 CPU_CHUNK_FRAMES = 200
 
 
-def _row_pool(threads: int) -> ThreadPoolExecutor:
-    """Worker threads that run HiFT chunks side by side on CPU, one intra-op thread each (a pool
-    per call, so no thread outlives it: a live thread would stop the text pool from forking).
-
-    Why: two chunks on one thread each beat one chunk after the other on two threads (AMD EPYC
-    Zen 4, 2 cores, batch 4 and 8 of 4 s rows: 0-10% a row, median about 5%), because the convs' own
-    threading leaves a share of each op serial. ``torch.set_num_threads`` is per thread here
-    (OpenMP's and MKL's thread-local settings), so the caller keeps its threads.
-    """
-    return ThreadPoolExecutor(threads, thread_name_prefix="cosyclone-hift", initializer=torch.set_num_threads,
-                              initargs=(1,))
-
-
-def _leaky_conv(x: Tensor, slope: float, conv: _Prepared) -> Tensor:
-    """``conv(leaky_relu(x, slope))`` on prepared (B, C, 1, T) rows, the activation written straight
-    into the conv's zero-margined input (:func:`act_conv`; same bytes as ``F.leaky_relu``)."""
-    return act_conv(x, lambda v, out: torch.ops.aten.leaky_relu.out(v, slope, out=out), conv)
-
-
-def _rows4(x: Tensor) -> Tensor:
-    """(B, C, T) -> (B, C, 1, T) channels-last (memory (B, T, C)), the prepared convs' layout."""
-    return x.unsqueeze(2).contiguous(memory_format=torch.channels_last)
-
-
-def _reflect_left(x: Tensor) -> Tensor:
-    """Reflect-pad one frame on the left of (B, C, T) or (B, C, 1, T), keeping the memory layout."""
-    if x.dim() == 3:
-        return F.pad(x, (1, 0), mode="reflect")
-    return torch.cat([x[..., 1:2], x], dim=-1).contiguous(memory_format=torch.channels_last)
-
-
-def load_hift_file(model: CausalHiFTGenerator, path: object, *, fft: FFTRule | None = None) -> CausalHiFTGenerator:
+def load_hift_file(model: CausalHiFTGenerator, path: str | Path, *,
+                   fft: FFTRule | None = None) -> CausalHiFTGenerator:
     """Strict-load either weight-norm form (with or without ``generator.``) and fold (``fft``: see
     :meth:`CausalHiFTGenerator.fold_weight_norm`)."""
-    load_module_file(model, path, adapter=CausalHiFTGenerator.adapt_keys)  # type: ignore[arg-type]
+    load_module_file(model, path, adapter=CausalHiFTGenerator.adapt_keys)
     model.f0_predictor.double()  # fold g·v/‖v‖ in float64, as the official float64 F0 path computes it
     return model.fold_weight_norm(fft=fft)
 

@@ -6,7 +6,8 @@ so released ``hift.pt`` files load strictly into :class:`~cosyclone.code2wav.hif
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -22,10 +23,22 @@ from cosyclone.code2wav.fft_conv import (
 )
 from cosyclone.code2wav.hift_dsp import polyphase_upsample_weight, snake
 
+ConvT = TypeVar("ConvT", bound=nn.Conv1d)
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
-def _wn(conv: nn.Conv1d) -> nn.Conv1d:
-    """Weight-norm (dim 0) with the parametrization API, giving the official key names."""
+
+def weight_normed(conv: ConvT) -> ConvT:
+    """Weight-norm (dim 0) with the parametrization API, giving the official key names.
+
+    The module keeps its class for the checker (torch swaps in a subclass of it)."""
     return parametrizations.weight_norm(conv)
+
+
+def typed_modules(modules: nn.ModuleList, kind: type[ModuleT]) -> Iterator[ModuleT]:
+    """The members of ``modules``, each checked to be a ``kind`` (a ModuleList yields plain Modules)."""
+    for module in modules:
+        assert isinstance(module, kind)
+        yield module
 
 
 def causal_pad_amount(kernel_size: int, dilation: int) -> int:
@@ -33,12 +46,13 @@ def causal_pad_amount(kernel_size: int, dilation: int) -> int:
     return 2 * ((kernel_size * dilation - dilation) // 2) + ((kernel_size + 1) % 2)
 
 
-def _to_rows(weight: Tensor) -> Tensor:
-    """(Cout, Cin, k) conv weight -> (Cout, Cin, 1, k) channels-last, the layout :meth:`prepare` installs."""
-    return weight.unsqueeze(2).contiguous(memory_format=torch.channels_last)
+def to_rows(x: Tensor) -> Tensor:
+    """(B, C, T) activations or a (Cout, Cin, k) conv weight -> (B, C, 1, T) / (Cout, Cin, 1, k)
+    channels-last (memory (B, T, C)): the layout prepared convs and their activations keep."""
+    return x.unsqueeze(2).contiguous(memory_format=torch.channels_last)
 
 
-class _Prepared:
+class PreparedConv:
     """Mixin of the generator's fp32 convs: after :meth:`prepare` they run as 2-D convs on (B, C, 1, T)
     channels-last activations (oneDNN's fastest fp32 conv layout on CPU, kept end to end so nothing
     is reordered between layers; cuDNN runs it natively too). Before it (weight-norm or plain 3-D
@@ -48,12 +62,12 @@ class _Prepared:
     after the frames, :meth:`forward_padded`): the activation in front of it writes straight into
     one (:func:`act_conv`), so no padded copy is made; :meth:`forward` pads a plain input itself."""
 
-    weight: nn.Parameter
-    bias: nn.Parameter | None
+    weight: Tensor
+    bias: Tensor | None
 
     def prepare(self) -> None:
         """Replace the folded (Cout, Cin, k) weight by its channels-last 4-D form (once, after loading)."""
-        self.weight = nn.Parameter(_to_rows(self.weight.detach()), requires_grad=False)
+        self.weight = nn.Parameter(to_rows(self.weight.detach()), requires_grad=False)
 
     def margins(self, frames: int) -> tuple[int, int]:
         """Zero frames (before, after) ``frames`` input frames that :meth:`forward_padded` reads."""
@@ -82,7 +96,7 @@ def margined_rows(bsz: int, channels: int, frames: int, lead: int, trail: int, *
     return zero_margined(bsz, frames, channels, lead, trail, like=like).transpose(1, 2).unsqueeze(2)
 
 
-def act_conv(x: Tensor, act: Callable[[Tensor, Tensor], object], conv: _Prepared) -> Tensor:
+def act_conv(x: Tensor, act: Callable[[Tensor, Tensor], object], conv: PreparedConv) -> Tensor:
     """``conv(act(x))`` for a prepared conv on (B, C, 1, T) channels-last ``x``: ``act(x, out)`` writes
     its result straight into the conv's zero-margined input (one pass saved per conv)."""
     frames = x.shape[-1]
@@ -92,7 +106,20 @@ def act_conv(x: Tensor, act: Callable[[Tensor, Tensor], object], conv: _Prepared
     return conv.forward_padded(buf, frames)
 
 
-class CausalConv1d(_Prepared, nn.Conv1d):
+def leaky_conv(x: Tensor, slope: float, conv: PreparedConv) -> Tensor:
+    """``conv(leaky_relu(x, slope))`` on prepared (B, C, 1, T) rows, the activation written straight
+    into the conv's zero-margined input (:func:`act_conv`; same bytes as ``F.leaky_relu``)."""
+    return act_conv(x, lambda v, out: torch.ops.aten.leaky_relu.out(v, slope, out=out), conv)
+
+
+def reflect_left(x: Tensor) -> Tensor:
+    """Reflect-pad one frame on the left of (B, C, T) or (B, C, 1, T), keeping the memory layout."""
+    if x.dim() == 3:
+        return F.pad(x, (1, 0), mode="reflect")
+    return torch.cat([x[..., 1:2], x], dim=-1).contiguous(memory_format=torch.channels_last)
+
+
+class CausalConv1d(PreparedConv, nn.Conv1d):
     """Conv1d, stride 1, padding 0 plus explicit zero padding on one side.
 
     ``causal_type='left'`` pads before (pure causal); ``'right'`` pads after (look-ahead).
@@ -148,7 +175,7 @@ class CausalConv1d(_Prepared, nn.Conv1d):
         return y.transpose(1, 2).unsqueeze(2)
 
 
-class CausalConv1dUpsample(_Prepared, nn.Conv1d):
+class CausalConv1dUpsample(PreparedConv, nn.Conv1d):
     """Nearest upsample ×stride, left-pad k−1 zeros, conv k. (B, Cin, T) -> (B, Cout, stride·T).
 
     Prepared, it is the equivalent polyphase conv (:func:`polyphase_upsample_weight`): ``up·Cout``
@@ -162,7 +189,7 @@ class CausalConv1dUpsample(_Prepared, nn.Conv1d):
 
     def prepare(self) -> None:
         weight = polyphase_upsample_weight(self.weight.detach(), self.up)
-        self.weight = nn.Parameter(_to_rows(weight), requires_grad=False)
+        self.weight = nn.Parameter(to_rows(weight), requires_grad=False)
         if self.bias is not None:
             self.bias = nn.Parameter(self.bias.detach().repeat(self.up), requires_grad=False)
 
@@ -183,7 +210,7 @@ class CausalConv1dUpsample(_Prepared, nn.Conv1d):
         return y.reshape(bsz, 1, frames * self.up, -1).permute(0, 3, 1, 2)
 
 
-class CausalConv1dDownSample(_Prepared, nn.Conv1d):
+class CausalConv1dDownSample(PreparedConv, nn.Conv1d):
     """Left-pad stride−1 zeros, conv k with stride. (B, Cin, T) -> (B, Cout, ~T/stride)."""
 
     def __init__(self, cin: int, cout: int, kernel_size: int, stride: int) -> None:
@@ -221,15 +248,21 @@ class ResBlock(nn.Module):
 
     def __init__(self, channels: int, kernel_size: int, dilations: tuple[int, ...]) -> None:
         super().__init__()
-        self.convs1 = nn.ModuleList(_wn(CausalConv1d(channels, channels, kernel_size, d)) for d in dilations)
-        self.convs2 = nn.ModuleList(_wn(CausalConv1d(channels, channels, kernel_size, 1)) for _ in dilations)
+        self.convs1 = nn.ModuleList(weight_normed(CausalConv1d(channels, channels, kernel_size, d))
+                                    for d in dilations)
+        self.convs2 = nn.ModuleList(weight_normed(CausalConv1d(channels, channels, kernel_size, 1))
+                                    for _ in dilations)
         self.activations1 = nn.ModuleList(Snake(channels) for _ in dilations)
         self.activations2 = nn.ModuleList(Snake(channels) for _ in dilations)
 
+    def layers(self) -> Iterator[tuple[CausalConv1d, CausalConv1d, Snake, Snake]]:
+        """``(convs1[i], convs2[i], activations1[i], activations2[i])`` per dilation."""
+        return zip(typed_modules(self.convs1, CausalConv1d), typed_modules(self.convs2, CausalConv1d),
+                   typed_modules(self.activations1, Snake), typed_modules(self.activations2, Snake), strict=True)
+
     def forward(self, x: Tensor) -> Tensor:  # (B, C, T) -> (B, C, T), or prepared (B, C, 1, T)
         prepared = x.dim() == 4
-        for i, (c1, c2, a1, a2) in enumerate(zip(self.convs1, self.convs2, self.activations1, self.activations2,
-                                                 strict=True)):
+        for i, (c1, c2, a1, a2) in enumerate(self.layers()):
             if not prepared:
                 x = x + c2(a2(c1(a1(x))))
                 continue
@@ -243,9 +276,10 @@ class CausalConvRNNF0Predictor(nn.Module):
 
     def __init__(self, in_channels: int = 80, cond_channels: int = 512, num_class: int = 1) -> None:
         super().__init__()
-        layers: list[nn.Module] = [_wn(CausalConv1d(in_channels, cond_channels, 4, causal_type="right")), nn.ELU()]
+        layers: list[nn.Module] = [weight_normed(CausalConv1d(in_channels, cond_channels, 4, causal_type="right")),
+                                   nn.ELU()]
         for _ in range(4):
-            layers += [_wn(CausalConv1d(cond_channels, cond_channels, 3)), nn.ELU()]
+            layers += [weight_normed(CausalConv1d(cond_channels, cond_channels, 3)), nn.ELU()]
         self.condnet = nn.Sequential(*layers)
         self.classifier = nn.Linear(cond_channels, num_class)
 

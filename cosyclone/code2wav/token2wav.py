@@ -16,13 +16,14 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from cosyclone.base.batching import chunks_by_length
+from cosyclone.model.config import FlowConfig
 
 #: Padded flow positions (rows x (prompt + target) tokens; the DiT sees twice as many mel frames)
 #: per flow call on CPU: 8 rows of the baseline request (75 + 100 tokens). The DiT is matmul-bound
@@ -32,7 +33,26 @@ from cosyclone.base.batching import chunks_by_length
 FLOW_CPU_CHUNK_TOKENS = 1400
 
 
-def run_flow(flow: Any, token: Tensor, token_len: Tensor, prompt_token: Tensor, prompt_token_len: Tensor,
+class MelFlow(Protocol):
+    """The flow as :func:`run_flow` calls it (:class:`~cosyclone.code2wav.flow.CausalMaskedDiffWithDiT`;
+    tests pass stand-ins with only what they are called with)."""
+
+    cfg: FlowConfig
+
+    def inference(self, token: Tensor, token_len: Tensor, prompt_token: Tensor, prompt_token_len: Tensor,
+                  prompt_feat: Tensor, embedding: Tensor, *, n_timesteps: int | None = None,
+                  pad_to: int = 0) -> tuple[Tensor, Tensor]: ...
+
+
+class Vocoder(Protocol):
+    """The vocoder as :func:`token2wav` calls it (:class:`~cosyclone.code2wav.hift.CausalHiFTGenerator`;
+    ``max_frames``/``bucket`` are passed only when asked for, so stand-ins may take neither)."""
+
+    def inference(self, mel: Tensor, mel_len: Tensor, *, max_frames: int | None = None,
+                  bucket: int = 0) -> tuple[Tensor, Tensor]: ...
+
+
+def run_flow(flow: MelFlow, token: Tensor, token_len: Tensor, prompt_token: Tensor, prompt_token_len: Tensor,
              prompt_feat: Tensor, embedding: Tensor, *, n_timesteps: int | None = None,
              max_tokens: int | None = None, bucket: int = 0) -> tuple[Tensor, Tensor]:
     """``flow.inference`` over length-sorted chunks of at most ``max_tokens`` padded positions.
@@ -50,11 +70,11 @@ def run_flow(flow: Any, token: Tensor, token_len: Tensor, prompt_token: Tensor, 
     chunks = chunks_by_length(totals, max_tokens)
 
     def call(*args: Tensor, longest: int) -> tuple[Tensor, Tensor]:
-        extra = {}
-        if bucket > 0:
-            cap = int(flow.cfg.cfm.noise_frames // flow.cfg.token_mel_ratio)  # the noise table's length
-            extra["pad_to"] = max(longest, min(cap, -(-longest // bucket) * bucket))
-        return flow.inference(*args, n_timesteps=n_timesteps, **extra)
+        if bucket <= 0:  # pad_to only when asked: stand-in flows take n_timesteps alone
+            return flow.inference(*args, n_timesteps=n_timesteps)
+        cap = int(flow.cfg.cfm.noise_frames // flow.cfg.token_mel_ratio)  # the noise table's length
+        pad_to = max(longest, min(cap, -(-longest // bucket) * bucket))
+        return flow.inference(*args, n_timesteps=n_timesteps, pad_to=pad_to)
 
     if len(chunks) <= 1:
         return call(token, token_len, prompt_token, prompt_token_len, prompt_feat, embedding,
@@ -115,13 +135,12 @@ class Token2WavResult:
     """
 
     wavs: list[Tensor]  # B float32 CPU tensors (samples,), samples = 480 x mel frames after speed
-    mel_len: Tensor  # (B,) mel frames given to HiFT (after the speed change), CPU
     flow_seconds: float
     hift_seconds: float
 
 
 @torch.inference_mode()
-def token2wav(flow: Any, hift: Any, token: Tensor, token_len: Tensor, prompt_token: Tensor,
+def token2wav(flow: MelFlow, hift: Vocoder, token: Tensor, token_len: Tensor, prompt_token: Tensor,
               prompt_token_len: Tensor, prompt_feat: Tensor, embedding: Tensor, *,
               speed: Sequence[float] | None = None, n_timesteps: int | None = None,
               flow_max_tokens: int | None = None, hift_max_frames: int | None = None,
@@ -162,4 +181,4 @@ def token2wav(flow: Any, hift: Any, token: Tensor, token_len: Tensor, prompt_tok
     wav, wav_len = wav.float().cpu(), wav_len.cpu()
     t2 = time.perf_counter()
     wavs = [wav[b, : int(wav_len[b])].clone() for b in range(bsz)]
-    return Token2WavResult(wavs=wavs, mel_len=mel_len, flow_seconds=t1 - t0, hift_seconds=t2 - t1)
+    return Token2WavResult(wavs=wavs, flow_seconds=t1 - t0, hift_seconds=t2 - t1)

@@ -35,8 +35,7 @@ def small_flow_config(meta: dict[str, Any]) -> FlowConfig:
         pre_lookahead_len=sc["pre_lookahead_len"], pre_lookahead_channels=sc["pre_lookahead_layer"]["channels"],
         dit=DiTConfig(dim=est["dim"], depth=est["depth"], heads=est["heads"], dim_head=est["dim_head"],
                       ff_mult=est["ff_mult"], mel_dim=est["mel_dim"], mu_dim=est["mu_dim"],
-                      spk_dim=est["spk_dim"], out_channels=est["out_channels"],
-                      static_chunk_size=est["static_chunk_size"]),
+                      spk_dim=est["spk_dim"], out_channels=est["out_channels"]),
         cfm=type(defaults.cfm)(sigma_min=cfm["sigma_min"], t_scheduler=cfm["t_scheduler"],
                                inference_cfg_rate=cfm["inference_cfg_rate"]),
     )
