@@ -24,7 +24,6 @@ def test_tiny_dir_reads_into_one_frozen_config(tmp_path: Path) -> None:
     assert cfg.talker.qwen.head_dim == 12
     assert cfg.talker.qwen.kv_dim == 24
     assert cfg.talker.sampling.top_k == 25 and cfg.talker.sampling.top_p == pytest.approx(0.8)
-    assert cfg.flow.dit.static_chunk_size == 50  # `!ref <chunk_size> * <token_mel_ratio>`
     assert cfg.flow.cfm.inference_cfg_rate == pytest.approx(0.7)
     assert cfg.flow.cfm.sigma_min == pytest.approx(1e-6)
     assert cfg.hift.upsample_rates == (8, 5, 3)

@@ -117,7 +117,6 @@ class DiTConfig:
     mu_dim: int = 80
     spk_dim: int = 80
     out_channels: int = 80
-    static_chunk_size: int = 50  # streaming only
 
 
 @dataclass(frozen=True)
