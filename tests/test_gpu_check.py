@@ -285,6 +285,6 @@ def test_a_hanging_part_is_interrupted_or_killed_and_the_next_still_runs(tmp_pat
 
 def test_synth_rejects_unknown_cuda_graphs_value(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["synth", str(tmp_path / "m.jsonl"), "--load-format", "dummy",
-                                   "--cuda-graphs", "on"])
+                                   "--cuda-graphs", "yes"])
     text = " ".join(res.output.replace("│", " ").split())  # the usage box wraps lines
-    assert res.exit_code == 2 and "'--cuda-graphs'" in text and "'on' is not one of 'auto', 'off'" in text, text
+    assert res.exit_code == 2 and "'--cuda-graphs'" in text and "'yes' is not one of 'auto', 'on', 'off'" in text, text

@@ -138,6 +138,8 @@ def test_say_stopped_by_ctrl_c_exits_130_and_writes_no_file(tiny_model_dir: Path
     _, stderr = proc.communicate(timeout=60)
     print(f"say SIGINT: exit {proc.returncode} {time.monotonic() - sent:.1f} s after the signal")
     assert proc.returncode == 130, stderr
-    assert time.monotonic() - sent < 5
+    # within a 30-second kill window: the stop lands at the next decode window (seconds), or after the
+    # model load if the signal came during it (slower on a loaded 2-core machine)
+    assert time.monotonic() - sent < 25
     assert stderr.strip().splitlines()[-1] == "interrupted by SIGINT: no WAV written"
     assert list(tmp_path.iterdir()) == []  # no file, whole or partial
