@@ -87,6 +87,21 @@ def read_at(fh: BinaryIO, offset: int) -> dict[str, Any]:
     return obj
 
 
+def _keyed(lines: Iterator[tuple[int, dict[str, Any]]], hi: array[int], lo: array[int],
+           off: array[int]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The lines that are a row's (a string ``id``), each one's id hash and offset appended to the
+    index arrays as it passes: the one way both indexes key a line."""
+    for offset, obj in lines:
+        rid = obj.get("id")
+        if not isinstance(rid, str):
+            continue
+        h = id_hash(rid)
+        hi.append(h[0])
+        lo.append(h[1])
+        off.append(offset)
+        yield offset, obj
+
+
 class RecordIndex:
     """The current record of every row of a folder: which are ``ok``, in manifest order, and their rates."""
 
@@ -97,15 +112,8 @@ class RecordIndex:
         hi, lo, src, off, line = array("Q"), array("Q"), array("H"), array("q"), array("q")
         finished, rate = array("d"), array("i")  # rate 0: the line is not an ok record
         for s, fh in enumerate(self.files):
-            for offset, obj in iter_lines(fh):
-                rid = obj.get("id")
-                if not isinstance(rid, str):
-                    continue
-                h = id_hash(rid)
-                hi.append(h[0])
-                lo.append(h[1])
+            for _, obj in _keyed(iter_lines(fh), hi, lo, off):
                 src.append(s)
-                off.append(offset)
                 line.append(int(_number(obj.get("line"), 0.0)))
                 finished.append(_number(obj.get("finished_at"), 0.0))
                 ok = obj.get("status") == "ok"
@@ -156,14 +164,7 @@ class EvalIndex:
         self.files = open_sources([Path(out_dir) / EVAL_NAME])
         hi, lo, off = array("Q"), array("Q"), array("q")
         backends: set[str] = set()
-        for offset, obj in (pair for fh in self.files for pair in iter_lines(fh)):
-            rid = obj.get("id")
-            if not isinstance(rid, str):
-                continue
-            h = id_hash(rid)
-            hi.append(h[0])
-            lo.append(h[1])
-            off.append(offset)
+        for _, obj in _keyed((pair for fh in self.files for pair in iter_lines(fh)), hi, lo, off):
             sims = obj.get("speaker_similarity")
             if isinstance(sims, dict):
                 backends.update(str(k) for k in sims)
