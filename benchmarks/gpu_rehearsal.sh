@@ -31,7 +31,7 @@ if ! "$V" -m pip install -q --no-deps --no-index --find-links /opt/wheels torch=
 fi
 # typer<0.29: from 0.29 it needs pydantic, which the image lacks (it holds click, shellingham and
 # annotated-doc: an older typer); the check below refuses any package the image does not list
-IMAGE_SET=(numpy pyyaml regex rich "typer<0.29" tqdm safetensors pytest hypothesis packaging onnx)
+IMAGE_SET=(numpy pyyaml regex rich "typer<0.29" tqdm safetensors pytest hypothesis packaging onnx pyarrow)
 "$V" -m pip install -q torch==2.13.0 "transformers==5.17.0" "onnxruntime==1.30.0" "${IMAGE_SET[@]}" \
   || "$V" -m pip install -q torch==2.13.0 "transformers>=5.17,<5.25" "onnxruntime>=1.30" "${IMAGE_SET[@]}"
 "$V" - <<'EOF'
