@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -20,17 +20,22 @@ from cosyclone.engine.stages import PreparedBatch, Stages, row_seed_of
 from cosyclone.manifest import ManifestRow
 from cosyclone.options import RunOptions
 
+if TYPE_CHECKING:  # annotations only (the stage modules load when the engine builds them)
+    from cosyclone.frontend.conditioning import Request
+    from cosyclone.talker.request import DecodeOptions
+    from cosyclone.talker.results import TalkerResult
+
 
 class TokenCheckpoint(Protocol):
     """The stage-0 checkpoint a run keeps (:class:`cosyclone.run.token_store.TokenStore` is one)."""
 
-    def get(self, row_id: str, segment: int) -> Any: ...
+    def get(self, row_id: str, segment: int) -> TalkerResult | None: ...
 
-    def put(self, row_id: str, segment: int, result: Any) -> None: ...
+    def put(self, row_id: str, segment: int, result: TalkerResult) -> None: ...
 
 
-def talker_with_checkpoint(stages: Stages, segments: Sequence[tuple[str, Any]], dec: Any,
-                           outcomes: dict[str, RowOutcome], tokens: TokenCheckpoint | None) -> dict[int, Any]:
+def talker_with_checkpoint(stages: Stages, segments: Sequence[tuple[str, Request]], dec: DecodeOptions,
+                           outcomes: dict[str, RowOutcome], tokens: TokenCheckpoint | None) -> dict[int, TalkerResult]:
     """:func:`generate_isolated`, skipping segments whose talker result the stage-0 checkpoint holds
     (``tokens``) and storing the fresh ones, so a row that fails later keeps its tokens."""
     results, todo = stored_results(tokens, segments, range(len(segments)))
@@ -41,10 +46,10 @@ def talker_with_checkpoint(stages: Stages, segments: Sequence[tuple[str, Any]], 
     return results
 
 
-def stored_results(tokens: TokenCheckpoint | None, segments: Sequence[tuple[str, Any]],
-                   wanted: Iterable[int]) -> tuple[dict[int, Any], list[int]]:
+def stored_results(tokens: TokenCheckpoint | None, segments: Sequence[tuple[str, Request]],
+                   wanted: Iterable[int]) -> tuple[dict[int, TalkerResult], list[int]]:
     """The stage-0 checkpoint's results for the ``wanted`` segment indices, and the indices it lacks."""
-    results: dict[int, Any] = {}
+    results: dict[int, TalkerResult] = {}
     todo: list[int] = []
     for i in wanted:
         rid, req = segments[i]
@@ -56,7 +61,7 @@ def stored_results(tokens: TokenCheckpoint | None, segments: Sequence[tuple[str,
     return results, todo
 
 
-def store_result(tokens: TokenCheckpoint | None, segment: tuple[str, Any], result: Any) -> None:
+def store_result(tokens: TokenCheckpoint | None, segment: tuple[str, Request], result: TalkerResult) -> None:
     """Keep a fresh talker result in the stage-0 checkpoint (when the run has one)."""
     if tokens is not None:
         tokens.put(segment[0], segment[1].segment, result)
@@ -68,8 +73,8 @@ def is_out_of_memory(exc: BaseException) -> bool:
         isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
 
 
-def generate_isolated(stages: Stages, segments: Sequence[tuple[str, Any]], dec: Any,
-                      outcomes: dict[str, RowOutcome]) -> dict[int, Any]:
+def generate_isolated(stages: Stages, segments: Sequence[tuple[str, Request]], dec: DecodeOptions,
+                      outcomes: dict[str, RowOutcome]) -> dict[int, TalkerResult]:
     """The talker over ``segments`` -> {segment index: result}, with failures confined.
 
     Out of memory halves the batch and retries each half (down to one segment, which then fails
@@ -79,11 +84,11 @@ def generate_isolated(stages: Stages, segments: Sequence[tuple[str, Any]], dec: 
     """
     from cosyclone.talker import decode
 
-    def attempt(idx: list[int]) -> dict[int, Any]:
+    def attempt(idx: list[int]) -> dict[int, TalkerResult]:
         outs = decode.generate(stages.talker, [S.to_talker_request(segments[i][1]) for i in idx], dec)
         return dict(zip(idx, outs, strict=True))
 
-    def solve(idx: list[int]) -> dict[int, Any]:
+    def solve(idx: list[int]) -> dict[int, TalkerResult]:
         idx = [i for i in idx if outcomes[segments[i][0]].status == "ok"]
         if not idx:
             return {}
@@ -98,7 +103,7 @@ def generate_isolated(stages: Stages, segments: Sequence[tuple[str, Any]], dec: 
             if len(idx) == 1:
                 outcomes[segments[idx[0]][0]].fail_exc("talker", exc)
                 return {}
-            found: dict[int, Any] = {}
+            found: dict[int, TalkerResult] = {}
             for i in idx:  # isolate: only the segments that raise alone fail their rows
                 if outcomes[segments[i][0]].status != "ok":
                     continue  # an earlier segment of this row already failed alone
@@ -123,7 +128,7 @@ def synthesize_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptio
     if prepared is None:
         prepared = S.prepare_batch(stages, rows, opts)
     outcomes, segments = prepared.outcomes, prepared.segments
-    results: dict[int, Any] = {}
+    results: dict[int, TalkerResult] = {}
     if segments:
         t0 = time.perf_counter()
         results = talker_with_checkpoint(stages, segments, S.decode_options(stages.cfg, opts), outcomes, tokens)

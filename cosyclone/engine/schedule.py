@@ -19,7 +19,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,6 +33,10 @@ from cosyclone.manifest import ManifestRow
 from cosyclone.options import RunOptions
 from cosyclone.talker.graph_pool import free_device_cache
 
+if TYPE_CHECKING:  # annotations only (the stage modules load when the engine builds them)
+    from cosyclone.talker.results import TalkerResult
+    from cosyclone.talker.session import TalkerSession
+
 __all__ = ["FrontendPrefetch", "StageSchedule"]
 
 log = logging.getLogger(__name__)
@@ -44,7 +48,7 @@ class _InFlight:
 
     rows: list[ManifestRow]
     prepared: PreparedBatch | None  # None when its frontend raised outside the per-row guards (``error``)
-    results: dict[int, Any] = field(default_factory=dict)  # segment index -> talker result
+    results: dict[int, TalkerResult] = field(default_factory=dict)  # segment index -> talker result
     todo: set[int] = field(default_factory=set)  # segment indices still in the talker
     error: BaseException | None = None  # why the batch goes through every stage row by row instead
 
@@ -82,7 +86,7 @@ class StageSchedule:
         # segments, that many
         per_batch = (sizing.talker_slots if sizing is not None and sizing.sized else None) or opts.batch_size or 8
         self.slots = max(1, opts.talker_slots or min(per_batch, sum(len(b) for b in batches)))
-        self.session: Any = None
+        self.session: TalkerSession | None = None
         self.owner: dict[int, tuple[_InFlight, int]] = {}  # ticket -> (batch, segment index)
         self.flight: list[_InFlight] = []
         self.next = 0  # next batch to feed
@@ -193,7 +197,7 @@ class StageSchedule:
             return S.prepare_batch(self.stages, self.batches[k], self.opts)
         return S.prepare_batch(self.stages, self.batches[k], self.opts, prompts=prompts)
 
-    def _session(self, first: int) -> Any:
+    def _session(self, first: int) -> TalkerSession:
         """The open session, or a new one (``first``: segments the first batch brings)."""
         if self.session is None:
             from cosyclone.talker import decode
@@ -211,7 +215,7 @@ class StageSchedule:
             f, i = self.owner.pop(t)
             self._land(f, i, res)
 
-    def _land(self, f: _InFlight, i: int, res: Any) -> None:
+    def _land(self, f: _InFlight, i: int, res: TalkerResult) -> None:
         assert f.prepared is not None  # a batch with segments in the talker was prepared
         seg = f.prepared.segments[i]
         f.results[i] = res

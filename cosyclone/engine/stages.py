@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -35,6 +35,16 @@ from cosyclone.model.config import ModelConfig
 from cosyclone.options import RunOptions
 from cosyclone.talker.request import TalkerRequest
 
+if TYPE_CHECKING:  # annotations only (the stage modules load when the engine builds them)
+    from cosyclone.code2wav.flow import CausalMaskedDiffWithDiT
+    from cosyclone.code2wav.hift import CausalHiFTGenerator
+    from cosyclone.engine.sizing import Sizing
+    from cosyclone.frontend import Frontend
+    from cosyclone.talker.model import CosyVoice3LM
+    from cosyclone.talker.request import DecodeOptions
+    from cosyclone.talker.results import TalkerResult
+    from cosyclone.talker.sampler import SamplerOptions
+
 
 @dataclass
 class Stages:
@@ -42,11 +52,11 @@ class Stages:
 
     cfg: ModelConfig
     policy: DevicePolicy
-    frontend: Any
-    talker: Any
-    flow: Any
-    hift: Any
-    sizing: Any = None  # the run's engine.sizing.Sizing (code2wav's budgets); None: the device defaults
+    frontend: Frontend
+    talker: CosyVoice3LM
+    flow: CausalMaskedDiffWithDiT
+    hift: CausalHiFTGenerator
+    sizing: Sizing | None = None  # the run's sizes (code2wav's budgets); None: the device defaults
 
 
 def load_stages(cfg: ModelConfig, policy: DevicePolicy, load_format: str, *,
@@ -74,7 +84,7 @@ def load_stages(cfg: ModelConfig, policy: DevicePolicy, load_format: str, *,
     return Stages(cfg=cfg, policy=policy, frontend=frontend, talker=talker, flow=flow, hift=hift)
 
 
-def _sampler_options(cfg: ModelConfig, opts: RunOptions) -> Any:
+def _sampler_options(cfg: ModelConfig, opts: RunOptions) -> SamplerOptions:
     from cosyclone.talker.sampler import SamplerOptions
 
     overrides: dict[str, Any] = {"nonfinite_policy": opts.nonfinite_policy, "draw": opts.draw}
@@ -95,7 +105,7 @@ def _pad(seqs: Sequence[torch.Tensor], device: torch.device) -> tuple[torch.Tens
     return out.to(device), lens.to(device)
 
 
-def _embed(req: Any, key: str) -> torch.Tensor:
+def _embed(req: Request, key: str) -> torch.Tensor:
     embed = req.embed
     return embed[key] if isinstance(embed, dict) else getattr(embed, key)
 
@@ -120,7 +130,7 @@ class PreparedBatch:
 
     rows: list[ManifestRow]
     outcomes: dict[str, RowOutcome]
-    segments: list[tuple[str, Any]]
+    segments: list[tuple[str, Request]]
 
 
 # The frontend (tokenizer, ONNX sessions, caches) runs one row at a time, whichever thread asks: the
@@ -137,7 +147,7 @@ def prepare_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptions,
     ``prompts``: an :class:`~cosyclone.engine.prefetch.PromptAhead` whose workers computed the rows'
     prompt features ahead (the row is charged their seconds); None: computed here."""
     outcomes = {r.id: RowOutcome(row_id=r.id, line=r.line, seed=row_seed_of(opts.seed, r)) for r in rows}
-    segments: list[tuple[str, Any]] = []
+    segments: list[tuple[str, Request]] = []
     # the position check must use the run's max length ratio when it overrides the model's
     fit = {} if opts.max_len_ratio is None else {"max_len_ratio": opts.max_len_ratio}
     for row in rows:
@@ -158,7 +168,7 @@ def prepare_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptions,
 
 
 
-def decode_options(cfg: ModelConfig, opts: RunOptions) -> Any:
+def decode_options(cfg: ModelConfig, opts: RunOptions) -> DecodeOptions:
     """The talker's :class:`~cosyclone.talker.decode.DecodeOptions` for a run."""
     from cosyclone.talker import DecodeOptions
 
@@ -169,7 +179,7 @@ def decode_options(cfg: ModelConfig, opts: RunOptions) -> Any:
 
 
 @torch.inference_mode()
-def finish_batch(stages: Stages, prepared: PreparedBatch, results: dict[int, Any],
+def finish_batch(stages: Stages, prepared: PreparedBatch, results: dict[int, TalkerResult],
                  opts: RunOptions) -> list[RowResult]:
     """After the talker: stop reasons into the outcomes, code2wav over the rows still alive, records.
 
@@ -184,9 +194,10 @@ def finish_batch(stages: Stages, prepared: PreparedBatch, results: dict[int, Any
             continue
         oc.stop_reasons.append(res.stop_reason)
         oc.tokens.append(len(res.tokens))
-        oc.sampler.append(res.diagnostics)
+        if res.diagnostics is not None:  # the product's sampler always reports; a test's stub may not
+            oc.sampler.append(res.diagnostics)
         if res.stop_reason in ABORTS:
-            err = getattr(res.diagnostics, "error", None)
+            err = res.diagnostics.error if res.diagnostics is not None else None
             oc.fail("talker", res.stop_reason, res.stop_reason + (f": {err}" if err else ""))
         elif not res.tokens:
             oc.fail("talker", NO_TOKENS, "no speech tokens generated")
@@ -227,7 +238,7 @@ def finish_batch(stages: Stages, prepared: PreparedBatch, results: dict[int, Any
     return records
 
 
-def _segment_record(req: Any) -> SegmentText:
+def _segment_record(req: Request) -> SegmentText:
     """What the LLM read for one segment, for the row's result (a bad row traces to its text)."""
     ids = getattr(req, "text_ids", None)
     target = int(getattr(req, "target_len", 0) or 0)
@@ -257,7 +268,7 @@ def _check_audio(oc: RowOutcome, wav: np.ndarray, policy: str) -> np.ndarray:
     return wav
 
 
-def _code2wav(stages: Stages, live: Sequence[tuple[int, str, Any]], results: dict[int, Any], opts: RunOptions,
+def _code2wav(stages: Stages, live: Sequence[tuple[int, str, Request]], results: dict[int, TalkerResult], opts: RunOptions,
               outcomes: dict[str, RowOutcome]) -> dict[int, np.ndarray]:
     """Batched token2wav over ``live`` (segment index, row id, Request) -> {segment index: float32 wave}.
 
@@ -284,7 +295,7 @@ def _code2wav(stages: Stages, live: Sequence[tuple[int, str, Any]], results: dic
     return {i: w.numpy().astype(np.float32, copy=False) for (i, _, _), w in zip(live, res.wavs, strict=True)}
 
 
-def code2wav_budgets(sizing: Any) -> dict[str, int]:
+def code2wav_budgets(sizing: Sizing | None) -> dict[str, int]:
     """token2wav's per-call budgets and ROCm buckets from the run's sizing; none on CPU (the
     stages' own CPU defaults run, the same code path as before sizing existed)."""
     if sizing is None or not sizing.sized:
