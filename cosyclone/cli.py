@@ -299,9 +299,9 @@ def say(
         raise typer.Exit(Exit.WRITE) from None
     wall = time.perf_counter() - t0
     nan = sum(s.nan_steps for s in res.sampler)
-    trimmed = (f", trimmed {written.trimmed_lead_s:.2f} s + {written.trimmed_trail_s:.2f} s"
+    trimmed = (f", trimmed {written.trimmed_lead_seconds:.2f} s + {written.trimmed_trail_seconds:.2f} s"
                if output.trim_silence else "")
-    typer.echo(f"wrote {out}: {written.seconds:.2f} s at {written.sample_rate} Hz "
+    typer.echo(f"wrote {out}: {written.duration:.2f} s at {written.sample_rate} Hz "
                f"({output.format}, {output.encoding}{trimmed}), {mode}, seed {res.seed}")
     typer.echo(f"  {len(res.tokens)} segment(s), tokens {list(res.tokens)}, stop {list(res.stop_reasons)}; "
                f"sampler steps {sum(s.steps for s in res.sampler)}, NaN steps {nan}, "

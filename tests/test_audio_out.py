@@ -20,6 +20,7 @@ from cosyclone.errors import CosycloneError
 from cosyclone.eval.audio_checks import check_audio
 from cosyclone.run import audio_out
 from cosyclone.run.audio_out import AudioOutput, encode, process, resample, trim_silence
+from cosyclone.run.row_record import FileFacts
 
 RATE = 24000
 
@@ -58,8 +59,8 @@ def test_the_default_output_is_the_model_audio_encoded_with_nothing_in_between()
     assert resample(x, RATE, RATE) is x  # no filter on the default path
     data, facts = process(x, model_rate=RATE, out=AudioOutput())
     assert hashlib.sha256(data).hexdigest() == PCM16_DIGEST
-    assert facts.to_record() == {"samples": x.size, "sample_rate": RATE, "audio_format": "wav",
-                                 "audio_encoding": "pcm16", "trimmed_lead_s": 0.0, "trimmed_trail_s": 0.0}
+    assert facts == FileFacts(file=None, samples=x.size, sample_rate=RATE, audio_format="wav", encoding="pcm16",
+                              trimmed_lead_seconds=0.0, trimmed_trail_seconds=0.0)
     assert AudioOutput().is_default and not AudioOutput(sample_rate=16000).is_default
 
 
@@ -154,9 +155,9 @@ def test_trim_runs_at_the_model_rate_before_resampling() -> None:
     out = AudioOutput(sample_rate=16000, format="flac", trim_silence=True)
     data, facts = process(row, model_rate=RATE, out=out)
     kept, lead, trail = trim_silence(row, RATE)
-    assert (facts.trimmed_lead_s, facts.trimmed_trail_s) == (lead, trail)  # seconds of the model's time base
+    assert (facts.trimmed_lead_seconds, facts.trimmed_trail_seconds) == (lead, trail)  # seconds of the model's time base
     assert facts.samples == round(kept.size * 16000 / RATE) == sf.info(io.BytesIO(data)).frames
-    assert facts.seconds == pytest.approx(kept.size / RATE, abs=1e-4)
+    assert facts.duration == pytest.approx(kept.size / RATE, abs=1e-4)
 
 
 # ----------------------------------------------------------------------------- encodings

@@ -30,6 +30,7 @@ import numpy as np
 from cosyclone.errors import CosycloneError
 from cosyclone.options import AudioEncoding as Encoding
 from cosyclone.options import AudioFormat, FolderOptions
+from cosyclone.run.row_record import FileFacts
 
 MODEL_RATE = 24000  # CosyVoice3's HiFT writes 24 kHz: the default, written without resampling
 MIN_RATE, MAX_RATE = 8000, 48000  # telephone band to studio rate; outside it nothing sensible is asked
@@ -92,29 +93,6 @@ class AudioOutput:
         """What a run records of its output (runs.jsonl ``output``)."""
         return {"sample_rate": self.sample_rate, "audio_format": self.format, "audio_encoding": self.encoding,
                 "trim_silence": self.trim_silence, "float_wav": self.encoding == "float"}
-
-
-@dataclass(frozen=True)
-class AudioFacts:
-    """What was written for one row: the record's audio fields."""
-
-    samples: int  # samples in the file (after trim and resampling)
-    sample_rate: int  # Hz of the file
-    format: AudioFormat  # wav | flac
-    encoding: Encoding  # pcm16 | pcm24 | float
-    trimmed_lead_s: float  # seconds cut before the speech (model time base; 0.0 without trim)
-    trimmed_trail_s: float  # seconds cut after it
-
-    @property
-    def seconds(self) -> float:
-        """The file's duration."""
-        return self.samples / float(self.sample_rate)
-
-    def to_record(self) -> dict[str, Any]:
-        """The fields a row record carries (``samples`` and ``sample_rate`` are checked on resume)."""
-        return {"samples": self.samples, "sample_rate": self.sample_rate, "audio_format": self.format,
-                "audio_encoding": self.encoding, "trimmed_lead_s": self.trimmed_lead_s,
-                "trimmed_trail_s": self.trimmed_trail_s}
 
 
 def check_output(out: AudioOutput) -> None:
@@ -290,8 +268,9 @@ def encode(wav: np.ndarray, *, sample_rate: int, fmt: AudioFormat = "wav", encod
     return encode_wav(wav, sample_rate=sample_rate, float_wav=encoding == "float", pcm_bits=bits)
 
 
-def process(wav: np.ndarray, *, model_rate: int, out: AudioOutput) -> tuple[bytes, AudioFacts]:
-    """A row's samples at ``model_rate`` into its file's bytes and the facts its record keeps.
+def process(wav: np.ndarray, *, model_rate: int, out: AudioOutput) -> tuple[bytes, FileFacts]:
+    """A row's samples at ``model_rate`` into its file's bytes and the facts its record keeps (the
+    file's name is the writer's to fill in).
 
     Trim (at the model's rate), resample, encode, in that order (module docstring). Raises
     ``ValueError`` for non-finite samples, as the writer always did.
@@ -302,6 +281,6 @@ def process(wav: np.ndarray, *, model_rate: int, out: AudioOutput) -> tuple[byte
         x, lead, trail = trim_silence(x, model_rate)
     y = resample(x, model_rate, out.sample_rate)
     data = encode(y, sample_rate=out.sample_rate, fmt=out.format, encoding=out.encoding)
-    facts = AudioFacts(samples=int(y.size), sample_rate=out.sample_rate, format=out.format, encoding=out.encoding,
-                       trimmed_lead_s=lead, trimmed_trail_s=trail)
+    facts = FileFacts(file=None, samples=int(y.size), sample_rate=out.sample_rate, audio_format=out.format,
+                      encoding=out.encoding, trimmed_lead_seconds=lead, trimmed_trail_seconds=trail)
     return data, facts

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cosyclone.errors import CosycloneError
+from cosyclone.run.audio_out import SUFFIXES
 from cosyclone.run.fingerprint import changed_parts
 from cosyclone.run.row_record import RowRecord
 
@@ -108,9 +109,6 @@ def wav_path(out_dir: Path, row_id: str, suffix: str = ".wav") -> Path:
     return Path(out_dir) / WAV_DIR / f"{row_id}{suffix}"
 
 
-AUDIO_SUFFIXES = (".wav", ".flac")  # the containers a row's file may have (run.audio_out.SUFFIXES)
-
-
 def audio_path(out_dir: Path, record: RowRecord) -> Path | None:
     """The audio file a record vouches for: ``wavs/<id><suffix>``, the suffix read from its ``file``
     (None: a failed row has none). Only the suffix comes from the record, so a record cannot point a
@@ -118,7 +116,7 @@ def audio_path(out_dir: Path, record: RowRecord) -> Path | None:
     if not record.file:
         return None
     suffix = Path(record.file).suffix.lower()
-    return wav_path(out_dir, record.id, suffix if suffix in AUDIO_SUFFIXES else ".wav")
+    return wav_path(out_dir, record.id, suffix if suffix in SUFFIXES.values() else SUFFIXES["wav"])
 
 
 def wav_frames(path: Path) -> int | None:

@@ -51,6 +51,11 @@ class FileFacts:
     trimmed_lead_seconds: float  # leading silence cut by --trim-silence (0.0 without it)
     trimmed_trail_seconds: float  # trailing silence cut by --trim-silence (0.0 without it)
 
+    @property
+    def duration(self) -> float:
+        """The file's duration in seconds (0.0: no file)."""
+        return self.samples / float(self.sample_rate) if self.samples and self.sample_rate else 0.0
+
 
 @dataclass(frozen=True)
 class RowRecord(FileFacts, RowStamp):

@@ -16,7 +16,7 @@ import json
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ import numpy as np
 
 from cosyclone.engine import RowResult
 from cosyclone.run import folder as runfolder
-from cosyclone.run.audio_out import SUFFIXES, AudioFacts, AudioOutput, process
+from cosyclone.run.audio_out import SUFFIXES, AudioOutput, process
 from cosyclone.run.row_record import NO_FILE, FileFacts, RowRecord, RowStamp, make_record
 
 SAMPLE_RATE = 24000
@@ -44,7 +44,7 @@ class WriterOptions:
 wav_path = runfolder.wav_path  # one definition of where a row's WAV lies
 
 
-def write_audio_atomic(path: Path, wav: np.ndarray, *, model_rate: int, output: AudioOutput) -> AudioFacts:
+def write_audio_atomic(path: Path, wav: np.ndarray, *, model_rate: int, output: AudioOutput) -> FileFacts:
     """``wav`` (the model's samples at ``model_rate``) as ``output`` asks, to ``path``, durably:
     temporary file, fsync, rename, directory fsync. Non-finite samples are refused (``ValueError``)."""
     try:
@@ -93,10 +93,8 @@ class BackgroundWriter:
         path = wav_path(out, result.id, output.suffix)
         facts = NO_FILE
         if result.ok and result.audio is not None:
-            audio = write_audio_atomic(path, result.audio, model_rate=self.options.model_rate, output=output)
-            facts = FileFacts(file=str(path.relative_to(out)), samples=audio.samples, sample_rate=audio.sample_rate,
-                              audio_format=audio.format, encoding=audio.encoding,
-                              trimmed_lead_seconds=audio.trimmed_lead_s, trimmed_trail_seconds=audio.trimmed_trail_s)
+            written = write_audio_atomic(path, result.audio, model_rate=self.options.model_rate, output=output)
+            facts = replace(written, file=str(path.relative_to(out)))
         _remove_other_files(out, result.id, keep=path if facts.file else None)
         note = None
         if result.traceback:
