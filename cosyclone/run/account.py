@@ -64,20 +64,38 @@ class GraphsRecord:
 
 
 @dataclass(frozen=True)
-class RunRecord:
-    """One invocation of a run into a folder: a line of ``runs.jsonl``, ``summary.json``'s ``last_run``."""
+class RunInputs:
+    """What a run is, known before its rows: its inputs, device and options (a RunRecord's fixed part)."""
 
     run_id: str  # this invocation's id (the rows it made carry it)
     started_at: float  # when the command started (Unix time)
+    manifest: str  # the manifest as given
+    shard: str | None  # --shard i/N
+    rows_in_manifest: int  # valid rows of this shard
+    invalid_rows: tuple[str, ...]  # each refused line's message
+    model_dir: str | None  # the model directory (None: dummy weights without one)
+    model_hash: str  # the model files' content hash (part of every fingerprint)
+    model_yaml_sha256: str | None  # the model's cosyvoice3.yaml hash
+    load_format: str  # auto | dummy
+    device: str  # the device the stages ran on (cpu | cuda)
+    backend: str  # the backend (cpu | cuda | rocm)
+    dtype: str  # the resolved run dtype
+    dtype_requested: str  # --dtype as given
+    options: dict[str, Any]  # every run option as resolved
+    output: dict[str, Any]  # how the audio files are written (format, encoding, rate, trimming)
+    stage_dtypes: dict[str, str]  # each stage's compute dtype: talker (its backbone), flow (the DiT), hift
+    engine: str  # local | ray
+
+
+@dataclass(frozen=True)
+class RunRecord(RunInputs):
+    """One invocation of a run into a folder: a line of ``runs.jsonl``, ``summary.json``'s ``last_run``."""
+
     finished_at: float  # when it ended
     argv: tuple[str, ...]  # the command line
     host: str  # the machine's host name
-    manifest: str  # the manifest as given
-    shard: str | None  # --shard i/N
     stopped_by: str | None  # the signal that stopped the run early (SIGTERM, SIGINT); None: it ran to the end
-    rows_in_manifest: int  # valid rows of this shard
     invalid: int  # lines of this shard that validation refused
-    invalid_rows: tuple[str, ...]  # each refused line's message
     todo: int  # rows this run set out to make
     done: int  # rows it wrote ok
     failed: int  # rows it wrote failed
@@ -98,21 +116,9 @@ class RunRecord:
     rtf: float | None  # wall seconds per audio second (None: no audio)
     versions: dict[str, str]  # cosyclone, torch, Python and the text normalizers' versions
     devices: tuple[str, ...]  # the GPUs torch saw, or this machine's processor
-    model_dir: str | None  # the model directory (None: dummy weights without one)
-    model_hash: str  # the model files' content hash (part of every fingerprint)
-    model_yaml_sha256: str | None  # the model's cosyvoice3.yaml hash
-    load_format: str  # auto | dummy
-    device: str  # the device the stages ran on (cpu | cuda)
-    backend: str  # the backend (cpu | cuda | rocm)
-    dtype: str  # the resolved run dtype
-    dtype_requested: str  # --dtype as given
-    options: dict[str, Any]  # every run option as resolved
-    output: dict[str, Any]  # how the audio files are written (format, encoding, rate, trimming)
     algorithm: str  # the audio algorithm version (part of every fingerprint)
-    engine: str  # local | ray
     ray: dict[str, Any] | None  # --ray-actors/--actor-threads as given, the address, the live plan, each actor's node
     cuda_graphs: GraphsRecord  # what the CUDA graphs really did
-    stage_dtypes: dict[str, str]  # each stage's compute dtype: talker (its backbone), flow (the DiT), hift
     peak_memory: dict[str, int | None]  # this process's peaks: host_rss_bytes, and on a GPU gpu_allocated_bytes
     # and gpu_reserved_bytes (a Ray run's actors are other processes: their engine_facts are not here)
     engine_facts: dict[str, Any] | None  # what the local engine chose and measured: sizes (talker slots,
@@ -128,28 +134,10 @@ class RunRecord:
 
 
 @dataclass(frozen=True)
-class RunFacts:
-    """What the job knows of a run before its rows: inputs, device, options (the record's fixed part)."""
+class RunFacts(RunInputs):
+    """What the job knows of a run before its rows, with what the record derives from (not recorded as such)."""
 
-    run_id: str  # this invocation's id
-    started_at: float  # when the command started
-    manifest: str  # the manifest as given
-    shard: str | None  # --shard
-    rows_in_manifest: int  # valid rows of this shard
-    invalid_rows: tuple[str, ...]  # refused lines' messages
-    model_dir: str | None  # the model directory
-    model_hash: str  # the model's content hash
-    model_yaml_sha256: str | None  # its yaml's hash
-    load_format: str  # auto | dummy
-    device: str  # the device type
-    backend: str  # cpu | cuda | rocm
-    dtype: str  # the resolved dtype
-    dtype_requested: str  # --dtype as given
-    options: dict[str, Any]  # the resolved options
-    output: dict[str, Any]  # the output options
-    stage_dtypes: dict[str, str]  # each stage's compute dtype
     text_frontend: str  # wetext | none (its versions are recorded)
-    engine: str  # local | ray
     graphs_resolved: str  # on | off
 
 
@@ -162,23 +150,19 @@ def run_record(facts: RunFacts, resume: ResumePlan, tally: RunTally, *, prepared
     todo = len(resume.todo) + prepared_failures
     now = time.time()
     return RunRecord(
-        run_id=facts.run_id, started_at=facts.started_at, finished_at=now, argv=tuple(sys.argv),
-        host=socket.gethostname(), manifest=facts.manifest, shard=facts.shard, stopped_by=stopped_by,
-        rows_in_manifest=facts.rows_in_manifest, invalid=len(facts.invalid_rows), invalid_rows=facts.invalid_rows,
+        **{f.name: getattr(facts, f.name) for f in fields(RunInputs)}, finished_at=now, argv=tuple(sys.argv),
+        host=socket.gethostname(), stopped_by=stopped_by, invalid=len(facts.invalid_rows),
         todo=todo, done=tally.done, failed=len(tally.failed), skipped=len(resume.done), redone=len(resume.redone),
         redone_by=resume.redone_counts(), retried=len(resume.retried), not_written=todo - made,
         failed_rows={r.id: r.error for r in tally.failed}, rows_not_in_manifest=len(resume.foreign),
         write_error=write_error, talker_checkpoint_hits=tally.hits, audio_seconds=audio, wall_seconds=wall,
         total_wall_seconds=now - facts.started_at, rows_per_s=made / wall if wall > 0 and made else 0.0,
         throughput_audio_s_per_s=audio / wall if wall > 0 else 0.0, rtf=wall / audio if audio > 0 else None,
-        versions=versions(facts.text_frontend), devices=tuple(devices(facts.device)), model_dir=facts.model_dir,
-        model_hash=facts.model_hash, model_yaml_sha256=facts.model_yaml_sha256, load_format=facts.load_format,
-        device=facts.device, backend=facts.backend, dtype=facts.dtype, dtype_requested=facts.dtype_requested,
-        options=facts.options, output=facts.output, algorithm=_algorithm(), engine=facts.engine, ray=ray,
-        cuda_graphs=GraphsRecord(resolved=facts.graphs_resolved, used=tally.graph_steps > 0,
-                                 rows_with_graph_steps=tally.graph_rows, graph_steps=tally.graph_steps,
-                                 capture_errors=tuple(dict.fromkeys(graph_errors))),
-        stage_dtypes=dict(facts.stage_dtypes), peak_memory=peak_memory, engine_facts=engine_facts)
+        versions=versions(facts.text_frontend), devices=tuple(devices(facts.device)), algorithm=_algorithm(),
+        ray=ray, cuda_graphs=GraphsRecord(resolved=facts.graphs_resolved, used=tally.graph_steps > 0,
+                                          rows_with_graph_steps=tally.graph_rows, graph_steps=tally.graph_steps,
+                                          capture_errors=tuple(dict.fromkeys(graph_errors))),
+        peak_memory=peak_memory, engine_facts=engine_facts)
 
 
 @dataclass(frozen=True)
