@@ -1,4 +1,4 @@
-"""The ``cosyclone`` command: synth, say, validate, eval, report, export, make-tiny-model, inspect.
+"""The ``cosyclone`` command: synth, say, validate, eval, report, export, trace, make-tiny-model, inspect.
 
 Exit codes: 0 = every row done; 3 = some rows failed or were rejected by validation (the others
 were produced); 2 = unusable input (manifest or model directory unreadable, bad options);
@@ -25,11 +25,13 @@ from cosyclone.base.version import __version__
 from cosyclone.cli_options import with_options
 from cosyclone.errors import CosycloneError, Exit
 from cosyclone.eval.command import eval_command
-from cosyclone.options import INSPECT, MODEL, OUTPUT, SAMPLING, SAY, SYNTH
+from cosyclone.options import INSPECT, MODEL, OUTPUT, SAMPLING, SAY, SYNTH, TRACE
 from cosyclone.run.export_command import export_command
+from cosyclone.trace.command import trace_command
 
 OUTPUT_FIELDS = ("float_wav", "sample_rate", "audio_format", "audio_encoding", "trim_silence")  # say's file
 MODEL_DIR_ENV = "COSYCLONE_MODEL_DIR"  # the default --model-dir of synth and say
+MODEL_DIR_HELP, INPUT, RUN = f"the model folder (or ${MODEL_DIR_ENV})", "Input", "Run"
 app = typer.Typer(add_completion=False, help="Offline batched CosyVoice3 voice cloning.")
 
 
@@ -43,10 +45,6 @@ def _print_version(value: bool) -> None:
 def _main(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
                                        help="print the version and exit")) -> None:
     """Offline batched CosyVoice3 voice cloning (synth: a manifest; say: one utterance)."""
-
-
-MODEL_DIR_HELP = f"the model folder (or ${MODEL_DIR_ENV})"
-INPUT, RUN = "Input", "Run"
 
 
 def _fail(msg: str) -> None:
@@ -351,6 +349,7 @@ def report(
 
 app.command("eval")(eval_command)  # cosyclone/eval/command.py (models from the optional eval extra)
 app.command("export")(export_command)  # cosyclone/run/export_command.py (shards of a run folder)
+app.command("trace")(with_options(TRACE)(trace_command))  # cosyclone/trace/command.py (one row replayed)
 
 
 @app.command("make-tiny-model")

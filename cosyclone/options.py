@@ -26,11 +26,13 @@ from typing import Any, Literal
 
 from cosyclone.errors import CosycloneError
 
-SYNTH, SAY, INSPECT = "synth", "say", "inspect"
+SYNTH, SAY, INSPECT, TRACE = "synth", "say", "inspect", "trace"
 BOTH = (SYNTH, SAY)
+ROW = (SYNTH, SAY, TRACE)  # the options that make a row's audio: `trace` replays a manifest line with them
 
 # the --help groups, in the order --help shows them
 MODEL, SAMPLING, BATCHING, OUTPUT, SCALE_OUT = "Model", "Sampling", "Batching", "Output", "Scale-out"
+TRACING = "Trace"
 
 LoadFormat = Literal["auto", "dummy"]
 TextFrontend = Literal["wetext", "none"]
@@ -62,21 +64,22 @@ class ModelOptions:
 
     # auto: read the model directory's weights; dummy: random weights at the released size
     load_format: LoadFormat = opt("auto", "auto (read weights) | dummy (random)", panel=MODEL, audio=True,
-                                  metavar="FMT")
+                                  metavar="FMT", commands=ROW)
     # wetext: the official normalizer (numbers, dates, units spelled out); none: inflect digits only
     text_frontend: TextFrontend = opt("wetext", "wetext (official normalizer) | none", panel=MODEL, audio=True,
-                                      metavar="NAME")
+                                      metavar="NAME", commands=ROW)
     # the device the stages run on; "auto" until resolved (a run records the resolved type)
     device: DeviceName = opt("auto", "auto | cuda | rocm | cpu", panel=MODEL, metavar="DEV",
-                             commands=(SYNTH, SAY, INSPECT))
+                             commands=(*ROW, INSPECT))
     # the run dtype; auto: mixed (talker fp32, DiT bf16) on GPUs with bf16, else fp32 (head, sampler, HiFT: fp32)
     dtype: DtypeName = opt("auto", "auto | mixed | bf16 | fp16 | fp32", panel=MODEL, metavar="TYPE",
                            commands=(SYNTH, SAY, INSPECT))
     # the library of the talker's and flow's fp32 linear layers on CPU (rounding differs by ~1e-6)
     cpu_gemm: CpuGemm = opt("auto", "CPU fp32 GEMMs: auto | onednn | aten", panel=MODEL, audio=True,
-                            metavar="LIB")
+                            metavar="LIB", commands=ROW)
     # torch's and ONNX's intra-op threads (None: torch's own default, ONNX 1 as upstream)
-    threads: int | None = opt(None, "CPU threads (default: one per core)", panel=MODEL, low=1, metavar="N")
+    threads: int | None = opt(None, "CPU threads (default: one per core)", panel=MODEL, low=1, metavar="N",
+                              commands=ROW)
 
 
 @dataclass(frozen=True)
@@ -85,43 +88,43 @@ class SamplingOptions:
 
     # run seed: a row's seed is row_seed(seed, id) unless the row gives its own
     seed: int = opt(0, "run seed (row seeds derive from it and the id)", panel=SAMPLING, low=0, metavar="N",
-                    commands=(SYNTH,))
+                    commands=(SYNTH, TRACE))
     # RAS nucleus mass (None: the model yaml's, released 0.8)
     top_p: float | None = opt(None, "RAS top-p in (0, 1] (default: model's 0.8)", panel=SAMPLING, audio=True,
-                              low=1e-6, high=1.0, metavar="P")
+                              low=1e-6, high=1.0, metavar="P", commands=ROW)
     # RAS top-k (None: the model yaml's, released 25)
     top_k: int | None = opt(None, "RAS top-k (default: model's 25)", panel=SAMPLING, audio=True, low=1,
-                            metavar="K")
+                            metavar="K", commands=ROW)
     # RAS repetition window (None: the model yaml's, released 10)
     win_size: int | None = opt(None, "RAS window (default: model's 10)", panel=SAMPLING, audio=True, low=1,
-                               metavar="N")
+                               metavar="N", commands=ROW)
     # RAS threshold ratio (None: the model yaml's, released 0.1)
     tau_r: float | None = opt(None, "RAS threshold ratio (default: model's 0.1)", panel=SAMPLING, audio=True,
-                              low=0.0, metavar="R")
+                              low=0.0, metavar="R", commands=ROW)
     # stop ids are blocked below int(ratio x target text ids) tokens (None: 2, the official default)
     min_len_ratio: float | None = opt(None, "min tokens per text token (default 2)", panel=SAMPLING,
-                                      audio=True, low=0.0, metavar="R")
+                                      audio=True, low=0.0, metavar="R", commands=ROW)
     # a segment stops at int(ratio x target text ids) tokens (None: 20, the official default)
     max_len_ratio: float | None = opt(None, "max tokens per text token (default 20)", panel=SAMPLING,
-                                      audio=True, low=1e-6, metavar="R")
+                                      audio=True, low=1e-6, metavar="R", commands=ROW)
     # what non-finite logits do: exclude (default), error, legacy-zero (LEGACY, official)
     nonfinite_policy: NonfinitePolicy = opt("exclude", "NaN logits: exclude | error | legacy-zero",
                                             panel=SAMPLING, audio=True, metavar="P", commands=(SYNTH,))
     # how a token is drawn: race (exponential race) | legacy-multinomial (LEGACY, official)
     draw: Draw = opt("race", "race | legacy-multinomial (LEGACY)", panel=SAMPLING, audio=True, metavar="D",
-                     commands=(SYNTH,))
+                     commands=(SYNTH, TRACE))
     # a cap on speech tokens per segment (tests, benchmarks)
     max_tokens: int | None = opt(None, "cap speech tokens per segment", panel=SAMPLING, audio=True, low=1,
-                                 metavar="N")
+                                 metavar="N", commands=ROW)
     # stop ids blocked below this many tokens per segment (benchmarks: min = max gives exact lengths)
     min_tokens: int | None = opt(None, "block stop ids below N tokens (bench)", panel=SAMPLING, audio=True,
-                                 low=0, metavar="N", hidden=True, commands=(SYNTH,))
+                                 low=0, metavar="N", hidden=True, commands=(SYNTH, TRACE))
     # flow Euler steps (None: the model yaml's, 10)
     n_timesteps: int | None = opt(None, "flow Euler steps (default: model's 10)", panel=SAMPLING, audio=True,
-                                  low=1, metavar="N")
+                                  low=1, metavar="N", commands=ROW)
     # what a NaN/inf audio sample does: fail the row (default) | zero it (LEGACY); counted either way
     nonfinite_audio: NonfiniteAudio = opt("fail", "NaN audio: fail | zero (LEGACY)", panel=SAMPLING,
-                                          audio=True, metavar="P", commands=(SYNTH,))
+                                          audio=True, metavar="P", commands=(SYNTH, TRACE))
 
 
 @dataclass(frozen=True)
@@ -209,8 +212,32 @@ class FolderOptions:
         check(self)
 
 
+@dataclass(frozen=True)
+class TraceOptions:
+    """What ``cosyclone trace`` shows and compares (the row's own options come from its record)."""
+
+    # the manifest row to replay (the manifest form: trace MANIFEST --id ID)
+    id: str | None = opt(None, "the row to trace (with a manifest)", panel=TRACING, metavar="ID",
+                         commands=(TRACE,))
+    # each Qwen2 layer's output per step (and the DiT blocks' and HiFT stages'): abs max and finiteness
+    layers: bool = opt(False, "per layer per step: abs max, finite", panel=TRACING, commands=(TRACE,))
+    # candidate ids shown per step, with their probabilities
+    top: int = opt(5, "candidates shown per step (5)", panel=TRACING, low=1, metavar="N", commands=(TRACE,))
+    # from a folder: replay again at this dtype and compare; from a manifest: the replay's dtype (None: auto)
+    dtype: DtypeName | None = opt(None, "also replay at this dtype, side by side", panel=TRACING, metavar="TYPE",
+                                  commands=(TRACE,))
+    # from a folder: replay again under this policy and compare; from a manifest: the replay's (None: exclude)
+    nonfinite_policy: NonfinitePolicy | None = opt(None, "also replay under this NaN policy", panel=TRACING,
+                                                   metavar="P", commands=(TRACE,))
+
+    def __post_init__(self) -> None:
+        check(self)
+
+
 #: The option groups a run is built from, in --help order.
 GROUPS: tuple[type, ...] = (ModelOptions, SamplingOptions, EngineOptions, FolderOptions)
+#: Every group a command's options come from: the run's, and ``trace``'s own.
+COMMAND_GROUPS: tuple[type, ...] = (*GROUPS, TraceOptions)
 #: ModelOptions fields: a loaded model's own (the API refuses them per call).
 MODEL_FIELDS = tuple(f.name for f in fields(ModelOptions))
 
@@ -227,8 +254,10 @@ def hints_of(owner: type) -> dict[str, Any]:
 
 
 def choices_of(f: dataclasses.Field, owner: type) -> tuple[str, ...] | None:
-    """The allowed values of a ``Literal`` field (None for any other)."""
+    """The allowed values of a ``Literal`` field, or of an optional one (None for any other)."""
     hint = hints_of(owner)[f.name]
+    if typing.get_origin(hint) is not Literal:  # ``Literal[...] | None``: its Literal part
+        hint = next((a for a in typing.get_args(hint) if typing.get_origin(a) is Literal), hint)
     return tuple(typing.get_args(hint)) if typing.get_origin(hint) is Literal else None
 
 
@@ -258,7 +287,7 @@ def check(*objs: Any) -> None:
     numeric bounds from the metadata, and the combinations that cannot work.
     """
     for obj in objs:
-        owners = [g for g in GROUPS if isinstance(obj, g)]
+        owners = [g for g in COMMAND_GROUPS if isinstance(obj, g)]
         for owner, f in option_fields(*owners):
             value = getattr(obj, f.name)
             if value is None:
