@@ -105,36 +105,40 @@ def verdict_lines(trace: Trace) -> list[str]:
                    f"{s.same_text[1]} of {s.same_text[0]}, folder {s.folder[1]} of {s.folder[0]}")
     if trace.compare is not None and trace.divergence is not None:
         d = trace.divergence
-        if d.step is None:
-            out.append(f"compare ({trace.compare_label}): no divergence; the same draws at every step")
-        else:
-            out.append(f"compare ({trace.compare_label}): first divergence at segment {d.segment} step {d.step}: "
-                       f"{d.a} vs {d.b}")
+        numbers = ("the same logits at every step" if d.numbers_step is None else
+                   f"logits first differ at segment {d.numbers_segment} step {d.numbers_step} "
+                   f"(max |difference| {_num(d.max_abs_diff)})")
+        draws = ("the same draws at every step" if d.step is None else
+                 f"first diverging draw at segment {d.segment} step {d.step}: {d.a} vs {d.b}")
+        out.append(f"compare ({trace.compare_label}): {draws}; {numbers}")
     return out
 
 
 def step_table(trace: Trace) -> list[str]:
     """The steps that matter, one line each (both replays side by side when comparing)."""
     brk, div = trace.verdict.talker_break, trace.divergence
+    comparing = trace.compare is not None
     rows = ["seg step  token  top id:p        logits [min, max]      NaN  +inf  -inf  events"
-            + ("   | compare token" if trace.compare is not None else "")]
+            + ("   | compare token" if comparing else "")]
     for k, seg in enumerate(trace.replay.segments):
         other = trace.compare.segments[k].steps if trace.compare is not None and k < len(trace.compare.segments) \
             else ()
-        keep = set(range(min(SHOWN_FIRST, len(seg.steps))))
+        n = max(len(seg.steps), len(other))
+        keep = set(range(min(SHOWN_FIRST, n)))
         for mark in (brk, div):
             if mark is not None and mark.segment == seg.segment and mark.step is not None:
                 keep |= {mark.step - 1, mark.step, mark.step + 1}
-        keep.add(len(seg.steps) - 1)
+        keep.add(n - 1)
         last = -1
-        for s in seg.steps:
-            if s.step not in keep:
-                continue
-            if s.step > last + 1:
+        for step in sorted(k for k in keep if 0 <= k < n):
+            if step > last + 1:
                 rows.append("  ...")
-            rows.append(_step_line(seg.segment, s) + (f"   | {_token(other[s.step])}" if s.step < len(other)
-                                                       else "   | ended" if trace.compare is not None else ""))
-            last = s.step
+            mine = _step_line(seg.segment, seg.steps[step]) if step < len(seg.steps) else \
+                f"{seg.segment:>3} {step:>4}  ended"
+            if comparing:
+                mine = f"{mine:<86}| " + (_token(other[step]) if step < len(other) else "ended")
+            rows.append(mine)
+            last = step
     return rows
 
 

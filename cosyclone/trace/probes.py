@@ -57,6 +57,7 @@ class StepProbe:
     speech_token_size: int  # ids at or above it are stop ids
     top: int = 5  # candidates kept per step
     steps: list[StepFacts] = field(default_factory=list)
+    logits: list[Tensor] = field(default_factory=list)  # each draw's raw logits (V,) fp32 on the host
     _before: Tensor | None = None
 
     @contextmanager
@@ -83,11 +84,12 @@ class StepProbe:
         assert isinstance(out, tuple)
         tokens, aborted = out
         diff = (module.counters[:, 0] - self._before).tolist()
-        x = logits[0].detach().float()
+        x = logits[0].detach().float().cpu()
+        self.logits.append(x.clone())
         finite = x[torch.isfinite(x)]
-        probs = torch.softmax(torch.nan_to_num(x, nan=float("-inf")), dim=-1)
-        k = min(self.top, int(probs.numel()))
-        top = torch.topk(torch.nan_to_num(probs, nan=0.0), k)
+        probs = torch.nan_to_num(torch.softmax(torch.nan_to_num(x, nan=float("-inf")), dim=-1), nan=0.0)
+        k = min(self.top, int((probs > 0).sum()))  # nothing to show where no logit is a candidate
+        top = torch.topk(probs, k)
         token = int(tokens[0])
         self.steps.append(StepFacts(
             step=len(self.steps), token=token, stop=token >= self.speech_token_size and not bool(aborted[0]),

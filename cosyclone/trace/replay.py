@@ -14,6 +14,8 @@ from __future__ import annotations
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 
+from torch import Tensor
+
 from cosyclone.engine import stages as S
 from cosyclone.engine.outcome import RowResult
 from cosyclone.engine.runner import Engine
@@ -45,6 +47,7 @@ class SegmentTrace:
     layers: tuple[LayerFacts, ...]  # with --layers: each Qwen2 layer's output per call (call k made draw k's logits)
     tokens: tuple[int, ...]  # the tokens code2wav got (after the silent filter)
     stop_reason: str  # eos | max_len | no_finite_logits | error
+    logits: tuple[Tensor, ...] = ()  # each draw's raw logits (V,) fp32 (kept for comparing; not written)
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,7 @@ def replay_row(engine: Engine, row: ManifestRow, *, layers: bool, top: int = 5) 
             layout=_layout(int(record.prompt_ids) if record else 0, int(treq.target_len),
                            prompt_length(treq)),
             steps=tuple(steps.steps), layers=tuple(probe.calls), tokens=tuple(res.tokens),
-            stop_reason=res.stop_reason))
+            stop_reason=res.stop_reason, logits=tuple(steps.logits)))
     c2w: list[LayerFacts] = []
     with ExitStack() as stack:
         if layers:

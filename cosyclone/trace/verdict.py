@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 import numpy as np
+import torch
 
 from cosyclone.engine.outcome import NONFINITE_AUDIO
 from cosyclone.run.audio_out import AudioOutput, process
@@ -65,9 +66,10 @@ class Sharing:
 class Verdict:
     """The first lines of a trace."""
 
-    reproduced: bool | None  # the replay made the recorded row (None: no record to compare with)
+    reproduced: bool | None  # the replay drew the recorded tokens: counts, stop reasons, sampler counters,
+    # status (None: no record to compare with)
     mismatches: tuple[str, ...]  # what differed from the record
-    audio: str  # the audio fingerprint against the recorded file
+    audio: str  # the audio against the recorded file: same bytes, same up to float32 rounding, or differs
     talker_break: Break | None  # the first non-finite step (and layer, with --layers)
     audio_break: str | None  # the first non-finite DiT block or HiFT stage (with --layers)
     touched: str  # what the break touched: prompt, text, weights, or the generated tokens
@@ -85,8 +87,9 @@ def judge(replay: Replay, record: RowRecord | None, records: Sequence[RowRecord]
     """The verdict on ``replay`` against the row's ``record`` and its recorded file's ``audio_bytes``."""
     mismatches = tuple(compare_record(replay, record)) if record is not None else ()
     audio = audio_fingerprint(replay, audio_bytes, output)
-    if record is not None and audio.startswith(("differs", "not writable")):
-        mismatches += ("audio",)
+    if audio.startswith("differs") and replay.stage_dtypes.get("flow", "fp32") != "fp32":
+        audio += (f"; the flow ran in {replay.stage_dtypes['flow']}, whose rounding depends on the batch a row "
+                  "is decoded in (the replay decodes it alone)")
     brk = first_break(replay.segments)
     sharing = share(record, records) if record is not None and records else None
     return Verdict(reproduced=None if record is None else not mismatches, mismatches=mismatches, audio=audio,
@@ -207,25 +210,42 @@ def share(record: RowRecord, records: Sequence[RowRecord]) -> Sharing:
 
 @dataclass(frozen=True)
 class Divergence:
-    """Where two replays of one row first part."""
+    """Where two replays of one row first part: in their numbers, and in what they drew."""
 
-    segment: int | None  # None: they never part
+    numbers_segment: int | None  # the first segment and step whose logits differ (None: equal everywhere)
+    numbers_step: int | None
+    max_abs_diff: float | None  # the largest |difference| of the finite logits at that step
+    segment: int | None  # the first segment and step that drew differently (None: the same draws throughout)
     step: int | None
-    a: str  # what the first replay did there
-    b: str  # what the second did
+    a: str  # what the first replay drew there ("token 12", "stop 6561", "aborted", "ended")
+    b: str  # what the second drew
 
 
 def diverge(a: Replay, b: Replay) -> Divergence:
-    """The first step at which the two replays drew differently (a token, an abort, an end)."""
+    """The first step at which the two replays' logits differ, and the first at which they drew differently."""
+    numbers: tuple[int, int, float | None] | None = None
+    draws: tuple[int, int, str, str] | None = None
     for sa, sb in zip(a.segments, b.segments, strict=False):
         for k in range(max(len(sa.steps), len(sb.steps))):
+            if numbers is None and k < len(sa.logits) and k < len(sb.logits) \
+                    and not torch.equal(sa.logits[k].nan_to_num(0.5), sb.logits[k].nan_to_num(0.5)):
+                numbers = (sa.segment, k, _max_diff(sa.logits[k], sb.logits[k]))
             x = _did(sa.steps[k]) if k < len(sa.steps) else "ended"
             y = _did(sb.steps[k]) if k < len(sb.steps) else "ended"
-            if x != y:
-                return Divergence(segment=sa.segment, step=k, a=x, b=y)
-    if len(a.segments) != len(b.segments):
-        return Divergence(segment=min(len(a.segments), len(b.segments)), step=0, a="segments", b="segments")
-    return Divergence(segment=None, step=None, a="", b="")
+            if draws is None and x != y:
+                draws = (sa.segment, k, x, y)
+        if draws is not None:
+            break
+    if draws is None and len(a.segments) != len(b.segments):
+        draws = (min(len(a.segments), len(b.segments)), 0, f"{len(a.segments)} segments", f"{len(b.segments)}")
+    return Divergence(numbers_segment=numbers[0] if numbers else None, numbers_step=numbers[1] if numbers else None,
+                      max_abs_diff=numbers[2] if numbers else None, segment=draws[0] if draws else None,
+                      step=draws[1] if draws else None, a=draws[2] if draws else "", b=draws[3] if draws else "")
+
+
+def _max_diff(x: torch.Tensor, y: torch.Tensor) -> float | None:
+    both = torch.isfinite(x) & torch.isfinite(y)
+    return float((x[both] - y[both]).abs().max()) if bool(both.any()) else None
 
 
 def _did(step: StepFacts) -> str:
