@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
@@ -28,9 +28,10 @@ def trace_command(
                                 metavar="OUT|MANIFEST", show_default=False),
     row_id: str | None = typer.Argument(None, help="the row's id in OUT", metavar="ROW_ID",
                                         show_default=False),
-    model_dir: Path | None = typer.Option(None, "--model-dir", envvar="COSYCLONE_MODEL_DIR", show_envvar=False,
-                                          help="the model folder (default: the run's, or $COSYCLONE_MODEL_DIR)",
-                                          show_default=False),
+    model_dir: Path | None = typer.Option(None, "--model-dir", envvar="COSYCLONE_MODEL_DIR",
+                                          help="the model folder (default: the run's, or "
+                                               "$COSYCLONE_MODEL_DIR)",
+                                          show_envvar=False, show_default=False),
     **options: Any,
 ) -> None:
     """Replay one row eagerly and show where its numbers broke: per step the token, top candidates,
@@ -41,7 +42,7 @@ def trace_command(
     """
     from cosyclone.trace.run import run_trace
 
-    def fail(msg: str) -> None:
+    def fail(msg: str) -> NoReturn:
         typer.echo(f"error: {msg}", err=True)
         raise typer.Exit(Exit.USAGE)
 
@@ -51,15 +52,14 @@ def trace_command(
         topts = build(TraceOptions, trace_values)
         if source.is_dir():
             if row_id is None or topts.id is not None:
-                fail(f"{source} is a run folder: give the row as `cosyclone trace {source} ROW_ID` (--id is for a "
-                     "manifest)")
+                fail(f"{source} is a run folder: give the row as `cosyclone trace {source} ROW_ID` "
+                     "(--id is for a manifest)")
             ignored = [k for k, v in run_values.items() if k not in _WHERE and v != _default(k)]
             for name in ignored:
-                typer.echo(f"warning: --{name.replace('_', '-')} is ignored: a folder's row is replayed under its "
-                           "run's options (use --dtype / --nonfinite-policy to compare)", err=True)
-            found = run_trace(source, row_id, topts, model_dir=model_dir,
-                              where={k: run_values[k] for k in _WHERE if run_values.get(k) not in (None, "auto")},
-                              echo=typer.echo)
+                typer.echo(f"warning: --{name.replace('_', '-')} is ignored: a folder's row is replayed "
+                           "under its run's options (use --dtype / --nonfinite-policy to compare)", err=True)
+            where = {k: run_values[k] for k in _WHERE if run_values.get(k) not in (None, "auto")}
+            found = run_trace(source, row_id, topts, model_dir=model_dir, where=where, echo=typer.echo)
         else:
             if topts.id is None:
                 fail(f"{source} is a manifest: name the row with --id ROW_ID")
@@ -67,10 +67,10 @@ def trace_command(
                 fail(f"a manifest's row is named with --id, not as a second argument ({row_id!r})")
             opts = build(RunOptions, {**run_values, "dtype": topts.dtype or "auto",
                                       "nonfinite_policy": topts.nonfinite_policy or "exclude"})
-            found = run_trace(source, topts.id, topts, model_dir=model_dir, manifest_opts=opts, echo=typer.echo)
+            found = run_trace(source, topts.id, topts, model_dir=model_dir, manifest_opts=opts,
+                              echo=typer.echo)
     except CosycloneError as exc:
         fail(str(exc))
-        return
     raise typer.Exit(Exit.ROWS_FAILED if found.verdict.reproduced is False else Exit.OK)
 
 

@@ -63,7 +63,8 @@ def lines(trace: Trace) -> Iterator[dict[str, Any]]:
 def write(trace: Trace, path: Path) -> Path:
     """The trace file, written whole (a rerun replaces it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = "".join(json.dumps(obj, ensure_ascii=False, allow_nan=False, default=str) + "\n" for obj in lines(trace))
+    text = "".join(json.dumps(obj, ensure_ascii=False, allow_nan=False, default=str) + "\n"
+                   for obj in lines(trace))
     write_bytes_atomic(path, text.encode())
     return path
 
@@ -90,8 +91,8 @@ def verdict_lines(trace: Trace) -> list[str]:
     out.append(f"audio: {v.audio}")
     b = v.talker_break
     if b is None:
-        out.append("first non-finite: none (every logit finite" + (", every traced layer finite)"
-                                                                    if rep.segments and rep.segments[0].layers else ")"))
+        layers = ", every traced layer finite)" if rep.segments and rep.segments[0].layers else ")"
+        out.append("first non-finite: none (every logit finite" + layers)
     else:
         at = f" at position {b.position} ({b.part})" if b.position is not None else ""
         step = "step 0 (the prompt's pass)" if b.step == 0 else f"step {b.step}"
@@ -121,8 +122,8 @@ def step_table(trace: Trace) -> list[str]:
     rows = ["seg step  token  top id:p        logits [min, max]      NaN  +inf  -inf  events"
             + ("   | compare token" if comparing else "")]
     for k, seg in enumerate(trace.replay.segments):
-        other = trace.compare.segments[k].steps if trace.compare is not None and k < len(trace.compare.segments) \
-            else ()
+        other = trace.compare.segments[k].steps \
+            if trace.compare is not None and k < len(trace.compare.segments) else ()
         n = max(len(seg.steps), len(other))
         keep = set(range(min(SHOWN_FIRST, n)))
         for mark in (brk, div):
@@ -153,10 +154,11 @@ def layer_table(calls: Sequence[LayerFacts], call: int) -> list[str]:
 def _step_line(segment: int, s: StepFacts) -> str:
     top = f"{s.top[0][0]}:{s.top[0][1]:.3g}" if s.top else "-"
     rng = f"[{_num(s.logit_min)}, {_num(s.logit_max)}]"
-    events = ",".join(name for name, on in (("fallback", s.ras_fallback), ("sole-restore", s.ras_sole_restore),
-                                            ("min-len", s.min_len_suppressed)) if on)
-    return f"{segment:>3} {s.step:>4}  {_token(s):>5}  {top:<14} {rng:<22} {s.nan:>4} {s.posinf:>5} {s.neginf:>5}  " \
-           f"{events or '-'}"
+    flags = (("fallback", s.ras_fallback), ("sole-restore", s.ras_sole_restore),
+             ("min-len", s.min_len_suppressed))
+    events = ",".join(name for name, on in flags if on)
+    return (f"{segment:>3} {s.step:>4}  {_token(s):>5}  {top:<14} {rng:<22} {s.nan:>4} {s.posinf:>5} "
+            f"{s.neginf:>5}  {events or '-'}")
 
 
 def _token(s: StepFacts) -> str:

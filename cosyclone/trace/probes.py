@@ -13,7 +13,7 @@ counted them, not as a copy of its rules would.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -21,6 +21,9 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from cosyclone.code2wav.flow import CausalMaskedDiffWithDiT
+from cosyclone.code2wav.hift import CausalHiFTGenerator
+from cosyclone.talker.qwen2 import Qwen2Model
 from cosyclone.talker.sampler import COUNTER_NAMES
 from cosyclone.talker.slot_sampler import SlotSampler
 
@@ -35,7 +38,7 @@ class StepFacts:
     token: int  # the id drawn (>= speech_token_size: a stop id; after an abort: the stop id returned)
     stop: bool  # the draw ended the segment with a stop id
     aborted: bool  # the sampler aborted the row here (no candidate, or the "error" policy)
-    top: tuple[tuple[int, float], ...]  # the most probable ids and their probabilities (raw logits, NaN left out)
+    top: tuple[tuple[int, float], ...]  # the likeliest ids and their probabilities (raw logits, NaN left out)
     logit_min: float | None  # the smallest finite logit (None: none finite)
     logit_max: float | None  # the largest finite logit (None: none finite)
     nan: int  # NaN logits
@@ -97,7 +100,8 @@ class StepProbe:
             top=tuple((int(i), round(float(p), 6)) for p, i in zip(top.values, top.indices, strict=True)),
             logit_min=float(finite.min()) if finite.numel() else None,
             logit_max=float(finite.max()) if finite.numel() else None,
-            nan=int(torch.isnan(x).sum()), posinf=int(torch.isposinf(x).sum()), neginf=int(torch.isneginf(x).sum()),
+            nan=int(torch.isnan(x).sum()), posinf=int(torch.isposinf(x).sum()),
+            neginf=int(torch.isneginf(x).sum()),
             ras_fallback=bool(diff[_COUNTER["ras_fallbacks"]]),
             ras_sole_restore=bool(diff[_COUNTER["ras_sole_restores"]]),
             min_len_suppressed=bool(diff[_COUNTER["min_len_suppressed"]])))
@@ -109,7 +113,7 @@ class LayerFacts:
 
     stage: str  # talker | flow | hift
     name: str  # the module, e.g. "layer 3", "block 7", "ups.1"
-    call: int  # the module's call index (talker: the step whose logits the call made; flow: the DiT evaluation)
+    call: int  # the module's call index (talker: the step whose logits it made; flow: the DiT evaluation)
     absmax: float | None  # the largest finite |value| (None: nothing finite)
     finite: bool  # every value finite
     nonfinite: int  # NaN and inf values
@@ -127,16 +131,18 @@ class LayerProbe:
 
     @contextmanager
     def attached(self) -> Iterator[LayerProbe]:
-        handles: list[RemovableHandle] = [m.register_forward_hook(self._hook(name)) for name, m in self.modules]
+        handles: list[RemovableHandle] = [m.register_forward_hook(self._hook(name))
+                                          for name, m in self.modules]
         try:
             yield self
         finally:
             for h in handles:
                 h.remove()
 
-    def _hook(self, name: str):  # type: ignore[no-untyped-def]  # a torch hook's signature
+    def _hook(self, name: str) -> Callable[[nn.Module, tuple[object, ...], object], None]:
         def hook(module: nn.Module, args: tuple[object, ...], out: object) -> None:
-            t = out if isinstance(out, Tensor) else next((o for o in _flat(out) if isinstance(o, Tensor)), None)
+            t = out if isinstance(out, Tensor) else \
+                next((o for o in _flat(out) if isinstance(o, Tensor)), None)
             if t is None:
                 return
             call = self._count.get(name, 0)
@@ -163,24 +169,22 @@ def summarize(stage: str, name: str, call: int, t: Tensor) -> LayerFacts:
                       finite=bad == 0, nonfinite=bad, first_bad_position=first)
 
 
-def talker_modules(backbone: nn.Module) -> list[tuple[str, nn.Module]]:
+def talker_modules(backbone: Qwen2Model) -> list[tuple[str, nn.Module]]:
     """The Qwen2 layers and the final norm, named for the trace."""
-    layers = getattr(backbone, "layers")
-    return [*((f"layer {i}", m) for i, m in enumerate(layers)), ("norm", getattr(backbone, "norm"))]
+    return [*((f"layer {i}", m) for i, m in enumerate(backbone.layers)), ("norm", backbone.norm)]
 
 
-def flow_modules(flow: nn.Module) -> list[tuple[str, nn.Module]]:
+def flow_modules(flow: CausalMaskedDiffWithDiT) -> list[tuple[str, nn.Module]]:
     """The DiT's transformer blocks and its output projection."""
-    dit = flow.get_submodule("decoder.estimator")
-    blocks = getattr(dit, "transformer_blocks")
-    return [*((f"block {i}", m) for i, m in enumerate(blocks)), ("proj_out", getattr(dit, "proj_out"))]
+    dit = flow.decoder.estimator
+    return [*((f"block {i}", m) for i, m in enumerate(dit.transformer_blocks)), ("proj_out", dit.proj_out)]
 
 
-def hift_modules(hift: nn.Module) -> list[tuple[str, nn.Module]]:
+def hift_modules(hift: CausalHiFTGenerator) -> list[tuple[str, nn.Module]]:
     """HiFT's stages in the order they run: F0 predictor, source, conv_pre, each upsampling and its
-    resblocks, conv_post."""
+    resblocks, conv_post (a stage whose prepared kernel bypasses its module records nothing)."""
     names = ["f0_predictor", "m_source", "conv_pre"]
-    for i in range(len(getattr(hift, "ups"))):
+    for i in range(len(hift.ups)):
         names += [f"ups.{i}", f"source_downs.{i}", f"source_resblocks.{i}"]
-    names += [f"resblocks.{j}" for j in range(len(getattr(hift, "resblocks")))] + ["conv_post"]
+    names += [f"resblocks.{j}" for j in range(len(hift.resblocks))] + ["conv_post"]
     return [(n, hift.get_submodule(n)) for n in names]

@@ -44,7 +44,7 @@ class SegmentTrace:
     layout: tuple[tuple[str, int], ...]  # the prompt's parts in order and their positions: sos, prompt text,
     # text, task, prompt speech
     steps: tuple[StepFacts, ...]  # every draw
-    layers: tuple[LayerFacts, ...]  # with --layers: each Qwen2 layer's output per call (call k made draw k's logits)
+    layers: tuple[LayerFacts, ...]  # --layers: each Qwen2 layer's output per call (call k: draw k's logits)
     tokens: tuple[int, ...]  # the tokens code2wav got (after the silent filter)
     stop_reason: str  # eos | max_len | no_finite_logits | error
     logits: tuple[Tensor, ...] = ()  # each draw's raw logits (V,) fp32 (kept for comparing; not written)
@@ -67,7 +67,7 @@ def load_engine(model_dir: str | None, opts: RunOptions) -> Engine:
 
 
 def replay_row(engine: Engine, row: ManifestRow, *, layers: bool, top: int = 5) -> Replay:
-    """Replay ``row`` on ``engine`` (its options) with the step probe, and with ``layers`` the layer probes."""
+    """Replay ``row`` on ``engine`` (its options) with the step probe (``layers``: the layer probes too)."""
     stages, opts = engine.stages, engine.opts
     prepared = S.prepare_batch(stages, [row], opts)
     dec = replace(S.decode_options(stages.cfg, opts), slots=1, cuda_graphs="off",
@@ -82,7 +82,8 @@ def replay_row(engine: Engine, row: ManifestRow, *, layers: bool, top: int = 5) 
         with steps.attached(), probe.attached():
             res = generate(stages.talker, [treq], dec)[0]
         results[i] = res
-        record = prepared.outcomes[row.id].segments[i] if i < len(prepared.outcomes[row.id].segments) else None
+        texts = prepared.outcomes[row.id].segments
+        record = texts[i] if i < len(texts) else None
         segments.append(SegmentTrace(
             segment=treq.segment, text=record.text if record is not None else "",
             layout=_layout(int(record.prompt_ids) if record else 0, int(treq.target_len),

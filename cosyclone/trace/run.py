@@ -28,7 +28,8 @@ def run_trace(source: Path, row_id: str, topts: TraceOptions, *, model_dir: Path
                           threads=where.get("threads"))
         label = f"{source}, line {got.row.line} of its manifest"
     else:
-        got = from_manifest(source, row_id, model_dir=model_dir, opts=manifest_opts, trace_dir=MANIFEST_TRACES)
+        got = from_manifest(source, row_id, model_dir=model_dir, opts=manifest_opts,
+                            trace_dir=MANIFEST_TRACES)
         label = f"{source} line {got.row.line}"
     engine = load_engine(got.model_dir, got.opts)
     first = replay_row(engine, got.row, layers=topts.layers, top=topts.top)
@@ -52,7 +53,8 @@ def run_trace(source: Path, row_id: str, topts: TraceOptions, *, model_dir: Path
         echo(line)
     brk = verdict.talker_break
     if topts.layers and first.segments:
-        seg = next((s for s in first.segments if brk is not None and s.segment == brk.segment), first.segments[0])
+        seg = next((s for s in first.segments if brk is not None and s.segment == brk.segment),
+                   first.segments[0])
         for line in output.layer_table(seg.layers, brk.step if brk is not None else 0):
             echo(line)
     echo(f"trace: {path}")
@@ -60,7 +62,7 @@ def run_trace(source: Path, row_id: str, topts: TraceOptions, *, model_dir: Path
 
 
 def _compare_options(got: TraceInput, first: Replay, topts: TraceOptions) -> tuple[RunOptions, str] | None:
-    """The options of the second replay (--dtype, --nonfinite-policy) and what they change; None: none asked."""
+    """The second replay's options (--dtype, --nonfinite-policy) and what they change; None: none asked."""
     changes: dict[str, Any] = {}
     if topts.dtype is not None and topts.dtype != first.opts.dtype:
         changes["dtype"] = topts.dtype

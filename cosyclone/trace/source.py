@@ -56,12 +56,14 @@ def from_folder(out: Path, row_id: str, *, model_dir: Path | None, device: str |
     folder_values = {k: v for k, v in run.get("output", {}).items() if k in _FOLDER_FIELDS}
     output = AudioOutput.of(build(FolderOptions, folder_values))
     model = str(model_dir) if model_dir is not None else run.get("model_dir")
-    row = ManifestRow(line=rec.line, id=rec.id, prompt_audio=Path(rec.prompt_audio), prompt_text=rec.prompt_text,
-                      text=rec.text, mode=rec.mode, instruct=rec.instruct, seed=rec.seed, speed=rec.speed)
+    row = ManifestRow(line=rec.line, id=rec.id, prompt_audio=Path(rec.prompt_audio),
+                      prompt_text=rec.prompt_text, text=rec.text, mode=rec.mode, instruct=rec.instruct,
+                      seed=rec.seed, speed=rec.speed)
     if not row.prompt_audio.is_file():
         raise CosycloneError(f"row {row_id!r}: its prompt recording {row.prompt_audio} is gone")
-    return TraceInput(row=row, opts=opts, model_dir=model, record=rec, audio_file=runfolder.audio_path(out, rec),
-                      output=output, records=tuple(records.values()), trace_path=out / "traces" / f"{row_id}.jsonl")
+    return TraceInput(row=row, opts=opts, model_dir=model, record=rec, output=output,
+                      audio_file=runfolder.audio_path(out, rec), records=tuple(records.values()),
+                      trace_path=out / "traces" / f"{row_id}.jsonl")
 
 
 def from_manifest(manifest: Path, row_id: str, *, model_dir: Path | None, opts: RunOptions,
@@ -74,8 +76,9 @@ def from_manifest(manifest: Path, row_id: str, *, model_dir: Path | None, opts: 
     if row is None:
         bad = next((e for e in read.errors if e.row_id == row_id), None)
         raise CosycloneError(str(bad) if bad is not None else f"{manifest}: no row with id {row_id!r}")
-    return TraceInput(row=row, opts=opts, model_dir=str(model_dir) if model_dir is not None else None, record=None,
-                      audio_file=None, output=AudioOutput(), records=(), trace_path=trace_dir / f"{row_id}.jsonl")
+    model = str(model_dir) if model_dir is not None else None
+    return TraceInput(row=row, opts=opts, model_dir=model, record=None, audio_file=None, output=AudioOutput(),
+                      records=(), trace_path=trace_dir / f"{row_id}.jsonl")
 
 
 _RUN_FIELDS = frozenset(f.name for f in dataclasses.fields(RunOptions))

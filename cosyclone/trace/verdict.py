@@ -32,12 +32,12 @@ _SAMPLER_FIELDS = tuple(f.name for f in fields(SamplerRowDiagnostics) if f.name 
 #: What the part of the prompt where the overflow starts says about its cause.
 TOUCHED = {
     "sos": "weights: position 0 (the start token) holds nothing of this row, so every row breaks there",
-    "prompt text": "prompt: the prompt alone already overflows, before the text; every row with this prompt "
-                   "shares it",
-    "prompt speech": "prompt: the prompt alone already overflows, before the text; every row with this prompt "
-                     "shares it",
-    "text": "text: the prompt passes; this row's text takes it over",
-    "task": "text: the prompt and text pass up to the task token; this row's text takes it over",
+    "prompt text": "prompt: its transcript alone already overflows, before this row's text; every row "
+                   "with this prompt shares it",
+    "text": "text: the prompt's transcript passes; this row's text takes it over",
+    "task": "text: the texts pass up to the task token, which this row's text takes over",
+    "prompt speech": "prompt: the texts pass; the prompt's speech tokens take it over (rows with this prompt "
+                     "are likely to share it)",
 }
 
 
@@ -47,15 +47,15 @@ class Break:
 
     segment: int  # the text segment
     step: int  # the draw whose logits it made (0: the prompt's pass)
-    where: str  # the module: "layer 3", "norm", "decoder head" (layers finite, logits not) or "logits" (no --layers)
+    where: str  # "layer 3", "norm", "decoder head" (layers finite, logits not), "logits" (no --layers)
     position: int | None  # in the prompt's pass: the first position holding a non-finite value
-    part: str | None  # the part of the prompt that position belongs to (sos, prompt text, text, task, prompt speech)
+    part: str | None  # that position's part: sos, prompt text, text, task, prompt speech
     detail: str  # what was seen there
 
 
 @dataclass(frozen=True)
 class Sharing:
-    """How many of the folder's rows share this row's prompt or text, and how many of those went non-finite."""
+    """The folder's rows that share this row's prompt or text, and how many of those went non-finite."""
 
     same_prompt: tuple[int, int]  # (rows with this prompt recording, of them non-finite)
     same_text: tuple[int, int]  # (rows with this text, of them non-finite)
@@ -78,23 +78,24 @@ class Verdict:
 
 def nonfinite_row(rec: RowRecord) -> bool:
     """A record of a row whose numbers broke somewhere (logits or audio)."""
-    return rec.reason in ("no_finite_logits", "error", NONFINITE_AUDIO) or rec.nonfinite_audio_samples > 0 or any(
-        s.nan_steps or s.posinf_steps or s.no_finite_steps for s in rec.sampler)
+    if rec.reason in ("no_finite_logits", "error", NONFINITE_AUDIO) or rec.nonfinite_audio_samples > 0:
+        return True
+    return any(s.nan_steps or s.posinf_steps or s.no_finite_steps for s in rec.sampler)
 
 
-def judge(replay: Replay, record: RowRecord | None, records: Sequence[RowRecord], *, audio_bytes: bytes | None,
-          output: AudioOutput) -> Verdict:
+def judge(replay: Replay, record: RowRecord | None, records: Sequence[RowRecord], *,
+          audio_bytes: bytes | None, output: AudioOutput) -> Verdict:
     """The verdict on ``replay`` against the row's ``record`` and its recorded file's ``audio_bytes``."""
     mismatches = tuple(compare_record(replay, record)) if record is not None else ()
     audio = audio_fingerprint(replay, audio_bytes, output)
     if audio.startswith("differs") and replay.stage_dtypes.get("flow", "fp32") != "fp32":
-        audio += (f"; the flow ran in {replay.stage_dtypes['flow']}, whose rounding depends on the batch a row "
-                  "is decoded in (the replay decodes it alone)")
+        audio += (f"; the flow ran in {replay.stage_dtypes['flow']}, whose rounding depends on the batch a "
+                  "row is decoded in (the replay decodes it alone)")
     brk = first_break(replay.segments)
     sharing = share(record, records) if record is not None and records else None
     return Verdict(reproduced=None if record is None else not mismatches, mismatches=mismatches, audio=audio,
-                   talker_break=brk, audio_break=first_bad(replay.code2wav_layers), touched=touched(brk, replay),
-                   sharing=sharing)
+                   talker_break=brk, audio_break=first_bad(replay.code2wav_layers),
+                   touched=touched(brk, replay), sharing=sharing)
 
 
 def compare_record(replay: Replay, record: RowRecord) -> list[str]:
@@ -171,11 +172,11 @@ def first_break(segments: Sequence[SegmentTrace]) -> Break | None:
         if layer is not None and (step is None or layer.call <= step.step):
             position = layer.first_bad_position if layer.call == 0 else None
             if layer.call == 0:  # the earliest position any layer broke at in the prompt's pass
-                firsts = [c.first_bad_position for c in seg.layers if c.call == 0 and c.first_bad_position is not None]
-                position = min(firsts, default=position)
+                firsts = [c.first_bad_position for c in seg.layers if c.call == 0]
+                position = min((p for p in firsts if p is not None), default=position)
             return Break(segment=seg.segment, step=layer.call, where=layer.name, position=position,
                          part=part_at(seg.layout, position) if position is not None else None,
-                         detail=f"{layer.nonfinite} non-finite values (abs max of the finite ones: {layer.absmax})")
+                         detail=f"{layer.nonfinite} non-finite values (abs max of the rest: {layer.absmax})")
         assert step is not None
         where = "decoder head" if seg.layers else "logits"
         return Break(segment=seg.segment, step=step.step, where=where, position=None, part=None,
@@ -186,14 +187,15 @@ def first_break(segments: Sequence[SegmentTrace]) -> Break | None:
 def touched(brk: Break | None, replay: Replay) -> str:
     """What the first break says about its cause."""
     if brk is None:
-        return "nothing: every logit" + (" and every traced layer" if replay.segments and replay.segments[0].layers
-                                         else "") + " finite"
+        traced = bool(replay.segments and replay.segments[0].layers)
+        return "nothing: every logit" + (" and every traced layer" if traced else "") + " finite"
     if brk.part is not None:
         return TOUCHED.get(brk.part, brk.part)
     if brk.where == "logits":
-        return ("the prompt's pass (step 0): run with --layers to name the layer and the position" if brk.step == 0
-                else f"the generated tokens: the prompt and text pass; step {brk.step} breaks "
-                     "(run with --layers to name the layer)")
+        if brk.step == 0:
+            return "the prompt's pass (step 0): run with --layers to name the layer and the position"
+        return (f"the generated tokens: the prompt and text pass; step {brk.step} breaks (run with --layers "
+                "to name the layer)")
     if brk.where == "decoder head":
         return "the decoder head: every layer is finite, the logits are not (its weights or the dtype)"
     return f"the generated tokens: the prompt and text pass, step {brk.step}'s token breaks {brk.where}"
@@ -205,7 +207,8 @@ def share(record: RowRecord, records: Sequence[RowRecord]) -> Sharing:
         return len(rows), sum(1 for r in rows if nonfinite_row(r))
 
     return Sharing(same_prompt=count([r for r in records if r.prompt_audio == record.prompt_audio]),
-                   same_text=count([r for r in records if r.text == record.text]), folder=count(list(records)))
+                   same_text=count([r for r in records if r.text == record.text]),
+                   folder=count(list(records)))
 
 
 @dataclass(frozen=True)
@@ -222,7 +225,7 @@ class Divergence:
 
 
 def diverge(a: Replay, b: Replay) -> Divergence:
-    """The first step at which the two replays' logits differ, and the first at which they drew differently."""
+    """The first step at which the replays' logits differ, and the first at which they drew differently."""
     numbers: tuple[int, int, float | None] | None = None
     draws: tuple[int, int, str, str] | None = None
     for sa, sb in zip(a.segments, b.segments, strict=False):
@@ -237,10 +240,12 @@ def diverge(a: Replay, b: Replay) -> Divergence:
         if draws is not None:
             break
     if draws is None and len(a.segments) != len(b.segments):
-        draws = (min(len(a.segments), len(b.segments)), 0, f"{len(a.segments)} segments", f"{len(b.segments)}")
-    return Divergence(numbers_segment=numbers[0] if numbers else None, numbers_step=numbers[1] if numbers else None,
-                      max_abs_diff=numbers[2] if numbers else None, segment=draws[0] if draws else None,
-                      step=draws[1] if draws else None, a=draws[2] if draws else "", b=draws[3] if draws else "")
+        n = min(len(a.segments), len(b.segments))
+        draws = (n, 0, f"{len(a.segments)} segments", f"{len(b.segments)} segments")
+    seg, step, diff = numbers if numbers is not None else (None, None, None)
+    dseg, dstep, x, y = draws if draws is not None else (None, None, "", "")
+    return Divergence(numbers_segment=seg, numbers_step=step, max_abs_diff=diff, segment=dseg, step=dstep,
+                      a=x, b=y)
 
 
 def _max_diff(x: torch.Tensor, y: torch.Tensor) -> float | None:
