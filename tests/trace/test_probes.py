@@ -20,8 +20,8 @@ def _global_hooks() -> int:
 
 
 def _sampler(min_len: int) -> SlotSampler:
-    s = SlotSampler(SamplerOptions(top_k=3, win_size=2, tau_r=0.5), slots=1, vocab=VOCAB, speech_token_size=SPEECH,
-                    device="cpu")
+    s = SlotSampler(SamplerOptions(top_k=3, win_size=2, tau_r=0.5), slots=1, vocab=VOCAB,
+                    speech_token_size=SPEECH, device="cpu")
     s.reset(torch.tensor([0]), torch.tensor([stream_key(7)]), torch.tensor([min_len]))
     return s
 
@@ -46,7 +46,8 @@ def test_the_step_probe_reports_what_the_sampler_counted() -> None:
     assert first.logit_max == 9.0 and first.logit_min == 0.0
     assert second.ras_fallback and second.token != 3  # the repetition check replaced the repeat
     counted = sampler.counters[:, 0].tolist()
-    assert counted[2] == 3 and counted[6] == sum(s.ras_fallback for s in probe.steps)  # nan_steps, ras_fallbacks
+    # the sampler's own nan_steps and ras_fallbacks agree with what the probe reported per step
+    assert counted[2] == 3 and counted[6] == sum(s.ras_fallback for s in probe.steps)
 
 
 def test_layer_probes_record_each_call_and_detach() -> None:

@@ -68,7 +68,8 @@ def test_a_nan_row_is_traced_to_the_scaled_layer_and_its_first_step(hot_model: P
     assert verdict["kind"] == "verdict" and verdict["reproduced"] is True
     assert verdict["talker_break"]["where"] == f"layer {HOT_LAYER}" and verdict["talker_break"]["step"] == 0
     layers = [x for x in lines if x["kind"] == "layer" and x["replay"] == "row" and x["call"] == 0]
-    assert [(x["name"], x["finite"]) for x in layers] == [("layer 0", True), ("layer 1", False), ("norm", False)]
+    assert [(x["name"], x["finite"]) for x in layers] == [("layer 0", True), ("layer 1", False),
+                                                          ("norm", False)]
     steps = [x for x in lines if x["kind"] == "step" and x["replay"] == "row"]
     assert len(steps) == 1 and steps[0]["aborted"] and steps[0]["nan"] > 0 and steps[0]["top"] == []
 
@@ -76,7 +77,8 @@ def test_a_nan_row_is_traced_to_the_scaled_layer_and_its_first_step(hot_model: P
 def test_a_fine_row_is_reproduced_token_for_token(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     with talker_tokens() as made:
-        res = cli("synth", MANIFEST, "--model-dir", tiny_model_dir, "--out", out, "--max-tokens", "25", "--quiet")
+        res = cli("synth", MANIFEST, "--model-dir", tiny_model_dir, "--out", out, "--max-tokens", "25",
+                  "--quiet")
     assert res.exit_code == 0, res.output
     res = cli("trace", out, "weather")
     assert res.exit_code == 0, res.output
@@ -96,18 +98,20 @@ def test_a_bf16_row_against_fp32_names_the_first_diverging_step(tiny_model_dir: 
     res = cli("trace", out, "instruct", "--dtype", "fp32")
     assert res.exit_code == 0, res.output
     assert "reproduced: yes" in res.output
-    found = re.search(r"compare \(dtype fp32\): first diverging draw at segment 0 step (\d+): (.+?) vs (.+?);",
-                      res.output)
+    found = re.search(r"compare \(dtype fp32\): first diverging draw at segment 0 step (\d+): "
+                      r"(.+?) vs (.+?);", res.output)
     assert found, res.output
     assert "logits first differ at segment 0 step 0" in res.output  # bf16 rounds the first logits already
     compare = trace_lines(out, "instruct")[0]["compare"]
-    assert compare["stage_dtypes"]["talker"] == "fp32" and compare["divergence"]["step"] == int(found.group(1))
+    assert compare["stage_dtypes"]["talker"] == "fp32"
+    assert compare["divergence"]["step"] == int(found.group(1))
 
 
 def test_a_manifest_line_is_traced_without_a_folder(tiny_model_dir: Path, tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    res = cli("trace", MANIFEST, "--id", "hello", "--model-dir", tiny_model_dir, "--max-tokens", "4", "--top", "2")
+    res = cli("trace", MANIFEST, "--id", "hello", "--model-dir", tiny_model_dir, "--max-tokens", "4",
+              "--top", "2")
     assert res.exit_code == 0, res.output
     assert "replayed: tokens [4], stop ['max_len'], ok (no record to compare with)" in res.output
     steps = [x for x in trace_lines(tmp_path, "hello") if x["kind"] == "step"]
@@ -130,7 +134,8 @@ def test_bad_input_is_one_line_naming_what_to_give(args: list[str], message: str
 
 
 def test_help_fits_80_columns_and_offers_the_registry_options() -> None:
-    res = CliRunner().invoke(app, ["trace", "--help"], env={"COLUMNS": "80", "TERM": "dumb"}, terminal_width=80)
+    res = CliRunner().invoke(app, ["trace", "--help"], env={"COLUMNS": "80", "TERM": "dumb"},
+                             terminal_width=80)
     assert res.exit_code == 0
     assert all(len(line) <= 80 for line in res.output.splitlines())
     for flag in ("--layers", "--dtype", "--nonfinite-policy", "--id", "--seed", "--max-tokens", "--top"):
