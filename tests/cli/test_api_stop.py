@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from cosyclone import CosyClone
-
 from tests.run.test_graceful_stop import assert_folder_whole
 from tests.run.test_runfolder import journal_lines, write_manifest
 

@@ -12,7 +12,6 @@ from typer.testing import CliRunner
 
 from cosyclone.cli import app
 from cosyclone.options import as_record
-
 from tests.cli.test_cli import ROOT
 
 PROMPT = ROOT / "manifests" / "prompts" / "speaker1.wav"

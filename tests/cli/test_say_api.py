@@ -18,7 +18,6 @@ from typer.testing import CliRunner
 
 from cosyclone import __version__
 from cosyclone.cli import app
-
 from tests.pcm16 import assert_same_pcm16_up_to_rounding
 
 runner = CliRunner()

@@ -15,8 +15,8 @@ from cosyclone.code2wav.dit import DiT
 from cosyclone.code2wav.dit_attention import attention_bmm
 from cosyclone.code2wav.flow import build_flow
 from cosyclone.model.config import DiTConfig, FlowConfig, ModelConfig
-from tests.streaming_mask import streaming_context
 from tests.base.test_cpu_gemm import ops_called
+from tests.streaming_mask import streaming_context
 
 CFG = DiTConfig(dim=64, depth=2, heads=4, dim_head=16, ff_mult=2)
 

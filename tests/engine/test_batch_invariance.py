@@ -13,7 +13,6 @@ import soundfile as sf
 from typer.testing import CliRunner
 
 from cosyclone.cli import app
-
 from tests.cli.test_cli import ROOT, diags
 
 # no --max-tokens: each row runs to its own max_len (20 x its text ids), so lengths differ

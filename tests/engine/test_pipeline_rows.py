@@ -24,8 +24,8 @@ from cosyclone.options import RunOptions
 from cosyclone.run.audio_out import AudioOutput
 from cosyclone.run.writer import write_audio_atomic
 from cosyclone.talker.sampler import row_seed
-from tests.engine_run import run as engine_run
 from tests.engine.test_pipeline_stub import Flow, Frontend, GenerateSession, Hift, generate, make_manifest
+from tests.engine_run import run as engine_run
 
 
 @pytest.fixture(autouse=True)

@@ -24,9 +24,8 @@ from cosyclone.code2wav.flow import build_flow
 from cosyclone.code2wav.hift import build_hift
 from cosyclone.code2wav.token2wav import token2wav
 from cosyclone.model.config import load_model_config
-
-from tests.pcm16 import assert_same_pcm16_up_to_rounding
 from tests.cli.test_cli import ROOT, diags
+from tests.pcm16 import assert_same_pcm16_up_to_rounding
 
 CPU = DevicePolicy(torch.device("cpu"), torch.float32, "cpu")
 ROW = {"id": "r", "prompt_audio": "prompts/speaker1.wav", "prompt_text": "reference words",

@@ -11,7 +11,6 @@ import soundfile as sf
 from typer.testing import CliRunner
 
 from cosyclone.cli import app
-
 from tests.cli.test_cli import ROOT
 
 FAST = ["--max-tokens", "12", "--n-timesteps", "2", "--device", "cpu", "--quiet"]

@@ -26,9 +26,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cosyclone.cli import app
-from tests.ray_hooks import PID_FILE_ENV, task_starts
-
 from tests.cli.test_cli import ROOT, diag_lines, diags
+from tests.ray_hooks import PID_FILE_ENV, task_starts
 
 pytestmark = pytest.mark.ray
 

@@ -10,7 +10,6 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from cosyclone.cli import app
-
 from tests.cli.test_cli import ROOT, diags
 
 

@@ -24,7 +24,6 @@ from cosyclone.cli import app
 from cosyclone.engine import stages as pipeline
 from cosyclone.engine.batches import plan_batches
 from cosyclone.manifest import read_manifest
-
 from tests.cli.test_cli import ROOT, diag_lines, diags, samples_per_token
 
 MAX_TOKENS = 6

@@ -13,7 +13,6 @@ from cosyclone.cli import app
 from cosyclone.manifest import reader as manifest_mod
 from cosyclone.manifest import stream as manifest_stream
 from cosyclone.run.drive import Driver
-
 from tests.cli.test_cli import ROOT
 
 FAST = ["--max-tokens", "4", "--n-timesteps", "1", "--device", "cpu", "--quiet", "--batch-size", "2", "--float-wav"]
