@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from cosyclone.base.stop import StopRequest, catch_signals, propagate
 from cosyclone.engine import Engine, RowResult, model_config
@@ -118,7 +118,7 @@ class CosyClone:
     @property
     def warnings(self) -> tuple[str, ...]:
         """What a run in this precision should say (fp16); the API prints nothing itself."""
-        return self.policy.warnings
+        return cast("tuple[str, ...]", self.policy.warnings)
 
     def synthesize(self, text: str, prompt_audio: str | Path, prompt_text: str | None = None, *,
                    mode: str = "zero_shot", instruct: str | None = None, seed: int | None = None,

@@ -215,7 +215,7 @@ GROUPS: tuple[type, ...] = (ModelOptions, SamplingOptions, EngineOptions, Folder
 MODEL_FIELDS = tuple(f.name for f in fields(ModelOptions))
 
 
-def flag_of(f: dataclasses.Field) -> str:
+def flag_of(f: dataclasses.Field[Any]) -> str:
     """The command-line flag of a field (``--top-k``)."""
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
@@ -226,15 +226,15 @@ def hints_of(owner: type) -> dict[str, Any]:
     return typing.get_type_hints(owner)
 
 
-def choices_of(f: dataclasses.Field, owner: type) -> tuple[str, ...] | None:
+def choices_of(f: dataclasses.Field[Any], owner: type) -> tuple[str, ...] | None:
     """The allowed values of a ``Literal`` field (None for any other)."""
     hint = hints_of(owner)[f.name]
     return tuple(typing.get_args(hint)) if typing.get_origin(hint) is Literal else None
 
 
-def option_fields(*groups: type) -> list[tuple[type, dataclasses.Field]]:
+def option_fields(*groups: type) -> list[tuple[type, dataclasses.Field[Any]]]:
     """(owner class, field) of every option of ``groups`` (a field appears once, in its own class)."""
-    out: list[tuple[type, dataclasses.Field]] = []
+    out: list[tuple[type, dataclasses.Field[Any]]] = []
     for group in groups:
         own = [f for f in fields(group) if f.name in group.__dict__.get("__annotations__", {})]
         out += [(group, f) for f in own]

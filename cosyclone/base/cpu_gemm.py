@@ -32,6 +32,7 @@ are untouched by it.
 from __future__ import annotations
 
 from functools import cache
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +46,8 @@ CPU_GEMMS = ("auto", "onednn", "aten")
 
 def onednn_available() -> bool:
     """Whether this torch build can run a linear layer through oneDNN on CPU."""
-    return bool(torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
+    available = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
+    return bool(available and torch.backends.mkldnn.enabled
                 and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
@@ -88,7 +90,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, gelu_tanh: 
     if (usable and x.device.type == "cpu" and weight.dtype == dtype and (bias is None or bias.dtype == dtype)
             and weight.device.type == "cpu" and not wants_grad and not torch.compiler.is_compiling()):
         attr, algorithm = ("gelu", "tanh") if gelu_tanh else ("none", "")
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, attr, [], algorithm)
+        return cast(Tensor, torch.ops.mkldnn._linear_pointwise(x, weight, bias, attr, [], algorithm))
     y = F.linear(x, weight, bias)
     return F.gelu(y, approximate="tanh") if gelu_tanh else y
 
@@ -114,7 +116,7 @@ def linear_gelu_tanh(layer: nn.Linear, x: Tensor) -> Tensor:
     :class:`OneDNNLinear`, else the layer, then GELU in place on its fresh output (no second buffer)."""
     if isinstance(layer, OneDNNLinear):
         return linear(x, layer.weight, layer.bias, gelu_tanh=True, bf16=layer.onednn_bf16)
-    return torch.ops.aten.gelu_(layer(x), approximate="tanh")
+    return cast(Tensor, torch.ops.aten.gelu_(layer(x), approximate="tanh"))
 
 
 def use_onednn(module: nn.Module, *, bf16: bool = False) -> int:

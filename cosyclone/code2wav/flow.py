@@ -17,7 +17,7 @@ projection for all steps at once) is computed once per solve (:meth:`DiT.context
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +44,7 @@ class PreLookaheadLayer(nn.Module):
         h = F.pad(x.transpose(1, 2), (0, self.pre_lookahead_len))
         h = F.leaky_relu(self.conv1(h), 0.01)
         h = self.conv2(F.pad(h, (self.conv2.kernel_size[0] - 1, 0)))
-        return h.transpose(1, 2) + x
+        return cast(Tensor, h.transpose(1, 2) + x)
 
 
 def cosine_time_grid(n_timesteps: int, *, device: torch.device) -> Tensor:

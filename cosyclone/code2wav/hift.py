@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -183,7 +184,7 @@ class CausalHiFTGenerator(nn.Module):
         p = next(self.f0_predictor.parameters())
         if p.dtype != torch.float64:
             self.f0_predictor.double()
-        return self.f0_predictor(mel.double()).float()
+        return cast(Tensor, self.f0_predictor(mel.double()).float())
 
     def source(self, f0: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """f0 (B, T) -> source (B, 1, L), sine_waves (B, L, 9), uv (B, L, 1), noise (B, L, 9); L = 480·T.
@@ -249,7 +250,7 @@ class CausalHiFTGenerator(nn.Module):
             x = acc.div_(nk)
         if rows:
             return leaky_conv(x, 0.01, self.conv_post).squeeze(2)  # F.leaky_relu's default slope, as official
-        return self.conv_post(F.leaky_relu(x))
+        return cast(Tensor, self.conv_post(F.leaky_relu(x)))
 
     def to_wave(self, x: Tensor, mel_len: Tensor | None = None) -> Tensor:
         """conv_post output (B, n_fft+2, 120·T+1) -> waveform (B, 480·T) clamped to ±audio_limit.

@@ -7,7 +7,7 @@ so released ``hift.pt`` files load strictly into :class:`~cosyclone.code2wav.hif
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +31,7 @@ def weight_normed(conv: ConvT) -> ConvT:
     """Weight-norm (dim 0) with the parametrization API, giving the official key names.
 
     The module keeps its class for the checker (torch swaps in a subclass of it)."""
-    return parametrizations.weight_norm(conv)
+    return cast("ConvT", parametrizations.weight_norm(conv))
 
 
 def typed_modules(modules: nn.ModuleList, kind: type[ModuleT]) -> Iterator[ModuleT]:

@@ -28,7 +28,7 @@ __all__ = ["Frontend", "PromptBytes", "PromptFeatures"]
 PromptAudio = str | Path | PromptBytes | tuple[torch.Tensor, int]
 
 
-class PromptFeatures(dict):
+class PromptFeatures(dict[str, torch.Tensor]):
     """{"speech_token": (P,) long, "speech_feat": (2P, 80) float32, "embedding": (192,) float32}."""
 
 

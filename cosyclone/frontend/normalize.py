@@ -47,7 +47,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from cosyclone.frontend.text_rules import (
     _WHITESPACE_RUN,
@@ -254,7 +254,7 @@ class TextNormalizer:
             return None
         if self._wetext_utils.should_normalize(text.strip(), lang, "tn", False):
             out = unescape_wetext(out)
-        return out
+        return cast("str | None", out)
 
     # -- phase 2: splitting ------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -198,6 +198,6 @@ def load_hyperyaml(path: Path, overrides: dict[str, Any] | None = None) -> dict[
         raise ModelDirError(f"{path}: expected a mapping at the top level")
     doc.update(overrides or {})
     try:
-        return _Resolver(doc).resolve(doc)
+        return cast("dict[str, Any]", _Resolver(doc).resolve(doc))
     except (KeyError, ValueError, IndexError, TypeError) as exc:
         raise ModelDirError(f"{path}: cannot resolve a !ref: {exc}") from exc

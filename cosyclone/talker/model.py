@@ -17,6 +17,7 @@ bf16/fp16, because bf16 logits reorder near-tied candidates often enough to chan
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -64,11 +65,11 @@ class CosyVoice3LM(nn.Module):
 
     def embed_text(self, ids: Tensor) -> Tensor:
         """Qwen2 token embedding (unscaled): (..., L) -> (..., L, D)."""
-        return self.backbone.embed_tokens(ids)
+        return cast(Tensor, self.backbone.embed_tokens(ids))
 
     def embed_speech(self, ids: Tensor) -> Tensor:
         """Speech embedding rows (speech tokens and sos/task_id): (..., L) -> (..., L, D)."""
-        return self.speech_embedding(ids)
+        return cast(Tensor, self.speech_embedding(ids))
 
     def assemble(self, text_ids: Tensor, prompt_speech_tokens: Tensor) -> Tensor:
         """One row's input: ``[sos, embed_tokens(text), task_id, speech_emb(prompt)]`` -> (T, D)."""
@@ -82,7 +83,7 @@ class CosyVoice3LM(nn.Module):
 
     def decoder_logits(self, hidden: Tensor) -> Tensor:
         """Raw fp32 logits ``llm_decoder(h)``: (..., D) any dtype -> (..., S+200) fp32, unnormalised."""
-        return self.llm_decoder(hidden.to(self.llm_decoder.weight.dtype)).float()
+        return cast(Tensor, self.llm_decoder(hidden.to(self.llm_decoder.weight.dtype)).float())
 
     # -- whole-sequence forward (no cache), for parity and tests ---------------------------------
 
