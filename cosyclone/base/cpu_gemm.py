@@ -3,12 +3,11 @@
 Why: on CPU the flow's DiT spends about 85% of a run in fp32 linear layers and the talker's
 decode step is one skinny matmul per weight (a few rows against 0.5 B parameters). torch's CPU
 ``F.linear`` goes to MKL's sgemm, which on these shapes is the slower of the two libraries torch
-ships: on a 2-core AMD EPYC Zen 4 MKL runs a decode step's (8 x 896) x (896 x 4864) matmul on one
-thread at about 35 GFLOP/s where oneDNN reaches about 58 on two, and the DiT's (700 x 1024) x
-(1024 x 3072) at 140-160 GFLOP/s where oneDNN reaches about 180, with the weight as it is
-(``benchmarks/bench_engine.py`` measures both on the flow's own calls). oneDNN is also the more batch-invariant of the two: a
-row's output bits do not depend on how many rows share the call from two rows up (MKL's change
-below four rows).
+ships: on a 2-core AMD EPYC Zen 4 MKL runs a decode step's (8 x 896) x (896 x 4864) matmul on one thread at
+about 35 GFLOP/s where oneDNN reaches about 58 on two, and the DiT's (700 x 1024) x (1024 x 3072) at 140-160
+GFLOP/s where oneDNN reaches about 180, with the weight as it is (``benchmarks/bench_engine.py`` measures both
+on the flow's own calls). oneDNN is also the more batch-invariant of the two: a row's output bits do not
+depend on how many rows share the call from two rows up (MKL's change below four rows).
 
 ``--cpu-gemm onednn`` (the default on CPU builds with oneDNN, "auto") swaps every ``nn.Linear`` of
 the talker and the flow for :class:`OneDNNLinear`, whose CPU fp32 forward calls oneDNN's matmul

@@ -95,7 +95,9 @@ def bmm_attention_wanted(dtype: torch.dtype, device: torch.device) -> bool:
     AMX. On an AMX CPU SDPA's flash kernel multiplies bf16 on the tiles into float32 (that is how
     the flow reached about 1 TFLOP/s on two AMX cores), while this path's float32 QK^T would fall
     to the AVX-512 float32 rate: such CPUs keep SDPA, as measured there."""
-    return dtype == torch.bfloat16 and device.type == "cpu" and not torch.is_grad_enabled() and not cpu_has_amx()
+    return (
+        dtype == torch.bfloat16 and device.type == "cpu" and not torch.is_grad_enabled() and not cpu_has_amx()
+    )
 
 
 @dataclass(frozen=True)

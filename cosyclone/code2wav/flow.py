@@ -202,7 +202,8 @@ class CausalMaskedDiffWithDiT(nn.Module):
 
 def build_flow(cfg: ModelConfig, policy: DevicePolicy,
                load_format: Literal["auto", "dummy"] | str = "auto") -> CausalMaskedDiffWithDiT:
-    """Build the flow on ``policy.device`` in ``policy.dit_dtype`` (the run dtype, bf16 under ``mixed``), eval mode.
+    """Build the flow on ``policy.device`` in ``policy.dit_dtype`` (the run dtype, bf16 under ``mixed``), eval
+    mode.
 
     Built on the meta device and materialized with ``to_empty`` (no wasted default init of 330 M
     parameters); ``inv_freq`` is then recomputed in float32. ``"auto"`` strict-loads

@@ -89,7 +89,9 @@ class CausalHiFTGenerator(nn.Module):
         self.source_downs = nn.ModuleList()
         self.source_resblocks = nn.ModuleList()
         src_ch = cfg.n_fft + 2
-        for i, (u, k, d) in enumerate(zip(cum, cfg.source_resblock_kernel_sizes, cfg.source_resblock_dilation_sizes, strict=True)):
+        for i, (u, k, d) in enumerate(
+            zip(cum, cfg.source_resblock_kernel_sizes, cfg.source_resblock_dilation_sizes, strict=True)
+        ):
             ch = base // 2 ** (i + 1)
             if u == 1:
                 self.source_downs.append(CausalConv1d(src_ch, ch, 1))
@@ -102,7 +104,9 @@ class CausalHiFTGenerator(nn.Module):
             for k, d in zip(cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes, strict=True):
                 self.resblocks.append(ResBlock(ch, k, tuple(d)))
         self.conv_post = weight_normed(CausalConv1d(base // 2 ** len(self.ups), cfg.n_fft + 2, 7))
-        self.f0_predictor = CausalConvRNNF0Predictor(cfg.f0_in_channels, cfg.f0_cond_channels, cfg.f0_num_class)
+        self.f0_predictor = CausalConvRNNF0Predictor(
+            cfg.f0_in_channels, cfg.f0_cond_channels, cfg.f0_num_class
+        )
         # the released window is scipy's float64 Hann rounded to float32 (its SHA-256 is pinned in
         # tests/code2wav/test_hift.py); torch's float32 hann_window differs in the last bit of 9 of 16 values
         window = torch.hann_window(cfg.n_fft, periodic=True, dtype=torch.float64).to(torch.float32)
@@ -165,7 +169,8 @@ class CausalHiFTGenerator(nn.Module):
         have = self.sine_waves.shape[1]
         if have < length and self.noise_factory is not None:
             want = max(length, min(2 * have, self.cfg.noise_samples))
-            self.sine_waves = self.noise_factory(want).to(self.sine_waves.device)  # exact prefix of the released table
+            # exact prefix of the released table
+            self.sine_waves = self.noise_factory(want).to(self.sine_waves.device)
         if self.sine_waves.shape[1] < length:
             raise RuntimeError(f"HiFT source-noise table missing or shorter than {length} samples; "
                                "call set_noise_tables (build_hift does this)")
