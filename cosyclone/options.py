@@ -22,7 +22,7 @@ import dataclasses
 import functools
 import typing
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from cosyclone.errors import CosycloneError
 
@@ -33,7 +33,11 @@ BOTH = (SYNTH, SAY)
 MODEL, SAMPLING, BATCHING, OUTPUT, SCALE_OUT = "Model", "Sampling", "Batching", "Output", "Scale-out"
 
 LoadFormat = Literal["auto", "dummy"]
-TextFrontend = Literal["wetext", "none"]
+TextFrontendName = Literal["wetext", "none"]  # wetext: the official normalizer; none: no normalizer
+#: How a row's prompt conditions the model: a transcribed prompt, an untranscribed one, an instruction.
+Mode = Literal["zero_shot", "cross_lingual", "instruct2"]
+MODES: tuple[Mode, ...] = get_args(Mode)
+TEXT_FRONTENDS: tuple[TextFrontendName, ...] = get_args(TextFrontendName)
 DeviceName = Literal["auto", "cuda", "rocm", "cpu"]
 DtypeName = Literal["auto", "mixed", "bf16", "fp16", "fp32"]
 CpuGemm = Literal["auto", "onednn", "aten"]
@@ -64,7 +68,7 @@ class ModelOptions:
     load_format: LoadFormat = opt("auto", "auto (read weights) | dummy (random)", panel=MODEL, audio=True,
                                   metavar="FMT")
     # wetext: the official normalizer (numbers, dates, units spelled out); none: inflect digits only
-    text_frontend: TextFrontend = opt("wetext", "wetext (official normalizer) | none", panel=MODEL, audio=True,
+    text_frontend: TextFrontendName = opt("wetext", "wetext (official normalizer) | none", panel=MODEL, audio=True,
                                       metavar="NAME")
     # the device the stages run on; "auto" until resolved (a run records the resolved type)
     device: DeviceName = opt("auto", "auto | cuda | rocm | cpu", panel=MODEL, metavar="DEV",

@@ -17,7 +17,7 @@ projection for all steps at once) is computed once per solve (:meth:`DiT.context
 from __future__ import annotations
 
 import math
-from typing import Literal, cast
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +29,7 @@ from cosyclone.code2wav.dit import DiT
 from cosyclone.code2wav.noise import flow_noise
 from cosyclone.model.checkpoint import init_dummy, load_module_file
 from cosyclone.model.config import CFMConfig, FlowConfig, ModelConfig
+from cosyclone.options import LoadFormat
 
 
 class PreLookaheadLayer(nn.Module):
@@ -201,7 +202,7 @@ class CausalMaskedDiffWithDiT(nn.Module):
 
 
 def build_flow(cfg: ModelConfig, policy: DevicePolicy,
-               load_format: Literal["auto", "dummy"] | str = "auto") -> CausalMaskedDiffWithDiT:
+               load_format: LoadFormat = "auto") -> CausalMaskedDiffWithDiT:
     """Build the flow on ``policy.device`` in ``policy.dit_dtype`` (the run dtype, bf16 under ``mixed``), eval
     mode.
 

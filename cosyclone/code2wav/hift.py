@@ -63,6 +63,7 @@ from cosyclone.code2wav.hift_layers import (
 )
 from cosyclone.model.checkpoint import StateDict, init_dummy, load_module_file
 from cosyclone.model.config import HiFTConfig, ModelConfig
+from cosyclone.options import LoadFormat
 
 
 class CausalHiFTGenerator(nn.Module):
@@ -362,7 +363,7 @@ def fft_rule_for(policy: DevicePolicy) -> FFTRule | None:
     return fft_block_size if policy.device.type == "cpu" else None
 
 
-def build_hift(cfg: ModelConfig, policy: DevicePolicy, load_format: str = "auto", *,
+def build_hift(cfg: ModelConfig, policy: DevicePolicy, load_format: LoadFormat = "auto", *,
                direct: bool = False) -> CausalHiFTGenerator:
     """Build, load (``auto``: <model_dir>/hift.pt; ``dummy``: seeded values), fold, install noise.
     ``direct``: every conv direct, FFT convs or not on the device (what benchmarks compare with)."""

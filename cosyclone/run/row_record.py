@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from cosyclone.engine.outcome import RowResult, SegmentText
+from cosyclone.options import Mode
 from cosyclone.talker.diagnostics import SamplerRowDiagnostics
 
 
@@ -32,7 +33,7 @@ class RowStamp:
     text: str  # the manifest's text
     prompt_text: str  # the manifest's prompt transcript
     prompt_audio: str  # the prompt recording's path as resolved
-    mode: str  # zero_shot | cross_lingual | instruct2
+    mode: Mode  # zero_shot | cross_lingual | instruct2
     instruct: str  # the instruction (instruct2)
     speed: float  # the speaking-rate factor
     manifest: str | None  # the manifest as given on the command line

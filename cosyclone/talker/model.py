@@ -27,6 +27,7 @@ from cosyclone.base.device import DevicePolicy
 from cosyclone.errors import ModelDirError
 from cosyclone.model.checkpoint import CheckpointKeyError, LoadReport, init_dummy, load_module_file
 from cosyclone.model.config import QWEN_DIR, ModelConfig, TalkerConfig, validate_geometry
+from cosyclone.options import LoadFormat
 from cosyclone.talker.kv_cache import SlotKVCache
 from cosyclone.talker.qwen2 import Admission, Qwen2Encoder, Qwen2Model, attention_mask
 
@@ -181,7 +182,7 @@ class CosyVoice3LM(nn.Module):
         return logits[:s].index_copy(0, slots, logits[s:])
 
 
-def build_talker(cfg: ModelConfig, policy: DevicePolicy, load_format: str = "auto", *,
+def build_talker(cfg: ModelConfig, policy: DevicePolicy, load_format: LoadFormat = "auto", *,
                  seed: int = 0) -> CosyVoice3LM:
     """Build the talker on ``policy.device`` in ``policy.dtype`` (its speech-token head in fp32).
 
