@@ -97,6 +97,11 @@ def verdict_lines(trace: Trace) -> list[str]:
         at = f" at position {b.position} ({b.part})" if b.position is not None else ""
         step = "step 0 (the prompt's pass)" if b.step == 0 else f"step {b.step}"
         out.append(f"first non-finite: segment {b.segment} {step}, {b.where}{at}: {b.detail}")
+    if v.flat is not None:
+        seg, step, value = v.flat
+        out.append(f"flat logits: from segment {seg} step {step} every logit is {value:g}, so the draws are "
+                   "uniform though nothing is NaN (a hidden state whose square overflows a norm is zeroed: "
+                   "--layers shows each layer's abs max)")
     if v.audio_break:
         out.append(f"first non-finite in code2wav: {v.audio_break}")
     out.append(f"touched: {v.touched}")
@@ -137,7 +142,7 @@ def step_table(trace: Trace) -> list[str]:
             mine = _step_line(seg.segment, seg.steps[step]) if step < len(seg.steps) else \
                 f"{seg.segment:>3} {step:>4}  ended"
             if comparing:
-                mine = f"{mine:<86}| " + (_token(other[step]) if step < len(other) else "ended")
+                mine = f"{mine:<88}| " + (_token(other[step]) if step < len(other) else "ended")
             rows.append(mine)
             last = step
     return rows

@@ -73,6 +73,8 @@ class Verdict:
     talker_break: Break | None  # the first non-finite step (and layer, with --layers)
     audio_break: str | None  # the first non-finite DiT block or HiFT stage (with --layers)
     touched: str  # what the break touched: prompt, text, weights, or the generated tokens
+    flat: tuple[int, int, float] | None  # (segment, step, value) of the first draw whose logits were all
+    # equal: a hidden state zeroed (an RMSNorm whose square overflowed) makes uniform draws without a NaN
     sharing: Sharing | None  # the folder's rows that share the prompt or the text
 
 
@@ -95,7 +97,7 @@ def judge(replay: Replay, record: RowRecord | None, records: Sequence[RowRecord]
     sharing = share(record, records) if record is not None and records else None
     return Verdict(reproduced=None if record is None else not mismatches, mismatches=mismatches, audio=audio,
                    talker_break=brk, audio_break=first_bad(replay.code2wav_layers),
-                   touched=touched(brk, replay), sharing=sharing)
+                   touched=touched(brk, replay), sharing=sharing, flat=first_flat(replay.segments))
 
 
 def compare_record(replay: Replay, record: RowRecord) -> list[str]:
@@ -162,6 +164,15 @@ def first_bad(calls: Sequence[LayerFacts]) -> str | None:
     return f"{bad.stage} {bad.name}, call {bad.call} ({bad.nonfinite} non-finite values)"
 
 
+def first_flat(segments: Sequence[SegmentTrace]) -> tuple[int, int, float] | None:
+    """The first draw whose finite logits were all one value (at least two of them)."""
+    for seg in segments:
+        for s in seg.steps:
+            if s.logit_min is not None and s.logit_min == s.logit_max and len(s.top) > 1:
+                return seg.segment, s.step, s.logit_min
+    return None
+
+
 def first_break(segments: Sequence[SegmentTrace]) -> Break | None:
     """The first non-finite step of the row, named down to the layer when layers were traced."""
     for seg in segments:
@@ -176,12 +187,16 @@ def first_break(segments: Sequence[SegmentTrace]) -> Break | None:
                 position = min((p for p in firsts if p is not None), default=position)
             return Break(segment=seg.segment, step=layer.call, where=layer.name, position=position,
                          part=part_at(seg.layout, position) if position is not None else None,
-                         detail=f"{layer.nonfinite} non-finite values (abs max of the rest: {layer.absmax})")
+                         detail=f"{layer.nonfinite} non-finite values" + _rest(layer.absmax))
         assert step is not None
         where = "decoder head" if seg.layers else "logits"
         return Break(segment=seg.segment, step=step.step, where=where, position=None, part=None,
                      detail=f"logits: {step.nan} NaN, {step.posinf} +inf, {step.neginf} -inf")
     return None
+
+
+def _rest(absmax: float | None) -> str:
+    return " (nothing finite)" if absmax is None else f" (abs max of the rest: {absmax:.4g})"
 
 
 def touched(brk: Break | None, replay: Replay) -> str:
