@@ -118,7 +118,8 @@ def _options(name: str) -> set[str]:
             if opt.startswith("--") and opt != "--help"}
 
 
-@pytest.mark.parametrize("command", ["synth", "say", "validate", "inspect", "export", "trace", "make-tiny-model"])
+@pytest.mark.parametrize("command", ["synth", "say", "validate", "inspect", "export", "trace",
+                                     "make-tiny-model"])
 def test_every_option_is_documented(command: str) -> None:
     missing = sorted(o for o in _options(command) if not re.search(re.escape(o) + r"(?![\w-])", CLI_DOC))
     assert not missing, f"docs/cli.md does not document these `{command}` options: {missing}"
