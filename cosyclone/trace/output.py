@@ -100,8 +100,8 @@ def verdict_lines(trace: Trace) -> list[str]:
     if v.flat is not None:
         seg, at_step, value = v.flat
         out.append(f"flat logits: from segment {seg} step {at_step} every logit is {value:g}, so the draws "
-                   "are uniform though nothing is NaN (a hidden state whose square overflows a norm is zeroed: "
-                   "--layers shows each layer's abs max)")
+                   "are uniform though nothing is NaN (a hidden state whose square overflows a norm is "
+                   "zeroed: --layers shows each layer's abs max)")
     if v.audio_break:
         out.append(f"first non-finite in code2wav: {v.audio_break}")
     out.append(f"touched: {v.touched}")

@@ -16,8 +16,8 @@ LAYOUT = (("sos", 1), ("prompt text", 3), ("text", 2), ("task", 1), ("prompt spe
 
 def step(k: int, token: int = 1, *, nan: int = 0, lo: float = -1.0, hi: float = 1.0) -> StepFacts:
     return StepFacts(step=k, token=token, stop=False, aborted=False, top=((token, 0.5), (2, 0.25)),
-                     logit_min=lo, logit_max=hi, nan=nan, posinf=0, neginf=0, ras_fallback=False, ras_sole_restore=False,
-                     min_len_suppressed=False)
+                     logit_min=lo, logit_max=hi, nan=nan, posinf=0, neginf=0, ras_fallback=False,
+                     ras_sole_restore=False, min_len_suppressed=False)
 
 
 def layer(name: str, call: int, *, bad_at: int | None = None) -> LayerFacts:
