@@ -9,7 +9,7 @@ dataclass field whose metadata says everything the other layers need:
 * ``panel``: the ``--help`` group (model, sampling, batching, output, scale-out);
 * ``audio``: True when the value changes a row's samples (part of the row fingerprint);
 * ``low``/``high``: inclusive numeric bounds, ``choices`` come from the ``Literal`` annotation;
-* ``commands``: which CLI commands offer it (``synth``, ``say``); none: API/internal only.
+* ``commands``: which CLI commands offer it (``synth``, ``say``, ``trace``); none: API/internal only.
 
 The CLI (:mod:`cosyclone.cli_options`) derives its parameters from these fields, the API takes
 them as keywords, :func:`check` validates them for every door with the flag named, runs record
