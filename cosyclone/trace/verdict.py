@@ -97,7 +97,8 @@ def judge(replay: Replay, record: RowRecord | None, records: Sequence[RowRecord]
     sharing = share(record, records) if record is not None and records else None
     return Verdict(reproduced=None if record is None else not mismatches, mismatches=mismatches, audio=audio,
                    talker_break=brk, audio_break=first_bad(replay.code2wav_layers),
-                   touched=touched(brk, replay), sharing=sharing, flat=first_flat(replay.segments))
+                   touched=touched(brk, replay, audio_broke=replay.result.reason == NONFINITE_AUDIO),
+                   sharing=sharing, flat=first_flat(replay.segments))
 
 
 def compare_record(replay: Replay, record: RowRecord) -> list[str]:
@@ -199,8 +200,11 @@ def _rest(absmax: float | None) -> str:
     return " (nothing finite)" if absmax is None else f" (abs max of the rest: {absmax:.4g})"
 
 
-def touched(brk: Break | None, replay: Replay) -> str:
+def touched(brk: Break | None, replay: Replay, *, audio_broke: bool = False) -> str:
     """What the first break says about its cause."""
+    if brk is None and audio_broke:
+        return ("code2wav: the talker's numbers are finite, the audio is not (the flow or HiFT: with --layers "
+                "the first non-finite block or stage is named)")
     if brk is None:
         traced = bool(replay.segments and replay.segments[0].layers)
         return "nothing: every logit" + (" and every traced layer" if traced else "") + " finite"

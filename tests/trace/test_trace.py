@@ -111,6 +111,23 @@ def test_a_bf16_row_against_fp32_names_the_first_diverging_step(tiny_model_dir: 
     assert compare["divergence"]["step"] == int(found.group(1))
 
 
+def test_a_row_whose_audio_overflows_is_traced_to_the_dit_block(tiny_model_dir: Path, tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    state = torch.load(model / "flow.pt", weights_only=True)
+    for name in ("ff.ff.0.0", "ff.ff.2"):  # the feed-forward of DiT block 1, scaled past float32
+        state[f"decoder.estimator.transformer_blocks.1.{name}.weight"] *= 1e20
+    torch.save(state, model / "flow.pt")
+    out = tmp_path / "out"
+    res = cli("synth", MANIFEST, "--model-dir", model, "--out", out, "--max-tokens", "10", "--quiet")
+    assert res.exit_code == 3, res.output
+    res = cli("trace", out, "hello", "--layers")
+    assert res.exit_code == 0, res.output
+    assert "reproduced: yes" in res.output and "first non-finite: none" in res.output
+    assert "first non-finite in code2wav: flow block 1, call 0" in res.output
+    assert "touched: code2wav" in res.output
+
+
 def test_a_manifest_line_is_traced_without_a_folder(tiny_model_dir: Path, tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
