@@ -203,8 +203,8 @@ def _rest(absmax: float | None) -> str:
 def touched(brk: Break | None, replay: Replay, *, audio_broke: bool = False) -> str:
     """What the first break says about its cause."""
     if brk is None and audio_broke:
-        return ("code2wav: the talker's numbers are finite, the audio is not (the flow or HiFT: with --layers "
-                "the first non-finite block or stage is named)")
+        return ("code2wav: the talker's numbers are finite, the audio is not (the flow or HiFT: with "
+                "--layers the first non-finite block or stage is named)")
     if brk is None:
         traced = bool(replay.segments and replay.segments[0].layers)
         return "nothing: every logit" + (" and every traced layer" if traced else "") + " finite"
