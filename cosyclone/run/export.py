@@ -37,6 +37,7 @@ from cosyclone.run import export_shards as shards
 from cosyclone.run import folder as runfolder
 from cosyclone.run.audio_out import MODEL_RATE
 from cosyclone.run.columns import RESERVED, ColumnSet, MetaKeys
+from cosyclone.run.export_card import CARD, card
 from cosyclone.run.export_formats import LhotseManifests, NemoManifest
 from cosyclone.run.export_index import EVAL_NAME, EvalIndex, RecordIndex
 from cosyclone.run.export_lock import MARKER, ExportTarget
@@ -263,6 +264,7 @@ def _write(place: ExportTarget, sources: Sequence[Source], cols: ColumnSet, back
     names = [n for n, _ in parts] + ["train"] if parts else [shards.SHARD_PREFIX]
     sinks: dict[str, Sink] = {}
     skipped, per_source, counts = Skipped(), [], dict.fromkeys(names, 0)
+    suffixes: dict[str, str] = {}  # the first row's audio and prompt suffixes (the card's member names)
     try:
         for src in sources:
             for row_id, reason in src.index.failed():
@@ -273,6 +275,9 @@ def _write(place: ExportTarget, sources: Sequence[Source], cols: ColumnSet, back
                 if split not in sinks:
                     sinks[split] = sink(split)
                 sinks[split].add(row)
+                suffixes.setdefault("audio", row.audio.suffix)
+                if row.prompt is not None:
+                    suffixes.setdefault("prompt", row.prompt.suffix)
                 counts[split] += 1
                 done += 1
             per_source.append(done)
@@ -282,6 +287,10 @@ def _write(place: ExportTarget, sources: Sequence[Source], cols: ColumnSet, back
                                   f"({', '.join(f'{k} {v}' for k, v in skipped.counts.items() if v) or 'no ok row'})"
                                   f"; {place.target} keeps what it held")
         written = [info for name in names if name in sinks for info in sinks.pop(name).close()]
+        if fmt in shards.EXTENSIONS:
+            text = card(cols, fmt, sample_rate=rate, audio_ext=suffixes["audio"], prompt_ext=suffixes.get("prompt"),
+                        splits=[n for n in names if counts[n]], rows={k: v for k, v in counts.items() if v})
+            runfolder.write_bytes_atomic(staging / CARD, text.encode())
     except BaseException:
         for s in sinks.values():
             with contextlib.suppress(Exception):

@@ -34,7 +34,7 @@ from cosyclone.run import folder as runfolder
 MARKER = "export.json"  # what the export holds; written last, so its presence means the export is whole
 # what an export writes: shards, manifests, the marker (anything else in a target is the user's)
 _OURS = re.compile(r"^((data|[a-z][a-z0-9_]*)-\d{5,}(-of-\d{5,})?\.(parquet|tar)|manifest(_[a-z0-9_]+)?\.jsonl|"
-                   r"(recordings|supervisions)(_[a-z0-9_]+)?\.jsonl\.gz|export\.json)$")
+                   r"(recordings|supervisions)(_[a-z0-9_]+)?\.jsonl\.gz|export\.json|README\.md)$")
 
 
 class ExportBusy(CosycloneError):
@@ -127,6 +127,8 @@ class ExportTarget:
         """Carry the user's files over, write the marker, and swap the staging folder in."""
         try:
             for path in self.foreign():
+                if (self.staging / path.name).exists():
+                    continue
                 try:
                     os.link(path, self.staging / path.name)
                 except OSError:

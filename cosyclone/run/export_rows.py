@@ -73,7 +73,7 @@ def split_of(row_id: str, splits: tuple[tuple[str, float], ...]) -> str:
     if not splits:
         return SHARD_PREFIX
     digest = hashlib.blake2b(row_id.encode("utf-8", "surrogatepass"), digest_size=8, person=b"cosyclone-split")
-    u, edge = int.from_bytes(digest, "little") / 2.0**64, 0.0
+    u, edge = int.from_bytes(digest.digest(), "little") / 2.0**64, 0.0
     for name, share in splits:
         edge += share
         if u < edge:

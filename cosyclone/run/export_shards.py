@@ -270,9 +270,10 @@ class ShardWriter:
     def _finish(self) -> None:
         assert self._shard is not None and self._path is not None
         self._shard.close()
-        self.written.append(ShardInfo(path=self._path, rows=self._shard.rows, bytes=self._path.stat().st_size,
-                                      split=self.prefix))
+        info = ShardInfo(path=self._path, rows=self._shard.rows, bytes=self._path.stat().st_size, split=self.prefix)
+        self.written.append(info)
         self._shard = self._path = None
+        self.log(f"{info.path.name}: {info.rows} rows, {info.bytes} bytes")
 
     def abandon(self) -> None:
         """After a failure: the open shard closed (the staging folder goes as a whole)."""
@@ -282,7 +283,7 @@ class ShardWriter:
         self._shard = self._path = None
 
     def close(self) -> list[ShardInfo]:
-        """The last shard finished, then every shard renamed ``-of-N``: the shards written."""
+        """The last shard finished, then every shard renamed ``-of-N`` (its count now known): the shards."""
         try:
             if self._shard is not None:
                 self._finish()
@@ -292,7 +293,6 @@ class ShardWriter:
                 final = self.to_dir / shard_name(self.prefix, self.fmt, i, count)
                 os.replace(info.path, final)
                 named.append(dataclasses.replace(info, path=final))
-                self.log(f"{final.name}: {info.rows} rows, {info.bytes} bytes")
         except OSError as exc:
             self.abandon()
             raise runfolder.OutputFolderError(f"cannot write in {self.to_dir}: {exc.strerror or exc}") from exc
