@@ -289,7 +289,8 @@ def _write(place: ExportTarget, sources: Sequence[Source], cols: ColumnSet, back
         written = [info for name in names if name in sinks for info in sinks.pop(name).close()]
         if fmt in shards.EXTENSIONS:
             text = card(cols, fmt, sample_rate=rate, audio_ext=suffixes["audio"], prompt_ext=suffixes.get("prompt"),
-                        splits=[n for n in names if counts[n]], rows={k: v for k, v in counts.items() if v})
+                        splits=[n for n in names if counts[n]], rows={k: v for k, v in counts.items() if v},
+                        sizes={n: sum(i.bytes for i in written if i.split == n) for n in names})
             runfolder.write_bytes_atomic(staging / CARD, text.encode())
     except BaseException:
         for s in sinks.values():

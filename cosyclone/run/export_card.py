@@ -36,8 +36,12 @@ def _audio(rate: int | None) -> list[str]:
 
 
 def card(cols: ColumnSet, fmt: ExportFormat, *, sample_rate: int, audio_ext: str, prompt_ext: str | None,
-         splits: Sequence[str], rows: dict[str, int]) -> str:
-    """The README.md of an export: YAML features and data files, then a few lines for a reader."""
+         splits: Sequence[str], rows: dict[str, int], sizes: dict[str, int]) -> str:
+    """The README.md of an export: YAML features, split sizes and data files, then a few lines for a reader.
+
+    The split sizes (rows and bytes) are there for ``datasets``' cache too: it keys a folder's load
+    by its card, so a re-export whose rows or bytes differ is read anew, not from the cache.
+    """
     lines = ["---", "dataset_info:", "  features:"]
     if fmt == "parquet":
         lines += _feature("audio", _audio(sample_rate), "  ")
@@ -55,6 +59,11 @@ def card(cols: ColumnSet, fmt: ExportFormat, *, sample_rate: int, audio_ext: str
             lines += _feature(c.name, _dtype(c, json_member=True), "    ")
         lines += _feature("__key__", ["dtype: string"], "  ") + _feature("__url__", ["dtype: string"], "  ")
         ext = ".tar"
+    lines += ["  splits:"]
+    for split in splits:
+        lines += [f"  - name: {'train' if split == 'data' else split}", f"    num_bytes: {sizes[split]}",
+                  f"    num_examples: {rows[split]}"]
+    lines += [f"  download_size: {sum(sizes.values())}", f"  dataset_size: {sum(sizes.values())}"]
     lines += ["configs:", "- config_name: default", "  data_files:"]
     for split in splits:
         prefix = "data" if split == "data" else split

@@ -253,6 +253,7 @@ class ShardWriter:
         self._path: Path | None = None
 
     def add(self, row: ExportRow) -> None:
+        where = self._path
         try:
             full = self._shard is not None and self._shard.rows and (
                 (self.max_rows is not None and self._shard.rows >= self.max_rows)
@@ -260,12 +261,12 @@ class ShardWriter:
             if full:
                 self._finish()
             if self._shard is None:
-                self._path = self.to_dir / shard_name(self.prefix, self.fmt, len(self.written))
+                self._path = where = self.to_dir / shard_name(self.prefix, self.fmt, len(self.written))
                 self._shard = self.make(self._path)
             assert self._shard is not None
             self._shard.add(row)
         except OSError as exc:
-            raise runfolder.OutputFolderError(f"cannot write {self._path}: {exc.strerror or exc}") from exc
+            raise runfolder.OutputFolderError(f"cannot write {where}: {exc.strerror or exc}") from exc
 
     def _finish(self) -> None:
         assert self._shard is not None and self._path is not None
