@@ -1,6 +1,7 @@
 """The ``cosyclone export`` command (registered in cosyclone/cli.py; the work is in export.py).
 
-Its options are :class:`cosyclone.options.ExportOptions`' fields. Exit codes are
+Its options are :class:`cosyclone.options.ExportOptions`' fields, given to it as ``**options`` by
+``cli_options.with_options`` where cosyclone/cli.py registers it. Exit codes are
 :class:`cosyclone.errors.Exit`'s: 0 the export is in place; 2 unusable input (not a run folder, a bad
 option, rows at several sample rates, duplicate ids, ``--only-passed`` without eval.jsonl, a folder
 a synth is writing); 3 no row could be exported; 4 the export cannot be written; 5 another export
@@ -14,12 +15,9 @@ from typing import Any
 
 import typer
 
-from cosyclone.cli_options import with_options
 from cosyclone.errors import CosycloneError, Exit
-from cosyclone.options import EXPORT
 
 
-@with_options(EXPORT)
 def export_command(
     out: list[Path] = typer.Argument(..., help="run folders (synth's --out; a --shard run's folders together)",
                                      show_default=False, metavar="OUT..."),

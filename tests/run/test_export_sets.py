@@ -108,9 +108,10 @@ def test_the_prompt_recording_is_embedded_when_asked(tmp_path: Path) -> None:
 
 
 def test_the_export_options_come_from_the_option_registry() -> None:
-    from cosyclone.run.export_command import export_command
+    from cosyclone import cli
 
-    params = inspect.signature(export_command).parameters
+    command = next(c.callback for c in cli.app.registered_commands if c.name == "export")
+    params = inspect.signature(command).parameters
     offered = [f for _, f in option_fields(*COMMAND_GROUPS) if EXPORT in f.metadata["commands"]]
     assert {f.name for f in offered} == {"format", "shard_size", "rows_per_shard", "to", "split",
                                          "include_prompt_audio", "only_passed", "allow_running"}
