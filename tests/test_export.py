@@ -209,7 +209,8 @@ def test_a_rerun_on_a_grown_folder_rewrites_every_shard(tmp_path: Path) -> None:
     grown = export(out, fmt="webdataset", shard_size_bytes=parse_size("100MB"))
     assert [s.path.name for s in grown.shards] == ["data-00000-of-00001.tar"]
     # the six old shards gone, the user's own file carried into the new export
-    assert sorted(p.name for p in target.iterdir()) == ["data-00000-of-00001.tar", "export.json", "notes.txt"]
+    assert sorted(p.name for p in target.iterdir()) == ["README.md", "data-00000-of-00001.tar", "export.json",
+                                                        "notes.txt"]
     assert [json.loads(s["json"])["id"] for s in read_tars(target)] == [f"r{i}" for i in range(1, 10)]
 
 
