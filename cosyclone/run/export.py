@@ -32,7 +32,7 @@ from typing import Protocol
 import numpy as np
 
 from cosyclone.errors import CosycloneError
-from cosyclone.options import ExportFormat
+from cosyclone.options import EXPORT_FORMATS, ExportFormat
 from cosyclone.run import export_shards as shards
 from cosyclone.run import folder as runfolder
 from cosyclone.run.audio_out import MODEL_RATE
@@ -46,7 +46,7 @@ from cosyclone.run.export_shards import ExportRow, ShardInfo
 from cosyclone.run.lock import live_writers
 
 EXPORT_DIR = "export"  # OUT/export/<format>/: the default target
-FORMATS: tuple[ExportFormat, ...] = ("parquet", "webdataset", "nemo", "lhotse")
+FORMATS = EXPORT_FORMATS
 DEFAULT_SHARD_SIZE = "500MB"
 DEFAULT_SHARD_BYTES = 500 * 10**6
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
