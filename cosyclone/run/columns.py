@@ -51,7 +51,25 @@ class Column:
 
 
 def _get(name: str) -> Callable[[RowView], Any]:
-    return lambda v: v.raw.get(name, getattr(v.record, name, None))
+    """A record field: the typed record's, else the line's own (a field this cosyclone does not type)."""
+    return lambda v: getattr(v.record, name) if hasattr(v.record, name) else v.raw.get(name)
+
+
+def coerce(kind: ColumnType, value: Any) -> Any:
+    """``value`` as a column of ``kind`` holds it, None when it is not one (a record is data: no
+    value it may hold stops an export)."""
+    if value is None:
+        return None
+    if kind == "string":
+        return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    if kind == "bool":
+        return value if isinstance(value, bool) else None
+    if kind in ("int64", "uint64"):
+        low, high = (-(2**63), 2**63) if kind == "int64" else (0, 2**64)
+        return value if isinstance(value, int) and not isinstance(value, bool) and low <= value < high else None
+    if kind == "float64":
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return [v if isinstance(v, str) else str(v) for v in value] if isinstance(value, (list, tuple)) else None
 
 
 _STOP_ORDER = ("error", "no_finite_logits", "aborted", "max_len")  # a row stops as its worst segment did
@@ -87,11 +105,6 @@ def meta_json(view: RowView) -> str | None:
     return None if meta is None else json.dumps(meta, ensure_ascii=False, sort_keys=True)
 
 
-def _seed(view: RowView) -> int | None:
-    seed = view.record.seed
-    return seed if isinstance(seed, int) and 0 <= seed < 2**64 else None
-
-
 CORE: tuple[Column, ...] = (
     Column("id", "string", "id", "the manifest row's id", _get("id")),
     Column("text", "string", "text", "the manifest's text", _get("text"), stats=False),
@@ -102,7 +115,7 @@ CORE: tuple[Column, ...] = (
            _get("prompt_audio"), stats=False),
     Column("mode", "string", "mode", "zero_shot | cross_lingual | instruct2", _get("mode")),
     Column("instruct", "string", "instruct", "the instruction (instruct2)", _get("instruct"), stats=False),
-    Column("seed", "uint64", "seed", "the row's seed as used (0 .. 2^64-1)", _seed),
+    Column("seed", "uint64", "seed", "the row's seed as used (0 .. 2^64-1)", _get("seed")),
     Column("speed", "float64", "speed", "the speaking-rate factor", _get("speed")),
     Column("duration", "float64", "the file", "seconds of the audio file (samples / sample_rate)",
            lambda v: v.samples / float(v.sample_rate)),
@@ -145,15 +158,15 @@ EVAL: tuple[tuple[str, ColumnType, str], ...] = (
 FREE_TEXT = frozenset({"eval_transcript"})
 
 
-def _from_values(name: str) -> Callable[[RowView], Any]:
-    return lambda v: None  # filled from the row's computed values (see ColumnSet.values)
+def _computed(view: RowView) -> Any:
+    return None  # eval's values are computed beside the row (ColumnSet.values takes them as given)
 
 
 def eval_columns(backends: tuple[str, ...]) -> tuple[Column, ...]:
     """eval's columns, a similarity column per speaker backend eval scored with."""
-    cols = [Column(n, t, "eval.jsonl", d, _from_values(n), stats=n not in FREE_TEXT) for n, t, d in EVAL]
-    cols += [Column(similarity_column(b), "float64", "eval.jsonl", f"speaker similarity ({b})",
-                    _from_values(b)) for b in backends]
+    cols = [Column(n, t, "eval.jsonl", d, _computed, stats=n not in FREE_TEXT) for n, t, d in EVAL]
+    cols += [Column(similarity_column(b), "float64", "eval.jsonl", f"speaker similarity ({b})", _computed)
+             for b in backends]
     return tuple(cols)
 
 
@@ -181,7 +194,8 @@ class MetaKeys:
         if not isinstance(meta, Mapping):
             return
         for key, value in meta.items():
-            if not isinstance(key, str) or key in self.reserved or not _IDENT.match(key):
+            if not isinstance(key, str) or key in self.reserved or not _IDENT.match(key) \
+                    or key.startswith(("eval_", "sampler_")):
                 continue
             if key in self._keys or len(self._keys) < 4 * MAX_META_COLUMNS:
                 self._keys[key] = self._keys.get(key, True) and isinstance(value, str)
@@ -216,8 +230,9 @@ class ColumnSet:
         return tuple(c.name for c in self.columns)
 
     def values(self, view: RowView, computed: Mapping[str, Any]) -> dict[str, Any]:
-        """Every column's value for a row; ``computed`` holds those read elsewhere (eval's)."""
-        return {c.name: computed[c.name] if c.name in computed else c.read(view) for c in self.columns}
+        """Every column's value for a row, of its type; ``computed`` holds those read elsewhere (eval's)."""
+        return {c.name: coerce(c.type, computed[c.name] if c.name in computed else c.read(view))
+                for c in self.columns}
 
     def json_values(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """The values as JSON outputs write them (uint64 as decimal strings)."""

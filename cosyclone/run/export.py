@@ -292,10 +292,13 @@ def _write(place: ExportTarget, sources: Sequence[Source], cols: ColumnSet, back
                         splits=[n for n in names if counts[n]], rows={k: v for k, v in counts.items() if v},
                         sizes={n: sum(i.bytes for i in written if i.split == n) for n in names})
             runfolder.write_bytes_atomic(staging / CARD, text.encode())
-    except BaseException:
+    except BaseException as exc:
         for s in sinks.values():
             with contextlib.suppress(Exception):
                 s.abandon()
+        if isinstance(exc, OSError):  # a manifest or the card could not be written
+            raise runfolder.OutputFolderError(f"cannot write the export in {place.staging}: "
+                                              f"{exc.strerror or exc}") from exc
         raise
     records = sum(s.index.rows for s in sources)
     marker = {

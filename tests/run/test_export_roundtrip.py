@@ -128,3 +128,17 @@ def test_normalized_text_and_stop_reason_come_from_the_record_when_it_has_them(t
     rows = {r["id"]: r for r in pq.read_table(str(summary.shards[0].path)).to_pylist()}
     assert (rows["n"]["normalized_text"], rows["n"]["stop_reason"]) == ("three cats", "max_len")
     assert rows["m"]["stop_reason"] == "eos" and rows["m"]["stop_reasons"] == ["eos", "eos"]
+
+
+def test_a_record_of_odd_types_exports_with_nulls_not_an_error(tmp_path: Path) -> None:
+    """A record is data: a value of another type (an older writer, a hand edit) reads as the column's null."""
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "out"
+    write(out, [Row("odd", 1, meta=["a", "list"], extra={"speed": "fast", "seed": -1, "normalized_text": 5}),
+                Row("fine", 2, meta={"speaker": "s"})])
+    summary = export(out, fmt="parquet")
+    rows = {r["id"]: r for r in pq.read_table(str(summary.shards[0].path)).to_pylist()}
+    assert (rows["odd"]["speed"], rows["odd"]["seed"], rows["odd"]["speaker"]) == (None, None, None)
+    assert rows["odd"]["meta"] == '["a", "list"]' and rows["odd"]["normalized_text"] is None  # no segments either
+    assert (rows["fine"]["speed"], rows["fine"]["speaker"]) == (1.0, "s")
