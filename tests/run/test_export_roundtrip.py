@@ -142,3 +142,13 @@ def test_a_record_of_odd_types_exports_with_nulls_not_an_error(tmp_path: Path) -
     assert (rows["odd"]["speed"], rows["odd"]["seed"], rows["odd"]["speaker"]) == (None, None, None)
     assert rows["odd"]["meta"] == '["a", "list"]' and rows["odd"]["normalized_text"] is None  # no segments either
     assert (rows["fine"]["speed"], rows["fine"]["speaker"]) == (1.0, "s")
+
+
+def test_docs_output_names_every_column_of_the_table() -> None:
+    from tests.cli.test_cli import ROOT
+
+    doc = (ROOT / "docs" / "output.md").read_text(encoding="utf-8")
+    section = doc[doc.index("## Shards for training"):]
+    missing = [c.name for c in CORE if f"`{c.name}`" not in section]
+    missing += [c.name for c in SAMPLER if f"`{c.name.removeprefix('sampler_')}`" not in section]
+    assert not missing, f"docs/output.md's export columns lack {missing}"
