@@ -52,10 +52,13 @@ def test_every_format_reads_back_the_exact_seed_text_and_speaker(run: Path, tmp_
     import webdataset as wds
 
     for fmt in ("parquet", "webdataset", "nemo", "lhotse"):
-        res = CliRunner().invoke(app, ["export", str(run), "--format", fmt, "--to", str(tmp_path / fmt)])
+        prompt = ["--include-prompt-audio"] if fmt == "parquet" else []
+        res = CliRunner().invoke(app, ["export", str(run), "--format", fmt, "--to", str(tmp_path / fmt), *prompt])
         assert res.exit_code == 0, res.output
     ds = datasets.load_dataset(str(tmp_path / "parquet"), split="train")
-    _same([{k: v for k, v in r.items() if k != "audio"} for r in ds], seed_text=False)
+    _same([{k: v for k, v in r.items() if k not in ("audio", "prompt")} for r in ds], seed_text=False)
+    raw = ds.cast_column("prompt", datasets.Audio(decode=False))
+    assert all(r["prompt"]["bytes"] == Path(PROMPT).read_bytes() for r in raw)  # the recording itself
     _same([dict(r["json"]) for r in datasets.load_dataset(str(tmp_path / "webdataset"), split="train")], True)
     urls = sorted(str(p) for p in (tmp_path / "webdataset").glob("*.tar"))
     _same([json.loads(s["json"]) for s in wds.WebDataset(urls, shardshuffle=False)], seed_text=True)

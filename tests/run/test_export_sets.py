@@ -130,5 +130,13 @@ def test_the_cli_takes_splits_and_rows_per_shard(tmp_path: Path) -> None:
                                    "--rows-per-shard", "2", "--format", "webdataset"])
     assert res.exit_code == Exit.OK, res.output
     assert "exported 10 of 10 rows (validation " in res.output
+    nemo = CliRunner().invoke(app, ["export", str(out), "--to", str(tmp_path / "n"), "--split", "validation=0.3",
+                                    "--format", "nemo"])
+    assert nemo.exit_code == Exit.OK, nemo.output
+    files = {p.name: p for p in (tmp_path / "n").glob("manifest_*.jsonl")}
+    assert sorted(files) == ["manifest_train.jsonl", "manifest_validation.jsonl"]
+    val = [json.loads(x)["id"] for x in files["manifest_validation.jsonl"].read_text().splitlines()]
+    parts = parse_splits(["validation=0.3"])
+    assert val and all(split_of(i, parts) == "validation" for i in val)
     bad = CliRunner().invoke(app, ["export", str(out), "--split", "validation"])
     assert bad.exit_code == Exit.USAGE and "--split must be NAME=FRACTION" in bad.output
