@@ -10,8 +10,9 @@ export should a kill fall in that gap. A failed or killed export leaves the old 
 its staging folder is removed by the next export of that target (which holds the lock, so no live
 export owns it).
 
-Files in the old target that no export wrote (a dataset card, notes) are carried into the new one
-(hard links, else copies); a target holding folders of its own is refused, as not an export's.
+Files in the old target that no export wrote (notes of one's own) are carried into the new one
+(hard links, else copies); the dataset card ``README.md`` is an export's own and is rewritten. A
+target holding folders of its own is refused, as not an export's.
 """
 
 from __future__ import annotations
