@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -25,9 +25,18 @@ from cosyclone.base.version import __version__
 from cosyclone.cli_options import with_options
 from cosyclone.errors import CosycloneError, Exit
 from cosyclone.eval.command import eval_command
+<<<<<<< HEAD
 from cosyclone.options import INSPECT, MODEL, OUTPUT, SAMPLING, SAY, SYNTH, TRACE, Mode, TextFrontendName
+=======
+from cosyclone.options import EXPORT, INSPECT, MODEL, OUTPUT, SAMPLING, SAY, SYNTH, Mode, TextFrontendName
+>>>>>>> main
 from cosyclone.run.export_command import export_command
 from cosyclone.trace.command import trace_command
+
+if TYPE_CHECKING:
+    from cosyclone.errors import ManifestError
+    from cosyclone.run.account import JobSummary
+    from cosyclone.run.job import SynthJob
 
 OUTPUT_FIELDS = ("float_wav", "sample_rate", "audio_format", "audio_encoding", "trim_silence")  # say's file
 MODEL_DIR_ENV = "COSYCLONE_MODEL_DIR"  # the default --model-dir of synth and say
@@ -87,7 +96,8 @@ def validate(
         typer.echo("note: no --model-dir: token counts come from the built-in stand-in tokenizer (bytes, not the "
                    "model's vocabulary), so English segments can differ; give --model-dir for real counts",
                    err=True)
-    entries: list[tuple[int, object]] = [(e.line or 0, e) for e in m.errors] + [(r.line, r) for r in m.rows]
+    entries: list[tuple[int, ManifestError | ManifestRow]] = [(e.line or 0, e) for e in m.errors]
+    entries += [(r.line, r) for r in m.rows]
     rejected = len(m.errors)
     for _, item in sorted(entries, key=lambda e: e[0]):
         if not isinstance(item, ManifestRow):
@@ -114,7 +124,7 @@ def validate(
     raise typer.Exit(Exit.ROWS_FAILED if rejected else Exit.OK)
 
 
-def _emit_row_error(manifest: Path, err, json_out: bool) -> None:
+def _emit_row_error(manifest: Path, err: ManifestError, json_out: bool) -> None:
     if json_out:
         typer.echo(json.dumps({"id": err.row_id, "error": str(err)}, ensure_ascii=False))
     else:
@@ -174,7 +184,7 @@ def _rejected(manifest: Path) -> Callable[[object], None]:
     return lambda err: typer.echo(f"{manifest}: {err}", err=True)
 
 
-def _announce(job, say: Callable[[str], None]) -> None:
+def _announce(job: SynthJob, say: Callable[[str], None]) -> None:
     """Before the run: its warnings."""
     opts = job.opts
     if "legacy" in opts.nonfinite_policy or "legacy" in opts.draw:
@@ -204,7 +214,7 @@ def _folder_errors() -> Iterator[None]:
         _fail(str(exc))
 
 
-def _print_summary(job, summary) -> None:
+def _print_summary(job: SynthJob, summary: JobSummary) -> None:
     """After the run: the rows that failed (stderr, by manifest line), the totals table, the exit code."""
     from cosyclone.run import report as totals_mod
 
@@ -348,8 +358,12 @@ def report(
 
 
 app.command("eval")(eval_command)  # cosyclone/eval/command.py (models from the optional eval extra)
+<<<<<<< HEAD
 app.command("export")(export_command)  # cosyclone/run/export_command.py (shards of a run folder)
 app.command("trace")(with_options(TRACE)(trace_command))  # cosyclone/trace/command.py (one row replayed)
+=======
+app.command("export")(with_options(EXPORT)(export_command))  # cosyclone/run/export_command.py (shards of a run folder)
+>>>>>>> main
 
 
 @app.command("make-tiny-model")

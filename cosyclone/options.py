@@ -26,13 +26,21 @@ from typing import Any, Literal, get_args
 
 from cosyclone.errors import CosycloneError
 
+<<<<<<< HEAD
 SYNTH, SAY, INSPECT, TRACE = "synth", "say", "inspect", "trace"
+=======
+SYNTH, SAY, INSPECT, EXPORT = "synth", "say", "inspect", "export"
+>>>>>>> main
 BOTH = (SYNTH, SAY)
 ROW = (SYNTH, SAY, TRACE)  # the options that make a row's audio: `trace` replays a manifest line with them
 
 # the --help groups, in the order --help shows them
 MODEL, SAMPLING, BATCHING, OUTPUT, SCALE_OUT = "Model", "Sampling", "Batching", "Output", "Scale-out"
+<<<<<<< HEAD
 TRACING = "Trace"
+=======
+SHARDS, SOURCES = "Shards", "Sources"  # export's --help groups
+>>>>>>> main
 
 LoadFormat = Literal["auto", "dummy"]
 TextFrontendName = Literal["wetext", "none"]  # wetext: the official normalizer; none: no normalizer
@@ -51,6 +59,9 @@ CudaGraphs = Literal["auto", "on", "off"]
 Engine = Literal["local", "ray"]
 AudioFormat = Literal["wav", "flac"]
 AudioEncoding = Literal["pcm16", "pcm24", "float"]
+# what `cosyclone export` writes: Parquet or WebDataset shards, a NeMo manifest, Lhotse manifests
+ExportFormat = Literal["parquet", "webdataset", "nemo", "lhotse"]
+EXPORT_FORMATS: tuple[ExportFormat, ...] = get_args(ExportFormat)
 
 
 def opt(default: Any, help: str, *, panel: str, audio: bool = False, commands: tuple[str, ...] = BOTH,
@@ -217,6 +228,7 @@ class FolderOptions:
 
 
 @dataclass(frozen=True)
+<<<<<<< HEAD
 class TraceOptions:
     """What ``cosyclone trace`` shows and compares (the row's own options come from its record)."""
 
@@ -233,6 +245,33 @@ class TraceOptions:
     # from a folder: replay again under this policy and compare; from a manifest: the replay's (None: exclude)
     nonfinite_policy: NonfinitePolicy | None = opt(None, "also replay under this NaN policy", panel=TRACING,
                                                    metavar="P", commands=(TRACE,))
+=======
+class ExportOptions:
+    """What ``cosyclone export`` writes and from what (cosyclone/run/export.py; none changes a row)."""
+
+    # parquet | webdataset shards (the audio inside), nemo | lhotse manifests (pointing at the folders' files)
+    format: ExportFormat = opt("parquet", "parquet | webdataset | nemo | lhotse", panel=SHARDS, metavar="FMT",
+                               commands=(EXPORT,))
+    # the largest shard: 500MB, 2GB, 100KB (powers of 1000), 1GiB (of 1024) or bytes
+    shard_size: str = opt("500MB", "largest shard: 500MB, 2GB, 100KB or bytes", panel=SHARDS, metavar="SIZE",
+                          commands=(EXPORT,))
+    # at most this many rows a shard (None: only --shard-size bounds a shard)
+    rows_per_shard: int | None = opt(None, "at most N rows a shard", panel=SHARDS, low=1, metavar="N",
+                                     commands=(EXPORT,))
+    # where the export goes (None: OUT/export/FORMAT of the one folder given)
+    to: str | None = opt(None, "target folder (default: OUT/export/FMT)", panel=SHARDS, metavar="DIR",
+                         commands=(EXPORT,))
+    # NAME=FRACTION, repeatable: that share of the rows (by a hash of the id) goes to split NAME, the rest to train
+    split: list[str] | None = opt(None, "NAME=FRACTION by id hash, e.g. validation=0.02", panel=SHARDS,
+                                  metavar="NAME=F", commands=(EXPORT,))
+    # embed each row's prompt recording (Parquet: a second audio column; WebDataset: <key>.prompt.<ext>)
+    include_prompt_audio: bool = opt(False, "embed the prompt recording too", panel=SHARDS, commands=(EXPORT,))
+    # only the rows `cosyclone eval` passed (needs OUT/eval.jsonl)
+    only_passed: bool = opt(False, "only rows that passed cosyclone eval", panel=SOURCES, commands=(EXPORT,))
+    # export a folder a live `synth` is writing (what it finished so far; the marker says "running")
+    allow_running: bool = opt(False, "export a folder a synth is still writing", panel=SOURCES,
+                              commands=(EXPORT,))
+>>>>>>> main
 
     def __post_init__(self) -> None:
         check(self)
@@ -240,8 +279,13 @@ class TraceOptions:
 
 #: The option groups a run is built from, in --help order.
 GROUPS: tuple[type, ...] = (ModelOptions, SamplingOptions, EngineOptions, FolderOptions)
+<<<<<<< HEAD
 #: Every group a command's options come from: the run's, and ``trace``'s own.
 COMMAND_GROUPS: tuple[type, ...] = (*GROUPS, TraceOptions)
+=======
+#: Every option group a command takes its options from (the run's, then export's).
+COMMAND_GROUPS: tuple[type, ...] = (*GROUPS, ExportOptions)
+>>>>>>> main
 #: ModelOptions fields: a loaded model's own (the API refuses them per call).
 MODEL_FIELDS = tuple(f.name for f in fields(ModelOptions))
 
