@@ -25,11 +25,18 @@ from cosyclone.base.version import __version__
 from cosyclone.cli_options import with_options
 from cosyclone.errors import CosycloneError, Exit
 from cosyclone.eval.command import eval_command
-<<<<<<< HEAD
-from cosyclone.options import INSPECT, MODEL, OUTPUT, SAMPLING, SAY, SYNTH, TRACE, Mode, TextFrontendName
-=======
-from cosyclone.options import EXPORT, INSPECT, MODEL, OUTPUT, SAMPLING, SAY, SYNTH, Mode, TextFrontendName
->>>>>>> main
+from cosyclone.options import (
+    EXPORT,
+    INSPECT,
+    MODEL,
+    OUTPUT,
+    SAMPLING,
+    SAY,
+    SYNTH,
+    TRACE,
+    Mode,
+    TextFrontendName,
+)
 from cosyclone.run.export_command import export_command
 from cosyclone.trace.command import trace_command
 
@@ -358,12 +365,8 @@ def report(
 
 
 app.command("eval")(eval_command)  # cosyclone/eval/command.py (models from the optional eval extra)
-<<<<<<< HEAD
-app.command("export")(export_command)  # cosyclone/run/export_command.py (shards of a run folder)
-app.command("trace")(with_options(TRACE)(trace_command))  # cosyclone/trace/command.py (one row replayed)
-=======
 app.command("export")(with_options(EXPORT)(export_command))  # cosyclone/run/export_command.py (shards of a run folder)
->>>>>>> main
+app.command("trace")(with_options(TRACE)(trace_command))  # cosyclone/trace/command.py (one row replayed)
 
 
 @app.command("make-tiny-model")

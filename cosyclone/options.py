@@ -26,21 +26,14 @@ from typing import Any, Literal, get_args
 
 from cosyclone.errors import CosycloneError
 
-<<<<<<< HEAD
-SYNTH, SAY, INSPECT, TRACE = "synth", "say", "inspect", "trace"
-=======
-SYNTH, SAY, INSPECT, EXPORT = "synth", "say", "inspect", "export"
->>>>>>> main
+SYNTH, SAY, INSPECT, EXPORT, TRACE = "synth", "say", "inspect", "export", "trace"
 BOTH = (SYNTH, SAY)
 ROW = (SYNTH, SAY, TRACE)  # the options that make a row's audio: `trace` replays a manifest line with them
 
 # the --help groups, in the order --help shows them
 MODEL, SAMPLING, BATCHING, OUTPUT, SCALE_OUT = "Model", "Sampling", "Batching", "Output", "Scale-out"
-<<<<<<< HEAD
-TRACING = "Trace"
-=======
 SHARDS, SOURCES = "Shards", "Sources"  # export's --help groups
->>>>>>> main
+TRACING = "Trace"  # trace's --help group
 
 LoadFormat = Literal["auto", "dummy"]
 TextFrontendName = Literal["wetext", "none"]  # wetext: the official normalizer; none: no normalizer
@@ -228,24 +221,6 @@ class FolderOptions:
 
 
 @dataclass(frozen=True)
-<<<<<<< HEAD
-class TraceOptions:
-    """What ``cosyclone trace`` shows and compares (the row's own options come from its record)."""
-
-    # the manifest row to replay (the manifest form: trace MANIFEST --id ID)
-    id: str | None = opt(None, "the row to trace (with a manifest)", panel=TRACING, metavar="ID",
-                         commands=(TRACE,))
-    # each Qwen2 layer's output per step (and the DiT blocks' and HiFT stages'): abs max and finiteness
-    layers: bool = opt(False, "per layer per step: abs max, finite", panel=TRACING, commands=(TRACE,))
-    # candidate ids shown per step, with their probabilities
-    top: int = opt(5, "candidates shown per step (5)", panel=TRACING, low=1, metavar="N", commands=(TRACE,))
-    # from a folder: replay again at this dtype and compare; from a manifest: the replay's dtype (None: auto)
-    dtype: DtypeName | None = opt(None, "also replay at this dtype, side by side", panel=TRACING, metavar="TYPE",
-                                  commands=(TRACE,))
-    # from a folder: replay again under this policy and compare; from a manifest: the replay's (None: exclude)
-    nonfinite_policy: NonfinitePolicy | None = opt(None, "also replay under this NaN policy", panel=TRACING,
-                                                   metavar="P", commands=(TRACE,))
-=======
 class ExportOptions:
     """What ``cosyclone export`` writes and from what (cosyclone/run/export.py; none changes a row)."""
 
@@ -271,7 +246,28 @@ class ExportOptions:
     # export a folder a live `synth` is writing (what it finished so far; the marker says "running")
     allow_running: bool = opt(False, "export a folder a synth is still writing", panel=SOURCES,
                               commands=(EXPORT,))
->>>>>>> main
+
+    def __post_init__(self) -> None:
+        check(self)
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    """What ``cosyclone trace`` shows and compares (the row's own options come from its record)."""
+
+    # the manifest row to replay (the manifest form: trace MANIFEST --id ID)
+    id: str | None = opt(None, "the row to trace (with a manifest)", panel=TRACING, metavar="ID",
+                         commands=(TRACE,))
+    # each Qwen2 layer's output per step (and the DiT blocks' and HiFT stages'): abs max and finiteness
+    layers: bool = opt(False, "per layer per step: abs max, finite", panel=TRACING, commands=(TRACE,))
+    # candidate ids shown per step, with their probabilities
+    top: int = opt(5, "candidates shown per step (5)", panel=TRACING, low=1, metavar="N", commands=(TRACE,))
+    # from a folder: replay again at this dtype and compare; from a manifest: the replay's dtype (None: auto)
+    dtype: DtypeName | None = opt(None, "also replay at this dtype, side by side", panel=TRACING, metavar="TYPE",
+                                  commands=(TRACE,))
+    # from a folder: replay again under this policy and compare; from a manifest: the replay's (None: exclude)
+    nonfinite_policy: NonfinitePolicy | None = opt(None, "also replay under this NaN policy", panel=TRACING,
+                                                   metavar="P", commands=(TRACE,))
 
     def __post_init__(self) -> None:
         check(self)
@@ -279,13 +275,8 @@ class ExportOptions:
 
 #: The option groups a run is built from, in --help order.
 GROUPS: tuple[type, ...] = (ModelOptions, SamplingOptions, EngineOptions, FolderOptions)
-<<<<<<< HEAD
-#: Every group a command's options come from: the run's, and ``trace``'s own.
-COMMAND_GROUPS: tuple[type, ...] = (*GROUPS, TraceOptions)
-=======
-#: Every option group a command takes its options from (the run's, then export's).
-COMMAND_GROUPS: tuple[type, ...] = (*GROUPS, ExportOptions)
->>>>>>> main
+#: Every option group a command takes its options from (the run's, then export's and trace's).
+COMMAND_GROUPS: tuple[type, ...] = (*GROUPS, ExportOptions, TraceOptions)
 #: ModelOptions fields: a loaded model's own (the API refuses them per call).
 MODEL_FIELDS = tuple(f.name for f in fields(ModelOptions))
 

@@ -51,12 +51,13 @@ def test_the_step_probe_reports_what_the_sampler_counted() -> None:
 
 
 def test_layer_probes_record_each_call_and_detach() -> None:
-    net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    first, second = nn.Linear(4, 4), nn.Linear(4, 4)
+    net = nn.Sequential(first, second)
     with torch.no_grad():  # a finite first layer whose output the second scales past float32's range
-        net[0].weight.fill_(1.0)
-        net[0].bias.zero_()
-        net[1].weight.fill_(1e38)
-    probe = LayerProbe("talker", [("a", net[0]), ("b", net[1])])
+        first.weight.fill_(1.0)
+        first.bias.zero_()
+        second.weight.fill_(1e38)
+    probe = LayerProbe("talker", [("a", first), ("b", second)])
     x = torch.ones(1, 3, 4)
     with probe.attached():
         net(x)
@@ -64,7 +65,7 @@ def test_layer_probes_record_each_call_and_detach() -> None:
     net(x)  # after the block: nothing recorded
     assert [(c.name, c.call) for c in probe.calls] == [("a", 0), ("b", 0), ("a", 1), ("b", 1)]
     assert probe.calls[0].finite and not probe.calls[1].finite and probe.calls[1].first_bad_position == 0
-    assert not net[0]._forward_hooks and not net[1]._forward_hooks
+    assert not first._forward_hooks and not second._forward_hooks
 
 
 def test_a_position_is_named_by_the_part_of_the_prompt_it_holds() -> None:

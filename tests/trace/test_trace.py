@@ -21,7 +21,7 @@ MANIFEST = ROOT / "manifests" / "example.jsonl"
 HOT_LAYER = 1  # the tiny model's layer whose MLP is scaled until it overflows
 
 
-def cli(*args: str) -> Any:
+def cli(*args: str | Path) -> Any:
     res = CliRunner().invoke(app, [str(a) for a in args])
     assert res.exception is None or isinstance(res.exception, SystemExit), res.output
     return res

@@ -3,6 +3,8 @@ touched, flat logits, and where two replays part."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from cosyclone.engine.outcome import RowResult
@@ -25,7 +27,8 @@ def layer(name: str, call: int, *, bad_at: int | None = None) -> LayerFacts:
                       nonfinite=0 if bad_at is None else 3, first_bad_position=bad_at)
 
 
-def replay(steps: list[StepFacts], layers: list[LayerFacts] = (), logits: list[torch.Tensor] = ()) -> Replay:
+def replay(steps: Sequence[StepFacts], layers: Sequence[LayerFacts] = (),
+           logits: Sequence[torch.Tensor] = ()) -> Replay:
     seg = SegmentTrace(segment=0, text="t", layout=LAYOUT, steps=tuple(steps), layers=tuple(layers),
                        tokens=(), stop_reason="eos", logits=tuple(logits))
     return Replay(opts=RunOptions(), stage_dtypes={}, segments=(seg,), code2wav_layers=(),
