@@ -60,7 +60,7 @@ class HostSession(TalkerSession):
         self.returned: dict[int, TalkerResult] = {}
         super().__init__(model, options, slots=slots, capacity=capacity, token_capacity=token_capacity)
         self.engine.step = self._host_step  # type: ignore[method-assign]  # the admitting (eager) steps
-        self.step_fn = self._host_step  # the others (no compile, no graphs)
+        self.runner.step_fn = self._host_step  # the others (no compile, no graphs)
 
     def _graphs(self) -> tuple[GraphChoice, Any]:
         return GraphChoice(False, "a test's host step runs Python in each step"), None
@@ -94,8 +94,9 @@ class HostSession(TalkerSession):
             return super()._result(t)
         req = self._request(t)
         raw, kept, reason = self._tokens(t)  # "aborted" until close() asks the sampler why
+        seq = self.seqs[t]
         res = TalkerResult(row_id=req.row_id, tokens=kept, raw_tokens=raw, stop_reason=reason,
-                           min_len=self.min_len[t], max_len=self.max_len[t], seconds=self.seconds[t])
+                           min_len=seq.min_len, max_len=seq.max_len, seconds=seq.seconds)
         self.returned[t] = res
         return res
 
@@ -103,7 +104,7 @@ class HostSession(TalkerSession):
         super().close()
         if self.host_sampler is None:
             return
-        n = len(self.requests)
+        n = len(self.seqs)
         assert sorted(self.returned) == list(range(n)), "close() before every result was returned"
         ends = [self.returned[t] for t in range(n)]
         diags = self.host_sampler.finish([None if r.stop_reason == "aborted" else r.stop_reason for r in ends],
