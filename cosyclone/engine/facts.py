@@ -50,7 +50,7 @@ class StageSeconds:
 
     wall: float  # seconds from the pipeline's first work to now
     frontend: StageTime  # prompts and texts (prompt workers and the batch thread)
-    talker: StageTime  # decode windows (busy); no row in its slots (waiting)
+    talker: StageTime  # decode windows (busy); no row in its slots or queue (waiting)
     code2wav: StageTime  # flow and HiFT per finished batch
     talker_idle_with_work: float  # seconds the talker held rows in its slots but did not step
 
