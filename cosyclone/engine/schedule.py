@@ -23,6 +23,7 @@ Must not: plan batches or run a stage itself (:mod:`.batches`, :mod:`.stage_ops`
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -141,6 +142,7 @@ class StageSchedule:
         """Free what the pipeline holds (workers, session, code2wav thread); safe to call twice."""
         if self.frontend is not None:
             self.frontend.cancel()
+        self.frontend = self.prompt_workers = None  # (they refer back to this pipeline: no cycle outlives it)
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
@@ -166,7 +168,7 @@ class StageSchedule:
             self.prompt_workers = PromptAhead(frontend, self.batches, workers=sizing.frontend_workers,
                                               threads=sizing.frontend_threads,
                                               ahead_rows=max(2 * self.slots, 4 * sizing.frontend_workers),
-                                              on_seconds=lambda s: self.clock.add("prompts", s))
+                                              on_seconds=functools.partial(self.clock.add, "prompts"))
         self.frontend = FrontendPrefetch(self._pool, self._prepare_timed, self.batches, enabled=self.prefetch,
                                          prompts=self.prompt_workers)
         self.clock.start()
