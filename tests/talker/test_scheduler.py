@@ -12,8 +12,8 @@ from cosyclone.talker import DecodeOptions, TalkerRequest, TalkerSession
 from cosyclone.talker.graph_pool import PROCESS
 from cosyclone.talker.scheduler import SlotScheduler
 from cosyclone.talker.sequence import Seq
-from tests.test_engine_equivalence import _requests
-from tests.test_talker_decode import _model
+from tests.talker.test_engine_equivalence import _requests
+from tests.talker.test_talker_decode import _model
 
 
 def _seq(t: int, prompt_len: int, max_len: int = 5) -> Seq:
