@@ -5,8 +5,8 @@ costliest waste there is. The scheduler marks the talker's state as it changes (
 its slots but not stepping, ``idle_with_work``; nothing to decode, ``waiting``) and each interval
 goes to the state it was in; the frontend's and code2wav's workers add the seconds each batch took
 them. :meth:`StageClock.seconds` turns that into :class:`~cosyclone.engine.facts.StageSeconds`,
-whose ``bound_by`` names the stage that set the run's pace. The clock is injectable (a test's
-stand-in stages run on a simulated one).
+whose ``bound_by`` names the stage that set the run's pace. The clock is injectable (stand-in
+stages may run on a simulated one).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ Why: the pipeline (:mod:`.schedule`) overlaps its stages, so a run goes at its s
 pace, not at the sum of their costs. Given what one unit of work costs each stage on a device
 (:class:`StageCosts`) and the run's sizes (talker slots, prompt workers), :func:`project` gives
 each stage's rows per second, the bound and the time for N rows. ``--dry-run`` prints it and
-``make bench`` prints it for 10,000 distinct-prompt rows of 10 s on an H100; a CPU test drives the
-real scheduler with stand-in stages of set costs and finds the bound this projects.
+``make bench`` prints it for 10,000 distinct-prompt rows of 10 s on an H100; the real scheduler,
+run over stand-in stages of set costs, is bound where this projects.
 
 Every figure in a table says where it comes from; an estimate says so.
 """
@@ -31,7 +31,7 @@ class StageCosts:
     sources: tuple[str, ...]  # where each figure comes from, one line each
 
     def scaled(self, factor: float) -> StageCosts:
-        """Every cost times ``factor`` (a test runs the same shape in milliseconds)."""
+        """Every cost times ``factor`` (the same shape in milliseconds, for stand-in stages)."""
         return StageCosts(self.device, self.prompt_s * factor, self.text_s * factor, self.step_s * factor,
                           self.code2wav_s * factor, self.sources)
 

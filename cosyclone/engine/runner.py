@@ -91,7 +91,7 @@ class Engine:
         """One run's pipeline, to be fed part by part (:meth:`StageSchedule.feed`, then
         :meth:`StageSchedule.drain` and :meth:`StageSchedule.close`): its prompt workers and talker
         session live across the parts. Arguments as :meth:`run`; ``ops``/``clock``: stand-in stage
-        calls and clock (the projection test)."""
+        calls and clock (stand-in stages)."""
         run_opts = self.opts if opts is None else replace(opts, **{k: getattr(self.opts, k) for k in MODEL_FIELDS},
                                                           cuda_graphs=self._graphs(opts))
         sizing = self.sizing if run_opts == self.opts else plan_sizing(self.cfg, self.policy, run_opts,

@@ -1,8 +1,8 @@
 """What the pipeline calls a stage to do, as one injectable object: :class:`StageOps`.
 
 Why: the scheduler (:mod:`.schedule`) decides when each stage runs; the stages themselves are the
-models. Keeping the calls behind one small protocol lets a test drive the real scheduler with
-stand-in stages of set costs (the projection test) without touching a module global. The real
+models. Keeping the calls behind one small protocol lets the real scheduler run over stand-in
+stages of set costs (how a projection of a run is checked) without touching a module global. The real
 calls (:class:`RealOps`) are :mod:`.stages`' and :mod:`.isolation`'s, unchanged.
 """
 

@@ -2,7 +2,7 @@
 
 Why apart from the step runner (:mod:`.step_runner`): admission is bookkeeping over
 :class:`~cosyclone.talker.sequence.Seq` objects and never touches the device, so it reads in one
-sitting and a test can drive it with no model. Rows enter free slots lowest slot first, in arrival
+sitting and runs with no model at all. Rows enter free slots lowest slot first, in arrival
 order; a prefill budget (``prefill_tokens``: padded prompt positions per prefill, from the sizing
 rule on a GPU) caps how many newcomers are prefilled together, so the first admission of a run
 does not prefill every slot at once. One newcomer is always admitted (a prompt longer than the

@@ -15,7 +15,7 @@ window (``lagged_reads``): the flags are copied to pinned memory without blockin
 the next window is queued, so the device never waits for the host's bookkeeping.
 
 The RAS sampler runs inside the step (:mod:`cosyclone.talker.slot_sampler`), so no Python runs
-between a step's draw and its feed (tests that need to wrap the step from outside). Each request
+between a step's draw and its feed. Each request
 carries its row's seed, already derived once by the caller, and its segment index; the sampler
 draws from ``stream_key(seed, segment)``. Nothing here hashes the seed again.
 """
