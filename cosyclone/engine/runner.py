@@ -113,7 +113,8 @@ class Engine:
         g = PROCESS.counts
         graphs = GraphFacts(resolved=self.opts.cuda_graphs, captures=g.captures, replays=g.replays,
                             sessions=g.sessions, reused=g.reused, disabled=PROCESS.disabled)
-        slots = self._last.slots if self._last is not None and self._last.opts.schedule == "continuous" else None
+        last = self._last
+        slots = (last.slots or None) if last is not None and last.opts.schedule == "continuous" else None
         stages = self._last.clock.seconds() if self._last is not None else StageSeconds.empty()
         return EngineFacts(device=str(policy.device), backend=policy.backend, dtype=policy.dtype_name,
                            stage_dtypes=policy.stage_dtypes, sizing=self.stages.sizing or self.sizing,
