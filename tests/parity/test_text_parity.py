@@ -19,10 +19,11 @@ from cosyclone.frontend.normalize import get_normalizer
 from cosyclone.frontend.text import TextFrontend
 from cosyclone.frontend.text_rules import TextError
 from cosyclone.model.config import ENDOFPROMPT, SYSTEM_PREFIX
+from cosyclone.options import Mode
 from tests.reference import reference_set, reference_tokenizer
 from tests.text_table import VARIANTS, Deviation, deviations
 
-MODE_OF = {"zs_zh": "zero_shot", "zs_en": "zero_shot", "zs_en_noprefix": "zero_shot", "xl_prefix": "cross_lingual",
+MODE_OF: dict[str, Mode] = {"zs_zh": "zero_shot", "zs_en": "zero_shot", "zs_en_noprefix": "zero_shot", "xl_prefix": "cross_lingual",
            "xl_noprefix": "cross_lingual", "instruct2": "instruct2"}
 
 
@@ -99,9 +100,9 @@ def test_every_case_by_the_rule(vectors: dict[str, Any], fe: TextFrontend) -> No
             deviated += 1
             if row.expect == "prefix + zero_shot segments":
                 zs = next(c for c in cases if c["text_index"] == case["text_index"] and c["variant"] == "zs_en")
-                want = [SYSTEM_PREFIX + s for s in zs["official"]["segments"]]
-                ok = not isinstance(got, str) and got[2] == want and got[0] == [] and all(
-                    ids == fe.encode(t) for ids, t in zip(got[1], want, strict=True))
+                segments = [SYSTEM_PREFIX + s for s in zs["official"]["segments"]]
+                ok = not isinstance(got, str) and got[2] == segments and got[0] == [] and all(
+                    ids == fe.encode(t) for ids, t in zip(got[1], segments, strict=True))
             elif isinstance(row.expect, str) and row.expect.startswith("error: "):
                 ok = isinstance(got, str) and row.expect.removeprefix("error: ") in got
             else:
