@@ -124,8 +124,8 @@ def host_generate(model: CosyVoice3LM, requests: Sequence[TalkerRequest], option
         return HostSession(*args, sampler=sampler, logits_hook=logits_hook, **kw)
 
     real = decode.TalkerSession
-    decode.TalkerSession = session  # the name generate() builds its session by
+    decode.TalkerSession = session  # type: ignore[misc,assignment]  # the name generate() builds its session by
     try:
         return decode.generate(model, requests, options)
     finally:
-        decode.TalkerSession = real
+        decode.TalkerSession = real  # type: ignore[misc]

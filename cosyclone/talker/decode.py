@@ -14,6 +14,8 @@ from cosyclone.talker.request import DecodeOptions, TalkerRequest, length_limits
 from cosyclone.talker.results import TalkerResult
 from cosyclone.talker.session import TalkerSession
 
+__all__ = ["TalkerSession", "generate"]  # the session is looked up here, so a caller may stand one in
+
 
 @torch.no_grad()
 def generate(model: CosyVoice3LM, requests: Sequence[TalkerRequest],

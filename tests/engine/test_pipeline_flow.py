@@ -15,7 +15,7 @@ def test_decode_steps_go_on_while_the_frontend_is_slow() -> None:
     """Batch 1's frontend does not finish until the talker has run three windows meanwhile: a scheduler
     that waited for it with rows in its slots would never let it finish (the wait times out)."""
     started, release = threading.Event(), threading.Event()
-    polls_meanwhile = []
+    polls_meanwhile: list[int | bool] = []  # the windows run while batch 1 was prepared, then its release
 
     def on_prepare(batch: Sequence[ManifestRow]) -> None:
         if batch[0].id == "r2":  # batch 1

@@ -60,7 +60,12 @@ def test_the_eager_fallback_after_a_failed_capture_reserves_its_cache() -> None:
     assert session.runner.graphed is None and session.engine.capacity == 256 and session.engine.token_capacity == 256
     grown: list[int] = []
     real = session.engine.grow
-    session.engine.grow = lambda c, t: grown.append(c) or real(c, t)  # type: ignore[method-assign]
+
+    def grow(capacity: int, token_capacity: int) -> bool:
+        grown.append(capacity)
+        return real(capacity, token_capacity)
+
+    session.engine.grow = grow  # type: ignore[method-assign]
     session.add([replace(r, seed=1) for r in _requests(4, seed=1)])
     session.drain()
     session.close()
