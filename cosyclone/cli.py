@@ -86,9 +86,9 @@ def validate(
     With --model-dir, --show-text or --json each row's text is also planned as the LLM will read
     it (normalized, split, tokenized) and checked against the model's position limit.
     """
-    from cosyclone.base.command_options import ValidateOptions
     from cosyclone.errors import ManifestError
     from cosyclone.manifest import ManifestRow, read_manifest
+    from cosyclone.manifest.options import ValidateOptions
     from cosyclone.manifest.text_check import TextCheck
 
     try:
