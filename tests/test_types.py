@@ -13,11 +13,6 @@ from pathlib import Path
 
 import pytest
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
-
 ROOT = Path(__file__).resolve().parents[1]
 
 PRODUCT = """
@@ -39,6 +34,7 @@ class HostSession(Session):
 
 
 def test_tests_and_benchmarks_are_checked_with_explicit_overrides() -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
     assert config["strict"] is True and set(config["files"]) == {"cosyclone", "tests", "benchmarks"}
     doubles = next(o for o in config["overrides"] if "tests.*" in o["module"])
