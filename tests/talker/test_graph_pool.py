@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from typing_extensions import override
 
 from cosyclone.talker import DecodeOptions, StepMechanics, TalkerSession, generate
 from cosyclone.talker.graph_pool import PROCESS, free_device_cache
@@ -27,6 +28,7 @@ SAMPLER = SamplerOptions(top_k=40, top_p=0.9)
 
 
 class _Refuses(EagerCapture):
+    @override
     def capture(self, thunk: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
         raise RuntimeError("operation not permitted when stream is capturing")
 
