@@ -1,8 +1,8 @@
 """Every option of a run, defined once: typed, with its allowed values, its help line and its flag.
 
-Why one place: an option used to travel CLI -> job -> run options -> API -> decode options, beside
-hand-kept lists of which options belong to the model, which change the audio (and so a row's
-fingerprint) and which values are allowed, and the lists disagreed. Here each option is one
+Why one place: an option travels CLI -> job -> run options -> API -> decode options, and hand-kept
+lists of which options belong to the model, which change the audio (and so a row's fingerprint) and
+which values are allowed drift apart. Here each option is one
 dataclass field whose metadata says everything the other layers need:
 
 * ``help``: one short line (``--help`` at 80 columns; details live in docs/);
@@ -26,14 +26,14 @@ from typing import Any, Literal, get_args
 
 from cosyclone.errors import CosycloneError
 
-SYNTH, SAY, INSPECT, EXPORT, TRACE = "synth", "say", "inspect", "export", "trace"
+SYNTH, SAY, INSPECT, EXPORT, VALIDATE, EVAL = "synth", "say", "inspect", "export", "validate", "eval"
+TRACE = "trace"
 BOTH = (SYNTH, SAY)
 ROW = (SYNTH, SAY, TRACE)  # the options that make a row's audio: `trace` replays a manifest line with them
 
 # the --help groups, in the order --help shows them
 MODEL, SAMPLING, BATCHING, OUTPUT, SCALE_OUT = "Model", "Sampling", "Batching", "Output", "Scale-out"
 SHARDS, SOURCES = "Shards", "Sources"  # export's --help groups
-TRACING = "Trace"  # trace's --help group
 
 LoadFormat = Literal["auto", "dummy"]
 TextFrontendName = Literal["wetext", "none"]  # wetext: the official normalizer; none: no normalizer
@@ -59,11 +59,11 @@ EXPORT_FORMATS: tuple[ExportFormat, ...] = get_args(ExportFormat)
 
 def opt(default: Any, help: str, *, panel: str, audio: bool = False, commands: tuple[str, ...] = BOTH,
         low: float | None = None, high: float | None = None, metavar: str | None = None,
-        flag: str | None = None, hidden: bool = False) -> Any:
+        flag: str | None = None, hidden: bool = False, envvar: str | None = None) -> Any:
     """A dataclass field carrying what every door needs to know about one option."""
     return field(default=default, metadata={
         "help": help, "panel": panel, "audio": audio, "commands": commands, "low": low, "high": high,
-        "metavar": metavar, "flag": flag, "hidden": hidden})
+        "metavar": metavar, "flag": flag, "hidden": hidden, "envvar": envvar})
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class ModelOptions:
                                   metavar="FMT", commands=ROW)
     # wetext: the official normalizer (numbers, dates, units spelled out); none: inflect digits only
     text_frontend: TextFrontendName = opt("wetext", "wetext (official normalizer) | none", panel=MODEL,
-                                          audio=True, metavar="NAME", commands=ROW)
+                                          audio=True, metavar="NAME", commands=(*ROW, VALIDATE))
     # the device the stages run on; "auto" until resolved (a run records the resolved type)
     device: DeviceName = opt("auto", "auto | cuda | rocm | cpu", panel=MODEL, metavar="DEV",
                              commands=(*ROW, INSPECT))
@@ -121,7 +121,7 @@ class SamplingOptions:
     # how a token is drawn: race (exponential race) | legacy-multinomial (LEGACY, official)
     draw: Draw = opt("race", "race | legacy-multinomial (LEGACY)", panel=SAMPLING, audio=True, metavar="D",
                      commands=(SYNTH, TRACE))
-    # a cap on speech tokens per segment (tests, benchmarks)
+    # a cap on speech tokens per segment (short runs, benchmarks)
     max_tokens: int | None = opt(None, "cap speech tokens per segment", panel=SAMPLING, audio=True, low=1,
                                  metavar="N", commands=ROW)
     # stop ids blocked below this many tokens per segment (benchmarks: min = max gives exact lengths)
@@ -175,7 +175,7 @@ class RunOptions(EngineOptions, SamplingOptions, ModelOptions):
     """Every option of a synthesis run, flat (``opts.top_k``), grouped by the classes it derives from."""
 
     def __post_init__(self) -> None:
-        check(self)  # a run's options are valid wherever they were made (CLI, API, a test, a Ray actor)
+        check(self)  # a run's options are valid wherever they were made (CLI, API, a Ray actor)
 
 
 @dataclass(frozen=True)
@@ -251,32 +251,10 @@ class ExportOptions:
         check(self)
 
 
-@dataclass(frozen=True)
-class TraceOptions:
-    """What ``cosyclone trace`` shows and compares (the row's own options come from its record)."""
-
-    # the manifest row to replay (the manifest form: trace MANIFEST --id ID)
-    id: str | None = opt(None, "the row to trace (with a manifest)", panel=TRACING, metavar="ID",
-                         commands=(TRACE,))
-    # each Qwen2 layer's output per step (and the DiT blocks' and HiFT stages'): abs max and finiteness
-    layers: bool = opt(False, "per layer per step: abs max, finite", panel=TRACING, commands=(TRACE,))
-    # candidate ids shown per step, with their probabilities
-    top: int = opt(5, "candidates shown per step (5)", panel=TRACING, low=1, metavar="N", commands=(TRACE,))
-    # from a folder: replay again at this dtype and compare; from a manifest: the replay's dtype (None: auto)
-    dtype: DtypeName | None = opt(None, "also replay at this dtype, side by side", panel=TRACING, metavar="TYPE",
-                                  commands=(TRACE,))
-    # from a folder: replay again under this policy and compare; from a manifest: the replay's (None: exclude)
-    nonfinite_policy: NonfinitePolicy | None = opt(None, "also replay under this NaN policy", panel=TRACING,
-                                                   metavar="P", commands=(TRACE,))
-
-    def __post_init__(self) -> None:
-        check(self)
-
-
 #: The option groups a run is built from, in --help order.
 GROUPS: tuple[type, ...] = (ModelOptions, SamplingOptions, EngineOptions, FolderOptions)
-#: Every option group a command takes its options from (the run's, then export's and trace's).
-COMMAND_GROUPS: tuple[type, ...] = (*GROUPS, ExportOptions, TraceOptions)
+#: Every option group a command takes its options from (the run's, then export's).
+COMMAND_GROUPS: tuple[type, ...] = (*GROUPS, ExportOptions)
 #: ModelOptions fields: a loaded model's own (the API refuses them per call).
 MODEL_FIELDS = tuple(f.name for f in fields(ModelOptions))
 
@@ -326,7 +304,7 @@ def check(*objs: Any) -> None:
     numeric bounds from the metadata, and the combinations that cannot work.
     """
     for obj in objs:
-        owners = [g for g in COMMAND_GROUPS if isinstance(obj, g)]
+        owners = [g for g in type(obj).__mro__ if "__dataclass_fields__" in g.__dict__]  # its option groups
         for owner, f in option_fields(*owners):
             value = getattr(obj, f.name)
             if value is None:

@@ -16,7 +16,8 @@ from typing import Any, NoReturn
 import typer
 
 from cosyclone.errors import CosycloneError, Exit
-from cosyclone.options import RunOptions, TraceOptions, build
+from cosyclone.options import RunOptions, build
+from cosyclone.trace.options import TraceOptions
 
 _TRACE_FIELDS = frozenset(f.name for f in dataclasses.fields(TraceOptions))
 #: Run options that say where a folder's row is replayed, not what made it: taken from the command line.

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from cosyclone.engine.runner import Engine
-from cosyclone.options import RunOptions, TraceOptions
+from cosyclone.options import RunOptions
 from cosyclone.trace import output
+from cosyclone.trace.options import TraceOptions
 from cosyclone.trace.replay import Replay, load_engine, replay_row
 from cosyclone.trace.source import TraceInput, from_folder, from_manifest
 from cosyclone.trace.verdict import diverge, judge
