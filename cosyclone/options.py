@@ -22,11 +22,12 @@ import dataclasses
 import functools
 import typing
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, Literal
 
 from cosyclone.errors import CosycloneError
 
-SYNTH, SAY, INSPECT = "synth", "say", "inspect"
+SYNTH, SAY, INSPECT, REPORT = "synth", "say", "inspect", "report"
 BOTH = (SYNTH, SAY)
 
 # the --help groups, in the order --help shows them
@@ -209,8 +210,23 @@ class FolderOptions:
         check(self)
 
 
-#: The option groups a run is built from, in --help order.
-GROUPS: tuple[type, ...] = (ModelOptions, SamplingOptions, EngineOptions, FolderOptions)
+@dataclass(frozen=True)
+class ReportOptions:
+    """What ``cosyclone report`` writes beside its table: the one-page HTML view of the folders."""
+
+    # write the folders' page here (totals, run history, plots, the rows to listen to, outliers)
+    html: Path | None = opt(None, "write one self-contained HTML page here", panel=OUTPUT, metavar="PAGE",
+                            commands=(REPORT,))
+    # the page's players name the audio files relative to the page instead of holding them
+    link_audio: bool = opt(False, "link the audio files instead of embedding them", panel=OUTPUT,
+                           commands=(REPORT,))
+
+    def __post_init__(self) -> None:
+        check(self)
+
+
+#: The option groups of the commands, in --help order (a run is built from all but ReportOptions).
+GROUPS: tuple[type, ...] = (ModelOptions, SamplingOptions, EngineOptions, FolderOptions, ReportOptions)
 #: ModelOptions fields: a loaded model's own (the API refuses them per call).
 MODEL_FIELDS = tuple(f.name for f in fields(ModelOptions))
 
