@@ -20,7 +20,7 @@ from typing import Any
 from cosyclone.base.version import __version__
 from cosyclone.eval.summary import load_eval_summary
 from cosyclone.report import page as html_page
-from cosyclone.report.audio import source
+from cosyclone.report.audio import sources
 from cosyclone.report.figures import Figures, measure, normalized_text, read_eval, stop_reason
 from cosyclone.report.history import read_history
 from cosyclone.report.listing import Listed, select
@@ -91,18 +91,19 @@ def _meta(rec: RowRecord) -> str:
 
 def _cards(figures: Figures, listed: Sequence[Listed], folders: Sequence[Path], page_dir: Path, *,
            link_audio: bool) -> list[html_page.Card]:
+    places = [_where(folders, figures.records[item.index]) for item in listed]
+    prompts = [Path(figures.records[item.index].prompt_audio) if figures.records[item.index].prompt_audio
+               else None for item in listed]
+    audio = sources([p for _, p in places] + prompts, page_dir, link_audio=link_audio)
     cards = []
-    for item in listed:
+    for k, item in enumerate(listed):
         rec = figures.records[item.index]
-        folder, out_path = _where(folders, rec)
         scored = figures.evals.rows.get(rec.id)
-        prompt = Path(rec.prompt_audio) if rec.prompt_audio else None
         cards.append(html_page.Card(
-            id=rec.id, folder=str(folder), why=item.why, text=rec.text, normalized=normalized_text(rec),
+            id=rec.id, folder=str(places[k][0]), why=item.why, text=rec.text, normalized=normalized_text(rec),
             stop_reason=stop_reason(rec), transcript=scored.transcript if scored else "",
-            figures=_figures_of(figures, item.index), meta=_meta(rec),
-            output=source(out_path, page_dir, link_audio=link_audio),
-            prompt=source(prompt, page_dir, link_audio=link_audio)))
+            figures=_figures_of(figures, item.index), meta=_meta(rec), output=audio[k],
+            prompt=audio[len(listed) + k]))
     return cards
 
 
@@ -130,14 +131,22 @@ def _failed_table(records: Sequence[RowRecord]) -> str:
                                   ((r.id, r.line, r.reason or "-", r.error or "-") for r in failed[:FAILED_SHOWN]))
 
 
-def write_html_report(folders: Sequence[Path], page: Path, *, link_audio: bool = False) -> HtmlReport:
-    """Write ``page`` (and ``<page stem>.redo.jsonl`` beside it) for the merged ``folders``."""
+def write_html_report(folders: Sequence[Path], page: Path, *, link_audio: bool = False,
+                      merged: Mapping[str, RowRecord] | None = None) -> HtmlReport:
+    """Write ``page`` (and ``<page stem>.redo.jsonl`` beside it) for the merged ``folders``.
+
+    ``merged``: the folders' records as :func:`cosyclone.run.report.merge_folders` returned them,
+    when the caller has read them already (``report`` shows its table from the same records).
+    """
     from cosyclone.report.plots import all_plots  # matplotlib: only when a page is asked for
 
     t0 = time.perf_counter()
     folders = [Path(f) for f in folders]
     page = Path(page)
-    records, warnings = totals_mod.merge_folders(folders)
+    if merged is None:
+        records, warnings = totals_mod.merge_folders(folders)
+    else:
+        records, warnings = dict(merged), []
     totals = totals_mod.folder_totals(records.values())
     figures = measure(records.values(), read_eval(folders, records))
     outliers, spreads = find_outliers(figures)
@@ -155,7 +164,7 @@ def write_html_report(folders: Sequence[Path], page: Path, *, link_audio: bool =
         plots=html_page.plot_grid(plots), outliers=html_page.outlier_table(outliers, ids, redo_path.name),
         cards=cards, failed=_failed_table(figures.records),
         footer=f"cosyclone {__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
-               f"audio {'linked relative to this page' if link_audio else 'embedded (Opus, 16 kHz)'}")
+               f"audio {'linked relative to this page' if link_audio else 'embedded (Ogg Vorbis, 16 kHz)'}")
     data = text.encode("utf-8")
     tmp = page.with_name(f".{page.name}.tmp{os.getpid()}")
     tmp.write_bytes(data)

@@ -100,7 +100,7 @@ def stop_reason(rec: RowRecord) -> str:
 
 def chars_of(text: str) -> int:
     """Characters that take time to say: every character but white space."""
-    return sum(1 for ch in text if not ch.isspace())
+    return len("".join(text.split()))
 
 
 @dataclass
@@ -148,7 +148,9 @@ def measure(records: Iterable[RowRecord], evals: EvalTable) -> Figures:
         for name, _ in SAMPLER_EVENTS:
             events[name][i] = sum(int(getattr(s, name)) for s in rec.sampler)
         for stage, seconds in rec.seconds.items():
-            stages.setdefault(stage, nan.copy())[i] = float(seconds)
+            if stage not in stages:
+                stages[stage] = nan.copy()
+            stages[stage][i] = float(seconds)
         capped[i] = CAP_REASON in rec.stop_reasons
         if not rec.ok:
             continue

@@ -55,7 +55,8 @@ def run_line(folder: str, run: Mapping[str, Any]) -> RunLine:
     devices = run.get("devices")
     named = ", ".join(str(d) for d in devices) if isinstance(devices, list) else ""
     device = " ".join(str(x) for x in (run.get("device"), run.get("dtype")) if x) or "-"
-    peak = run.get("peak_memory") if isinstance(run.get("peak_memory"), Mapping) else {}
+    found = run.get("peak_memory")
+    peak: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
     peaks = [f"{label} {v}" for label, key in (("host", "host_rss_bytes"), ("GPU", "gpu_allocated_bytes"))
              if (v := _gb(peak.get(key))) is not None]
     return RunLine(

@@ -90,7 +90,7 @@ def stage_plot(figures: Figures) -> Plot | None:
     fig, ax = _figure()
     lo = min(float(v.min()) for v in series.values())
     hi = max(float(v.max()) for v in series.values())
-    edges = np.geomspace(lo, hi if hi > lo else lo * 10, BINS)
+    edges = np.geomspace(lo, hi if hi > lo else lo * 10, BINS).tolist()
     for stage, v in series.items():
         ax.hist(v, bins=edges, histtype="step", linewidth=1.5, label=f"{stage} (median {np.median(v):.3g} s)")
     ax.set_xscale("log")
@@ -124,7 +124,7 @@ def sampler_plot(figures: Figures) -> Plot:
     hit = total[total > 0]
     if hit.size:
         top = int(hit.max())
-        edges = np.arange(0.5, top + 1.5) if top <= BINS else np.linspace(0.5, top + 0.5, BINS + 1)
+        edges = (np.arange(0.5, top + 1.5) if top <= BINS else np.linspace(0.5, top + 0.5, BINS + 1)).tolist()
         hist.hist(hit, bins=edges, color="#f58518")
         hist.set_yscale("log")
     else:
