@@ -48,8 +48,11 @@ def _figure() -> tuple[Figure, Axes]:
 
 
 def _uri(fig: Figure) -> str:
+    from matplotlib import rc_context
+
     buf = io.BytesIO()
-    fig.savefig(buf, format="svg", metadata={"Date": None})
+    with rc_context({"svg.fonttype": "none"}):  # text as text (the reader's sans-serif), not glyph outlines
+        fig.savefig(buf, format="svg", metadata={"Date": None})
     return "data:image/svg+xml;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
