@@ -32,8 +32,7 @@ def report_command(
 ) -> None:
     """Totals recomputed from the row records of one or more run folders (shards merged).
 
-    With --html PAGE, also one self-contained page: plots, run history, outliers and the rows to
-    listen to (docs/output.md).
+    With --html PAGE, also one self-contained page: plots, outliers, the rows to listen to (docs/output.md).
     """
     from cosyclone.eval.summary import load_eval_summary
     from cosyclone.options import ReportOptions, build
