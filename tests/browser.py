@@ -156,8 +156,9 @@ def open_page(path: Path, probes: dict[str, str], *, settle: str | None = None, 
             if screenshot:
                 import base64
 
-                shot = pipe.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True},
-                                 session=session)
+                clip = {"x": 0, "y": 0, "width": width, "height": height, "scale": 1}  # the page's top
+                shot = pipe.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True,
+                                                            "clip": clip}, session=session)
                 visit.screenshot = base64.b64decode(shot["data"])
             evaluate("1")  # drain the events that arrived meanwhile
         finally:

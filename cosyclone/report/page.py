@@ -23,10 +23,10 @@ body{font:14px/1.45 system-ui,sans-serif;margin:0 auto;max-width:1320px;padding:
 h1{font-size:22px}h2{font-size:18px;border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:32px}
 table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;
 vertical-align:top}th{background:#f4f4f4}td.n{text-align:right;font-variant-numeric:tabular-nums}
-.plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(600px,1fr));gap:12px}
+.plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(460px,1fr));gap:12px}
 figure{margin:0;border:1px solid #eee;padding:6px}figure img{width:100%;height:auto}
 figcaption{font-size:12px;color:#555}.wide{grid-column:1/-1}
-.rows{display:grid;grid-template-columns:repeat(auto-fill,minmax(600px,1fr));gap:12px}
+.rows{display:grid;grid-template-columns:repeat(auto-fill,minmax(460px,1fr));gap:12px}
 .row{border:1px solid #ddd;border-radius:6px;padding:8px 12px}.row h3{font-size:15px;margin:0 0 4px}
 .why span{display:inline-block;background:#fde2c8;border-radius:3px;padding:0 6px;margin:0 4px 4px 0;
 font-size:12px}.text{margin:2px 0}.label{color:#777;font-size:12px}.players{display:flex;gap:12px}
