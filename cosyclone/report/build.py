@@ -45,12 +45,14 @@ class HtmlReport:
     redo_path: Path  # their redo manifest
     seconds: float  # wall seconds to build it
     warnings: tuple[str, ...]  # ids found in two folders
+    folders: tuple[Path, ...]  # the folders read
 
     def describe(self) -> list[str]:
         """The lines the command prints."""
         return [f"wrote {self.path}: {self.bytes / 1e6:.1f} MB, {self.rows} rows, {self.plots} plots, "
                 f"{self.listed} rows to listen to, in {self.seconds:.1f} s",
-                f"wrote {self.redo_path}: {self.outliers} outlier rows (cosyclone synth {self.redo_path} --out OUT)"]
+                f"wrote {self.redo_path}: {self.outliers} outlier rows (cosyclone synth {self.redo_path} --out "
+                f"{self.folders[0] if len(self.folders) == 1 else 'OUT'} redoes them)"]
 
 
 def _where(folders: Sequence[Path], rec: RowRecord) -> tuple[Path, Path | None]:
@@ -171,4 +173,4 @@ def write_html_report(folders: Sequence[Path], page: Path, *, link_audio: bool =
     os.replace(tmp, page)
     return HtmlReport(path=page, bytes=len(data), rows=len(figures.records), listed=len(cards), plots=len(plots),
                       outliers=len({o.index for o in outliers}), redo_path=redo_path,
-                      seconds=time.perf_counter() - t0, warnings=tuple(warnings))
+                      seconds=time.perf_counter() - t0, warnings=tuple(warnings), folders=tuple(folders))

@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
-from cosyclone.report.figures import Figures, IntArray
+from cosyclone.report.figures import Figures, FloatArray, IntArray
 from cosyclone.report.outliers import Outlier
 
 PER_REASON = 8  # rows listed per reason
@@ -28,7 +29,7 @@ class Listed:
     why: tuple[str, ...]  # every reason it is listed for, in the page's order
 
 
-def _top(keys: np.ndarray, candidates: np.ndarray, *, lowest: bool = False) -> IntArray:
+def _top(keys: FloatArray, candidates: npt.NDArray[np.bool_], *, lowest: bool = False) -> IntArray:
     """Up to PER_REASON candidate indices with the highest (lowest) key, ties in id order."""
     idx = np.flatnonzero(candidates)
     order = np.argsort(keys[idx] if lowest else -keys[idx], kind="stable")
