@@ -12,6 +12,7 @@ are read by name with a fallback, so the page reads folders of every version.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,8 @@ SAMPLER_EVENTS: tuple[tuple[str, str], ...] = (
     ("no_finite_steps", "no finite logit"), ("ras_fallbacks", "RAS fallback"))
 EVAL_NAME = "eval.jsonl"  # written by `cosyclone eval` (cosyclone/eval/evaluate.py, which loads torch)
 CAP_REASON = "max_len"  # the talker's stop reason of a segment cut at its token cap
+END_OF_PROMPT = "<|endofprompt|>"  # what precedes it in a segment's text is an instruction, not spoken
+TAG = re.compile(r"<\|[^|<>]*\|>")  # the LLM's control tags (<|en|>, <|endofprompt|>, <|breath|> ...)
 STAGES = ("frontend", "talker", "flow", "hift")  # the per-row seconds the engine records, in path order
 
 
@@ -99,8 +102,15 @@ def stop_reason(rec: RowRecord) -> str:
 
 
 def chars_of(text: str) -> int:
-    """Characters that take time to say: every character but white space."""
-    return len("".join(text.split()))
+    """Characters that take time to say: every character but white space and the LLM's ``<|tags|>``."""
+    return len("".join(TAG.sub("", text).split()))
+
+
+def spoken_text(rec: RowRecord) -> str:
+    """The normalized text the audio says: each segment's text after its instruction prefix (what
+    ``cross_lingual`` and ``instruct2`` put before ``<|endofprompt|>``), else the manifest's text."""
+    spoken = " ".join(s.text.rsplit(END_OF_PROMPT, 1)[-1] for s in rec.segments)
+    return spoken if spoken.strip() else rec.text
 
 
 @dataclass
@@ -157,7 +167,7 @@ def measure(records: Iterable[RowRecord], evals: EvalTable) -> Figures:
         seconds = rec.audio_seconds
         duration[i] = seconds
         if seconds > 0:
-            rate[i] = chars_of(normalized_text(rec) or rec.text) / seconds
+            rate[i] = chars_of(spoken_text(rec)) / seconds
         text_ids = sum(s.text_ids for s in rec.segments)
         if text_ids > 0 and rec.tokens:
             ratio[i] = sum(rec.tokens) / text_ids

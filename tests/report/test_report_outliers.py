@@ -110,3 +110,24 @@ def test_shards_merge_as_report_merges_them(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     assert "43 rows" in res.output and "2 outlier rows" in res.output
     assert page.read_text(encoding="utf-8").count("<td>" + str(b) + "</td>") == 1  # b's run in the history
+
+
+def test_speech_rate_counts_what_the_audio_says_not_the_instruction_before_it(tmp_path: Path) -> None:
+    from cosyclone.report.figures import chars_of, spoken_text
+
+    out = write_folder(tmp_path / "out", [Row("x", "Bonjour tout le monde.", 2.0, 50, 8)])
+    line = json.loads((out / "diagnostics.jsonl").read_text())
+    line["segments"][0]["text"] = "You are a helpful assistant.<|endofprompt|>Bonjour tout le <|breath|>monde."
+    (out / "diagnostics.jsonl").write_text(json.dumps(line) + "\n")
+    rec = merge_folders([out])[0]["x"]
+    assert spoken_text(rec).startswith("Bonjour") and chars_of(spoken_text(rec)) == len("Bonjourtoutlemonde.")
+    figures = measure([rec], read_eval([out], {"x": rec}))
+    assert figures.chars_per_s[0] == pytest.approx(19 / 2.0)
+
+
+def test_an_empty_folder_still_gets_its_page(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    page = tmp_path / "empty.html"
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "empty"), "--html", str(page)])
+    assert res.exit_code == 0, res.output
+    assert "No ok row to listen to" in page.read_text(encoding="utf-8")
