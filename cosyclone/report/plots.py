@@ -39,10 +39,8 @@ class Plot:
 
 
 def _figure() -> tuple[Figure, Axes]:
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:  # the optional extra is missing
-        raise CosycloneError("report --html draws with matplotlib: pip install 'cosyclone[report]'") from None
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=SIZE, layout="constrained")
     return fig, fig.add_subplot()
 
@@ -141,6 +139,10 @@ def sampler_plot(figures: Figures) -> Plot:
 
 def all_plots(figures: Figures, spreads: dict[str, Spread]) -> list[Plot]:
     """Every plot the folder's figures allow, in the page's order."""
+    try:
+        import matplotlib  # noqa: F401  (Figure objects draw with Agg: no display, no global state)
+    except ImportError:  # the optional extra is missing
+        raise CosycloneError("report --html draws with matplotlib: pip install 'cosyclone[report]'") from None
     ok = figures.ok
     made: Sequence[Plot | None] = (
         histogram("duration", "Duration", "seconds of audio", figures.duration[ok]),

@@ -20,7 +20,7 @@ from cosyclone.cli import app
 from cosyclone.eval.asr import AsrOptions, Transcript
 from cosyclone.eval.evaluate import EvalOptions, evaluate
 from cosyclone.eval.thresholds import Thresholds
-from tests.browser import open_page
+from tests.browser import open_page, require_chromium
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = ROOT / "manifests" / "example.jsonl"
@@ -60,6 +60,7 @@ class Loudness:
 
 @pytest.fixture(scope="module")
 def evaluated(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    require_chromium()  # before the synthesis: without a browser there is nothing to check
     out = tmp_path_factory.mktemp("night") / "out"
     res = CliRunner().invoke(app, ["synth", str(MANIFEST), "--model-dir", str(tiny_model_dir), "--out", str(out),
                                    "--max-tokens", "40"])
