@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -94,6 +95,9 @@ class _Pipe:
         os.write(self._w, json.dumps(msg).encode() + b"\0")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            ready, _, _ = select.select([self._r], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
             for obj in self._read():
                 if obj.get("id") == self._next:
                     if "error" in obj:
