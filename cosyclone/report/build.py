@@ -1,7 +1,7 @@
 """``cosyclone report OUT... --html PAGE``: read the folders once, write the page and its redo manifest.
 
-The folders are merged as ``report`` merges them (:func:`cosyclone.run.report.merge_folders`:
-shards of one dataset, the later attempt of an id wins), so the page's totals are the table's.
+The folders are merged as ``report`` merges them (shards of one dataset: the later attempt of an id
+wins), so the page's totals are the table's.
 Only the listed rows' audio is read; every other figure comes from the row records, eval's
 records and ``runs.jsonl``. The folders are only read: the page and ``<page>.redo.jsonl`` are
 the only files written.
@@ -55,13 +55,20 @@ class HtmlReport:
                 f"{self.folders[0] if len(self.folders) == 1 else 'OUT'} redoes them)"]
 
 
-def _where(folders: Sequence[Path], rec: RowRecord) -> tuple[Path, Path | None]:
-    """The folder holding ``rec``'s audio file (the first that has it) and the file."""
-    for folder in reversed(folders):  # a later folder's attempt wins the merge
-        path = runfolder.audio_path(folder, rec)
-        if path is not None and path.is_file():
-            return folder, path
-    return folders[-1], runfolder.audio_path(folders[-1], rec)
+def merge_records(folders: Sequence[Path]) -> tuple[dict[str, RowRecord], dict[str, Path], list[str]]:
+    """The folders' current records as ``report`` merges shards: (id -> record, id -> its folder,
+    warnings about ids in two folders); the later attempt of an id wins, a tie the folder named later."""
+    merged: dict[str, RowRecord] = {}
+    where: dict[str, Path] = {}
+    warnings = []
+    for folder in folders:
+        for rid, rec in runfolder.read_records(folder).items():
+            if rid in merged:
+                warnings.append(f"row {rid!r} is in {where[rid]} and {folder}: the later attempt counts")
+                if rec.finished_at < merged[rid].finished_at:
+                    continue
+            merged[rid], where[rid] = rec, folder
+    return merged, where, warnings
 
 
 def _figures_of(figures: Figures, i: int) -> tuple[tuple[str, str], ...]:
@@ -91,18 +98,17 @@ def _meta(rec: RowRecord) -> str:
     return json.dumps(meta, ensure_ascii=False, sort_keys=True) if meta else ""
 
 
-def _cards(figures: Figures, listed: Sequence[Listed], folders: Sequence[Path], page_dir: Path, *,
+def _cards(figures: Figures, listed: Sequence[Listed], where: Mapping[str, Path], page_dir: Path, *,
            link_audio: bool) -> list[html_page.Card]:
-    places = [_where(folders, figures.records[item.index]) for item in listed]
-    prompts = [Path(figures.records[item.index].prompt_audio) if figures.records[item.index].prompt_audio
-               else None for item in listed]
-    audio = sources([p for _, p in places] + prompts, page_dir, link_audio=link_audio)
+    recs = [figures.records[item.index] for item in listed]
+    outputs = [runfolder.audio_path(where[rec.id], rec) for rec in recs]
+    prompts = [Path(rec.prompt_audio) if rec.prompt_audio else None for rec in recs]
+    audio = sources(outputs + prompts, page_dir, link_audio=link_audio)
     cards = []
-    for k, item in enumerate(listed):
-        rec = figures.records[item.index]
+    for k, (item, rec) in enumerate(zip(listed, recs, strict=True)):
         scored = figures.evals.rows.get(rec.id)
         cards.append(html_page.Card(
-            id=rec.id, folder=str(places[k][0]), why=item.why, text=rec.text, normalized=normalized_text(rec),
+            id=rec.id, folder=str(where[rec.id]), why=item.why, text=rec.text, normalized=normalized_text(rec),
             stop_reason=stop_reason(rec), transcript=scored.transcript if scored else "",
             figures=_figures_of(figures, item.index), meta=_meta(rec), output=audio[k],
             prompt=audio[len(listed) + k]))
@@ -133,29 +139,21 @@ def _failed_table(records: Sequence[RowRecord]) -> str:
                                   ((r.id, r.line, r.reason or "-", r.error or "-") for r in failed[:FAILED_SHOWN]))
 
 
-def write_html_report(folders: Sequence[Path], page: Path, *, link_audio: bool = False,
-                      merged: Mapping[str, RowRecord] | None = None) -> HtmlReport:
-    """Write ``page`` (and ``<page stem>.redo.jsonl`` beside it) for the merged ``folders``.
-
-    ``merged``: the folders' records as :func:`cosyclone.run.report.merge_folders` returned them,
-    when the caller has read them already (``report`` shows its table from the same records).
-    """
+def write_html_report(folders: Sequence[Path], page: Path, *, link_audio: bool = False) -> HtmlReport:
+    """Write ``page`` (and ``<page stem>.redo.jsonl`` beside it) for the merged ``folders``."""
     from cosyclone.report.plots import all_plots  # matplotlib: only when a page is asked for
 
     t0 = time.perf_counter()
     folders = [Path(f) for f in folders]
     page = Path(page)
-    if merged is None:
-        records, warnings = totals_mod.merge_folders(folders)
-    else:
-        records, warnings = dict(merged), []
+    records, where, warnings = merge_records(folders)
     totals = totals_mod.folder_totals(records.values())
     figures = measure(records.values(), read_eval(folders, records))
     outliers, spreads = find_outliers(figures)
     plots = all_plots(figures, spreads)
     listed = select(figures, outliers)
     page.parent.mkdir(parents=True, exist_ok=True)
-    cards = _cards(figures, listed, folders, page.parent, link_audio=link_audio)
+    cards = _cards(figures, listed, where, page.parent, link_audio=link_audio)
     redo_path = write_redo(redo_path_for(page), [figures.records[o.index] for o in outliers])
     evals = {str(f): e for f in folders if (e := load_eval_summary(f)) is not None}
     ids = [r.id for r in figures.records]

@@ -8,16 +8,12 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import typer
 
 from cosyclone.errors import CosycloneError, Exit
-
-if TYPE_CHECKING:
-    from cosyclone.run.row_record import RowRecord
 
 
 def _fail(msg: str) -> None:
@@ -45,9 +41,9 @@ def report_command(
         page: ReportOptions = build(ReportOptions, options)
     except CosycloneError as exc:
         _fail(str(exc))
-    records, warnings = totals_mod.merge_folders(folders)
     if page.html is not None:
-        _write_page(folders, page.html, link_audio=page.link_audio, merged=records)
+        _write_page(folders, page.html, link_audio=page.link_audio)
+    records, warnings = totals_mod.merge_folders(folders)
     totals = totals_mod.folder_totals(records.values())
     evals = {str(f): e for f in folders if (e := load_eval_summary(f)) is not None}
     for w in warnings:
@@ -71,12 +67,12 @@ def report_command(
     raise typer.Exit(Exit.OK)
 
 
-def _write_page(folders: list[Path], html: Path, *, link_audio: bool, merged: Mapping[str, RowRecord]) -> None:
+def _write_page(folders: list[Path], html: Path, *, link_audio: bool) -> None:
     """``--html``: the page and its redo manifest, a line each on stderr (stdout keeps the table or JSON)."""
     from cosyclone.report.build import write_html_report
 
     try:
-        done = write_html_report(folders, html, link_audio=link_audio, merged=merged)
+        done = write_html_report(folders, html, link_audio=link_audio)
     except CosycloneError as exc:
         _fail(str(exc))
     except OSError as exc:

@@ -2,7 +2,7 @@
 
 Why columns: a night of 100,000 rows is plotted, ranked and screened for outliers as numpy arrays
 (a histogram or a median of 100,000 floats takes milliseconds), while the records themselves stay
-as :func:`cosyclone.run.report.merge_folders` read them. Eval's figures join by id, and only when
+as the folders' reader returned them. Eval's figures join by id, and only when
 eval scored the attempt on disk (its seed is the record's): a row redone since its eval has none.
 
 Record fields that newer cosyclone versions add (``normalized_text``, ``stop_reason``, ``meta``)

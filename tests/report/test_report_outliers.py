@@ -18,10 +18,10 @@ from benchmarks.bench_report_html import Row, write_folder
 from cosyclone.cli import app
 from cosyclone.eval.redo import redo_seed
 from cosyclone.manifest import read_manifest
+from cosyclone.report.build import merge_records
 from cosyclone.report.figures import measure, read_eval
 from cosyclone.report.listing import select
 from cosyclone.report.outliers import find_outliers, spread
-from cosyclone.run.report import merge_folders
 
 
 def _rows() -> list[Row]:
@@ -48,7 +48,7 @@ def planted(tmp_path: Path) -> Path:
 
 
 def test_the_planted_rows_and_only_they_lie_outside_the_spread(planted: Path) -> None:
-    records, _ = merge_folders([planted])
+    records, _, _ = merge_records([planted])
     figures = measure(records.values(), read_eval([planted], records))
     outliers, spreads = find_outliers(figures)
     flagged = {(figures.records[o.index].id, o.measure) for o in outliers}
@@ -104,7 +104,9 @@ def test_a_folder_without_outliers_writes_an_empty_redo_manifest(tmp_path: Path)
 def test_shards_merge_as_report_merges_them(tmp_path: Path) -> None:
     rows = _rows()
     a = write_folder(tmp_path / "a", rows[:20])
-    b = write_folder(tmp_path / "b", rows[20:])
+    b = write_folder(tmp_path / "b", rows[19:])  # ok19 in both: a's attempt is the later (line 20 vs 1)
+    records, where, warnings = merge_records([a, b])
+    assert len(records) == 43 and where["ok19"] == a and where["ok20"] == b and len(warnings) == 1
     page = tmp_path / "both.html"
     res = CliRunner().invoke(app, ["report", str(a), str(b), "--html", str(page)])
     assert res.exit_code == 0, res.output
@@ -119,7 +121,7 @@ def test_speech_rate_counts_what_the_audio_says_not_the_instruction_before_it(tm
     line = json.loads((out / "diagnostics.jsonl").read_text())
     line["segments"][0]["text"] = "You are a helpful assistant.<|endofprompt|>Bonjour tout le <|breath|>monde."
     (out / "diagnostics.jsonl").write_text(json.dumps(line) + "\n")
-    rec = merge_folders([out])[0]["x"]
+    rec = merge_records([out])[0]["x"]
     assert spoken_text(rec).startswith("Bonjour") and chars_of(spoken_text(rec)) == len("Bonjourtoutlemonde.")
     figures = measure([rec], read_eval([out], {"x": rec}))
     assert figures.chars_per_s[0] == pytest.approx(19 / 2.0)
