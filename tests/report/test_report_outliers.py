@@ -133,3 +133,12 @@ def test_an_empty_folder_still_gets_its_page(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["report", str(tmp_path / "empty"), "--html", str(page)])
     assert res.exit_code == 0, res.output
     assert "No ok row to listen to" in page.read_text(encoding="utf-8")
+
+
+def test_eval_records_are_read_under_either_name(planted: Path) -> None:
+    records, _, _ = merge_records([planted])
+    before = read_eval([planted], records)
+    (planted / "eval.jsonl").rename(planted / "scores.jsonl")  # the name that keeps an audiofolder loading
+    after = read_eval([planted], records)
+    assert len(after.rows) == len(before.rows) == 43 and after.backend == "resemblyzer"
+    assert after.rows["ok05"].error_rate == 0.6 and after.rows["ok05"].similarity == 0.3
