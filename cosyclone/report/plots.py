@@ -119,6 +119,7 @@ def sampler_plot(figures: Figures) -> Plot:
     bars.set_xticks(pos, labels, fontsize="small")
     if max(calls) >= 100:  # the steps dwarf the rows
         bars.set_yscale("log")
+        bars.set_ylim(bottom=0.5)  # a kind with a single row still shows
     bars.legend(fontsize="small")
     bars.set_title("Sampler events, totals")
     total = figures.event_total
@@ -128,6 +129,7 @@ def sampler_plot(figures: Figures) -> Plot:
         edges = (np.arange(0.5, top + 1.5) if top <= BINS else np.linspace(0.5, top + 0.5, BINS + 1)).tolist()
         hist.hist(hit, bins=edges, color="#f58518")
         hist.set_yscale("log")
+        hist.set_ylim(bottom=0.5)
     else:
         hist.text(0.5, 0.5, "no row had a sampler event", ha="center", va="center", transform=hist.transAxes)
     hist.set_xlabel("events per row (rows with any)")
