@@ -55,29 +55,76 @@ def record(row: Row, line: int, prompt: Path) -> dict[str, Any]:
     """The row's ``diagnostics.jsonl`` object, with a real record's fields."""
     ok = row.status == "ok"
     samples = int(row.audio_seconds * RATE) if ok else None
-    sampler = {"row_id": row.id, "seed": row.seed, "segment": 0, "steps": row.tokens + 1,
-               "tokens_emitted": row.tokens, "stop_reason": row.stop, "nan_steps": row.nan_steps,
-               "all_nan_steps": 0, "posinf_steps": 0, "no_finite_steps": 0, "ras_fallbacks": row.ras_fallbacks,
-               "ras_sole_restores": 0, "min_len_suppressed": 0, "policy": "exclude", "draw": "race"}
-    return {"id": row.id, "line": line, "status": row.status, "reason": None if ok else "exception",
-            "error": None if ok else "talker: boom", "error_type": None, "traceback": None, "seed": row.seed,
-            "audio_seconds": row.audio_seconds if ok else 0.0, "nonfinite_audio_samples": 0,
-            "stop_reasons": [row.stop], "tokens": [row.tokens],
-            "segments": [{"text": row.text, "text_ids": row.text_ids, "prompt_ids": 12}], "sampler": [sampler],
-            "seconds": {"frontend": 0.02, "talker": 0.02 * row.tokens, "flow": 0.01 * row.tokens, "hift": 0.05},
-            "finished_at": 1.7e9 + line, "fingerprint": "f" * 16, "fingerprint_parts": None, "run_id": "bench",
-            "text": row.text, "prompt_text": "This is the reference speaker.", "prompt_audio": str(prompt),
-            "mode": "zero_shot", "instruct": "", "speed": 1.0, "manifest": "bench.jsonl", "shard": None,
-            "file": f"wavs/{row.id}.wav" if ok else None, "samples": samples, "sample_rate": RATE if ok else None,
-            "audio_format": "wav" if ok else None, "encoding": "pcm16" if ok else None,
-            "trimmed_lead_seconds": 0.0, "trimmed_trail_seconds": 0.0}
+    sampler = {
+        "row_id": row.id,
+        "seed": row.seed,
+        "segment": 0,
+        "steps": row.tokens + 1,
+        "tokens_emitted": row.tokens,
+        "stop_reason": row.stop,
+        "nan_steps": row.nan_steps,
+        "all_nan_steps": 0,
+        "posinf_steps": 0,
+        "no_finite_steps": 0,
+        "ras_fallbacks": row.ras_fallbacks,
+        "ras_sole_restores": 0,
+        "min_len_suppressed": 0,
+        "policy": "exclude",
+        "draw": "race",
+    }
+    return {
+        "id": row.id,
+        "line": line,
+        "status": row.status,
+        "reason": None if ok else "exception",
+        "error": None if ok else "talker: boom",
+        "error_type": None,
+        "traceback": None,
+        "seed": row.seed,
+        "audio_seconds": row.audio_seconds if ok else 0.0,
+        "nonfinite_audio_samples": 0,
+        "stop_reasons": [row.stop],
+        "tokens": [row.tokens],
+        "segments": [{"text": row.text, "text_ids": row.text_ids, "prompt_ids": 12}],
+        "sampler": [sampler],
+        "seconds": {"frontend": 0.02, "talker": 0.02 * row.tokens, "flow": 0.01 * row.tokens, "hift": 0.05},
+        "finished_at": 1.7e9 + line,
+        "fingerprint": "f" * 16,
+        "fingerprint_parts": None,
+        "run_id": "bench",
+        "text": row.text,
+        "prompt_text": "This is the reference speaker.",
+        "prompt_audio": str(prompt),
+        "mode": "zero_shot",
+        "instruct": "",
+        "speed": 1.0,
+        "manifest": "bench.jsonl",
+        "shard": None,
+        "file": f"wavs/{row.id}.wav" if ok else None,
+        "samples": samples,
+        "sample_rate": RATE if ok else None,
+        "audio_format": "wav" if ok else None,
+        "encoding": "pcm16" if ok else None,
+        "trimmed_lead_seconds": 0.0,
+        "trimmed_trail_seconds": 0.0,
+    }
 
 
 def eval_line(row: Row, *, wer: float, similarity: float) -> dict[str, Any]:
     """The row's ``eval.jsonl`` object (the fields the page reads, as eval writes them)."""
-    return {"id": row.id, "status": "ok", "seed": row.seed, "text": row.text, "transcript": row.text,
-            "metric": "wer", "wer": wer, "cer": wer / 2, "error_rate": wer,
-            "speaker_similarity": {"resemblyzer": similarity}, "fails": {}}
+    return {
+        "id": row.id,
+        "status": "ok",
+        "seed": row.seed,
+        "text": row.text,
+        "transcript": row.text,
+        "metric": "wer",
+        "wer": wer,
+        "cer": wer / 2,
+        "error_rate": wer,
+        "speaker_similarity": {"resemblyzer": similarity},
+        "fails": {},
+    }
 
 
 def write_folder(out: Path, rows: list[Row], *, evals: dict[str, tuple[float, float]] | None = None) -> Path:
@@ -106,9 +153,20 @@ def write_folder(out: Path, rows: list[Row], *, evals: dict[str, tuple[float, fl
                 if row.id in evals:
                     wer, sim = evals[row.id]
                     fh.write(json.dumps(eval_line(row, wer=wer, similarity=sim)) + "\n")
-    run = {"run_id": "bench", "started_at": 1.7e9, "shard": None, "done": len(rows), "failed": 0, "skipped": 0,
-           "rows_per_s": 12.5, "throughput_audio_s_per_s": 40.0, "device": "cuda", "dtype": "mixed",
-           "devices": ["NVIDIA H100 80GB HBM3"], "peak_memory": {"host_rss_bytes": 6e9, "gpu_allocated_bytes": 5e10}}
+    run = {
+        "run_id": "bench",
+        "started_at": 1.7e9,
+        "shard": None,
+        "done": len(rows),
+        "failed": 0,
+        "skipped": 0,
+        "rows_per_s": 12.5,
+        "throughput_audio_s_per_s": 40.0,
+        "device": "cuda",
+        "dtype": "mixed",
+        "devices": ["NVIDIA H100 80GB HBM3"],
+        "peak_memory": {"host_rss_bytes": 6e9, "gpu_allocated_bytes": 5e10},
+    }
     (out / "runs.jsonl").write_text(json.dumps(run) + "\n", encoding="utf-8")
     return out
 
@@ -153,21 +211,31 @@ def main(argv: list[str] | None = None) -> None:
     try:
         t0 = time.perf_counter()
         out = build(tmp / f"run-{args.rows}", args.rows)
-        print(f"[report-html] folder of {args.rows} rows written in {time.perf_counter() - t0:.1f} s", flush=True)
+        print(
+            f"[report-html] folder of {args.rows} rows written in {time.perf_counter() - t0:.1f} s",
+            flush=True,
+        )
         page = tmp / "report.html"
         t0 = time.perf_counter()
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        res = subprocess.run([sys.executable, "-m", "cosyclone.cli", "report", str(out), "--html", str(page)],
-                             capture_output=True, text=True, check=False)
+        res = subprocess.run(
+            [sys.executable, "-m", "cosyclone.cli", "report", str(out), "--html", str(page)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         wall = time.perf_counter() - t0
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         if res.returncode != 0:
             raise SystemExit(f"report failed ({res.returncode}): {res.stderr[-2000:]}")
         verdict = "within" if wall < LIMIT_S else "OVER"
-        print(f"[report-html] {args.rows} rows: page in {wall:.1f} s wall ({verdict} the {LIMIT_S:.0f} s bound, CLI "
-              f"start included; {cpu:.1f} CPU s: a busy machine stretches the wall, not this), "
-              f"{page.stat().st_size / 1e6:.1f} MB, on {describe()}", flush=True)
+        print(
+            f"[report-html] {args.rows} rows: page in {wall:.1f} s wall ({verdict} the {LIMIT_S:.0f} s "
+            f"bound, CLI start included; {cpu:.1f} CPU s: a busy machine stretches the wall, not this), "
+            f"{page.stat().st_size / 1e6:.1f} MB, on {describe()}",
+            flush=True,
+        )
     finally:
         if args.keep is None:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -31,9 +31,18 @@ from typing import Any
 import pytest
 
 ENV_REQUIRE = "COSYCLONE_REQUIRE_BROWSER"
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--mute-audio", "--remote-debugging-pipe")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--mute-audio",
+    "--remote-debugging-pipe",
+)
 
 
 def find_chromium() -> str | None:
@@ -78,16 +87,24 @@ class _Pipe:
 
         self.proc = subprocess.Popen(
             [browser, *FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}", "about:blank"],
-            preexec_fn=fds, pass_fds=(3, 4), stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL)
+            preexec_fn=fds,
+            pass_fds=(3, 4),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         os.close(to_child_r)
         os.close(from_child_w)
         self._buf = b""
         self._next = 0
         self.events: list[dict[str, Any]] = []
 
-    def send(self, method: str, params: dict[str, Any] | None = None, session: str | None = None,
-             timeout: float = 30.0) -> dict[str, Any]:
+    def send(
+        self,
+        method: str,
+        params: dict[str, Any] | None = None,
+        session: str | None = None,
+        timeout: float = 30.0,
+    ) -> dict[str, Any]:
         self._next += 1
         msg: dict[str, Any] = {"id": self._next, "method": method, "params": params or {}}
         if session:
@@ -126,8 +143,16 @@ class _Pipe:
         os.close(self._r)
 
 
-def open_page(path: Path, probes: dict[str, str], *, settle: str | None = None, timeout: float = 60.0,
-              screenshot: bool = False, width: int = 1320, height: int = 900) -> PageVisit:
+def open_page(
+    path: Path,
+    probes: dict[str, str],
+    *,
+    settle: str | None = None,
+    timeout: float = 60.0,
+    screenshot: bool = False,
+    width: int = 1320,
+    height: int = 900,
+) -> PageVisit:
     """Load ``path`` and evaluate each probe (a JS expression, awaited) once ``settle`` is true."""
     browser = require_chromium()
     visit = PageVisit()
@@ -142,8 +167,11 @@ def open_page(path: Path, probes: dict[str, str], *, settle: str | None = None, 
             deadline = time.monotonic() + timeout
 
             def evaluate(expr: str) -> Any:
-                res = pipe.send("Runtime.evaluate", {"expression": expr, "awaitPromise": True,
-                                                     "returnByValue": True}, session=session)
+                res = pipe.send(
+                    "Runtime.evaluate",
+                    {"expression": expr, "awaitPromise": True, "returnByValue": True},
+                    session=session,
+                )
                 if "exceptionDetails" in res:
                     raise RuntimeError(f"{expr}: {res['exceptionDetails']}")
                 return res.get("result", {}).get("value")
@@ -161,8 +189,11 @@ def open_page(path: Path, probes: dict[str, str], *, settle: str | None = None, 
                 import base64
 
                 clip = {"x": 0, "y": 0, "width": width, "height": height, "scale": 1}  # the page's top
-                shot = pipe.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True,
-                                                            "clip": clip}, session=session)
+                shot = pipe.send(
+                    "Page.captureScreenshot",
+                    {"format": "png", "captureBeyondViewport": True, "clip": clip},
+                    session=session,
+                )
                 visit.screenshot = base64.b64decode(shot["data"])
             evaluate("1")  # drain the events that arrived meanwhile
         finally:

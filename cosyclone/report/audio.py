@@ -80,6 +80,11 @@ def sources(paths: Sequence[Path | None], page_dir: Path, *, link_audio: bool) -
     encoder runs outside the GIL)."""
     distinct = list(dict.fromkeys(p for p in paths if p is not None))
     with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
-        done = dict(zip(distinct, pool.map(lambda p: source(p, page_dir, link_audio=link_audio), distinct),
-                        strict=True))
+        done = dict(
+            zip(
+                distinct,
+                pool.map(lambda p: source(p, page_dir, link_audio=link_audio), distinct),
+                strict=True,
+            )
+        )
     return [done[p] if p is not None else source(None, page_dir, link_audio=link_audio) for p in paths]

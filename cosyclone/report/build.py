@@ -49,10 +49,12 @@ class HtmlReport:
 
     def describe(self) -> list[str]:
         """The lines the command prints."""
-        return [f"wrote {self.path}: {self.bytes / 1e6:.1f} MB, {self.rows} rows, {self.plots} plots, "
-                f"{self.listed} rows to listen to, in {self.seconds:.1f} s",
-                f"wrote {self.redo_path}: {self.outliers} outlier rows (cosyclone synth {self.redo_path} --out "
-                f"{self.folders[0] if len(self.folders) == 1 else 'OUT'} redoes them)"]
+        return [
+            f"wrote {self.path}: {self.bytes / 1e6:.1f} MB, {self.rows} rows, {self.plots} plots, "
+            f"{self.listed} rows to listen to, in {self.seconds:.1f} s",
+            f"wrote {self.redo_path}: {self.outliers} outlier rows (cosyclone synth {self.redo_path} --out "
+            f"{self.folders[0] if len(self.folders) == 1 else 'OUT'} redoes them)",
+        ]
 
 
 def merge_records(folders: Sequence[Path]) -> tuple[dict[str, RowRecord], dict[str, Path], list[str]]:
@@ -73,12 +75,19 @@ def merge_records(folders: Sequence[Path]) -> tuple[dict[str, RowRecord], dict[s
 
 def _figures_of(figures: Figures, i: int) -> tuple[tuple[str, str], ...]:
     rec = figures.records[i]
-    pairs = [("duration", f"{figures.duration[i]:.2f} s"), ("chars/s", f"{figures.chars_per_s[i]:.3g}"),
-             ("tokens/text token", f"{figures.tokens_per_text_token[i]:.3g}"),
-             ("speech tokens", "+".join(str(t) for t in rec.tokens) or "0")]
+    pairs = [
+        ("duration", f"{figures.duration[i]:.2f} s"),
+        ("chars/s", f"{figures.chars_per_s[i]:.3g}"),
+        ("tokens/text token", f"{figures.tokens_per_text_token[i]:.3g}"),
+        ("speech tokens", "+".join(str(t) for t in rec.tokens) or "0"),
+    ]
     scored = figures.evals.rows.get(rec.id)
     if scored is not None:
-        pairs += [("WER", _fmt(scored.wer)), ("CER", _fmt(scored.cer)), ("similarity", _fmt(scored.similarity))]
+        pairs += [
+            ("WER", _fmt(scored.wer)),
+            ("CER", _fmt(scored.cer)),
+            ("similarity", _fmt(scored.similarity)),
+        ]
         if scored.fails:
             pairs.append(("eval fails", "; ".join(scored.fails)))
     events = {name: int(counts[i]) for name, counts in figures.events.items() if counts[i]}
@@ -98,8 +107,9 @@ def _meta(rec: RowRecord) -> str:
     return json.dumps(meta, ensure_ascii=False, sort_keys=True) if meta else ""
 
 
-def _cards(figures: Figures, listed: Sequence[Listed], where: Mapping[str, Path], page_dir: Path, *,
-           link_audio: bool) -> list[html_page.Card]:
+def _cards(
+    figures: Figures, listed: Sequence[Listed], where: Mapping[str, Path], page_dir: Path, *, link_audio: bool
+) -> list[html_page.Card]:
     recs = [figures.records[item.index] for item in listed]
     outputs = [runfolder.audio_path(where[rec.id], rec) for rec in recs]
     prompts = [Path(rec.prompt_audio) if rec.prompt_audio else None for rec in recs]
@@ -107,18 +117,31 @@ def _cards(figures: Figures, listed: Sequence[Listed], where: Mapping[str, Path]
     cards = []
     for k, (item, rec) in enumerate(zip(listed, recs, strict=True)):
         scored = figures.evals.rows.get(rec.id)
-        cards.append(html_page.Card(
-            id=rec.id, folder=str(where[rec.id]), why=item.why, text=rec.text, normalized=normalized_text(rec),
-            stop_reason=stop_reason(rec), transcript=scored.transcript if scored else "",
-            figures=_figures_of(figures, item.index), meta=_meta(rec), output=audio[k],
-            prompt=audio[len(listed) + k]))
+        cards.append(
+            html_page.Card(
+                id=rec.id,
+                folder=str(where[rec.id]),
+                why=item.why,
+                text=rec.text,
+                normalized=normalized_text(rec),
+                stop_reason=stop_reason(rec),
+                transcript=scored.transcript if scored else "",
+                figures=_figures_of(figures, item.index),
+                meta=_meta(rec),
+                output=audio[k],
+                prompt=audio[len(listed) + k],
+            )
+        )
     return cards
 
 
 def _totals_table(totals: Mapping[str, Any]) -> str:
     rows = [(label, _cell(totals.get(key))) for key, label in totals_mod.TABLE_ROWS]
-    rows += [(k.replace("_", " "), _cell(v)) for k, v in (totals.get("sampler") or {}).items()
-             if k != "sampler_calls" and v]
+    rows += [
+        (k.replace("_", " "), _cell(v))
+        for k, v in (totals.get("sampler") or {}).items()
+        if k != "sampler_calls" and v
+    ]
     return html_page.table(None, rows)
 
 
@@ -135,8 +158,10 @@ def _failed_table(records: Sequence[RowRecord]) -> str:
     if not failed:
         return "<p>None.</p>"
     more = f"<p>The first {FAILED_SHOWN} of {len(failed)}.</p>" if len(failed) > FAILED_SHOWN else ""
-    return more + html_page.table(("id", "line", "reason", "error"),
-                                  ((r.id, r.line, r.reason or "-", r.error or "-") for r in failed[:FAILED_SHOWN]))
+    return more + html_page.table(
+        ("id", "line", "reason", "error"),
+        ((r.id, r.line, r.reason or "-", r.error or "-") for r in failed[:FAILED_SHOWN]),
+    )
 
 
 def write_html_report(folders: Sequence[Path], page: Path, *, link_audio: bool = False) -> HtmlReport:
@@ -159,16 +184,30 @@ def write_html_report(folders: Sequence[Path], page: Path, *, link_audio: bool =
     ids = [r.id for r in figures.records]
     title = "cosyclone report: " + ", ".join(str(f) for f in folders)
     text = html_page.render(
-        title=title, totals=_totals_table(totals), evals=html_page.eval_tables(evals),
+        title=title,
+        totals=_totals_table(totals),
+        evals=html_page.eval_tables(evals),
         history=html_page.history_table(read_history(folders), several=len(folders) > 1),
-        plots=html_page.plot_grid(plots), outliers=html_page.outlier_table(outliers, ids, redo_path.name),
-        cards=cards, failed=_failed_table(figures.records),
+        plots=html_page.plot_grid(plots),
+        outliers=html_page.outlier_table(outliers, ids, redo_path.name),
+        cards=cards,
+        failed=_failed_table(figures.records),
         footer=f"cosyclone {__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
-               f"audio {'linked relative to this page' if link_audio else 'embedded (Ogg Vorbis, 16 kHz)'}")
+        f"audio {'linked relative to this page' if link_audio else 'embedded (Ogg Vorbis, 16 kHz)'}",
+    )
     data = text.encode("utf-8")
     tmp = page.with_name(f".{page.name}.tmp{os.getpid()}")
     tmp.write_bytes(data)
     os.replace(tmp, page)
-    return HtmlReport(path=page, bytes=len(data), rows=len(figures.records), listed=len(cards), plots=len(plots),
-                      outliers=len({o.index for o in outliers}), redo_path=redo_path,
-                      seconds=time.perf_counter() - t0, warnings=tuple(warnings), folders=tuple(folders))
+    return HtmlReport(
+        path=page,
+        bytes=len(data),
+        rows=len(figures.records),
+        listed=len(cards),
+        plots=len(plots),
+        outliers=len({o.index for o in outliers}),
+        redo_path=redo_path,
+        seconds=time.perf_counter() - t0,
+        warnings=tuple(warnings),
+        folders=tuple(folders),
+    )

@@ -49,8 +49,11 @@ def report_command(
     for w in warnings:
         typer.echo(f"warning: {w}", err=True)
     if json_out:
-        typer.echo(json.dumps({**totals, "folders": [str(f) for f in folders], "eval": evals or None},
-                              sort_keys=True))
+        typer.echo(
+            json.dumps(
+                {**totals, "folders": [str(f) for f in folders], "eval": evals or None}, sort_keys=True
+            )
+        )
         raise typer.Exit(Exit.OK)
     title = "cosyclone report: " + ", ".join(str(f) for f in folders)
     totals_mod.render(totals, title=title, tty=sys.stdout.isatty())

@@ -28,8 +28,12 @@ IntArray = npt.NDArray[np.int64]
 
 #: sampler counters the page counts as events: (record field, label)
 SAMPLER_EVENTS: tuple[tuple[str, str], ...] = (
-    ("nan_steps", "NaN"), ("all_nan_steps", "all-NaN"), ("posinf_steps", "+inf"),
-    ("no_finite_steps", "no finite logit"), ("ras_fallbacks", "RAS fallback"))
+    ("nan_steps", "NaN"),
+    ("all_nan_steps", "all-NaN"),
+    ("posinf_steps", "+inf"),
+    ("no_finite_steps", "no finite logit"),
+    ("ras_fallbacks", "RAS fallback"),
+)
 #: eval's per-row records, the first of these a folder holds: scores.jsonl (the name that keeps the folder
 #: an audiofolder), else eval.jsonl (cosyclone/eval/evaluate.py, which loads torch, writes it today)
 EVAL_NAMES = ("scores.jsonl", "eval.jsonl")
@@ -80,11 +84,22 @@ def read_eval(folders: Sequence[Path], records: Mapping[str, RowRecord]) -> Eval
                 backend = str(next(iter(sims)))
             fails = obj.get("fails")
             rows[rec.id] = EvalFigures(
-                error_rate=_num(obj.get("error_rate")), wer=_num(obj.get("wer")), cer=_num(obj.get("cer")),
+                error_rate=_num(obj.get("error_rate")),
+                wer=_num(obj.get("wer")),
+                cer=_num(obj.get("cer")),
                 similarity=_num(sims.get(backend)) if backend else None,
                 transcript=str(obj.get("transcript") or ""),
-                fails=tuple(str(x) for x in (fails.values() if isinstance(fails, dict) else
-                                             fails if isinstance(fails, list) else ())))
+                fails=tuple(
+                    str(x)
+                    for x in (
+                        fails.values()
+                        if isinstance(fails, dict)
+                        else fails
+                        if isinstance(fails, list)
+                        else ()
+                    )
+                ),
+            )
     return EvalTable(rows=rows, backend=backend)
 
 
@@ -179,6 +194,16 @@ def measure(records: Iterable[RowRecord], evals: EvalTable) -> Figures:
             err[i] = np.nan if scored.error_rate is None else scored.error_rate
             sim[i] = np.nan if scored.similarity is None else scored.similarity
     stages = {k: v for k, v in stages.items() if np.isfinite(v).any()}
-    return Figures(records=recs, ok=ok, duration=duration, chars_per_s=rate, tokens_per_text_token=ratio,
-                   capped=capped, events=events, stage_seconds=stages, error_rate=err, similarity=sim,
-                   evals=evals)
+    return Figures(
+        records=recs,
+        ok=ok,
+        duration=duration,
+        chars_per_s=rate,
+        tokens_per_text_token=ratio,
+        capped=capped,
+        events=events,
+        stage_seconds=stages,
+        error_rate=err,
+        similarity=sim,
+        evals=evals,
+    )

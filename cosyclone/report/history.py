@@ -57,15 +57,25 @@ def run_line(folder: str, run: Mapping[str, Any]) -> RunLine:
     device = " ".join(str(x) for x in (run.get("device"), run.get("dtype")) if x) or "-"
     found = run.get("peak_memory")
     peak: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
-    peaks = [f"{label} {v}" for label, key in (("host", "host_rss_bytes"), ("GPU", "gpu_allocated_bytes"))
-             if (v := _gb(peak.get(key))) is not None]
+    peaks = [
+        f"{label} {v}"
+        for label, key in (("host", "host_rss_bytes"), ("GPU", "gpu_allocated_bytes"))
+        if (v := _gb(peak.get(key))) is not None
+    ]
     return RunLine(
-        folder=folder, started=when, shard=str(run.get("shard") or "-"), done=int(run.get("done") or 0),
-        failed=int(run.get("failed") or 0), skipped=int(run.get("skipped") or 0),
+        folder=folder,
+        started=when,
+        shard=str(run.get("shard") or "-"),
+        done=int(run.get("done") or 0),
+        failed=int(run.get("failed") or 0),
+        skipped=int(run.get("skipped") or 0),
         rows_per_s=float(run.get("rows_per_s") or 0.0),
         audio_s_per_s=float(run.get("throughput_audio_s_per_s") or 0.0),
-        device=f"{device} ({named})" if named else device, peak_memory=", ".join(peaks) or "-",
-        bound_by=bounding_stage(run), stopped_by=str(run.get("stopped_by") or "-"))
+        device=f"{device} ({named})" if named else device,
+        peak_memory=", ".join(peaks) or "-",
+        bound_by=bounding_stage(run),
+        stopped_by=str(run.get("stopped_by") or "-"),
+    )
 
 
 def read_history(folders: Sequence[Path]) -> list[RunLine]:
@@ -74,6 +84,8 @@ def read_history(folders: Sequence[Path]) -> list[RunLine]:
     for folder in folders:
         for run in iter_jsonl(Path(folder) / RUNS_NAME):
             started = run.get("started_at")
-            found.append((float(started) if isinstance(started, int | float) else 0.0, run_line(str(folder), run)))
+            found.append(
+                (float(started) if isinstance(started, int | float) else 0.0, run_line(str(folder), run))
+            )
     found.sort(key=lambda pair: pair[0])
     return [line for _, line in found]

@@ -33,8 +33,12 @@ MEAN_AD_TO_MAD = 1.2533  # mean absolute deviation -> the MAD's scale, for a nor
 #: the screened measures: (Figures attribute, label, what a high value means, what a low value means)
 MEASURES: tuple[tuple[str, str, str, str], ...] = (
     ("chars_per_s", "characters per second", "fast: speech cut short?", "slow: babble or long pauses?"),
-    ("tokens_per_text_token", "speech tokens per text token", "many tokens: babble to the cap?",
-     "few tokens: speech cut short?"),
+    (
+        "tokens_per_text_token",
+        "speech tokens per text token",
+        "many tokens: babble to the cap?",
+        "few tokens: speech cut short?",
+    ),
 )
 
 
@@ -91,17 +95,23 @@ def find_outliers(figures: Figures) -> tuple[list[Outlier], dict[str, Spread]]:
         with np.errstate(invalid="ignore"):
             z = 0.6745 * (values - s.median) / s.scale
             hits = np.flatnonzero(np.abs(z) > Z_LIMIT)
-        found += [Outlier(int(i), attr, label, float(values[i]), float(z[i]), high if z[i] > 0 else low)
-                  for i in hits]
+        found += [
+            Outlier(int(i), attr, label, float(values[i]), float(z[i]), high if z[i] > 0 else low)
+            for i in hits
+        ]
     found.sort(key=lambda o: (-abs(o.z), figures.records[o.index].id))
     return found, spreads
 
 
 def redo_line(rec: RowRecord) -> dict[str, Any]:
     """The manifest object that redoes ``rec``'s row: its fields, the prompt absolute, the next seed."""
-    obj: dict[str, Any] = {"id": rec.id, "text": rec.text,
-                           "prompt_audio": str(Path(rec.prompt_audio).resolve()) if rec.prompt_audio else "",
-                           "prompt_text": rec.prompt_text, "mode": rec.mode}
+    obj: dict[str, Any] = {
+        "id": rec.id,
+        "text": rec.text,
+        "prompt_audio": str(Path(rec.prompt_audio).resolve()) if rec.prompt_audio else "",
+        "prompt_text": rec.prompt_text,
+        "mode": rec.mode,
+    }
     if rec.instruct:
         obj["instruct"] = rec.instruct
     if rec.speed != 1.0:

@@ -55,15 +55,18 @@ def esc(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
-def table(header: Sequence[str] | None, rows: Iterable[Sequence[object]], *, numeric: set[int] | None = None) -> str:
+def table(
+    header: Sequence[str] | None, rows: Iterable[Sequence[object]], *, numeric: set[int] | None = None
+) -> str:
     """An HTML table; cells escaped, ``numeric`` columns right-aligned."""
     num = numeric or set()
     out = ["<table>"]
     if header:
         out.append("<tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>")
     for row in rows:
-        cells = "".join(f"<td class=n>{esc(c)}</td>" if i in num else f"<td>{esc(c)}</td>"
-                        for i, c in enumerate(row))
+        cells = "".join(
+            f"<td class=n>{esc(c)}</td>" if i in num else f"<td>{esc(c)}</td>" for i, c in enumerate(row)
+        )
         out.append(f"<tr>{cells}</tr>")
     out.append("</table>")
     return "\n".join(out)
@@ -72,11 +75,36 @@ def table(header: Sequence[str] | None, rows: Iterable[Sequence[object]], *, num
 def history_table(runs: Sequence[RunLine], *, several: bool) -> str:
     if not runs:
         return "<p>No runs.jsonl in the folders.</p>"
-    header = (["folder"] if several else []) + ["started (UTC)", "shard", "done", "failed", "skipped", "rows/s",
-                                                "audio-s/s", "device", "peak memory", "bound by", "stopped by"]
-    rows = [([r.folder] if several else []) + [r.started, r.shard, r.done, r.failed, r.skipped,
-                                               f"{r.rows_per_s:.3f}", f"{r.audio_s_per_s:.3f}", r.device,
-                                               r.peak_memory, r.bound_by, r.stopped_by] for r in runs]
+    header = (["folder"] if several else []) + [
+        "started (UTC)",
+        "shard",
+        "done",
+        "failed",
+        "skipped",
+        "rows/s",
+        "audio-s/s",
+        "device",
+        "peak memory",
+        "bound by",
+        "stopped by",
+    ]
+    rows = [
+        ([r.folder] if several else [])
+        + [
+            r.started,
+            r.shard,
+            r.done,
+            r.failed,
+            r.skipped,
+            f"{r.rows_per_s:.3f}",
+            f"{r.audio_s_per_s:.3f}",
+            r.device,
+            r.peak_memory,
+            r.bound_by,
+            r.stopped_by,
+        ]
+        for r in runs
+    ]
     first = 1 if several else 0
     return table(header, rows, numeric={first + i for i in (2, 3, 4, 5, 6)})
 
@@ -85,12 +113,17 @@ def eval_tables(evals: Mapping[str, Mapping[str, Any]]) -> str:
     parts = []
     for folder, summary in evals.items():
         metrics = summary.get("metrics") or {}
-        rows = [(name, s.get("n"), *(_num(s.get(k)) for k in ("mean", "p10", "p50", "p90")))
-                for name, s in metrics.items() if isinstance(s, dict) and s.get("n")]
+        rows = [
+            (name, s.get("n"), *(_num(s.get(k)) for k in ("mean", "p10", "p50", "p90")))
+            for name, s in metrics.items()
+            if isinstance(s, dict) and s.get("n")
+        ]
         pooled = summary.get("pooled") or {}
-        parts.append(f"<h3>eval of {esc(folder)}</h3><p>{esc(summary.get('scored'))} rows scored, "
-                     f"{esc(summary.get('failing'))} failing its thresholds; pooled WER "
-                     f"{esc(_num(pooled.get('wer')))}, CER {esc(_num(pooled.get('cer')))}</p>")
+        parts.append(
+            f"<h3>eval of {esc(folder)}</h3><p>{esc(summary.get('scored'))} rows scored, "
+            f"{esc(summary.get('failing'))} failing its thresholds; pooled WER "
+            f"{esc(_num(pooled.get('wer')))}, CER {esc(_num(pooled.get('cer')))}</p>"
+        )
         parts.append(table(("metric", "n", "mean", "p10", "p50", "p90"), rows, numeric={1, 2, 3, 4, 5}))
     return "\n".join(parts)
 
@@ -103,8 +136,10 @@ def plot_grid(plots: Sequence[Plot]) -> str:
     figs = []
     for p in plots:
         wide = " class=wide" if p.key == "sampler" else ""
-        figs.append(f'<figure id="plot-{esc(p.key)}"{wide}><img class=plot alt="{esc(p.title)}" '
-                    f'src="{p.uri}"><figcaption>{esc(p.caption)}</figcaption></figure>')
+        figs.append(
+            f'<figure id="plot-{esc(p.key)}"{wide}><img class=plot alt="{esc(p.title)}" '
+            f'src="{p.uri}"><figcaption>{esc(p.caption)}</figcaption></figure>'
+        )
     return '<div class="plots">' + "\n".join(figs) + "</div>"
 
 
@@ -114,27 +149,35 @@ OUTLIERS_SHOWN = 200  # outlier lines the page lists (the redo manifest holds ev
 def outlier_table(outliers: Sequence[Outlier], ids: Sequence[str], redo_name: str) -> str:
     if not outliers:
         return f"<p>No row lies outside the folder's spread ({esc(redo_name)} is empty).</p>"
-    rows = [(ids[o.index], o.label, f"{o.value:.3g}", f"{o.z:+.1f}", o.meaning) for o in outliers[:OUTLIERS_SHOWN]]
+    rows = [
+        (ids[o.index], o.label, f"{o.value:.3g}", f"{o.z:+.1f}", o.meaning) for o in outliers[:OUTLIERS_SHOWN]
+    ]
     more = f" The {OUTLIERS_SHOWN} most extreme:" if len(outliers) > OUTLIERS_SHOWN else ""
-    return (f"<p>{len(outliers)} flagged ({len(set(ids[o.index] for o in outliers))} rows), all written as a "
-            f"redo manifest: <code>cosyclone synth {esc(redo_name)} --out OUT</code>.{more}</p>"
-            + table(("id", "measure", "value", "robust z", "suggests"), rows, numeric={2, 3}))
+    return (
+        f"<p>{len(outliers)} flagged ({len(set(ids[o.index] for o in outliers))} rows), all written as a "
+        f"redo manifest: <code>cosyclone synth {esc(redo_name)} --out OUT</code>.{more}</p>"
+        + table(("id", "measure", "value", "robust z", "suggests"), rows, numeric={2, 3})
+    )
 
 
 def _player(label: str, src: AudioSource) -> str:
     note = f"<div class=note>{esc(src.note)}</div>" if src.note else ""
     if src.src is None:
         return f"<div><span class=label>{esc(label)}</span>{note}</div>"
-    return (f'<div><span class=label>{esc(label)}</span><audio controls preload="metadata" '
-            f'src="{esc(src.src)}"></audio>{note}</div>')
+    return (
+        f'<div><span class=label>{esc(label)}</span><audio controls preload="metadata" '
+        f'src="{esc(src.src)}"></audio>{note}</div>'
+    )
 
 
 def card(c: Card) -> str:
     why = "".join(f"<span>{esc(w)}</span>" for w in c.why)
     figs = " · ".join(f"{esc(k)} {esc(v)}" for k, v in c.figures)
-    lines = [f'<div class="row" id="row-{esc(c.id)}"><h3>{esc(c.id)}</h3><div class=why>{why}</div>',
-             f"<div class=text><span class=label>text</span> {esc(c.text)}</div>",
-             f"<div class=text><span class=label>normalized</span> {esc(c.normalized)}</div>"]
+    lines = [
+        f'<div class="row" id="row-{esc(c.id)}"><h3>{esc(c.id)}</h3><div class=why>{why}</div>',
+        f"<div class=text><span class=label>text</span> {esc(c.text)}</div>",
+        f"<div class=text><span class=label>normalized</span> {esc(c.normalized)}</div>",
+    ]
     if c.transcript:
         lines.append(f"<div class=text><span class=label>ASR heard</span> {esc(c.transcript)}</div>")
     lines.append(f"<div class=figs>stop: {esc(c.stop_reason)} · {figs}</div>")
@@ -144,8 +187,18 @@ def card(c: Card) -> str:
     return "\n".join(lines)
 
 
-def render(*, title: str, totals: str, evals: str, history: str, plots: str, outliers: str,
-           cards: Sequence[Card], failed: str, footer: str) -> str:
+def render(
+    *,
+    title: str,
+    totals: str,
+    evals: str,
+    history: str,
+    plots: str,
+    outliers: str,
+    cards: Sequence[Card],
+    failed: str,
+    footer: str,
+) -> str:
     """The whole page."""
     body = "\n".join(card(c) for c in cards) or "<p>No ok row to listen to.</p>"
     return f"""<!DOCTYPE html>

@@ -58,8 +58,15 @@ def _finite(values: FloatArray) -> FloatArray:
     return values[np.isfinite(values)]
 
 
-def histogram(key: str, title: str, xlabel: str, values: FloatArray, *, spread: Spread | None = None,
-              log_y: bool = False) -> Plot | None:
+def histogram(
+    key: str,
+    title: str,
+    xlabel: str,
+    values: FloatArray,
+    *,
+    spread: Spread | None = None,
+    log_y: bool = False,
+) -> Plot | None:
     """A histogram of the finite ``values`` (None when there are none); ``spread`` draws its limits."""
     x = _finite(values)
     if x.size == 0:
@@ -100,8 +107,12 @@ def stage_plot(figures: Figures) -> Plot | None:
     ax.legend(fontsize="small")
     ax.set_title("Seconds per row, by stage")
     rows = max(v.size for v in series.values())
-    return Plot("stages", "Seconds per row, by stage", f"{rows} rows; wall seconds each stage spent on a row",
-                _uri(fig))
+    return Plot(
+        "stages",
+        "Seconds per row, by stage",
+        f"{rows} rows; wall seconds each stage spent on a row",
+        _uri(fig),
+    )
 
 
 def sampler_plot(figures: Figures) -> Plot:
@@ -135,7 +146,9 @@ def sampler_plot(figures: Figures) -> Plot:
     hist.set_xlabel("events per row (rows with any)")
     hist.set_ylabel("rows")
     hist.set_title("Sampler events per row")
-    caption = ", ".join(f"{label} {r} rows / {c} steps" for label, r, c in zip(labels, rows, calls, strict=True))
+    caption = ", ".join(
+        f"{label} {r} rows / {c} steps" for label, r, c in zip(labels, rows, calls, strict=True)
+    )
     return Plot("sampler", "Sampler events", caption, _uri(fig))
 
 
@@ -148,14 +161,28 @@ def all_plots(figures: Figures, spreads: dict[str, Spread]) -> list[Plot]:
     ok = figures.ok
     made: Sequence[Plot | None] = (
         histogram("duration", "Duration", "seconds of audio", figures.duration[ok]),
-        histogram("chars_per_s", "Characters per second of audio", "characters / s",
-                  figures.chars_per_s[ok], spread=spreads.get("chars_per_s")),
-        histogram("tokens_per_text_token", "Speech tokens per text token", "speech tokens / text token",
-                  figures.tokens_per_text_token[ok], spread=spreads.get("tokens_per_text_token")),
+        histogram(
+            "chars_per_s",
+            "Characters per second of audio",
+            "characters / s",
+            figures.chars_per_s[ok],
+            spread=spreads.get("chars_per_s"),
+        ),
+        histogram(
+            "tokens_per_text_token",
+            "Speech tokens per text token",
+            "speech tokens / text token",
+            figures.tokens_per_text_token[ok],
+            spread=spreads.get("tokens_per_text_token"),
+        ),
         stage_plot(figures),
         histogram("error_rate", "WER / CER (eval)", "error rate", figures.error_rate[ok]),
-        histogram("similarity", f"Speaker similarity (eval, {figures.evals.backend})", "cosine similarity",
-                  figures.similarity[ok]),
+        histogram(
+            "similarity",
+            f"Speaker similarity (eval, {figures.evals.backend})",
+            "cosine similarity",
+            figures.similarity[ok],
+        ),
         sampler_plot(figures),
     )
     return [p for p in made if p is not None]

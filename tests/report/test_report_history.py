@@ -9,10 +9,23 @@ from cosyclone.report.history import bounding_stage, read_history, run_line
 
 
 def test_a_run_line_shows_its_rates_device_and_peaks() -> None:
-    line = run_line("out", {"started_at": 0, "done": 9, "failed": 1, "skipped": 2, "rows_per_s": 1.5,
-                            "throughput_audio_s_per_s": 4.25, "device": "cuda", "dtype": "mixed",
-                            "devices": ["NVIDIA H100"], "shard": "0/2", "stopped_by": "SIGTERM",
-                            "peak_memory": {"host_rss_bytes": 3_000_000_000, "gpu_allocated_bytes": None}})
+    line = run_line(
+        "out",
+        {
+            "started_at": 0,
+            "done": 9,
+            "failed": 1,
+            "skipped": 2,
+            "rows_per_s": 1.5,
+            "throughput_audio_s_per_s": 4.25,
+            "device": "cuda",
+            "dtype": "mixed",
+            "devices": ["NVIDIA H100"],
+            "shard": "0/2",
+            "stopped_by": "SIGTERM",
+            "peak_memory": {"host_rss_bytes": 3_000_000_000, "gpu_allocated_bytes": None},
+        },
+    )
     assert (line.started, line.done, line.failed, line.skipped) == ("1970-01-01 00:00", 9, 1, 2)
     assert line.device == "cuda mixed (NVIDIA H100)" and line.peak_memory == "host 3.00 GB"
     assert (line.shard, line.stopped_by, line.bound_by) == ("0/2", "SIGTERM", "-")
@@ -26,6 +39,8 @@ def test_the_bounding_stage_is_found_where_a_version_records_it() -> None:
 
 
 def test_an_old_or_torn_line_reads_as_what_it_holds(tmp_path: Path) -> None:
-    (tmp_path / "runs.jsonl").write_text(json.dumps({"started_at": 5, "done": 1}) + "\n{torn", encoding="utf-8")
+    (tmp_path / "runs.jsonl").write_text(
+        json.dumps({"started_at": 5, "done": 1}) + "\n{torn", encoding="utf-8"
+    )
     (runs,) = read_history([tmp_path])
     assert runs.done == 1 and runs.device == "-" and runs.peak_memory == "-" and runs.rows_per_s == 0.0

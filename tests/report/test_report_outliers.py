@@ -52,9 +52,15 @@ def test_the_planted_rows_and_only_they_lie_outside_the_spread(planted: Path) ->
     figures = measure(records.values(), read_eval([planted], records))
     outliers, spreads = find_outliers(figures)
     flagged = {(figures.records[o.index].id, o.measure) for o in outliers}
-    assert flagged == {("babble", "chars_per_s"), ("babble", "tokens_per_text_token"),
-                       ("cut", "chars_per_s"), ("cut", "tokens_per_text_token")}
-    babble = next(o for o in outliers if figures.records[o.index].id == "babble" and o.measure == "chars_per_s")
+    assert flagged == {
+        ("babble", "chars_per_s"),
+        ("babble", "tokens_per_text_token"),
+        ("cut", "chars_per_s"),
+        ("cut", "tokens_per_text_token"),
+    }
+    babble = next(
+        o for o in outliers if figures.records[o.index].id == "babble" and o.measure == "chars_per_s"
+    )
     assert babble.z < -3.5 and "babble" in babble.meaning
     assert 11.0 < spreads["chars_per_s"].median < 13.0
     listed = {figures.records[item.index].id: item.why for item in select(figures, outliers)}
@@ -119,7 +125,9 @@ def test_speech_rate_counts_what_the_audio_says_not_the_instruction_before_it(tm
 
     out = write_folder(tmp_path / "out", [Row("x", "Bonjour tout le monde.", 2.0, 50, 8)])
     line = json.loads((out / "diagnostics.jsonl").read_text())
-    line["segments"][0]["text"] = "You are a helpful assistant.<|endofprompt|>Bonjour tout le <|breath|>monde."
+    line["segments"][0]["text"] = (
+        "You are a helpful assistant.<|endofprompt|>Bonjour tout le <|breath|>monde."
+    )
     (out / "diagnostics.jsonl").write_text(json.dumps(line) + "\n")
     rec = merge_records([out])[0]["x"]
     assert spoken_text(rec).startswith("Bonjour") and chars_of(spoken_text(rec)) == len("Bonjourtoutlemonde.")

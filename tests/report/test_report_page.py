@@ -62,13 +62,23 @@ class Loudness:
 def evaluated(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     require_chromium()  # before the synthesis: without a browser there is nothing to check
     out = tmp_path_factory.mktemp("night") / "out"
-    res = CliRunner().invoke(app, ["synth", str(MANIFEST), "--model-dir", str(tiny_model_dir), "--out", str(out),
-                                   "--max-tokens", "40"])
+    res = CliRunner().invoke(
+        app,
+        ["synth", str(MANIFEST), "--model-dir", str(tiny_model_dir), "--out", str(out), "--max-tokens", "40"],
+    )
     assert res.exit_code == 0, res.output
     texts = [line.split('"text": "')[1].split('"')[0] for line in MANIFEST.read_text().splitlines() if line]
-    evaluate(out, MANIFEST, EvalOptions(asr=AsrOptions(model="none", batch_size=8), speaker_models=("loudness",),
-                                        thresholds=Thresholds(max_wer=0.1)),
-             asr=HeardEverything(texts), encoders=[Loudness()])  # type: ignore[arg-type, list-item]
+    evaluate(
+        out,
+        MANIFEST,
+        EvalOptions(
+            asr=AsrOptions(model="none", batch_size=8),
+            speaker_models=("loudness",),
+            thresholds=Thresholds(max_wer=0.1),
+        ),
+        asr=HeardEverything(texts),
+        encoders=[Loudness()],
+    )  # type: ignore[arg-type, list-item]
     assert (out / "eval.jsonl").is_file() and (out / "eval_summary.json").is_file()
     return out
 
@@ -79,8 +89,9 @@ def _report(args: list[str]) -> Any:
     return res
 
 
-def test_the_page_of_an_evaluated_folder_renders_offline_with_every_plot_and_player(evaluated: Path,
-                                                                                     tmp_path: Path) -> None:
+def test_the_page_of_an_evaluated_folder_renders_offline_with_every_plot_and_player(
+    evaluated: Path, tmp_path: Path
+) -> None:
     page = tmp_path / "laptop" / "night.html"
     res = _report([str(evaluated), "--html", str(page)])
     assert f"wrote {page}" in res.output and "rows to listen to" in res.output
@@ -88,13 +99,18 @@ def test_the_page_of_an_evaluated_folder_renders_offline_with_every_plot_and_pla
     assert not re.search(r"""(src|href)=["']?(https?:|//)""", text)  # nothing to fetch
     listed = text.count('class="row"')
     assert listed == 4  # the example's four rows: every one is cut at the tiny model's cap
-    visit = open_page(page, {
-        "plots": "[...document.querySelectorAll('figure')].map(f => [f.id, f.querySelector('img').complete "
-                 "&& f.querySelector('img').naturalWidth > 0])",
-        "players": "[...document.querySelectorAll('.row')].map(r => [...r.querySelectorAll('audio')]"
-                   ".map(a => [a.readyState, a.duration, a.error === null]))",
-        "heard": "[...document.querySelectorAll('.row .text')].some(t => t.textContent.includes('become'))",
-    }, settle="[...document.querySelectorAll('audio')].every(a => a.readyState >= 1 || a.error)")
+    visit = open_page(
+        page,
+        {
+            "plots": "[...document.querySelectorAll('figure')].map(f => [f.id, "
+            "f.querySelector('img').complete && f.querySelector('img').naturalWidth > 0])",
+            "players": "[...document.querySelectorAll('.row')].map(r => "
+            "[...r.querySelectorAll('audio')].map(a => [a.readyState, a.duration, a.error === null]))",
+            "heard": "[...document.querySelectorAll('.row .text')]"
+            ".some(t => t.textContent.includes('become'))",
+        },
+        settle="[...document.querySelectorAll('audio')].every(a => a.readyState >= 1 || a.error)",
+    )
     assert visit.console_errors == []
     others = [u[:80] for u in visit.requests if not u.startswith("data:") and u != page.resolve().as_uri()]
     assert others == []
@@ -113,8 +129,11 @@ def test_linked_audio_plays_from_the_folder_beside_the_page(evaluated: Path) -> 
     _report([str(evaluated), "--html", str(page), "--link-audio"])
     text = page.read_text(encoding="utf-8")
     assert 'src="out/wavs/' in text and "data:audio" not in text
-    visit = open_page(page, {"players": "[...document.querySelectorAll('audio')].map(a => [a.readyState, a.duration])"},
-                      settle="[...document.querySelectorAll('audio')].every(a => a.readyState >= 1 || a.error)")
+    visit = open_page(
+        page,
+        {"players": "[...document.querySelectorAll('audio')].map(a => [a.readyState, a.duration])"},
+        settle="[...document.querySelectorAll('audio')].every(a => a.readyState >= 1 || a.error)",
+    )
     assert visit.console_errors == []
     assert all(not u.startswith(("http:", "https:")) for u in visit.requests)
     assert visit.probes["players"] and all(r >= 1 and d > 0.5 for r, d in visit.probes["players"])
