@@ -25,7 +25,7 @@ from cosyclone.base.version import __version__
 from cosyclone.cli_options import with_options
 from cosyclone.errors import CosycloneError, Exit
 from cosyclone.eval.command import eval_command
-from cosyclone.options import INSPECT, MODEL, OUTPUT, REPORT, SAMPLING, SAY, SYNTH, Mode, TextFrontendName
+from cosyclone.options import EXPORT, INSPECT, MODEL, OUTPUT, REPORT, SAMPLING, SAY, SYNTH, Mode, TextFrontendName
 from cosyclone.report.command import report_command
 from cosyclone.run.export_command import export_command
 
@@ -315,7 +315,7 @@ def say(
 
 
 app.command("eval")(eval_command)  # cosyclone/eval/command.py (models from the optional eval extra)
-app.command("export")(export_command)  # cosyclone/run/export_command.py (shards of a run folder)
+app.command("export")(with_options(EXPORT)(export_command))  # cosyclone/run/export_command.py (shards of a run folder)
 app.command("report")(with_options(REPORT)(report_command))  # cosyclone/report/command.py (totals, --html)
 
 
