@@ -25,7 +25,18 @@ from cosyclone.base.version import __version__
 from cosyclone.cli_options import with_options
 from cosyclone.errors import CosycloneError, Exit
 from cosyclone.eval.command import eval_command
-from cosyclone.options import EXPORT, INSPECT, MODEL, OUTPUT, REPORT, SAMPLING, SAY, SYNTH, Mode, TextFrontendName
+from cosyclone.options import (
+    EXPORT,
+    INSPECT,
+    MODEL,
+    OUTPUT,
+    REPORT,
+    SAMPLING,
+    SAY,
+    SYNTH,
+    Mode,
+    TextFrontendName,
+)
 from cosyclone.report.command import report_command
 from cosyclone.run.export_command import export_command
 
