@@ -38,14 +38,10 @@ def _gb(n: object) -> str | None:
 
 
 def bounding_stage(run: Mapping[str, Any]) -> str:
-    """The stage a run recorded as its bound, wherever its version keeps it ("-": not recorded)."""
-    for holder in (run, run.get("stages"), run.get("stage_accounts"), run.get("engine_facts")):
-        if isinstance(holder, Mapping):
-            for key in ("bounding_stage", "bound_by", "bound", "bounding"):
-                value = holder.get(key)
-                if isinstance(value, str) and value:
-                    return value
-    return "-"
+    """The stage a run recorded as its bound (``stage_seconds.bound_by``; "-": not recorded)."""
+    stages = run.get("stage_seconds")
+    value = stages.get("bound_by") if isinstance(stages, Mapping) else None
+    return value if isinstance(value, str) and value else "-"
 
 
 def run_line(folder: str, run: Mapping[str, Any]) -> RunLine:

@@ -31,11 +31,10 @@ def test_a_run_line_shows_its_rates_device_and_peaks() -> None:
     assert (line.shard, line.stopped_by, line.bound_by) == ("0/2", "SIGTERM", "-")
 
 
-def test_the_bounding_stage_is_found_where_a_version_records_it() -> None:
-    assert bounding_stage({"bounding_stage": "talker"}) == "talker"
-    assert bounding_stage({"stages": {"bound_by": "code2wav"}}) == "code2wav"
-    assert bounding_stage({"engine_facts": {"bounding_stage": "frontend"}}) == "frontend"
-    assert bounding_stage({"stages": None}) == "-"
+def test_the_bounding_stage_is_read_where_the_run_record_keeps_it() -> None:
+    assert bounding_stage({"stage_seconds": {"bound_by": "code2wav", "wall": 3.0}}) == "code2wav"
+    assert bounding_stage({"stage_seconds": {"bound_by": None}}) == "-"  # a run too short to say
+    assert bounding_stage({"rows": 3}) == "-"  # a record from before runs carried it
 
 
 def test_an_old_or_torn_line_reads_as_what_it_holds(tmp_path: Path) -> None:
