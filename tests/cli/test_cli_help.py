@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from cosyclone import cli
 from cosyclone.cli_options import ALL_GROUPS
-from cosyclone.options import SAY, SYNTH, TRACE, flag_of, option_fields
+from cosyclone.options import REPORT, SAY, SYNTH, TRACE, flag_of, option_fields
+from cosyclone.report.command import report_command
 from cosyclone.trace.command import trace_command
 
 PANELS = ("Model", "Sampling", "Batching", "Output", "Scale-out")
@@ -37,7 +38,8 @@ def test_help_is_short_grouped_and_fits_80_columns(command: str) -> None:
     assert len(wrapped) <= 2, wrapped
 
 
-@pytest.mark.parametrize("command,fn", [(SYNTH, cli.synth), (SAY, cli.say), (TRACE, trace_command)])
+@pytest.mark.parametrize("command,fn", [(SYNTH, cli.synth), (SAY, cli.say), (REPORT, report_command),
+                                        (TRACE, trace_command)])
 def test_the_commands_options_are_derived_from_the_option_set(command: str, fn) -> None:
     params = inspect.signature(fn).parameters
     offered = [f for _, f in option_fields(*ALL_GROUPS) if command in f.metadata["commands"]]
