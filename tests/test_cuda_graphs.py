@@ -158,6 +158,23 @@ def test_static_buffers_copy_inputs_and_alias_outputs() -> None:
 
 
 @pytest.mark.gpu
+def test_the_process_streams_are_drawn_once_and_distinct_on_cuda() -> None:
+    """code2wav's stream and the capture stream: the same objects on every call, three different
+    device streams (theirs and the default), and every pooled capture runs on the one capture stream."""
+    from cosyclone.base.streams import capture_stream, code2wav_stream
+    from cosyclone.talker.graphs import CudaGraphCapture
+
+    dev = torch.device("cuda")
+    c2w, cap = code2wav_stream(dev), capture_stream(dev)
+    for _ in range(40):  # more draws than the pool holds: a fresh draw would have wrapped by now
+        torch.cuda.Stream(device=dev)
+        assert code2wav_stream(dev) is c2w and capture_stream(dev) is cap
+    handles = {c2w.cuda_stream, cap.cuda_stream, torch.cuda.default_stream(dev).cuda_stream}
+    assert len(handles) == 3
+    assert CudaGraphCapture(dev).stream is cap and CudaGraphCapture(dev).stream is cap
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_graph_tokens_equal_eager_on_cuda(dtype: torch.dtype) -> None:
     """Captured graphs replay the eager step exactly: same tokens and counters (fp32 and bf16:
@@ -259,7 +276,7 @@ def test_synth_on_cuda_records_graphs_on_and_matches_off(tiny_model_dir: Any, tm
 
 def test_cuda_capture_protocol_with_fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     """CudaGraphCapture's calls, checked on CPU against stand-ins (real semantics need a GPU, see
-    the ``gpu`` tests): ONE side stream per capture owner serves every warm-up and capture; it first
+    the ``gpu`` tests): the ONE side stream it is handed serves every warm-up and capture; it first
     waits for the current stream and is waited on after; a capture waits only on its own stream (no
     device-wide synchronize: that would wait for code2wav's stream too), brackets the step with
     ``capture_begin``/``capture_end`` in thread-local error mode (no ``torch.cuda.graph``: its
@@ -286,6 +303,9 @@ def test_cuda_capture_protocol_with_fake_cuda(monkeypatch: pytest.MonkeyPatch) -
     def new_stream(device: Any = None) -> Stream:
         made.append("side")
         return Stream(f"side{len(made)}")
+
+    def no_new_stream(device: Any = None) -> Stream:
+        raise AssertionError("a capture draws no stream: it is handed the process's capture stream")
 
     class StreamCtx:
         def __init__(self, s: Stream) -> None:
@@ -319,14 +339,14 @@ def test_cuda_capture_protocol_with_fake_cuda(monkeypatch: pytest.MonkeyPatch) -
     def no_graph_cm(*a: Any, **k: Any) -> None:
         raise AssertionError("torch.cuda.graph empties the caches on every capture: not used")
 
-    monkeypatch.setattr(torch.cuda, "Stream", new_stream)
+    monkeypatch.setattr(torch.cuda, "Stream", no_new_stream)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current)
     monkeypatch.setattr(torch.cuda, "stream", StreamCtx)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append(("sync",)))
     monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
     monkeypatch.setattr(torch.cuda, "graph", no_graph_cm)
 
-    cap = CudaGraphCapture("cpu")
+    cap = CudaGraphCapture("cpu", stream=new_stream())  # type: ignore[arg-type]
     side = [("wait", "side1", "current"), ("enter", "side1")]
     back = [("exit", "side1"), ("wait", "current", "side1")]
     assert cap.warmup(lambda: events.append(("run",)) or 7) == 7

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from cosyclone.base.stop import StopRequest
+from cosyclone.base.streams import code2wav_stream
 from cosyclone.engine import isolation as I
 from cosyclone.engine import stages as S
 from cosyclone.engine.outcome import RowResult
@@ -99,7 +100,7 @@ class StageSchedule:
                                            initializer=torch.set_num_threads,
                                            initargs=(torch.get_num_threads(),)) if threaded else None
         device = stages.policy.device
-        self.stream = torch.cuda.Stream(device) if threaded and device.type == "cuda" else None  # code2wav's own
+        self.stream = code2wav_stream(device) if threaded and device.type == "cuda" else None  # the process's
 
     def run(self) -> Iterator[RowResult]:
         """The records of every planned batch, in batch order, each batch as soon as it is done."""
