@@ -11,14 +11,21 @@ rule with a made-up figure.
 
 The rule on an accelerator (every constant below says whether it was measured or derived):
 
-1. ``usable = free x fraction - RESERVE_BYTES`` (``--gpu-memory-fraction``, default 0.9).
+1. ``usable = free x fraction - RESERVE_BYTES - frontend`` (``--gpu-memory-fraction``, default 0.9;
+   ``frontend``: the arena caps of the speech tokenizer's and CAM++'s sessions when they run on the
+   GPU, :func:`cosyclone.frontend.onnx.frontend_device_bytes`).
 2. Talker: a slot holds ``POSITIONS_PER_SLOT`` cache positions of ``kv_bytes_per_position`` (layers
    x KV heads x head dim x 2 (K and V) x the talker dtype's bytes: 24 KiB fp32, 12 KiB bf16 at the
    released geometry) plus ``SLOT_STEP_BYTES`` of per-step temporaries; slots = as many as
    ``TALKER_SHARE`` of ``usable`` holds, 1 to ``MAX_SLOTS``.
-3. code2wav gets the rest, half each: HiFT frames per call = half / ``HIFT_BYTES_PER_FRAME``, flow
+3. Prefill: ``PREFILL_SHARE`` of ``usable`` holds one admission's activations: ``prefill_tokens``
+   prompt positions of :func:`prefill_bytes_per_token` each, beside the attention's bounded scores
+   (:data:`cosyclone.talker.qwen2.PREFILL_SCORES`); the admission prefills at most that many
+   positions at once (at least one slot's worth), so the first admission of 256 slots of 30 s
+   prompts does not take tens of GB in one pass.
+4. code2wav gets the rest, half each: HiFT frames per call = half / ``HIFT_BYTES_PER_FRAME``, flow
    token positions per call = half / ``FLOW_BYTES_PER_TOKEN[flow dtype]``.
-4. Batch rows: how many ``DESIGN_ROW_SECONDS`` rows one HiFT call and one flow call take, 1 to
+5. Batch rows: how many ``DESIGN_ROW_SECONDS`` rows one HiFT call and one flow call take, 1 to
    the slot count (continuous batching fills the slots from several batches).
 
 A longer row than the design still runs (a cache grows; a chunk of one long row runs alone);
@@ -57,6 +64,13 @@ SLOT_STEP_BYTES_PER_VOCAB = 64
 MAX_SLOTS = 256
 #: At most this share of ``usable`` goes to the talker's cache; code2wav gets the rest.
 TALKER_SHARE = 0.75
+#: Share of ``usable`` one prefill pass may take (its activations and attention scores).
+PREFILL_SHARE = 0.08
+#: Activations of one prompt position in one layer of a prefill, in elements of the talker dtype:
+#: the residual, norms, q/k/v and their rotated copies, attention output and o_proj (about 12 x
+#: hidden) and the MLP's gate, up and their product (3 x intermediate). DERIVED from the layer's
+#: code, not measured: 101 kB per position in fp32 at the released geometry.
+PREFILL_HIDDEN_COPIES, PREFILL_INTERMEDIATE_COPIES = 12, 3
 #: HiFT activations per padded mel frame (50 frames per second of audio): fp32, direct convolutions
 #: as on a GPU, whole call. MEASURED on CPU (AMD EPYC Zen 4, 2 cores, torch 2.13 CPU) by
 #: benchmarks/code2wav_memory.py: 254,652 B/frame (12.7 MB per second of audio; 1 row x 250, 500,
@@ -103,6 +117,8 @@ class Sizing:
     fraction: float | None = None  # --gpu-memory-fraction as applied
     flow_dtype: str = "fp32"  # the DiT's dtype the flow budget was computed for
     given: tuple[str, ...] = field(default=())  # the sizes taken from options rather than the rule (--talker-slots)
+    prefill_tokens: int | None = None  # prompt positions one admission may prefill at once; None: no cap (CPU)
+    frontend_bytes: int = 0  # device memory held back for the frontend's ONNX sessions (their arena caps)
 
     def describe(self) -> list[str]:
         """What ``--dry-run`` prints: the sizes, and the memory figure they came from."""
@@ -118,6 +134,8 @@ class Sizing:
                          f"{self.reserve_positions} positions per slot; HiFT {HIFT_BYTES_PER_FRAME / 1e3:.0f} kB/frame, "
                          f"flow {FLOW_BYTES_PER_TOKEN.get(self.flow_dtype, 0) / 1e3:.0f} kB/token in "
                          f"{self.flow_dtype} (docs/batching.md)")
+            lines.append(f"  prefill at most {self.prefill_tokens} prompt positions per admission; frontend "
+                         f"ONNX arenas {_gib(self.frontend_bytes)} (held back)")
         if self.hift_bucket or self.flow_bucket:
             lines.append(f"  ROCm: HiFT widths padded to {self.hift_bucket} frames, flow to {self.flow_bucket} tokens")
         if self.given:
@@ -133,7 +151,8 @@ class Sizing:
                 "frontend_workers": self.frontend_workers, "frontend_threads": self.frontend_threads,
                 "kv_bytes_per_position": self.kv_bytes_per_position, "free_bytes": self.free_bytes,
                 "usable_bytes": self.usable_bytes, "fraction": self.fraction, "flow_dtype": self.flow_dtype,
-                "given": list(self.given)}
+                "given": list(self.given), "prefill_tokens": self.prefill_tokens,
+                "frontend_bytes": self.frontend_bytes}
 
 
 def _gib(n: int | None) -> str:
@@ -145,6 +164,25 @@ def kv_bytes_per_position(cfg: ModelConfig, dtype: torch.dtype) -> int:
     q = cfg.talker.qwen
     itemsize = torch.empty(0, dtype=dtype).element_size()
     return q.num_hidden_layers * q.num_key_value_heads * q.head_dim * 2 * itemsize
+
+
+def prefill_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """One prompt position's prefill activations in one layer (see :data:`PREFILL_HIDDEN_COPIES`)."""
+    q = cfg.talker.qwen
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    return (PREFILL_HIDDEN_COPIES * q.hidden_size + PREFILL_INTERMEDIATE_COPIES * q.intermediate_size) * itemsize
+
+
+def prefill_budget(cfg: ModelConfig, dtype: torch.dtype, usable: int) -> tuple[int, int]:
+    """(prompt positions one admission may prefill, the bytes planned for it): ``PREFILL_SHARE`` of
+    ``usable`` less the attention's bounded scores (their softmax and mask too: 3 x fp32), at least
+    one slot's :data:`POSITIONS_PER_SLOT`."""
+    from cosyclone.talker.qwen2 import PREFILL_SCORES
+
+    per_token = prefill_bytes_per_token(cfg, dtype)
+    scores = 3 * 4 * PREFILL_SCORES
+    tokens = max(POSITIONS_PER_SLOT, (int(usable * PREFILL_SHARE) - scores) // per_token)
+    return tokens, tokens * per_token + scores
 
 
 def usable_cores() -> int:
@@ -175,9 +213,12 @@ def frontend_plan(opts: RunOptions, *, gpu: bool, cores: int | None = None,
 
 
 def plan_sizing(cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, *, free_bytes: int | None = None,
-                cores: int | None = None, torch_threads: int | None = None) -> Sizing:
+                cores: int | None = None, torch_threads: int | None = None,
+                frontend_bytes: int | None = None) -> Sizing:
     """The run's sizes (see the module docstring). ``free_bytes``: device memory free after load
-    (required on an accelerator; ignored on CPU). ``cores``/``torch_threads``: the machine's, by default."""
+    (required on an accelerator; ignored on CPU). ``cores``/``torch_threads``: the machine's, by default.
+    ``frontend_bytes``: what the frontend's ONNX sessions may take on the device (by default their
+    arena caps when this onnxruntime runs them on the run's GPU, else 0)."""
     gpu = policy.device.type != "cpu"
     workers, threads = frontend_plan(opts, gpu=gpu, cores=cores, torch_threads=torch_threads)
     kv = kv_bytes_per_position(cfg, policy.dtype)
@@ -190,13 +231,18 @@ def plan_sizing(cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, *, fre
                       frontend_threads=threads, kv_bytes_per_position=kv, given=given)
     if free_bytes is None:
         raise ValueError("sizing on an accelerator needs the free memory after load (free_bytes)")
+    if frontend_bytes is None:
+        from cosyclone.frontend.onnx import frontend_device_bytes
+
+        frontend_bytes = frontend_device_bytes(policy.backend)
     fraction = GPU_MEMORY_FRACTION if opts.gpu_memory_fraction is None else float(opts.gpu_memory_fraction)
-    usable = max(0, int(free_bytes * fraction) - RESERVE_BYTES)
+    usable = max(0, int(free_bytes * fraction) - RESERVE_BYTES - frontend_bytes)
     per_slot = POSITIONS_PER_SLOT * kv + SLOT_STEP_BYTES_PER_VOCAB * cfg.talker.decoder_size
     slots = max(1, min(MAX_SLOTS, int(usable * TALKER_SHARE) // per_slot))
     if opts.talker_slots:
         slots = int(opts.talker_slots)
-    half = max(0, usable - slots * per_slot) // 2
+    prefill_tokens, prefill_bytes = prefill_budget(cfg, policy.dtype, usable)
+    half = max(0, usable - slots * per_slot - prefill_bytes) // 2
     flow_dtype = dtype_name(policy.dit_dtype)
     design = DESIGN_ROW_SECONDS * 50  # frames of HiFT = token positions of the flow (prompt + target)
     hift_frames = max(design, half // HIFT_BYTES_PER_FRAME)
@@ -208,7 +254,7 @@ def plan_sizing(cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, *, fre
                   hift_bucket=ROCM_HIFT_BUCKET if rocm else 0, flow_bucket=ROCM_FLOW_BUCKET if rocm else 0,
                   reserve_positions=POSITIONS_PER_SLOT, frontend_workers=workers, frontend_threads=threads,
                   kv_bytes_per_position=kv, free_bytes=int(free_bytes), usable_bytes=usable, fraction=fraction,
-                  flow_dtype=flow_dtype, given=given)
+                  flow_dtype=flow_dtype, given=given, prefill_tokens=prefill_tokens, frontend_bytes=frontend_bytes)
 
 
 def free_device_bytes(device: torch.device) -> int | None:
