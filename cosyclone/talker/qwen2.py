@@ -158,10 +158,9 @@ def prefill_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, *, gqa: boo
     """Masked attention of a prefill, (b, H, T, dh) queries over (b, H_kv, K, dh) keys -> (b, H, T, dh),
     in query chunks whose scores (b x H x rows x K) stay within ``max_scores`` (None: one call).
 
-    Why chunks: with GQA and a mask (causal and per-row lengths) no fused CUDA kernel applies
-    (flash takes no mask and no fp32, memory-efficient no GQA), so SDPA runs its math kernel, which
-    builds every (T, K) score: b x 14 x T x T fp32 for a whole admission, gigabytes at 30 s
-    prompts. A chunk of query rows attends over all K keys with its own mask rows, so each row's
+    Why chunks: with GQA and a mask (causal and per-row lengths) SDPA on CUDA falls back to its
+    math kernel (flash takes no mask and no fp32), which builds every (T, K) score: b x 14 x T x T
+    fp32 for a whole admission, gigabytes at 30 s prompts. A chunk of query rows attends over all K keys with its own mask rows, so each row's
     arithmetic is the one-call arithmetic, the kernel is the one the parity tests pinned, and the
     memory is bounded whatever the admission. On CPU SDPA takes its flash kernel (mask and GQA
     included), which holds no scores: one call, bytes as they were.
