@@ -23,9 +23,9 @@ from cosyclone.base.device import DevicePolicy
 from cosyclone.engine.outcome import (
     ABORTS,
     EMPTY_AFTER_SPEED,
-    Failure,
     NO_TOKENS,
     NONFINITE_AUDIO,
+    Failure,
     RowOutcome,
     RowResult,
     SegmentText,
