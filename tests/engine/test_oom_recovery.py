@@ -24,7 +24,7 @@ from cosyclone.engine.outcome import Failure
 from cosyclone.manifest import ManifestRow
 from cosyclone.model.config import released_config
 from cosyclone.options import RunOptions
-from tests.test_pipeline_stub import Flow, Frontend, GenerateSession, Hift, generate
+from tests.engine.test_pipeline_stub import Flow, Frontend, GenerateSession, Hift, generate
 
 ROOT = Path(__file__).resolve().parents[2]
 
