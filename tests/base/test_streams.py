@@ -52,3 +52,19 @@ def test_a_pool_that_cannot_give_a_distinct_stream_is_an_error_not_a_shared_stre
     streams.get("code2wav", "cuda:0")
     with pytest.raises(RuntimeError, match="distinct"):
         streams.get("capture", "cuda:0")
+
+
+def test_the_process_getters_hand_back_one_stream_each_and_never_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``code2wav_stream`` and ``capture_stream`` themselves, over this process's streams with the
+    stand-in pool in place of ``torch.cuda.Stream`` (a CPU has none)."""
+    from cosyclone.base import streams
+
+    pool = RoundRobinPool(size=2)
+    monkeypatch.setattr(streams.PROCESS_STREAMS, "_make", pool)
+    monkeypatch.setattr(streams.PROCESS_STREAMS, "_default", lambda device: None)
+    monkeypatch.setattr(streams.PROCESS_STREAMS, "_streams", {})
+    c2w = streams.code2wav_stream("cuda")
+    pool(torch.device("cuda"))  # a foreign draw: the pool wraps onto code2wav's handle next
+    cap = streams.capture_stream("cuda")
+    assert cap is not c2w and cap != c2w and cap.cuda_stream != c2w.cuda_stream
+    assert all(streams.code2wav_stream("cuda") is c2w and streams.capture_stream("cuda") is cap for _ in range(3))
