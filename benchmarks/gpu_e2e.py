@@ -181,7 +181,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     fig.update({
         "device": f"{device_name(dev)} ({dev.type}, {tts.options.dtype}, "
                   f"{'tiny' if args.tiny else 'full-size dummy'} weights)",
-        "rows": n, "ok": len(ok), "batch": batch, "talker_slots": sizing.get("talker_slots") or _find(record, "talker_slots_used"),
+        "rows": n, "ok": len(ok), "batch": batch,
+        "talker_slots": sizing.get("talker_slots") or _find(record, "talker_slots_used"),
         "distinct_prompts": n, "prompt_seconds": sorted(set(PROMPT_SECONDS)), "load_s": round(load_s, 2),
         "warmup_s": round(warm_s, 2), "wall_s": round(wall, 3), "audio_s": round(audio, 2),
         "rtf": round(wall / audio, 4) if audio else None, "rows_per_s": round(n / wall, 3),
@@ -194,7 +195,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if dev.type == "cuda":
         fig.update(peak_allocated_gib=_gib(torch.cuda.max_memory_allocated(dev)),
                    peak_reserved_gib=_gib(torch.cuda.max_memory_reserved(dev)))
-        if sizing.get("free_bytes") and sizing.get("fraction"):  # what the rule let the run take, and the weights
+        if sizing.get("free_bytes") and sizing.get("fraction"):  # the weights + what the rule may take
             plan = weights + float(sizing["free_bytes"]) * float(sizing["fraction"])
             fig.update(weights_gib=_gib(weights), plan_gib=_gib(plan),
                        peak_vs_plan=round(torch.cuda.max_memory_reserved(dev) / plan, 3))
@@ -212,7 +213,8 @@ def report(fig: dict[str, Any], require_graphs: bool) -> bool:
     st = " ".join(f"{k} {v:.1f}s" for k, v in fig["stage_seconds"].items())
     mem = f", peak {fig['peak_allocated_gib']:.1f} GiB GPU" if "peak_allocated_gib" in fig else ""
     if "peak_vs_plan" in fig:
-        mem += f" ({fig['peak_reserved_gib']:.1f} reserved = {fig['peak_vs_plan']:.2f} of the plan's {fig['plan_gib']:.1f})"
+        mem += (f" ({fig['peak_reserved_gib']:.1f} reserved = {fig['peak_vs_plan']:.2f} of the plan's "
+                f"{fig['plan_gib']:.1f})")
     emit("e2e", fig, f"{fig['ok']}/{fig['rows']} rows (distinct prompts) at batch {fig['batch']}, "
                      f"{fig['talker_slots']} slots: RTF {fig['rtf']}, "
                      f"{fig['rows_per_s']} rows/s{mem}, {fig['host_peak_rss_gib']:.1f} GiB host; {st}; "

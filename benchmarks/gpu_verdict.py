@@ -197,8 +197,8 @@ def e2e_verdict(fig: Mapping[str, Any] | None, require_graphs: bool = True) -> V
         bad.append(f"{fig.get('ok')}/{fig.get('rows')} rows ok {fig.get('errors') or ''}".strip())
     ratio = fig.get("peak_vs_plan")
     if ratio is not None and float(ratio) > 1.0:
-        bad.append(f"peak GPU memory {fig.get('peak_reserved_gib')} GiB reserved is {float(ratio):.2f} of the "
-                   f"sizing plan's {fig.get('plan_gib')} GiB")
+        bad.append(f"peak GPU memory {fig.get('peak_reserved_gib')} GiB reserved is {float(ratio):.2f} "
+                   f"of the sizing plan's {fig.get('plan_gib')} GiB")
     steps, total = fig.get("graph_steps"), fig.get("decode_steps")
     if require_graphs and not steps:
         bad.append(f"no decode step ran as a CUDA graph (graph steps {steps}/{total})")

@@ -116,7 +116,8 @@ def generate_isolated(stages: Stages, segments: Sequence[tuple[str, Request]], d
             one, alone = attempt([i])
             found.update(one)
             if alone is not None:
-                outcomes[segments[i][0]].fail_exc("talker", alone, note=f" (the batch raised {failure.describe()})")
+                note = f" (the batch raised {failure.describe()})"
+                outcomes[segments[i][0]].fail_exc("talker", alone, note=note)
                 if alone.oom:
                     free_device_cache(device)
         return found

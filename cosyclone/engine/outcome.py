@@ -162,7 +162,8 @@ class RowOutcome:
                          audio=audio if ok else None, sample_rate=sample_rate)
 
 
-def failed_result(row_id: str, line: int, seed: int, stage: str, exc: BaseException | Failure, *, note: str = "",
+def failed_result(row_id: str, line: int, seed: int, stage: str, exc: BaseException | Failure, *,
+                  note: str = "",
                   sample_rate: int = 24000) -> RowResult:
     """A row that failed as a whole in ``stage`` (its traceback kept unless the error is the user's)."""
     oc = RowOutcome(row_id=row_id, line=line, seed=seed)

@@ -117,7 +117,7 @@ class Sizing:
     fraction: float | None = None  # --gpu-memory-fraction as applied
     flow_dtype: str = "fp32"  # the DiT's dtype the flow budget was computed for
     given: tuple[str, ...] = field(default=())  # the sizes taken from options rather than the rule (--talker-slots)
-    prefill_tokens: int | None = None  # prompt positions one admission may prefill at once; None: no cap (CPU)
+    prefill_tokens: int | None = None  # prompt positions one admission may prefill at once; None: no cap
     frontend_bytes: int = 0  # device memory held back for the frontend's ONNX sessions (their arena caps)
 
     def describe(self) -> list[str]:
@@ -170,7 +170,8 @@ def prefill_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
     """One prompt position's prefill activations in one layer (see :data:`PREFILL_HIDDEN_COPIES`)."""
     q = cfg.talker.qwen
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    return (PREFILL_HIDDEN_COPIES * q.hidden_size + PREFILL_INTERMEDIATE_COPIES * q.intermediate_size) * itemsize
+    elements = PREFILL_HIDDEN_COPIES * q.hidden_size + PREFILL_INTERMEDIATE_COPIES * q.intermediate_size
+    return elements * itemsize
 
 
 def prefill_budget(cfg: ModelConfig, dtype: torch.dtype, usable: int) -> tuple[int, int]:
@@ -254,7 +255,8 @@ def plan_sizing(cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, *, fre
                   hift_bucket=ROCM_HIFT_BUCKET if rocm else 0, flow_bucket=ROCM_FLOW_BUCKET if rocm else 0,
                   reserve_positions=POSITIONS_PER_SLOT, frontend_workers=workers, frontend_threads=threads,
                   kv_bytes_per_position=kv, free_bytes=int(free_bytes), usable_bytes=usable, fraction=fraction,
-                  flow_dtype=flow_dtype, given=given, prefill_tokens=prefill_tokens, frontend_bytes=frontend_bytes)
+                  flow_dtype=flow_dtype, given=given, prefill_tokens=prefill_tokens,
+                  frontend_bytes=frontend_bytes)
 
 
 def free_device_bytes(device: torch.device) -> int | None:

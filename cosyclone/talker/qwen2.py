@@ -160,10 +160,10 @@ def prefill_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, *, gqa: boo
 
     Why chunks: with GQA and a mask (causal and per-row lengths) SDPA on CUDA falls back to its
     math kernel (flash takes no mask and no fp32), which builds every (T, K) score: b x 14 x T x T
-    fp32 for a whole admission, gigabytes at 30 s prompts. A chunk of query rows attends over all K keys with its own mask rows, so each row's
-    arithmetic is the one-call arithmetic, the kernel is the one the parity tests pinned, and the
-    memory is bounded whatever the admission. On CPU SDPA takes its flash kernel (mask and GQA
-    included), which holds no scores: one call, bytes as they were.
+    fp32 for a whole admission, gigabytes at 30 s prompts. A chunk of query rows attends over all K
+    keys with its own mask rows, so each row's arithmetic is the one-call arithmetic, the kernel is
+    the one the parity tests pinned, and the memory is bounded whatever the admission. On CPU SDPA
+    takes its flash kernel (mask and GQA included), which holds no scores: one call, bytes as they were.
     """
     b, h, t = q.shape[:3]
     rows = t if max_scores is None else max(1, max_scores // max(1, b * h * k.shape[2]))

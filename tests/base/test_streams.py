@@ -54,7 +54,8 @@ def test_a_pool_that_cannot_give_a_distinct_stream_is_an_error_not_a_shared_stre
         streams.get("capture", "cuda:0")
 
 
-def test_the_process_getters_hand_back_one_stream_each_and_never_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_process_getters_hand_back_one_stream_each_and_never_the_same(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """``code2wav_stream`` and ``capture_stream`` themselves, over this process's streams with the
     stand-in pool in place of ``torch.cuda.Stream`` (a CPU has none)."""
     from cosyclone.base import streams
@@ -67,4 +68,5 @@ def test_the_process_getters_hand_back_one_stream_each_and_never_the_same(monkey
     pool(torch.device("cuda"))  # a foreign draw: the pool wraps onto code2wav's handle next
     cap = streams.capture_stream("cuda")
     assert cap is not c2w and cap != c2w and cap.cuda_stream != c2w.cuda_stream
-    assert all(streams.code2wav_stream("cuda") is c2w and streams.capture_stream("cuda") is cap for _ in range(3))
+    for _ in range(3):
+        assert streams.code2wav_stream("cuda") is c2w and streams.capture_stream("cuda") is cap

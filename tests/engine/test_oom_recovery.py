@@ -61,7 +61,8 @@ def _rows(ids: list[str]) -> list[ManifestRow]:
 
 
 def _stages(flow: object = None) -> pipeline.Stages:
-    return pipeline.Stages(released_config(), resolve("cpu", "fp32"), Frontend(), None, flow or Flow(), Hift())
+    policy = resolve("cpu", "fp32")
+    return pipeline.Stages(released_config(), policy, Frontend(), None, flow or Flow(), Hift())
 
 
 def test_talker_oom_frees_the_failed_attempt_before_halving_and_fails_only_what_cannot_fit(
@@ -103,7 +104,8 @@ class OomFlow(Flow):
 def test_code2wav_oom_frees_the_failed_call_and_fails_only_the_row_that_cannot_fit() -> None:
     spy = Spy()
     rows = _rows(["a", "bb", "ccc", "dddd"])  # segments of 2 + len("text " + id) tokens: 8, 9, 10, 11
-    out = {r.id: r for r in I.synthesize_batch(_stages(OomFlow(spy, huge=10)), rows, RunOptions(max_tokens=50))}
+    stages = _stages(OomFlow(spy, huge=10))
+    out = {r.id: r for r in I.synthesize_batch(stages, rows, RunOptions(max_tokens=50))}
     assert spy.sizes == [4, 1, 1, 1, 1]
     assert spy.alive_at_call == [0, 0, 0, 0, 0]
     assert [k for k, r in out.items() if r.status == "failed"] == ["ccc"]
@@ -125,7 +127,8 @@ def test_a_failure_keeps_the_record_and_no_frame() -> None:
 
 
 def test_no_module_empties_the_cache_but_free_device_cache() -> None:
-    """Every OOM path goes through ``graph_pool.free_device_cache`` (after a failed capture it must not empty)."""
+    """Every OOM path goes through ``graph_pool.free_device_cache`` (after a failed capture it must
+    not empty the cache)."""
     calls = [str(p.relative_to(ROOT)) for p in (ROOT / "cosyclone").rglob("*.py")
              if re.search(r"\bempty_cache\(\)", p.read_text()) and p.name != "graph_pool.py"]
     assert calls == []
