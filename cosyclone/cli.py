@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -27,6 +27,11 @@ from cosyclone.errors import CosycloneError, Exit
 from cosyclone.eval.command import eval_command
 from cosyclone.options import EXPORT, INSPECT, MODEL, OUTPUT, SAMPLING, SAY, SYNTH, Mode, TextFrontendName
 from cosyclone.run.export_command import export_command
+
+if TYPE_CHECKING:
+    from cosyclone.errors import ManifestError
+    from cosyclone.run.account import JobSummary
+    from cosyclone.run.job import SynthJob
 
 OUTPUT_FIELDS = ("float_wav", "sample_rate", "audio_format", "audio_encoding", "trim_silence")  # say's file
 MODEL_DIR_ENV = "COSYCLONE_MODEL_DIR"  # the default --model-dir of synth and say
@@ -89,7 +94,8 @@ def validate(
         typer.echo("note: no --model-dir: token counts come from the built-in stand-in tokenizer (bytes, not the "
                    "model's vocabulary), so English segments can differ; give --model-dir for real counts",
                    err=True)
-    entries: list[tuple[int, object]] = [(e.line or 0, e) for e in m.errors] + [(r.line, r) for r in m.rows]
+    entries: list[tuple[int, ManifestError | ManifestRow]] = [(e.line or 0, e) for e in m.errors]
+    entries += [(r.line, r) for r in m.rows]
     rejected = len(m.errors)
     for _, item in sorted(entries, key=lambda e: e[0]):
         if not isinstance(item, ManifestRow):
@@ -116,7 +122,7 @@ def validate(
     raise typer.Exit(Exit.ROWS_FAILED if rejected else Exit.OK)
 
 
-def _emit_row_error(manifest: Path, err, json_out: bool) -> None:
+def _emit_row_error(manifest: Path, err: ManifestError, json_out: bool) -> None:
     if json_out:
         typer.echo(json.dumps({"id": err.row_id, "error": str(err)}, ensure_ascii=False))
     else:
@@ -176,7 +182,7 @@ def _rejected(manifest: Path) -> Callable[[object], None]:
     return lambda err: typer.echo(f"{manifest}: {err}", err=True)
 
 
-def _announce(job, say: Callable[[str], None]) -> None:
+def _announce(job: SynthJob, say: Callable[[str], None]) -> None:
     """Before the run: its warnings."""
     opts = job.opts
     if "legacy" in opts.nonfinite_policy or "legacy" in opts.draw:
@@ -206,7 +212,7 @@ def _folder_errors() -> Iterator[None]:
         _fail(str(exc))
 
 
-def _print_summary(job, summary) -> None:
+def _print_summary(job: SynthJob, summary: JobSummary) -> None:
     """After the run: the rows that failed (stderr, by manifest line), the totals table, the exit code."""
     from cosyclone.run import report as totals_mod
 
