@@ -176,7 +176,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             graph_steps += int(seg.get("graph_steps", 0))
             steps += int(seg.get("steps", 0))
         tokens += sum(d.get("tokens") or [])
-    graphs = record.get("cuda_graphs") if isinstance(record.get("cuda_graphs"), dict) else {}
+    found = record.get("cuda_graphs")
+    graphs: dict[str, Any] = found if isinstance(found, dict) else {}
     sizing = _find(record, "sizing") or {}
     fig.update({
         "device": f"{device_name(dev)} ({dev.type}, {tts.options.dtype}, "

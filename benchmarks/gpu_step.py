@@ -37,14 +37,14 @@ import faulthandler
 import json
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from benchmarks.gpu_verdict import decode_verdict, token_difference
+from cosyclone.options import CudaGraphs
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT_TEXT, PROMPT_SPEECH = 77, 50  # assembled prompt: 2 + 77 + 50 = 129 positions
@@ -191,7 +191,8 @@ def _timed(model: Any, reqs: list[Any], steps: int, capacity: int, graphs: str,
     from cosyclone.talker.graphs import GraphChoice, resolve_cuda_graphs
     from cosyclone.talker.request import StepMechanics
 
-    opts = DecodeOptions(max_len_override=steps, min_len_override=steps, cuda_graphs=graphs, mechanics=StepMechanics(kv_bucket=None, capacity=capacity))
+    opts = DecodeOptions(max_len_override=steps, min_len_override=steps, cuda_graphs=cast(CudaGraphs, graphs),
+                         mechanics=StepMechanics(kv_bucket=None, capacity=capacity))
     best, res = float("inf"), []
     saved = PROCESS.capture, PROCESS.capture_anywhere
     if backend is not None:  # the CPU rehearsal: the process captures with a stand-in on any device
@@ -360,4 +361,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

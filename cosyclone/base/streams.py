@@ -34,7 +34,7 @@ class StreamLike(Protocol):
 
 
 def _cuda_stream(device: torch.device) -> StreamLike:
-    return torch.cuda.Stream(device=device)
+    return torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
 
 
 def _default_handle(device: torch.device) -> int | None:

@@ -254,7 +254,8 @@ def _check_audio(oc: RowOutcome, wav: np.ndarray, policy: str) -> np.ndarray:
         return wav
     oc.nonfinite_audio_samples += bad
     if policy == "zero":
-        return np.nan_to_num(wav, nan=0.0, posinf=1.0, neginf=-1.0)
+        zeroed: np.ndarray = np.nan_to_num(wav, nan=0.0, posinf=1.0, neginf=-1.0)
+        return zeroed
     n_nan = int(np.isnan(wav).sum())
     oc.fail("code2wav", NONFINITE_AUDIO, f"nonfinite_audio: {bad} of {wav.size} samples of a segment are not "
                                           f"finite ({n_nan} NaN, {bad - n_nan} inf); --nonfinite-audio zero "

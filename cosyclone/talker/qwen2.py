@@ -118,7 +118,8 @@ class Attention(FusedLinears):
             y = self._step(q, k, v, mask, ctx)
         else:
             y = self._prefill(q, k, v, mask, ctx, None if ctx is None else ctx.slots)
-        return self.o_proj(y)
+        out: Tensor = self.o_proj(y)
+        return out
 
     def _step(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, ctx: CacheContext) -> Tensor:
         """One query per slot, (slots, 1, heads, dh): write each slot's K/V at its position, attend
@@ -184,7 +185,8 @@ class MLP(FusedLinears):
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        out: Tensor = self.down_proj(F.silu(gate) * up)
+        return out
 
 
 class DecoderLayer(nn.Module):
@@ -198,8 +200,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(g.hidden_size, g.rms_norm_eps)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, ctx: CacheContext | None = None) -> Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, ctx)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        h: Tensor = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, ctx)
+        out: Tensor = h + self.mlp(self.post_attention_layernorm(h))
+        return out
 
 
 class Qwen2Model(nn.Module):
@@ -260,7 +263,8 @@ class Qwen2Model(nn.Module):
             ctx = None if cache is None else CacheContext(cache, i, slots=slots, positions=step_pos, rows=rows,
                                                           admit=admit)
             x = layer(x, cos, sin, mask, ctx)
-        return self.norm(x)
+        out: Tensor = self.norm(x)
+        return out
 
 
 class Qwen2ForCausalLMBody(nn.Module):

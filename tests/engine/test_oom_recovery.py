@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import weakref
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -60,9 +61,10 @@ def _rows(ids: list[str]) -> list[ManifestRow]:
     return [ManifestRow(i + 1, rid, Path("p.wav"), "ref", f"text {rid}") for i, rid in enumerate(ids)]
 
 
-def _stages(flow: object = None) -> pipeline.Stages:
-    policy = resolve("cpu", "fp32")
-    return pipeline.Stages(released_config(), policy, Frontend(), None, flow or Flow(), Hift())
+def _stages(flow: Flow | None = None) -> pipeline.Stages:
+    """Stub stages (the talker is ``decode.generate``, stubbed); the stubs stand in for the models."""
+    stubs: Any = (Frontend(), None, flow or Flow(), Hift())
+    return pipeline.Stages(released_config(), resolve("cpu", "fp32"), *stubs)
 
 
 def test_talker_oom_frees_the_failed_attempt_before_halving_and_fails_only_what_cannot_fit(

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
 
 from benchmarks.gpu_verdict import token_difference
+from cosyclone.options import CudaGraphs
 from cosyclone.talker import DecodeOptions, StepMechanics, generate
 from cosyclone.talker.graph_pool import PROCESS
 from cosyclone.talker.graphs import (
@@ -26,6 +27,7 @@ from cosyclone.talker.graphs import (
 )
 from cosyclone.talker.sampler import SamplerOptions
 from tests.capture import captured_with, graph_reports
+from tests.samplers import diag
 from tests.talker.test_engine_equivalence import _key, _requests
 from tests.talker.test_talker_decode import _model
 
@@ -119,14 +121,16 @@ def test_session_says_what_really_ran() -> None:
                                        ("auto", _Refuses(), False, "capture failed for key ")):
         PROCESS.reset()  # each mode in a fresh process (pooled steps keep what an earlier mode captured)
         with captured_with(backend):
-            session = TalkerSession(model, DecodeOptions(sampler=SAMPLER, cuda_graphs=mode, mechanics=StepMechanics(kv_bucket=8)), slots=2)
+            opts = DecodeOptions(sampler=SAMPLER, cuda_graphs=cast(CudaGraphs, mode),
+                                 mechanics=StepMechanics(kv_bucket=8))
+            session = TalkerSession(model, opts, slots=2)
             session.add(reqs)
             res = [r for _, r in session.drain()]
             session.close()
         assert len(res) == 4 and session.graphs_used is used, mode
         assert (session.graph_capture_error or "").startswith(error or "") and (error is None) == (
             session.graph_capture_error is None)
-        assert (sum(r.diagnostics.graph_steps for r in res) > 0) is used
+        assert (sum(diag(r).graph_steps for r in res) > 0) is used
 
 
 def test_static_buffers_copy_inputs_and_alias_outputs() -> None:
@@ -349,11 +353,19 @@ def test_cuda_capture_protocol_with_fake_cuda(monkeypatch: pytest.MonkeyPatch) -
     cap = CudaGraphCapture("cpu", stream=new_stream())  # type: ignore[arg-type]
     side = [("wait", "side1", "current"), ("enter", "side1")]
     back = [("exit", "side1"), ("wait", "current", "side1")]
-    assert cap.warmup(lambda: events.append(("run",)) or 7) == 7
+    def run() -> int:
+        events.append(("run",))
+        return 7
+
+    def step() -> str:
+        events.append(("step",))
+        return "o1"
+
+    assert cap.warmup(run) == 7
     assert cap.warmup(lambda: 8) == 8
     assert events == [*side, ("run",), *back, *side, *back]
     events.clear()
-    replay1, out1 = cap.capture(lambda: events.append(("step",)) or "o1")
+    replay1, out1 = cap.capture(step)
     replay2, out2 = cap.capture(lambda: "o2")
     assert events == [*side, ("begin", 1, None, "thread_local"), ("step",), ("end", 1), *back,
                       *side, ("begin", 2, "pool1", "thread_local"), ("end", 2), *back]
