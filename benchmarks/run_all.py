@@ -82,7 +82,7 @@ class E2EConfig:
 
 
 def run_stage_benchmarks() -> None:
-    for name in ("bench_talker", "bench_sampler", "bench_code2wav", "bench_flow_gemm", "bench_dtype_agreement",
+    for name in ("bench_projection", "bench_talker", "bench_sampler", "bench_code2wav", "bench_flow_gemm", "bench_dtype_agreement",
                  "bench_text", "bench_manifest", "bench_export", "bench_ray"):
         if not (ROOT / "benchmarks" / f"{name}.py").is_file():
             print(f"[{name}] not present, skipped")

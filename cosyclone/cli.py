@@ -25,7 +25,19 @@ from cosyclone.base.version import __version__
 from cosyclone.cli_options import with_options
 from cosyclone.errors import CosycloneError, Exit
 from cosyclone.eval.command import eval_command
-from cosyclone.options import EXPORT, INSPECT, MODEL, OUTPUT, SAMPLING, SAY, SYNTH, Mode, TextFrontendName
+from cosyclone.options import (
+    EVAL,
+    EXPORT,
+    INSPECT,
+    MODEL,
+    OUTPUT,
+    SAMPLING,
+    SAY,
+    SYNTH,
+    VALIDATE,
+    Mode,
+    TextFrontendName,
+)
 from cosyclone.run.export_command import export_command
 
 if TYPE_CHECKING:
@@ -64,15 +76,10 @@ TEXT_FRONTEND_HELP = ("wetext (the official normalizer: numbers, dates, units sp
 
 
 @app.command()
+@with_options(VALIDATE)
 def validate(
-    manifest: Path = typer.Argument(..., help="JSONL manifest"),
-    model_dir: Path | None = typer.Option(None, "--model-dir",
-                                          help="model directory: its tokenizer gives the real token counts "
-                                               "(default: a built-in stand-in tokenizer)"),
-    show_text: bool = typer.Option(False, "--show-text", help="print each row's normalized segments and token counts"),
-    json_out: bool = typer.Option(False, "--json", help="one JSON object per manifest row on stdout: {id, mode, "
-                                                        "prompt_ids, segments: [{text, ids}]} or {id, error}"),
-    text_frontend: TextFrontendName = typer.Option("wetext", "--text-frontend", help=TEXT_FRONTEND_HELP),
+    manifest: Path = typer.Argument(..., help="JSONL manifest", show_default=False),
+    **options: Any,
 ) -> None:
     """Validate a manifest (no model weights are read); exit 3 when any row is rejected.
 
@@ -81,9 +88,13 @@ def validate(
     """
     from cosyclone.errors import ManifestError
     from cosyclone.manifest import ManifestRow, read_manifest
+    from cosyclone.manifest.options import ValidateOptions
     from cosyclone.manifest.text_check import TextCheck
 
     try:
+        opts = ValidateOptions(**{k: v for k, v in options.items() if k != "text_frontend"})
+        text_frontend: TextFrontendName = options["text_frontend"]
+        model_dir, show_text, json_out = opts.model_dir, opts.show_text, opts.json_out
         planned = bool(show_text or json_out or model_dir)  # each row's text planned: normalize them all ahead
         m = read_manifest(manifest, text_frontend=text_frontend, normalize_all=planned)
         check = TextCheck(model_dir, text_frontend) if planned else None
@@ -222,6 +233,10 @@ def _print_summary(job: SynthJob, summary: JobSummary) -> None:
     extra = {"this run": f"{run.done} done, {run.failed} failed, {run.skipped} skipped, "
                          f"{run.redone} redone, {run.invalid} invalid",
              "this run audio-s/s": run.throughput_audio_s_per_s, "outputs": str(job.out)}
+    stages = run.stage_seconds or {}
+    if stages.get("bound_by"):  # the stage that set the pace, and the talker's time with rows but no step
+        extra["bound by"] = (f"{stages['bound_by']} (talker idle with rows in its slots "
+                             f"{stages['talker_idle_with_work']:.1f} s of {stages['wall']:.1f} s)")
     totals_mod.render(summary.totals, title=f"cosyclone synth: {job.out}", tty=sys.stdout.isatty(), extra=extra)
     if summary.write_error:
         typer.echo(f"error: {summary.write_error}. The {summary.written} rows written before it are kept and no "
@@ -355,7 +370,7 @@ def report(
     raise typer.Exit(Exit.OK)
 
 
-app.command("eval")(eval_command)  # cosyclone/eval/command.py (models from the optional eval extra)
+app.command("eval")(with_options(EVAL)(eval_command))  # cosyclone/eval/command.py (models from the optional eval extra)
 app.command("export")(with_options(EXPORT)(export_command))  # cosyclone/run/export_command.py (shards of a run folder)
 
 

@@ -14,15 +14,13 @@ The rule on an accelerator (every constant below says whether it was measured or
 1. ``usable = free x fraction - RESERVE_BYTES - frontend`` (``--gpu-memory-fraction``, default 0.9;
    ``frontend``: the arena caps of the speech tokenizer's and CAM++'s sessions when they run on the
    GPU, :func:`cosyclone.frontend.onnx.frontend_device_bytes`).
-2. Talker: a slot holds ``POSITIONS_PER_SLOT`` cache positions of ``kv_bytes_per_position`` (layers
+2. Prefill: ``PREFILL_SHARE`` of ``usable`` (at least one planned prompt) is held for one prefill's
+   activations (:func:`prefill_bytes_per_position`); ``prefill_tokens`` padded positions per prefill
+   (the scheduler caps each admission by it; one newcomer always goes). Steps 3-4 share the rest.
+3. Talker: a slot holds ``POSITIONS_PER_SLOT`` cache positions of ``kv_bytes_per_position`` (layers
    x KV heads x head dim x 2 (K and V) x the talker dtype's bytes: 24 KiB fp32, 12 KiB bf16 at the
    released geometry) plus ``SLOT_STEP_BYTES`` of per-step temporaries; slots = as many as
-   ``TALKER_SHARE`` of ``usable`` holds, 1 to ``MAX_SLOTS``.
-3. Prefill: ``PREFILL_SHARE`` of ``usable`` holds one admission's activations: ``prefill_tokens``
-   prompt positions of :func:`prefill_bytes_per_token` each, beside the attention's bounded scores
-   (:data:`cosyclone.talker.qwen2.PREFILL_SCORES`); the admission prefills at most that many
-   positions at once (at least one slot's worth), so the first admission of 256 slots of 30 s
-   prompts does not take tens of GB in one pass.
+   ``TALKER_SHARE`` of the rest holds, 1 to ``MAX_SLOTS``.
 4. code2wav gets the rest, half each: HiFT frames per call = half / ``HIFT_BYTES_PER_FRAME``, flow
    token positions per call = half / ``FLOW_BYTES_PER_TOKEN[flow dtype]``.
 5. Batch rows: how many ``DESIGN_ROW_SECONDS`` rows one HiFT call and one flow call take, 1 to
@@ -62,15 +60,12 @@ POSITIONS_PER_SLOT = 2048
 #: DERIVED from the config (``decoder_size x 64``), not measured.
 SLOT_STEP_BYTES_PER_VOCAB = 64
 MAX_SLOTS = 256
+#: Share of ``usable`` held for one prefill's activations (the first admission of a run would otherwise
+#: prefill every slot at once), at least one prompt of ``POSITIONS_PER_SLOT``. DERIVED (a guess
+#: bounding the prefill's transient memory), not measured.
+PREFILL_SHARE = 0.05
 #: At most this share of ``usable`` goes to the talker's cache; code2wav gets the rest.
 TALKER_SHARE = 0.75
-#: Share of ``usable`` one prefill pass may take (its activations and attention scores).
-PREFILL_SHARE = 0.08
-#: Activations of one prompt position in one layer of a prefill, in elements of the talker dtype:
-#: the residual, norms, q/k/v and their rotated copies, attention output and o_proj (about 12 x
-#: hidden) and the MLP's gate, up and their product (3 x intermediate). DERIVED from the layer's
-#: code, not measured: 101 kB per position in fp32 at the released geometry.
-PREFILL_HIDDEN_COPIES, PREFILL_INTERMEDIATE_COPIES = 12, 3
 #: HiFT activations per padded mel frame (50 frames per second of audio): fp32, direct convolutions
 #: as on a GPU, whole call. MEASURED on CPU (AMD EPYC Zen 4, 2 cores, torch 2.13 CPU) by
 #: benchmarks/code2wav_memory.py: 254,652 B/frame (12.7 MB per second of audio; 1 row x 250, 500,
@@ -112,12 +107,12 @@ class Sizing:
     frontend_workers: int  # prompt workers (threads preparing upcoming rows' prompts)
     frontend_threads: int  # torch and ONNX intra-op threads of each prompt worker
     kv_bytes_per_position: int  # one slot's K and V for one position, all layers (talker dtype)
+    prefill_tokens: int | None = None  # padded prompt positions one prefill may take (GPU); None: no cap
     free_bytes: int | None = None  # device memory free when sized (after load); None on CPU
     usable_bytes: int | None = None  # what the rule planned for: free x fraction - reserve
     fraction: float | None = None  # --gpu-memory-fraction as applied
     flow_dtype: str = "fp32"  # the DiT's dtype the flow budget was computed for
     given: tuple[str, ...] = field(default=())  # the sizes taken from options rather than the rule (--talker-slots)
-    prefill_tokens: int | None = None  # prompt positions one admission may prefill at once; None: no cap
     frontend_bytes: int = 0  # device memory held back for the frontend's ONNX sessions (their arena caps)
 
     def describe(self) -> list[str]:
@@ -134,7 +129,7 @@ class Sizing:
                          f"{self.reserve_positions} positions per slot; HiFT {HIFT_BYTES_PER_FRAME / 1e3:.0f} kB/frame, "
                          f"flow {FLOW_BYTES_PER_TOKEN.get(self.flow_dtype, 0) / 1e3:.0f} kB/token in "
                          f"{self.flow_dtype} (docs/batching.md)")
-            lines.append(f"  prefill at most {self.prefill_tokens} prompt positions per admission; frontend "
+            lines.append(f"  prefill at most {self.prefill_tokens} padded positions per admission; frontend "
                          f"ONNX arenas {_gib(self.frontend_bytes)} (held back)")
         if self.hift_bucket or self.flow_bucket:
             lines.append(f"  ROCm: HiFT widths padded to {self.hift_bucket} frames, flow to {self.flow_bucket} tokens")
@@ -149,10 +144,10 @@ class Sizing:
                 "flow_max_tokens": self.flow_max_tokens, "hift_bucket": self.hift_bucket,
                 "flow_bucket": self.flow_bucket, "reserve_positions": self.reserve_positions,
                 "frontend_workers": self.frontend_workers, "frontend_threads": self.frontend_threads,
-                "kv_bytes_per_position": self.kv_bytes_per_position, "free_bytes": self.free_bytes,
+                "kv_bytes_per_position": self.kv_bytes_per_position, "prefill_tokens": self.prefill_tokens,
+                "free_bytes": self.free_bytes,
                 "usable_bytes": self.usable_bytes, "fraction": self.fraction, "flow_dtype": self.flow_dtype,
-                "given": list(self.given), "prefill_tokens": self.prefill_tokens,
-                "frontend_bytes": self.frontend_bytes}
+                "given": list(self.given), "frontend_bytes": self.frontend_bytes}
 
 
 def _gib(n: int | None) -> str:
@@ -166,24 +161,15 @@ def kv_bytes_per_position(cfg: ModelConfig, dtype: torch.dtype) -> int:
     return q.num_hidden_layers * q.num_key_value_heads * q.head_dim * 2 * itemsize
 
 
-def prefill_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
-    """One prompt position's prefill activations in one layer (see :data:`PREFILL_HIDDEN_COPIES`)."""
+def prefill_bytes_per_position(cfg: ModelConfig) -> int:
+    """A prefill's live activations per padded position, fp32 (attention that never materializes T x T
+    scores): the residual, q/k/v/o (about 6 x hidden) and the MLP's gate, up and product (3 x
+    intermediate). DERIVED from the geometry (80 kB at the released one), not measured. The attention's
+    scores are bounded apart: on an accelerator the prefill attends in query chunks of at most
+    :data:`cosyclone.talker.qwen2.PREFILL_SCORES` scores (256 MiB fp32, about 768 MiB with their softmax
+    and mask), which the reserve holds."""
     q = cfg.talker.qwen
-    itemsize = torch.empty(0, dtype=dtype).element_size()
-    elements = PREFILL_HIDDEN_COPIES * q.hidden_size + PREFILL_INTERMEDIATE_COPIES * q.intermediate_size
-    return elements * itemsize
-
-
-def prefill_budget(cfg: ModelConfig, dtype: torch.dtype, usable: int) -> tuple[int, int]:
-    """(prompt positions one admission may prefill, the bytes planned for it): ``PREFILL_SHARE`` of
-    ``usable`` less the attention's bounded scores (their softmax and mask too: 3 x fp32), at least
-    one slot's :data:`POSITIONS_PER_SLOT`."""
-    from cosyclone.talker.qwen2 import PREFILL_SCORES
-
-    per_token = prefill_bytes_per_token(cfg, dtype)
-    scores = 3 * 4 * PREFILL_SCORES
-    tokens = max(POSITIONS_PER_SLOT, (int(usable * PREFILL_SHARE) - scores) // per_token)
-    return tokens, tokens * per_token + scores
+    return (6 * q.hidden_size + 3 * q.intermediate_size) * 4
 
 
 def usable_cores() -> int:
@@ -239,11 +225,13 @@ def plan_sizing(cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, *, fre
     fraction = GPU_MEMORY_FRACTION if opts.gpu_memory_fraction is None else float(opts.gpu_memory_fraction)
     usable = max(0, int(free_bytes * fraction) - RESERVE_BYTES - frontend_bytes)
     per_slot = POSITIONS_PER_SLOT * kv + SLOT_STEP_BYTES_PER_VOCAB * cfg.talker.decoder_size
-    slots = max(1, min(MAX_SLOTS, int(usable * TALKER_SHARE) // per_slot))
+    prefill_bytes = prefill_bytes_per_position(cfg)  # the prefill's room comes first
+    prefill = max(POSITIONS_PER_SLOT, int(usable * PREFILL_SHARE) // prefill_bytes)
+    rest = max(0, usable - prefill * prefill_bytes)
+    slots = max(1, min(MAX_SLOTS, int(rest * TALKER_SHARE) // per_slot))
     if opts.talker_slots:
         slots = int(opts.talker_slots)
-    prefill_tokens, prefill_bytes = prefill_budget(cfg, policy.dtype, usable)
-    half = max(0, usable - slots * per_slot - prefill_bytes) // 2
+    half = max(0, rest - slots * per_slot) // 2
     flow_dtype = dtype_name(policy.dit_dtype)
     design = DESIGN_ROW_SECONDS * 50  # frames of HiFT = token positions of the flow (prompt + target)
     hift_frames = max(design, half // HIFT_BYTES_PER_FRAME)
@@ -254,9 +242,8 @@ def plan_sizing(cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, *, fre
                   hift_max_frames=hift_frames, flow_max_tokens=flow_tokens,
                   hift_bucket=ROCM_HIFT_BUCKET if rocm else 0, flow_bucket=ROCM_FLOW_BUCKET if rocm else 0,
                   reserve_positions=POSITIONS_PER_SLOT, frontend_workers=workers, frontend_threads=threads,
-                  kv_bytes_per_position=kv, free_bytes=int(free_bytes), usable_bytes=usable, fraction=fraction,
-                  flow_dtype=flow_dtype, given=given, prefill_tokens=prefill_tokens,
-                  frontend_bytes=frontend_bytes)
+                  kv_bytes_per_position=kv, prefill_tokens=prefill, free_bytes=int(free_bytes), usable_bytes=usable,
+                  fraction=fraction, flow_dtype=flow_dtype, given=given, frontend_bytes=frontend_bytes)
 
 
 def free_device_bytes(device: torch.device) -> int | None:

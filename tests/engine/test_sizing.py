@@ -53,8 +53,10 @@ def _rule(free: int, policy: DevicePolicy, opts: RunOptions, frontend: int = 0) 
     """The documented rule, spelled out: (slots, hift frames, flow tokens, batch rows)."""
     usable = int(free * (opts.gpu_memory_fraction or Z.GPU_MEMORY_FRACTION)) - Z.RESERVE_BYTES - frontend
     per_slot = Z.POSITIONS_PER_SLOT * kv_bytes_per_position(CFG, policy.dtype) + 64 * CFG.talker.decoder_size
+    per_position = Z.prefill_bytes_per_position(CFG)
+    usable -= max(Z.POSITIONS_PER_SLOT, int(usable * Z.PREFILL_SHARE) // per_position) * per_position
     slots = max(1, min(Z.MAX_SLOTS, int(usable * Z.TALKER_SHARE) // per_slot))
-    half = (usable - slots * per_slot - Z.prefill_budget(CFG, policy.dtype, usable)[1]) // 2
+    half = (usable - slots * per_slot) // 2
     hift = max(1500, half // Z.HIFT_BYTES_PER_FRAME)
     flow = max(1500, half // Z.FLOW_BYTES_PER_TOKEN["bf16"])
     return slots, hift, flow, max(1, min(slots, hift // 1500, flow // 1500))
@@ -69,8 +71,8 @@ def test_on_a_gpu_the_sizes_follow_the_free_memory(free_gib: int) -> None:
     assert s.reserve_positions == Z.POSITIONS_PER_SLOT and s.free_bytes == free_gib * GIB
     slots = _n(s.talker_slots) * (_n(s.reserve_positions) * s.kv_bytes_per_position + 64 * CFG.talker.decoder_size)
     c2w = s.hift_max_frames * Z.HIFT_BYTES_PER_FRAME + s.flow_max_tokens * Z.FLOW_BYTES_PER_TOKEN["bf16"]
-    prefill = Z.prefill_budget(CFG, policy.dtype, _n(s.usable_bytes))[1]
     if free_gib >= 12:  # above the one-design-row minimums, what is planned fits what was usable
+        prefill = _n(s.prefill_tokens) * Z.prefill_bytes_per_position(CFG)
         assert slots + prefill + c2w <= _n(s.usable_bytes)
     text = "\n".join(s.describe())
     assert f"{free_gib}.0 GiB free" in text and f"talker slots {s.talker_slots}" in text
@@ -166,22 +168,15 @@ def test_a_dry_run_on_a_gpu_plans_for_what_the_load_will_leave(monkeypatch: pyte
     assert s == plan_sizing(CFG, policy, RunOptions(), free_bytes=s.free_bytes)  # the same rule as after load
 
 
-def test_the_frontends_gpu_arenas_are_held_back_and_the_prefill_has_a_budget() -> None:
-    """The ONNX sessions' arena caps come off the usable memory; one admission prefills at most
-    ``prefill_tokens`` prompt positions (one 30 s slot at least), planned beside the cache and code2wav."""
+def test_the_frontends_gpu_arenas_are_held_back() -> None:
+    """The ONNX sessions' arena caps come off the usable memory before anything else is planned, and
+    the run records and prints them."""
     policy, opts = _gpu(), RunOptions()
     bare = plan_sizing(CFG, policy, opts, free_bytes=76 * GIB, frontend_bytes=0)
     onnx = plan_sizing(CFG, policy, opts, free_bytes=76 * GIB, frontend_bytes=4 * GIB)
     assert _n(bare.usable_bytes) - _n(onnx.usable_bytes) == 4 * GIB and onnx.frontend_bytes == 4 * GIB
-    assert (onnx.talker_slots, onnx.hift_max_frames) == _rule(76 * GIB, policy, opts, frontend=4 * GIB)[:2]
+    sizes = (onnx.talker_slots, onnx.hift_max_frames, onnx.flow_max_tokens, onnx.batch_size)
+    assert sizes == _rule(76 * GIB, policy, opts, frontend=4 * GIB)
+    assert onnx.as_record()["frontend_bytes"] == 4 * GIB
     assert "frontend ONNX arenas 4.0 GiB" in "\n".join(onnx.describe())
-    tokens, planned = Z.prefill_budget(CFG, policy.dtype, _n(bare.usable_bytes))
-    assert bare.prefill_tokens == tokens and bare.as_record()["prefill_tokens"] == tokens
-    assert planned <= Z.PREFILL_SHARE * _n(bare.usable_bytes)  # on a big card the share holds it
-    assert tokens >= 20 * Z.POSITIONS_PER_SLOT  # 20 slots of 30 s prompts per pass at least on 76 GiB
-    assert tokens * Z.prefill_bytes_per_token(CFG, torch.float32) < 8 * GIB  # not the tens of GB of one pass
-    small = plan_sizing(CFG, policy, opts, free_bytes=GIB, frontend_bytes=0)
-    assert small.prefill_tokens == Z.POSITIONS_PER_SLOT  # a small card still admits one full slot
-    assert plan_sizing(CFG, resolve("cpu", "fp32"), opts).prefill_tokens is None  # CPU: admission as before
-    # 101 kB per position in fp32 at the released geometry (12 x 896 + 3 x 4864 elements)
-    assert Z.prefill_bytes_per_token(CFG, torch.float32) == (12 * 896 + 3 * 4864) * 4
+    assert plan_sizing(CFG, resolve("cpu", "fp32"), opts).frontend_bytes == 0  # CPU: nothing held back

@@ -14,6 +14,7 @@ from typing import Any, cast
 
 import pytest
 import torch
+from typing_extensions import override
 
 from benchmarks.gpu_verdict import token_difference
 from cosyclone.options import CudaGraphs
@@ -93,6 +94,7 @@ def test_graph_wrapper_state_machine_gives_plain_tokens() -> None:
 
 
 class _Refuses(EagerCapture):
+    @override
     def capture(self, thunk: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
         raise RuntimeError("operation not permitted when stream is capturing")
 
