@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from typing_extensions import override
 
 import cosyclone.talker.decode as dec
 from cosyclone.base.device import resolve
@@ -94,6 +95,7 @@ class OomFlow(Flow):
     def __init__(self, spy: Spy, huge: int) -> None:
         self.spy, self.huge = spy, huge
 
+    @override
     def inference(self, token: torch.Tensor, token_len: torch.Tensor, prompt_token: torch.Tensor,
                   prompt_token_len: torch.Tensor, prompt_feat: torch.Tensor, embedding: torch.Tensor, *,
                   n_timesteps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
