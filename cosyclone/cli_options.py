@@ -17,13 +17,15 @@ from typing import Any, TypeVar
 
 import typer
 
+from cosyclone.commands.options import DOOR_GROUPS
 from cosyclone.eval.options import ScoringOptions
 from cosyclone.manifest.options import ValidateOptions
 from cosyclone.options import COMMAND_GROUPS, choices_of, flag_of, hints_of, option_fields
 from cosyclone.trace.options import TraceOptions
 
-#: Every option group a command takes its options from: a run's, export's, validate's, eval's and trace's.
-ALL_GROUPS: tuple[type, ...] = (*COMMAND_GROUPS, ValidateOptions, ScoringOptions, TraceOptions)
+#: Every option group a command takes its options from: a run's, export's, the doors', validate's, eval's
+#: and trace's.
+ALL_GROUPS: tuple[type, ...] = (*COMMAND_GROUPS, *DOOR_GROUPS, ValidateOptions, ScoringOptions, TraceOptions)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -48,8 +50,13 @@ def derived_parameters(command: str) -> list[inspect.Parameter]:
         annotation = _annotation(owner, f.name)
         if choices is not None:
             annotation = typing.Literal[choices]  # typer offers exactly these values
+        default: Any = f.default
+        if meta.get("required"):  # typer marks it [required] and refuses a call without it
+            default = ...
+            annotation = next(a for a in typing.get_args(annotation) or (annotation,) if a is not type(None))
+        decls = [flag_of(f), *([meta["short"]] if meta.get("short") else [])]
         # no min/max here: bounds are options.check's, so every door words the error the same way
-        option = typer.Option(f.default, flag_of(f), help=meta["help"], rich_help_panel=meta["panel"],
+        option = typer.Option(default, *decls, help=meta["help"], rich_help_panel=meta["panel"],
                               metavar=meta.get("metavar"), hidden=meta.get("hidden", False), show_default=False,
                               envvar=meta.get("envvar"), show_envvar=False)
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option,

@@ -60,11 +60,14 @@ EXPORT_FORMATS: tuple[ExportFormat, ...] = get_args(ExportFormat)
 
 def opt(default: Any, help: str, *, panel: str, audio: bool = False, commands: tuple[str, ...] = BOTH,
         low: float | None = None, high: float | None = None, metavar: str | None = None,
-        flag: str | None = None, hidden: bool = False, envvar: str | None = None) -> Any:
-    """A dataclass field carrying what every door needs to know about one option."""
+        flag: str | None = None, hidden: bool = False, envvar: str | None = None, short: str | None = None,
+        required: bool = False) -> Any:
+    """A dataclass field carrying what every door needs to know about one option (``short``: a
+    one-letter alias such as ``-o``; ``required``: the command line must give it)."""
     return field(default=default, metadata={
         "help": help, "panel": panel, "audio": audio, "commands": commands, "low": low, "high": high,
-        "metavar": metavar, "flag": flag, "hidden": hidden, "envvar": envvar})
+        "metavar": metavar, "flag": flag, "hidden": hidden, "envvar": envvar, "short": short,
+        "required": required})
 
 
 @dataclass(frozen=True)
@@ -254,7 +257,7 @@ class ExportOptions:
 
 @dataclass(frozen=True)
 class ReportOptions:
-    """What ``cosyclone report`` writes beside its table: the one-page HTML view of the folders."""
+    """What ``cosyclone report`` prints (a table or JSON) and writes beside it: the folders' one HTML page."""
 
     # write the folders' page here (totals, run history, plots, the rows to listen to, outliers)
     html: Path | None = opt(None, "write one self-contained HTML page here", panel=OUTPUT, metavar="PAGE",
@@ -262,6 +265,9 @@ class ReportOptions:
     # the page's players name the audio files relative to the page instead of holding them
     link_audio: bool = opt(False, "link the audio files instead of embedding them", panel=OUTPUT,
                            commands=(REPORT,))
+    # print the totals as one JSON object instead of the table
+    json_out: bool = opt(False, "print the totals as one JSON object", panel=OUTPUT, flag="--json",
+                         commands=(REPORT,))
 
     def __post_init__(self) -> None:
         check(self)

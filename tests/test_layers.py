@@ -18,6 +18,7 @@ PKG = ROOT / "cosyclone"
 #: layer may use.
 LAYERS: dict[str, int] = {
     "cosyclone": 9, "cosyclone.cli": 9, "cosyclone.cli_options": 9, "cosyclone.api": 9,  # doors
+    "cosyclone.commands": 9,  # the doors' own commands (synth, say, validate, inspect, make-tiny-model)
     "cosyclone.eval": 8,  # scoring a finished folder (cosyclone eval)
     "cosyclone.report": 8,  # a folder's totals and its HTML page (cosyclone report; reads eval's records)
     "cosyclone.trace": 8,  # one row of a folder replayed eagerly with hooks (cosyclone trace)

@@ -23,7 +23,6 @@ def _fail(msg: str) -> None:
 
 def report_command(
     folders: list[Path] = typer.Argument(..., help="run folders (shards of one dataset are merged)"),
-    json_out: bool = typer.Option(False, "--json", help="print the totals as one JSON object"),
     **options: Any,
 ) -> None:
     """Totals recomputed from the row records of one or more run folders (shards merged).
@@ -48,7 +47,7 @@ def report_command(
     evals = {str(f): e for f in folders if (e := load_eval_summary(f)) is not None}
     for w in warnings:
         typer.echo(f"warning: {w}", err=True)
-    if json_out:
+    if page.json_out:
         typer.echo(
             json.dumps(
                 {**totals, "folders": [str(f) for f in folders], "eval": evals or None}, sort_keys=True

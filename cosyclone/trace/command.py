@@ -29,10 +29,6 @@ def trace_command(
                                 metavar="OUT|MANIFEST", show_default=False),
     row_id: str | None = typer.Argument(None, help="the row's id in OUT", metavar="ROW_ID",
                                         show_default=False),
-    model_dir: Path | None = typer.Option(None, "--model-dir", envvar="COSYCLONE_MODEL_DIR",
-                                          help="the model folder (default: the run's, or "
-                                               "$COSYCLONE_MODEL_DIR)",
-                                          show_envvar=False, show_default=False),
     **options: Any,
 ) -> None:
     """Replay one row eagerly and show where its numbers broke: per step the token, top candidates,
@@ -47,6 +43,7 @@ def trace_command(
         typer.echo(f"error: {msg}", err=True)
         raise typer.Exit(Exit.USAGE)
 
+    model_dir: Path | None = options.pop("model_dir", None)  # the doors' --model-dir (default: the run's)
     trace_values = {k: v for k, v in options.items() if k in _TRACE_FIELDS}
     run_values = {k: v for k, v in options.items() if k not in _TRACE_FIELDS}
     try:
