@@ -88,7 +88,7 @@ def run_stage_benchmarks() -> None:
             print(f"[{name}] not present, skipped")
             continue
         if name == "bench_ray" and importlib.util.find_spec("ray") is None:
-            print(f"[{name}] ray not installed (pip install 'cosyclone[ray]'), skipped")
+            print(f"[{name}] ray not installed (pip install -e '.[ray]'), skipped")
             continue
         print(f"[{name}]")
         importlib.import_module(f"benchmarks.{name}").main()

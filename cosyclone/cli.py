@@ -243,7 +243,7 @@ def say(
                                     rich_help_panel=SAMPLING, metavar="N", show_default=False),
     speed: float = typer.Option(1.0, "--speed", help="speaking-rate factor in [0.25, 4]", rich_help_panel=INPUT,
                                 metavar="X", show_default=False),
-    out: Path = typer.Option(Path("say.wav"), "-o", "--out", help="output WAV (default: say.wav)",
+    out: Path = typer.Option(Path("say.wav"), "-o", "--out", help="output .wav or .flac (default: say.wav)",
                              rich_help_panel=OUTPUT, show_default=False),
     model_dir: Path | None = typer.Option(None, "--model-dir", envvar=MODEL_DIR_ENV, help=MODEL_DIR_HELP,
                                           rich_help_panel=MODEL, show_default=False, show_envvar=False),
@@ -270,7 +270,8 @@ def say(
                 raise CosycloneError(f"-o {out} is a directory; give the WAV file to write")
             row = utterance(text, prompt_audio.expanduser().resolve(), prompt_text, mode=mode, instruct=instruct,
                             seed=seed, speed=speed, id=row_id)
-            output = AudioOutput.of(build(FolderOptions, {k: options.pop(k) for k in OUTPUT_FIELDS if k in options}))
+            given = {k: options.pop(k) for k in OUTPUT_FIELDS if k in options}
+            output = AudioOutput.for_file(out, build(FolderOptions, given))  # -o x.flac writes FLAC
             validate_rows([row], text_frontend=options.get("text_frontend", "wetext"))  # fail in seconds, not minutes
             tts = CosyClone(model_dir, **options)
             for warning in tts.warnings:
@@ -292,7 +293,6 @@ def say(
         typer.echo(f"error: synthesis failed ({res.reason}): {res.error}", err=True)
         raise typer.Exit(Exit.ROWS_FAILED)
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
         written = write_audio_atomic(out, res.audio, model_rate=res.sample_rate, output=output)
     except (OSError, CosycloneError) as exc:  # disk full, no permission: nothing partial is left
         typer.echo(f"error: {exc}", err=True)

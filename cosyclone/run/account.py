@@ -220,7 +220,9 @@ def devices(device: str) -> list[str]:
 
     if device == "cuda" and torch.cuda.is_available():
         return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return [platform.processor() or platform.machine()]
+    from cosyclone.base.machine import processor_name
+
+    return [processor_name()]
 
 
 def versions(text_frontend: str) -> dict[str, str]:
