@@ -81,7 +81,7 @@ class RunInputs:
     backend: str  # the backend (cpu | cuda | rocm)
     dtype: str  # the resolved run dtype
     dtype_requested: str  # --dtype as given
-    options: dict[str, Any]  # every run option as resolved
+    options: dict[str, Any]  # every run option as resolved (the model's defaults filled in; null: none)
     output: dict[str, Any]  # how the audio files are written (format, encoding, rate, trimming)
     stage_dtypes: dict[str, str]  # each stage's compute dtype: talker (its backbone), flow (the DiT), hift
     engine: str  # local | ray
