@@ -13,6 +13,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 import pytest
 import typer.main
@@ -35,9 +36,9 @@ TOP_DIRS = ("cosyclone/", "tests/", "benchmarks/", "docs/", "manifests/", ".ci/"
 MIN_SHARED_WORDS = 25  # a paragraph this long on two pages is a copy: one page holds it, the others link
 
 
-def ticked(page: str) -> Iterator[tuple[int, str]]:
-    """(line, text) of every backticked span in the page's prose (code blocks and comments left out)."""
-    for i, line in enumerate(doc_pages.prose(PAGES[page]).splitlines(), start=1):
+def ticked(text: str) -> Iterator[tuple[int, str]]:
+    """(line, text) of every backticked span in a page's prose (code blocks and comments left out)."""
+    for i, line in enumerate(doc_pages.prose(text).splitlines(), start=1):
         for m in TICK.finditer(line):
             yield i, m.group(1)
 
@@ -54,7 +55,10 @@ def _flags(command: object) -> dict[str, object]:
 def _source_names() -> set[str]:
     """Every identifier and string constant of the repository's Python code (the names a page may cite)."""
     names: set[str] = set()
+    here = Path(__file__).parent  # these checks' own examples of wrong names are no names
     for path in [*ROOT.glob("cosyclone/**/*.py"), *ROOT.glob("benchmarks/**/*.py"), *ROOT.glob("tests/**/*.py")]:
+        if path.parent == here:
+            continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.Name):
@@ -63,9 +67,7 @@ def _source_names() -> set[str]:
                 names.add(node.attr)
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 names.add(node.name)
-            elif isinstance(node, ast.arg):
-                names.add(node.arg)
-            elif isinstance(node, ast.keyword) and node.arg:
+            elif isinstance(node, ast.arg) or isinstance(node, ast.keyword) and node.arg:
                 names.add(node.arg)
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
                 names.update(re.findall(r"[\w.-]+", node.value) + re.findall(r"\w+", node.value))
@@ -150,37 +152,63 @@ def test_the_option_tables_are_the_commands_options(command: str, section: str) 
     assert not problems, "\n".join(problems)
 
 
-def test_every_flag_a_page_names_is_an_option() -> None:
-    """A `--flag` in a page's prose is an option of some cosyclone command (or of the tool named beside it)."""
+FOREIGN_FLAGS = {"--no-deps", "--index-url", "--target", "--no-index", "--include", "--local-dir", "--local_dir",
+                 "--copy_files", "--quantization", "--output_dir", "--model", "--head", "--port", "--address",
+                 "--dashboard-host"}  # pip's, hf's, modelscope's, ct2's and ray's, named beside those tools
+
+
+def flag_problems(pages: dict[str, str]) -> list[str]:
     known = {"--version", "--help"} | {n for n in SOURCE_NAMES if n.startswith("--")}  # benchmarks' flags too
     for cmd in _commands().values():
         known |= set(_flags(cmd))
-    foreign = {"--no-deps", "--index-url", "--target", "--no-index", "--include", "--local-dir", "--local_dir",
-               "--parts", "--python-version", "--hift-only", "--batches", "--hift-reps", "--quick", "--copy_files",
-               "--quantization", "--output_dir", "--model", "--head", "--port", "--address", "--dashboard-host"}
     problems = []
-    for page in PAGES:
-        for line, span in ticked(page):
+    for page, text in pages.items():
+        for line, span in ticked(text):
             for flag in re.findall(r"(?<![\w-])--[a-z][\w-]*", span):
-                if flag not in known and flag not in foreign:
+                if flag not in known and flag not in FOREIGN_FLAGS:
                     problems.append(f"{page}:{line}: `{flag}` is no option of any cosyclone command")
+    return problems
+
+
+def test_every_flag_a_page_names_is_an_option() -> None:
+    """A `--flag` in a page's prose is an option of some cosyclone command, a benchmark's, or another tool's."""
+    problems = flag_problems(PAGES)
     assert not problems, "\n".join(problems)
+
+
+def test_the_say_paragraph_lists_say_s_options() -> None:
+    """docs/cli.md lists `say`'s options in a paragraph: each it names is `say`'s, and each of `say`'s is named."""
+    text = PAGES["docs/cli.md"]
+    start = text.index("`say TEXT --prompt-audio FILE` takes")
+    para = text[start:text.index("`validate MANIFEST`", start)]
+    named = set(re.findall(r"(?<![\w-])--[a-z][\w-]*", para))
+    flags = {f for f, p in _flags(_commands()["say"]).items()
+             if f.startswith("--") and f != "--help" and not p.hidden}  # type: ignore[attr-defined]
+    assert named <= flags, f"docs/cli.md: not options of `say`: {sorted(named - flags)}"
+    assert flags <= named, f"docs/cli.md: `say`'s paragraph lacks {sorted(flags - named)}"
+
+
+def test_the_benchmarks_page_lists_what_make_bench_runs() -> None:
+    from benchmarks.run_all import STAGE_BENCHMARKS
+
+    text = PAGES["docs/benchmarks.md"]
+    listed = text[text.index("`make bench` (`python -m benchmarks.run_all`) runs"):].split(")", 2)[1]
+    named = re.findall(r"`(bench_\w+)`", listed)
+    assert named == list(STAGE_BENCHMARKS), f"docs/benchmarks.md lists {named}; make bench runs {STAGE_BENCHMARKS}"
 
 
 # ----------------------------------------------------------------------------- records and keys
 
 
-def test_every_dotted_record_path_exists(run_folder: Path) -> None:
-    """`last_run.X`, `last_run.options.X`, `last_run.cuda_graphs.X` and `sampler[].X` name real fields."""
-    summary = json.loads((run_folder / "summary.json").read_text())
+def dotted_problems(pages: dict[str, str], summary: dict[str, Any]) -> list[str]:
     run_fields = {f.name for f in fields(RunRecord)}
     nested = {"cuda_graphs": {f.name for f in fields(GraphsRecord)},
               "options": set(summary["last_run"]["options"]), "output": set(summary["last_run"]["output"]),
               "versions": set(summary["last_run"]["versions"]) | {"cosyclone", "torch", "python"}}
     sampler = {f.name for f in fields(SamplerRowDiagnostics)}
     problems = []
-    for page in PAGES:
-        for line, span in ticked(page):
+    for page, text in pages.items():
+        for line, span in ticked(text):
             for path in re.findall(r"(?<![\w.])(?:last_run|sampler\[\])\.[\w.]+", span):
                 parts = path.split(".")
                 if parts[0] == "last_run":
@@ -190,6 +218,12 @@ def test_every_dotted_record_path_exists(run_folder: Path) -> None:
                 if not ok:
                     problems.append(f"{page}:{line}: `{path}` names no field (RunRecord, its options, "
                                     "GraphsRecord or SamplerRowDiagnostics)")
+    return problems
+
+
+def test_every_dotted_record_path_exists(run_folder: Path) -> None:
+    """`last_run.X`, `last_run.options.X`, `last_run.cuda_graphs.X` and `sampler[].X` name real fields."""
+    problems = dotted_problems(PAGES, json.loads((run_folder / "summary.json").read_text()))
     assert not problems, "\n".join(problems)
 
 
@@ -205,16 +239,12 @@ def test_the_totals_paragraph_names_summary_keys(run_folder: Path) -> None:
     for i, line in enumerate(text[start:end].splitlines()):
         for m in TICK.finditer(line):
             name = m.group(1)
-            if SNAKE.match(name) or name in ("rows", "done", "failed", "sampler"):
-                if name not in keys:
-                    problems.append(f"docs/output.md:{line0 + i}: `{name}` is no key of summary.json")
+            if (SNAKE.match(name) or name in ("rows", "done", "failed", "sampler")) and name not in keys:
+                problems.append(f"docs/output.md:{line0 + i}: `{name}` is no key of summary.json")
     assert not problems, "\n".join(problems)
 
 
-def test_every_snake_case_name_exists(run_folder: Path) -> None:
-    """A backticked `some_name` is a record field, a summary key, an option or a name in the code.
-
-    Catches the field renamed in code but not on the page (and the page's typo)."""
+def known_names(run_folder: Path) -> set[str]:
     known = set(SOURCE_NAMES) | REPO_STEMS
     for cls in (RowRecord, RunRecord, GraphsRecord, SamplerRowDiagnostics):
         known |= {f.name for f in fields(cls)}
@@ -222,29 +252,38 @@ def test_every_snake_case_name_exists(run_folder: Path) -> None:
         for raw in path.read_text().splitlines() if path.suffix == ".jsonl" else [path.read_text()]:
             if raw.strip():
                 known |= {k.rsplit(".", 1)[-1] for k in _keys(json.loads(raw))}
+    return known
+
+
+def snake_problems(pages: dict[str, str], known: set[str]) -> list[str]:
     problems = []
-    for page in PAGES:
-        for line, span in ticked(page):
+    for page, text in pages.items():
+        for line, span in ticked(text):
             if FOREIGN_SPAN.match(span):
                 continue
             for word in re.findall(r"[A-Za-z_][\w]*", span):
                 if SNAKE.match(word) and word not in known:
                     problems.append(f"{page}:{line}: `{word}` (in `{span}`) is no field, key, option or name "
                                     "in the code")
-    assert not problems, "\n".join(sorted(set(problems)))
+    return sorted(set(problems))
+
+
+def test_every_snake_case_name_exists(run_folder: Path) -> None:
+    """A backticked `some_name` is a record field, a summary key, an option or a name in the code.
+
+    Catches the field renamed in code but not on the page (and the page's typo)."""
+    problems = snake_problems(PAGES, known_names(run_folder))
+    assert not problems, "\n".join(problems)
 
 
 # ----------------------------------------------------------------------------- files and paths
 
 
-def test_every_file_and_path_a_page_names_exists(run_folder: Path) -> None:
-    """A repository path names a file or folder of the checkout; a bare file name is one the code writes
-    or reads, one of the repository's, or a user's example (EXAMPLE_FILES)."""
+def file_problems(pages: dict[str, str], written: set[str]) -> list[str]:
     basenames = {p.name for p in ROOT.rglob("*") if ".git" not in p.parts and ".venv" not in p.parts}
-    written = {p.name for p in run_folder.rglob("*")}
     problems = []
-    for page in PAGES:
-        for line, span in ticked(page):
+    for page, text in pages.items():
+        for line, span in ticked(text):
             for token in span.split():
                 token = token.strip("(),;:'\"")
                 if token.startswith(TOP_DIRS) and not re.search(r"[<>*{}]|NNNNN|\.\.\.", token):
@@ -253,20 +292,32 @@ def test_every_file_and_path_a_page_names_exists(run_folder: Path) -> None:
                         problems.append(f"{page}:{line}: `{token}` does not exist in the repository")
                 elif FILE.match(token) and token not in EXAMPLE_FILES | basenames | written | SOURCE_NAMES:
                     problems.append(f"{page}:{line}: `{token}` is a file name nothing in the code writes or reads")
+    return problems
+
+
+def test_every_file_and_path_a_page_names_exists(run_folder: Path) -> None:
+    """A repository path names a file or folder of the checkout; a bare file name is one the code writes
+    or reads, one of the repository's, or a user's example (EXAMPLE_FILES)."""
+    problems = file_problems(PAGES, {p.name for p in run_folder.rglob("*")})
     assert not problems, "\n".join(problems)
 
 
-def test_no_page_cites_a_path_outside_the_repository() -> None:
-    """A clone holds only the repository: no `../` out of it, no `shared/...` reference material."""
+def outside_problems(pages: dict[str, str]) -> list[str]:
     problems = []
-    for page, text in PAGES.items():
+    for page, text in pages.items():
         base = (ROOT / page).parent
         for i, line in enumerate(text.splitlines(), start=1):
             for m in re.finditer(r"(?<![\w/.-])((?:\.\./)+[\w.-][\w./-]*)", line):
                 if not (base / m.group(1)).resolve().is_relative_to(ROOT):
-                    problems.append(f"{page}:{i}: {m.group(1)} lies outside the repository")
+                    problems.append(f"{page}:{i}: {m.group(1).rstrip('.')} lies outside the repository")
             for m in re.finditer(r"(?<![\w-])shared/[\w./-]+", line):
-                problems.append(f"{page}:{i}: {m.group(0)} is not in a clone of the repository")
+                problems.append(f"{page}:{i}: {m.group(0).rstrip('.')} is not in a clone of the repository")
+    return problems
+
+
+def test_no_page_cites_a_path_outside_the_repository() -> None:
+    """A clone holds only the repository: no `../` out of it, no `shared/...` reference material."""
+    problems = outside_problems(PAGES)
     assert not problems, "\n".join(problems)
 
 
@@ -282,10 +333,33 @@ def _paragraphs(text: str) -> Iterator[tuple[int, str]]:
         line += chunk.count("\n") + 2
 
 
-def test_a_paragraph_lives_on_one_page() -> None:
+def copied_paragraphs(pages: dict[str, str]) -> list[str]:
     seen: dict[str, list[str]] = defaultdict(list)
-    for page, text in PAGES.items():
+    for page, text in pages.items():
         for line, words in _paragraphs(text):
             seen[words].append(f"{page}:{line}")
-    copies = [f"{' and '.join(where)}: {words[:90]}..." for words, where in seen.items() if len(where) > 1]
-    assert not copies, "the same paragraph on two pages (keep it on one, link from the other):\n" + "\n".join(copies)
+    return [f"{' and '.join(where)}: {words[:90]}..." for words, where in seen.items() if len(where) > 1]
+
+
+def test_a_paragraph_lives_on_one_page() -> None:
+    copies = copied_paragraphs(PAGES)
+    assert not copies, "the same paragraph twice (keep it on one page, link from the others):\n" + "\n".join(copies)
+
+
+def test_each_checker_names_the_page_the_line_and_the_name(tmp_path: Path) -> None:
+    """The checkers fail on a wrong page, naming what is wrong where (else a passing suite proves nothing)."""
+    para = " ".join(["word"] * MIN_SHARED_WORDS)
+    bad = {"docs/bad.md": "# Bad\n\nUse `--no-such-flag` and `last_run.no_such_field`, see `sampler[].steps`.\n"
+                          "The `talker_checkpoint_hitz` count, `tests/no_such_test.py`, `out.jsonl`.\n"
+                          f"Vectors: ../../elsewhere/x and shared/reference/x.\n\n{para}\n",
+           "docs/other.md": f"{para}\n"}
+    summary = {"last_run": {"options": {"top_k": 25}, "output": {}, "versions": {}}}
+    assert flag_problems(bad) == ["docs/bad.md:3: `--no-such-flag` is no option of any cosyclone command"]
+    assert [p.split(" names")[0] for p in dotted_problems(bad, summary)] == ["docs/bad.md:3: `last_run.no_such_field`"]
+    assert any(p.startswith("docs/bad.md:4: `talker_checkpoint_hitz`") for p in snake_problems(bad, SOURCE_NAMES))
+    assert file_problems(bad, set()) == [
+        "docs/bad.md:4: `tests/no_such_test.py` does not exist in the repository",
+        "docs/bad.md:4: `out.jsonl` is a file name nothing in the code writes or reads"]
+    assert outside_problems(bad) == ["docs/bad.md:5: ../../elsewhere/x lies outside the repository",
+                                     "docs/bad.md:5: shared/reference/x is not in a clone of the repository"]
+    assert copied_paragraphs(bad) and copied_paragraphs(bad)[0].startswith("docs/bad.md:7 and docs/other.md:1")
