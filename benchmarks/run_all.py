@@ -81,9 +81,10 @@ class E2EConfig:
                    cpu_gemm=env.get("COSYCLONE_BENCH_CPU_GEMM", "auto"))
 
 
-#: The stage benchmarks ``make bench`` runs, in order, before the end-to-end figure (docs/benchmarks.md lists them).
-STAGE_BENCHMARKS = ("bench_talker", "bench_sampler", "bench_code2wav", "bench_flow_gemm", "bench_dtype_agreement",
-                    "bench_text", "bench_manifest", "bench_export", "bench_ray")
+#: The stage benchmarks ``make bench`` runs, in order, before the end-to-end figure (docs/benchmarks.md
+#: lists them).
+STAGE_BENCHMARKS = ("bench_talker", "bench_sampler", "bench_code2wav", "bench_flow_gemm",
+                    "bench_dtype_agreement", "bench_text", "bench_manifest", "bench_export", "bench_ray")
 
 
 def run_stage_benchmarks() -> None:

@@ -90,7 +90,8 @@ def recorded_options(opts: RunOptions, cfg: ModelConfig) -> dict[str, Any]:
     workers, threads_each = frontend_plan(opts, gpu=gpu)
     sampling = cfg.talker.sampling
     defaults: dict[str, Any] = {
-        "top_p": sampling.top_p, "top_k": sampling.top_k, "win_size": sampling.win_size, "tau_r": sampling.tau_r,
+        "top_p": sampling.top_p, "top_k": sampling.top_k, "win_size": sampling.win_size,
+        "tau_r": sampling.tau_r,
         "min_len_ratio": cfg.talker.min_len_ratio, "max_len_ratio": cfg.talker.max_len_ratio,
         "n_timesteps": cfg.flow.cfm.n_timesteps, "threads": torch.get_num_threads(),
         "frontend_workers": workers, "frontend_threads": threads_each,

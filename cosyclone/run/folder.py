@@ -291,7 +291,8 @@ def check_creatable(out_dir: Path) -> None:
     if not here.is_dir():
         raise OutputFolderError(f"output folder {out_dir} cannot be made: {here} is not a folder")
     if not os.access(here, os.W_OK | os.X_OK):
-        raise OutputFolderError(f"output folder {out_dir} is not writable: {here} does not let this user write")
+        raise OutputFolderError(f"output folder {out_dir} is not writable: {here} does not let this user "
+                                "write")
 
 
 # ----------------------------------------------------------------------------- journal

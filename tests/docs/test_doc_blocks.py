@@ -4,7 +4,7 @@ The rules of the markers are in tests/doc_pages.py. The pages run in one scratch
 copy of ``manifests/``, the README first and then docs/ by name, so a later page sees what an
 earlier one wrote (the README makes ``.tiny-model``; a page run alone gets a copy of the session's
 tiny model). ``cosyclone`` on PATH runs this checkout's code and ``COSYCLONE_MODEL_DIR`` names the
-tiny model, so a block written for the released model runs as a user's would. A failure names the
+session's tiny model, so a block that leaves ``--model-dir`` out runs as a user's would. A failure names the
 page, the block's line, the command and what it printed.
 """
 
@@ -27,7 +27,8 @@ BLOCK_TIMEOUT_S = 600
 
 
 @pytest.fixture(scope="session")
-def doc_workspace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+def doc_workspace(tmp_path_factory: pytest.TempPathFactory,
+                  tiny_model_dir: Path) -> tuple[Path, dict[str, str]]:
     """(the scratch folder every page runs in, the environment of its blocks)."""
     root = tmp_path_factory.mktemp("docs")
     work = root / "work"
@@ -40,7 +41,7 @@ def doc_workspace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[
     shim.chmod(0o755)
     path = os.pathsep.join([str(bindir), str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     pythonpath = os.pathsep.join([str(doc_pages.ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env = {**os.environ, "PATH": path, "PYTHONPATH": pythonpath, "COSYCLONE_MODEL_DIR": str(work / MODEL)}
+    env = {**os.environ, "PATH": path, "PYTHONPATH": pythonpath, "COSYCLONE_MODEL_DIR": str(tiny_model_dir)}
     return work, env
 
 
@@ -118,7 +119,8 @@ def test_every_marker_is_well_formed_and_every_skip_says_why() -> None:
 
 def test_the_marker_grammar(tmp_path: Path) -> None:
     page = ("<!-- doc-test skip: needs a GPU -->\n```bash\nnvidia-smi\n```\n\n"
-            "<!-- doc-test replace \"/models/X Y=.tiny-model\" me.wav=p.wav -->\n```python\nf('/models/X Y', 'me.wav')\n```\n"
+            "<!-- doc-test replace \"/models/X Y=.tiny-model\" me.wav=p.wav -->\n"
+            "```python\nf('/models/X Y', 'me.wav')\n```\n"
             "<!-- readme-test -->\n```sh\necho hi\n```\n```json\n{}\n```\n")
     skip, repl, legacy, shown = doc_pages.blocks("docs/x.md", page)
     assert skip.skip == "needs a GPU" and not skip.runnable and skip.line == 2

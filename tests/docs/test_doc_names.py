@@ -56,7 +56,8 @@ def _source_names() -> set[str]:
     """Every identifier and string constant of the repository's Python code (the names a page may cite)."""
     names: set[str] = set()
     here = Path(__file__).parent  # these checks' own examples of wrong names are no names
-    for path in [*ROOT.glob("cosyclone/**/*.py"), *ROOT.glob("benchmarks/**/*.py"), *ROOT.glob("tests/**/*.py")]:
+    code = [*ROOT.glob("cosyclone/**/*.py"), *ROOT.glob("benchmarks/**/*.py"), *ROOT.glob("tests/**/*.py")]
+    for path in code:
         if path.parent == here:
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -132,7 +133,8 @@ def _default_words(value: object) -> str | None:
     return str(value)
 
 
-@pytest.mark.parametrize(("command", "section"), [("synth", "`synth MANIFEST`:"), ("export", "`export OUT` writes")])
+@pytest.mark.parametrize(("command", "section"),
+                         [("synth", "`synth MANIFEST`:"), ("export", "`export OUT` writes")])
 def test_the_option_tables_are_the_commands_options(command: str, section: str) -> None:
     flags = _flags(_commands()[command])
     problems = []
@@ -152,7 +154,8 @@ def test_the_option_tables_are_the_commands_options(command: str, section: str) 
     assert not problems, "\n".join(problems)
 
 
-FOREIGN_FLAGS = {"--no-deps", "--index-url", "--target", "--no-index", "--include", "--local-dir", "--local_dir",
+FOREIGN_FLAGS = {"--no-deps", "--index-url", "--target", "--no-index", "--include", "--local-dir",
+                 "--local_dir",
                  "--copy_files", "--quantization", "--output_dir", "--model", "--head", "--port", "--address",
                  "--dashboard-host"}  # pip's, hf's, modelscope's, ct2's and ray's, named beside those tools
 
@@ -171,13 +174,14 @@ def flag_problems(pages: dict[str, str]) -> list[str]:
 
 
 def test_every_flag_a_page_names_is_an_option() -> None:
-    """A `--flag` in a page's prose is an option of some cosyclone command, a benchmark's, or another tool's."""
+    """A `--flag` in a page's prose is an option of a cosyclone command, a benchmark's, or another tool's."""
     problems = flag_problems(PAGES)
     assert not problems, "\n".join(problems)
 
 
 def test_the_say_paragraph_lists_say_s_options() -> None:
-    """docs/cli.md lists `say`'s options in a paragraph: each it names is `say`'s, and each of `say`'s is named."""
+    """docs/cli.md lists `say`'s options in a paragraph: each it names is `say`'s, and each of `say`'s
+    is named."""
     text = PAGES["docs/cli.md"]
     start = text.index("`say TEXT --prompt-audio FILE` takes")
     para = text[start:text.index("`validate MANIFEST`", start)]
@@ -194,7 +198,8 @@ def test_the_benchmarks_page_lists_what_make_bench_runs() -> None:
     text = PAGES["docs/benchmarks.md"]
     listed = text[text.index("`make bench` (`python -m benchmarks.run_all`) runs"):].split(")", 2)[1]
     named = re.findall(r"`(bench_\w+)`", listed)
-    assert named == list(STAGE_BENCHMARKS), f"docs/benchmarks.md lists {named}; make bench runs {STAGE_BENCHMARKS}"
+    assert named == list(STAGE_BENCHMARKS), (
+        f"docs/benchmarks.md lists {named}; make bench runs {STAGE_BENCHMARKS}")
 
 
 # ----------------------------------------------------------------------------- records and keys
@@ -291,7 +296,8 @@ def file_problems(pages: dict[str, str], written: set[str]) -> list[str]:
                     if not (ROOT / target).exists():
                         problems.append(f"{page}:{line}: `{token}` does not exist in the repository")
                 elif FILE.match(token) and token not in EXAMPLE_FILES | basenames | written | SOURCE_NAMES:
-                    problems.append(f"{page}:{line}: `{token}` is a file name nothing in the code writes or reads")
+                    problems.append(f"{page}:{line}: `{token}` is a file name nothing in the code writes "
+                                    "or reads")
     return problems
 
 
@@ -343,23 +349,28 @@ def copied_paragraphs(pages: dict[str, str]) -> list[str]:
 
 def test_a_paragraph_lives_on_one_page() -> None:
     copies = copied_paragraphs(PAGES)
-    assert not copies, "the same paragraph twice (keep it on one page, link from the others):\n" + "\n".join(copies)
+    assert not copies, ("the same paragraph twice (keep it on one page, link from the others):\n"
+                        + "\n".join(copies))
 
 
 def test_each_checker_names_the_page_the_line_and_the_name(tmp_path: Path) -> None:
     """The checkers fail on a wrong page, naming what is wrong where (else a passing suite proves nothing)."""
     para = " ".join(["word"] * MIN_SHARED_WORDS)
-    bad = {"docs/bad.md": "# Bad\n\nUse `--no-such-flag` and `last_run.no_such_field`, see `sampler[].steps`.\n"
+    bad = {"docs/bad.md": "# Bad\n\n"
+                          "Use `--no-such-flag` and `last_run.no_such_field`, see `sampler[].steps`.\n"
                           "The `talker_checkpoint_hitz` count, `tests/no_such_test.py`, `out.jsonl`.\n"
                           f"Vectors: ../../elsewhere/x and shared/reference/x.\n\n{para}\n",
            "docs/other.md": f"{para}\n"}
     summary = {"last_run": {"options": {"top_k": 25}, "output": {}, "versions": {}}}
     assert flag_problems(bad) == ["docs/bad.md:3: `--no-such-flag` is no option of any cosyclone command"]
-    assert [p.split(" names")[0] for p in dotted_problems(bad, summary)] == ["docs/bad.md:3: `last_run.no_such_field`"]
-    assert any(p.startswith("docs/bad.md:4: `talker_checkpoint_hitz`") for p in snake_problems(bad, SOURCE_NAMES))
+    dotted = [p.split(" names")[0] for p in dotted_problems(bad, summary)]
+    assert dotted == ["docs/bad.md:3: `last_run.no_such_field`"]
+    snake = snake_problems(bad, SOURCE_NAMES)
+    assert any(p.startswith("docs/bad.md:4: `talker_checkpoint_hitz`") for p in snake), snake
     assert file_problems(bad, set()) == [
         "docs/bad.md:4: `tests/no_such_test.py` does not exist in the repository",
         "docs/bad.md:4: `out.jsonl` is a file name nothing in the code writes or reads"]
     assert outside_problems(bad) == ["docs/bad.md:5: ../../elsewhere/x lies outside the repository",
                                      "docs/bad.md:5: shared/reference/x is not in a clone of the repository"]
-    assert copied_paragraphs(bad) and copied_paragraphs(bad)[0].startswith("docs/bad.md:7 and docs/other.md:1")
+    copies = copied_paragraphs(bad)
+    assert copies and copies[0].startswith("docs/bad.md:7 and docs/other.md:1"), copies
