@@ -22,7 +22,7 @@ import dataclasses
 import functools
 import typing
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from cosyclone.errors import CosycloneError
 
@@ -33,7 +33,11 @@ BOTH = (SYNTH, SAY)
 MODEL, SAMPLING, BATCHING, OUTPUT, SCALE_OUT = "Model", "Sampling", "Batching", "Output", "Scale-out"
 
 LoadFormat = Literal["auto", "dummy"]
-TextFrontend = Literal["wetext", "none"]
+TextFrontendName = Literal["wetext", "none"]  # wetext: the official normalizer; none: no normalizer
+#: How a row's prompt conditions the model: a transcribed prompt, an untranscribed one, an instruction.
+Mode = Literal["zero_shot", "cross_lingual", "instruct2"]
+MODES: tuple[Mode, ...] = get_args(Mode)
+TEXT_FRONTENDS: tuple[TextFrontendName, ...] = get_args(TextFrontendName)
 DeviceName = Literal["auto", "cuda", "rocm", "cpu"]
 DtypeName = Literal["auto", "mixed", "bf16", "fp16", "fp32"]
 CpuGemm = Literal["auto", "onednn", "aten"]
@@ -64,7 +68,7 @@ class ModelOptions:
     load_format: LoadFormat = opt("auto", "auto (read weights) | dummy (random)", panel=MODEL, audio=True,
                                   metavar="FMT")
     # wetext: the official normalizer (numbers, dates, units spelled out); none: inflect digits only
-    text_frontend: TextFrontend = opt("wetext", "wetext (official normalizer) | none", panel=MODEL, audio=True,
+    text_frontend: TextFrontendName = opt("wetext", "wetext (official normalizer) | none", panel=MODEL, audio=True,
                                       metavar="NAME")
     # the device the stages run on; "auto" until resolved (a run records the resolved type)
     device: DeviceName = opt("auto", "auto | cuda | rocm | cpu", panel=MODEL, metavar="DEV",
@@ -215,7 +219,7 @@ GROUPS: tuple[type, ...] = (ModelOptions, SamplingOptions, EngineOptions, Folder
 MODEL_FIELDS = tuple(f.name for f in fields(ModelOptions))
 
 
-def flag_of(f: dataclasses.Field) -> str:
+def flag_of(f: dataclasses.Field[Any]) -> str:
     """The command-line flag of a field (``--top-k``)."""
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
@@ -226,15 +230,15 @@ def hints_of(owner: type) -> dict[str, Any]:
     return typing.get_type_hints(owner)
 
 
-def choices_of(f: dataclasses.Field, owner: type) -> tuple[str, ...] | None:
+def choices_of(f: dataclasses.Field[Any], owner: type) -> tuple[str, ...] | None:
     """The allowed values of a ``Literal`` field (None for any other)."""
     hint = hints_of(owner)[f.name]
     return tuple(typing.get_args(hint)) if typing.get_origin(hint) is Literal else None
 
 
-def option_fields(*groups: type) -> list[tuple[type, dataclasses.Field]]:
+def option_fields(*groups: type) -> list[tuple[type, dataclasses.Field[Any]]]:
     """(owner class, field) of every option of ``groups`` (a field appears once, in its own class)."""
-    out: list[tuple[type, dataclasses.Field]] = []
+    out: list[tuple[type, dataclasses.Field[Any]]] = []
     for group in groups:
         own = [f for f in fields(group) if f.name in group.__dict__.get("__annotations__", {})]
         out += [(group, f) for f in own]
