@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 from collections import defaultdict
 from collections.abc import Iterator
@@ -77,9 +78,19 @@ def _source_names() -> set[str]:
     return names
 
 
+def _repo_paths() -> list[Path]:
+    """The checkout's files and folders, without hidden folders (.git, .venv, .tiny-model) and caches."""
+    out = []
+    for here, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if (not d.startswith(".") or d == ".ci") and d != "__pycache__"]
+        out += [Path(here) / name for name in dirs + files]
+    return out
+
+
 SOURCE_NAMES = _source_names()
+REPO_PATHS = _repo_paths()
 #: The repository's file stems and folder names (`test_say_api`, `gpu_check`: a page names them as paths).
-REPO_STEMS = {p.stem for p in ROOT.rglob("*") if ".git" not in p.parts and ".venv" not in p.parts}
+REPO_STEMS = {p.stem for p in REPO_PATHS}
 #: Spans that name another package's API or the reference vectors' cases, not cosyclone's.
 FOREIGN_SPAN = re.compile(r"^(?:resemblyzer|ray|torch|datasets|webdataset|vectors)[.:]")
 
@@ -285,7 +296,7 @@ def test_every_snake_case_name_exists(run_folder: Path) -> None:
 
 
 def file_problems(pages: dict[str, str], written: set[str]) -> list[str]:
-    basenames = {p.name for p in ROOT.rglob("*") if ".git" not in p.parts and ".venv" not in p.parts}
+    basenames = {p.name for p in REPO_PATHS}
     problems = []
     for page, text in pages.items():
         for line, span in ticked(text):
