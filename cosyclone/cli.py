@@ -25,7 +25,7 @@ from cosyclone.base.version import __version__
 from cosyclone.cli_options import with_options
 from cosyclone.errors import CosycloneError, Exit
 from cosyclone.eval.command import eval_command
-from cosyclone.options import INSPECT, MODEL, OUTPUT, SAMPLING, SAY, SYNTH, Mode, TextFrontendName
+from cosyclone.options import EXPORT, INSPECT, MODEL, OUTPUT, SAMPLING, SAY, SYNTH, Mode, TextFrontendName
 from cosyclone.run.export_command import export_command
 
 OUTPUT_FIELDS = ("float_wav", "sample_rate", "audio_format", "audio_encoding", "trim_silence")  # say's file
@@ -350,7 +350,7 @@ def report(
 
 
 app.command("eval")(eval_command)  # cosyclone/eval/command.py (models from the optional eval extra)
-app.command("export")(export_command)  # cosyclone/run/export_command.py (shards of a run folder)
+app.command("export")(with_options(EXPORT)(export_command))  # cosyclone/run/export_command.py (shards of a run folder)
 
 
 @app.command("make-tiny-model")

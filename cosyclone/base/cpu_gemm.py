@@ -31,7 +31,7 @@ are untouched by it.
 from __future__ import annotations
 
 from functools import cache
-from typing import cast
+from typing import TypeVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -134,7 +134,10 @@ def use_onednn(module: nn.Module, *, bf16: bool = False) -> int:
     return n
 
 
-def apply(module: nn.Module, cpu_gemm: str, *, bf16: bool = False) -> nn.Module:
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+
+
+def apply(module: ModuleT, cpu_gemm: str, *, bf16: bool = False) -> ModuleT:
     """``module`` with its linear layers on the resolved library (:func:`resolve_cpu_gemm`);
     ``bf16``: its bf16 linear layers on oneDNN too when that library is oneDNN."""
     if cpu_gemm == "onednn":

@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -205,8 +206,11 @@ def load_module_file(module: nn.Module, path: str | Path, *, adapter: KeyAdapter
     return load_strict(module, state, source=str(path), ignore=ignore, tied=tied)
 
 
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+
+
 @torch.no_grad()
-def init_dummy(module: nn.Module, *, seed: int = 0, std: float = 0.02) -> nn.Module:
+def init_dummy(module: ModuleT, *, seed: int = 0, std: float = 0.02) -> ModuleT:
     """Fill every parameter with seeded random values (the dummy-weights path; no file is read).
 
     Norm-like 1-D weights become ~1, biases ~0, matrices N(0, std); buffers are left as the

@@ -338,6 +338,15 @@ def test_no_page_cites_a_path_outside_the_repository() -> None:
     assert not problems, "\n".join(problems)
 
 
+def test_no_page_or_message_installs_cosyclone_from_pypi() -> None:
+    """cosyclone is installed from its checkout (`pip install -e '.[ray]'`): there is no PyPI package."""
+    texts = {**PAGES, **{str(p.relative_to(ROOT)): p.read_text(encoding="utf-8")
+                         for p in ROOT.glob("cosyclone/**/*.py")}}
+    found = [f"{name}:{i}: {line.strip()}" for name, text in texts.items()
+             for i, line in enumerate(text.splitlines(), start=1) if re.search(r"cosyclone\\?\[", line)]
+    assert not found, "say pip install -e '.[EXTRA]' (from the checkout):\n" + "\n".join(found)
+
+
 # ----------------------------------------------------------------------------- one paragraph, one page
 
 
