@@ -26,7 +26,7 @@ from typing import Any, Literal, get_args
 
 from cosyclone.errors import CosycloneError
 
-SYNTH, SAY, INSPECT, EXPORT = "synth", "say", "inspect", "export"
+SYNTH, SAY, INSPECT, EXPORT, VALIDATE, EVAL = "synth", "say", "inspect", "export", "validate", "eval"
 BOTH = (SYNTH, SAY)
 
 # the --help groups, in the order --help shows them
@@ -57,11 +57,11 @@ EXPORT_FORMATS: tuple[ExportFormat, ...] = get_args(ExportFormat)
 
 def opt(default: Any, help: str, *, panel: str, audio: bool = False, commands: tuple[str, ...] = BOTH,
         low: float | None = None, high: float | None = None, metavar: str | None = None,
-        flag: str | None = None, hidden: bool = False) -> Any:
+        flag: str | None = None, hidden: bool = False, envvar: str | None = None) -> Any:
     """A dataclass field carrying what every door needs to know about one option."""
     return field(default=default, metadata={
         "help": help, "panel": panel, "audio": audio, "commands": commands, "low": low, "high": high,
-        "metavar": metavar, "flag": flag, "hidden": hidden})
+        "metavar": metavar, "flag": flag, "hidden": hidden, "envvar": envvar})
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class ModelOptions:
                                   metavar="FMT")
     # wetext: the official normalizer (numbers, dates, units spelled out); none: inflect digits only
     text_frontend: TextFrontendName = opt("wetext", "wetext (official normalizer) | none", panel=MODEL, audio=True,
-                                      metavar="NAME")
+                                          metavar="NAME", commands=(SYNTH, SAY, VALIDATE))
     # the device the stages run on; "auto" until resolved (a run records the resolved type)
     device: DeviceName = opt("auto", "auto | cuda | rocm | cpu", panel=MODEL, metavar="DEV",
                              commands=(SYNTH, SAY, INSPECT))
@@ -299,7 +299,7 @@ def check(*objs: Any) -> None:
     numeric bounds from the metadata, and the combinations that cannot work.
     """
     for obj in objs:
-        owners = [g for g in COMMAND_GROUPS if isinstance(obj, g)]
+        owners = [g for g in type(obj).__mro__ if "__dataclass_fields__" in g.__dict__]  # its option groups
         for owner, f in option_fields(*owners):
             value = getattr(obj, f.name)
             if value is None:
