@@ -70,7 +70,8 @@ def blocks(page: str, text: str) -> list[Block]:
     for m in FENCE.finditer(text):
         line = text.count("\n", 0, m.start()) + 1
         above = lines[line - 2].strip() if line >= 2 else ""
-        skip, replace = None, ()
+        skip: str | None = None
+        replace: tuple[tuple[str, str], ...] = ()
         marker = MARKER.match(above)
         if marker:
             skip, replace = _marker(f"{page}:{line - 1}", marker.group("args").strip())

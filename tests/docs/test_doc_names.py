@@ -45,7 +45,8 @@ def ticked(text: str) -> Iterator[tuple[int, str]]:
 
 
 def _commands() -> dict[str, object]:
-    return typer.main.get_command(app).commands  # type: ignore[attr-defined,no-any-return]
+    commands: dict[str, object] = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    return commands
 
 
 def _flags(command: object) -> dict[str, object]:
@@ -69,8 +70,8 @@ def _source_names() -> set[str]:
                 names.add(node.attr)
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 names.add(node.name)
-            elif isinstance(node, ast.arg) or isinstance(node, ast.keyword) and node.arg:
-                names.add(node.arg)
+            elif isinstance(node, (ast.arg, ast.keyword)):
+                names.add(node.arg or "")
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
                 names.update(re.findall(r"[\w.-]+", node.value) + re.findall(r"\w+", node.value))
             elif isinstance(node, ast.alias):
