@@ -83,7 +83,7 @@ class E2EConfig:
 
 #: The stage benchmarks ``make bench`` runs, in order, before the end-to-end figure (docs/benchmarks.md
 #: lists them).
-STAGE_BENCHMARKS = ("bench_talker", "bench_sampler", "bench_code2wav", "bench_flow_gemm",
+STAGE_BENCHMARKS = ("bench_projection", "bench_talker", "bench_sampler", "bench_code2wav", "bench_flow_gemm",
                     "bench_dtype_agreement", "bench_text", "bench_manifest", "bench_export", "bench_ray")
 
 

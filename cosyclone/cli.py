@@ -86,9 +86,9 @@ def validate(
     With --model-dir, --show-text or --json each row's text is also planned as the LLM will read
     it (normalized, split, tokenized) and checked against the model's position limit.
     """
-    from cosyclone.base.command_options import ValidateOptions
     from cosyclone.errors import ManifestError
     from cosyclone.manifest import ManifestRow, read_manifest
+    from cosyclone.manifest.options import ValidateOptions
     from cosyclone.manifest.text_check import TextCheck
 
     try:
@@ -233,6 +233,10 @@ def _print_summary(job: SynthJob, summary: JobSummary) -> None:
     extra = {"this run": f"{run.done} done, {run.failed} failed, {run.skipped} skipped, "
                          f"{run.redone} redone, {run.invalid} invalid",
              "this run audio-s/s": run.throughput_audio_s_per_s, "outputs": str(job.out)}
+    stages = run.stage_seconds or {}
+    if stages.get("bound_by"):  # the stage that set the pace, and the talker's time with rows but no step
+        extra["bound by"] = (f"{stages['bound_by']} (talker idle with rows in its slots "
+                             f"{stages['talker_idle_with_work']:.1f} s of {stages['wall']:.1f} s)")
     totals_mod.render(summary.totals, title=f"cosyclone synth: {job.out}", tty=sys.stdout.isatty(), extra=extra)
     if summary.write_error:
         typer.echo(f"error: {summary.write_error}. The {summary.written} rows written before it are kept and no "

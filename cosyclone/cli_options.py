@@ -17,8 +17,12 @@ from typing import Any, TypeVar
 
 import typer
 
-from cosyclone.base.command_options import ALL_GROUPS
-from cosyclone.options import choices_of, flag_of, hints_of, option_fields
+from cosyclone.eval.options import ScoringOptions
+from cosyclone.manifest.options import ValidateOptions
+from cosyclone.options import COMMAND_GROUPS, choices_of, flag_of, hints_of, option_fields
+
+#: Every option group a command takes its options from: a run's, export's, validate's and eval's.
+ALL_GROUPS: tuple[type, ...] = (*COMMAND_GROUPS, ValidateOptions, ScoringOptions)
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -1,8 +1,8 @@
 """Every option of a run, defined once: typed, with its allowed values, its help line and its flag.
 
-Why one place: an option used to travel CLI -> job -> run options -> API -> decode options, beside
-hand-kept lists of which options belong to the model, which change the audio (and so a row's
-fingerprint) and which values are allowed, and the lists disagreed. Here each option is one
+Why one place: an option travels CLI -> job -> run options -> API -> decode options, and hand-kept
+lists of which options belong to the model, which change the audio (and so a row's fingerprint) and
+which values are allowed drift apart. Here each option is one
 dataclass field whose metadata says everything the other layers need:
 
 * ``help``: one short line (``--help`` at 80 columns; details live in docs/);
@@ -118,7 +118,7 @@ class SamplingOptions:
     # how a token is drawn: race (exponential race) | legacy-multinomial (LEGACY, official)
     draw: Draw = opt("race", "race | legacy-multinomial (LEGACY)", panel=SAMPLING, audio=True, metavar="D",
                      commands=(SYNTH,))
-    # a cap on speech tokens per segment (tests, benchmarks)
+    # a cap on speech tokens per segment (short runs, benchmarks)
     max_tokens: int | None = opt(None, "cap speech tokens per segment", panel=SAMPLING, audio=True, low=1,
                                  metavar="N")
     # stop ids blocked below this many tokens per segment (benchmarks: min = max gives exact lengths)
@@ -172,7 +172,7 @@ class RunOptions(EngineOptions, SamplingOptions, ModelOptions):
     """Every option of a synthesis run, flat (``opts.top_k``), grouped by the classes it derives from."""
 
     def __post_init__(self) -> None:
-        check(self)  # a run's options are valid wherever they were made (CLI, API, a test, a Ray actor)
+        check(self)  # a run's options are valid wherever they were made (CLI, API, a Ray actor)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cosyclone.base.fieldtable import field_docs, markdown_table
+from cosyclone.engine.facts import StageSeconds, StageTime
 from cosyclone.run.account import GraphsRecord, RunRecord
 from cosyclone.run.row_record import RowRecord
 from cosyclone.talker.diagnostics import SamplerRowDiagnostics
@@ -24,6 +25,8 @@ TABLES: dict[str, tuple[type, Path]] = {
     "SamplerRowDiagnostics": (SamplerRowDiagnostics, ROOT / "docs" / "output.md"),
     "RunRecord": (RunRecord, ROOT / "docs" / "output.md"),
     "GraphsRecord": (GraphsRecord, ROOT / "docs" / "output.md"),
+    "StageSeconds": (StageSeconds, ROOT / "docs" / "output.md"),
+    "StageTime": (StageTime, ROOT / "docs" / "output.md"),
 }
 
 

@@ -30,9 +30,9 @@ def eval_command(
     Writes OUT/eval.jsonl (one line per row), OUT/eval_summary.json and, with a threshold,
     OUT/redo.jsonl: the failing rows with new seeds, for `cosyclone synth OUT/redo.jsonl --out OUT`.
     """
-    from cosyclone.base.command_options import ScoringOptions
     from cosyclone.eval.asr import AsrOptions
     from cosyclone.eval.evaluate import EvalOptions, evaluate
+    from cosyclone.eval.options import ScoringOptions
     from cosyclone.eval.summary import render_eval_summary
     from cosyclone.eval.thresholds import Thresholds
 

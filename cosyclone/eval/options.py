@@ -1,9 +1,7 @@
-"""The options of the commands that read a manifest or score a folder: ``validate`` and ``eval``.
+"""How ``cosyclone eval`` scores a folder, declared in the option registry.
 
-They are declared like a run's options (:mod:`cosyclone.options`): one dataclass field per option with
-its flag, help line, panel and the commands that offer it, so ``--help``, docs/cli.md and the bounds
-check read one table. A run's own groups stay in :mod:`cosyclone.options`; :data:`ALL_GROUPS` is every
-group a command may take its options from.
+Like a run's options (:mod:`cosyclone.options`): one field per option with its flag, help line and
+panel, so ``--help``, docs/cli.md and the bounds check read one table.
 """
 
 from __future__ import annotations
@@ -12,29 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from cosyclone.options import COMMAND_GROUPS, EVAL, VALIDATE, check, opt
+from cosyclone.options import EVAL, check, opt
 
-ASR, SPEAKER, THRESHOLDS, REDO, PLAN = "ASR", "Speaker similarity", "Thresholds", "Redo", "Text plan"
+ASR, SPEAKER, THRESHOLDS, REDO = "ASR", "Speaker similarity", "Thresholds", "Redo"
 
 AsrDevice = Literal["auto", "cpu", "cuda"]  # where CTranslate2 runs the ASR model
-
-
-@dataclass(frozen=True)
-class ValidateOptions:
-    """What ``cosyclone validate`` reads besides the manifest and what it prints (no weights are read)."""
-
-    # the model directory whose tokenizer gives real token counts (None: a built-in stand-in tokenizer)
-    model_dir: Path | None = opt(None, "model folder: its tokenizer gives real token counts", panel=PLAN,
-                                 metavar="DIR", commands=(VALIDATE,))
-    # print each row's normalized segments and token counts
-    show_text: bool = opt(False, "print each row's normalized segments and token counts", panel=PLAN,
-                          commands=(VALIDATE,))
-    # one JSON object per row on stdout: {id, mode, prompt_ids, segments: [{text, ids}]} or {id, error}
-    json_out: bool = opt(False, "one JSON object per row on stdout", panel=PLAN, flag="--json",
-                         commands=(VALIDATE,))
-
-    def __post_init__(self) -> None:
-        check(self)
 
 
 @dataclass(frozen=True)
@@ -93,7 +73,3 @@ class ScoringOptions:
     def speakers(self) -> tuple[str, ...]:
         """The speaker encoders to run, in the order given (``none`` alone: no similarity)."""
         return tuple(s for s in (self.speaker_model or ["resemblyzer"]) if s != "none")
-
-
-#: Every option group a command takes its options from: a run's, export's, validate's and eval's.
-ALL_GROUPS: tuple[type, ...] = (*COMMAND_GROUPS, ValidateOptions, ScoringOptions)
