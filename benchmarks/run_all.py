@@ -82,14 +82,20 @@ class E2EConfig:
                    cpu_gemm=env.get("COSYCLONE_BENCH_CPU_GEMM", "auto"))
 
 
+#: The stage benchmarks ``make bench`` runs, in order, before the end-to-end figure (docs/benchmarks.md
+#: lists them).
+STAGE_BENCHMARKS = ("bench_projection", "bench_talker", "bench_sampler", "bench_code2wav", "bench_flow_gemm",
+                    "bench_dtype_agreement", "bench_text", "bench_manifest", "bench_export", "bench_report_html",
+                    "bench_ray")
+
+
 def run_stage_benchmarks() -> None:
-    for name in ("bench_projection", "bench_talker", "bench_sampler", "bench_code2wav", "bench_flow_gemm", "bench_dtype_agreement",
-                 "bench_text", "bench_manifest", "bench_export", "bench_report_html", "bench_ray"):
+    for name in STAGE_BENCHMARKS:
         if not (ROOT / "benchmarks" / f"{name}.py").is_file():
             print(f"[{name}] not present, skipped")
             continue
         if name == "bench_ray" and importlib.util.find_spec("ray") is None:
-            print(f"[{name}] ray not installed (pip install 'cosyclone[ray]'), skipped")
+            print(f"[{name}] ray not installed (pip install -e '.[ray]'), skipped")
             continue
         print(f"[{name}]")
         importlib.import_module(f"benchmarks.{name}").main()

@@ -202,9 +202,9 @@ class FolderOptions:
     audio_encoding: AudioEncoding = opt("pcm16", "pcm16 | pcm24 | float (wav only)", panel=OUTPUT, metavar="ENC")
     # cut leading and trailing silence below -40 dBFS, keeping 0.1 s beside the speech (off: as the model made it)
     trim_silence: bool = opt(False, "cut leading/trailing silence (kept: 0.1 s)", panel=OUTPUT)
-    # local: this process; ray: a pool of Ray actors (pip install 'cosyclone[ray]')
-    engine: Engine = opt("local", "local | ray (pip install cosyclone\\[ray])", panel=SCALE_OUT, metavar="E",
-                         commands=(SYNTH,))
+    # local: this process; ray: a pool of Ray actors (the ray extra: pip install -e '.[ray]')
+    engine: Engine = opt("local", "local | ray (needs: pip install -e '.\\[ray]')", panel=SCALE_OUT,
+                         metavar="E", commands=(SYNTH,))
     # the Ray cluster to join (None: the one `ray start` began here, else a local one)
     ray_address: str | None = opt(None, "Ray cluster to join (default: local)", panel=SCALE_OUT,
                                   metavar="ADDR", commands=(SYNTH,))

@@ -70,8 +70,9 @@ class UtteranceOptions:
     # the speaking-rate factor
     speed: float = opt(1.0, "speaking-rate factor in [0.25, 4]", panel=INPUT, low=0.25, high=4.0, metavar="X",
                        commands=(SAY,))
-    # the file to write
-    out: Path = opt(Path("say.wav"), "output file (default: say.wav)", panel=OUTPUT, metavar="FILE", short="-o",
+    # the file to write: its suffix (.wav, .flac) is the container
+    out: Path = opt(Path("say.wav"), "output .wav or .flac (default: say.wav)", panel=OUTPUT, metavar="FILE",
+                    short="-o",
                     commands=(SAY,))
 
     def __post_init__(self) -> None:

@@ -49,7 +49,8 @@ def say_command(
                 raise CosycloneError(f"-o {out} is a directory; give the WAV file to write")
             row = utterance(text, said.prompt_audio.expanduser().resolve(), said.prompt_text, mode=mode,
                             instruct=said.instruct, seed=said.seed, speed=said.speed, id=row_id)
-            output = AudioOutput.of(build(FolderOptions, {k: options.pop(k) for k in OUTPUT_FIELDS if k in options}))
+            given = {k: options.pop(k) for k in OUTPUT_FIELDS if k in options}
+            output = AudioOutput.for_file(out, build(FolderOptions, given))  # -o x.flac writes FLAC
             validate_rows([row], text_frontend=options.get("text_frontend", "wetext"))  # fail in seconds, not minutes
             tts = CosyClone(model_dir, **options)
             for warning in tts.warnings:
@@ -71,7 +72,6 @@ def say_command(
         typer.echo(f"error: synthesis failed ({res.reason}): {res.error}", err=True)
         raise typer.Exit(Exit.ROWS_FAILED)
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
         written = write_audio_atomic(out, res.audio, model_rate=res.sample_rate, output=output)
     except (OSError, CosycloneError) as exc:  # disk full, no permission: nothing partial is left
         typer.echo(f"error: {exc}", err=True)

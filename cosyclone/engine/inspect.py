@@ -43,13 +43,23 @@ def module_of(dist: str) -> str:
     return _IMPORT_NAMES.get(dist, dist.replace("-", "_"))
 
 
-def import_status(name: str) -> tuple[bool, str]:
-    """(importable, "version x" or the import error) without letting an error escape."""
+def import_status(name: str, dist: str | None = None) -> tuple[bool, str]:
+    """(importable, "version x" or the import error) without letting an error escape.
+
+    The version is the installed distribution's (``importlib.metadata``): wetext, for one, has no
+    ``__version__``, and the distribution's is the one its text cache and the run record key on.
+    """
+    from importlib import metadata
+
     try:
         mod = importlib.import_module(name)
     except Exception as exc:  # ImportError, or a broken install raising anything at import time
         return False, f"{type(exc).__name__}: {exc}"
-    return True, f"version {getattr(mod, '__version__', 'unknown')}"
+    try:
+        version = metadata.version(dist or name)
+    except metadata.PackageNotFoundError:  # a module on the path without installed metadata
+        version = str(getattr(mod, "__version__", "unknown"))
+    return True, f"version {version}"
 
 
 def geometry_lines(model_dir: Path, cfg: Any, policy: Any) -> list[str]:

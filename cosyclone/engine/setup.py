@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from cosyclone.base.device import DevicePolicy
 from cosyclone.errors import CosycloneError
@@ -69,3 +69,32 @@ def resolve_options(opts: RunOptions, *, cfg: ModelConfig | None = None,
                        cpu_gemm=cast(CpuGemm, policy.cpu_gemm), cuda_graphs=graphs.value,
                        batch_size=sizing.batch_size)
     return resolved, policy
+
+
+def recorded_options(opts: RunOptions, cfg: ModelConfig) -> dict[str, Any]:
+    """``opts`` as a run record holds them: each ``None`` that stands for a default is that default.
+
+    Why: a record is read to reproduce or compare runs, and ``"top_k": null`` says nothing about
+    what the sampler used. The values come from where the run takes them (the model yaml, the
+    official length ratios, torch's thread count, the sizing rule); what stays ``None`` means
+    "none" (``token_budget``, ``max_tokens``, ``min_tokens``) or a size the run settles per batch
+    (``talker_slots``: a batch's worth). The fingerprint keeps the options as given
+    (:func:`cosyclone.options.audio_values`), so recording them resolved redoes no row.
+    """
+    import torch
+
+    from cosyclone.engine.sizing import GPU_MEMORY_FRACTION, frontend_plan
+    from cosyclone.options import as_record
+
+    gpu = opts.device not in ("cpu", "auto")
+    workers, threads_each = frontend_plan(opts, gpu=gpu)
+    sampling = cfg.talker.sampling
+    defaults: dict[str, Any] = {
+        "top_p": sampling.top_p, "top_k": sampling.top_k, "win_size": sampling.win_size,
+        "tau_r": sampling.tau_r,
+        "min_len_ratio": cfg.talker.min_len_ratio, "max_len_ratio": cfg.talker.max_len_ratio,
+        "n_timesteps": cfg.flow.cfm.n_timesteps, "threads": torch.get_num_threads(),
+        "frontend_workers": workers, "frontend_threads": threads_each,
+        "gpu_memory_fraction": GPU_MEMORY_FRACTION, "code2wav_thread": gpu}
+    return {name: defaults.get(name) if value is None and name in defaults else value
+            for name, value in as_record(opts).items()}

@@ -1,7 +1,8 @@
 """The optional ``eval`` extra: import its packages with a message that says how to get them.
 
 The evaluation models (faster-whisper, the Resemblyzer weights) and their helpers (jiwer,
-inflect) are not needed to synthesize, so they live in ``pip install 'cosyclone[eval]'``.
+inflect) are not needed to synthesize, so they live in the ``eval`` extra (from a checkout:
+``pip install -e '.[eval]'``; cosyclone is not on PyPI).
 Importing them through :func:`require` turns a bare ``ModuleNotFoundError`` deep inside a run
 into one line naming the extra.
 """
@@ -13,7 +14,7 @@ from types import ModuleType
 
 from cosyclone.errors import CosycloneError
 
-EXTRA_HINT = "pip install 'cosyclone[eval]'"
+EXTRA_HINT = "from the cosyclone checkout: pip install -e '.[eval]'"
 # import name -> the distribution that provides it (what the message tells the user to install)
 PACKAGES = {"faster_whisper": "faster-whisper", "jiwer": "jiwer", "inflect": "inflect",
             "resemblyzer": "resemblyzer"}

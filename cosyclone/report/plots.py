@@ -3,7 +3,7 @@
 Why histograms only: 100,000 rows drawn as points make an SVG of megabytes that a browser chews
 on; their histogram is a few dozen bars, drawn in milliseconds whatever the row count. The
 outlier limits of :mod:`cosyclone.report.outliers` are drawn on the measures they screen, so the
-plot shows why a row is listed. matplotlib is the optional extra ``pip install 'cosyclone[report]'``.
+plot shows why a row is listed. matplotlib is the optional extra ``pip install -e '.[report]'`` (from the checkout).
 """
 
 from __future__ import annotations
@@ -157,7 +157,8 @@ def all_plots(figures: Figures, spreads: dict[str, Spread]) -> list[Plot]:
     try:
         import matplotlib  # noqa: F401  (Figure objects draw with Agg: no display, no global state)
     except ImportError:  # the optional extra is missing
-        raise CosycloneError("report --html draws with matplotlib: pip install 'cosyclone[report]'") from None
+        raise CosycloneError("report --html draws with matplotlib: from the cosyclone checkout, "
+                             "pip install -e '.[report]'") from None
     ok = figures.ok
     made: Sequence[Plot | None] = (
         histogram("duration", "Duration", "seconds of audio", figures.duration[ok]),

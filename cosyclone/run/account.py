@@ -82,7 +82,7 @@ class RunInputs:
     backend: str  # the backend (cpu | cuda | rocm)
     dtype: str  # the resolved run dtype
     dtype_requested: str  # --dtype as given
-    options: dict[str, Any]  # every run option as resolved
+    options: dict[str, Any]  # every run option as resolved (the model's defaults filled in; null: none)
     output: dict[str, Any]  # how the audio files are written (format, encoding, rate, trimming)
     stage_dtypes: dict[str, str]  # each stage's compute dtype: talker (its backbone), flow (the DiT), hift
     engine: str  # local | ray
@@ -225,7 +225,9 @@ def devices(device: str) -> list[str]:
 
     if device == "cuda" and torch.cuda.is_available():
         return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return [platform.processor() or platform.machine()]
+    from cosyclone.base.machine import processor_name
+
+    return [processor_name()]
 
 
 def versions(text_frontend: TextFrontendName) -> dict[str, str]:

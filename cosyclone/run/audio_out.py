@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import io
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, get_args
 
 import numpy as np
@@ -88,6 +89,24 @@ class AudioOutput:
         encoding: Encoding = "float" if folder.float_wav else folder.audio_encoding
         return cls(sample_rate=folder.sample_rate, format=folder.audio_format, encoding=encoding,
                    trim_silence=folder.trim_silence)
+
+    @classmethod
+    def for_file(cls, path: Path, folder: FolderOptions) -> AudioOutput:
+        """The output for one named file (``say -o``): a ``.flac`` name writes FLAC, and a name whose
+        suffix says another container than ``--audio-format`` is refused, so a file's bytes are
+        always what its name says (a ``.flac`` file holding WAV bytes fools players and datasets)."""
+        suffix = path.suffix.lower()
+        named = next((fmt for fmt, suf in SUFFIXES.items() if suf == suffix), None)
+        if named == "flac" and folder.audio_format == "wav":  # the name chooses; wav is only the default
+            if folder.float_wav or folder.audio_encoding == "float":
+                raise CosycloneError(f"-o {path.name} names a FLAC file, which stores integer samples only: "
+                                     f"give {FLAGS['encoding']} pcm16 or pcm24, or name a .wav file")
+            return cls.of(replace(folder, audio_format="flac"))
+        if named is not None and named != folder.audio_format:
+            raise CosycloneError(f"-o {path.name} names a {named.upper()} file, but {FLAGS['format']} "
+                                 f"{folder.audio_format} writes {folder.audio_format.upper()}: name it "
+                                 f"{path.stem}{SUFFIXES[folder.audio_format]}")
+        return cls.of(folder)
 
     def as_record(self) -> dict[str, Any]:
         """What a run records of its output (runs.jsonl ``output``)."""

@@ -10,7 +10,7 @@ decimal string).
 
 NeMo: ``manifest.jsonl`` (``manifest_<split>.jsonl`` with ``--split``), one JSON object a line.
 Lhotse: ``recordings.jsonl.gz`` and ``supervisions.jsonl.gz`` (``..._<split>.jsonl.gz``), written
-with the ``lhotse`` library (``pip install 'cosyclone[lhotse]'``) so that its own readers load them;
+with the ``lhotse`` library (the ``lhotse`` extra: ``pip install -e '.[lhotse]'``) so that its own readers load them;
 a recording's and its supervision's id are the row's id.
 """
 
@@ -64,8 +64,8 @@ def _lhotse() -> Any:
         from lhotse.audio import AudioSource
         from lhotse.serialization import SequentialJsonlWriter
     except ImportError:
-        raise CosycloneError("--format lhotse writes with the lhotse library: pip install 'cosyclone[lhotse]'") \
-            from None
+        raise CosycloneError("--format lhotse writes with the lhotse library: from the cosyclone checkout, "
+                             "pip install -e '.[lhotse]'") from None
     return lhotse, AudioSource, SequentialJsonlWriter
 
 

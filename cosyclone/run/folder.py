@@ -278,6 +278,23 @@ def check_writable(out_dir: Path) -> None:
         raise OutputFolderError(f"output folder {out_dir} is not writable: {exc.strerror or exc}") from exc
 
 
+def check_creatable(out_dir: Path) -> None:
+    """Refuse an output folder that could not be written, creating nothing (``--dry-run``).
+
+    The nearest folder that exists on the way to ``out_dir`` (``out_dir`` itself, when it exists)
+    must be a folder this process may write into.
+    """
+    out_dir = Path(out_dir).absolute()
+    here = out_dir
+    while not here.exists() and here.parent != here:
+        here = here.parent
+    if not here.is_dir():
+        raise OutputFolderError(f"output folder {out_dir} cannot be made: {here} is not a folder")
+    if not os.access(here, os.W_OK | os.X_OK):
+        raise OutputFolderError(f"output folder {out_dir} is not writable: {here} does not let this user "
+                                "write")
+
+
 # ----------------------------------------------------------------------------- journal
 
 class Journal:

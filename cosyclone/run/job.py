@@ -214,6 +214,8 @@ class SynthJob:
         return self.engine
 
     def _facts(self, run_id: str, ctx: fingerprint.RunContext) -> RunFacts:
+        from cosyclone.engine.setup import recorded_options
+
         p = self.planned
         return RunFacts(run_id=run_id, started_at=p.started_at, manifest=p.manifest_label, shard=p.folder.shard,
                         rows_in_manifest=len(p.rows.rows), invalid_rows=tuple(str(e) for e in p.rows.errors),
@@ -221,7 +223,8 @@ class SynthJob:
                         model_yaml_sha256=p.cfg.yaml_sha256 or None, load_format=p.opts.load_format,
                         device=str(p.policy.device), backend=p.policy.backend, dtype=p.policy.dtype_name,
                         dtype_requested=p.policy.requested_dtype,
-                        options=O.as_record(p.opts), output=p.output.as_record(), stage_dtypes=p.policy.stage_dtypes,
+                        options=recorded_options(p.opts, p.cfg), output=p.output.as_record(),
+                        stage_dtypes=p.policy.stage_dtypes,
                         text_frontend=p.opts.text_frontend, engine=p.folder.engine, graphs_resolved=p.opts.cuda_graphs)
 
     def _tell_resume(self, preps: Iterable[Prepared], existing: Mapping[str, RowRecord]) -> None:

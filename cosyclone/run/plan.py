@@ -91,7 +91,7 @@ class RunPlan:
 
     def plan(self, log: Callable[[str], None]) -> JobPlan:
         """What a run would do if started now (the folder is read, not locked or written)."""
-        runfolder.check_writable(self.out)
+        runfolder.check_creatable(self.out)  # a plan writes nothing, not even the folder
         hashes = fingerprint.HashCache()
         ctx, existing = self.context(hashes), runfolder.read_records(self.out)
         total, failed, todo_parts = ResumeTotals(), 0, []

