@@ -221,8 +221,7 @@ class StageSchedule:
         f.results[i] = res
         f.todo.discard(i)
         I.store_result(self.tokens, seg, res)
-        seconds = f.prepared.outcomes[seg[0]].seconds
-        seconds["talker"] = seconds.get("talker", 0.0) + float(getattr(res, "seconds", 0.0))
+        f.prepared.outcomes[seg[0]].took("talker", float(getattr(res, "seconds", 0.0)))
 
     def _recover(self, exc: BaseException) -> None:
         """Decode what the failed session held batch by batch, with the static path's isolation."""

@@ -149,7 +149,7 @@ class SynthJob:
             tokens.keys.update({rid: fingerprint.token_key(parts) for rid, (_, parts) in prep.fps.items()})
 
         def stamp(result: RowResult) -> RowStamp:
-            return _stamp(rows[result.id], fps.get(result.id), run_id, p.manifest_label, p.folder.shard)
+            return _stamp(rows[result.id], fps.get(result.id), run_id, p.manifest_label, p.folder.shard, ctx)
 
         count = p.lines() if p.streamed else sum(len(prep.resume.todo) + len(prep.failed) for _, prep in prepared)
         sink = progress(count) if progress is not None else None
@@ -244,20 +244,22 @@ class SynthJob:
     def _tidy_tokens(self, tokens: TokenStore, fps: Mapping[str, tuple[str, dict[str, str]]],
                      current: Mapping[str, RowRecord]) -> None:
         """Drop the stage-0 checkpoint of every row now written (and, for the whole manifest, strays)."""
-        for rid, (fp, _) in fps.items():
+        for rid, (fp, parts) in fps.items():
             rec = current.get(rid)
-            if rec is not None and rec.ok and rec.fingerprint == fp:
+            if rec is not None and rec.ok and fingerprint.same_inputs(rec.fingerprint, rec.fingerprint_parts, fp, parts):
                 tokens.discard(rid)
         if self.planned.tag == "all":  # other shards' rows are not in fps: only a whole-manifest run prunes
             tokens.prune()
 
 
 def _stamp(row: ManifestRow, fp: tuple[str, dict[str, str]] | None, run_id: str, manifest: str,
-           shard: str | None) -> RowStamp:
-    """What made a row: its manifest fields, its fingerprint (None: it failed before one), the run."""
+           shard: str | None, ctx: fingerprint.RunContext) -> RowStamp:
+    """What made a row: its manifest fields, its fingerprint (None: it failed before one), the run and
+    where the row ran (``ctx``'s device and threads)."""
     return RowStamp(fingerprint=fp[0] if fp else None, fingerprint_parts=fp[1] if fp else None, run_id=run_id,
                     text=row.text, prompt_text=row.prompt_text, prompt_audio=str(row.prompt_audio), mode=row.mode,
-                    instruct=row.instruct, speed=row.speed, manifest=manifest, shard=shard)
+                    instruct=row.instruct, speed=row.speed, manifest=manifest, shard=shard, meta=row.meta,
+                    device=ctx.device, threads=ctx.threads)
 
 
 def _close(writer: BackgroundWriter) -> str | None:
