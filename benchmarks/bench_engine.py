@@ -179,8 +179,8 @@ def compile_check(backend: str) -> dict[str, Any]:
     from cosyclone.talker import DecodeOptions, generate
     from cosyclone.talker.request import StepMechanics
     from cosyclone.talker.sampler import SamplerOptions
-    from tests.test_engine_equivalence import _key, _requests
-    from tests.test_talker_decode import _model
+    from tests.talker.test_engine_equivalence import _key, _requests
+    from tests.talker.test_talker_decode import _model
 
     model = _model()
     reqs = _requests(12, 5)

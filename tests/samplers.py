@@ -4,7 +4,7 @@ reference RAS sampler.
 :class:`BatchSampler` is the RAS rule written as one ``sample()`` per step over the rows still
 running (the shape the spec describes); the product's in-step sampler
 (:mod:`cosyclone.talker.slot_sampler`) must draw exactly its tokens and counters, which
-tests/test_engine_equivalence.py and the parity suite check. :class:`GreedySampler` and
+tests/talker/test_engine_equivalence.py and the parity suite check. :class:`GreedySampler` and
 :class:`ForcedSampler` draw in a :class:`tests.host_session.HostSession` (parity captures, decode
 tests, the talker bench).
 """

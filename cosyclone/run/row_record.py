@@ -4,7 +4,7 @@ Why one frozen dataclass: the record is the main output a user reads and the fol
 (resume, totals, export and eval read it back). It is built in one place, by the writer once the
 row's file is on disk (:func:`make_record`), written in one place (:meth:`RowRecord.to_json`) and
 read in one place (:meth:`RowRecord.from_json`), and docs/output.md's field table is generated
-from the comments below (tests/test_output_docs.py keeps them equal).
+from the comments below (tests/docs/test_output_docs.py keeps them equal).
 
 Reading is tolerant: a line written by an older cosyclone lacks newer fields (they take their
 defaults) and may hold fields since dropped (ignored); compaction writes every line back in this
