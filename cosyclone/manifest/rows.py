@@ -37,7 +37,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeAlias, Union
+from typing import Any, TypeAlias
 
 from cosyclone.base.shard import Shard
 from cosyclone.errors import CosycloneError, ManifestError
@@ -67,7 +67,7 @@ _REFUSED = re.compile("[\ud800-\udfff\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2
 
 
 #: A JSON value as a manifest line holds it (what ``meta`` may carry, at any depth the line allows).
-JsonValue: TypeAlias = Union[None, bool, int, float, str, list["JsonValue"], dict[str, "JsonValue"]]
+JsonValue: TypeAlias = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
 #: A row's ``meta`` object: the user's own fields, by name.
 Meta: TypeAlias = dict[str, JsonValue]
 
