@@ -41,12 +41,12 @@ def eval_command(
     max_silence: float | None = typer.Option(None, help="rows with more leading/trailing silence (s) fail"),
     max_clipping: float | None = typer.Option(None, help="rows with a larger clipped-sample fraction fail"),
     redo_unsynthesized: bool = typer.Option(False, help="also put failed / missing rows in redo.jsonl"),
-    reuse_transcripts: bool = typer.Option(True, help="reuse the previous eval.jsonl's transcript of an "
+    reuse_transcripts: bool = typer.Option(True, help="reuse the previous scores.jsonl's transcript of an "
                                                       "unchanged WAV"),
 ) -> None:
     """Score every synthesized row of OUT (ASR WER/CER, speaker similarity, silence, clipping).
 
-    Writes OUT/eval.jsonl (one line per row), OUT/eval_summary.json and, with a threshold,
+    Writes OUT/scores.jsonl (one line per row), OUT/scores_summary.json and, with a threshold,
     OUT/redo.jsonl: the failing rows with new seeds, for `cosyclone synth OUT/redo.jsonl --out OUT`.
     """
     from cosyclone.eval.asr import AsrOptions
@@ -91,8 +91,8 @@ def eval_command(
         if bar is not None:
             bar.close()
     for rec in result.records:
-        if rec["status"] == "error":
-            typer.echo(f"{manifest}: line {rec['line']}, row {rec['id']!r}: {rec.get('error')}", err=True)
+        if rec.status == "error":
+            typer.echo(f"{manifest}: line {rec.line}, row {rec.id!r}: {rec.error}", err=True)
     render_eval_summary(result.summary)
     if result.redo_path is not None:
         typer.echo(f"{len(result.redo_ids)} rows to redo: cosyclone synth {result.redo_path} --out {out}")

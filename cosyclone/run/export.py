@@ -33,9 +33,10 @@ from cosyclone.errors import CosycloneError
 from cosyclone.run import export_shards as shards
 from cosyclone.run import folder as runfolder
 from cosyclone.run.audio_out import MODEL_RATE
-from cosyclone.run.export_index import EVAL_NAME, EvalIndex, RecordIndex
+from cosyclone.run.export_index import EvalIndex, RecordIndex
 from cosyclone.run.export_shards import ExportFormat, ExportRow, ShardInfo
 from cosyclone.run.row_record import RowRecord
+from cosyclone.run.scores import SCORES_NAME, scores_path
 
 EXPORT_DIR = "export"  # OUT/export/<format>/: the default target
 DEFAULT_SHARD_SIZE = "500MB"
@@ -200,7 +201,7 @@ def export(out_dir: Path | str, *, fmt: ExportFormat = "parquet", shard_size_byt
     with contextlib.ExitStack() as stack:
         index = RecordIndex(out_dir)
         stack.callback(index.close)
-        evals = EvalIndex(out_dir) if (out_dir / EVAL_NAME).is_file() else None
+        evals = EvalIndex(out_dir) if scores_path(out_dir).is_file() else None
         if evals is not None:
             stack.callback(evals.close)
         return _export(out_dir, index, evals, fmt=fmt, shard_size_bytes=shard_size_bytes, to_dir=to_dir,
@@ -218,7 +219,7 @@ def _export(out_dir: Path, index: RecordIndex, evals: EvalIndex | None, *, fmt: 
         raise CosycloneError(f"{out_dir} holds rows at several sample rates ({found}): a run at another "
                              "--sample-rate has not redone them all; finish it (rerun synth) before exporting")
     if only_passed and evals is None:
-        raise CosycloneError(f"--only-passed keeps the rows eval passed, and {out_dir} has no eval.jsonl: "
+        raise CosycloneError(f"--only-passed keeps the rows eval passed, and {out_dir} has no {SCORES_NAME}: "
                              "run cosyclone eval first")
     rate = next(iter(rates), None)
     target = _target(out_dir, fmt, to_dir)

@@ -146,6 +146,9 @@ class SynthJob:
             fps.update(prep.fps)
             rows.update((r.id, r) for r in part.rows)
             failed_before += len(prep.failed)
+            exclude = getattr(sink, "exclude", None)  # a caller's own sink (the API's) may not take it
+            if p.streamed and exclude is not None:  # counted from the lines: not these
+                exclude(len(part.errors) + len(prep.resume.done))
             tokens.keys.update({rid: fingerprint.token_key(parts) for rid, (_, parts) in prep.fps.items()})
 
         def stamp(result: RowResult) -> RowStamp:
@@ -181,7 +184,8 @@ class SynthJob:
         record = run_record(facts, resume, tally, prepared_failures=failed_before, wall=wall,
                             write_error=write_error, stopped_by=end.stopped_by, graph_errors=source.graph_errors,
                             ray=self._ray_record, engine_facts=engine_facts,
-                            peak_memory=read_peaks(p.policy.device).as_record())
+                            peak_memory=read_peaks(p.policy.device).as_record(),
+                            written={rid for rid in resume.redone if rid in current and current[rid].run_id == run_id})
         return write_accounts(p.out, record, current, write_error=write_error, failed=tally.failed,
                               written=writer.written, rows_total=self._rows_total(end.stopped_by))
 

@@ -236,7 +236,7 @@ def test_eval_verdicts_become_columns_and_only_passed_keeps_the_rows_eval_passed
 
 
 def test_unusable_requests_are_refused_naming_the_option(run_folder: Path, tmp_path: Path) -> None:
-    with pytest.raises(CosycloneError, match="--only-passed .* no eval.jsonl"):
+    with pytest.raises(CosycloneError, match="--only-passed .* no scores.jsonl"):
         export(run_folder, only_passed=True)
     with pytest.raises(CosycloneError, match="--format"):
         export(run_folder, fmt="tfrecord")  # type: ignore[arg-type]
