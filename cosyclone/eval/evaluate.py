@@ -218,7 +218,7 @@ def load_models(options: EvalOptions) -> tuple[WhisperASR, list[SpeakerEncoder]]
 def evaluate(out_dir: str | Path, manifest: str | Path, options: EvalOptions, *,
              asr: WhisperASR | None = None, encoders: Sequence[SpeakerEncoder] | None = None,
              progress: Callable[[int], None] | None = None) -> EvalResult:
-    """Score the folder, write eval.jsonl + eval_summary.json (+ redo.jsonl with thresholds).
+    """Score the folder, write scores.jsonl + scores_summary.json (+ redo.jsonl with thresholds).
 
     ``asr`` / ``encoders`` are loaded from ``options`` unless given (tests share one loaded model).
     """
