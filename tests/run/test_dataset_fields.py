@@ -145,3 +145,31 @@ def test_the_folder_loads_as_an_audiofolder_with_exact_values_after_eval(run: tu
     assert got["big"]["seed"] == str(2**63) and got["max"]["seed"] == str(2**64 - 1)
     assert got["zh"]["text"] == ZH and json.loads(got["zh"]["meta"])["speaker"] == "李雷 🎤"
     assert got["plain"]["meta"] is None and got["zh"]["audio"]["sampling_rate"] == 24000
+
+
+def test_a_stopped_rerun_counts_as_redone_the_rows_it_wrote(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Eight rows redone for a new --seed, the run stopped after the first row is written: ``redone``
+    counts the rows written (their records carry the run), not the eight it set out to make."""
+    from cosyclone.base.stop import StopRequest
+    from cosyclone.run.job import SynthJob
+    from tests.run.test_runfolder import write_manifest
+
+    manifest, out = write_manifest(tmp_path, 8), tmp_path / "out"
+    fast: dict[str, object] = {"device": "cpu", "max_tokens": 3, "n_timesteps": 1, "batch_size": 1}
+    SynthJob.open(manifest, out, model_dir=tiny_model_dir, **fast).run()
+    job = SynthJob.open(manifest, out, model_dir=tiny_model_dir, seed=1, **fast)
+    job.stop = StopRequest(grace=60)
+
+    class StopAfterOne:
+        def update(self, result: object) -> None:
+            assert job.stop is not None
+            job.stop.request("SIGTERM")
+
+        def close(self) -> None:
+            pass
+
+    summary = job.run(progress=lambda total: StopAfterOne())
+    run = summary.last_run
+    written = [r for r in diags(out).values() if r["run_id"] == run.run_id]
+    assert run.stopped_by == "SIGTERM" and 1 <= len(written) < 8
+    assert run.redone == len(written) == run.done and run.redone_by == {"seed": len(written)}
