@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from cosyclone.base.fieldtable import field_docs, markdown_table
+from cosyclone.eval.record import EvalRecord
 from cosyclone.run.account import GraphsRecord, RunRecord
 from cosyclone.run.row_record import RowRecord
 from cosyclone.talker.diagnostics import SamplerRowDiagnostics
@@ -23,6 +24,7 @@ TABLES: dict[str, tuple[type, Path]] = {
     "SamplerRowDiagnostics": (SamplerRowDiagnostics, ROOT / "docs" / "output.md"),
     "RunRecord": (RunRecord, ROOT / "docs" / "output.md"),
     "GraphsRecord": (GraphsRecord, ROOT / "docs" / "output.md"),
+    "EvalRecord": (EvalRecord, ROOT / "docs" / "eval.md"),
 }
 
 

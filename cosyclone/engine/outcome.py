@@ -87,7 +87,7 @@ class RowCore:
     tokens: tuple[int, ...] = ()  # speech tokens per segment, after the silent-token filter
     normalized_text: str = ""  # what the model read: the segments' normalized texts joined
     audio_seconds: float = 0.0  # seconds of audio as the model made it (before resampling and
-    # --trim-silence; the file's own duration is ``duration`` in metadata.jsonl); 0 for a failed row
+    # --trim-silence: the file's own is metadata.jsonl's duration); 0 for a failed row
     nonfinite_audio_samples: int = 0  # NaN/inf samples code2wav produced (the row failed, or they were zeroed)
     seconds: dict[str, float] = field(default_factory=dict)  # wall seconds per stage: frontend, talker,
     # flow, hift (a batch's shared time divided among its rows)

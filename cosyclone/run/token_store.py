@@ -32,7 +32,7 @@ class TokenStore:
 
     def __init__(self, root: Path, keys: Mapping[str, str]) -> None:
         self.root = Path(root)
-        self.keys = dict(keys)  # row id -> its token key (fingerprint.token_key: the fingerprint without threads)
+        self.keys = dict(keys)  # row id -> its token key (fingerprint.token_key: of the fingerprint parts)
         self.hits = 0
 
     def _path(self, row_id: str, segment: int) -> Path | None:
