@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
+from dataclasses import replace
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -146,6 +147,10 @@ class SynthJob:
             fps.update(prep.fps)
             rows.update((r.id, r) for r in part.rows)
             failed_before += len(prep.failed)
+            for rid in prep.resume.done:  # meta never redoes a row: a changed one is recorded as it is
+                row, rec = rows[rid], existing[rid]
+                if rec.meta != row.meta:
+                    writer.restamp(replace(rec, meta=row.meta, finished_at=time.time()))
             exclude = getattr(sink, "exclude", None)  # a caller's own sink (the API's) may not take it
             if p.streamed and exclude is not None:  # counted from the lines: not these
                 exclude(len(part.errors) + len(prep.resume.done))

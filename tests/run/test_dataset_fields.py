@@ -95,17 +95,27 @@ def test_the_progress_total_is_the_rows_to_make(run: tuple[Path, Path, str]) -> 
     assert "synth: 4/4 rows (100%), 4 done, 0 failed" in output  # 5 lines, one refused
 
 
-def test_a_rerun_at_another_thread_count_redoes_no_row(run: tuple[Path, Path, str], tiny_model_dir: Path,
-                                                       tmp_path: Path) -> None:
+def test_a_rerun_at_another_thread_count_redoes_no_row_and_takes_a_new_meta(
+        run: tuple[Path, Path, str], tiny_model_dir: Path, tmp_path: Path) -> None:
     manifest, out, _ = run
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
     before = diags(copy)
-    res = synth(manifest, tiny_model_dir, copy, "--threads", "1", "--trim-silence")  # the same command but -t
+    changed = tmp_path / "m.jsonl"  # the same rows, one speaker label corrected
+    text = manifest.read_text(encoding="utf-8").replace('"李雷 🎤"', '"韩梅梅"')
+    changed.write_text(text.replace('"prompts/', f'"{manifest.parent}/prompts/'), encoding="utf-8")
+    res = synth(changed, tiny_model_dir, copy, "--threads", "1", "--trim-silence")  # the same command but -t
     assert res.exit_code == 3, res.output
     last = json.loads((copy / "summary.json").read_text())["last_run"]
     assert (last["skipped"], last["done"], last["redone"], last["redone_by"]) == (4, 0, 0, {})
-    assert diags(copy) == before  # not one record rewritten: still the run at 2 threads
+    after = diags(copy)
+    assert after["zh"]["meta"] == {"speaker": "韩梅梅", "language": "zh"}
+    for rid, rec in before.items():  # still the run at 2 threads, audio and all; zh's record has the new meta
+        keep = ("meta", "finished_at", "manifest") if rid == "zh" else ()
+        assert {k: v for k, v in after[rid].items() if k not in keep} == {
+            k: v for k, v in rec.items() if k not in keep}
+    meta = {m["id"]: m["meta"] for m in map(json.loads, (copy / "metadata.jsonl").read_text().splitlines())}
+    assert json.loads(meta["zh"])["speaker"] == "韩梅梅"
 
 
 def test_the_folder_loads_as_an_audiofolder_with_exact_values_after_eval(run: tuple[Path, Path, str],
