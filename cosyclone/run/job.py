@@ -16,8 +16,8 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from dataclasses import replace
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
