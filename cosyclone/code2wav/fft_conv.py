@@ -56,7 +56,9 @@ def dft_matrices(size: int, kernel: int) -> tuple[Tensor, Tensor]:
     angle = 2 * math.pi * j[:, None] * n[None, :] / size  # (N/2−1, N)
     re, im = torch.cos(angle), -torch.sin(angle)
     complex_rows = torch.stack([re + im, re, im], dim=1).reshape(-1, size)
-    forward = torch.cat([torch.ones(1, size, dtype=torch.float64), torch.cos(math.pi * n)[None], complex_rows])
+    forward = torch.cat(
+        [torch.ones(1, size, dtype=torch.float64), torch.cos(math.pi * n)[None], complex_rows]
+    )
     kept = n[kernel - 1:]
     angle = 2 * math.pi * kept[:, None] * j[None, :] / size  # (L, N/2−1)
     from_re, from_im = 2 * torch.cos(angle), -2 * torch.sin(angle)  # y = Σ Re·from_re + Im·from_im

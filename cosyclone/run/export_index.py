@@ -29,6 +29,7 @@ import numpy as np
 
 from cosyclone.run import folder as runfolder
 from cosyclone.run.audio_out import MODEL_RATE
+from cosyclone.run.columns import MetaKeys
 from cosyclone.run.row_record import RowRecord
 from cosyclone.run.scores import SCORES_NAME, scores_path
 
@@ -104,9 +105,13 @@ def _keyed(lines: Iterator[tuple[int, dict[str, Any]]], hi: array[int], lo: arra
 
 
 class RecordIndex:
-    """The current record of every row of a folder: which are ``ok``, in manifest order, and their rates."""
+    """The current record of every row of a folder: which are ``ok``, in manifest order, and their rates.
 
-    def __init__(self, out_dir: Path) -> None:
+    ``meta_keys`` (when given) sees every line's ``meta`` as the pass goes by: the flat keys an
+    export makes columns are known before its first shard fixes the schema.
+    """
+
+    def __init__(self, out_dir: Path, meta_keys: MetaKeys | None = None) -> None:
         out_dir = Path(out_dir)
         self.files = open_sources([out_dir / runfolder.DIAG_NAME,
                                    *sorted(runfolder.state_dir(out_dir).glob("journal-*.jsonl"))])
@@ -119,6 +124,8 @@ class RecordIndex:
                 finished.append(_number(obj.get("finished_at"), 0.0))
                 ok = obj.get("status") == "ok"
                 rate.append(int(_number(obj.get("sample_rate"), MODEL_RATE)) if ok else 0)
+                if meta_keys is not None:
+                    meta_keys.add(obj.get("meta"))
         self.lines_read = len(hi)
         h_hi, h_lo = np.frombuffer(hi, np.uint64), np.frombuffer(lo, np.uint64)
         arrival = np.arange(len(hi))
@@ -131,9 +138,14 @@ class RecordIndex:
         ok = current[rates > 0]
         lines = np.frombuffer(line, np.int64)[ok]
         ok = ok[np.lexsort((h_lo[ok], h_hi[ok], lines))]  # manifest line, ties by the id's hash (fixed)
-        self.source = np.frombuffer(src, np.uint16)[ok].copy()
-        self.offset = np.frombuffer(off, np.int64)[ok].copy()
+        sources, offsets = np.frombuffer(src, np.uint16), np.frombuffer(off, np.int64)
+        self.source = sources[ok].copy()
+        self.offset = offsets[ok].copy()
         self.rate = np.frombuffer(rate, np.int32)[ok].copy()
+        self.hash = np.stack([h_hi[ok], h_lo[ok]], axis=1)  # (ok rows, 2): the ids' hashes, for duplicates
+        failed = current[rates == 0]
+        failed = failed[np.argsort(np.frombuffer(line, np.int64)[failed], kind="stable")]
+        self._failed = (sources[failed].copy(), offsets[failed].copy())
 
     @property
     def ok_rows(self) -> int:
@@ -144,14 +156,26 @@ class RecordIndex:
         values, counts = np.unique(self.rate, return_counts=True)
         return {int(v): int(c) for v, c in zip(values, counts, strict=True)}
 
-    def records(self) -> Iterator[RowRecord]:
-        """The current ``ok`` records, manifest order, read one at a time (as the folder reads them)."""
+    def records(self) -> Iterator[tuple[RowRecord, dict[str, Any]]]:
+        """The current ``ok`` records, manifest order, read one at a time (as the folder reads them),
+        each with its line as written (fields this cosyclone does not type are read from it)."""
         for start in range(0, self.offset.size, 4096):  # Python ints a chunk at a time, not a list per row
             chunk = slice(start, start + 4096)
             for s, o in zip(self.source[chunk].tolist(), self.offset[chunk].tolist(), strict=True):
-                rec = RowRecord.from_json(read_at(self.files[s], o))
+                raw = read_at(self.files[s], o)
+                rec = RowRecord.from_json(raw)
                 if rec is not None:
-                    yield rec
+                    yield rec, raw
+
+    def record_at(self, position: int) -> RowRecord | None:
+        """The ok record at ``position`` of the manifest order."""
+        return RowRecord.from_json(read_at(self.files[int(self.source[position])], int(self.offset[position])))
+
+    def failed(self) -> Iterator[tuple[str, str]]:
+        """(id, reason) of every row whose current record is not ok, manifest order."""
+        for s, o in zip(self._failed[0].tolist(), self._failed[1].tolist(), strict=True):
+            obj = read_at(self.files[s], o)
+            yield str(obj.get("id")), str(obj.get("reason") or obj.get("status") or "failed")
 
     def close(self) -> None:
         for fh in self.files:

@@ -45,20 +45,6 @@ def _holder_alive(info: Mapping[str, Any]) -> bool:
     return ticks is None or _start_ticks(pid) in (None, ticks)
 
 
-def live_holders(out_dir: Path) -> list[dict[str, Any]]:
-    """The lock files of ``out_dir`` whose holder is alive (a holder on another host counts as alive),
-    each as the lock records it: ``pid``, ``host``, ``started``, ``command``, ``shard``."""
-    found = []
-    for path in sorted(state_dir(out_dir).glob("lock-*.json")):
-        try:
-            info = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(info, dict) and _holder_alive(info):
-            found.append(info)
-    return found
-
-
 class FolderLock:
     """One writer per folder and shard: ``.cosyclone/lock-<tag>.json`` created exclusively.
 
@@ -118,3 +104,16 @@ class FolderLock:
     def __exit__(self, *exc: object) -> None:
         self.release()
 
+
+
+def live_writers(out_dir: Path) -> list[dict[str, Any]]:
+    """The lock files of the ``synth`` processes writing ``out_dir`` now (a holder on another host counts)."""
+    held = []
+    for path in sorted(state_dir(out_dir).glob("lock-*.json")):
+        try:
+            info = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(info, dict) and _holder_alive(info):
+            held.append(info)
+    return held

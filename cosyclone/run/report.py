@@ -102,11 +102,11 @@ def mixed_files(files: Mapping[str, Mapping[str, int]]) -> list[str]:
 def running_writers(folders: Sequence[Path]) -> list[str]:
     """One line per live ``synth`` writing one of ``folders`` (its lock held by a live process): the
     folder's figures are a moment of a run in progress."""
-    from cosyclone.run.lock import live_holders
+    from cosyclone.run.lock import live_writers
 
     flags = []
     for folder in folders:
-        for info in live_holders(folder):
+        for info in live_writers(folder):
             flags.append(f"{folder} is being written by a running synth (pid {info.get('pid')} on "
                          f"{info.get('host')}, shard {info.get('shard')}): these figures will change")
     return flags

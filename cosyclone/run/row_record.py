@@ -20,6 +20,7 @@ from typing import Any
 
 from cosyclone.engine.outcome import RowCore, RowResult, SegmentText, core_values, join_segments
 from cosyclone.manifest.rows import JsonValue, Meta
+from cosyclone.options import Mode
 from cosyclone.talker.diagnostics import SamplerRowDiagnostics, row_stop_reason
 
 
@@ -33,7 +34,7 @@ class RowStamp:
     text: str  # the manifest's text
     prompt_text: str  # the manifest's prompt transcript
     prompt_audio: str  # the prompt recording's path as resolved
-    mode: str  # zero_shot | cross_lingual | instruct2
+    mode: Mode  # zero_shot | cross_lingual | instruct2
     instruct: str  # the instruction (instruct2)
     speed: float  # the speaking-rate factor
     manifest: str | None  # the manifest as given on the command line
@@ -149,7 +150,7 @@ def metadata_line(rec: RowRecord) -> dict[str, JsonValue]:
             "prompt_audio": rec.prompt_audio, "prompt_text": rec.prompt_text, "mode": rec.mode,
             "instruct": rec.instruct, "duration": rec.duration, "sample_rate": rec.sample_rate,
             "seed": str(rec.seed), "stop_reason": rec.stop_reason,
-            "meta": None if rec.meta is None else json.dumps(rec.meta, ensure_ascii=False)}
+            "meta": None if rec.meta is None else json.dumps(rec.meta, ensure_ascii=False, sort_keys=True)}
 
 
 NO_FILE = FileFacts(file=None, samples=None, sample_rate=None, audio_format=None, encoding=None,

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from cosyclone.cli import app
 from cosyclone.run.row_record import RowRecord
@@ -35,7 +35,7 @@ def manifest(tmp_path: Path) -> Path:
     return path
 
 
-def synth(manifest: Path, model_dir: Path, out: Path, *extra: str) -> object:
+def synth(manifest: Path, model_dir: Path, out: Path, *extra: str) -> Result:
     return runner.invoke(app, ["synth", str(manifest), "--model-dir", str(model_dir), "--out", str(out),
                                "--device", "cpu", "--max-tokens", str(MAX_TOKENS), "--n-timesteps", "2",
                                "--batch-size", "2", *extra])

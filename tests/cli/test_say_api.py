@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import soundfile as sf
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from cosyclone import __version__
 from cosyclone.cli import app
@@ -35,7 +36,7 @@ def tts(tiny_model_dir: Path):
 
 
 def say(model_dir: Path, out: Path, *extra: str, text: str = "Hello there, how are you?",
-        prompt: Path = PROMPT) -> object:
+        prompt: Path = PROMPT) -> Result:
     return runner.invoke(app, ["say", text, "--prompt-audio", str(prompt), "--model-dir", str(model_dir),
                                "-o", str(out), *FAST_ARGS, *extra])
 
@@ -63,7 +64,7 @@ def test_api_say_and_synth_give_byte_identical_audio(tts, tiny_model_dir: Path, 
     from cosyclone.run.writer import write_audio_atomic
 
     shutil.copytree(ROOT / "manifests" / "prompts", tmp_path / "prompts")
-    rows = [{"id": "seeded", "prompt_audio": "prompts/speaker1.wav", "prompt_text": "reference words",
+    rows: list[dict[str, Any]] = [{"id": "seeded", "prompt_audio": "prompts/speaker1.wav", "prompt_text": "reference words",
              "text": "Hello there, how are you?", "seed": 5},
             {"id": "derived", "prompt_audio": "prompts/speaker2.wav", "text": "Bonjour tout le monde.",
              "mode": "cross_lingual"}]

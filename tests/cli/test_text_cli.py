@@ -124,4 +124,4 @@ def test_prompt_text_is_required_only_where_it_is_read(tmp_path: Path) -> None:
 
 def test_text_frontend_option_is_checked(manifest: Path) -> None:
     res = runner.invoke(app, ["validate", str(manifest), "--text-frontend", "ttsfrd"])
-    assert res.exit_code == 2 and "wetext, none" in res.stderr
+    assert res.exit_code == 2 and "'wetext', 'none'" in res.stderr  # typer names the choices

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from cosyclone.talker import DecodeOptions
+from cosyclone.options import NonfinitePolicy
+from cosyclone.talker import DecodeOptions, TalkerResult
 from cosyclone.talker.sampler import SamplerOptions
 from tests.host_session import host_generate
+from tests.samplers import diag
 from tests.talker.test_talker_decode import _model, _req
 
 STEPS = 6
@@ -29,7 +31,7 @@ def _hook(logits: torch.Tensor, rows: torch.Tensor, step: int) -> torch.Tensor:
     return out
 
 
-def _run(policy: str) -> list:
+def _run(policy: NonfinitePolicy) -> list[TalkerResult]:
     model = _model()
     # target_len 5 -> min_len 10 > STEPS: no row may stop early, so every step is sampled.
     reqs = [_req(i, 3 + 4 * i, i, 5) for i in range(4)]
@@ -41,7 +43,7 @@ def test_exclude_aborts_exactly_the_all_nan_rows_at_their_first_nan_step() -> No
     results = _run("exclude")
     reasons = [r.stop_reason for r in results]
     assert reasons == ["max_len", "no_finite_logits", "max_len", "no_finite_logits"]
-    d = [r.diagnostics for r in results]
+    d = [diag(r) for r in results]
     # row 1 dies at step 2 (steps 0, 1 emitted), row 3 at step 0 (nothing emitted)
     assert [len(r.raw_tokens) for r in results] == [STEPS, 2, STEPS, 0]
     assert [x.all_nan_steps for x in d] == [0, 1, 0, 1]
@@ -54,7 +56,7 @@ def test_exclude_aborts_exactly_the_all_nan_rows_at_their_first_nan_step() -> No
 def test_legacy_zero_reproduces_the_old_failure_with_exact_counts() -> None:
     results = _run("legacy-zero")
     assert all(r.stop_reason == "max_len" for r in results)  # NaN rows silently became draws
-    d = [r.diagnostics for r in results]
+    d = [diag(r) for r in results]
     assert [x.all_nan_steps for x in d] == [0, 3, 0, 1]
     assert [x.nan_steps for x in d] == [0, 3, 2, 1]
     assert sum(x.steps for x in d) == 4 * STEPS and sum(x.all_nan_steps for x in d) == 4

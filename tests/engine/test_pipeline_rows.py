@@ -122,7 +122,7 @@ def test_nonfinite_audio_zero_keeps_the_old_output_and_still_counts() -> None:
     assert d["n"].nonfinite_audio_samples == 12 and d["i"].nonfinite_audio_samples == 3
     assert np.isfinite(wav["n"]).all() and (wav["n"][5:17] == 0).all() and (wav["i"][:3] == 1.0).all()
     with pytest.raises(CosycloneError, match="--nonfinite-audio must be one of fail, zero"):
-        RunOptions(nonfinite_audio="ignore")
+        RunOptions(nonfinite_audio="ignore")  # type: ignore[arg-type]
 
 
 def test_the_writer_refuses_nonfinite_samples_instead_of_zeroing_them(tmp_path: Path) -> None:

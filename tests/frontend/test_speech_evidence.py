@@ -25,6 +25,7 @@ from cosyclone.frontend import normalize
 from cosyclone.frontend.normalize import get_normalizer
 from cosyclone.frontend.text import MODES, text_problem
 from cosyclone.frontend.text_rules import EVIDENCE_MAX_DIGITS, evidently_speakable, has_markup, has_speech
+from cosyclone.options import Mode, TextFrontendName
 from tests.text_table import deviations
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,7 +72,7 @@ def _local_corpus() -> list[str]:
     return list(dict.fromkeys(t for t in texts if isinstance(t, str)))
 
 
-def _answer(mode: str, text: str, kind: str) -> str | None:
+def _answer(mode: Mode, text: str, kind: TextFrontendName) -> str | None:
     """``text_problem``'s answer, or the exception it raises (a row's error then says so)."""
     try:
         return text_problem(mode, text, text_frontend=kind)
@@ -79,7 +80,7 @@ def _answer(mode: str, text: str, kind: str) -> str | None:
         return f"raises {type(exc).__name__}"
 
 
-def _check(texts: list[str], monkeypatch: pytest.MonkeyPatch, kind: str = "wetext") -> int:
+def _check(texts: list[str], monkeypatch: pytest.MonkeyPatch, kind: TextFrontendName = "wetext") -> int:
     """Assert the claim over ``texts`` with the ``kind`` normalizer; returns how many the shortcut answered."""
     norm = get_normalizer(kind)
     answered = 0
@@ -98,7 +99,7 @@ def _check(texts: list[str], monkeypatch: pytest.MonkeyPatch, kind: str = "wetex
 
 
 @pytest.mark.parametrize("kind", ["wetext", "none"])
-def test_the_shortcut_is_sound_on_the_corpus(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_shortcut_is_sound_on_the_corpus(kind: TextFrontendName, monkeypatch: pytest.MonkeyPatch) -> None:
     texts = _local_corpus()
     answered = _check(texts, monkeypatch, kind)
     assert answered > len(texts) // 2  # the shortcut is in use, not vacuous
@@ -130,9 +131,9 @@ def test_a_dry_run_of_ordinary_texts_normalizes_nothing(tmp_path: Path, monkeypa
     monkeypatch.setenv("COSYCLONE_CACHE_DIR", str(tmp_path / "cache"))
     seen: list[str] = []
     real = normalize.TextNormalizer._normalize
-    monkeypatch.setattr(normalize.TextNormalizer, "_normalize", lambda self, t: seen.append(t) or real(self, t))
+    monkeypatch.setattr(normalize.TextNormalizer, "_normalize", lambda self, t: seen.append(t) or real(self, t))  # type: ignore[func-returns-value]
     started: list[int] = []
-    monkeypatch.setattr(text_pool.NormalizePool, "_start", lambda self: started.append(1) or None)
+    monkeypatch.setattr(text_pool.NormalizePool, "_start", lambda self: started.append(1) or None)  # type: ignore[func-returns-value]
     monkeypatch.setattr(text_pool, "MIN_POOL_TEXTS", 3)  # a pool for more than two texts
     get_normalizer("wetext")._memo.clear()
     texts = [f"Row {i} costs ${i}.50, see you at 10:{i % 50 + 10}." for i in range(600)] + ["…", "½"]

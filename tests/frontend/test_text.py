@@ -23,6 +23,7 @@ from cosyclone.frontend.text_rules import (
 )
 from cosyclone.frontend.tiny_assets import write_tiny_tokenizer
 from cosyclone.model.config import SYSTEM_PREFIX
+from cosyclone.options import Mode
 from tests.text_table import deviations
 
 PROMPT = SYSTEM_PREFIX + "希望你以后能够做的比我还好呦。"
@@ -33,7 +34,7 @@ def fe(tmp_path_factory: pytest.TempPathFactory) -> TextFrontend:
     return TextFrontend(write_tiny_tokenizer(tmp_path_factory.mktemp("qwen")))
 
 
-def texts(fe: TextFrontend, mode: str, text: str, prompt: str | None = PROMPT, instruct: str = "Speak.") -> list[str]:
+def texts(fe: TextFrontend, mode: Mode, text: str, prompt: str | None = PROMPT, instruct: str = "Speak.") -> list[str]:
     return [s.text for s in fe.plan(mode, prompt, text, instruct).segments]
 
 
@@ -91,7 +92,7 @@ def test_missing_normalizer_fails_at_load(monkeypatch: pytest.MonkeyPatch) -> No
     with pytest.raises(TextError, match="inflect==7.6.0"):
         TextNormalizer("none")
     with pytest.raises(TextError, match="wetext, none"):
-        TextNormalizer("ttsfrd")
+        TextNormalizer("ttsfrd")  # type: ignore[arg-type]
 
 
 def test_broken_normalizer_fails_its_self_check(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -217,7 +218,7 @@ def test_rows_that_cannot_be_spoken_are_errors_in_every_mode(fe: TextFrontend) -
     with pytest.raises(TextError, match="instruction"):
         fe.plan("instruct2", None, "x")
     with pytest.raises(TextError, match="unknown mode"):
-        fe.plan("sft", None, "x")
+        fe.plan("sft", None, "x")  # type: ignore[arg-type]
 
 
 def test_a_segment_that_cannot_fit_is_refused(fe: TextFrontend) -> None:

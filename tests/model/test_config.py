@@ -97,6 +97,7 @@ class _Tiny(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.lin = nn.Linear(3, 2)
+        self.table: torch.Tensor
         self.register_buffer("table", torch.arange(4.0), persistent=False)
 
 

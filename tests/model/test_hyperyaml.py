@@ -45,7 +45,7 @@ def test_results_are_bounded(tmp_path: Path) -> None:
 def test_each_key_is_resolved_once_and_cycles_are_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
     real = hyperyaml._lookup
-    monkeypatch.setattr(hyperyaml, "_lookup", lambda doc, key: calls.append(key) or real(doc, key))
+    monkeypatch.setattr(hyperyaml, "_lookup", lambda doc, key: calls.append(key) or real(doc, key))  # type: ignore[func-returns-value]
     n = 40  # each key refers twice to the previous one: 2**40 lookups without memoization
     lines = ["x0: 1"] + [f"x{k}: !ref <x{k - 1}> + <x{k - 1}>" for k in range(1, n + 1)]
     doc = _load(tmp_path, "\n".join(lines) + "\n")

@@ -118,7 +118,8 @@ def test_parquet_loads_with_datasets_as_the_folders_ok_rows(run_folder: Path) ->
     ds = load_parquet(summary.to_dir)
     assert summary.to_dir == run_folder / "export" / "parquet" and len(lines) == 1 and "5 rows" in lines[0]
     assert ds["id"] == EXPORTED and summary.rows == 5 and summary.records == 8
-    assert summary.skipped == {"failed": 1, "audio_missing": 1, "audio_mismatch": 1, "not_passed": 0}
+    assert summary.skipped == {"failed": 1, "audio_missing": 1, "audio_mismatch": 1, "not_passed": 0,
+                               "prompt_missing": 0}
     assert isinstance(ds.features["audio"], datasets.Audio) and ds.features["audio"].sampling_rate == RATE
     records = runfolder.read_records(run_folder)
     for row in ds:
@@ -189,7 +190,8 @@ def test_shards_keep_to_the_size_and_are_the_same_bytes_every_time(run_folder: P
         first = export(run_folder, fmt=fmt, shard_size_bytes=limit, to_dir=tmp_path / fmt)  # type: ignore[arg-type]
         digests = [hashlib.sha256(s.path.read_bytes()).hexdigest() for s in first.shards]
         assert [s.rows for s in first.shards] == [2, 2, 1]
-        assert [s.path.name for s in first.shards][:2] == [f"data-0000{i}{first.shards[0].path.suffix}" for i in (0, 1)]
+        ext = first.shards[0].path.suffix
+        assert [s.path.name for s in first.shards] == [f"data-0000{i}-of-00003{ext}" for i in (0, 1, 2)]
         if fmt == "webdataset":
             assert all(s.bytes <= limit for s in first.shards)  # exact for tars, about for Parquet
         again = export(run_folder, fmt=fmt, shard_size_bytes=limit, to_dir=tmp_path / fmt)  # type: ignore[arg-type]
@@ -205,8 +207,10 @@ def test_a_rerun_on_a_grown_folder_rewrites_every_shard(tmp_path: Path) -> None:
     (target / "notes.txt").write_text("mine")
     write_rows(out, [(f"r{i}", i, "ok") for i in range(7, 10)])
     grown = export(out, fmt="webdataset", shard_size_bytes=parse_size("100MB"))
-    assert [s.path.name for s in grown.shards] == ["data-00000.tar"]
-    assert sorted(p.name for p in target.iterdir()) == ["data-00000.tar", "notes.txt"]  # the six old shards gone
+    assert [s.path.name for s in grown.shards] == ["data-00000-of-00001.tar"]
+    # the six old shards gone, the user's own file carried into the new export
+    assert sorted(p.name for p in target.iterdir()) == ["README.md", "data-00000-of-00001.tar", "export.json",
+                                                        "notes.txt"]
     assert [json.loads(s["json"])["id"] for s in read_tars(target)] == [f"r{i}" for i in range(1, 10)]
 
 

@@ -22,6 +22,7 @@ from cosyclone.model.config import load_model_config, released_config
 from cosyclone.run.ray_plan import (
     CPU_SHARE,
     DEFAULT_CPU_THREADS,
+    Footprint,
     NodeShape,
     RayPlan,
     actor_footprint,
@@ -44,7 +45,7 @@ def node(cpus: float, gb: float, gpus: float = 0, gpu_gb: float | None = None, n
                      gpu_memory_bytes=None if gpu_gb is None else int(gpu_gb * GB))
 
 
-def released(device: str, dtype: str, batch: int = 8) -> tuple[DevicePolicy, object]:
+def released(device: str, dtype: str, batch: int = 8) -> tuple[DevicePolicy, Footprint]:
     p = policy(device, dtype)
     return p, actor_footprint(released_config(), p, batch)
 
@@ -60,7 +61,7 @@ def assert_fits(plan: RayPlan, nodes: list[NodeShape]) -> None:
         assert n.actors <= n.room and plan.node_bytes(n) <= shape.memory_bytes
         assert n.room * plan.num_cpus <= shape.cpus  # Ray can place every actor the node has room for
         if plan.device == "cpu":
-            assert n.room * plan.threads <= shape.cpus  # no node runs more torch threads than it has cores
+            assert plan.threads is not None and n.room * plan.threads <= shape.cpus  # no more torch threads than cores
         else:
             assert n.room * plan.num_gpus <= shape.gpus
             if shape.gpu_memory_bytes is not None:

@@ -14,6 +14,7 @@ from cosyclone.model.config import load_model_config, released_config
 from cosyclone.talker import DecodeOptions, TalkerRequest, generate
 from cosyclone.talker.model import build_talker
 from cosyclone.talker.sampler import SamplerOptions
+from tests.samplers import diag
 from tests.talker.test_talker_decode import _model, _req
 
 
@@ -30,11 +31,11 @@ def test_segments_report_the_row_seed_and_batch_exactly() -> None:
             _segment(_req(2, 4, 0, 4), row_id="b", seed=2**40 + 3, segment=0)]
     opts = DecodeOptions(sampler=SamplerOptions(top_k=40, top_p=1.0), max_len_override=8)
     together = generate(model, reqs, opts)
-    assert [(r.diagnostics.seed, r.diagnostics.segment) for r in together] == [(123, 0), (123, 1), (2**40 + 3, 0)]
+    assert [(diag(r).seed, diag(r).segment) for r in together] == [(123, 0), (123, 1), (2**40 + 3, 0)]
     for req, res in zip(reqs, together, strict=True):
         (alone,) = generate(model, [req], opts)
         assert alone.raw_tokens == res.raw_tokens and alone.stop_reason == res.stop_reason, req.segment
-        assert alone.diagnostics.to_dict() == res.diagnostics.to_dict()
+        assert diag(alone).to_dict() == diag(res).to_dict()
 
 
 def test_same_text_in_two_segments_gets_different_draws() -> None:
@@ -60,7 +61,7 @@ def test_one_nan_row_of_the_speech_token_head_is_excluded_not_fatal() -> None:
     reqs = [_req(i, 3 + 2 * i, i, 5) for i in range(3)]
     res = generate(model, reqs, DecodeOptions(sampler=SamplerOptions(), max_len_override=6, min_len_override=6))
     for r in res:
-        d = r.diagnostics
+        d = diag(r)
         assert r.stop_reason == "max_len" and len(r.raw_tokens) == 6, r.stop_reason
         assert bad not in r.raw_tokens
         assert d.nan_steps == d.steps == 6 and d.all_nan_steps == 0 and d.no_finite_steps == 0
@@ -77,7 +78,7 @@ def test_error_policy_stops_at_the_nan_logit_of_a_corrupted_head() -> None:
     with torch.no_grad():
         model.llm_decoder.weight[3] = float("nan")
     (r,) = generate(model, [_req(0, 4, 2, 5)], DecodeOptions(sampler=SamplerOptions(nonfinite_policy="error")))
-    assert r.stop_reason == "error" and r.diagnostics.nan_steps == 1 and "1 NaN" in r.diagnostics.error
+    assert r.stop_reason == "error" and diag(r).nan_steps == 1 and "1 NaN" in str(diag(r).error)
 
 
 def test_speech_token_head_is_fp32_in_bf16_and_fp16_runs(tmp_path: Path) -> None:
@@ -87,7 +88,7 @@ def test_speech_token_head_is_fp32_in_bf16_and_fp16_runs(tmp_path: Path) -> None
     ref = build_talker(cfg, DevicePolicy(torch.device("cpu"), torch.float32, "cpu"), load_format="dummy", seed=4)
     for dtype in (torch.bfloat16, torch.float16):
         m = build_talker(cfg, DevicePolicy(torch.device("cpu"), dtype, "cpu"), load_format="dummy", seed=4)
-        assert m.dtype == dtype and m.backbone.layers[0].mlp.down_proj.weight.dtype == dtype
+        assert m.dtype == dtype and m.backbone.layers[0].mlp.down_proj.weight.dtype == dtype  # type: ignore[union-attr]
         assert m.llm_decoder.weight.dtype == torch.float32
         assert torch.equal(m.llm_decoder.weight, ref.llm_decoder.weight)  # not rounded to the run dtype
         x = torch.randn(1, 6, cfg.talker.llm_input_size, generator=torch.Generator().manual_seed(0)).to(dtype)
