@@ -83,8 +83,9 @@ def normalized_text(view: RowView) -> str | None:
 
 
 def meta_of(view: RowView) -> Any:
-    """The row's ``meta`` (the manifest's user object), None when it has none."""
-    return view.record.meta
+    """The row's ``meta`` (the manifest's user object), None when it has none; a line's value that is not
+    an object (a hand edit) is exported as it is."""
+    return view.record.meta if view.record.meta is not None else view.raw.get("meta")
 
 
 def meta_json(view: RowView) -> str | None:

@@ -21,7 +21,7 @@ from typing import Any
 from cosyclone.engine.outcome import RowCore, RowResult, SegmentText, core_values, join_segments
 from cosyclone.manifest.rows import JsonValue, Meta
 from cosyclone.options import Mode
-from cosyclone.talker.diagnostics import SamplerRowDiagnostics, row_stop_reason
+from cosyclone.talker.diagnostics import STOP_REASONS, SamplerRowDiagnostics, row_stop_reason
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,9 +96,9 @@ class RowRecord(RowCore, RowStamp, FileFacts):
         values["tokens"] = tuple(int(x) for x in values["tokens"])
         values["segments"] = tuple(SegmentText.from_json(x) for x in values["segments"])
         values["sampler"] = tuple(_sampler(x, rid) for x in values["sampler"] if isinstance(x, dict))
-        if "stop_reason" not in obj:  # written before the row's own stop reason: derived from its segments'
+        if values["stop_reason"] not in STOP_REASONS:  # an older line: derived from its segments'
             values["stop_reason"] = row_stop_reason(values["stop_reasons"])
-        if "normalized_text" not in obj:
+        if not isinstance(values["normalized_text"], str) or "normalized_text" not in obj:
             values["normalized_text"] = join_segments([s.text for s in values["segments"]])
         if not isinstance(values["meta"], dict):
             values["meta"] = None
