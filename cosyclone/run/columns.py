@@ -1,8 +1,8 @@
 """The columns of an export, declared once: name, type, the record field each is read from, meaning.
 
 Why one table: Parquet's schema (and the ``datasets`` features in its metadata), the WebDataset
-``<key>.json``, the NeMo manifest's lines and the Lhotse supervisions' ``custom`` fields all take
-their fields from :data:`CORE`, :data:`SAMPLER` and :data:`EVAL` (plus the columns a folder's
+``<key>.json``, the NeMo manifest's lines, the Lhotse supervisions' ``custom`` fields and the run
+folder's own ``metadata.jsonl`` (:func:`metadata_line`) all take their fields from :data:`CORE`, :data:`SAMPLER` and :data:`EVAL` (plus the columns a folder's
 content adds: a speaker backend's similarity, a flat ``meta`` key), so a column cannot be in one
 format and missing or typed differently in another; docs/output.md lists the same table.
 
@@ -106,7 +106,7 @@ CORE: tuple[Column, ...] = (
     Column("seed", "uint64", "seed", "the row's seed as used (0 .. 2^64-1)", _get("seed")),
     Column("speed", "float64", "speed", "the speaking-rate factor", _get("speed")),
     Column("duration", "float64", "the file", "seconds of the audio file (samples / sample_rate)",
-           lambda v: v.samples / float(v.sample_rate)),
+           lambda v: v.samples / float(v.sample_rate) if v.sample_rate else None),
     Column("sample_rate", "int64", "the file", "the audio file's sample rate (Hz)", lambda v: v.sample_rate),
     Column("stop_reason", "string", "stop_reason",
            "why the talker stopped: eos (its stop token), max_len (the token cap), or an abort", stop_reason),
@@ -234,3 +234,18 @@ def to_json(column: Column, value: Any) -> Any:
 
 RESERVED = frozenset(c.name for c in (*CORE, *SAMPLER)) | frozenset(n for n, _, _ in EVAL) | frozenset(
     {"audio", "prompt", "sample_rate", "audio_filepath", "split", "__key__", "__url__"})
+
+
+#: the columns of a run folder's ``metadata.jsonl``: every row's own (no meta key or eval verdict, which
+#: depend on the whole folder)
+METADATA = ColumnSet((*CORE, *SAMPLER))
+
+
+def metadata_line(rec: RowRecord) -> dict[str, Any]:
+    """The ``metadata.jsonl`` line of an ``ok`` row: its audio file under the audiofolder convention's
+    ``file_name``, then :data:`METADATA`'s columns as the JSON outputs write them, so that
+    ``datasets.load_dataset("audiofolder")`` (Arrow's JSON reader: one type per column) gives every
+    value back exactly: ``seed`` a decimal string, ``meta`` the JSON text of the row's object,
+    ``duration`` the file's own (after --trim-silence) at its ``sample_rate``."""
+    view = RowView(record=rec, raw={}, samples=rec.samples or 0, sample_rate=rec.sample_rate or 0, folder=".")
+    return {"file_name": rec.file, **METADATA.json_values(METADATA.values(view, {}))}

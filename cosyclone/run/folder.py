@@ -32,8 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 from cosyclone.errors import CosycloneError
 from cosyclone.run.audio_out import SUFFIXES
+from cosyclone.run.columns import metadata_line
 from cosyclone.run.fingerprint import changed_parts, same_inputs
-from cosyclone.run.row_record import RowRecord, metadata_line
+from cosyclone.run.row_record import RowRecord
 
 if TYPE_CHECKING:  # annotations only: reading a folder's records loads neither torch nor the frontend
     from cosyclone.manifest import ManifestRow

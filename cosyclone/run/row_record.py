@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from cosyclone.engine.outcome import RowCore, RowResult, SegmentText, core_values, join_segments
-from cosyclone.manifest.rows import JsonValue, Meta
+from cosyclone.manifest.rows import Meta
 from cosyclone.options import Mode
 from cosyclone.talker.diagnostics import STOP_REASONS, SamplerRowDiagnostics, row_stop_reason
 
@@ -132,25 +132,6 @@ def make_record(result: RowResult, stamp: RowStamp, facts: FileFacts, *,
     core["traceback"] = traceback_note if result.traceback else None
     return RowRecord(**core, **{f.name: getattr(stamp, f.name) for f in fields(RowStamp)},
                      **{f.name: getattr(facts, f.name) for f in fields(FileFacts)}, finished_at=time.time())
-
-
-def metadata_line(rec: RowRecord) -> dict[str, JsonValue]:
-    """The ``metadata.jsonl`` line of an ``ok`` row: the fields of its record a dataset builder filters
-    on, under the audiofolder convention's ``file_name`` (one schema, no second format).
-
-    Written so that ``datasets.load_dataset("audiofolder")`` (which reads the file with Arrow's JSON
-    reader, one type per column) gives every value back exactly: ``seed`` as a decimal string (an
-    unsigned 64-bit seed past 2**63 - 1 would come back as a float, changed), ``meta`` as the JSON
-    text of the row's meta object (a column of objects whose keys or types differ between rows does
-    not load), ``duration`` the file's own (after --trim-silence) at its ``sample_rate``.
-    """
-    import json
-
-    return {"file_name": rec.file, "id": rec.id, "text": rec.text, "normalized_text": rec.normalized_text,
-            "prompt_audio": rec.prompt_audio, "prompt_text": rec.prompt_text, "mode": rec.mode,
-            "instruct": rec.instruct, "duration": rec.duration, "sample_rate": rec.sample_rate,
-            "seed": str(rec.seed), "stop_reason": rec.stop_reason,
-            "meta": None if rec.meta is None else json.dumps(rec.meta, ensure_ascii=False, sort_keys=True)}
 
 
 NO_FILE = FileFacts(file=None, samples=None, sample_rate=None, audio_format=None, encoding=None,
