@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from cosyclone.base.fieldtable import field_docs, markdown_table
@@ -41,6 +42,10 @@ def found(name: str) -> str | None:
     m = _pattern(name).search(TABLES[name][1].read_text(encoding="utf-8"))
     return m.group(2) if m else None
 
+def _filler(table: str) -> Callable[[re.Match[str]], str]:
+    """The substitution that puts ``table`` between a table's markers."""
+    return lambda m: m.group(1) + table + m.group(3)
+
 
 def rewrite() -> list[str]:
     """Every table rewritten from its dataclass; returns the names of the tables that changed."""
@@ -48,7 +53,7 @@ def rewrite() -> list[str]:
     for name, (_, path) in TABLES.items():
         text = path.read_text(encoding="utf-8")
         table = expected(name)
-        new = _pattern(name).sub(lambda m, t=table: m.group(1) + t + m.group(3), text)
+        new = _pattern(name).sub(_filler(table), text)
         if new != text:
             path.write_text(new, encoding="utf-8")
             changed.append(name)

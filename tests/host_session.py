@@ -123,8 +123,8 @@ def host_generate(model: CosyVoice3LM, requests: Sequence[TalkerRequest], option
         return HostSession(*args, sampler=sampler, logits_hook=logits_hook, **kw)
 
     real = decode.TalkerSession
-    decode.TalkerSession = session  # type: ignore[assignment,misc]  # the name generate() builds its session by
+    decode.TalkerSession = session  # the name generate() builds its session by
     try:
         return decode.generate(model, requests, options)
     finally:
-        decode.TalkerSession = real  # type: ignore[misc]
+        decode.TalkerSession = real

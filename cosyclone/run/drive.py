@@ -92,7 +92,7 @@ class LocalSource:
     def cancel(self) -> None:
         running, self._running = self._running, None
         if running is not None and hasattr(running, "close"):
-            running.close()  # type: ignore[attr-defined]  # a generator: its finally blocks free the session
+            running.close()  # a generator: its finally blocks free the session
 
     def close(self) -> None:
         self.cancel()

@@ -24,7 +24,7 @@ def ops_called(fn) -> set[str]:
     seen: set[str] = set()
 
     class Spy(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             seen.add(str(func.overloadpacket))
             return func(*args, **(kwargs or {}))
 

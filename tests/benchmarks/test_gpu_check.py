@@ -40,7 +40,7 @@ def _wheel(folder: Path, name: str, version: str, requires: list[str] = (), tag:
 
 def test_checker_accepts_a_complete_bundle_and_names_each_problem(tmp_path: Path) -> None:
     image = {"numpy": "2.5.2", "typing-extensions": None}
-    pins = {"soundfile": "0.14.0", "cffi": "2.1.1", "pycparser": "3.12"}
+    pins: dict[str, str | None] = {"soundfile": "0.14.0", "cffi": "2.1.1", "pycparser": "3.12"}
     good = [_wheel(tmp_path, "soundfile", "0.14.0", ["cffi>=1.0", "numpy", "typing-extensions"],
                    tag="py2.py3-none-manylinux_2_28_x86_64"),
             _wheel(tmp_path, "cffi", "2.1.1", ['pycparser; implementation_name != "PyPy"'],

@@ -18,7 +18,7 @@ from cosyclone.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = ROOT / "manifests" / "example.jsonl"
-FAST = {"max_tokens": 6, "n_timesteps": 2}
+FAST: dict[str, Any] = {"max_tokens": 6, "n_timesteps": 2}
 FAST_ARGS = ["--max-tokens", "6", "--n-timesteps", "2", "--device", "cpu", "--quiet"]
 #: Fields that say when or by which invocation something was made; everything else must match.
 VOLATILE = {"run_id", "finished_at", "started_at", "seconds", "wall_seconds", "total_wall_seconds", "rows_per_s",
