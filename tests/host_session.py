@@ -17,12 +17,13 @@ increasing order, one hook or sampler call per group.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 from torch import Tensor
 
 from cosyclone.talker import DecodeOptions, TalkerRequest, TalkerResult, TalkerSession, decode
+from cosyclone.talker.diagnostics import StopReason
 from cosyclone.talker.graphs import GraphChoice
 from cosyclone.talker.model import CosyVoice3LM
 from cosyclone.talker.step import Admit, SlotStep
@@ -94,7 +95,7 @@ class HostSession(TalkerSession):
             return super()._result(t)
         req = self._request(t)
         raw, kept, reason = self._tokens(t)  # "aborted" until close() asks the sampler why
-        res = TalkerResult(row_id=req.row_id, tokens=kept, raw_tokens=raw, stop_reason=reason,
+        res = TalkerResult(row_id=req.row_id, tokens=kept, raw_tokens=raw, stop_reason=cast(StopReason, reason),
                            min_len=self.min_len[t], max_len=self.max_len[t], seconds=self.seconds[t])
         self.returned[t] = res
         return res

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import soundfile as sf
@@ -21,7 +22,7 @@ from tests.cli.test_cli import ROOT, diags
 
 QUICK = ["--device", "cpu", "--max-tokens", "6", "--n-timesteps", "1"]
 ZH = "今天天气很好。\n我们去公园吧 🌳"
-ROWS = [
+ROWS: list[dict[str, Any]] = [
     {"id": "big", "text": "The seed is past two to the sixty third.", "seed": 2**63},
     {"id": "max", "text": "The largest seed there is.", "seed": 2**64 - 1, "meta": {"speaker": "anna", "n": 2**64 - 1}},
     {"id": "zh", "text": ZH, "mode": "cross_lingual", "meta": {"speaker": "李雷 🎤", "language": "zh"}},
@@ -165,7 +166,7 @@ def test_a_stopped_rerun_counts_as_redone_the_rows_it_wrote(tiny_model_dir: Path
     from tests.run.test_runfolder import write_manifest
 
     manifest, out = write_manifest(tmp_path, 8), tmp_path / "out"
-    fast: dict[str, object] = {"device": "cpu", "max_tokens": 3, "n_timesteps": 1, "batch_size": 1}
+    fast: dict[str, Any] = {"device": "cpu", "max_tokens": 3, "n_timesteps": 1, "batch_size": 1}
     SynthJob.open(manifest, out, model_dir=tiny_model_dir, **fast).run()
     job = SynthJob.open(manifest, out, model_dir=tiny_model_dir, seed=1, **fast)
     job.stop = StopRequest(grace=60)
