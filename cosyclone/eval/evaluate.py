@@ -63,7 +63,7 @@ class EvalResult:
     """The records written, the summary, and where redo.jsonl went (None without thresholds)."""
 
     records: list[EvalRecord]  # one per valid manifest row, manifest order
-    summary: dict[str, Any]  # what eval_summary.json holds
+    summary: dict[str, Any]  # what scores_summary.json holds
     redo_path: Path | None = None  # OUT/redo.jsonl when thresholds were given
     redo_ids: list[str] = field(default_factory=list)  # the rows it lists, manifest order
 
