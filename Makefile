@@ -1,5 +1,5 @@
 # cosyclone developer entry points. `make test` and `make demo` work on a fresh machine:
-# they create .venv and install what they need first (with the eval extra, so the eval tests run).
+# they create .venv and install what they need first (with the eval and report extras, so their tests run).
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--no-deps --index-url "$(TORCH_INDEX)") "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[dev,eval,ray,lhotse]"
+	$(BIN)/python -m pip install -q -e ".[dev,eval,ray,lhotse,report]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from typing_extensions import override
 
 ROOT = Path(__file__).resolve().parents[1]
 BEFORE_REV = "5398f88664609b448ef9ec724acfbb8e0841384b"  # main just before the slot engine
@@ -353,6 +354,7 @@ def _record(fn: Any, keep: set[int]) -> dict[str, Any]:
             table[key] = [(func, tuple(fresh(v) for v in args), {n: fresh(v) for n, v in kwargs.items()}), 1]
 
     class Record(TorchDispatchMode):
+        @override
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             if func in gemm_ops:

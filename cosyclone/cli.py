@@ -31,6 +31,7 @@ from cosyclone.options import (
     INSPECT,
     MODEL,
     OUTPUT,
+    REPORT,
     SAMPLING,
     SAY,
     SYNTH,
@@ -38,6 +39,7 @@ from cosyclone.options import (
     Mode,
     TextFrontendName,
 )
+from cosyclone.report.command import report_command
 from cosyclone.run.export_command import export_command
 
 if TYPE_CHECKING:
@@ -233,6 +235,10 @@ def _print_summary(job: SynthJob, summary: JobSummary) -> None:
     extra = {"this run": f"{run.done} done, {run.failed} failed, {run.skipped} skipped, "
                          f"{run.redone} redone, {run.invalid} invalid",
              "this run audio-s/s": run.throughput_audio_s_per_s, "outputs": str(job.out)}
+    stages = run.stage_seconds or {}
+    if stages.get("bound_by"):  # the stage that set the pace, and the talker's time with rows but no step
+        extra["bound by"] = (f"{stages['bound_by']} (talker idle with rows in its slots "
+                             f"{stages['talker_idle_with_work']:.1f} s of {stages['wall']:.1f} s)")
     totals_mod.render(summary.totals, title=f"cosyclone synth: {job.out}", tty=sys.stdout.isatty(), extra=extra)
     if summary.write_error:
         typer.echo(f"error: {summary.write_error}. The {summary.written} rows written before it are kept and no "
@@ -330,46 +336,9 @@ def say(
     raise typer.Exit(Exit.OK)
 
 
-@app.command()
-def report(
-    folders: list[Path] = typer.Argument(..., help="run folders (shards of one dataset are merged)"),
-    json_out: bool = typer.Option(False, "--json", help="print the totals as one JSON object"),
-) -> None:
-    """Totals recomputed from the row records of one or more run folders (shards merged)."""
-    from cosyclone.eval.summary import load_eval_summary
-    from cosyclone.run import report as totals_mod
-
-    for path in folders:
-        if not path.is_dir():
-            _fail(f"{path}: not a folder")
-    records, warnings = totals_mod.merge_folders(folders)
-    totals = totals_mod.folder_totals(records.values())
-    totals["flags"] = totals_mod.running_writers(folders) + totals["flags"]
-    totals["versions"] = totals_mod.versions_mix(folders, records)
-    evals = {str(f): e for f in folders if (e := load_eval_summary(f)) is not None}
-    for w in warnings:
-        typer.echo(f"warning: {w}", err=True)
-    if json_out:
-        typer.echo(json.dumps({**totals, "folders": [str(f) for f in folders], "eval": evals or None},
-                              sort_keys=True))
-        raise typer.Exit(Exit.OK)
-    title = "cosyclone report: " + ", ".join(str(f) for f in folders)
-    totals_mod.render(totals, title=title, tty=sys.stdout.isatty())
-    if evals:
-        from cosyclone.eval.summary import eval_summary_renderable
-
-        for folder, e in evals.items():
-            if sys.stdout.isatty():
-                from rich.console import Console
-
-                Console().print(eval_summary_renderable(e))
-            else:
-                typer.echo(f"eval of {folder}: {json.dumps(e, sort_keys=True)}")
-    raise typer.Exit(Exit.OK)
-
-
 app.command("eval")(with_options(EVAL)(eval_command))  # cosyclone/eval/command.py (models from the optional eval extra)
 app.command("export")(with_options(EXPORT)(export_command))  # cosyclone/run/export_command.py (shards of a run folder)
+app.command("report")(with_options(REPORT)(report_command))  # cosyclone/report/command.py (totals, --html)
 
 
 @app.command("make-tiny-model")

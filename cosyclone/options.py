@@ -22,11 +22,13 @@ import dataclasses
 import functools
 import typing
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, Literal, get_args
 
 from cosyclone.errors import CosycloneError
 
-SYNTH, SAY, INSPECT, EXPORT, VALIDATE, EVAL = "synth", "say", "inspect", "export", "validate", "eval"
+SYNTH, SAY, INSPECT, EXPORT, VALIDATE, EVAL, REPORT = (
+    "synth", "say", "inspect", "export", "validate", "eval", "report")
 BOTH = (SYNTH, SAY)
 
 # the --help groups, in the order --help shows them
@@ -248,10 +250,25 @@ class ExportOptions:
         check(self)
 
 
+@dataclass(frozen=True)
+class ReportOptions:
+    """What ``cosyclone report`` writes beside its table: the one-page HTML view of the folders."""
+
+    # write the folders' page here (totals, run history, plots, the rows to listen to, outliers)
+    html: Path | None = opt(None, "write one self-contained HTML page here", panel=OUTPUT, metavar="PAGE",
+                            commands=(REPORT,))
+    # the page's players name the audio files relative to the page instead of holding them
+    link_audio: bool = opt(False, "link the audio files instead of embedding them", panel=OUTPUT,
+                           commands=(REPORT,))
+
+    def __post_init__(self) -> None:
+        check(self)
+
+
 #: The option groups a run is built from, in --help order.
 GROUPS: tuple[type, ...] = (ModelOptions, SamplingOptions, EngineOptions, FolderOptions)
-#: Every option group a command takes its options from (the run's, then export's).
-COMMAND_GROUPS: tuple[type, ...] = (*GROUPS, ExportOptions)
+#: Every option group a command takes its options from (the run's, then export's and report's).
+COMMAND_GROUPS: tuple[type, ...] = (*GROUPS, ExportOptions, ReportOptions)
 #: ModelOptions fields: a loaded model's own (the API refuses them per call).
 MODEL_FIELDS = tuple(f.name for f in fields(ModelOptions))
 

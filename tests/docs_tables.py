@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cosyclone.base.fieldtable import field_docs, markdown_table
+from cosyclone.engine.facts import StageSeconds, StageTime
 from cosyclone.eval.record import EvalRecord
 from cosyclone.run.account import GraphsRecord, RunRecord
 from cosyclone.run.row_record import RowRecord
@@ -25,6 +26,8 @@ TABLES: dict[str, tuple[type, Path]] = {
     "SamplerRowDiagnostics": (SamplerRowDiagnostics, ROOT / "docs" / "output.md"),
     "RunRecord": (RunRecord, ROOT / "docs" / "output.md"),
     "GraphsRecord": (GraphsRecord, ROOT / "docs" / "output.md"),
+    "StageSeconds": (StageSeconds, ROOT / "docs" / "output.md"),
+    "StageTime": (StageTime, ROOT / "docs" / "output.md"),
     "EvalRecord": (EvalRecord, ROOT / "docs" / "eval.md"),
 }
 

@@ -12,13 +12,16 @@ rule with a made-up figure.
 The rule on an accelerator (every constant below says whether it was measured or derived):
 
 1. ``usable = free x fraction - RESERVE_BYTES`` (``--gpu-memory-fraction``, default 0.9).
-2. Talker: a slot holds ``POSITIONS_PER_SLOT`` cache positions of ``kv_bytes_per_position`` (layers
+2. Prefill: ``PREFILL_SHARE`` of ``usable`` (at least one planned prompt) is held for one prefill's
+   activations (:func:`prefill_bytes_per_position`); ``prefill_tokens`` padded positions per prefill
+   (the scheduler caps each admission by it; one newcomer always goes). Steps 3-4 share the rest.
+3. Talker: a slot holds ``POSITIONS_PER_SLOT`` cache positions of ``kv_bytes_per_position`` (layers
    x KV heads x head dim x 2 (K and V) x the talker dtype's bytes: 24 KiB fp32, 12 KiB bf16 at the
    released geometry) plus ``SLOT_STEP_BYTES`` of per-step temporaries; slots = as many as
-   ``TALKER_SHARE`` of ``usable`` holds, 1 to ``MAX_SLOTS``.
-3. code2wav gets the rest, half each: HiFT frames per call = half / ``HIFT_BYTES_PER_FRAME``, flow
+   ``TALKER_SHARE`` of the rest holds, 1 to ``MAX_SLOTS``.
+4. code2wav gets the rest, half each: HiFT frames per call = half / ``HIFT_BYTES_PER_FRAME``, flow
    token positions per call = half / ``FLOW_BYTES_PER_TOKEN[flow dtype]``.
-4. Batch rows: how many ``DESIGN_ROW_SECONDS`` rows one HiFT call and one flow call take, 1 to
+5. Batch rows: how many ``DESIGN_ROW_SECONDS`` rows one HiFT call and one flow call take, 1 to
    the slot count (continuous batching fills the slots from several batches).
 
 A longer row than the design still runs (a cache grows; a chunk of one long row runs alone);
@@ -55,6 +58,10 @@ POSITIONS_PER_SLOT = 2048
 #: DERIVED from the config (``decoder_size x 64``), not measured.
 SLOT_STEP_BYTES_PER_VOCAB = 64
 MAX_SLOTS = 256
+#: Share of ``usable`` held for one prefill's activations (the first admission of a run would otherwise
+#: prefill every slot at once), at least one prompt of ``POSITIONS_PER_SLOT``. DERIVED (a guess
+#: bounding the prefill's transient memory), not measured.
+PREFILL_SHARE = 0.05
 #: At most this share of ``usable`` goes to the talker's cache; code2wav gets the rest.
 TALKER_SHARE = 0.75
 #: HiFT activations per padded mel frame (50 frames per second of audio): fp32, direct convolutions
@@ -98,6 +105,7 @@ class Sizing:
     frontend_workers: int  # prompt workers (threads preparing upcoming rows' prompts)
     frontend_threads: int  # torch and ONNX intra-op threads of each prompt worker
     kv_bytes_per_position: int  # one slot's K and V for one position, all layers (talker dtype)
+    prefill_tokens: int | None = None  # padded prompt positions one prefill may take (GPU); None: no cap
     free_bytes: int | None = None  # device memory free when sized (after load); None on CPU
     usable_bytes: int | None = None  # what the rule planned for: free x fraction - reserve
     fraction: float | None = None  # --gpu-memory-fraction as applied
@@ -131,7 +139,8 @@ class Sizing:
                 "flow_max_tokens": self.flow_max_tokens, "hift_bucket": self.hift_bucket,
                 "flow_bucket": self.flow_bucket, "reserve_positions": self.reserve_positions,
                 "frontend_workers": self.frontend_workers, "frontend_threads": self.frontend_threads,
-                "kv_bytes_per_position": self.kv_bytes_per_position, "free_bytes": self.free_bytes,
+                "kv_bytes_per_position": self.kv_bytes_per_position, "prefill_tokens": self.prefill_tokens,
+                "free_bytes": self.free_bytes,
                 "usable_bytes": self.usable_bytes, "fraction": self.fraction, "flow_dtype": self.flow_dtype,
                 "given": list(self.given)}
 
@@ -145,6 +154,14 @@ def kv_bytes_per_position(cfg: ModelConfig, dtype: torch.dtype) -> int:
     q = cfg.talker.qwen
     itemsize = torch.empty(0, dtype=dtype).element_size()
     return q.num_hidden_layers * q.num_key_value_heads * q.head_dim * 2 * itemsize
+
+
+def prefill_bytes_per_position(cfg: ModelConfig) -> int:
+    """A prefill's live activations per padded position, fp32 (attention that never materializes T x T
+    scores): the residual, q/k/v/o (about 6 x hidden) and the MLP's gate, up and product (3 x
+    intermediate). DERIVED from the geometry (80 kB at the released one), not measured."""
+    q = cfg.talker.qwen
+    return (6 * q.hidden_size + 3 * q.intermediate_size) * 4
 
 
 def usable_cores() -> int:
@@ -193,10 +210,13 @@ def plan_sizing(cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, *, fre
     fraction = GPU_MEMORY_FRACTION if opts.gpu_memory_fraction is None else float(opts.gpu_memory_fraction)
     usable = max(0, int(free_bytes * fraction) - RESERVE_BYTES)
     per_slot = POSITIONS_PER_SLOT * kv + SLOT_STEP_BYTES_PER_VOCAB * cfg.talker.decoder_size
-    slots = max(1, min(MAX_SLOTS, int(usable * TALKER_SHARE) // per_slot))
+    prefill_bytes = prefill_bytes_per_position(cfg)  # the prefill's room comes first
+    prefill = max(POSITIONS_PER_SLOT, int(usable * PREFILL_SHARE) // prefill_bytes)
+    rest = max(0, usable - prefill * prefill_bytes)
+    slots = max(1, min(MAX_SLOTS, int(rest * TALKER_SHARE) // per_slot))
     if opts.talker_slots:
         slots = int(opts.talker_slots)
-    half = max(0, usable - slots * per_slot) // 2
+    half = max(0, rest - slots * per_slot) // 2
     flow_dtype = dtype_name(policy.dit_dtype)
     design = DESIGN_ROW_SECONDS * 50  # frames of HiFT = token positions of the flow (prompt + target)
     hift_frames = max(design, half // HIFT_BYTES_PER_FRAME)
@@ -207,7 +227,8 @@ def plan_sizing(cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, *, fre
                   hift_max_frames=hift_frames, flow_max_tokens=flow_tokens,
                   hift_bucket=ROCM_HIFT_BUCKET if rocm else 0, flow_bucket=ROCM_FLOW_BUCKET if rocm else 0,
                   reserve_positions=POSITIONS_PER_SLOT, frontend_workers=workers, frontend_threads=threads,
-                  kv_bytes_per_position=kv, free_bytes=int(free_bytes), usable_bytes=usable, fraction=fraction,
+                  kv_bytes_per_position=kv, prefill_tokens=prefill, free_bytes=int(free_bytes), usable_bytes=usable,
+                  fraction=fraction,
                   flow_dtype=flow_dtype, given=given)
 
 

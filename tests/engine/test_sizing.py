@@ -53,6 +53,8 @@ def _rule(free: int, policy: DevicePolicy, opts: RunOptions) -> tuple[int, int, 
     """The documented rule, spelled out: (slots, hift frames, flow tokens, batch rows)."""
     usable = int(free * (opts.gpu_memory_fraction or Z.GPU_MEMORY_FRACTION)) - Z.RESERVE_BYTES
     per_slot = Z.POSITIONS_PER_SLOT * kv_bytes_per_position(CFG, policy.dtype) + 64 * CFG.talker.decoder_size
+    per_position = Z.prefill_bytes_per_position(CFG)
+    usable -= max(Z.POSITIONS_PER_SLOT, int(usable * Z.PREFILL_SHARE) // per_position) * per_position
     slots = max(1, min(Z.MAX_SLOTS, int(usable * Z.TALKER_SHARE) // per_slot))
     half = (usable - slots * per_slot) // 2
     hift = max(1500, half // Z.HIFT_BYTES_PER_FRAME)
@@ -70,7 +72,8 @@ def test_on_a_gpu_the_sizes_follow_the_free_memory(free_gib: int) -> None:
     slots = _n(s.talker_slots) * (_n(s.reserve_positions) * s.kv_bytes_per_position + 64 * CFG.talker.decoder_size)
     c2w = s.hift_max_frames * Z.HIFT_BYTES_PER_FRAME + s.flow_max_tokens * Z.FLOW_BYTES_PER_TOKEN["bf16"]
     if free_gib >= 12:  # above the one-design-row minimums, what is planned fits what was usable
-        assert slots + c2w <= _n(s.usable_bytes)
+        prefill = _n(s.prefill_tokens) * Z.prefill_bytes_per_position(CFG)
+        assert slots + prefill + c2w <= _n(s.usable_bytes)
     text = "\n".join(s.describe())
     assert f"{free_gib}.0 GiB free" in text and f"talker slots {s.talker_slots}" in text
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from typing_extensions import override
 
 from benchmarks.gpu_verdict import token_difference
 from cosyclone.talker import DecodeOptions, StepMechanics, generate
@@ -91,6 +92,7 @@ def test_graph_wrapper_state_machine_gives_plain_tokens() -> None:
 
 
 class _Refuses(EagerCapture):
+    @override
     def capture(self, thunk: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
         raise RuntimeError("operation not permitted when stream is capturing")
 
