@@ -161,6 +161,10 @@ class RowOutcome:
         self.row = RowCore(id=row_id, line=line, seed=seed)
 
     @property
+    def row_id(self) -> str:
+        return self.row.id
+
+    @property
     def status(self) -> RowStatus:
         return self.row.status
 
