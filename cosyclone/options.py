@@ -245,7 +245,7 @@ class ExportOptions:
                                   metavar="NAME=F", commands=(EXPORT,))
     # embed each row's prompt recording (Parquet: a second audio column; WebDataset: <key>.prompt.<ext>)
     include_prompt_audio: bool = opt(False, "embed the prompt recording too", panel=SHARDS, commands=(EXPORT,))
-    # only the rows `cosyclone eval` passed (needs OUT/eval.jsonl)
+    # only the rows `cosyclone eval` passed (needs OUT/scores.jsonl)
     only_passed: bool = opt(False, "only rows that passed cosyclone eval", panel=SOURCES, commands=(EXPORT,))
     # export a folder a live `synth` is writing (what it finished so far; the marker says "running")
     allow_running: bool = opt(False, "export a folder a synth is still writing", panel=SOURCES,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from cosyclone.base.fieldtable import field_docs, markdown_table
 from cosyclone.engine.facts import StageSeconds, StageTime
+from cosyclone.eval.record import EvalRecord
 from cosyclone.run.account import GraphsRecord, RunRecord
 from cosyclone.run.row_record import RowRecord
 from cosyclone.talker.diagnostics import SamplerRowDiagnostics
@@ -27,6 +28,7 @@ TABLES: dict[str, tuple[type, Path]] = {
     "GraphsRecord": (GraphsRecord, ROOT / "docs" / "output.md"),
     "StageSeconds": (StageSeconds, ROOT / "docs" / "output.md"),
     "StageTime": (StageTime, ROOT / "docs" / "output.md"),
+    "EvalRecord": (EvalRecord, ROOT / "docs" / "eval.md"),
 }
 
 

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 from torch import Tensor
 from typing_extensions import override
 
 from cosyclone.talker import DecodeOptions, TalkerRequest, TalkerResult, TalkerSession, decode
+from cosyclone.talker.diagnostics import StopReason
 from cosyclone.talker.model import CosyVoice3LM
 from cosyclone.talker.step import Admit, SlotStep
 
@@ -59,6 +60,7 @@ class HostSession(TalkerSession):
                  logits_hook: LogitsHook | None = None) -> None:
         self.host_sampler, self.logits_hook = sampler, logits_hook
         self.returned: dict[int, TalkerResult] = {}
+        self.aborted: set[int] = set()  # results the sampler aborted: their stop reason comes at close()
         # CUDA graphs off: Python runs inside each step, which a captured graph would not replay
         host = replace(options or DecodeOptions(), cuda_graphs="off")
         super().__init__(model, host, slots=slots, capacity=capacity, token_capacity=token_capacity)
@@ -96,7 +98,10 @@ class HostSession(TalkerSession):
         req = self._request(t)
         raw, kept, reason = self._tokens(t)  # "aborted" until close() asks the sampler why
         seq = self.seqs[t]
-        res = TalkerResult(row_id=req.row_id, tokens=kept, raw_tokens=raw, stop_reason=reason,
+        if reason == "aborted":  # the sampler says why at close()
+            self.aborted.add(t)
+        stop = "error" if reason == "aborted" else cast(StopReason, reason)
+        res = TalkerResult(row_id=req.row_id, tokens=kept, raw_tokens=raw, stop_reason=stop,
                            min_len=seq.min_len, max_len=seq.max_len, seconds=seq.seconds)
         self.returned[t] = res
         return res
@@ -109,11 +114,11 @@ class HostSession(TalkerSession):
         n = len(self.seqs)
         assert sorted(self.returned) == list(range(n)), "close() before every result was returned"
         ends = [self.returned[t] for t in range(n)]
-        diags = self.host_sampler.finish([None if r.stop_reason == "aborted" else r.stop_reason for r in ends],
+        diags = self.host_sampler.finish([None if t in self.aborted else r.stop_reason for t, r in enumerate(ends)],
                                          [len(r.tokens) for r in ends])
-        for res, diag in zip(ends, diags or [None] * n, strict=True):
+        for t, (res, diag) in enumerate(zip(ends, diags or [None] * n, strict=True)):
             res.diagnostics = diag
-            if res.stop_reason == "aborted":
+            if t in self.aborted:
                 res.stop_reason = getattr(diag, "stop_reason", None) or "error"
 
 

@@ -10,10 +10,12 @@ stop rules or the scheduling.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import torch
 
 from cosyclone.talker import DecodeOptions, TalkerRequest, TalkerResult, prompt_batch, silent_filter
+from cosyclone.talker.diagnostics import StopReason
 from cosyclone.talker.model import CosyVoice3LM
 from cosyclone.talker.sampler import SamplerOptions
 from tests.samplers import BatchSampler
@@ -82,6 +84,7 @@ def reference_generate(model: CosyVoice3LM, requests: Sequence[TalkerRequest],
         reason = reasons[r] or "max_len"
         if reason == "aborted":
             reason = diags[r].stop_reason or "error"
-        out.append(TalkerResult(row_id=req.row_id, tokens=kept[r], raw_tokens=raw[r], stop_reason=reason,
+        out.append(TalkerResult(row_id=req.row_id, tokens=kept[r], raw_tokens=raw[r],
+                                stop_reason=cast(StopReason, reason),
                                 diagnostics=diags[r], min_len=min_len[r], max_len=max_len[r]))
     return out

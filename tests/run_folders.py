@@ -11,10 +11,12 @@ from typing import Any
 import numpy as np
 
 from cosyclone.engine import RowResult
+from cosyclone.engine.outcome import RowStatus
 from cosyclone.run import folder as runfolder
 from cosyclone.run.audio_out import AudioOutput
 from cosyclone.run.row_record import RowStamp
 from cosyclone.run.writer import BackgroundWriter, WriterOptions
+from cosyclone.talker.diagnostics import StopReason
 
 RATE = 24000
 
@@ -27,9 +29,9 @@ class Row:
     line: int
     seed: int = 7
     text: str = "words"
-    status: str = "ok"
+    status: RowStatus = "ok"
     meta: dict[str, Any] | None = None
-    stop_reasons: tuple[str, ...] = ("eos",)
+    stop_reasons: tuple[StopReason, ...] = ("eos",)
     prompt_audio: str = "prompts/speaker1.wav"
     extra: dict[str, Any] = field(default_factory=dict)  # more record fields, written into the line
 

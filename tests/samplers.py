@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
 
-from cosyclone.talker.diagnostics import SamplerRowDiagnostics
+from cosyclone.talker.diagnostics import SamplerRowDiagnostics, StopReason
 from cosyclone.talker.results import TalkerResult
 from cosyclone.talker.sampler import (
     _ERR_EMPTY,
@@ -308,7 +308,8 @@ class BatchSampler:
                 reason = "stop_token"
             out.append(row_diagnostics(self.options, rid, self.row_seeds[i], self.segments[i],
                                        [int(c[i]) for c in counters], dead=bool(dead[i]),
-                                       err=[int(e[i]) for e in err], stop_reason=reason,
+                                       err=[int(e[i]) for e in err],
+                                       stop_reason=cast("StopReason | None", reason),  # the reference's stop_token
                                        tokens_emitted=None if tokens_emitted is None else tokens_emitted[i]))
         return out
 

@@ -69,6 +69,15 @@ class Progress:
                 self._bar.set_postfix_str(self._rates() + failed, refresh=False)
                 self._bar.update(1)
 
+    def exclude(self, rows: int) -> None:
+        """``rows`` of the total will not be made here (rejected lines, rows already done): a run that
+        reads its manifest as it goes starts from the line count and learns these part by part."""
+        with self._lock:
+            self.total = max(self.rows, self.total - rows)
+            if self._bar is not None:
+                self._bar.total = self.total
+                self._bar.refresh()
+
     def _rates(self) -> str:
         wall = max(1e-9, time.perf_counter() - self._t0)
         rate = self.rows / wall

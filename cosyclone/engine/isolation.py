@@ -142,7 +142,7 @@ def synthesize_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptio
         results = talker_with_checkpoint(stages, segments, S.decode_options(stages.cfg, opts), outcomes, tokens)
         share = (time.perf_counter() - t0) / max(1, len(segments))
         for rid, _ in segments:
-            outcomes[rid].seconds["talker"] = outcomes[rid].seconds.get("talker", 0.0) + share
+            outcomes[rid].took("talker", share)
     return S.finish_batch(stages, prepared, results, opts)
 
 

@@ -281,8 +281,7 @@ class StageSchedule:
         f.results[i] = res
         f.todo.discard(i)
         I.store_result(self.tokens, seg, res)
-        seconds = f.prepared.outcomes[seg[0]].seconds
-        seconds["talker"] = seconds.get("talker", 0.0) + float(getattr(res, "seconds", 0.0))
+        f.prepared.outcomes[seg[0]].took("talker", float(getattr(res, "seconds", 0.0)))
 
     def _recover(self, failure: Failure) -> None:
         """After the handler: close the failed session, free the device's cache, and decode what it

@@ -147,7 +147,7 @@ def prepare_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptions,
 
     ``prompts``: an :class:`~cosyclone.engine.prefetch.PromptAhead` whose workers computed the rows'
     prompt features ahead (the row is charged their seconds); None: computed here."""
-    outcomes = {r.id: RowOutcome(row_id=r.id, line=r.line, seed=row_seed_of(opts.seed, r)) for r in rows}
+    outcomes = {r.id: RowOutcome(r.id, r.line, row_seed_of(opts.seed, r)) for r in rows}
     segments: list[tuple[str, Request]] = []
     # the position check must use the run's max length ratio when it overrides the model's
     fit = {} if opts.max_len_ratio is None else {"max_len_ratio": opts.max_len_ratio}
@@ -161,10 +161,10 @@ def prepare_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptions,
                 reqs = stages.frontend.prepare(row.id, row.prompt_audio, row.prompt_text, row.text, row.mode,
                                                row.instruct, oc.seed, row.speed, **extra)
             segments.extend((row.id, r) for r in reqs)
-            oc.segments = [_segment_record(r) for r in reqs]
+            oc.read([_segment_record(r) for r in reqs])
         except Exception as exc:  # a bad prompt or text fails its row only
             oc.fail_exc("frontend", exc)
-        oc.seconds["frontend"] = time.perf_counter() - t0 + ahead_seconds
+        oc.took("frontend", time.perf_counter() - t0 + ahead_seconds)
     return PreparedBatch(rows=list(rows), outcomes=outcomes, segments=segments)
 
 
@@ -193,10 +193,7 @@ def finish_batch(stages: Stages, prepared: PreparedBatch, results: dict[int, Tal
         res, oc = results.get(i), outcomes[rid]
         if res is None:
             continue
-        oc.stop_reasons.append(res.stop_reason)
-        oc.tokens.append(len(res.tokens))
-        if res.diagnostics is not None:  # the product's sampler always reports; a test's stub may not
-            oc.sampler.append(res.diagnostics)
+        oc.decoded(res.stop_reason, len(res.tokens), res.diagnostics)  # diagnostics: None from a test's stub
         if res.stop_reason in ABORTS:
             err = res.diagnostics.error if res.diagnostics is not None else None
             oc.fail("talker", res.stop_reason, res.stop_reason + (f": {err}" if err else ""))
@@ -227,7 +224,6 @@ def finish_batch(stages: Stages, prepared: PreparedBatch, results: dict[int, Tal
         if oc.status == "ok":
             parts = [audio[i] for i, (rid, _) in enumerate(segments) if rid == row.id]
             wav = np.concatenate(parts) if parts else np.zeros(0, np.float32)
-            oc.audio_seconds = len(wav) / sr
         records.append(oc.result(wav, int(sr)))
     return records
 
@@ -252,7 +248,7 @@ def _check_audio(oc: RowOutcome, wav: np.ndarray, policy: str) -> np.ndarray:
     bad = int(wav.size - np.count_nonzero(finite))
     if not bad:
         return wav
-    oc.nonfinite_audio_samples += bad
+    oc.nonfinite(bad)
     if policy == "zero":
         zeroed: np.ndarray = np.nan_to_num(wav, nan=0.0, posinf=1.0, neginf=-1.0)
         return zeroed
@@ -315,8 +311,8 @@ def _code2wav(stages: Stages, live: _Live, results: dict[int, TalkerResult], opt
                     speed=[float(r.speed) for r, _ in items], n_timesteps=opts.n_timesteps,
                     **code2wav_budgets(stages.sizing))
     for _, rid, _ in live:
-        outcomes[rid].seconds["flow"] = outcomes[rid].seconds.get("flow", 0.0) + res.flow_seconds / len(items)
-        outcomes[rid].seconds["hift"] = outcomes[rid].seconds.get("hift", 0.0) + res.hift_seconds / len(items)
+        outcomes[rid].took("flow", res.flow_seconds / len(items))
+        outcomes[rid].took("hift", res.hift_seconds / len(items))
     return {i: w.numpy().astype(np.float32, copy=False) for (i, _, _), w in zip(live, res.wavs, strict=True)}
 
 

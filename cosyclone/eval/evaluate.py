@@ -1,13 +1,15 @@
-"""``cosyclone eval``: score every synthesized row of a folder, write eval.jsonl, the summary and redo.jsonl.
+"""``cosyclone eval``: score every synthesized row of a folder, write scores.jsonl, the summary and redo.jsonl.
 
 One pass over the manifest's rows in batches of the ASR batch size: read the WAVs, run the signal
 checks, transcribe the batch, score the text, embed prompt and output with each speaker backend,
 and judge the row against the thresholds. A row that cannot be scored (unreadable WAV, a
 backend error) gets an ``error`` record and the others go on; rows the folder has no audio for
-get a ``skipped`` record naming why. Nothing is downloaded and nothing in the folder but
-``eval.jsonl``, ``eval_summary.json`` and (with thresholds) ``redo.jsonl`` is written.
+get a ``skipped`` record naming why (each an :class:`~cosyclone.eval.record.EvalRecord`). Nothing is
+downloaded and nothing in the folder but ``scores.jsonl``, ``scores_summary.json`` and (with
+thresholds) ``redo.jsonl`` is written (names :mod:`cosyclone.run.scores` chooses so that the folder
+still loads as an audiofolder dataset; an older ``eval.jsonl`` is read, then replaced).
 
-Transcripts are reused from the folder's previous ``eval.jsonl`` when the WAV's sha256 and the ASR
+Transcripts are reused from the folder's previous scores when the WAV's sha256 and the ASR
 key (model hashes, decoding options, language hint) are unchanged: in a nightly
 synth -> eval -> synth redo -> eval loop only the redone rows are transcribed again.
 """
@@ -31,13 +33,15 @@ from cosyclone.eval.asr import AsrOptions, Transcript, WhisperASR
 from cosyclone.eval.audio_checks import AudioCheckOptions, check_audio
 from cosyclone.eval.folder import Folder, FolderRow, read_folder
 from cosyclone.eval.metrics import infer_language, score
+from cosyclone.eval.record import EvalRecord, unknown_fields
 from cosyclone.eval.redo import REDO_NAME, current_seed, redo_seed, write_redo
 from cosyclone.eval.speaker import SpeakerEncoder, build_encoder, cosine
 from cosyclone.eval.summary import summarize, write_summary
 from cosyclone.eval.thresholds import Thresholds, failures
 from cosyclone.run.folder import iter_jsonl
+from cosyclone.run.scores import SCORES_NAME, remove_legacy, scores_path
 
-EVAL_NAME = "eval.jsonl"
+EVAL_NAME = SCORES_NAME  # the records' file (docs and scripts name it; an older folder's is eval.jsonl)
 ASR_RATE = 16000
 
 
@@ -51,15 +55,15 @@ class EvalOptions:
     thresholds: Thresholds = Thresholds()  # what a good row stays within (redo.jsonl when any is set)
     audio: AudioCheckOptions = AudioCheckOptions()  # silence / clipping detector settings
     redo_unsynthesized: bool = False  # also list rows that failed or are missing in redo.jsonl
-    reuse_transcripts: bool = True  # reuse the previous eval.jsonl's transcript of an unchanged WAV
+    reuse_transcripts: bool = True  # reuse the previous scores' transcript of an unchanged WAV
 
 
 @dataclass
 class EvalResult:
     """The records written, the summary, and where redo.jsonl went (None without thresholds)."""
 
-    records: list[dict[str, Any]]  # one per valid manifest row, manifest order
-    summary: dict[str, Any]  # what eval_summary.json holds
+    records: list[EvalRecord]  # one per valid manifest row, manifest order
+    summary: dict[str, Any]  # what scores_summary.json holds
     redo_path: Path | None = None  # OUT/redo.jsonl when thresholds were given
     redo_ids: list[str] = field(default_factory=list)  # the rows it lists, manifest order
 
@@ -83,8 +87,8 @@ def _to_16k(wave: np.ndarray, sr: int) -> np.ndarray:
 
 
 def _previous(out_dir: Path) -> dict[str, dict[str, Any]]:
-    """The previous eval.jsonl's records by id (empty when there is none)."""
-    path = out_dir / EVAL_NAME
+    """The previous scores' records by id (empty when there are none)."""
+    path = scores_path(out_dir)
     found: dict[str, dict[str, Any]] = {}
     if not path.is_file():
         return found
@@ -105,8 +109,9 @@ class _Scorer:
     """The loaded models and caches of one eval run."""
 
     def __init__(self, options: EvalOptions, asr: WhisperASR, encoders: Sequence[SpeakerEncoder],
-                 previous: dict[str, dict[str, Any]]) -> None:
+                 previous: dict[str, dict[str, Any]], out_dir: Path) -> None:
         self.options, self.asr, self.encoders, self.previous = options, asr, list(encoders), previous
+        self.out_dir = out_dir
         self.asr_info = asr.info()
         self.models = {"asr": self.asr_info, "speaker": {e.name: e.info() for e in self.encoders}}
         self.backend = options.thresholds.similarity_backend or (self.encoders[0].name if self.encoders else None)
@@ -125,7 +130,7 @@ class _Scorer:
         records: list[dict[str, Any]] = []
         waves: list[np.ndarray | None] = []
         for frow in rows:
-            rec = _base_record(frow)
+            rec = _base_record(frow, self.out_dir)
             try:
                 data = frow.wav.read_bytes()
                 rec["wav_sha256"] = hashlib.sha256(data).hexdigest()
@@ -190,10 +195,11 @@ class _Scorer:
         rec["models"] = self.models
 
 
-def _base_record(frow: FolderRow) -> dict[str, Any]:
-    return {"id": frow.row.id, "line": frow.row.line, "status": "ok", "seed": current_seed(frow),
-            "wav": f"wavs/{frow.row.id}.wav", "text": frow.row.text, "mode": frow.row.mode,
-            "prompt_audio": str(frow.row.prompt_audio)}
+def _base_record(frow: FolderRow, out_dir: Path) -> dict[str, Any]:
+    """The fields every record of ``frow`` has, as the dict the scoring fills in (an :class:`EvalRecord` at the end)."""
+    wav = frow.wav.relative_to(out_dir).as_posix() if frow.wav.is_relative_to(out_dir) else str(frow.wav)
+    return {"id": frow.row.id, "line": frow.row.line, "status": "ok", "seed": current_seed(frow), "wav": wav,
+            "text": frow.row.text, "mode": frow.row.mode, "prompt_audio": str(frow.row.prompt_audio)}
 
 
 def load_models(options: EvalOptions) -> tuple[WhisperASR, list[SpeakerEncoder]]:
@@ -212,7 +218,7 @@ def load_models(options: EvalOptions) -> tuple[WhisperASR, list[SpeakerEncoder]]
 def evaluate(out_dir: str | Path, manifest: str | Path, options: EvalOptions, *,
              asr: WhisperASR | None = None, encoders: Sequence[SpeakerEncoder] | None = None,
              progress: Callable[[int], None] | None = None) -> EvalResult:
-    """Score the folder, write eval.jsonl + eval_summary.json (+ redo.jsonl with thresholds).
+    """Score the folder, write scores.jsonl + scores_summary.json (+ redo.jsonl with thresholds).
 
     ``asr`` / ``encoders`` are loaded from ``options`` unless given (tests share one loaded model).
     """
@@ -222,7 +228,7 @@ def evaluate(out_dir: str | Path, manifest: str | Path, options: EvalOptions, *,
     if asr is None or encoders is None:
         loaded_asr, loaded_enc = load_models(options)
         asr, encoders = asr or loaded_asr, loaded_enc if encoders is None else encoders
-    scorer = _Scorer(options, asr, encoders, _previous(out_dir))
+    scorer = _Scorer(options, asr, encoders, _previous(out_dir), out_dir)
     by_id: dict[str, dict[str, Any]] = {}
     scorable = [f for f in folder.rows if f.skip is None]
     bs = max(1, options.asr.batch_size)
@@ -235,7 +241,7 @@ def evaluate(out_dir: str | Path, manifest: str | Path, options: EvalOptions, *,
     records = []
     for frow in folder.rows:
         found = by_id.get(frow.row.id)
-        rec = found if found is not None else _base_record(frow)
+        rec = found if found is not None else _base_record(frow, out_dir)
         if found is None:
             rec.update(status="skipped", skip_reason=frow.skip,
                        synth_error=frow.record.error if frow.record is not None else None)
@@ -256,18 +262,28 @@ def _finish(out_dir: Path, folder: Folder, records: list[dict[str, Any]], option
             if bad:
                 rec["redo_seed"] = redo_seed(frow.row.id, current_seed(frow))
                 redo_rows.append(frow)
-    path = out_dir / EVAL_NAME
+    typed = [_typed(rec) for rec in records]
+    path = out_dir / SCORES_NAME
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     with open(tmp, "w", encoding="utf-8") as fh:
-        for rec in records:
-            fh.write(json.dumps(rec, ensure_ascii=False, sort_keys=True) + "\n")
+        for one in typed:
+            fh.write(json.dumps(one.to_json(), ensure_ascii=False, sort_keys=True) + "\n")
     os.replace(tmp, path)
     redo_path = write_redo(out_dir, redo_rows) if t.any else None
     extra = {"out_dir": str(out_dir), "manifest": str(folder.manifest), "invalid_rows": len(folder.invalid),
              "not_in_manifest": len(folder.unknown_ids), "transcripts_reused": scorer.reused,
              "redo": {"path": REDO_NAME, "rows": len(redo_rows)} if redo_path is not None else None,
              "models": scorer.models, "wall_seconds": wall, "cosyclone": __version__}
-    summary = summarize(records, thresholds=t, backend=scorer.backend, extra=extra)
+    summary = summarize([one.to_json() for one in typed], thresholds=t, backend=scorer.backend, extra=extra)
     write_summary(out_dir, summary)
-    return EvalResult(records=records, summary=summary, redo_path=redo_path,
+    remove_legacy(out_dir)  # both files are written under their new names
+    return EvalResult(records=typed, summary=summary, redo_path=redo_path,
                       redo_ids=[f.row.id for f in redo_rows])
+
+
+def _typed(rec: dict[str, Any]) -> EvalRecord:
+    """The scoring's dict as its declared record (a key it set that the record lacks is a bug here)."""
+    assert not unknown_fields(rec), f"EvalRecord does not declare {unknown_fields(rec)}"
+    typed = EvalRecord.from_json(rec)
+    assert typed is not None
+    return typed

@@ -1,4 +1,4 @@
-"""Content hashes of the evaluation models, so every eval.jsonl line says exactly which weights scored it.
+"""Content hashes of the evaluation models, so every scores.jsonl line says exactly which weights scored it.
 
 A large-v3 conversion is 3 GB: hashing it on every nightly eval would cost more than scoring a
 small folder. Hashes come from the run folder's own file-hash cache

@@ -45,7 +45,7 @@ class SpeakerEncoder(Protocol):
         ...
 
     def info(self) -> dict[str, Any]:
-        """Backend, weights path and sha256 (recorded in eval.jsonl)."""
+        """Backend, weights path and sha256 (recorded in scores.jsonl)."""
         ...
 
 

@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 
 from cosyclone.eval.thresholds import REFERENCE_ERROR_RATE, Thresholds
+from cosyclone.run.scores import SCORES_SUMMARY_NAME, scores_path
 
-SUMMARY_NAME = "eval_summary.json"
+SUMMARY_NAME = SCORES_SUMMARY_NAME  # scores_summary.json (an older folder's: eval_summary.json, still read)
 FORMAT = 1  # bumped when a field changes meaning
 PERCENTILES = (10, 50, 90, 95)
 # metric name -> record field (speaker similarities are added per backend)
@@ -83,7 +84,7 @@ def summarize(records: list[dict[str, Any]], *, thresholds: Thresholds, backend:
 
 
 def write_summary(out_dir: Path, summary: dict[str, Any]) -> Path:
-    """Write ``OUT/eval_summary.json`` atomically."""
+    """Write ``OUT/scores_summary.json`` atomically."""
     path = Path(out_dir) / SUMMARY_NAME
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     tmp.write_text(json.dumps(summary, indent=2, ensure_ascii=False, sort_keys=False) + "\n", encoding="utf-8")
@@ -93,7 +94,7 @@ def write_summary(out_dir: Path, summary: dict[str, Any]) -> Path:
 
 def load_eval_summary(out_dir: str | Path) -> dict[str, Any] | None:
     """The folder's eval summary, or None when it has none (or one this version cannot read)."""
-    path = Path(out_dir) / SUMMARY_NAME
+    path = scores_path(Path(out_dir), SUMMARY_NAME)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any
 
-MAX_DEPTH = 2  # JSON nesting a line may have: the row object and one level inside it (no field needs more)
+MAX_DEPTH = 6  # JSON nesting a line may have: the row object, its meta object and four levels inside that
 MAX_LINE_BYTES = 1 << 20  # a longer line is refused unread: no text the talker can take comes near it
 MAX_INT_DIGITS = 20  # longer integer literals are refused unparsed (2**64 - 1 has 20 digits)
 
@@ -45,7 +45,8 @@ def decode_line(raw: bytes | str) -> object:
         text = raw
     depth = _max_depth(text)
     if depth > MAX_DEPTH:
-        raise LineError(f"nested {depth} levels deep; a row is a flat object (at most {MAX_DEPTH} levels)")
+        raise LineError(f"nested {depth} levels deep; a row is at most {MAX_DEPTH} levels deep (its meta object "
+                        f"and {MAX_DEPTH - 2} levels inside it)")
     try:
         return json.loads(text, object_pairs_hook=_unique_keys, parse_int=_bounded_int,
                           parse_constant=_no_constant)

@@ -15,7 +15,10 @@ is kept in the spoken fields, which the frontend reads as the official one does.
 Schema (docs/manifest.md): ``id`` (safe file name), ``prompt_audio`` (path relative to the manifest's
 folder), ``text``; optional ``mode`` (zero_shot | cross_lingual | instruct2), ``prompt_text`` (the
 prompt's transcript: required for zero_shot, the only mode whose LLM reads it; ignored otherwise, as
-officially), ``instruct`` (required for instruct2), ``seed`` (int), ``speed`` (positive number).
+officially), ``instruct`` (required for instruct2), ``seed`` (int), ``speed`` (positive number), ``meta`` (any JSON
+object: the user's own fields, such as a speaker or a language, carried into the row's record,
+``metadata.jsonl`` and every export; it never changes the audio). Any other field is refused, each
+one named, so a typo (``promt_text``) is never silently dropped.
 
 A ``text`` is checked as the model will read it: blank, or nothing left to speak once normalized
 (only emoji, only punctuation such as "..."), or a system prefix where the mode has none, is an
@@ -34,6 +37,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeAlias
 
 from cosyclone.base.shard import Shard
 from cosyclone.errors import CosycloneError, ManifestError
@@ -41,7 +45,7 @@ from cosyclone.manifest.lines import short_repr
 from cosyclone.options import MODES, Mode, TextFrontendName
 
 REQUIRED = ("id", "prompt_audio", "text")
-OPTIONAL = ("mode", "prompt_text", "instruct", "seed", "speed")
+OPTIONAL = ("mode", "prompt_text", "instruct", "seed", "speed", "meta")
 KNOWN = frozenset(REQUIRED + OPTIONAL)
 _UNSAFE_CHARS = ("/", "\\", "\x00", ":")
 TEXT_FIELDS = ("id", "text", "prompt_text", "instruct", "prompt_audio")  # checked by text_field_problem
@@ -62,6 +66,12 @@ SPOKEN_FIELDS = ("text", "prompt_text", "instruct")
 _REFUSED = re.compile("[\ud800-\udfff\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
+#: A JSON value as a manifest line holds it (what ``meta`` may carry, at any depth the line allows).
+JsonValue: TypeAlias = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
+#: A row's ``meta`` object: the user's own fields, by name.
+Meta: TypeAlias = dict[str, JsonValue]
+
+
 @dataclass(frozen=True)
 class ManifestRow:
     """One validated row of the manifest."""
@@ -76,6 +86,7 @@ class ManifestRow:
     seed: int | None = None  # per-row seed; None derives one from the run seed and the id
     speed: float = 1.0  # speaking-rate factor handed to the frontend
     prompt_seconds: float = 0.0  # prompt_audio duration from its header (0.0 when audio was not checked)
+    meta: Meta | None = field(default=None, hash=False)  # the row's meta object (None: the row has none)
 
 
 @dataclass
@@ -205,8 +216,10 @@ def parse_row(obj: object, *, line: int, base: Path, check_audio: bool = True,
     rid_s = rid if isinstance(rid, str) else None
     unknown = sorted(str(k) for k in set(obj) - KNOWN)  # str: a Python dict may have other keys
     if unknown:
-        raise ManifestError(f"unknown field (allowed: {', '.join(sorted(KNOWN))})", line=line,
-                            field=unknown[0], row_id=rid_s)
+        several = len(unknown) > 1
+        names = f"unknown fields {', '.join(short_repr(k) for k in unknown)}" if several else "unknown field"
+        raise ManifestError(f"{names} (allowed: {', '.join(sorted(KNOWN))}; a field of your own goes inside "
+                            '"meta")', line=line, field=None if several else unknown[0], row_id=rid_s)
     for name in REQUIRED:
         if name not in obj:
             raise ManifestError("required field missing", line=line, field=name, row_id=rid_s)
@@ -252,9 +265,33 @@ def parse_row(obj: object, *, line: int, base: Path, check_audio: bool = True,
         why, seconds = (audio_check or _check_audio)(audio)
         if why:
             raise ManifestError(why, line=line, field="prompt_audio", row_id=rid_s)
+    meta = check_meta(obj["meta"], line=line, row_id=rid_s) if "meta" in obj else None
     assert isinstance(rid, str)  # check_id refused anything else above
     return ManifestRow(line=line, id=rid, prompt_audio=audio, prompt_text=prompt_text, text=text,
-                       mode=mode, instruct=instruct, seed=seed, speed=float(speed), prompt_seconds=seconds)
+                       mode=mode, instruct=instruct, seed=seed, speed=float(speed), prompt_seconds=seconds,
+                       meta=meta)
+
+
+def check_meta(value: object, *, line: int, row_id: str | None) -> Meta:
+    """A row's ``meta`` as the folder will keep it: a JSON object whose every value JSON can write as
+    UTF-8 (no NaN, no lone surrogate, no Python object), copied so that a caller's later change to its
+    dict does not reach the run. Raises :class:`ManifestError` naming the field."""
+    import json
+
+    if not isinstance(value, dict):
+        raise ManifestError(f"must be a JSON object (such as {{\"speaker\": \"anna\"}}), not "
+                            f"{short_repr(value)}", line=line, field="meta", row_id=row_id)
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+        text.encode("utf-8")
+        copied: Any = json.loads(text)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ManifestError(f"cannot be written as JSON: {short_repr(str(exc))}", line=line, field="meta",
+                            row_id=row_id) from None
+    if set(copied) != set(value):  # a key JSON turned into another string (1 and "1", True and "true")
+        raise ManifestError("keys must be strings", line=line, field="meta", row_id=row_id)
+    meta: Meta = copied
+    return meta
 
 
 _PATHS: dict[tuple[Path, str], Path] = {}  # (base, prompt_audio as written) -> its path: one object per prompt file

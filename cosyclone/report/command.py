@@ -44,6 +44,8 @@ def report_command(
         _write_page(folders, page.html, link_audio=page.link_audio)
     records, warnings = totals_mod.merge_folders(folders)
     totals = totals_mod.folder_totals(records.values())
+    totals["flags"] = totals_mod.running_writers(folders) + totals["flags"]
+    totals["versions"] = totals_mod.versions_mix(folders, records)
     evals = {str(f): e for f in folders if (e := load_eval_summary(f)) is not None}
     for w in warnings:
         typer.echo(f"warning: {w}", err=True)

@@ -22,6 +22,7 @@ import numpy.typing as npt
 
 from cosyclone.run.folder import iter_jsonl
 from cosyclone.run.row_record import RowRecord
+from cosyclone.run.scores import scores_path
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -34,9 +35,6 @@ SAMPLER_EVENTS: tuple[tuple[str, str], ...] = (
     ("no_finite_steps", "no finite logit"),
     ("ras_fallbacks", "RAS fallback"),
 )
-#: eval's per-row records, the first of these a folder holds: scores.jsonl (the name that keeps the folder
-#: an audiofolder), else eval.jsonl (cosyclone/eval/evaluate.py, which loads torch, writes it today)
-EVAL_NAMES = ("scores.jsonl", "eval.jsonl")
 CAP_REASON = "max_len"  # the talker's stop reason of a segment cut at its token cap
 END_OF_PROMPT = "<|endofprompt|>"  # what precedes it in a segment's text is an instruction, not spoken
 TAG = re.compile(r"<\|[^|<>]*\|>")  # the LLM's control tags (<|en|>, <|endofprompt|>, <|breath|> ...)
@@ -72,8 +70,7 @@ def read_eval(folders: Sequence[Path], records: Mapping[str, RowRecord]) -> Eval
     rows: dict[str, EvalFigures] = {}
     backend: str | None = None
     for folder in folders:
-        found = [Path(folder) / name for name in EVAL_NAMES if (Path(folder) / name).is_file()]
-        for obj in iter_jsonl(found[0]) if found else ():
+        for obj in iter_jsonl(scores_path(Path(folder))):  # scores.jsonl, else an older eval.jsonl
             rid = obj.get("id")
             rec = records.get(rid) if isinstance(rid, str) else None
             if rec is None or obj.get("status") != "ok" or obj.get("seed") not in (None, rec.seed):
@@ -182,7 +179,7 @@ def measure(records: Iterable[RowRecord], evals: EvalTable) -> Figures:
         capped[i] = CAP_REASON in rec.stop_reasons
         if not rec.ok:
             continue
-        seconds = rec.audio_seconds
+        seconds = rec.duration or rec.audio_seconds  # the file's (after --trim-silence), as every figure
         duration[i] = seconds
         if seconds > 0:
             rate[i] = chars_of(spoken_text(rec)) / seconds

@@ -13,7 +13,7 @@ import platform
 import socket
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -101,8 +101,9 @@ class RunRecord(RunInputs):
     done: int  # rows it wrote ok
     failed: int  # rows it wrote failed
     skipped: int  # rows already done with an unchanged fingerprint
-    redone: int  # done rows made again because an input changed (or --overwrite)
-    redone_by: dict[str, int]  # changed fingerprint part -> rows
+    redone: int  # done rows this run wrote again because an input changed (or --overwrite); a stopped
+    # run counts the rows it wrote, not those it meant to
+    redone_by: dict[str, int]  # changed fingerprint part -> rows (of those counted in redone)
     retried: int  # rows whose earlier attempt failed or whose file was missing or torn
     not_written: int  # rows to make that this run did not write (a stop, a write error)
     failed_rows: dict[str, str | None]  # id -> error of each row this run wrote failed
@@ -148,16 +149,22 @@ class RunFacts(RunInputs):
 def run_record(facts: RunFacts, resume: ResumePlan, tally: RunTally, *, prepared_failures: int, wall: float,
                write_error: str | None, stopped_by: str | None, graph_errors: Sequence[str],
                ray: dict[str, Any] | None, engine_facts: dict[str, Any] | None,
-               peak_memory: dict[str, int | None]) -> RunRecord:
-    """This invocation's record, from what it knew before and what its rows did."""
+               peak_memory: dict[str, int | None], written: Collection[str] | None = None) -> RunRecord:
+    """This invocation's record, from what it knew before and what its rows did. ``written``: the ids
+    this run wrote among the rows it planned to redo (None: all of them)."""
     audio, made = tally.audio_seconds, tally.made
+    redone = {rid: parts for rid, parts in resume.redone.items() if written is None or rid in written}
+    redone_by: dict[str, int] = {}
+    for parts in redone.values():
+        for part in parts:
+            redone_by[part] = redone_by.get(part, 0) + 1
     todo = len(resume.todo) + prepared_failures
     now = time.time()
     return RunRecord(
         **{f.name: getattr(facts, f.name) for f in fields(RunInputs)}, finished_at=now, argv=tuple(sys.argv),
         host=socket.gethostname(), stopped_by=stopped_by, invalid=len(facts.invalid_rows),
-        todo=todo, done=tally.done, failed=len(tally.failed), skipped=len(resume.done), redone=len(resume.redone),
-        redone_by=resume.redone_counts(), retried=len(resume.retried), not_written=todo - made,
+        todo=todo, done=tally.done, failed=len(tally.failed), skipped=len(resume.done), redone=len(redone),
+        redone_by=redone_by, retried=len(resume.retried), not_written=todo - made,
         failed_rows={r.id: r.error for r in tally.failed}, rows_not_in_manifest=len(resume.foreign),
         write_error=write_error, talker_checkpoint_hits=tally.hits, audio_seconds=audio, wall_seconds=wall,
         total_wall_seconds=now - facts.started_at, rows_per_s=made / wall if wall > 0 and made else 0.0,

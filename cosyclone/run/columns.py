@@ -1,8 +1,8 @@
 """The columns of an export, declared once: name, type, the record field each is read from, meaning.
 
 Why one table: Parquet's schema (and the ``datasets`` features in its metadata), the WebDataset
-``<key>.json``, the NeMo manifest's lines and the Lhotse supervisions' ``custom`` fields all take
-their fields from :data:`CORE`, :data:`SAMPLER` and :data:`EVAL` (plus the columns a folder's
+``<key>.json``, the NeMo manifest's lines, the Lhotse supervisions' ``custom`` fields and the run
+folder's own ``metadata.jsonl`` (:func:`metadata_line`) all take their fields from :data:`CORE`, :data:`SAMPLER` and :data:`EVAL` (plus the columns a folder's
 content adds: a speaker backend's similarity, a flat ``meta`` key), so a column cannot be in one
 format and missing or typed differently in another; docs/output.md lists the same table.
 
@@ -72,32 +72,20 @@ def coerce(kind: ColumnType, value: Any) -> Any:
     return [v if isinstance(v, str) else str(v) for v in value] if isinstance(value, (list, tuple)) else None
 
 
-_STOP_ORDER = ("error", "no_finite_logits", "aborted", "max_len")  # a row stops as its worst segment did
-
-
 def stop_reason(view: RowView) -> str | None:
-    """The row's stop reason: the record's own, else its segments' worst (``eos`` when all stopped so)."""
-    given = view.raw.get("stop_reason")
-    if isinstance(given, str):
-        return given
-    reasons = view.record.stop_reasons
-    if not reasons:
-        return None
-    return next((r for r in _STOP_ORDER if r in reasons), reasons[0] if len(set(reasons)) == 1 else "mixed")
+    """The row's stop reason, as its record holds it (derived from its segments' for an older line)."""
+    return view.record.stop_reason
 
 
 def normalized_text(view: RowView) -> str | None:
-    """The text the model read: the record's own, else its segments' texts joined."""
-    given = view.raw.get("normalized_text")
-    if isinstance(given, str):
-        return given
-    texts = [s.text for s in view.record.segments]
-    return "".join(texts) if texts else None
+    """The text the model read, as its record holds it (its segments' texts joined for an older line)."""
+    return view.record.normalized_text or None
 
 
 def meta_of(view: RowView) -> Any:
-    """The row's ``meta`` (the manifest's user object), None when it has none."""
-    return view.raw.get("meta", getattr(view.record, "meta", None))
+    """The row's ``meta`` (the manifest's user object), None when it has none; a line's value that is not
+    an object (a hand edit) is exported as it is."""
+    return view.record.meta if view.record.meta is not None else view.raw.get("meta")
 
 
 def meta_json(view: RowView) -> str | None:
@@ -108,7 +96,7 @@ def meta_json(view: RowView) -> str | None:
 CORE: tuple[Column, ...] = (
     Column("id", "string", "id", "the manifest row's id", _get("id")),
     Column("text", "string", "text", "the manifest's text", _get("text"), stats=False),
-    Column("normalized_text", "string", "normalized_text (else segments[].text)",
+    Column("normalized_text", "string", "normalized_text",
            "the text the model read, after normalization", normalized_text, stats=False),
     Column("prompt_text", "string", "prompt_text", "the prompt's transcript", _get("prompt_text"), stats=False),
     Column("prompt_audio", "string", "prompt_audio", "the prompt recording's path on the synth machine",
@@ -118,9 +106,9 @@ CORE: tuple[Column, ...] = (
     Column("seed", "uint64", "seed", "the row's seed as used (0 .. 2^64-1)", _get("seed")),
     Column("speed", "float64", "speed", "the speaking-rate factor", _get("speed")),
     Column("duration", "float64", "the file", "seconds of the audio file (samples / sample_rate)",
-           lambda v: v.samples / float(v.sample_rate)),
+           lambda v: v.samples / float(v.sample_rate) if v.sample_rate else None),
     Column("sample_rate", "int64", "the file", "the audio file's sample rate (Hz)", lambda v: v.sample_rate),
-    Column("stop_reason", "string", "stop_reason (else stop_reasons)",
+    Column("stop_reason", "string", "stop_reason",
            "why the talker stopped: eos (its stop token), max_len (the token cap), or an abort", stop_reason),
     Column("stop_reasons", "list<string>", "stop_reasons", "the stop reason per text segment",
            lambda v: list(v.record.stop_reasons)),
@@ -141,7 +129,7 @@ SAMPLER: tuple[Column, ...] = tuple(
     for f in fields(SamplerRowDiagnostics)
     if f.type in ("int", int) and f.name not in ("seed", "segment"))
 
-# eval.jsonl's verdict of the row's very file (values from cosyclone.run.export.eval_columns)
+# scores.jsonl's verdict of the row's very file (values from cosyclone.run.export.eval_columns)
 EVAL: tuple[tuple[str, ColumnType, str], ...] = (
     ("eval_status", "string", "ok / error / skipped; stale: eval scored an earlier file; missing: no line"),
     ("eval_passed", "bool", "eval scored this very file and it failed none of eval's thresholds"),
@@ -164,8 +152,8 @@ def _computed(view: RowView) -> Any:
 
 def eval_columns(backends: tuple[str, ...]) -> tuple[Column, ...]:
     """eval's columns, a similarity column per speaker backend eval scored with."""
-    cols = [Column(n, t, "eval.jsonl", d, _computed, stats=n not in FREE_TEXT) for n, t, d in EVAL]
-    cols += [Column(similarity_column(b), "float64", "eval.jsonl", f"speaker similarity ({b})", _computed)
+    cols = [Column(n, t, "scores.jsonl", d, _computed, stats=n not in FREE_TEXT) for n, t, d in EVAL]
+    cols += [Column(similarity_column(b), "float64", "scores.jsonl", f"speaker similarity ({b})", _computed)
              for b in backends]
     return tuple(cols)
 
@@ -246,3 +234,18 @@ def to_json(column: Column, value: Any) -> Any:
 
 RESERVED = frozenset(c.name for c in (*CORE, *SAMPLER)) | frozenset(n for n, _, _ in EVAL) | frozenset(
     {"audio", "prompt", "sample_rate", "audio_filepath", "split", "__key__", "__url__"})
+
+
+#: the columns of a run folder's ``metadata.jsonl``: every row's own (no meta key or eval verdict, which
+#: depend on the whole folder)
+METADATA = ColumnSet((*CORE, *SAMPLER))
+
+
+def metadata_line(rec: RowRecord) -> dict[str, Any]:
+    """The ``metadata.jsonl`` line of an ``ok`` row: its audio file under the audiofolder convention's
+    ``file_name``, then :data:`METADATA`'s columns as the JSON outputs write them, so that
+    ``datasets.load_dataset("audiofolder")`` (Arrow's JSON reader: one type per column) gives every
+    value back exactly: ``seed`` a decimal string, ``meta`` the JSON text of the row's object,
+    ``duration`` the file's own (after --trim-silence) at its ``sample_rate``."""
+    view = RowView(record=rec, raw={}, samples=rec.samples or 0, sample_rate=rec.sample_rate or 0, folder=".")
+    return {"file_name": rec.file, **METADATA.json_values(METADATA.values(view, {}))}

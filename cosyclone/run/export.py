@@ -2,7 +2,7 @@
 NeMo or Lhotse).
 
 The run folders stay the source of truth: export only reads them (records, audio files,
-eval.jsonl) and writes elsewhere (by default ``OUT/export/<format>/``, which nothing else reads).
+scores.jsonl) and writes elsewhere (by default ``OUT/export/<format>/``, which nothing else reads).
 Which rows go and what columns they carry: :mod:`cosyclone.run.export_rows` and
 :mod:`cosyclone.run.columns`. Rows go in folder order, each folder's in manifest-line order;
 ``--split NAME=F`` sends a share of them, chosen by a hash of the id, to split NAME.
@@ -44,6 +44,7 @@ from cosyclone.run.export_lock import MARKER, ExportTarget
 from cosyclone.run.export_rows import Skipped, Source, iter_rows, parse_splits, split_of
 from cosyclone.run.export_shards import ExportRow, ShardInfo
 from cosyclone.run.lock import live_writers
+from cosyclone.run.scores import scores_path
 
 EXPORT_DIR = "export"  # OUT/export/<format>/: the default target
 FORMATS = EXPORT_FORMATS
@@ -80,7 +81,7 @@ class ExportSummary:
     shards: tuple[ShardInfo, ...]  # the files written, in order (manifests too)
     records: int  # rows the folders have a record for
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> rows not exported
-    eval_columns: bool = False  # eval.jsonl's verdicts are columns
+    eval_columns: bool = False  # scores.jsonl's verdicts are columns
     splits: dict[str, int] = field(default_factory=dict)  # split -> rows
 
     @property
@@ -169,7 +170,7 @@ def _check(sources: Sequence[Source], only_passed: bool) -> int | None:
         if s.index.lines_read == 0:
             raise CosycloneError(f"{s.folder}: not a run folder (no records in {runfolder.DIAG_NAME} or a journal)")
         if only_passed and s.evals is None:
-            raise CosycloneError(f"--only-passed keeps the rows eval passed, and {s.folder} has no eval.jsonl: "
+            raise CosycloneError(f"--only-passed keeps the rows eval passed, and {s.folder} has no {EVAL_NAME}: "
                                  "run cosyclone eval first")
     rates: dict[int, int] = {}
     for s in sources:
@@ -195,7 +196,7 @@ def _open(folder: Path, meta_keys: MetaKeys, allow_running: bool, stack: context
                              "ends, or give --allow-running to export the rows finished so far")
     index = RecordIndex(folder, meta_keys)
     stack.callback(index.close)
-    evals = EvalIndex(folder) if (folder / EVAL_NAME).is_file() else None
+    evals = EvalIndex(folder) if scores_path(folder).is_file() else None
     if evals is not None:
         stack.callback(evals.close)
     return Source(folder=folder, index=index, evals=evals, writers=len(writers))
@@ -208,7 +209,7 @@ def export(out_dirs: Path | str | Sequence[Path | str], *, fmt: ExportFormat = "
     """Write the ok rows of the run folders ``out_dirs`` as ``fmt``; ``log`` gets a line per file.
 
     Raises :class:`CosycloneError` for unusable input (not a run folder, a bad option, rows at
-    several sample rates, duplicate ids, ``only_passed`` without eval.jsonl, a folder being
+    several sample rates, duplicate ids, ``only_passed`` without scores.jsonl, a folder being
     written), :class:`NothingToExport` when no row qualifies,
     :class:`~cosyclone.run.export_lock.ExportBusy` when another export holds the target and
     :class:`~cosyclone.run.folder.OutputFolderError` when the export cannot be written. In every

@@ -3,7 +3,7 @@
 Its options are :class:`cosyclone.options.ExportOptions`' fields, given to it as ``**options`` by
 ``cli_options.with_options`` where cosyclone/cli.py registers it. Exit codes are
 :class:`cosyclone.errors.Exit`'s: 0 the export is in place; 2 unusable input (not a run folder, a bad
-option, rows at several sample rates, duplicate ids, ``--only-passed`` without eval.jsonl, a folder
+option, rows at several sample rates, duplicate ids, ``--only-passed`` without scores.jsonl, a folder
 a synth is writing); 3 no row could be exported; 4 the export cannot be written; 5 another export
 holds the target. Whenever it is not 0, the target keeps what it held.
 """

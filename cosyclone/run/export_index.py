@@ -31,8 +31,9 @@ from cosyclone.run import folder as runfolder
 from cosyclone.run.audio_out import MODEL_RATE
 from cosyclone.run.columns import MetaKeys
 from cosyclone.run.row_record import RowRecord
+from cosyclone.run.scores import SCORES_NAME, scores_path
 
-EVAL_NAME = "eval.jsonl"  # written by `cosyclone eval` (cosyclone/eval/evaluate.py)
+EVAL_NAME = SCORES_NAME  # written by `cosyclone eval` (cosyclone/eval/evaluate.py; older versions: eval.jsonl)
 
 
 def id_hash(row_id: str) -> tuple[int, int]:
@@ -182,10 +183,10 @@ class RecordIndex:
 
 
 class EvalIndex:
-    """``eval.jsonl`` by id hash (the last line of an id wins), and the speaker backends it scored."""
+    """``scores.jsonl`` (an older folder's ``eval.jsonl``) by id hash (the last line of an id wins), and the speaker backends it scored."""
 
     def __init__(self, out_dir: Path) -> None:
-        self.files = open_sources([Path(out_dir) / EVAL_NAME])
+        self.files = open_sources([scores_path(Path(out_dir))])
         hi, lo, off = array("Q"), array("Q"), array("q")
         backends: set[str] = set()
         for _, obj in _keyed((pair for fh in self.files for pair in iter_lines(fh)), hi, lo, off):

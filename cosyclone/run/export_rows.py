@@ -2,7 +2,7 @@
 
 A row is exported when its current record (:mod:`cosyclone.run.export_index`) says ``ok`` and its
 audio file exists with the recorded samples and rate (read from the file itself). Its columns are
-read through :mod:`cosyclone.run.columns`; where ``eval.jsonl`` exists its verdicts join them, and
+read through :mod:`cosyclone.run.columns`; where ``scores.jsonl`` exists its verdicts join them, and
 a verdict counts only for the very file it scored (``wav_sha256``): a row redone after eval reads
 ``eval_status`` ``stale`` and has no scores.
 """
@@ -128,7 +128,7 @@ class Source:
 
     folder: Path  # as given
     index: RecordIndex  # where its records lie
-    evals: EvalIndex | None  # its eval.jsonl, when it has one
+    evals: EvalIndex | None  # its scores.jsonl (an older eval.jsonl), when it has one
     writers: int  # live synth processes writing it when the export began
 
 
@@ -152,7 +152,7 @@ def iter_rows(src: Source, cols: ColumnSet, backends: tuple[str, ...] | None, *,
             skipped.add(name, rec.id, AUDIO_MISMATCH)
             continue
         computed: dict[str, Any] = {}
-        if backends is not None:  # eval's columns (a folder without eval.jsonl: missing)
+        if backends is not None:  # eval's columns (a folder without scores.jsonl: missing)
             ev = src.evals.get(rec.id) if src.evals is not None else None
             computed = eval_values(ev, hashlib.sha256(data).hexdigest(), backends)
             if only_passed and not computed["eval_passed"]:

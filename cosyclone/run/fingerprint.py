@@ -1,7 +1,11 @@
-"""Row fingerprints: a stable hash of everything that changes a row's audio, and the file-hash cache.
+"""Row fingerprints: a stable hash of what the user chose for a row, and the file-hash cache.
 
 A row is redone exactly when its fingerprint changes, and what changed is counted by part
-(``text``, ``seed``, ``options``, ...). Hashing a 2 GB model directory on every run is not
+(``text``, ``seed``, ``options``, ...). The fingerprint holds what the user chose (the row's inputs,
+the model, the dtype, the options that change audio), never where the row ran: the device kind, the
+CPU thread count and the library versions change a row's samples in their last bits at most, so a
+resume on another machine (other cores, ``--threads``) keeps every finished row; where each row ran
+is recorded beside it instead (the record's ``device`` and ``threads``, the run record's versions). Hashing a 2 GB model directory on every run is not
 acceptable, so file contents are hashed once per (real path, size, mtime) in :class:`HashCache`,
 the one cache the run folder and ``cosyclone eval`` share.
 """
@@ -31,7 +35,7 @@ ALGORITHM_VERSION = "cosyclone-audio-5"  # 3: HiFT convs re-laid (fp32 rounding 
 
 #: Fingerprint parts in the order "what changed" is reported.
 PARTS = ("text", "prompt_text", "mode", "instruct", "speed", "prompt_audio", "seed", "model", "dtype",
-         "device", "threads", "options", "algorithm")
+         "options", "algorithm")
 
 
 def _sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -120,13 +124,13 @@ def model_content_hash(model_dir: Path | None, cache: HashCache, *, dummy_tag: s
 
 @dataclass(frozen=True)
 class RunContext:
-    """Everything outside the row that changes its audio (the run-wide fingerprint parts)."""
+    """What the user chose outside the row (the run-wide fingerprint parts), and where the rows run."""
 
     model: str  # model_content_hash
     dtype: str  # resolved run dtype (fp32 | bf16 | fp16)
-    device: str  # the backend (cpu | cuda | rocm): kernels differ in rounding
-    threads: str  # CPU intra-op threads ("-" on a GPU): fp32 sums split differently across threads
     options: Mapping[str, Any]  # sampler / code2wav / non-finite / text-frontend options that change audio
+    device: str = "cpu"  # the backend (cpu | cuda | rocm): recorded per row, not fingerprinted
+    threads: str = "-"  # CPU intra-op threads ("-" on a GPU): recorded per row, not fingerprinted
 
 
 def _digest(value: Any) -> str:
@@ -172,7 +176,7 @@ def _context_parts(ctx: RunContext) -> dict[str, str]:
     global _CONTEXT
     last = _CONTEXT
     if last[0] is not ctx:
-        last = _CONTEXT = (ctx, {"model": ctx.model[:16], "dtype": _digest(ctx.dtype), "device": _digest(ctx.device), "threads": _digest(ctx.threads),
+        last = _CONTEXT = (ctx, {"model": ctx.model[:16], "dtype": _digest(ctx.dtype),
                                  "options": _digest(dict(ctx.options)), "algorithm": _digest(ALGORITHM_VERSION)})
     return dict(last[1])
 
@@ -203,15 +207,20 @@ def cpu_threads(policy: DevicePolicy, actor_threads: int | None = None) -> str:
     return str(torch.get_num_threads())
 
 
-#: Parts that change a row's samples in their last bits but never its speech tokens: the stage-0
-#: checkpoint (the talker's tokens) is keyed without them, so a rerun at another thread count (a Ray
-#: actor's) still reuses the tokens a local run kept.
-NOT_TOKENS = frozenset({"threads"})
-
-
 def token_key(parts: Mapping[str, str]) -> str:
-    """The stage-0 checkpoint's key of a row: its fingerprint without the parts in :data:`NOT_TOKENS`."""
-    return _digest([parts[k] for k in PARTS if k not in NOT_TOKENS])
+    """The stage-0 checkpoint's key of a row: the digest of its parts (a rerun at another thread count or
+    on another device kind reuses the tokens an earlier run kept, as its fingerprint is the same)."""
+    return _digest(["tokens", *(parts[k] for k in PARTS)])
+
+
+def same_inputs(stored: str | None, stored_parts: Mapping[str, str] | None, fp: str,
+                parts: Mapping[str, str]) -> bool:
+    """Whether a stored record was made from the inputs that give ``fp``: the same fingerprint, or every
+    part of :data:`PARTS` equal (a record of a version that also fingerprinted where its row ran holds
+    those parts too: they do not count)."""
+    if stored == fp:
+        return True
+    return stored_parts is not None and all(stored_parts.get(k) == parts[k] for k in PARTS)
 
 
 def changed_parts(stored: Mapping[str, str] | None, new: Mapping[str, str]) -> list[str]:

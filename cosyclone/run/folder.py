@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from cosyclone.errors import CosycloneError
 from cosyclone.run.audio_out import SUFFIXES
-from cosyclone.run.fingerprint import changed_parts
+from cosyclone.run.columns import metadata_line
+from cosyclone.run.fingerprint import changed_parts, same_inputs
 from cosyclone.run.row_record import RowRecord
 
 if TYPE_CHECKING:  # annotations only: reading a folder's records loads neither torch nor the frontend
@@ -183,11 +184,12 @@ def plan_resume(out_dir: Path, rows: Iterable[ManifestRow], fingerprints: Mappin
             plan.todo.append(row)
             continue
         complete = is_complete(out_dir, rec)
-        if complete and not overwrite and rec.fingerprint == fp:
+        same = same_inputs(rec.fingerprint, rec.fingerprint_parts, fp, parts)
+        if complete and not overwrite and same:
             plan.done.append(row.id)
             continue
         plan.todo.append(row)
-        if rec.fingerprint != fp and rec.ok:
+        if not same and rec.ok:
             plan.redone[row.id] = changed_parts(rec.fingerprint_parts, parts)
         elif overwrite and complete:
             plan.redone[row.id] = ["overwrite"]
@@ -348,13 +350,6 @@ def _compaction_lock(out_dir: Path) -> Iterator[None]:
 
 def _order(records: Mapping[str, RowRecord]) -> list[RowRecord]:
     return [records[k] for k in sorted(records, key=lambda rid: (records[rid].line, rid))]
-
-
-def metadata_line(rec: RowRecord) -> dict[str, Any]:
-    """The ``metadata.jsonl`` line of an ``ok`` row: the fields of its record that a dataset loader
-    wants, under the audiofolder convention's ``file_name`` (one schema, no second format)."""
-    return {"file_name": rec.file, "id": rec.id, "text": rec.text, "prompt_audio": rec.prompt_audio,
-            "prompt_text": rec.prompt_text, "mode": rec.mode, "duration": rec.audio_seconds, "seed": rec.seed}
 
 
 def compact(out_dir: Path, tag: str | None = None) -> dict[str, RowRecord]:

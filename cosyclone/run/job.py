@@ -17,6 +17,7 @@ import itertools
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -146,10 +147,17 @@ class SynthJob:
             fps.update(prep.fps)
             rows.update((r.id, r) for r in part.rows)
             failed_before += len(prep.failed)
+            for rid in prep.resume.done:  # meta never redoes a row: a changed one is recorded as it is
+                row, rec = rows[rid], existing[rid]
+                if rec.meta != row.meta:
+                    writer.restamp(replace(rec, meta=row.meta, finished_at=time.time()))
+            exclude = getattr(sink, "exclude", None)  # a caller's own sink (the API's) may not take it
+            if p.streamed and exclude is not None:  # counted from the lines: not these
+                exclude(len(part.errors) + len(prep.resume.done))
             tokens.keys.update({rid: fingerprint.token_key(parts) for rid, (_, parts) in prep.fps.items()})
 
         def stamp(result: RowResult) -> RowStamp:
-            return _stamp(rows[result.id], fps.get(result.id), run_id, p.manifest_label, p.folder.shard)
+            return _stamp(rows[result.id], fps.get(result.id), run_id, p.manifest_label, p.folder.shard, ctx)
 
         count = p.lines() if p.streamed else sum(len(prep.resume.todo) + len(prep.failed) for _, prep in prepared)
         sink = progress(count) if progress is not None else None
@@ -181,7 +189,8 @@ class SynthJob:
         record = run_record(facts, resume, tally, prepared_failures=failed_before, wall=wall,
                             write_error=write_error, stopped_by=end.stopped_by, graph_errors=source.graph_errors,
                             ray=self._ray_record, engine_facts=engine_facts,
-                            peak_memory=read_peaks(p.policy.device).as_record())
+                            peak_memory=read_peaks(p.policy.device).as_record(),
+                            written={rid for rid in resume.redone if rid in current and current[rid].run_id == run_id})
         return write_accounts(p.out, record, current, write_error=write_error, failed=tally.failed,
                               written=writer.written, rows_total=self._rows_total(end.stopped_by))
 
@@ -247,20 +256,22 @@ class SynthJob:
     def _tidy_tokens(self, tokens: TokenStore, fps: Mapping[str, tuple[str, dict[str, str]]],
                      current: Mapping[str, RowRecord]) -> None:
         """Drop the stage-0 checkpoint of every row now written (and, for the whole manifest, strays)."""
-        for rid, (fp, _) in fps.items():
+        for rid, (fp, parts) in fps.items():
             rec = current.get(rid)
-            if rec is not None and rec.ok and rec.fingerprint == fp:
+            if rec is not None and rec.ok and fingerprint.same_inputs(rec.fingerprint, rec.fingerprint_parts, fp, parts):
                 tokens.discard(rid)
         if self.planned.tag == "all":  # other shards' rows are not in fps: only a whole-manifest run prunes
             tokens.prune()
 
 
 def _stamp(row: ManifestRow, fp: tuple[str, dict[str, str]] | None, run_id: str, manifest: str,
-           shard: str | None) -> RowStamp:
-    """What made a row: its manifest fields, its fingerprint (None: it failed before one), the run."""
+           shard: str | None, ctx: fingerprint.RunContext) -> RowStamp:
+    """What made a row: its manifest fields, its fingerprint (None: it failed before one), the run and
+    where the row ran (``ctx``'s device and threads)."""
     return RowStamp(fingerprint=fp[0] if fp else None, fingerprint_parts=fp[1] if fp else None, run_id=run_id,
                     text=row.text, prompt_text=row.prompt_text, prompt_audio=str(row.prompt_audio), mode=row.mode,
-                    instruct=row.instruct, speed=row.speed, manifest=manifest, shard=shard)
+                    instruct=row.instruct, speed=row.speed, manifest=manifest, shard=shard, meta=row.meta,
+                    device=ctx.device, threads=ctx.threads)
 
 
 def _close(writer: BackgroundWriter) -> str | None:

@@ -18,18 +18,19 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from cosyclone.engine.outcome import RowResult, SegmentText
+from cosyclone.engine.outcome import RowCore, RowResult, SegmentText, core_values, join_segments
+from cosyclone.manifest.rows import Meta
 from cosyclone.options import Mode
-from cosyclone.talker.diagnostics import SamplerRowDiagnostics
+from cosyclone.talker.diagnostics import STOP_REASONS, SamplerRowDiagnostics, row_stop_reason
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RowStamp:
     """What made a row, beside its result: the inputs it was made from and the run that made it."""
 
     fingerprint: str | None  # the row's fingerprint (None: it failed before one could be made)
     fingerprint_parts: dict[str, str] | None  # the fingerprint's parts (what changed, on a redo)
-    run_id: str | None  # the invocation that made it (its line in runs.jsonl)
+    run_id: str | None  # the invocation that made it (its line in runs.jsonl: versions, host, options)
     text: str  # the manifest's text
     prompt_text: str  # the manifest's prompt transcript
     prompt_audio: str  # the prompt recording's path as resolved
@@ -38,6 +39,9 @@ class RowStamp:
     speed: float  # the speaking-rate factor
     manifest: str | None  # the manifest as given on the command line
     shard: str | None  # --shard i/N of the run that made it
+    meta: Meta | None = None  # the manifest row's meta object as written (speaker, language, ...); None: none
+    device: str | None = None  # the backend the row ran on (cpu | cuda | rocm): recorded, not fingerprinted
+    threads: str | None = None  # the CPU intra-op threads it ran with ("-" on a GPU): recorded, not fingerprinted
 
 
 @dataclass(frozen=True)
@@ -54,36 +58,17 @@ class FileFacts:
 
     @property
     def duration(self) -> float:
-        """The file's duration in seconds (0.0: no file)."""
+        """The file's duration in seconds (0.0: no file): the duration every figure and export reports."""
         return self.samples / float(self.sample_rate) if self.samples and self.sample_rate else 0.0
 
 
-@dataclass(frozen=True)
-class RowRecord(FileFacts, RowStamp):
-    """One line of ``diagnostics.jsonl``: a row's latest attempt, flat (what made it and its file are the
-    fields of :class:`RowStamp` and :class:`FileFacts`, declared once there)."""
+@dataclass(frozen=True, kw_only=True)
+class RowRecord(RowCore, RowStamp, FileFacts):
+    """One line of ``diagnostics.jsonl``: a row's latest attempt, flat (its result, what made it and its
+    file are the fields of :class:`~cosyclone.engine.outcome.RowCore`, :class:`RowStamp` and
+    :class:`FileFacts`, declared once there)."""
 
-    id: str  # the manifest row's id (the file's stem)
-    line: int  # its 1-based manifest line
-    status: str  # ok | failed
-    reason: str | None  # why it failed: bad_input, exception, no_speech_tokens, empty_after_speed,
-    # nonfinite_audio, no_finite_logits or error; None when ok
-    error: str | None  # "<stage>: <what happened>" for a failed row
-    error_type: str | None  # the exception's class name when a stage raised
-    traceback: str | None  # "see errors.jsonl" when a stage raised something other than a user error
-    seed: int  # the row's seed as used (manifest seed, else derived from --seed and the id)
-    audio_seconds: float  # seconds of audio as the model made it (before --trim-silence)
-    nonfinite_audio_samples: int  # NaN/inf samples code2wav produced (the row failed, or they were zeroed)
-    stop_reasons: tuple[str, ...]  # the talker's stop reason per text segment
-    tokens: tuple[int, ...]  # speech tokens per segment, after the silent-token filter
-    segments: tuple[SegmentText, ...]  # what the LLM read per segment: text, text_ids, prompt_ids
-    sampler: tuple[SamplerRowDiagnostics, ...]  # the sampler's counters per segment ("The sampler's counters")
-    seconds: dict[str, float]  # wall seconds per stage: frontend, talker, flow, hift
     finished_at: float  # when the record was committed (Unix time); the latest wins across journals
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object written to the journal and ``diagnostics.jsonl``."""
@@ -111,6 +96,12 @@ class RowRecord(FileFacts, RowStamp):
         values["tokens"] = tuple(int(x) for x in values["tokens"])
         values["segments"] = tuple(SegmentText.from_json(x) for x in values["segments"])
         values["sampler"] = tuple(_sampler(x, rid) for x in values["sampler"] if isinstance(x, dict))
+        if values["stop_reason"] not in STOP_REASONS:  # an older line: derived from its segments'
+            values["stop_reason"] = row_stop_reason(values["stop_reasons"])
+        if not isinstance(values["normalized_text"], str) or "normalized_text" not in obj:
+            values["normalized_text"] = join_segments([s.text for s in values["segments"]])
+        if not isinstance(values["meta"], dict):
+            values["meta"] = None
         return cls(**values)
 
 
@@ -130,21 +121,17 @@ _DEFAULTS: dict[str, Any] = {
     "line": 0, "status": "failed", "seed": -1, "text": "", "prompt_text": "", "prompt_audio": "",
     "mode": "zero_shot", "instruct": "", "speed": 1.0, "audio_seconds": 0.0, "trimmed_lead_seconds": 0.0,
     "trimmed_trail_seconds": 0.0, "nonfinite_audio_samples": 0, "stop_reasons": (), "tokens": (),
-    "segments": (), "sampler": (), "seconds": {}, "finished_at": 0.0,
+    "segments": (), "sampler": (), "seconds": {}, "finished_at": 0.0, "normalized_text": "",
 }
 
 
 def make_record(result: RowResult, stamp: RowStamp, facts: FileFacts, *,
                 traceback_note: str | None = None) -> RowRecord:
     """The record of a written row: the engine's result, what made it, and the file on disk."""
-    return RowRecord(
-        **{f.name: getattr(stamp, f.name) for f in fields(RowStamp)},
-        **{f.name: getattr(facts, f.name) for f in fields(FileFacts)},
-        id=result.id, line=result.line, status=result.status, reason=result.reason, error=result.error,
-        error_type=result.error_type, traceback=traceback_note if result.traceback else None, seed=result.seed,
-        audio_seconds=result.audio_seconds, nonfinite_audio_samples=result.nonfinite_audio_samples,
-        stop_reasons=result.stop_reasons, tokens=result.tokens, segments=result.segments, sampler=result.sampler,
-        seconds=dict(result.seconds), finished_at=time.time())
+    core = core_values(result)
+    core["traceback"] = traceback_note if result.traceback else None
+    return RowRecord(**core, **{f.name: getattr(stamp, f.name) for f in fields(RowStamp)},
+                     **{f.name: getattr(facts, f.name) for f in fields(FileFacts)}, finished_at=time.time())
 
 
 NO_FILE = FileFacts(file=None, samples=None, sample_rate=None, audio_format=None, encoding=None,

@@ -15,14 +15,14 @@ import contextlib
 from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from cosyclone.base import handoff
 from cosyclone.run import folder as runfolder
 from cosyclone.talker import TalkerResult
-from cosyclone.talker.diagnostics import SamplerRowDiagnostics
+from cosyclone.talker.diagnostics import STOP_REASONS, SamplerRowDiagnostics, StopReason
 
 _DIAG_FIELDS = {f.name for f in fields(SamplerRowDiagnostics)}
 
@@ -32,7 +32,7 @@ class TokenStore:
 
     def __init__(self, root: Path, keys: Mapping[str, str]) -> None:
         self.root = Path(root)
-        self.keys = dict(keys)  # row id -> its token key (fingerprint.token_key: the fingerprint without threads)
+        self.keys = dict(keys)  # row id -> its token key (fingerprint.token_key: of the fingerprint parts)
         self.hits = 0
 
     def _path(self, row_id: str, segment: int) -> Path | None:
@@ -49,10 +49,13 @@ class TokenStore:
         except handoff.HandoffError:  # torn or damaged: the talker simply runs again
             return None
         diag = data.get("diagnostics")
+        stop = str(data["stop_reason"])
+        if stop not in STOP_REASONS:  # written by a version with another vocabulary: the talker runs again
+            return None
         self.hits += 1
         return TalkerResult(
             row_id=row_id, tokens=[int(t) for t in data["tokens"].tolist()],
-            raw_tokens=[int(t) for t in data["raw_tokens"].tolist()], stop_reason=str(data["stop_reason"]),
+            raw_tokens=[int(t) for t in data["raw_tokens"].tolist()], stop_reason=cast(StopReason, stop),
             diagnostics=None if not diag else SamplerRowDiagnostics(
                 **{k: v for k, v in diag.items() if k in _DIAG_FIELDS}),
             min_len=int(data.get("min_len", 0)))

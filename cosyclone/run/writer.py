@@ -69,7 +69,7 @@ class BackgroundWriter:
         self.options = options
         self._journal = runfolder.Journal(journal)
         (Path(options.out_dir) / WAV_DIR).mkdir(parents=True, exist_ok=True)
-        self._queue: queue.Queue[tuple[RowResult, RowStamp] | None] = queue.Queue(maxsize=max_queue)
+        self._queue: queue.Queue[tuple[RowResult, RowStamp] | RowRecord | None] = queue.Queue(maxsize=max_queue)
         self._error: BaseException | None = None
         self.written = 0
         self._thread = threading.Thread(target=self._work, name="cosyclone-writer", daemon=True)
@@ -83,7 +83,10 @@ class BackgroundWriter:
             if self._error is not None:
                 continue
             try:
-                self.write_now(*item)
+                if isinstance(item, RowRecord):
+                    self._journal.append(item.to_json())
+                else:
+                    self.write_now(*item)
             except BaseException as exc:  # surfaced by submit() / close()
                 self._error = exc
 
@@ -112,6 +115,13 @@ class BackgroundWriter:
         if self._error is not None:
             raise self._error
         self._queue.put((result, stamp))
+
+    def restamp(self, record: RowRecord) -> None:
+        """Commit ``record`` again as it is (its file untouched): a done row whose ``meta`` the manifest
+        changed keeps its audio, and its record, metadata.jsonl and exports take the new values."""
+        if self._error is not None:
+            raise self._error
+        self._queue.put(record)
 
     def close(self) -> None:
         self._queue.put(None)

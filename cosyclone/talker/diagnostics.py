@@ -26,8 +26,15 @@ Counter definitions (all count *row-steps*, i.e. one ``sample()`` call for one r
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal, get_args
+
+#: Why a segment's decoding stopped: the stop token (``eos``), the length cap (``max_len``), or the
+#: sampler's abort (``no_finite_logits``, ``error``). One vocabulary for the talker, the row's result,
+#: its record and every export.
+StopReason = Literal["eos", "max_len", "no_finite_logits", "error"]
+STOP_REASONS: tuple[str, ...] = get_args(StopReason)
 
 #: Options whose behaviour is the pre-fix / official code kept only for comparisons.
 LEGACY_POLICIES = frozenset({"legacy-zero"})
@@ -43,7 +50,7 @@ class SamplerRowDiagnostics:
     segment: int = 0  # text-segment index within the row; the noise stream is stream_key(seed, segment)
     steps: int = 0  # row-steps sampled (see module docstring)
     tokens_emitted: int = 0  # non-stop tokens returned; the talker may overwrite (after silent filter)
-    stop_reason: str | None = None  # "no_finite_logits" / "error" when aborted; else set by the caller
+    stop_reason: StopReason | None = None  # "no_finite_logits" / "error" when aborted; else set by the caller
     nan_steps: int = 0  # steps with any NaN logit
     all_nan_steps: int = 0  # steps whose logits were entirely NaN
     posinf_steps: int = 0  # steps with any +inf logit
@@ -72,3 +79,13 @@ class SamplerRowDiagnostics:
         out = asdict(self)
         out["legacy"] = self.legacy
         return out
+
+
+def row_stop_reason(reasons: Sequence[StopReason]) -> StopReason | None:
+    """A row's stop reason from its segments': the first that did not stop on the stop token, else
+    ``eos`` (None: no segment was decoded). A dataset builder filters on it: ``max_len`` marks a row
+    whose speech was cut at the token cap."""
+    for reason in reasons:
+        if reason != "eos":
+            return reason
+    return "eos" if reasons else None

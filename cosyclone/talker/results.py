@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
-from cosyclone.talker.diagnostics import SamplerRowDiagnostics
+from cosyclone.talker.diagnostics import SamplerRowDiagnostics, StopReason
 from cosyclone.talker.request import TalkerRequest
 from cosyclone.talker.sampler import COUNTER_NAMES, SamplerOptions, row_diagnostics
 from cosyclone.talker.step import REASONS, Harvest
@@ -31,7 +32,7 @@ class TalkerResult:
     row_id: str  # the request's row_id
     tokens: list[int]  # emitted speech tokens after the silent filter (what flow gets)
     raw_tokens: list[int]  # every emitted speech token (what the LLM was fed)
-    stop_reason: str  # "eos" | "max_len" | "no_finite_logits" | "error"
+    stop_reason: StopReason  # "eos" | "max_len" | "no_finite_logits" | "error"
     diagnostics: SamplerRowDiagnostics | None = None  # the sampler's counters for this row
     min_len: int = 0  # int(2 * target_len)
     max_len: int = 0  # int(20 * target_len) or the override
@@ -68,11 +69,10 @@ def talker_result(req: TalkerRequest, h: Harvest | None, sampler: SamplerOptions
     slot ran as a graph replay) is capped at the row's own steps (a slot held past its end adds none)."""
     raw, kept, reason = harvest_tokens(h)
     state = h.sampler_state if h is not None else _NEVER
+    ended = None if reason == "aborted" else cast(StopReason, reason)  # eos | max_len
     diag = row_diagnostics(sampler, req.row_id, req.seed, req.segment, state[:-4], dead=reason == "aborted",
-                           err=state[-4:], stop_reason=None if reason == "aborted" else reason,
-                           tokens_emitted=len(kept))
-    if reason == "aborted":
-        reason = diag.stop_reason or "error"
+                           err=state[-4:], stop_reason=ended, tokens_emitted=len(kept))
+    stop: StopReason = ended or diag.stop_reason or "error"
     diag.graph_steps = min(graph_steps, diag.steps)
-    return TalkerResult(row_id=req.row_id, tokens=kept, raw_tokens=raw, stop_reason=reason, diagnostics=diag,
+    return TalkerResult(row_id=req.row_id, tokens=kept, raw_tokens=raw, stop_reason=stop, diagnostics=diag,
                         min_len=min_len, max_len=max_len, seconds=seconds)

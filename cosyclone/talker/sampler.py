@@ -59,7 +59,7 @@ from torch import Tensor
 from cosyclone.model.config import SamplingConfig
 from cosyclone.options import Draw as DrawMethod
 from cosyclone.options import NonfinitePolicy
-from cosyclone.talker.diagnostics import SamplerRowDiagnostics
+from cosyclone.talker.diagnostics import SamplerRowDiagnostics, StopReason
 
 # The policies' vocabularies are the run options' (one definition, cosyclone.options); the min-len rule
 # is the sampler's own (official-head reproduces HEAD's quirk for the parity tests).
@@ -69,8 +69,8 @@ DRAW_METHODS: tuple[str, ...] = get_args(DrawMethod)
 MIN_LEN_RULES: tuple[str, ...] = get_args(MinLenRule)
 
 # stop_reason values set by the sampler itself
-NO_FINITE = "no_finite_logits"
-ERROR = "error"
+NO_FINITE: StopReason = "no_finite_logits"
+ERROR: StopReason = "error"
 
 _M32 = 0xFFFFFFFF
 _ERR_NONE, _ERR_NONFINITE, _ERR_EMPTY = 0, 1, 2
@@ -277,7 +277,7 @@ COUNTER_NAMES: tuple[str, ...] = ("steps", "tokens_emitted", "nan_steps", "all_n
 
 
 def row_diagnostics(opt: SamplerOptions, row_id: str, seed: int, segment: int, counters: Sequence[int], *,
-                    dead: bool, err: Sequence[int], stop_reason: str | None,
+                    dead: bool, err: Sequence[int], stop_reason: StopReason | None,
                     tokens_emitted: int | None = None) -> SamplerRowDiagnostics:
     """One row's :class:`SamplerRowDiagnostics` from its host-read counters (:data:`COUNTER_NAMES`
     order) and error record ``(kind, step, n_nan, n_posinf)``.

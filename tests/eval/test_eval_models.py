@@ -83,19 +83,19 @@ def _texts() -> dict[str, str]:
 
 def test_espeak_readings_of_their_texts_get_a_low_wer(good):
     out, res = good
-    recs = {r["id"]: r for r in res.records}
-    assert all(r["status"] == "ok" for r in recs.values())
-    wers = [r["wer"] for r in recs.values()]
+    recs = {r.id: r for r in res.records}
+    assert all(r.status == "ok" for r in recs.values())
+    wers = [r.wer for r in recs.values()]
     assert np.mean(wers) <= 0.10 and max(wers) <= 0.3, wers  # measured: mean 0.015, max 0.091
-    assert sum(r["similarity_ratio"] == 1.0 for r in recs.values()) >= 4
-    assert recs["b2"]["reference_norm"].startswith("there are twelve eggs")  # "12" spelled for the WER
+    assert sum(r.similarity_ratio == 1.0 for r in recs.values()) >= 4
+    assert recs["b2"].reference_norm.startswith("there are twelve eggs")  # "12" spelled for the WER
     assert res.summary["metrics"]["wer"]["n"] == 6 and res.summary["failing"] == 0
     assert (out / REDO_NAME).read_text() == ""  # thresholds given and nothing failed: an empty redo
     lines = [json.loads(x) for x in (out / EVAL_NAME).read_text().splitlines()]
     assert [x["id"] for x in lines] == ["a1", "a2", "a3", "b1", "b2", "b3"]
     m = lines[0]["models"]
     assert len(m["asr"]["sha256"]["model.bin"]) == 64 and len(m["speaker"]["resemblyzer"]["sha256"]) == 64
-    assert json.loads((out / "eval_summary.json").read_text())["scored"] == 6
+    assert json.loads((out / "scores_summary.json").read_text())["scored"] == 6
 
 
 def test_the_same_folder_with_shuffled_texts_gets_a_high_wer(good, tmp_path: Path, models):
@@ -107,9 +107,9 @@ def test_the_same_folder_with_shuffled_texts_gets_a_high_wer(good, tmp_path: Pat
     shutil.copy(src / EVAL_NAME, out / EVAL_NAME)  # same WAVs: the transcripts are reused, not re-run
     res = _run(out, models)
     assert res.summary["transcripts_reused"] == 6
-    wers = [r["wer"] for r in res.records]
+    wers = [r.wer for r in res.records]
     assert np.mean(wers) >= 0.7 and min(wers) >= 0.5, wers  # measured: mean 1.14, min 0.91
-    assert all(r["similarity_ratio"] < 0.8 for r in res.records)
+    assert all(r.similarity_ratio < 0.8 for r in res.records)
 
 
 def test_redo_lists_exactly_the_rows_past_the_threshold_with_new_seeds(good, tmp_path: Path, models):
@@ -119,7 +119,7 @@ def test_redo_lists_exactly_the_rows_past_the_threshold_with_new_seeds(good, tmp
     out = _copy(tmp_path, "mixed", texts=swapped)
     shutil.copy(src / EVAL_NAME, out / EVAL_NAME)
     res = _run(out, models, thresholds=Thresholds(max_wer=0.3))
-    past = sorted(r["id"] for r in res.records if r["error_rate"] > 0.3)
+    past = sorted(r.id for r in res.records if r.error_rate > 0.3)
     assert past == ["a2", "b3"] and res.redo_ids == past
     redo = read_manifest(out / REDO_NAME)  # a valid manifest: synth reads it as it is
     assert not redo.errors and [r.id for r in redo.rows] == past
@@ -136,8 +136,8 @@ def test_same_voice_scores_higher_speaker_similarity_than_another_voice(good, tm
     out = _copy(tmp_path, "other-voice", prompts=other)
     shutil.copy(src / EVAL_NAME, out / EVAL_NAME)
     res = _run(out, models, thresholds=Thresholds(min_similarity=0.75))
-    same = {r["id"]: r["speaker_similarity"]["resemblyzer"] for r in res_good.records}
-    diff = {r["id"]: r["speaker_similarity"]["resemblyzer"] for r in res.records}
+    same = {r.id: r.speaker_similarity["resemblyzer"] for r in res_good.records}
+    diff = {r.id: r.speaker_similarity["resemblyzer"] for r in res.records}
     margins = [same[i] - diff[i] for i in same]
     assert min(margins) >= 0.15 and np.mean(margins) >= 0.2, margins  # measured: 0.30..0.35, mean 0.32
     assert min(same.values()) >= 0.8  # measured 0.85..0.89
@@ -161,9 +161,9 @@ def test_unscored_rows_are_recorded_and_can_be_redone(good, tmp_path: Path, mode
     (out / "wavs" / "a3.wav").unlink()
     (out / "wavs" / "a1.wav").write_bytes(b"RIFF not really a wav")
     res = _run(out, models, thresholds=Thresholds(max_wer=0.5), redo_unsynthesized=True)
-    recs = {r["id"]: r for r in res.records}
-    assert recs["b3"]["status"] == "skipped" and recs["b3"]["skip_reason"] == "synth_failed"
-    assert recs["a3"]["skip_reason"] == "wav_missing" and recs["a1"]["status"] == "error"
+    recs = {r.id: r for r in res.records}
+    assert recs["b3"].status == "skipped" and recs["b3"].skip_reason == "synth_failed"
+    assert recs["a3"].skip_reason == "wav_missing" and recs["a1"].status == "error"
     assert res.summary["skipped"] == {"synth_failed": 1, "wav_missing": 1} and res.summary["errors"] == 1
     assert sorted(res.redo_ids) == ["a3", "b3"]  # the unreadable a1 is an error to look at, not a redo
     redo = {r.id: r for r in read_manifest(out / REDO_NAME).rows}

@@ -1,7 +1,7 @@
 """``cosyclone report OUT --html``: a tiny-model folder with eval results, rendered in headless Chromium.
 
 The folder is real (the tiny model's synth of the example manifest, then ``evaluate`` with a
-stand-in ASR and speaker encoder, so eval.jsonl and eval_summary.json are eval's own); the page
+stand-in ASR and speaker encoder, so scores.jsonl and scores_summary.json are eval's own); the page
 must load with no console error and no request beyond itself, show every plot, and give every
 listed row an output and a prompt player whose audio decodes.
 """
@@ -79,7 +79,7 @@ def evaluated(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
         asr=HeardEverything(texts),  # type: ignore[arg-type]  # evaluate names the class, not a protocol
         encoders=[Loudness()],
     )
-    assert (out / "eval.jsonl").is_file() and (out / "eval_summary.json").is_file()
+    assert (out / "scores.jsonl").is_file() and (out / "scores_summary.json").is_file()
     return out
 
 

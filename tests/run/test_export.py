@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 from cosyclone.cli import app
 from cosyclone.engine import RowResult
+from cosyclone.engine.outcome import RowStatus
 from cosyclone.errors import CosycloneError
 from cosyclone.run import folder as runfolder
 from cosyclone.run.audio_out import AudioOutput
@@ -42,13 +43,13 @@ def stamp(row_id: str) -> RowStamp:
                     instruct="", speed=1.0, manifest="m.jsonl", shard=None)
 
 
-def result(row_id: str, line: int, status: str = "ok") -> RowResult:
+def result(row_id: str, line: int, status: RowStatus = "ok") -> RowResult:
     wav = audio(line) if status == "ok" else None
     return RowResult(id=row_id, line=line, seed=100 + line, status=status, audio=wav,
                      audio_seconds=0.0 if wav is None else wav.size / RATE)
 
 
-def diag(row_id: str, line: int, *, status: str, finished_at: float = 1000.0) -> dict[str, Any]:
+def diag(row_id: str, line: int, *, status: RowStatus, finished_at: float = 1000.0) -> dict[str, Any]:
     """A record line as a journal holds it (written by hand: a later attempt with a chosen time)."""
     from dataclasses import replace
 
@@ -57,7 +58,7 @@ def diag(row_id: str, line: int, *, status: str, finished_at: float = 1000.0) ->
     return replace(make_record(result(row_id, line, status), stamp(row_id), NO_FILE), finished_at=finished_at).to_json()
 
 
-def write_rows(out: Path, rows: list[tuple[str, int, str]], *, compact: bool = True,
+def write_rows(out: Path, rows: list[tuple[str, int, RowStatus]], *, compact: bool = True,
                output: AudioOutput = AudioOutput()) -> None:
     """(id, line, status) rows through the real writer: the file first, then the record; compacted like a run's end."""
     writer = BackgroundWriter(WriterOptions(out_dir=out, output=output), runfolder.journal_path(out, "all"))
@@ -240,7 +241,7 @@ def test_eval_verdicts_become_columns_and_only_passed_keeps_the_rows_eval_passed
 
 
 def test_unusable_requests_are_refused_naming_the_option(run_folder: Path, tmp_path: Path) -> None:
-    with pytest.raises(CosycloneError, match="--only-passed .* no eval.jsonl"):
+    with pytest.raises(CosycloneError, match="--only-passed .* no scores.jsonl"):
         export(run_folder, only_passed=True)
     with pytest.raises(CosycloneError, match="--format"):
         export(run_folder, fmt="tfrecord")  # type: ignore[arg-type]

@@ -299,7 +299,7 @@ def test_ray_actors_read_and_keep_the_folders_token_checkpoint(ray_pid_file: Pat
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A local run whose code2wav failed leaves every row's tokens in OUT/.cosyclone/tokens; the Ray rerun's
     actors (continuous schedule) take them from there instead of decoding again, and write the local bytes.
-    The local run is at the actors' torch threads: the count is part of a CPU row's fingerprint."""
+    The local run is at the actors' torch threads: the count changes a CPU row's last bits."""
     import torch
 
     from cosyclone.engine import stages
