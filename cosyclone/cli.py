@@ -318,15 +318,17 @@ def report(
     folders: list[Path] = typer.Argument(..., help="run folders (shards of one dataset are merged)"),
     json_out: bool = typer.Option(False, "--json", help="print the totals as one JSON object"),
 ) -> None:
-    """Totals recomputed from the row records of one or more run folders (shards merged)."""
+    """Totals of one or more run folders (shards merged), as each folder's index keeps them."""
     from cosyclone.eval.summary import load_eval_summary
     from cosyclone.run import report as totals_mod
 
     for path in folders:
         if not path.is_dir():
             _fail(f"{path}: not a folder")
-    records, warnings = totals_mod.merge_folders(folders)
-    totals = totals_mod.folder_totals(records.values())
+    try:
+        totals, warnings = totals_mod.merged_totals(folders)
+    except CosycloneError as exc:
+        _fail(str(exc))
     evals = {str(f): e for f in folders if (e := load_eval_summary(f)) is not None}
     for w in warnings:
         typer.echo(f"warning: {w}", err=True)

@@ -1,79 +1,111 @@
-"""Totals of a run folder, recomputed from its row records (``summary.json`` and ``cosyclone report``).
+"""Totals of a run folder (``summary.json`` and ``cosyclone report``), from the totals its index keeps.
 
 The totals depend only on the current record of each row, never on how many invocations made
 them: one run, a run killed and resumed five times, or four shards merged give the same numbers.
-Sampler counts are "row-steps" as in :mod:`cosyclone.talker.diagnostics`: a ``calls_*`` total sums
-a counter over every segment of every row, a ``rows_*`` total counts rows where it was non-zero.
+The index (:mod:`cosyclone.run.index`) keeps them as rows are written, so reading them costs the
+same for four rows or ten million. Sampler counts are "row-steps" as in
+:mod:`cosyclone.talker.diagnostics`: a ``calls_*`` total sums a counter over every segment of every
+row, a ``rows_*`` total counts rows where it was non-zero.
 """
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from cosyclone.run import folder as runfolder
+from cosyclone.run.index import (
+    AUDIO_SCALE,
+    SAMPLER_COUNTERS,
+    SHARE_COLUMNS,
+    FolderIndex,
+    add_share,
+    row_values,
+    share_of,
+)
 from cosyclone.run.row_record import RowRecord
 
-#: sampler counter -> (calls total name, rows total name)
-SAMPLER_COUNTERS = {
-    "steps": ("sampler_calls", None),
-    "nan_steps": ("calls_with_nan", "rows_with_nan"),
-    "all_nan_steps": ("calls_all_nan", "rows_all_nan"),
-    "posinf_steps": ("calls_posinf", "rows_posinf"),
-    "no_finite_steps": ("calls_no_finite", "rows_no_finite"),
-    "ras_fallbacks": ("ras_fallbacks", "rows_ras_fallback"),
-    "ras_sole_restores": ("ras_sole_restores", None),
-}
 
-
-def folder_totals(records: Iterable[RowRecord]) -> dict[str, Any]:
-    """Totals over every row record: done, failed by reason, NaN-row counts, audio seconds."""
-    recs = list(records)
+def totals_of(kept: Mapping[str, int]) -> dict[str, Any]:
+    """The folder totals as ``summary.json`` and ``report`` show them, from the index's kept totals."""
     sampler: dict[str, int] = {}
-    for calls, rows in SAMPLER_COUNTERS.values():
-        sampler[calls] = 0
-        if rows:
-            sampler[rows] = 0
-    reasons: dict[str, int] = {}
-    ok = audio_rows = audio_samples = 0
-    audio = 0.0
-    for rec in recs:
-        if rec.ok:
-            ok += 1
-            audio += rec.audio_seconds
-        else:
-            key = str(rec.reason or "unknown")
-            reasons[key] = reasons.get(key, 0) + 1
-        for counter, (calls, rows) in SAMPLER_COUNTERS.items():
-            n = sum(int(getattr(s, counter)) for s in rec.sampler)
-            sampler[calls] += n
-            if rows and n:
-                sampler[rows] += 1
-        bad = rec.nonfinite_audio_samples
-        audio_samples += bad
-        audio_rows += 1 if bad else 0
+    for calls, flagged in SAMPLER_COUNTERS.values():
+        sampler[calls] = kept.get(f"sampler:{calls}", 0)
+        if flagged:
+            sampler[flagged] = kept.get(f"sampler:{flagged}", 0)
+    reasons = {k.removeprefix("reason:"): v for k, v in sorted(kept.items()) if k.startswith("reason:") and v}
+    audio = float(Fraction(kept.get("audio_fx", 0), AUDIO_SCALE))
+    rows, done = kept.get("rows", 0), kept.get("done", 0)
     return {
-        "rows": len(recs), "done": ok, "failed": len(recs) - ok, "failed_reasons": dict(sorted(reasons.items())),
+        "rows": rows, "done": done, "failed": rows - done, "failed_reasons": reasons,
         "audio_seconds": round(audio, 6), "sampler": sampler,
         "nan_summary": f"{sampler['sampler_calls']} sampler calls, {sampler['calls_all_nan']} entirely NaN",
-        "nonfinite_audio_rows": audio_rows, "nonfinite_audio_samples": audio_samples,
+        "nonfinite_audio_rows": kept.get("nonfinite_audio_rows", 0),
+        "nonfinite_audio_samples": kept.get("nonfinite_audio_samples", 0),
     }
 
 
-def merge_folders(folders: Sequence[Path]) -> tuple[dict[str, RowRecord], list[str]]:
-    """Current records of several folders (shards): (id -> record, warnings about ids in two folders)."""
-    merged: dict[str, RowRecord] = {}
-    where: dict[str, Path] = {}
-    warnings = []
-    for folder in folders:
-        for rid, rec in runfolder.read_records(folder).items():
-            if rid in merged:
-                warnings.append(f"row {rid!r} is in {where[rid]} and {folder}: the later attempt counts")
-                if rec.finished_at < merged[rid].finished_at:
+def folder_totals(records: Iterable[RowRecord]) -> dict[str, Any]:
+    """Totals over row records given one by one (the same sums the index keeps)."""
+    kept: dict[str, int] = {}
+    for rec in records:
+        values = row_values(rec.to_json(), "", 0)
+        if values is not None:
+            add_share(kept, share_of(values), +1)
+    return totals_of(kept)
+
+
+def open_read(folder: Path) -> FolderIndex:
+    """A folder's index for reading its totals (brought up to date under the folder's settle lock)."""
+    with runfolder.settle_lock(folder):
+        return runfolder.open_index(folder)
+
+
+def merged_totals(folders: Sequence[Path]) -> tuple[dict[str, Any], list[str]]:
+    """The totals of several folders (shards) as one: (totals, warnings about ids in two folders).
+
+    An id in two folders counts once, by its later attempt (``finished_at``; a tie goes to the folder
+    named later); only the ids the folders share are read, each pair of folders joined in SQLite.
+    """
+    indexes = [open_read(f) for f in folders]
+    try:
+        kept: dict[str, int] = {}
+        for idx in indexes:
+            for k, v in idx.totals().items():
+                kept[k] = kept.get(k, 0) + v
+        warnings: list[str] = []
+        for i, a in enumerate(indexes):
+            losers: dict[str, Sequence[Any]] = {}
+            for j, b in enumerate(indexes):
+                if i == j:
                     continue
-            merged[rid], where[rid] = rec, folder
-    return merged, warnings
+                for rid, mine, theirs, share in _shared(a, b):
+                    if i < j:
+                        warnings.append(f"row {rid!r} is in {folders[i]} and {folders[j]}: the later attempt counts")
+                    if theirs > mine or (theirs == mine and j > i):
+                        losers[rid] = share
+            for share in losers.values():
+                add_share(kept, share, -1)
+        return totals_of(kept), warnings
+    finally:
+        for idx in indexes:
+            idx.close()
+
+
+def _shared(a: FolderIndex, b: FolderIndex) -> Iterable[tuple[str, float, float, Sequence[Any]]]:
+    """(id, finished_at in a, finished_at in b, a's share) of every id both folders hold."""
+    db = sqlite3.connect(a.path)
+    try:
+        db.execute("ATTACH DATABASE ? AS other", (str(b.path),))
+        cols = ", ".join(f"r.{c}" for c in SHARE_COLUMNS)
+        for row in db.execute(f"SELECT r.id, r.finished_at, o.finished_at, {cols} FROM main.rows r "
+                              "JOIN other.rows o ON o.id = r.id"):
+            yield row[0], row[1], row[2], row[3:]
+    finally:
+        db.close()
 
 
 TABLE_ROWS = (("rows", "rows"), ("done", "done"), ("failed", "failed"), ("failed_reasons", "failed by reason"),

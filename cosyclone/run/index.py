@@ -1,0 +1,445 @@
+"""The folder's index: where each row's current record lies, what it says in brief, and the totals.
+
+Why an index: a folder grows for weeks to millions of rows, and a run, ``report``, ``export`` and
+``eval`` should cost what their own rows cost, not a re-read of every record. The record files stay
+the truth (JSON lines a person reads, appended to, never rewritten); ``.cosyclone/index.sqlite``
+(the standard library's SQLite) is derived from them and holds per row its id, fingerprint,
+status, audio file, manifest line, ``finished_at``, which records file and byte offset holds its
+current record, and the row's share of the folder totals. A ``totals`` table keeps those shares
+summed as rows are written, so ``summary.json`` and ``report`` read a few numbers.
+
+The index follows the files, never the other way round: a record line is written (and fsynced)
+before the index hears of it. Opening the index checks each records file against what was indexed
+of it (inode, size, a hash of its first line): a file that grew is read from where the index
+stopped (a run killed between the two writes, another shard's journal); a file that shrank or was
+replaced, or an index that is missing, unreadable or of another schema, makes the index be built
+again from every records file, streaming. The current record of an id is the one with the latest
+``finished_at``; between equal ones, the later line read wins (the rule of
+:func:`cosyclone.run.folder.read_records`).
+
+Totals are exact whatever order rows arrive in: counts are integers, and a row's audio seconds
+enter the sum as an integer of 2^-40 s, so adding and taking away rows in any order (a resume,
+shards, a row redone) gives the same bits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+INDEX_NAME = "index.sqlite"  # under the folder's .cosyclone/
+SCHEMA = "cosyclone-index-1"
+AUDIO_SCALE = 2**40  # audio seconds are summed as integers of 2^-40 s (exact in any order)
+BATCH = 500  # ids per lookup query (SQLite allows 999 parameters on old builds)
+
+#: sampler counter -> (calls total name, rows total name), as report.py reads them
+SAMPLER_COUNTERS: dict[str, tuple[str, str | None]] = {
+    "steps": ("sampler_calls", None),
+    "nan_steps": ("calls_with_nan", "rows_with_nan"),
+    "all_nan_steps": ("calls_all_nan", "rows_all_nan"),
+    "posinf_steps": ("calls_posinf", "rows_posinf"),
+    "no_finite_steps": ("calls_no_finite", "rows_no_finite"),
+    "ras_fallbacks": ("ras_fallbacks", "rows_ras_fallback"),
+    "ras_sole_restores": ("ras_sole_restores", None),
+}
+_COUNTERS = tuple(SAMPLER_COUNTERS)
+SHARE_COLUMNS = ("audio_fx", "nonfinite", "reason", *(f"c_{c}" for c in _COUNTERS))  # a row's share of the totals
+_COLUMNS = ("id", "fingerprint", "status", "file", "meta_dir", "samples", "sample_rate", "line", "finished_at",
+            "src", "offset", *SHARE_COLUMNS)
+
+
+@dataclass(frozen=True)
+class IndexedRow:
+    """What the index holds of one row's current record (the record itself: :meth:`FolderIndex.record`)."""
+
+    id: str  # the row's id
+    fingerprint: str | None  # its fingerprint (None: it failed before one)
+    status: str  # ok | failed
+    file: str | None  # its audio file relative to the folder (None: no file)
+    samples: int | None  # samples its file holds, as recorded
+    sample_rate: int | None  # its file's rate, as recorded
+    line: int  # its manifest line
+    finished_at: float  # when its record was committed
+    src: str  # the records file holding it, relative to the folder
+    offset: int  # the byte offset of its line there
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def _int(value: Any) -> int:
+    """A record's count as an int (a record is data: anything else counts 0)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _float(value: Any) -> float:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return x if x == x and abs(x) != float("inf") else 0.0
+
+
+def meta_dir(file: str | None) -> str | None:
+    """The directory whose ``metadata.jsonl`` lists an audio file: its own for ``wavs/<shard>/<id>``,
+    the folder's root (``""``) for a flat ``wavs/<id>`` of an earlier version."""
+    if not file:
+        return None
+    parent = os.path.dirname(file)
+    return "" if parent in ("", "wavs") else parent
+
+
+def row_values(obj: Mapping[str, Any], src: str, offset: int) -> tuple[Any, ...] | None:
+    """The index row of a record line's object (columns in :data:`_COLUMNS` order); None: not a record."""
+    rid = obj.get("id")
+    if not isinstance(rid, str):
+        return None
+    status = obj.get("status") if isinstance(obj.get("status"), str) else "failed"
+    ok = status == "ok"
+    file = obj.get("file") or obj.get("wav")
+    file = str(file) if file else None
+    sampler = obj.get("sampler")
+    segs = [s for s in sampler if isinstance(s, dict)] if isinstance(sampler, list) else []
+    counts = [sum(_int(s.get(c)) for s in segs) for c in _COUNTERS]
+    audio = round(_float(obj.get("audio_seconds")) * AUDIO_SCALE) if ok else 0
+    reason = None if ok else str(obj.get("reason") or "unknown")
+    fp = obj.get("fingerprint")
+    line = obj.get("line")
+    return (rid, fp if isinstance(fp, str) else None, status, file, meta_dir(file) if ok else None,
+            obj.get("samples") if isinstance(obj.get("samples"), int) else None,
+            obj.get("sample_rate") if isinstance(obj.get("sample_rate"), int) else None,
+            line if isinstance(line, int) else 0, _float(obj.get("finished_at")), src, offset,
+            audio, _int(obj.get("nonfinite_audio_samples")), reason, *counts)
+
+
+def share_of(values: Sequence[Any]) -> Sequence[Any]:
+    """A row's share of the totals (columns of :data:`SHARE_COLUMNS`) from its :func:`row_values`."""
+    return values[len(_COLUMNS) - len(SHARE_COLUMNS):]
+
+
+def add_share(delta: dict[str, int], share: Sequence[Any], sign: int) -> None:
+    """Add ``sign`` times a row's share to the kept totals ``delta`` (keys as :meth:`FolderIndex.totals`)."""
+    audio, nonfinite, reason, *counts = share
+    keys = {"rows": 1, "done": 1 if reason is None else 0, "audio_fx": audio, "nonfinite_audio_samples": nonfinite,
+            "nonfinite_audio_rows": 1 if nonfinite else 0}
+    if reason is not None:
+        keys[f"reason:{reason}"] = 1
+    for counter, n in zip(_COUNTERS, counts, strict=True):
+        calls, rows = SAMPLER_COUNTERS[counter]
+        keys[f"sampler:{calls}"] = n
+        if rows:
+            keys[f"sampler:{rows}"] = 1 if n else 0
+    for k, v in keys.items():
+        if v:
+            delta[k] = delta.get(k, 0) + sign * v
+
+
+def _head(path: Path) -> str:
+    """A hash of a file's first line: tells a rewritten file from one that only grew."""
+    with open(path, "rb") as fh:
+        return hashlib.blake2b(fh.readline(), digest_size=8).hexdigest()
+
+
+class FolderIndex:
+    """The index of one run folder, opened up to date with its records files (see the module).
+
+    ``sources`` are the records files, relative to the folder, that the folder holds now (the caller
+    lists them: ``diagnostics.jsonl`` and the journals). One object may be shared by a run's threads.
+    """
+
+    def __init__(self, out_dir: Path, sources: Sequence[str], *, state: str = ".cosyclone") -> None:
+        self.out_dir = Path(out_dir)
+        self.path = self.out_dir / state / INDEX_NAME
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self.rebuilt = False  # whether opening built the index from the records files
+        self.db = self._connect()
+        self.sync(sources)
+
+    # ------------------------------------------------------------------ opening
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=120.0, check_same_thread=False, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")  # readers (report, export) never wait on a writer
+        db.execute("PRAGMA synchronous=NORMAL")  # a lost commit is read again from the records files
+        return db
+
+    def _schema_ok(self) -> bool:
+        try:
+            row = self.db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+        except sqlite3.DatabaseError:
+            return False
+        return row is not None and row[0] == SCHEMA
+
+    def _create(self) -> None:
+        """A fresh, empty index (any earlier one is dropped)."""
+        db = self.db
+        with self._tx():
+            for table in ("meta", "sources", "rows", "totals"):
+                db.execute(f"DROP TABLE IF EXISTS {table}")
+            db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+            db.execute("CREATE TABLE sources (name TEXT PRIMARY KEY, inode INTEGER, size INTEGER, head TEXT)")
+            shares = ", ".join(f"{c} INTEGER NOT NULL DEFAULT 0" for c in SHARE_COLUMNS if c != "reason")
+            db.execute("CREATE TABLE rows (id TEXT PRIMARY KEY, fingerprint TEXT, status TEXT NOT NULL, file TEXT, "
+                       "meta_dir TEXT, samples INTEGER, sample_rate INTEGER, line INTEGER NOT NULL, "
+                       f"finished_at REAL NOT NULL, src TEXT NOT NULL, offset INTEGER NOT NULL, reason TEXT, "
+                       f"{shares}) WITHOUT ROWID")
+            db.execute("CREATE INDEX rows_meta ON rows (meta_dir) WHERE meta_dir IS NOT NULL")
+            db.execute("CREATE TABLE totals (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            db.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA,))
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[None]:
+        with self._lock:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            self.db.execute("COMMIT")
+
+    def sync(self, sources: Sequence[str]) -> None:
+        """Bring the index up to the records files ``sources``: read what grew, rebuild on anything else."""
+        with self._lock:
+            try:
+                if not self._schema_ok():
+                    raise _Stale
+                known = {name: (inode, size, head) for name, inode, size, head
+                         in self.db.execute("SELECT name, inode, size, head FROM sources")}
+                if set(known) - set(sources):  # a file the index points into is gone
+                    raise _Stale
+                tails: list[tuple[str, int]] = []
+                for name in sources:
+                    st = os.stat(self.out_dir / name)
+                    was = known.get(name)
+                    if was is None:
+                        tails.append((name, 0))
+                    elif was[0] != st.st_ino or st.st_size < was[1] or (was[1] and _head(self.out_dir / name) != was[2]):
+                        raise _Stale
+                    elif st.st_size > was[1]:
+                        tails.append((name, was[1]))
+                for name, start in tails:
+                    self._read_source(name, start, rebuild=False)
+            except (_Stale, sqlite3.DatabaseError):
+                self.rebuild(sources)
+
+    def rebuild(self, sources: Sequence[str]) -> None:
+        """The index made again from the records files, streaming (a line at a time, rows in SQLite)."""
+        with self._lock:
+            try:
+                self._create()
+            except sqlite3.DatabaseError:  # not a database at all: start a new file
+                self.db.close()
+                for suffix in ("", "-wal", "-shm"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(f"{self.path}{suffix}")
+                self.db = self._connect()
+                self._create()
+            for name in sources:
+                self._read_source(name, 0, rebuild=True)
+            with self._tx():
+                self._recount()
+            self.rebuilt = True
+
+    def _read_source(self, name: str, start: int, *, rebuild: bool) -> None:
+        """Index the lines of records file ``name`` from byte ``start`` on (whole lines only)."""
+        path = self.out_dir / name
+        st = os.stat(path)
+        batch: list[tuple[Any, ...]] = []
+        end = start
+        with open(path, "rb") as fh:
+            fh.seek(start)
+            pos = start
+            for raw in fh:
+                here, pos = pos, pos + len(raw)
+                if not raw.endswith(b"\n"):
+                    break  # a line still being written (or torn): read again next time
+                end = pos
+                try:
+                    obj = json.loads(raw.decode("utf-8", errors="replace"))
+                except json.JSONDecodeError:
+                    continue
+                values = row_values(obj, name, here) if isinstance(obj, dict) else None
+                if values is not None:
+                    batch.append(values)
+                if len(batch) >= 20000:
+                    self._put_batch(batch, rebuild=rebuild)
+                    batch = []
+        self._put_batch(batch, rebuild=rebuild)
+        with self._tx():
+            self.db.execute("INSERT OR REPLACE INTO sources VALUES (?, ?, ?, ?)",
+                            (name, st.st_ino, end, _head(path) if end else ""))
+
+    def _put_batch(self, batch: list[tuple[Any, ...]], *, rebuild: bool) -> None:
+        if not batch:
+            return
+        with self._tx():
+            if rebuild:  # totals are counted once at the end of a rebuild
+                self.db.executemany(_UPSERT, batch)
+            else:
+                for values in batch:
+                    self._put(values)
+
+    # ------------------------------------------------------------------ writing
+
+    def put(self, obj: Mapping[str, Any], src: str, offset: int, end: int) -> str | None:
+        """A record line just written at ``offset`` of records file ``src`` (which now ends at ``end``);
+        the metadata directory of the row's earlier file (None: it had none)."""
+        values = row_values(obj, src, offset)
+        with self._tx():
+            was = self._put(values) if values is not None else None
+            self.db.execute("UPDATE sources SET size = ? WHERE name = ? AND size < ?", (end, src, end))
+        return was
+
+    def track(self, src: str) -> None:
+        """Start following a records file this process writes (a journal it opens)."""
+        path = self.out_dir / src
+        st = os.stat(path)
+        with self._lock:
+            known = self.db.execute("SELECT size FROM sources WHERE name = ?", (src,)).fetchone()
+            if known is None or known[0] < st.st_size:
+                self._read_source(src, known[0] if known else 0, rebuild=False)
+
+    def _put(self, values: tuple[Any, ...]) -> str | None:
+        """One row's record in, the totals moved by the difference of its share (in a transaction); the
+        metadata directory of the row's earlier current record."""
+        rid, finished = values[0], values[8]
+        old = self.db.execute(f"SELECT finished_at, meta_dir, {', '.join(SHARE_COLUMNS)} FROM rows WHERE id = ?",
+                              (rid,)).fetchone()
+        if old is not None and finished < old[0]:
+            return None  # an older attempt read late: the current record stays
+        self.db.execute(f"INSERT OR REPLACE INTO rows ({', '.join(_COLUMNS)}) "
+                        f"VALUES ({', '.join('?' * len(_COLUMNS))})", values)
+        delta: dict[str, int] = {}
+        add_share(delta, values[len(_COLUMNS) - len(SHARE_COLUMNS):], +1)
+        if old is not None:
+            add_share(delta, old[2:], -1)
+        self._add(delta)
+        return old[1] if old is not None else None
+
+    def _add(self, delta: Mapping[str, int]) -> None:
+        for key, v in delta.items():
+            if not v:
+                continue
+            row = self.db.execute("SELECT value FROM totals WHERE key = ?", (key,)).fetchone()
+            value = (int(row[0]) if row else 0) + v  # Python ints: the audio sum outgrows 64 bits
+            self.db.execute("INSERT OR REPLACE INTO totals VALUES (?, ?)", (key, str(value)))
+
+    def _recount(self) -> None:
+        """The totals summed again over the rows table (after a rebuild), streaming."""
+        self.db.execute("DELETE FROM totals")
+        delta: dict[str, int] = {}
+        for share in self.db.execute(f"SELECT {', '.join(SHARE_COLUMNS)} FROM rows"):
+            add_share(delta, share, +1)
+        self._add(delta)
+
+    def moved(self, src: str, dst: str, lines: Iterable[tuple[str, int, int]], dst_end: int) -> None:
+        """Records of ``src`` now lie in ``dst`` too: (id, offset in src, offset in dst) of each; ``src``
+        is no longer followed and ``dst`` is indexed up to ``dst_end``."""
+        with self._tx():
+            self.db.executemany("UPDATE rows SET src = ?, offset = ? WHERE id = ? AND src = ? AND offset = ?",
+                                ((dst, new, rid, src, old) for rid, old, new in lines))
+            self.db.execute("DELETE FROM sources WHERE name = ?", (src,))
+            path = self.out_dir / dst
+            self.db.execute("INSERT OR REPLACE INTO sources VALUES (?, ?, ?, ?)",
+                            (dst, os.stat(path).st_ino, dst_end, _head(path)))
+
+    # ------------------------------------------------------------------ reading
+
+    def totals(self) -> dict[str, int]:
+        """The kept totals: ``rows``, ``done``, ``audio_fx``, ``reason:<r>``, ``sampler:<name>``, ... ."""
+        with self._lock:
+            return {k: int(v) for k, v in self.db.execute("SELECT key, value FROM totals")}
+
+    def count(self) -> int:
+        with self._lock:
+            return int(self.db.execute("SELECT count(*) FROM rows").fetchone()[0])
+
+    def get_many(self, ids: Iterable[str]) -> Iterator[IndexedRow]:
+        """The indexed rows of ``ids`` that the folder has (any order), queried a batch at a time."""
+        it = iter(ids)
+        while True:
+            chunk = [rid for _, rid in zip(range(BATCH), it, strict=False)]
+            if not chunk:
+                return
+            with self._lock:
+                found = self.db.execute(f"SELECT {_BRIEF} FROM rows WHERE id IN ({', '.join('?' * len(chunk))})",
+                                        chunk).fetchall()
+            yield from (IndexedRow(*r) for r in found)
+
+    def count_present(self, ids: Iterable[str]) -> int:
+        """How many of ``ids`` (distinct) the folder has a row of, counted a batch at a time."""
+        it, n = iter(ids), 0
+        while chunk := [rid for _, rid in zip(range(BATCH), it, strict=False)]:
+            with self._lock:
+                n += int(self.db.execute(f"SELECT count(*) FROM rows WHERE id IN ({', '.join('?' * len(chunk))})",
+                                         chunk).fetchone()[0])
+        return n
+
+    def ids(self) -> Iterator[str]:
+        """Every row id of the folder, streamed in id order (a cursor, not a list)."""
+        yield from (r[0] for r in self._stream("SELECT id FROM rows ORDER BY id", ()))
+
+    def ok_rows(self) -> Iterator[IndexedRow]:
+        """The current ``ok`` rows in manifest-line order (ties by id), streamed."""
+        yield from (IndexedRow(*r) for r in self._stream(
+            f"SELECT {_BRIEF} FROM rows WHERE status = 'ok' ORDER BY line, id", ()))
+
+    def in_dir(self, directory: str) -> Iterator[IndexedRow]:
+        """The ``ok`` rows whose audio file ``directory``'s ``metadata.jsonl`` lists, line order."""
+        yield from (IndexedRow(*r) for r in self._stream(
+            f"SELECT {_BRIEF} FROM rows WHERE meta_dir = ? ORDER BY line, id", (directory,)))
+
+    def rates(self) -> dict[int, int]:
+        """Sample rate -> ``ok`` rows recorded at it (no rate recorded: 0)."""
+        with self._lock:
+            return {int(r or 0): int(n) for r, n in self.db.execute(
+                "SELECT sample_rate, count(*) FROM rows WHERE status = 'ok' GROUP BY sample_rate")}
+
+    def _stream(self, sql: str, params: tuple[Any, ...]) -> Iterator[tuple[Any, ...]]:
+        """Rows of a query a few thousand at a time, on a connection of their own (a snapshot: a run
+        writing meanwhile changes nothing here)."""
+        db = sqlite3.connect(self.path, timeout=120.0)
+        try:
+            cur = db.execute(sql, params)
+            while True:
+                rows = cur.fetchmany(4096)
+                if not rows:
+                    return
+                yield from rows
+        finally:
+            db.close()
+
+    def record(self, row: IndexedRow) -> dict[str, Any] | None:
+        """The record line an indexed row points at, parsed (None: the file no longer holds it)."""
+        try:
+            with open(self.out_dir / row.src, "rb") as fh:
+                fh.seek(row.offset)
+                obj = json.loads(fh.readline().decode("utf-8", errors="replace"))
+        except (OSError, json.JSONDecodeError):
+            return None
+        return obj if isinstance(obj, dict) and obj.get("id") == row.id else None
+
+    def close(self) -> None:
+        with self._lock:
+            self.db.close()
+
+
+class _Stale(Exception):
+    """The index does not describe the records files: it is built again."""
+
+
+_BRIEF = "id, fingerprint, status, file, samples, sample_rate, line, finished_at, src, offset"
+_UPSERT = (f"INSERT INTO rows ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))}) "
+           "ON CONFLICT(id) DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in _COLUMNS[1:])
+           + " WHERE excluded.finished_at >= rows.finished_at")
