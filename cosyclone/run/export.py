@@ -9,8 +9,8 @@ in manifest-line order. Rerunning export rewrites every shard of its format in t
 directory: a grown folder gives the new set, never old shards beside new ones.
 
 Memory does not grow with the audio: one row's file is read at a time, and a shard buffers at most
-a Parquet row group (100 rows) or one tar member. What grows is the index, 46 bytes per record line
-(and 24 per eval line): about 50 MB for a million rows.
+a Parquet row group (100 rows) or one tar member. The records are found through the folder's index
+(SQLite, on disk); what grows in memory is the eval index, 24 bytes per ``eval.jsonl`` line.
 
 Where ``OUT/eval.jsonl`` exists its verdicts become columns. A verdict counts only for the very
 file it scored (``wav_sha256``): a row redone after eval reads ``eval_status`` ``stale`` and has no

@@ -1,12 +1,10 @@
-"""Where each row's current record lies in a run folder, in memory that grows by a few bytes a row.
+"""Where each row's current record lies in a run folder, in memory that does not grow with the folder.
 
-``export`` reads a folder of any size: its records are never held, only where they lie. One pass
-over ``diagnostics.jsonl`` and every journal (the sources :func:`cosyclone.run.folder.read_records`
-reads, in its order) notes per line a 128-bit hash of the id, ``finished_at``, the source and byte
-offset, the manifest line, whether it says ``ok`` and its sample rate: 46 bytes a line in flat arrays
-(about twice that for a moment while they are sorted). The
-current record of an id is its latest ``finished_at``, a later line winning a tie (the same rule as
-``read_records``); it is read again from its offset when its row is exported.
+``export`` reads a folder of any size: its records are never held, only where they lie.
+:class:`RecordIndex` asks the folder's index (:mod:`cosyclone.run.index`, SQLite) for the current
+``ok`` rows in manifest order, streamed, and reads each record from its offset when its row is
+exported. :class:`EvalIndex` keys ``eval.jsonl``'s lines by a 128-bit hash of the id with their
+offsets, 24 bytes a line in flat arrays (the last line of an id wins).
 
 Why a hash and not the id: a million ids as Python strings in a dict cost about 300 MB; the hash
 costs 16 bytes, and two ids share one with probability about n^2 / 2^129 (1e-27 for a million).
@@ -103,58 +101,40 @@ def _keyed(lines: Iterator[tuple[int, dict[str, Any]]], hi: array[int], lo: arra
 
 
 class RecordIndex:
-    """The current record of every row of a folder: which are ``ok``, in manifest order, and their rates."""
+    """The current record of every row of a folder: which are ``ok``, in manifest order, and their rates,
+    as the folder's index (:mod:`cosyclone.run.index`) has them; a record is read when its row is."""
 
     def __init__(self, out_dir: Path) -> None:
-        out_dir = Path(out_dir)
-        self.files = open_sources([out_dir / runfolder.DIAG_NAME,
-                                   *sorted(runfolder.state_dir(out_dir).glob("journal-*.jsonl"))])
-        hi, lo, src, off, line = array("Q"), array("Q"), array("H"), array("q"), array("q")
-        finished, rate = array("d"), array("i")  # rate 0: the line is not an ok record
-        for s, fh in enumerate(self.files):
-            for _, obj in _keyed(iter_lines(fh), hi, lo, off):
-                src.append(s)
-                line.append(int(_number(obj.get("line"), 0.0)))
-                finished.append(_number(obj.get("finished_at"), 0.0))
-                ok = obj.get("status") == "ok"
-                rate.append(int(_number(obj.get("sample_rate"), MODEL_RATE)) if ok else 0)
-        self.lines_read = len(hi)
-        h_hi, h_lo = np.frombuffer(hi, np.uint64), np.frombuffer(lo, np.uint64)
-        arrival = np.arange(len(hi))
-        order = np.lexsort((arrival, np.frombuffer(finished, np.float64), h_lo, h_hi))  # last key sorts first
-        last = np.ones(order.size, dtype=bool)  # the last line of each id in that order is its current one
-        last[:-1] = (h_hi[order][1:] != h_hi[order][:-1]) | (h_lo[order][1:] != h_lo[order][:-1])
-        current = order[last]
-        self.rows = int(current.size)  # rows with a record, whatever it says
-        rates = np.frombuffer(rate, np.int32)[current]
-        ok = current[rates > 0]
-        lines = np.frombuffer(line, np.int64)[ok]
-        ok = ok[np.lexsort((h_lo[ok], h_hi[ok], lines))]  # manifest line, ties by the id's hash (fixed)
-        self.source = np.frombuffer(src, np.uint16)[ok].copy()
-        self.offset = np.frombuffer(off, np.int64)[ok].copy()
-        self.rate = np.frombuffer(rate, np.int32)[ok].copy()
+        with runfolder.settle_lock(Path(out_dir)):
+            self.index = runfolder.open_index(Path(out_dir))
+        self.rows = self.index.count()  # rows with a record, whatever it says
+        self.lines_read = self.rows
+        self._rates = self.index.rates()
 
     @property
     def ok_rows(self) -> int:
-        return int(self.offset.size)
+        return sum(self._rates.values())
 
     def rates(self) -> dict[int, int]:
-        """Sample rate -> ok rows recorded at it."""
-        values, counts = np.unique(self.rate, return_counts=True)
-        return {int(v): int(c) for v, c in zip(values, counts, strict=True)}
+        """Sample rate -> ok rows recorded at it (none recorded: the model's)."""
+        out: dict[int, int] = {}
+        for rate, n in self._rates.items():
+            out[rate or MODEL_RATE] = out.get(rate or MODEL_RATE, 0) + n
+        return out
 
     def records(self) -> Iterator[RowRecord]:
-        """The current ``ok`` records, manifest order, read one at a time (as the folder reads them)."""
-        for start in range(0, self.offset.size, 4096):  # Python ints a chunk at a time, not a list per row
-            chunk = slice(start, start + 4096)
-            for s, o in zip(self.source[chunk].tolist(), self.offset[chunk].tolist(), strict=True):
-                rec = RowRecord.from_json(read_at(self.files[s], o))
-                if rec is not None:
-                    yield rec
+        """The current ``ok`` records, manifest order, read one at a time (a run that ends meanwhile moves
+        its journal's lines: such a row is looked up again)."""
+        for row in self.index.ok_rows():
+            obj = self.index.record(row)
+            if obj is None:
+                obj = next((self.index.record(r) for r in self.index.get_many([row.id])), None)
+            rec = RowRecord.from_json(obj) if obj is not None else None
+            if rec is not None and rec.ok:
+                yield rec
 
     def close(self) -> None:
-        for fh in self.files:
-            fh.close()
+        self.index.close()
 
 
 class EvalIndex:
