@@ -39,6 +39,7 @@ INDEX_NAME = "index.sqlite"  # under the folder's .cosyclone/
 SCHEMA = "cosyclone-index-1"
 AUDIO_SCALE = 2**40  # audio seconds are summed as integers of 2^-40 s (exact in any order)
 BATCH = 500  # ids per lookup query (SQLite allows 999 parameters on old builds)
+PAGE = 4096  # rows per query of a streamed read
 
 #: sampler counter -> (calls total name, rows total name), as report.py reads them
 SAMPLER_COUNTERS: dict[str, tuple[str, str | None]] = {
@@ -169,8 +170,12 @@ class FolderIndex:
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=120.0, check_same_thread=False, isolation_level=None)
-        db.execute("PRAGMA journal_mode=WAL")  # readers (report, export) never wait on a writer
-        db.execute("PRAGMA synchronous=NORMAL")  # a lost commit is read again from the records files
+        db.execute("PRAGMA page_size=1024")  # small pages: a few rows' index stays a few kB (takes on creation)
+        # a rollback journal, not WAL: no 32 kB shared-memory file beside it, so the index needs no more
+        # room than its rows (a nearly full disk fails on the audio, as before); readers read a page of
+        # rows per query, so a writer never waits long
+        db.execute("PRAGMA journal_mode=DELETE")
+        db.execute("PRAGMA synchronous=NORMAL")  # a lost or torn commit is built again from the records files
         return db
 
     def _schema_ok(self) -> bool:
@@ -194,6 +199,7 @@ class FolderIndex:
                        f"finished_at REAL NOT NULL, src TEXT NOT NULL, offset INTEGER NOT NULL, reason TEXT, "
                        f"{shares}) WITHOUT ROWID")
             db.execute("CREATE INDEX rows_meta ON rows (meta_dir) WHERE meta_dir IS NOT NULL")
+            db.execute("CREATE INDEX rows_ok ON rows (line, id) WHERE status = 'ok'")
             db.execute("CREATE TABLE totals (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
             db.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA,))
 
@@ -387,38 +393,42 @@ class FolderIndex:
         return n
 
     def ids(self) -> Iterator[str]:
-        """Every row id of the folder, streamed in id order (a cursor, not a list)."""
-        yield from (r[0] for r in self._stream("SELECT id FROM rows ORDER BY id", ()))
+        """Every row id of the folder, streamed in id order (a page of ids per query)."""
+        last = ""
+        while True:
+            with self._lock:
+                page = [r[0] for r in self.db.execute("SELECT id FROM rows WHERE id > ? ORDER BY id LIMIT ?",
+                                                      (last, PAGE))]
+            yield from page
+            if len(page) < PAGE:
+                return
+            last = page[-1]
 
     def ok_rows(self) -> Iterator[IndexedRow]:
-        """The current ``ok`` rows in manifest-line order (ties by id), streamed."""
-        yield from (IndexedRow(*r) for r in self._stream(
-            f"SELECT {_BRIEF} FROM rows WHERE status = 'ok' ORDER BY line, id", ()))
+        """The current ``ok`` rows in manifest-line order (ties by id), streamed a page per query."""
+        line, last = -(2**62), ""
+        while True:
+            with self._lock:
+                page = [IndexedRow(*r) for r in self.db.execute(
+                    f"SELECT {_BRIEF} FROM rows WHERE status = 'ok' AND (line > ? OR (line = ? AND id > ?)) "
+                    "ORDER BY line, id LIMIT ?", (line, line, last, PAGE))]
+            yield from page
+            if len(page) < PAGE:
+                return
+            line, last = page[-1].line, page[-1].id
 
-    def in_dir(self, directory: str) -> Iterator[IndexedRow]:
-        """The ``ok`` rows whose audio file ``directory``'s ``metadata.jsonl`` lists, line order."""
-        yield from (IndexedRow(*r) for r in self._stream(
-            f"SELECT {_BRIEF} FROM rows WHERE meta_dir = ? ORDER BY line, id", (directory,)))
+    def in_dir(self, directory: str) -> list[IndexedRow]:
+        """The ``ok`` rows whose audio file ``directory``'s ``metadata.jsonl`` lists, line order (a
+        directory holds a few thousand rows at ten million)."""
+        with self._lock:
+            return [IndexedRow(*r) for r in self.db.execute(
+                f"SELECT {_BRIEF} FROM rows WHERE meta_dir = ? ORDER BY line, id", (directory,))]
 
     def rates(self) -> dict[int, int]:
         """Sample rate -> ``ok`` rows recorded at it (no rate recorded: 0)."""
         with self._lock:
             return {int(r or 0): int(n) for r, n in self.db.execute(
                 "SELECT sample_rate, count(*) FROM rows WHERE status = 'ok' GROUP BY sample_rate")}
-
-    def _stream(self, sql: str, params: tuple[Any, ...]) -> Iterator[tuple[Any, ...]]:
-        """Rows of a query a few thousand at a time, on a connection of their own (a snapshot: a run
-        writing meanwhile changes nothing here)."""
-        db = sqlite3.connect(self.path, timeout=120.0)
-        try:
-            cur = db.execute(sql, params)
-            while True:
-                rows = cur.fetchmany(4096)
-                if not rows:
-                    return
-                yield from rows
-        finally:
-            db.close()
 
     def record(self, row: IndexedRow) -> dict[str, Any] | None:
         """The record line an indexed row points at, parsed (None: the file no longer holds it)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sqlite3
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ def settle(out_dir: Path, tag: str, *, index: FolderIndex | None = None, touched
             dirs = set(touched) | _append_journal(out_dir, tag, idx)
             for d in sorted(dirs):
                 write_metadata(out_dir, idx, d)
+        except sqlite3.Error as exc:
+            raise runfolder.OutputFolderError(f"cannot write {idx.path}: {exc}") from exc
         finally:
             if own:
                 idx.close()

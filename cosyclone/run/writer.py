@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import queue
+import sqlite3
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -116,8 +117,11 @@ class BackgroundWriter:
         record = make_record(result, stamp, facts, traceback_note=note)
         line = record.to_json()
         offset = self._journal.append(line)  # the record is the commit; the index follows it
-        self.touched.update(d for d in (self.index.put(line, self._src, offset, self._journal.end),
-                                        meta_dir(record.file) if record.ok else None) if d is not None)
+        try:
+            was = self.index.put(line, self._src, offset, self._journal.end)
+        except sqlite3.Error as exc:  # a full disk: the record stands, the next run indexes it
+            raise runfolder.OutputFolderError(f"cannot write {self.index.path}: {exc}") from exc
+        self.touched.update(d for d in (was, meta_dir(record.file) if record.ok else None) if d is not None)
         self.written += 1
         return record
 

@@ -129,7 +129,7 @@ def test_resume_after_a_kill_redoes_exactly_the_missing_rows(model_dir: Path, ma
     first = wav_bytes(out)
     log = out / "diagnostics.jsonl"
     lines = log.read_text().splitlines(keepends=True)
-    assert len(lines) == 4  # compacted: one record per row
+    assert len(lines) == 4  # a first run: one record per row
     torn = json.loads(lines[-1])["id"]  # the kill cut this row's line in half
     gone = json.loads(lines[0])["id"]  # this row's WAV is lost
     log.write_text("".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
@@ -143,7 +143,8 @@ def test_resume_after_a_kill_redoes_exactly_the_missing_rows(model_dir: Path, ma
     redone = sorted(rid for rid, d in diags(out).items() if d["run_id"] == run["run_id"])
     assert redone == sorted({torn, gone})
     assert wav_bytes(out) == first  # the redone rows come out byte-identical
-    assert all(d["status"] == "ok" for d in diags(out).values()) and len(diag_lines(out)) == 4
+    assert all(d["status"] == "ok" for d in diags(out).values()) and len(diags(out)) == 4
+    assert len(diag_lines(out)) == 3 + 2  # appended, never rewritten: the whole first lines, then the redone rows
 
     # nothing left to do: no model work, the same records
     before = log.read_text()
