@@ -40,6 +40,7 @@ SCHEMA = "cosyclone-index-1"
 AUDIO_SCALE = 2**40  # audio seconds are summed as integers of 2^-40 s (exact in any order)
 BATCH = 500  # ids per lookup query (SQLite allows 999 parameters on old builds)
 PAGE = 4096  # rows per query of a streamed read
+ROWS_PER_COMMIT = 2000  # record lines read into the index per transaction (what a build holds at once)
 
 #: sampler counter -> (calls total name, rows total name), as report.py reads them
 SAMPLER_COUNTERS: dict[str, tuple[str, str | None]] = {
@@ -169,6 +170,19 @@ class FolderIndex:
     # ------------------------------------------------------------------ opening
 
     def _connect(self) -> sqlite3.Connection:
+        """The index file opened (a file that is not a database is removed: it is built again)."""
+        try:
+            return self._open()
+        except sqlite3.DatabaseError:
+            self._discard()
+            return self._open()
+
+    def _discard(self) -> None:
+        for suffix in ("", "-journal", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{self.path}{suffix}")
+
+    def _open(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=120.0, check_same_thread=False, isolation_level=None)
         db.execute("PRAGMA page_size=1024")  # small pages: a few rows' index stays a few kB (takes on creation)
         # a rollback journal, not WAL: no 32 kB shared-memory file beside it, so the index needs no more
@@ -246,10 +260,8 @@ class FolderIndex:
                 self._create()
             except sqlite3.DatabaseError:  # not a database at all: start a new file
                 self.db.close()
-                for suffix in ("", "-wal", "-shm"):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(f"{self.path}{suffix}")
-                self.db = self._connect()
+                self._discard()
+                self.db = self._open()
                 self._create()
             for name in sources:
                 self._read_source(name, 0, rebuild=True)
@@ -278,7 +290,7 @@ class FolderIndex:
                 values = row_values(obj, name, here) if isinstance(obj, dict) else None
                 if values is not None:
                     batch.append(values)
-                if len(batch) >= 20000:
+                if len(batch) >= ROWS_PER_COMMIT:
                     self._put_batch(batch, rebuild=rebuild)
                     batch = []
         self._put_batch(batch, rebuild=rebuild)
@@ -305,6 +317,8 @@ class FolderIndex:
         with self._tx():
             was = self._put(values) if values is not None else None
             self.db.execute("UPDATE sources SET size = ? WHERE name = ? AND size < ?", (end, src, end))
+            if offset == 0:  # the file's first line: what tells it from a rewritten one
+                self.db.execute("UPDATE sources SET head = ? WHERE name = ?", (_head(self.out_dir / src), src))
         return was
 
     def track(self, src: str) -> None:
