@@ -31,118 +31,16 @@ import os
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
+
+from cosyclone.run.index_rows import COLUMNS, SHARE_COLUMNS, IndexedRow, add_share, row_values
 
 INDEX_NAME = "index.sqlite"  # under the folder's .cosyclone/
 SCHEMA = "cosyclone-index-1"
-AUDIO_SCALE = 2**40  # audio seconds are summed as integers of 2^-40 s (exact in any order)
 BATCH = 500  # ids per lookup query (SQLite allows 999 parameters on old builds)
 PAGE = 4096  # rows per query of a streamed read
 ROWS_PER_COMMIT = 2000  # record lines read into the index per transaction (what a build holds at once)
-
-#: sampler counter -> (calls total name, rows total name), as report.py reads them
-SAMPLER_COUNTERS: dict[str, tuple[str, str | None]] = {
-    "steps": ("sampler_calls", None),
-    "nan_steps": ("calls_with_nan", "rows_with_nan"),
-    "all_nan_steps": ("calls_all_nan", "rows_all_nan"),
-    "posinf_steps": ("calls_posinf", "rows_posinf"),
-    "no_finite_steps": ("calls_no_finite", "rows_no_finite"),
-    "ras_fallbacks": ("ras_fallbacks", "rows_ras_fallback"),
-    "ras_sole_restores": ("ras_sole_restores", None),
-}
-_COUNTERS = tuple(SAMPLER_COUNTERS)
-SHARE_COLUMNS = ("audio_fx", "nonfinite", "reason", *(f"c_{c}" for c in _COUNTERS))  # a row's share of the totals
-_COLUMNS = ("id", "fingerprint", "status", "file", "meta_dir", "samples", "sample_rate", "line", "finished_at",
-            "src", "offset", *SHARE_COLUMNS)
-
-
-@dataclass(frozen=True)
-class IndexedRow:
-    """What the index holds of one row's current record (the record itself: :meth:`FolderIndex.record`)."""
-
-    id: str  # the row's id
-    fingerprint: str | None  # its fingerprint (None: it failed before one)
-    status: str  # ok | failed
-    file: str | None  # its audio file relative to the folder (None: no file)
-    samples: int | None  # samples its file holds, as recorded
-    sample_rate: int | None  # its file's rate, as recorded
-    line: int  # its manifest line
-    finished_at: float  # when its record was committed
-    src: str  # the records file holding it, relative to the folder
-    offset: int  # the byte offset of its line there
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-
-def _int(value: Any) -> int:
-    """A record's count as an int (a record is data: anything else counts 0)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def _float(value: Any) -> float:
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        return 0.0
-    return x if x == x and abs(x) != float("inf") else 0.0
-
-
-def meta_dir(file: str | None) -> str | None:
-    """The directory whose ``metadata.jsonl`` lists an audio file: its own for ``wavs/<shard>/<id>``,
-    the folder's root (``""``) for a flat ``wavs/<id>`` of an earlier version."""
-    if not file:
-        return None
-    parent = os.path.dirname(file)
-    return "" if parent in ("", "wavs") else parent
-
-
-def row_values(obj: Mapping[str, Any], src: str, offset: int) -> tuple[Any, ...] | None:
-    """The index row of a record line's object (columns in :data:`_COLUMNS` order); None: not a record."""
-    rid = obj.get("id")
-    if not isinstance(rid, str):
-        return None
-    status = obj.get("status") if isinstance(obj.get("status"), str) else "failed"
-    ok = status == "ok"
-    file = obj.get("file") or obj.get("wav")
-    file = str(file) if file else None
-    sampler = obj.get("sampler")
-    segs = [s for s in sampler if isinstance(s, dict)] if isinstance(sampler, list) else []
-    counts = [sum(_int(s.get(c)) for s in segs) for c in _COUNTERS]
-    audio = round(_float(obj.get("audio_seconds")) * AUDIO_SCALE) if ok else 0
-    reason = None if ok else str(obj.get("reason") or "unknown")
-    fp = obj.get("fingerprint")
-    line = obj.get("line")
-    return (rid, fp if isinstance(fp, str) else None, status, file, meta_dir(file) if ok else None,
-            obj.get("samples") if isinstance(obj.get("samples"), int) else None,
-            obj.get("sample_rate") if isinstance(obj.get("sample_rate"), int) else None,
-            line if isinstance(line, int) else 0, _float(obj.get("finished_at")), src, offset,
-            audio, _int(obj.get("nonfinite_audio_samples")), reason, *counts)
-
-
-def share_of(values: Sequence[Any]) -> Sequence[Any]:
-    """A row's share of the totals (columns of :data:`SHARE_COLUMNS`) from its :func:`row_values`."""
-    return values[len(_COLUMNS) - len(SHARE_COLUMNS):]
-
-
-def add_share(delta: dict[str, int], share: Sequence[Any], sign: int) -> None:
-    """Add ``sign`` times a row's share to the kept totals ``delta`` (keys as :meth:`FolderIndex.totals`)."""
-    audio, nonfinite, reason, *counts = share
-    keys = {"rows": 1, "done": 1 if reason is None else 0, "audio_fx": audio, "nonfinite_audio_samples": nonfinite,
-            "nonfinite_audio_rows": 1 if nonfinite else 0}
-    if reason is not None:
-        keys[f"reason:{reason}"] = 1
-    for counter, n in zip(_COUNTERS, counts, strict=True):
-        calls, rows = SAMPLER_COUNTERS[counter]
-        keys[f"sampler:{calls}"] = n
-        if rows:
-            keys[f"sampler:{rows}"] = 1 if n else 0
-    for k, v in keys.items():
-        if v:
-            delta[k] = delta.get(k, 0) + sign * v
 
 
 def _head(path: Path) -> str:
@@ -164,6 +62,7 @@ class FolderIndex:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
         self.rebuilt = False  # whether opening built the index from the records files
+        self._files: dict[str, BinaryIO] = {}  # record files read by record(), kept open
         self.db = self._connect()
         self.sync(sources)
 
@@ -183,7 +82,7 @@ class FolderIndex:
                 os.unlink(f"{self.path}{suffix}")
 
     def _open(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, timeout=120.0, check_same_thread=False, isolation_level=None)
+        db = sqlite3.connect(self.path, timeout=600.0, check_same_thread=False, isolation_level=None)
         db.execute("PRAGMA page_size=1024")  # small pages: a few rows' index stays a few kB (takes on creation)
         # a rollback journal, not WAL: no 32 kB shared-memory file beside it, so the index needs no more
         # room than its rows (a nearly full disk fails on the audio, as before); readers read a page of
@@ -212,10 +111,8 @@ class FolderIndex:
                        "meta_dir TEXT, samples INTEGER, sample_rate INTEGER, line INTEGER NOT NULL, "
                        f"finished_at REAL NOT NULL, src TEXT NOT NULL, offset INTEGER NOT NULL, reason TEXT, "
                        f"{shares}) WITHOUT ROWID")
-            db.execute("CREATE INDEX rows_meta ON rows (meta_dir) WHERE meta_dir IS NOT NULL")
-            db.execute("CREATE INDEX rows_ok ON rows (line, id) WHERE status = 'ok'")
             db.execute("CREATE TABLE totals (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-            db.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA,))
+            db.execute("INSERT INTO meta VALUES ('schema', 'building')")  # SCHEMA once the build is whole
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[None]:
@@ -249,7 +146,7 @@ class FolderIndex:
                     elif st.st_size > was[1]:
                         tails.append((name, was[1]))
                 for name, start in tails:
-                    self._read_source(name, start, rebuild=False)
+                    self._read_source(name, start)
             except (_Stale, sqlite3.DatabaseError):
                 self.rebuild(sources)
 
@@ -263,14 +160,27 @@ class FolderIndex:
                 self._discard()
                 self.db = self._open()
                 self._create()
-            for name in sources:
-                self._read_source(name, 0, rebuild=True)
-            with self._tx():
-                self._recount()
+            # one transaction, unsynced, its journal in memory, the secondary indexes made at the end: a
+            # kill or a crash meanwhile leaves the schema 'building', and the next open builds again
+            for pragma in ("synchronous=OFF", "journal_mode=MEMORY", "cache_size=-65536"):
+                self.db.execute(f"PRAGMA {pragma}")
+            try:
+                with self._tx():
+                    for name in sources:
+                        self._read_source(name, 0, bulk=True)
+                    for sql in _SECONDARY:
+                        self.db.execute(sql)
+                    self._recount()
+            finally:
+                for pragma in ("journal_mode=DELETE", "synchronous=NORMAL", "cache_size=-2000"):
+                    self.db.execute(f"PRAGMA {pragma}")
+            with self._tx():  # a synced commit: the whole build is on disk before it is taken as the index
+                self.db.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (SCHEMA,))
             self.rebuilt = True
 
-    def _read_source(self, name: str, start: int, *, rebuild: bool) -> None:
-        """Index the lines of records file ``name`` from byte ``start`` on (whole lines only)."""
+    def _read_source(self, name: str, start: int, *, bulk: bool = False) -> None:
+        """Index the lines of records file ``name`` from byte ``start`` on (whole lines only); ``bulk``:
+        into an empty index, in the caller's transaction (totals are counted after)."""
         path = self.out_dir / name
         st = os.stat(path)
         batch: list[tuple[Any, ...]] = []
@@ -291,22 +201,22 @@ class FolderIndex:
                 if values is not None:
                     batch.append(values)
                 if len(batch) >= ROWS_PER_COMMIT:
-                    self._put_batch(batch, rebuild=rebuild)
+                    self._put_batch(batch, bulk=bulk)
                     batch = []
-        self._put_batch(batch, rebuild=rebuild)
-        with self._tx():
+        self._put_batch(batch, bulk=bulk)
+        with contextlib.nullcontext() if bulk else self._tx():
             self.db.execute("INSERT OR REPLACE INTO sources VALUES (?, ?, ?, ?)",
                             (name, st.st_ino, end, _head(path) if end else ""))
 
-    def _put_batch(self, batch: list[tuple[Any, ...]], *, rebuild: bool) -> None:
+    def _put_batch(self, batch: list[tuple[Any, ...]], *, bulk: bool) -> None:
         if not batch:
             return
+        if bulk:
+            self.db.executemany(_UPSERT, batch)
+            return
         with self._tx():
-            if rebuild:  # totals are counted once at the end of a rebuild
-                self.db.executemany(_UPSERT, batch)
-            else:
-                for values in batch:
-                    self._put(values)
+            for values in batch:
+                self._put(values)
 
     # ------------------------------------------------------------------ writing
 
@@ -328,7 +238,7 @@ class FolderIndex:
         with self._lock:
             known = self.db.execute("SELECT size FROM sources WHERE name = ?", (src,)).fetchone()
             if known is None or known[0] < st.st_size:
-                self._read_source(src, known[0] if known else 0, rebuild=False)
+                self._read_source(src, known[0] if known else 0)
 
     def _put(self, values: tuple[Any, ...]) -> str | None:
         """One row's record in, the totals moved by the difference of its share (in a transaction); the
@@ -338,10 +248,10 @@ class FolderIndex:
                               (rid,)).fetchone()
         if old is not None and finished < old[0]:
             return None  # an older attempt read late: the current record stays
-        self.db.execute(f"INSERT OR REPLACE INTO rows ({', '.join(_COLUMNS)}) "
-                        f"VALUES ({', '.join('?' * len(_COLUMNS))})", values)
+        self.db.execute(f"INSERT OR REPLACE INTO rows ({', '.join(COLUMNS)}) "
+                        f"VALUES ({', '.join('?' * len(COLUMNS))})", values)
         delta: dict[str, int] = {}
-        add_share(delta, values[len(_COLUMNS) - len(SHARE_COLUMNS):], +1)
+        add_share(delta, values[len(COLUMNS) - len(SHARE_COLUMNS):], +1)
         if old is not None:
             add_share(delta, old[2:], -1)
         self._add(delta)
@@ -445,11 +355,16 @@ class FolderIndex:
                 "SELECT sample_rate, count(*) FROM rows WHERE status = 'ok' GROUP BY sample_rate")}
 
     def record(self, row: IndexedRow) -> dict[str, Any] | None:
-        """The record line an indexed row points at, parsed (None: the file no longer holds it)."""
+        """The record line an indexed row points at, parsed (None: the file no longer holds it). The
+        record files stay open until :meth:`close` (a plan reads many, in file order)."""
         try:
-            with open(self.out_dir / row.src, "rb") as fh:
+            fh = self._files.get(row.src)
+            if fh is None:
+                fh = self._files[row.src] = open(self.out_dir / row.src, "rb")  # noqa: SIM115 (closed by close())
+            with self._lock:
                 fh.seek(row.offset)
-                obj = json.loads(fh.readline().decode("utf-8", errors="replace"))
+                raw = fh.readline()
+            obj = json.loads(raw.decode("utf-8", errors="replace"))
         except (OSError, json.JSONDecodeError):
             return None
         return obj if isinstance(obj, dict) and obj.get("id") == row.id else None
@@ -457,13 +372,18 @@ class FolderIndex:
     def close(self) -> None:
         with self._lock:
             self.db.close()
+            for fh in self._files.values():
+                fh.close()
+            self._files.clear()
 
 
 class _Stale(Exception):
     """The index does not describe the records files: it is built again."""
 
 
+_SECONDARY = ("CREATE INDEX rows_meta ON rows (meta_dir) WHERE meta_dir IS NOT NULL",
+              "CREATE INDEX rows_ok ON rows (line, id) WHERE status = 'ok'")
 _BRIEF = "id, fingerprint, status, file, samples, sample_rate, line, finished_at, src, offset"
-_UPSERT = (f"INSERT INTO rows ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))}) "
-           "ON CONFLICT(id) DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in _COLUMNS[1:])
+_UPSERT = (f"INSERT INTO rows ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))}) "
+           "ON CONFLICT(id) DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in COLUMNS[1:])
            + " WHERE excluded.finished_at >= rows.finished_at")

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from cosyclone.run import folder as runfolder
-from cosyclone.run.index import (
+from cosyclone.run.index import FolderIndex
+from cosyclone.run.index_rows import (
     AUDIO_SCALE,
     SAMPLER_COUNTERS,
     SHARE_COLUMNS,
-    FolderIndex,
     add_share,
     row_values,
     share_of,

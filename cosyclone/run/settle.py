@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from cosyclone.run import folder as runfolder
-from cosyclone.run.index import FolderIndex, meta_dir
+from cosyclone.run.index import FolderIndex
+from cosyclone.run.index_rows import meta_dir
 from cosyclone.run.row_record import RowRecord
 
 CHUNK_BYTES = 4 << 20  # journal bytes appended per write

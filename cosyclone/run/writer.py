@@ -27,7 +27,8 @@ import numpy as np
 from cosyclone.engine import RowResult
 from cosyclone.run import folder as runfolder
 from cosyclone.run.audio_out import SUFFIXES, AudioOutput, process
-from cosyclone.run.index import FolderIndex, meta_dir
+from cosyclone.run.index import FolderIndex
+from cosyclone.run.index_rows import meta_dir
 from cosyclone.run.row_record import NO_FILE, FileFacts, RowRecord, RowStamp, make_record
 
 SAMPLE_RATE = 24000
