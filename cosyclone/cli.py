@@ -139,7 +139,7 @@ def synth(
                                             rich_help_panel=RUN, show_default=False),
     **options: Any,
 ) -> None:
-    """Synthesize every row of MANIFEST into OUT/wavs/<id>.wav, with one record per row.
+    """Synthesize every row of MANIFEST into OUT/wavs/<shard>/<id>.wav, with one record per row.
 
     Rerunning resumes: a finished row is skipped unless its inputs or options changed. Every option in detail: docs/cli.md.
     """

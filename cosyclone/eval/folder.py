@@ -18,7 +18,15 @@ from typing import Any
 
 from cosyclone.errors import CosycloneError, ManifestError
 from cosyclone.manifest import ManifestRow, read_manifest
-from cosyclone.run.folder import audio_path, flat_path, open_index, read_records, settle_lock, wav_path
+from cosyclone.run.folder import (
+    audio_path,
+    flat_path,
+    open_index,
+    read_records,
+    record_sources,
+    settle_lock,
+    wav_path,
+)
 from cosyclone.run.index import FolderIndex
 from cosyclone.run.row_record import RowRecord
 
@@ -34,7 +42,7 @@ class FolderRow:
 
     row: ManifestRow  # the validated manifest row (prompt_audio already absolute)
     raw: dict[str, Any]  # the manifest line's JSON object as written (for redo.jsonl)
-    wav: Path  # the row's audio file (OUT/wavs/<id>.wav unless its record names another; may not exist)
+    wav: Path  # the row's audio file (the one its record names, else where it would lie; may not exist)
     record: RowRecord | None  # the row's latest record (diagnostics.jsonl)
     skip: str | None  # None when the row is scored, else one of the reasons above
 
@@ -85,8 +93,9 @@ def read_folder(out_dir: str | Path, manifest: str | Path) -> Folder:
             skip = None
         folder.rows.append(FolderRow(row=row, raw=raw, wav=wav, record=rec, skip=skip))
     known = {r.row.id for r in folder.rows}
-    with _index(out_dir) as index:
-        folder.unknown_ids = [i for i in index.ids() if i not in known]  # streamed, in id order
+    if record_sources(out_dir):
+        with _index(out_dir) as index:
+            folder.unknown_ids = [i for i in index.ids() if i not in known]  # streamed, in id order
     return folder
 
 
@@ -109,6 +118,8 @@ def _index(out_dir: Path) -> Iterator[FolderIndex]:
 def _records_of(out_dir: Path, ids: list[str]) -> dict[str, RowRecord]:
     """The current record of each of ``ids`` the folder has (looked up, not a read of every record)."""
     found: dict[str, RowRecord] = {}
+    if not record_sources(out_dir):  # nothing synthesized yet: no index made in the folder
+        return found
     with _index(out_dir) as index:
         for row in index.get_many(ids):
             obj = index.record(row)

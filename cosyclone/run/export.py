@@ -197,6 +197,8 @@ def export(out_dir: Path | str, *, fmt: ExportFormat = "parquet", shard_size_byt
         raise CosycloneError(f"--shard-size must be at least 1 byte, not {shard_size_bytes!r}")
     if not out_dir.is_dir():
         raise CosycloneError(f"{out_dir}: run folder not found")
+    if not runfolder.record_sources(out_dir):  # before an index is made in a folder that is not a run's
+        raise CosycloneError(f"{out_dir}: not a run folder (no records in {runfolder.DIAG_NAME} or a journal)")
     with contextlib.ExitStack() as stack:
         index = RecordIndex(out_dir)
         stack.callback(index.close)

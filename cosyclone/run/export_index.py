@@ -41,9 +41,8 @@ def id_hash(row_id: str) -> tuple[int, int]:
 def open_sources(paths: list[Path]) -> list[BinaryIO]:
     """The files of ``paths`` that exist, opened once for both passes.
 
-    Held open so that a run finishing meanwhile cannot pull a record from under an export: its
-    compaction renames a new ``diagnostics.jsonl`` over the old and unlinks its journal, and the
-    open files still read the bytes the index was made from (journals are only appended to).
+    Held open so that a file replaced meanwhile cannot pull a line from under the reader: the open
+    files still read the bytes the index was made from.
     """
     files: list[BinaryIO] = []
     for path in paths:

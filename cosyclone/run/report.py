@@ -70,7 +70,8 @@ def merged_totals(folders: Sequence[Path]) -> tuple[dict[str, Any], list[str]]:
     An id in two folders counts once, by its later attempt (``finished_at``; a tie goes to the folder
     named later); only the ids the folders share are read, each pair of folders joined in SQLite.
     """
-    indexes = [open_read(f) for f in folders]
+    indexes = [open_read(f) for f in folders if runfolder.record_sources(f)]  # a folder without records adds 0
+    folders = [f for f in folders if runfolder.record_sources(f)]
     try:
         kept: dict[str, int] = {}
         for idx in indexes:

@@ -1,4 +1,4 @@
-"""Output files of a run: ``wavs/<id>.wav`` and the row records (see :mod:`cosyclone.run.folder`).
+"""Output files of a run: ``wavs/<shard>/<id>.wav`` and the row records (see :mod:`cosyclone.run.folder`).
 
 Crash safety is by construction: a WAV is encoded in memory, written to a temporary name in the
 same folder, fsynced and renamed (atomic on POSIX), the directory fsynced, and only *then* is the
