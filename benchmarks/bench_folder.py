@@ -8,6 +8,9 @@ each line a copy of a real record (a row synthesized here with the tiny model, i
 file renamed), no audio files and no index. Each command runs as the real CLI in a child process
 (``wait4``'s ``ru_maxrss``: the child's own peak RSS), in this order:
 
+0. the same 4-row ``synth`` into an empty folder: the model's share of a 4-row run (loading, the
+   text normalizer, four rows), so that what the big folder adds is the difference (on a shared
+   machine the load average, printed beside each figure, moves both);
 1. a 4-row ``synth`` of new rows into it (the first: the index is built from the records, streaming);
 2. a second 4-row ``synth`` of other new rows (the index is read, not built);
 3. ``cosyclone report`` on it;
@@ -36,7 +39,7 @@ PROMPT = ROOT / "manifests" / "prompts" / "speaker1.wav"
 PROMPT_TEXT = "This is the reference speaker talking."
 TEXT = "Tomorrow will be sunny with a light breeze from the west."
 #: command -> (seconds, MiB) that issue 50 asks for at a million records
-TARGETS = {"synth 4 rows (first)": (120, 2048), "synth 4 rows (second)": (30, None), "report": (60, 1024),
+TARGETS: dict[str, tuple[int | None, int | None]] = {"synth 4 rows into an empty folder": (None, None), "synth 4 rows (first)": (120, 2048), "synth 4 rows (second)": (30, None), "report": (60, 1024),
            "synth --dry-run (resume plan)": (180, 3072)}
 
 
@@ -87,17 +90,23 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[folder] {records} records ({size / 1e9:.2f} GB of diagnostics.jsonl, no audio, no index) written in "
               f"{built['wall_s']:.1f} s; {describe()}; load average {os.getloadavg()[0]:.1f}", flush=True)
         out = str(work / "out")
-        steps = {"synth 4 rows (first)": _cli("synth", str(work / "four.jsonl"), "--model-dir", str(model), "--out", out),
+        steps = {"synth 4 rows into an empty folder": _cli("synth", str(work / "four.jsonl"), "--model-dir", str(model),
+                                                          "--out", str(work / "empty")),"synth 4 rows (first)": _cli("synth", str(work / "four.jsonl"), "--model-dir", str(model), "--out", out),
                  "synth 4 rows (second)": _cli("synth", str(work / "four2.jsonl"), "--model-dir", str(model),
                                                "--out", out),
                  "report": _cli("report", out),
                  "synth --dry-run (resume plan)": _cli("synth", str(work / "all.jsonl"), "--model-dir", str(model),
                                                        "--out", out, "--dry-run")}
+        control = None
         for name, cmd in steps.items():
             fig = timed(cmd)
             secs, mib = TARGETS[name]
-            target = f"target at 1M records: <= {secs} s" + (f", <= {mib} MiB" if mib else "")
-            print(f"[folder] {name}: {fig['wall_s']:.1f} s, peak RSS {fig['peak_mib']:.0f} MiB ({target}); "
+            target = (f"target at 1M records: <= {secs} s" + (f", <= {mib} MiB" if mib else "")) if secs else "control"
+            extra = ""
+            if control is not None and name.startswith("synth 4"):
+                extra = f", {fig['wall_s'] - control:+.1f} s beside the empty folder"
+            control = fig["wall_s"] if control is None else control
+            print(f"[folder] {name}: {fig['wall_s']:.1f} s{extra}, peak RSS {fig['peak_mib']:.0f} MiB ({target}); "
                   f"load average {os.getloadavg()[0]:.1f}", flush=True)
     finally:
         if args.keep is None:

@@ -15,6 +15,7 @@ back as a :class:`~cosyclone.run.account.JobSummary`), wire stages, or touch a r
 from __future__ import annotations
 
 import itertools
+import sqlite3
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -192,7 +193,7 @@ class SynthJob:
                             write_error=write_error, stopped_by=end.stopped_by, graph_errors=source.graph_errors,
                             ray=self._ray_record, engine_facts=engine_facts,
                             peak_memory=read_peaks(p.policy.device).as_record())
-        return write_accounts(p.out, record, index.totals(), write_error=write_error, failed=tally.failed,
+        return write_accounts(p.out, record, _kept_totals(index), write_error=write_error, failed=tally.failed,
                               written=writer.written, rows_total=self._rows_total(end.stopped_by))
 
     def _rows_total(self, stopped_by: str | None) -> int:
@@ -267,6 +268,14 @@ def _stamp(row: ManifestRow, fp: tuple[str, dict[str, str]] | None, run_id: str,
     return RowStamp(fingerprint=fp[0] if fp else None, fingerprint_parts=fp[1] if fp else None, run_id=run_id,
                     text=row.text, prompt_text=row.prompt_text, prompt_audio=str(row.prompt_audio), mode=row.mode,
                     instruct=row.instruct, speed=row.speed, manifest=manifest, shard=shard)
+
+
+def _kept_totals(index: FolderIndex) -> dict[str, int]:
+    """The folder totals the index keeps; a folder whose index cannot be read is a folder error."""
+    try:
+        return index.totals()
+    except sqlite3.Error as exc:
+        raise runfolder.OutputFolderError(f"cannot read {index.path}: {exc}") from exc
 
 
 def _close(writer: BackgroundWriter) -> str | None:

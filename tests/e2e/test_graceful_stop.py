@@ -65,7 +65,7 @@ def assert_folder_whole(out: Path) -> list[dict]:
     assert wavs == sorted(ok)
     for rid, d in ok.items():
         assert sf.info(str(wav_path(out, rid))).frames == d["samples"]  # whole, as recorded
-    metadata = [json.loads(x) for x in (out / "metadata.jsonl").read_text().splitlines()]
+    metadata = [json.loads(x) for m in (out / "wavs").rglob("metadata.jsonl") for x in m.read_text().splitlines()]
     assert sorted(m["id"] for m in metadata) == sorted(ok)
     assert not list((out / ".cosyclone").glob("lock-*")) and not list((out / ".cosyclone").glob("journal-*"))
     assert not [p for p in out.rglob("*") if ".tmp" in p.name]
