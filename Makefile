@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--no-deps --index-url "$(TORCH_INDEX)") "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[dev,eval,ray]"
+	$(BIN)/python -m pip install -q -e ".[dev,eval,ray,lhotse]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from cosyclone.base.stop import StopRequest, catch_signals, propagate
 from cosyclone.engine import Engine, RowResult, model_config
 from cosyclone.errors import CosycloneError
 from cosyclone.manifest import ManifestRow, rows_from_dicts
-from cosyclone.options import MODEL_FIELDS, RunOptions, build
+from cosyclone.options import MODEL_FIELDS, Mode, RunOptions, TextFrontendName, build
 
 __all__ = ["CosyClone", "Result", "model_config", "utterance", "validate_rows"]
 
@@ -41,7 +41,7 @@ __all__ = ["CosyClone", "Result", "model_config", "utterance", "validate_rows"]
 Result = RowResult
 
 
-def utterance(text: str, prompt_audio: str | Path, prompt_text: str | None = None, *, mode: str = "zero_shot",
+def utterance(text: str, prompt_audio: str | Path, prompt_text: str | None = None, *, mode: Mode = "zero_shot",
               instruct: str | None = None, seed: int | None = None, speed: float = 1.0,
               id: str = "utt") -> dict[str, Any]:
     """The manifest row (a dict) that :meth:`CosyClone.synthesize` makes of its arguments."""
@@ -54,7 +54,7 @@ def utterance(text: str, prompt_audio: str | Path, prompt_text: str | None = Non
 
 
 def validate_rows(rows: Iterable[Mapping[str, Any] | ManifestRow], *, base: str | Path = ".",
-                  text_frontend: str = "wetext") -> list[ManifestRow]:
+                  text_frontend: TextFrontendName = "wetext") -> list[ManifestRow]:
     """The rows as validated :class:`ManifestRow` s, by the manifest's own checks (duplicate ids
     included; no model needed); raises :class:`CosycloneError` naming every invalid row."""
     items = list(rows)
@@ -108,7 +108,7 @@ class CosyClone:
         return self.engine.opts
 
     @property
-    def text_frontend(self) -> str:
+    def text_frontend(self) -> TextFrontendName:
         return self.engine.opts.text_frontend
 
     @property
@@ -118,10 +118,10 @@ class CosyClone:
     @property
     def warnings(self) -> tuple[str, ...]:
         """What a run in this precision should say (fp16); the API prints nothing itself."""
-        return self.policy.warnings
+        return cast("tuple[str, ...]", self.policy.warnings)
 
     def synthesize(self, text: str, prompt_audio: str | Path, prompt_text: str | None = None, *,
-                   mode: str = "zero_shot", instruct: str | None = None, seed: int | None = None,
+                   mode: Mode = "zero_shot", instruct: str | None = None, seed: int | None = None,
                    speed: float = 1.0, id: str = "utt") -> Result:
         """Speak ``text`` in the voice of ``prompt_audio``; one row, validated as a manifest row.
 

@@ -25,7 +25,7 @@ from cosyclone.base.version import __version__
 from cosyclone.cli_options import with_options
 from cosyclone.errors import CosycloneError, Exit
 from cosyclone.eval.command import eval_command
-from cosyclone.options import INSPECT, MODEL, OUTPUT, SAMPLING, SAY, SYNTH
+from cosyclone.options import EXPORT, INSPECT, MODEL, OUTPUT, SAMPLING, SAY, SYNTH, Mode, TextFrontendName
 from cosyclone.run.export_command import export_command
 
 OUTPUT_FIELDS = ("float_wav", "sample_rate", "audio_format", "audio_encoding", "trim_silence")  # say's file
@@ -67,7 +67,7 @@ def validate(
     show_text: bool = typer.Option(False, "--show-text", help="print each row's normalized segments and token counts"),
     json_out: bool = typer.Option(False, "--json", help="one JSON object per manifest row on stdout: {id, mode, "
                                                         "prompt_ids, segments: [{text, ids}]} or {id, error}"),
-    text_frontend: str = typer.Option("wetext", "--text-frontend", help=TEXT_FRONTEND_HELP),
+    text_frontend: TextFrontendName = typer.Option("wetext", "--text-frontend", help=TEXT_FRONTEND_HELP),
 ) -> None:
     """Validate a manifest (no model weights are read); exit 3 when any row is rejected.
 
@@ -235,7 +235,7 @@ def say(
                                       rich_help_panel=INPUT, show_default=False),
     prompt_text: str | None = typer.Option(None, "--prompt-text", help="its transcript (zero_shot needs it)",
                                            rich_help_panel=INPUT, show_default=False),
-    mode: str = typer.Option("zero_shot", "--mode", help="zero_shot | cross_lingual | instruct2",
+    mode: Mode = typer.Option("zero_shot", "--mode", help="zero_shot | cross_lingual | instruct2",
                              rich_help_panel=INPUT, metavar="MODE", show_default=False),
     instruct: str | None = typer.Option(None, "--instruct", help="the instruction (instruct2)",
                                         rich_help_panel=INPUT, show_default=False),
@@ -352,7 +352,7 @@ def report(
 
 
 app.command("eval")(eval_command)  # cosyclone/eval/command.py (models from the optional eval extra)
-app.command("export")(export_command)  # cosyclone/run/export_command.py (shards of a run folder)
+app.command("export")(with_options(EXPORT)(export_command))  # cosyclone/run/export_command.py (shards of a run folder)
 
 
 @app.command("make-tiny-model")

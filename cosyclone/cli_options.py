@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import typer
 
-from cosyclone.options import GROUPS, choices_of, flag_of, hints_of, option_fields
+from cosyclone.options import COMMAND_GROUPS, choices_of, flag_of, hints_of, option_fields
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -34,7 +34,7 @@ def _annotation(owner: type, name: str) -> Any:
 def derived_parameters(command: str) -> list[inspect.Parameter]:
     """One keyword-only parameter per option the command offers."""
     params = []
-    for owner, f in option_fields(*GROUPS):
+    for owner, f in option_fields(*COMMAND_GROUPS):
         if command not in f.metadata.get("commands", ()):
             continue
         meta = f.metadata

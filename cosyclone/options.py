@@ -22,18 +22,23 @@ import dataclasses
 import functools
 import typing
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from cosyclone.errors import CosycloneError
 
-SYNTH, SAY, INSPECT = "synth", "say", "inspect"
+SYNTH, SAY, INSPECT, EXPORT = "synth", "say", "inspect", "export"
 BOTH = (SYNTH, SAY)
 
 # the --help groups, in the order --help shows them
 MODEL, SAMPLING, BATCHING, OUTPUT, SCALE_OUT = "Model", "Sampling", "Batching", "Output", "Scale-out"
+SHARDS, SOURCES = "Shards", "Sources"  # export's --help groups
 
 LoadFormat = Literal["auto", "dummy"]
-TextFrontend = Literal["wetext", "none"]
+TextFrontendName = Literal["wetext", "none"]  # wetext: the official normalizer; none: no normalizer
+#: How a row's prompt conditions the model: a transcribed prompt, an untranscribed one, an instruction.
+Mode = Literal["zero_shot", "cross_lingual", "instruct2"]
+MODES: tuple[Mode, ...] = get_args(Mode)
+TEXT_FRONTENDS: tuple[TextFrontendName, ...] = get_args(TextFrontendName)
 DeviceName = Literal["auto", "cuda", "rocm", "cpu"]
 DtypeName = Literal["auto", "mixed", "bf16", "fp16", "fp32"]
 CpuGemm = Literal["auto", "onednn", "aten"]
@@ -45,6 +50,9 @@ CudaGraphs = Literal["auto", "on", "off"]
 Engine = Literal["local", "ray"]
 AudioFormat = Literal["wav", "flac"]
 AudioEncoding = Literal["pcm16", "pcm24", "float"]
+# what `cosyclone export` writes: Parquet or WebDataset shards, a NeMo manifest, Lhotse manifests
+ExportFormat = Literal["parquet", "webdataset", "nemo", "lhotse"]
+EXPORT_FORMATS: tuple[ExportFormat, ...] = get_args(ExportFormat)
 
 
 def opt(default: Any, help: str, *, panel: str, audio: bool = False, commands: tuple[str, ...] = BOTH,
@@ -64,7 +72,7 @@ class ModelOptions:
     load_format: LoadFormat = opt("auto", "auto (read weights) | dummy (random)", panel=MODEL, audio=True,
                                   metavar="FMT")
     # wetext: the official normalizer (numbers, dates, units spelled out); none: inflect digits only
-    text_frontend: TextFrontend = opt("wetext", "wetext (official normalizer) | none", panel=MODEL, audio=True,
+    text_frontend: TextFrontendName = opt("wetext", "wetext (official normalizer) | none", panel=MODEL, audio=True,
                                       metavar="NAME")
     # the device the stages run on; "auto" until resolved (a run records the resolved type)
     device: DeviceName = opt("auto", "auto | cuda | rocm | cpu", panel=MODEL, metavar="DEV",
@@ -209,13 +217,46 @@ class FolderOptions:
         check(self)
 
 
+@dataclass(frozen=True)
+class ExportOptions:
+    """What ``cosyclone export`` writes and from what (cosyclone/run/export.py; none changes a row)."""
+
+    # parquet | webdataset shards (the audio inside), nemo | lhotse manifests (pointing at the folders' files)
+    format: ExportFormat = opt("parquet", "parquet | webdataset | nemo | lhotse", panel=SHARDS, metavar="FMT",
+                               commands=(EXPORT,))
+    # the largest shard: 500MB, 2GB, 100KB (powers of 1000), 1GiB (of 1024) or bytes
+    shard_size: str = opt("500MB", "largest shard: 500MB, 2GB, 100KB or bytes", panel=SHARDS, metavar="SIZE",
+                          commands=(EXPORT,))
+    # at most this many rows a shard (None: only --shard-size bounds a shard)
+    rows_per_shard: int | None = opt(None, "at most N rows a shard", panel=SHARDS, low=1, metavar="N",
+                                     commands=(EXPORT,))
+    # where the export goes (None: OUT/export/FORMAT of the one folder given)
+    to: str | None = opt(None, "target folder (default: OUT/export/FMT)", panel=SHARDS, metavar="DIR",
+                         commands=(EXPORT,))
+    # NAME=FRACTION, repeatable: that share of the rows (by a hash of the id) goes to split NAME, the rest to train
+    split: list[str] | None = opt(None, "NAME=FRACTION by id hash, e.g. validation=0.02", panel=SHARDS,
+                                  metavar="NAME=F", commands=(EXPORT,))
+    # embed each row's prompt recording (Parquet: a second audio column; WebDataset: <key>.prompt.<ext>)
+    include_prompt_audio: bool = opt(False, "embed the prompt recording too", panel=SHARDS, commands=(EXPORT,))
+    # only the rows `cosyclone eval` passed (needs OUT/eval.jsonl)
+    only_passed: bool = opt(False, "only rows that passed cosyclone eval", panel=SOURCES, commands=(EXPORT,))
+    # export a folder a live `synth` is writing (what it finished so far; the marker says "running")
+    allow_running: bool = opt(False, "export a folder a synth is still writing", panel=SOURCES,
+                              commands=(EXPORT,))
+
+    def __post_init__(self) -> None:
+        check(self)
+
+
 #: The option groups a run is built from, in --help order.
 GROUPS: tuple[type, ...] = (ModelOptions, SamplingOptions, EngineOptions, FolderOptions)
+#: Every option group a command takes its options from (the run's, then export's).
+COMMAND_GROUPS: tuple[type, ...] = (*GROUPS, ExportOptions)
 #: ModelOptions fields: a loaded model's own (the API refuses them per call).
 MODEL_FIELDS = tuple(f.name for f in fields(ModelOptions))
 
 
-def flag_of(f: dataclasses.Field) -> str:
+def flag_of(f: dataclasses.Field[Any]) -> str:
     """The command-line flag of a field (``--top-k``)."""
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
@@ -226,15 +267,15 @@ def hints_of(owner: type) -> dict[str, Any]:
     return typing.get_type_hints(owner)
 
 
-def choices_of(f: dataclasses.Field, owner: type) -> tuple[str, ...] | None:
+def choices_of(f: dataclasses.Field[Any], owner: type) -> tuple[str, ...] | None:
     """The allowed values of a ``Literal`` field (None for any other)."""
     hint = hints_of(owner)[f.name]
     return tuple(typing.get_args(hint)) if typing.get_origin(hint) is Literal else None
 
 
-def option_fields(*groups: type) -> list[tuple[type, dataclasses.Field]]:
+def option_fields(*groups: type) -> list[tuple[type, dataclasses.Field[Any]]]:
     """(owner class, field) of every option of ``groups`` (a field appears once, in its own class)."""
-    out: list[tuple[type, dataclasses.Field]] = []
+    out: list[tuple[type, dataclasses.Field[Any]]] = []
     for group in groups:
         own = [f for f in fields(group) if f.name in group.__dict__.get("__annotations__", {})]
         out += [(group, f) for f in own]
@@ -258,7 +299,7 @@ def check(*objs: Any) -> None:
     numeric bounds from the metadata, and the combinations that cannot work.
     """
     for obj in objs:
-        owners = [g for g in GROUPS if isinstance(obj, g)]
+        owners = [g for g in COMMAND_GROUPS if isinstance(obj, g)]
         for owner, f in option_fields(*owners):
             value = getattr(obj, f.name)
             if value is None:

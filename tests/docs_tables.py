@@ -1,6 +1,6 @@
 """The docs' field tables, generated from the records' dataclasses (the comment beside each field).
 
-``python -m tests.docs_tables`` rewrites every table in place; tests/test_output_docs.py fails when
+``python -m tests.docs_tables`` rewrites every table in place; tests/docs/test_output_docs.py fails when
 a table and its dataclass disagree. A table lives between ``<!-- fields: NAME -->`` and
 ``<!-- /fields -->`` in its Markdown file.
 """

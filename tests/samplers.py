@@ -4,7 +4,7 @@ reference RAS sampler.
 :class:`BatchSampler` is the RAS rule written as one ``sample()`` per step over the rows still
 running (the shape the spec describes); the product's in-step sampler
 (:mod:`cosyclone.talker.slot_sampler`) must draw exactly its tokens and counters, which
-tests/test_engine_equivalence.py and the parity suite check. :class:`GreedySampler` and
+tests/talker/test_engine_equivalence.py and the parity suite check. :class:`GreedySampler` and
 :class:`ForcedSampler` draw in a :class:`tests.host_session.HostSession` (parity captures, decode
 tests, the talker bench).
 """
@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from cosyclone.talker.diagnostics import SamplerRowDiagnostics
+from cosyclone.talker.results import TalkerResult
 from cosyclone.talker.sampler import (
     _ERR_EMPTY,
     _ERR_NONFINITE,
@@ -142,7 +143,7 @@ class BatchSampler:
         self.speech_token_size = int(speech_token_size)
         self.device = torch.device(device)
         dev = self.device
-        i64 = dict(dtype=torch.int64, device=dev)
+        i64: dict[str, Any] = dict(dtype=torch.int64, device=dev)
         self._keys = torch.tensor([stream_key(s, g) for s, g in zip(self.row_seeds, segs, strict=True)], **i64)
         self._min_len = torch.tensor([int(m) for m in min_len], **i64)
         self._hist = torch.full((n, options.win_size), -1, **i64)  # ring buffer of returned tokens
@@ -310,3 +311,9 @@ class BatchSampler:
                                        err=[int(e[i]) for e in err], stop_reason=reason,
                                        tokens_emitted=None if tokens_emitted is None else tokens_emitted[i]))
         return out
+
+
+def diag(r: TalkerResult) -> SamplerRowDiagnostics:
+    """The sampler's counters of a result (the product's samplers always record them)."""
+    assert r.diagnostics is not None, f"{r.row_id}: no sampler counters"
+    return r.diagnostics

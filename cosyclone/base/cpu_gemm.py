@@ -3,12 +3,11 @@
 Why: on CPU the flow's DiT spends about 85% of a run in fp32 linear layers and the talker's
 decode step is one skinny matmul per weight (a few rows against 0.5 B parameters). torch's CPU
 ``F.linear`` goes to MKL's sgemm, which on these shapes is the slower of the two libraries torch
-ships: on a 2-core AMD EPYC Zen 4 MKL runs a decode step's (8 x 896) x (896 x 4864) matmul on one
-thread at about 35 GFLOP/s where oneDNN reaches about 58 on two, and the DiT's (700 x 1024) x
-(1024 x 3072) at 140-160 GFLOP/s where oneDNN reaches about 180, with the weight as it is
-(``benchmarks/bench_engine.py`` measures both on the flow's own calls). oneDNN is also the more batch-invariant of the two: a
-row's output bits do not depend on how many rows share the call from two rows up (MKL's change
-below four rows).
+ships: on a 2-core AMD EPYC Zen 4 MKL runs a decode step's (8 x 896) x (896 x 4864) matmul on one thread at
+about 35 GFLOP/s where oneDNN reaches about 58 on two, and the DiT's (700 x 1024) x (1024 x 3072) at 140-160
+GFLOP/s where oneDNN reaches about 180, with the weight as it is (``benchmarks/bench_engine.py`` measures both
+on the flow's own calls). oneDNN is also the more batch-invariant of the two: a row's output bits do not
+depend on how many rows share the call from two rows up (MKL's change below four rows).
 
 ``--cpu-gemm onednn`` (the default on CPU builds with oneDNN, "auto") swaps every ``nn.Linear`` of
 the talker and the flow for :class:`OneDNNLinear`, whose CPU fp32 forward calls oneDNN's matmul
@@ -32,6 +31,7 @@ are untouched by it.
 from __future__ import annotations
 
 from functools import cache
+from typing import TypeVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +45,8 @@ CPU_GEMMS = ("auto", "onednn", "aten")
 
 def onednn_available() -> bool:
     """Whether this torch build can run a linear layer through oneDNN on CPU."""
-    return bool(torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
+    available = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
+    return bool(available and torch.backends.mkldnn.enabled
                 and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
@@ -88,7 +89,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, gelu_tanh: 
     if (usable and x.device.type == "cpu" and weight.dtype == dtype and (bias is None or bias.dtype == dtype)
             and weight.device.type == "cpu" and not wants_grad and not torch.compiler.is_compiling()):
         attr, algorithm = ("gelu", "tanh") if gelu_tanh else ("none", "")
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, attr, [], algorithm)
+        return cast(Tensor, torch.ops.mkldnn._linear_pointwise(x, weight, bias, attr, [], algorithm))
     y = F.linear(x, weight, bias)
     return F.gelu(y, approximate="tanh") if gelu_tanh else y
 
@@ -114,7 +115,7 @@ def linear_gelu_tanh(layer: nn.Linear, x: Tensor) -> Tensor:
     :class:`OneDNNLinear`, else the layer, then GELU in place on its fresh output (no second buffer)."""
     if isinstance(layer, OneDNNLinear):
         return linear(x, layer.weight, layer.bias, gelu_tanh=True, bf16=layer.onednn_bf16)
-    return torch.ops.aten.gelu_(layer(x), approximate="tanh")
+    return cast(Tensor, torch.ops.aten.gelu_(layer(x), approximate="tanh"))
 
 
 def use_onednn(module: nn.Module, *, bf16: bool = False) -> int:
@@ -133,7 +134,10 @@ def use_onednn(module: nn.Module, *, bf16: bool = False) -> int:
     return n
 
 
-def apply(module: nn.Module, cpu_gemm: str, *, bf16: bool = False) -> nn.Module:
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+
+
+def apply(module: ModuleT, cpu_gemm: str, *, bf16: bool = False) -> ModuleT:
     """``module`` with its linear layers on the resolved library (:func:`resolve_cpu_gemm`);
     ``bf16``: its bf16 linear layers on oneDNN too when that library is oneDNN."""
     if cpu_gemm == "onednn":

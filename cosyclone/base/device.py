@@ -29,7 +29,8 @@ import torch
 
 from cosyclone.errors import CosycloneError
 
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # options.DtypeName, less auto
+# options.DtypeName, less auto
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 #: The ``--dtype`` word of a talker in fp32 with the DiT in bf16 (what ``auto`` picks on bf16 GPUs).
@@ -54,7 +55,8 @@ class DevicePolicy:
     backend: str  # "cuda", "rocm" or "cpu", for diagnostics
     requested_dtype: str = "auto"  # the --dtype word this policy was resolved from
     cpu_gemm: str = "aten"  # "onednn" | "aten": the library of the fp32 linear layers on CPU (cpu_gemm.py)
-    flow_dtype: torch.dtype | None = None  # the DiT's dtype when it differs from ``dtype`` (mixed); None: dtype
+    # the DiT's dtype when it differs from ``dtype`` (mixed); None: dtype
+    flow_dtype: torch.dtype | None = None
 
     @property
     def dit_dtype(self) -> torch.dtype:
@@ -137,8 +139,14 @@ def resolve(device: str = "auto", dtype: str = "auto", cpu_gemm: str = "auto") -
         raise CosycloneError(f"--dtype must be auto, mixed, bf16, fp16 or fp32, not {dtype!r}")
     gemm = resolve_cpu_gemm(cpu_gemm, dev)
     apply_precision()
-    return DevicePolicy(device=dev, dtype=run_dtype, backend=device, requested_dtype=dtype.lower(), cpu_gemm=gemm,
-                        flow_dtype=flow_dtype)
+    return DevicePolicy(
+        device=dev,
+        dtype=run_dtype,
+        backend=device,
+        requested_dtype=dtype.lower(),
+        cpu_gemm=gemm,
+        flow_dtype=flow_dtype,
+    )
 
 
 def set_threads(n: int | None) -> None:

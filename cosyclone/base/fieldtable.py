@@ -41,7 +41,10 @@ def field_docs(cls: type) -> list[FieldDoc]:
             types.update(own_types)
             comments.update(own_docs)
     out = []
-    order = {name: rank for rank, name in enumerate(n for c in cls.__mro__ for n in c.__dict__.get("__annotations__", {}))}
+    order = {
+        name: rank
+        for rank, name in enumerate(n for c in cls.__mro__ for n in c.__dict__.get("__annotations__", {}))
+    }
     for f in sorted(dataclasses.fields(cls), key=lambda f: order.get(f.name, len(order))):  # own fields first
         doc = comments.get(f.name, "")
         if not doc:

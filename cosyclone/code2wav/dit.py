@@ -21,6 +21,7 @@ residual stream and the GELU in place.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -46,7 +47,8 @@ class SinusTimeEmbedding(nn.Module):
         arg = 1000.0 * t.float().unsqueeze(1) * freqs.unsqueeze(0)
         first = self.time_mlp[0]
         assert isinstance(first, nn.Linear)
-        return self.time_mlp(torch.cat([arg.sin(), arg.cos()], dim=-1).to(first.weight.dtype))
+        out: Tensor = self.time_mlp(torch.cat([arg.sin(), arg.cos()], dim=-1).to(first.weight.dtype))
+        return out
 
 
 class CausalConvPositionEmbedding(nn.Module):
@@ -65,7 +67,7 @@ class CausalConvPositionEmbedding(nn.Module):
         h = x.transpose(1, 2)
         h = self.conv1(F.pad(h, (self.kernel_size - 1, 0)))
         h = self.conv2(F.pad(h, (self.kernel_size - 1, 0)))
-        return h.transpose(1, 2)
+        return cast(Tensor, h.transpose(1, 2))
 
 
 class InputEmbedding(nn.Module):
@@ -82,7 +84,7 @@ class InputEmbedding(nn.Module):
         # Row-major result: the conv output is a transposed (channel-first) view, and a sum that
         # inherited its layout would make the whole residual stream channel-first (a copy in every
         # layer norm, strided residual updates).
-        return (self.conv_pos_embed(h) + h).contiguous()
+        return cast(Tensor, (self.conv_pos_embed(h) + h).contiguous())
 
 
 class AdaLayerNormZero(nn.Module):
@@ -112,11 +114,11 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if torch.is_grad_enabled():
-            return self.ff(x)
+            return cast(Tensor, self.ff(x))
         # Inference: GELU fused into the up-projection (oneDNN) or in place on its fresh output
         up = self.ff[0]
         assert isinstance(up, nn.Sequential) and isinstance(up[0], nn.Linear)
-        return self.ff[2](cpu_gemm.linear_gelu_tanh(up[0], x))
+        return cast(Tensor, self.ff[2](cpu_gemm.linear_gelu_tanh(up[0], x)))
 
 
 def _norm(x: Tensor) -> Tensor:
@@ -208,7 +210,7 @@ class DiT(nn.Module):
         for blk, mod in zip(self.transformer_blocks, mods[0], strict=True):
             h = blk(h, mod, ctx)
         scale, shift = mods[1].unbind(-2)
-        return self.proj_out(_modulate(h, shift, scale)).transpose(1, 2)
+        return cast(Tensor, self.proj_out(_modulate(h, shift, scale)).transpose(1, 2))
 
     def forward(self, x: Tensor, mask: Tensor, mu: Tensor, t: Tensor, spks: Tensor, cond: Tensor) -> Tensor:
         """One velocity evaluation.

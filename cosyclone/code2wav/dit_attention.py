@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -69,9 +70,10 @@ def rotate_(head: Tensor, rotations: Tensor) -> None:
     2). Other dtypes are rotated in float32 and cast back, as x-transformers does with autocast off.
     """
     if head.dtype == torch.float32:
-        torch.view_as_complex(head.unflatten(-1, (-1, 2))).mul_(rotations)
+        torch.view_as_complex(head.view(*head.shape[:-1], -1, 2)).mul_(rotations)
         return
-    pairs = head.to(torch.float32, memory_format=torch.contiguous_format).unflatten(-1, (-1, 2))
+    wide = head.to(torch.float32, memory_format=torch.contiguous_format)
+    pairs = wide.view(*wide.shape[:-1], -1, 2)
     head.copy_(torch.view_as_real(torch.view_as_complex(pairs) * rotations).flatten(-2))
 
 
@@ -93,7 +95,9 @@ def bmm_attention_wanted(dtype: torch.dtype, device: torch.device) -> bool:
     AMX. On an AMX CPU SDPA's flash kernel multiplies bf16 on the tiles into float32 (that is how
     the flow reached about 1 TFLOP/s on two AMX cores), while this path's float32 QK^T would fall
     to the AVX-512 float32 rate: such CPUs keep SDPA, as measured there."""
-    return dtype == torch.bfloat16 and device.type == "cpu" and not torch.is_grad_enabled() and not cpu_has_amx()
+    return (
+        dtype == torch.bfloat16 and device.type == "cpu" and not torch.is_grad_enabled() and not cpu_has_amx()
+    )
 
 
 @dataclass(frozen=True)
@@ -203,4 +207,4 @@ class Attention(FusedLinears):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.attn_mask, dropout_p=0.0)
             out = out.transpose(1, 2).reshape(b, t, inner)  # a view on CPU (its kernel writes B, T, H, Dh)
         out = self.to_out[0](out)
-        return out if ctx.query_drop is None else out.masked_fill_(ctx.query_drop, 0.0)
+        return cast(Tensor, out if ctx.query_drop is None else out.masked_fill_(ctx.query_drop, 0.0))

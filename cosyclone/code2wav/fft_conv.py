@@ -27,7 +27,7 @@ Dilation: a causal conv with dilation ``d`` is ``d`` interleaved undilated convs
 ``t mod d``), so the phases simply become more blocks (one reordering copy at the end).
 
 Numerics: the result equals the direct conv to fp32 rounding (relative ~1e-6 of the largest
-output; tests/test_fft_conv.py pins it against ``F.conv1d``), not bit for bit: it is a different
+output; tests/code2wav/test_fft_conv.py pins it against ``F.conv1d``), not bit for bit: it is a different
 summation, chosen at load (:meth:`cosyclone.code2wav.hift.CausalHiFTGenerator.fold_weight_norm`)
 and recorded in the run's algorithm fingerprint.
 """
@@ -56,7 +56,9 @@ def dft_matrices(size: int, kernel: int) -> tuple[Tensor, Tensor]:
     angle = 2 * math.pi * j[:, None] * n[None, :] / size  # (N/2−1, N)
     re, im = torch.cos(angle), -torch.sin(angle)
     complex_rows = torch.stack([re + im, re, im], dim=1).reshape(-1, size)
-    forward = torch.cat([torch.ones(1, size, dtype=torch.float64), torch.cos(math.pi * n)[None], complex_rows])
+    forward = torch.cat(
+        [torch.ones(1, size, dtype=torch.float64), torch.cos(math.pi * n)[None], complex_rows]
+    )
     kept = n[kernel - 1:]
     angle = 2 * math.pi * kept[:, None] * j[None, :] / size  # (L, N/2−1)
     from_re, from_im = 2 * torch.cos(angle), -2 * torch.sin(angle)  # y = Σ Re·from_re + Im·from_im

@@ -17,7 +17,7 @@ projection for all steps at once) is computed once per solve (:meth:`DiT.context
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +29,7 @@ from cosyclone.code2wav.dit import DiT
 from cosyclone.code2wav.noise import flow_noise
 from cosyclone.model.checkpoint import init_dummy, load_module_file
 from cosyclone.model.config import CFMConfig, FlowConfig, ModelConfig
+from cosyclone.options import LoadFormat
 
 
 class PreLookaheadLayer(nn.Module):
@@ -44,7 +45,7 @@ class PreLookaheadLayer(nn.Module):
         h = F.pad(x.transpose(1, 2), (0, self.pre_lookahead_len))
         h = F.leaky_relu(self.conv1(h), 0.01)
         h = self.conv2(F.pad(h, (self.conv2.kernel_size[0] - 1, 0)))
-        return h.transpose(1, 2) + x
+        return cast(Tensor, h.transpose(1, 2) + x)
 
 
 def cosine_time_grid(n_timesteps: int, *, device: torch.device) -> Tensor:
@@ -201,8 +202,9 @@ class CausalMaskedDiffWithDiT(nn.Module):
 
 
 def build_flow(cfg: ModelConfig, policy: DevicePolicy,
-               load_format: Literal["auto", "dummy"] | str = "auto") -> CausalMaskedDiffWithDiT:
-    """Build the flow on ``policy.device`` in ``policy.dit_dtype`` (the run dtype, bf16 under ``mixed``), eval mode.
+               load_format: LoadFormat = "auto") -> CausalMaskedDiffWithDiT:
+    """Build the flow on ``policy.device`` in ``policy.dit_dtype`` (the run dtype, bf16 under ``mixed``), eval
+    mode.
 
     Built on the meta device and materialized with ``to_empty`` (no wasted default init of 330 M
     parameters); ``inv_freq`` is then recomputed in float32. ``"auto"`` strict-loads

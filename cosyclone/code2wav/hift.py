@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +63,7 @@ from cosyclone.code2wav.hift_layers import (
 )
 from cosyclone.model.checkpoint import StateDict, init_dummy, load_module_file
 from cosyclone.model.config import HiFTConfig, ModelConfig
+from cosyclone.options import LoadFormat
 
 
 class CausalHiFTGenerator(nn.Module):
@@ -88,7 +90,9 @@ class CausalHiFTGenerator(nn.Module):
         self.source_downs = nn.ModuleList()
         self.source_resblocks = nn.ModuleList()
         src_ch = cfg.n_fft + 2
-        for i, (u, k, d) in enumerate(zip(cum, cfg.source_resblock_kernel_sizes, cfg.source_resblock_dilation_sizes, strict=True)):
+        for i, (u, k, d) in enumerate(
+            zip(cum, cfg.source_resblock_kernel_sizes, cfg.source_resblock_dilation_sizes, strict=True)
+        ):
             ch = base // 2 ** (i + 1)
             if u == 1:
                 self.source_downs.append(CausalConv1d(src_ch, ch, 1))
@@ -101,9 +105,11 @@ class CausalHiFTGenerator(nn.Module):
             for k, d in zip(cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes, strict=True):
                 self.resblocks.append(ResBlock(ch, k, tuple(d)))
         self.conv_post = weight_normed(CausalConv1d(base // 2 ** len(self.ups), cfg.n_fft + 2, 7))
-        self.f0_predictor = CausalConvRNNF0Predictor(cfg.f0_in_channels, cfg.f0_cond_channels, cfg.f0_num_class)
+        self.f0_predictor = CausalConvRNNF0Predictor(
+            cfg.f0_in_channels, cfg.f0_cond_channels, cfg.f0_num_class
+        )
         # the released window is scipy's float64 Hann rounded to float32 (its SHA-256 is pinned in
-        # tests/test_hift.py); torch's float32 hann_window differs in the last bit of 9 of 16 values
+        # tests/code2wav/test_hift.py); torch's float32 hann_window differs in the last bit of 9 of 16 values
         window = torch.hann_window(cfg.n_fft, periodic=True, dtype=torch.float64).to(torch.float32)
         self.register_buffer("stft_window", window, persistent=False)
         # (1, N, 9) uniform [0,1) construction-time table (a prefix of the released one), grown on demand
@@ -164,7 +170,8 @@ class CausalHiFTGenerator(nn.Module):
         have = self.sine_waves.shape[1]
         if have < length and self.noise_factory is not None:
             want = max(length, min(2 * have, self.cfg.noise_samples))
-            self.sine_waves = self.noise_factory(want).to(self.sine_waves.device)  # exact prefix of the released table
+            # exact prefix of the released table
+            self.sine_waves = self.noise_factory(want).to(self.sine_waves.device)
         if self.sine_waves.shape[1] < length:
             raise RuntimeError(f"HiFT source-noise table missing or shorter than {length} samples; "
                                "call set_noise_tables (build_hift does this)")
@@ -183,7 +190,7 @@ class CausalHiFTGenerator(nn.Module):
         p = next(self.f0_predictor.parameters())
         if p.dtype != torch.float64:
             self.f0_predictor.double()
-        return self.f0_predictor(mel.double()).float()
+        return cast(Tensor, self.f0_predictor(mel.double()).float())
 
     def source(self, f0: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """f0 (B, T) -> source (B, 1, L), sine_waves (B, L, 9), uv (B, L, 1), noise (B, L, 9); L = 480·T.
@@ -249,7 +256,7 @@ class CausalHiFTGenerator(nn.Module):
             x = acc.div_(nk)
         if rows:
             return leaky_conv(x, 0.01, self.conv_post).squeeze(2)  # F.leaky_relu's default slope, as official
-        return self.conv_post(F.leaky_relu(x))
+        return cast(Tensor, self.conv_post(F.leaky_relu(x)))
 
     def to_wave(self, x: Tensor, mel_len: Tensor | None = None) -> Tensor:
         """conv_post output (B, n_fft+2, 120·T+1) -> waveform (B, 480·T) clamped to ±audio_limit.
@@ -356,7 +363,7 @@ def fft_rule_for(policy: DevicePolicy) -> FFTRule | None:
     return fft_block_size if policy.device.type == "cpu" else None
 
 
-def build_hift(cfg: ModelConfig, policy: DevicePolicy, load_format: str = "auto", *,
+def build_hift(cfg: ModelConfig, policy: DevicePolicy, load_format: LoadFormat = "auto", *,
                direct: bool = False) -> CausalHiFTGenerator:
     """Build, load (``auto``: <model_dir>/hift.pt; ``dummy``: seeded values), fold, install noise.
     ``direct``: every conv direct, FFT convs or not on the device (what benchmarks compare with)."""

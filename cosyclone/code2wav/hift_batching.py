@@ -62,7 +62,9 @@ def vocode_in_chunks(vocoder: PaddedBatchVocoder, mel: Tensor, mel_len: Tensor, 
         index = torch.tensor(rows, dtype=torch.long, device=mel.device)
         width = min(frames, -(-int(lens[rows].max()) // max(1, bucket)) * max(1, bucket))  # the chunk's own
         with torch.inference_mode():  # per thread
-            wav_rows, _ = vocoder.padded_batch(mel[:, :, :width].index_select(0, index), lens[rows].to(mel.device))
+            wav_rows, _ = vocoder.padded_batch(
+                mel[:, :, :width].index_select(0, index), lens[rows].to(mel.device)
+            )
             return index, wav_rows
 
     if threads > 1:

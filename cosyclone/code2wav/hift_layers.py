@@ -7,7 +7,7 @@ so released ``hift.pt`` files load strictly into :class:`~cosyclone.code2wav.hif
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +31,7 @@ def weight_normed(conv: ConvT) -> ConvT:
     """Weight-norm (dim 0) with the parametrization API, giving the official key names.
 
     The module keeps its class for the checker (torch swaps in a subclass of it)."""
-    return parametrizations.weight_norm(conv)
+    return cast("ConvT", parametrizations.weight_norm(conv))
 
 
 def typed_modules(modules: nn.ModuleList, kind: type[ModuleT]) -> Iterator[ModuleT]:
@@ -74,7 +74,8 @@ class PreparedConv:
         raise NotImplementedError
 
     def forward_padded(self, xp: Tensor, frames: int) -> Tensor:
-        """(B, Cin, 1, before + frames + after) channels-last, zero margins -> (B, Cout, 1, T') channels-last."""
+        """(B, Cin, 1, before + frames + after) channels-last, zero margins -> (B, Cout, 1, T')
+        channels-last."""
         raise NotImplementedError
 
     def _pad4(self, x: Tensor) -> Tensor:
@@ -170,8 +171,16 @@ class CausalConv1d(PreparedConv, nn.Conv1d):
             return self._conv4(xp, dilation=self.dilation[0])
         assert self.fft_forward is not None and self.fft_inverse is not None
         rows = xp.squeeze(2).transpose(1, 2)  # (B, T', Cin): contiguous when xp is channels-last
-        y = fft_causal_conv_padded(rows.contiguous(), frames, self.fft_spec, self.fft_forward, self.fft_inverse,
-                                   self.bias, kernel=self.kernel_size[0], dilation=self.dilation[0])
+        y = fft_causal_conv_padded(
+            rows.contiguous(),
+            frames,
+            self.fft_spec,
+            self.fft_forward,
+            self.fft_inverse,
+            self.bias,
+            kernel=self.kernel_size[0],
+            dilation=self.dilation[0],
+        )
         return y.transpose(1, 2).unsqueeze(2)
 
 
@@ -257,8 +266,13 @@ class ResBlock(nn.Module):
 
     def layers(self) -> Iterator[tuple[CausalConv1d, CausalConv1d, Snake, Snake]]:
         """``(convs1[i], convs2[i], activations1[i], activations2[i])`` per dilation."""
-        return zip(typed_modules(self.convs1, CausalConv1d), typed_modules(self.convs2, CausalConv1d),
-                   typed_modules(self.activations1, Snake), typed_modules(self.activations2, Snake), strict=True)
+        return zip(
+            typed_modules(self.convs1, CausalConv1d),
+            typed_modules(self.convs2, CausalConv1d),
+            typed_modules(self.activations1, Snake),
+            typed_modules(self.activations2, Snake),
+            strict=True,
+        )
 
     def forward(self, x: Tensor) -> Tensor:  # (B, C, T) -> (B, C, T), or prepared (B, C, 1, T)
         prepared = x.dim() == 4
@@ -276,8 +290,10 @@ class CausalConvRNNF0Predictor(nn.Module):
 
     def __init__(self, in_channels: int = 80, cond_channels: int = 512, num_class: int = 1) -> None:
         super().__init__()
-        layers: list[nn.Module] = [weight_normed(CausalConv1d(in_channels, cond_channels, 4, causal_type="right")),
-                                   nn.ELU()]
+        layers: list[nn.Module] = [
+            weight_normed(CausalConv1d(in_channels, cond_channels, 4, causal_type="right")),
+            nn.ELU(),
+        ]
         for _ in range(4):
             layers += [weight_normed(CausalConv1d(cond_channels, cond_channels, 3)), nn.ELU()]
         self.condnet = nn.Sequential(*layers)

@@ -156,7 +156,8 @@ def token2wav(flow: MelFlow, hift: Vocoder, token: Tensor, token_len: Tensor, pr
         speed: one factor per row (default all 1.0, which skips the interpolation entirely).
         n_timesteps: flow Euler steps (None: the flow's configured default).
         flow_max_tokens: padded positions per flow call (see :func:`run_flow`; None: per device).
-        hift_max_frames: padded mel frames per HiFT call (``hift.inference``'s ``max_frames``; None: per device).
+        hift_max_frames: padded mel frames per HiFT call (``hift.inference``'s ``max_frames``; None: per
+        device).
         flow_bucket, hift_bucket: pad each flow call's token positions / HiFT call's mel frames up to
             a multiple of these (0: no bucketing). A row's audio changes by float rounding only, as
             with a longer batch mate: used on ROCm so that MIOpen meets few shapes.

@@ -15,12 +15,12 @@ from typing import cast
 from cosyclone.base.device import DevicePolicy
 from cosyclone.errors import CosycloneError
 from cosyclone.model.config import ModelConfig
-from cosyclone.options import CpuGemm, DeviceName, DtypeName, RunOptions, check
+from cosyclone.options import CpuGemm, DeviceName, DtypeName, LoadFormat, RunOptions, check
 
 LOAD_FORMATS = ("auto", "dummy")
 
 
-def model_config(model_dir: str | Path | None, load_format: str = "auto") -> ModelConfig:
+def model_config(model_dir: str | Path | None, load_format: LoadFormat = "auto") -> ModelConfig:
     """The :class:`~cosyclone.model.config.ModelConfig` to run: a model directory's, or the released
     geometry for ``load_format="dummy"`` without one (random weights, nothing read)."""
     from cosyclone.model.config import load_model_config, released_config

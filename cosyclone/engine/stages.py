@@ -32,7 +32,7 @@ from cosyclone.engine.outcome import (
 from cosyclone.frontend.conditioning import Request
 from cosyclone.manifest import ManifestRow
 from cosyclone.model.config import ModelConfig
-from cosyclone.options import RunOptions
+from cosyclone.options import LoadFormat, RunOptions, TextFrontendName
 from cosyclone.talker.request import TalkerRequest
 
 if TYPE_CHECKING:  # annotations only (the stage modules load when the engine builds them)
@@ -59,8 +59,8 @@ class Stages:
     sizing: Sizing | None = None  # the run's sizes (code2wav's budgets); None: the device defaults
 
 
-def load_stages(cfg: ModelConfig, policy: DevicePolicy, load_format: str, *,
-                text_frontend: str = "wetext") -> Stages:
+def load_stages(cfg: ModelConfig, policy: DevicePolicy, load_format: LoadFormat, *,
+                text_frontend: TextFrontendName = "wetext") -> Stages:
     """Build frontend and the three models (``load_format`` dummy reads no weight file)."""
     from dataclasses import replace
 

@@ -11,11 +11,12 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cosyclone.model.config import CHECKPOINTS, QWEN_DIR, YAML_NAME
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
 
@@ -154,7 +155,7 @@ allowed_special: 'all'
 """
 
 
-def qwen_config_json(sizes: TinySizes) -> dict:
+def qwen_config_json(sizes: TinySizes) -> dict[str, Any]:
     """A Qwen2 ``config.json`` for ``CosyVoice-BlankEN`` at tiny size."""
     s = sizes
     return {
@@ -188,12 +189,12 @@ def write_tiny_config(root: str | Path, sizes: TinySizes | None = None) -> Path:
     return root
 
 
-def _released_hift_keys(state: dict) -> dict:
+def _released_hift_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The released hift.pt carries every key under ``generator.`` (the official loader strips it)."""
     return {f"generator.{k}": v for k, v in state.items()}
 
 
-def _released_llm_keys(state: dict) -> dict:
+def _released_llm_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """llm.pt as the official ``state_dict()`` writes it: the tied ``llm.model.lm_head.weight``
     is a second key for the embedding tensor (same storage), and the official strict load needs it."""
     from cosyclone.talker.model import TIED_LM_HEAD, TIED_TO
@@ -204,7 +205,7 @@ def _released_llm_keys(state: dict) -> dict:
 HF_PREFIX = "llm.model."  # llm.pt's Qwen2ForCausalLM lives here; Hugging Face files drop the prefix
 
 
-def qwen_pretrained_state(llm_state: dict) -> dict:
+def qwen_pretrained_state(llm_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The Qwen2 backbone of ``llm.pt`` in Hugging Face layout (``model.embed_tokens.weight``, ...).
 
     That is what ``CosyVoice-BlankEN/model.safetensors`` holds: the official ``Qwen2Encoder``
@@ -218,7 +219,7 @@ def qwen_pretrained_state(llm_state: dict) -> dict:
             if k.startswith(HF_PREFIX) and k != TIED_LM_HEAD}
 
 
-def write_qwen_pretrained(qwen_dir: Path, llm_state: dict) -> Path:
+def write_qwen_pretrained(qwen_dir: Path, llm_state: dict[str, torch.Tensor]) -> Path:
     """Write ``model.safetensors`` (metadata ``format: pt``, as transformers writes it)."""
     from safetensors.torch import save_file
 

@@ -25,6 +25,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from cosyclone.eval.deps import require
 
@@ -62,7 +63,7 @@ def infer_language(text: str) -> tuple[str | None, str]:
 
 
 @lru_cache(maxsize=1)
-def _inflect_engine():  # one engine per process: building it parses inflect's tables
+def _inflect_engine() -> Any:  # one engine per process: building it parses inflect's tables
     return require("inflect", purpose="spelling numbers for the English WER").engine()
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -117,7 +117,7 @@ class _GE2E(nn.Module):
         """mels (B, frames, n_mels) -> (B, embedding), unit L2 norm."""
         _, (h, _) = self.lstm(mels)
         e = torch.relu(self.linear(h[-1]))
-        return e / e.norm(dim=1, keepdim=True).clamp_min(1e-12)
+        return cast(torch.Tensor, e / e.norm(dim=1, keepdim=True).clamp_min(1e-12))
 
 
 def resemblyzer_weights() -> Path:
@@ -213,7 +213,7 @@ class ResemblyzerEncoder:
         mel = self.mel(x)
         parts = torch.stack([mel[s:s + self.cfg.partial_frames] for s in starts])  # (P, frames, n_mels)
         e = self.net(parts).mean(dim=0)
-        return (e / e.norm().clamp_min(1e-12)).numpy().astype(np.float32)
+        return cast("np.ndarray", (e / e.norm().clamp_min(1e-12)).numpy().astype(np.float32))
 
 
 def build_encoder(name: str, *, model_dir: Path | None = None) -> SpeakerEncoder:

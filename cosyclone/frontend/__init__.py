@@ -21,6 +21,7 @@ from cosyclone.frontend.onnx import OnnxModels
 from cosyclone.frontend.prompt_cache import LRUCache, audio_digest
 from cosyclone.frontend.text import TextFrontend
 from cosyclone.model.config import QWEN_DIR, ModelConfig
+from cosyclone.options import Mode, TextFrontendName
 
 __all__ = ["Frontend", "PromptBytes", "PromptFeatures"]
 
@@ -28,7 +29,7 @@ __all__ = ["Frontend", "PromptBytes", "PromptFeatures"]
 PromptAudio = str | Path | PromptBytes | tuple[torch.Tensor, int]
 
 
-class PromptFeatures(dict):
+class PromptFeatures(dict[str, torch.Tensor]):
     """{"speech_token": (P,) long, "speech_feat": (2P, 80) float32, "embedding": (192,) float32}."""
 
 
@@ -36,7 +37,7 @@ class Frontend:
     """Builds conditioning for the talker/flow from a model directory's ONNX models and tokenizer."""
 
     def __init__(self, cfg: ModelConfig, providers: list[str] | None = None, *,
-                 text_frontend: str = "wetext", prompt_cache_entries: int | None = None) -> None:
+                 text_frontend: TextFrontendName = "wetext", prompt_cache_entries: int | None = None) -> None:
         self.cfg = cfg
         if prompt_cache_entries is None:  # read at build time, so a run (or test) can set it process-wide
             prompt_cache_entries = prompt_cache.DEFAULT_ENTRIES
@@ -96,7 +97,7 @@ class Frontend:
         return PromptFeatures(speech_token=tokens, speech_feat=feat, embedding=embedding)
 
     def prepare(self, row_id: str, prompt_audio: PromptAudio,
-                prompt_text: str | None, text: str, mode: str = "zero_shot", instruct: str | None = None,
+                prompt_text: str | None, text: str, mode: Mode = "zero_shot", instruct: str | None = None,
                 seed: int = 0, speed: float = 1.0, *, max_len_ratio: float | None = None,
                 features: PromptFeatures | None = None) -> list[Request]:
         """One :class:`Request` per target segment; text is checked before any audio work.

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from cosyclone.errors import CosycloneError
+from cosyclone.options import Mode
 
 LLM_PROMPT_MODES = ("zero_shot",)
 
@@ -32,7 +33,7 @@ class Request:
     embed: dict[str, torch.Tensor]
     seed: int = 0
     speed: float = 1.0
-    mode: str = "zero_shot"
+    mode: Mode = "zero_shot"
     segment_text: str = ""  # normalized segment text (cross_lingual: with the system prefix); target_len counts its ids
 
     def __post_init__(self) -> None:

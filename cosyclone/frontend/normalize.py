@@ -47,7 +47,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from cosyclone.frontend.text_rules import (
     _WHITESPACE_RUN,
@@ -63,8 +63,8 @@ from cosyclone.frontend.text_rules import (
     split_paragraph,
     unescape_wetext,
 )
+from cosyclone.options import TEXT_FRONTENDS, TextFrontendName
 
-TEXT_FRONTENDS = ("wetext", "none")  # wetext: the official normalizer; none: the official code without one
 WETEXT_VERSION = "0.1.8"  # the version the reference vectors were made with (pinned in pyproject)
 INFLECT_VERSION = "7.6.0"
 
@@ -84,7 +84,7 @@ class TextNormalizer:
     when the required packages are missing or do not work.
     """
 
-    def __init__(self, kind: str = "wetext", *, memo_chars: int = 32_000_000) -> None:
+    def __init__(self, kind: TextFrontendName = "wetext", *, memo_chars: int = 32_000_000) -> None:
         if kind not in TEXT_FRONTENDS:
             raise TextError(f"--text-frontend must be one of {', '.join(TEXT_FRONTENDS)}, not {kind!r}")
         self.kind = kind
@@ -254,7 +254,7 @@ class TextNormalizer:
             return None
         if self._wetext_utils.should_normalize(text.strip(), lang, "tn", False):
             out = unescape_wetext(out)
-        return out
+        return cast("str | None", out)
 
     # -- phase 2: splitting ------------------------------------------------------------------
 
@@ -292,7 +292,7 @@ _NORMALIZERS: dict[str, TextNormalizer] = {}
 _NORMALIZERS_LOCK = threading.Lock()
 
 
-def get_normalizer(kind: str = "wetext") -> TextNormalizer:
+def get_normalizer(kind: TextFrontendName = "wetext") -> TextNormalizer:
     """The process-wide :class:`TextNormalizer` of ``kind`` (built on first use)."""
     with _NORMALIZERS_LOCK:
         found = _NORMALIZERS.get(kind)

@@ -22,9 +22,9 @@ from cosyclone.frontend.normalize import get_normalizer
 from cosyclone.frontend.prompt_cache import LRUCache
 from cosyclone.frontend.text_rules import TextError, has_speech
 from cosyclone.model.config import ENDOFPROMPT, SYSTEM_PREFIX
+from cosyclone.options import MODES, Mode, TextFrontendName
 
 ENDOFPROMPT_ID = 151646
-MODES = ("zero_shot", "cross_lingual", "instruct2")
 INSTRUCT_SYSTEM = "You are a helpful assistant."  # what the official README's instructions start with
 INSTRUCT_PREFIX = INSTRUCT_SYSTEM + " "
 
@@ -75,7 +75,7 @@ def instruct_prompt(instruct: str) -> str:
     return INSTRUCT_PREFIX + instruct + ENDOFPROMPT
 
 
-def target_parts(mode: str, text: str) -> tuple[str, str]:
+def target_parts(mode: Mode, text: str) -> tuple[str, str]:
     """(system part, text to speak) of a row's target text; raises :class:`TextError` when misplaced.
 
     cross_lingual: everything up to the first ``<|endofprompt|>`` is the system part (the prefix
@@ -94,7 +94,7 @@ def target_parts(mode: str, text: str) -> tuple[str, str]:
     return "", text
 
 
-def text_problem(mode: str, text: str, *, text_frontend: str = "wetext") -> str | None:
+def text_problem(mode: Mode, text: str, *, text_frontend: TextFrontendName = "wetext") -> str | None:
     """Why ``text`` cannot be spoken in ``mode`` (None when it can); no tokenizer needed."""
     if not text.strip():
         return "text is empty or only whitespace"
@@ -124,7 +124,7 @@ class Segment:
 class TextPlan:
     """What the LLM reads for one row: ``prompt_ids + segment.ids`` for each segment."""
 
-    mode: str  # zero_shot | cross_lingual | instruct2
+    mode: Mode  # how the prompt conditions the model
     prompt_text: str  # the prompt text as tokenized ("" for cross_lingual)
     prompt_ids: tuple[int, ...]  # its ids (() for cross_lingual)
     segments: tuple[Segment, ...]  # at least one
@@ -151,7 +151,7 @@ class TextPlan:
 class TextFrontend:
     """Qwen2 tokenizer + CosyVoice3's added tokens, and the per-mode plan of what the LLM reads."""
 
-    def __init__(self, qwen_dir: str | Path, *, text_frontend: str = "wetext",
+    def __init__(self, qwen_dir: str | Path, *, text_frontend: TextFrontendName = "wetext",
                  prompt_cache_entries: int | None = None) -> None:
         from transformers import AutoTokenizer
 
@@ -186,7 +186,7 @@ class TextFrontend:
         """The official ``text_normalize(text, split=True)`` with this tokenizer's lengths."""
         return self.normalizer.segments(text, self.count_tokens)
 
-    def plan(self, mode: str, prompt_text: str | None, text: str, instruct: str | None = None, *,
+    def plan(self, mode: Mode, prompt_text: str | None, text: str, instruct: str | None = None, *,
              row_id: str | None = None) -> TextPlan:
         """The row's :class:`TextPlan`; raises :class:`TextError` naming the row when it cannot be spoken."""
         where = f"row {row_id!r}: " if row_id is not None else ""
@@ -224,7 +224,7 @@ class TextFrontend:
                                 f"segment {i + 1}")
         return TextPlan(mode=mode, prompt_text=prompt, prompt_ids=prompt_ids, segments=segments)
 
-    def build_text(self, mode: str, prompt_text: str | None, text: str, instruct: str | None = None,
+    def build_text(self, mode: Mode, prompt_text: str | None, text: str, instruct: str | None = None,
                    *, row_id: str | None = None) -> tuple[list[int], list[list[int]]]:
         """(prompt ids, per-segment target ids) of :meth:`plan`."""
         plan = self.plan(mode, prompt_text, text, instruct, row_id=row_id)

@@ -82,7 +82,7 @@ def evidently_speakable(text: str) -> bool:
     "²", "½") are normalized as before. Markup is not considered: a markup text is never
     normalized (:func:`has_markup`; ``speakable`` asks :func:`has_speech` of it directly).
     Validation of a manifest of ordinary texts then needs no wetext at all; pinned over a corpus
-    against the real normalizer by tests/test_speech_evidence.py.
+    against the real normalizer by tests/frontend/test_speech_evidence.py.
     """
     if _SPEECH_EVIDENCE.search(text) is None:
         return False

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import nn
@@ -49,7 +50,7 @@ class _TinyCampplus(nn.Module):
         """x (1, T, 80) → (1, 192)."""
         mean = x.mean(dim=1)
         std = ((x - mean[:, None]) ** 2).mean(dim=1).sqrt()
-        return self.proj(torch.cat([mean, std], dim=-1))
+        return cast(torch.Tensor, self.proj(torch.cat([mean, std], dim=-1)))
 
 
 def write_tiny_onnx(model_dir: str | Path, seed: int = 0) -> tuple[Path, Path]:

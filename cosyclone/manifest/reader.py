@@ -10,9 +10,10 @@ from pathlib import Path
 from cosyclone.errors import CosycloneError, ManifestError
 from cosyclone.manifest.lines import LineError, decode_line, short_repr
 from cosyclone.manifest.rows import Manifest, _check_audio, id_key, parse_row
+from cosyclone.options import TextFrontendName
 
 
-def read_manifest(path: str | Path, *, check_audio: bool = True, text_frontend: str | None = "wetext",
+def read_manifest(path: str | Path, *, check_audio: bool = True, text_frontend: TextFrontendName | None = "wetext",
                   normalize_all: bool = True) -> Manifest:
     """Read and validate a JSONL manifest; per-row problems land in ``Manifest.errors``.
 
@@ -34,7 +35,7 @@ def read_manifest(path: str | Path, *, check_audio: bool = True, text_frontend: 
 
 
 def rows_from_dicts(objs: Sequence[object], *, base: str | Path = ".", check_audio: bool = True,
-                    text_frontend: str | None = "wetext") -> Manifest:
+                    text_frontend: TextFrontendName | None = "wetext") -> Manifest:
     """Validate Python objects as manifest rows (the Python API's way in), exactly as
     :func:`read_manifest` validates a file's lines: item k (0-based) is reported as line k + 1.
 
@@ -52,7 +53,7 @@ def rows_from_dicts(objs: Sequence[object], *, base: str | Path = ".", check_aud
 
 
 def _collect(out: Manifest, numbered: Iterable[tuple[int, object]], *, base: Path, check_audio: bool,
-             text_frontend: str | None, as_json: bool) -> None:
+             text_frontend: TextFrontendName | None, as_json: bool) -> None:
     """Validate ``(line number, item)`` pairs into ``out`` (rows, errors); items are JSON text
     (``as_json``, a manifest's lines) or already decoded objects (the Python API)."""
     for _ in _collect_parts(out, numbered, base=base, check_audio=check_audio, text_frontend=text_frontend,
@@ -61,7 +62,7 @@ def _collect(out: Manifest, numbered: Iterable[tuple[int, object]], *, base: Pat
 
 
 def _collect_parts(out: Manifest, numbered: Iterable[tuple[int, object]], *, base: Path, check_audio: bool,
-                   text_frontend: str | None, as_json: bool, normalize_all: bool = True) -> Iterator[Manifest]:
+                   text_frontend: TextFrontendName | None, as_json: bool, normalize_all: bool = True) -> Iterator[Manifest]:
     """:func:`_collect`, yielding after each chunk what that chunk added (its rows and errors).
 
     Chunk by chunk (:mod:`cosyclone.manifest.stream`): each chunk's texts are normalized ahead, on
@@ -84,7 +85,7 @@ def _collect_parts(out: Manifest, numbered: Iterable[tuple[int, object]], *, bas
             yield Manifest(path=out.path, rows=out.rows[rows:], errors=out.errors[errors:])
 
 
-def iter_manifest(path: str | Path, *, check_audio: bool = True, text_frontend: str | None = "wetext",
+def iter_manifest(path: str | Path, *, check_audio: bool = True, text_frontend: TextFrontendName | None = "wetext",
                   normalize_all: bool = True) -> tuple[Manifest, Iterator[Manifest]]:
     """A manifest read as it is validated: (the whole, filling as it goes; its parts, chunk by chunk).
 
@@ -115,7 +116,7 @@ def iter_manifest(path: str | Path, *, check_audio: bool = True, text_frontend: 
 
 
 def _collect_one(out: Manifest, seen: dict[str, tuple[int, str]], number: int, obj: object, *, base: Path,
-                 check_audio: bool, text_frontend: str | None, audio: Callable[[Path], tuple[str | None, float]]) -> None:
+                 check_audio: bool, text_frontend: TextFrontendName | None, audio: Callable[[Path], tuple[str | None, float]]) -> None:
     """One decoded line (or its :class:`LineError`) into ``out``: a row, or the line's error."""
     out.ordinals[number] = out.total_lines
     out.total_lines += 1

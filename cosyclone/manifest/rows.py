@@ -38,8 +38,8 @@ from pathlib import Path
 from cosyclone.base.shard import Shard
 from cosyclone.errors import CosycloneError, ManifestError
 from cosyclone.manifest.lines import short_repr
+from cosyclone.options import MODES, Mode, TextFrontendName
 
-MODES = ("zero_shot", "cross_lingual", "instruct2")
 REQUIRED = ("id", "prompt_audio", "text")
 OPTIONAL = ("mode", "prompt_text", "instruct", "seed", "speed")
 KNOWN = frozenset(REQUIRED + OPTIONAL)
@@ -58,7 +58,7 @@ SPOKEN_WHITESPACE = "\t\n\r\v\f"
 SPOKEN_FIELDS = ("text", "prompt_text", "instruct")
 #: Every character text_field_problem may refuse: lone surrogates, C0 controls but tab and newline, DEL and C1
 #: controls, BIDI_CONTROLS (a fast first look; the loop decides, with the field's whitespace: a CR in a
-#: spoken field is kept). Pinned against the character loop by tests/test_manifest_stream.py.
+#: spoken field is kept). Pinned against the character loop by tests/manifest/test_manifest_stream.py.
 _REFUSED = re.compile("[\ud800-\udfff\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
@@ -71,7 +71,7 @@ class ManifestRow:
     prompt_audio: Path  # absolute path of the reference recording
     prompt_text: str  # transcript of the reference recording ("" when absent; zero_shot requires it)
     text: str  # text to synthesize (something to speak)
-    mode: str = "zero_shot"  # zero_shot | cross_lingual | instruct2
+    mode: Mode = "zero_shot"  # how the prompt conditions the model
     instruct: str = ""  # instruction text (instruct2 only)
     seed: int | None = None  # per-row seed; None derives one from the run seed and the id
     speed: float = 1.0  # speaking-rate factor handed to the frontend
@@ -191,7 +191,7 @@ def _audio_problem(path: Path) -> tuple[str | None, float]:
 
 
 def parse_row(obj: object, *, line: int, base: Path, check_audio: bool = True,
-              text_frontend: str | None = "wetext",
+              text_frontend: TextFrontendName | None = "wetext",
               audio_check: Callable[[Path], tuple[str | None, float]] | None = None) -> ManifestRow:
     """Validate one decoded JSON object; raise :class:`ManifestError` naming line and field.
 
@@ -275,7 +275,7 @@ def _prompt_path(base: Path, written: str) -> Path:
     return found
 
 
-def _text_problem(mode: str, text: str, text_frontend: str | None) -> str | None:
+def _text_problem(mode: Mode, text: str, text_frontend: TextFrontendName | None) -> str | None:
     from cosyclone.frontend.text import target_parts, text_problem
 
     if text_frontend is None:

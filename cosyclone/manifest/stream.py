@@ -24,6 +24,8 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from cosyclone.options import TextFrontendName
+
 CHUNK_LINES = 2048  # lines validated together: a few seconds of wetext on two cores for short rows
 
 Decoded = list[tuple[int, Any]]  # (line number, decoded object or the line's error)
@@ -95,7 +97,7 @@ class TextWarmer:
     the cache nor the pool is touched.
     """
 
-    def __init__(self, kind: str, *, workers: int | None = None, min_pool_texts: int | None = None,
+    def __init__(self, kind: TextFrontendName, *, workers: int | None = None, min_pool_texts: int | None = None,
                  every: bool = True) -> None:
         from cosyclone.frontend.normalize import get_normalizer
         from cosyclone.manifest.text_cache import text_cache_for

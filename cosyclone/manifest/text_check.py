@@ -13,6 +13,7 @@ from typing import Any
 
 from cosyclone.errors import CosycloneError, ManifestError
 from cosyclone.manifest.rows import PROMPT_TOKENS_PER_SECOND, ManifestRow
+from cosyclone.options import TextFrontendName
 
 
 class TextCheck:
@@ -22,7 +23,7 @@ class TextCheck:
     tokenizer is used, as dummy runs do (``stand_in`` is then True: English counts can differ).
     """
 
-    def __init__(self, model_dir: Path | None, text_frontend: str) -> None:
+    def __init__(self, model_dir: Path | None, text_frontend: TextFrontendName) -> None:
         from cosyclone.frontend.text import TextFrontend
         from cosyclone.model.config import QWEN_DIR, load_model_config, released_config
 

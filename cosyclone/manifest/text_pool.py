@@ -24,6 +24,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from cosyclone.options import TextFrontendName
+
 BATCH_TEXTS = 128  # texts per task: about 0.4 s of wetext on short rows, small enough to balance two cores
 MIN_POOL_TEXTS = 256  # fewer texts than this are normalized here (a pool costs a fork or seconds of loading)
 
@@ -61,7 +63,7 @@ def normalize_serial(normalizer: Any, texts: Sequence[str]) -> Result:
     return out
 
 
-def _work(kind: str, texts: Sequence[str]) -> Result:
+def _work(kind: TextFrontendName, texts: Sequence[str]) -> Result:
     from cosyclone.frontend.normalize import get_normalizer
 
     return normalize_serial(get_normalizer(kind), texts)
@@ -70,7 +72,7 @@ def _work(kind: str, texts: Sequence[str]) -> Result:
 class NormalizePool:
     """A lazily started pool of ``workers`` processes normalizing with a ``kind`` normalizer."""
 
-    def __init__(self, kind: str, workers: int | None = None) -> None:
+    def __init__(self, kind: TextFrontendName, workers: int | None = None) -> None:
         self.kind = kind
         self.workers = max(1, workers if workers is not None else usable_cores())
         self._pool: cf.ProcessPoolExecutor | None = None

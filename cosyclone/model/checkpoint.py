@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -49,10 +50,13 @@ def load_torch_data(path: str | Path, *, mmap: bool = True) -> object:
         raise ModelDirError(
             f"{path}: refused: the file holds {what}, not only tensors. Checkpoints are read as data "
             "(tensors, dicts, numbers), never as code; save the plain state dict instead "
-            "(torch.save(module.state_dict(), path)) or convert it to .safetensors") from None
+            "(torch.save(module.state_dict(), path)) or convert it to .safetensors"
+        ) from None
     except Exception as exc:  # truncated or corrupt files, wrong format
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-        raise ModelDirError(f"{path}: cannot read as a torch checkpoint ({type(exc).__name__}: {first})") from exc
+        raise ModelDirError(
+            f"{path}: cannot read as a torch checkpoint ({type(exc).__name__}: {first})"
+        ) from exc
 
 
 def read_state_file(path: str | Path) -> StateDict:
@@ -72,7 +76,9 @@ def read_state_file(path: str | Path) -> StateDict:
     if isinstance(obj, Mapping) and "state_dict" in obj and isinstance(obj["state_dict"], Mapping):
         obj = obj["state_dict"]
     if not isinstance(obj, Mapping):
-        raise ModelDirError(f"{path}: expected a mapping of parameter names to tensors, found {type(obj).__name__}")
+        raise ModelDirError(
+            f"{path}: expected a mapping of parameter names to tensors, found {type(obj).__name__}"
+        )
     odd = [f"{k!r} ({type(v).__name__})" for k, v in obj.items() if not isinstance(v, torch.Tensor)]
     if odd:
         more = f" and {len(odd) - 3} more" if len(odd) > 3 else ""
@@ -147,12 +153,16 @@ def check_tied(state: Mapping[str, torch.Tensor], tied: Mapping[str, str], sourc
             continue
         a, b = state[alias], state.get(target)
         if b is None:
-            raise ModelDirError(f"{source}: {alias} is present but {target}, the weight it is tied to, is not")
+            raise ModelDirError(
+                f"{source}: {alias} is present but {target}, the weight it is tied to, is not"
+            )
         same = a.shape == b.shape and a.dtype == b.dtype and (
             (a.data_ptr() == b.data_ptr() and a.stride() == b.stride()) or torch.equal(a, b))
         if not same:
-            raise ModelDirError(f"{source}: {alias} differs from {target}; the model ties these weights "
-                                "(one tensor), so a file with two different values cannot be loaded faithfully")
+            raise ModelDirError(
+                f"{source}: {alias} differs from {target}; the model ties these weights "
+                "(one tensor), so a file with two different values cannot be loaded faithfully"
+            )
 
 
 class CheckpointKeyError(ModelDirError):
@@ -196,8 +206,11 @@ def load_module_file(module: nn.Module, path: str | Path, *, adapter: KeyAdapter
     return load_strict(module, state, source=str(path), ignore=ignore, tied=tied)
 
 
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+
+
 @torch.no_grad()
-def init_dummy(module: nn.Module, *, seed: int = 0, std: float = 0.02) -> nn.Module:
+def init_dummy(module: ModuleT, *, seed: int = 0, std: float = 0.02) -> ModuleT:
     """Fill every parameter with seeded random values (the dummy-weights path; no file is read).
 
     Norm-like 1-D weights become ~1, biases ~0, matrices N(0, std); buffers are left as the

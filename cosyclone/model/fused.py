@@ -58,8 +58,8 @@ class FusedLinears(nn.Module):
         Call once per fused group in ``__init__`` and assign the result to ``self.<fused>``.
         """
         frozen: Parts = tuple((str(n), int(r)) for n, r in parts)
-        self.register_state_dict_post_hook(
+        self.register_state_dict_post_hook(  # type: ignore[no-untyped-call]
             lambda _mod, state, prefix, _meta: split_fused(state, prefix, fused, frozen))
-        self.register_load_state_dict_pre_hook(
+        self.register_load_state_dict_pre_hook(  # type: ignore[no-untyped-call]
             lambda _mod, state, prefix, *_rest: join_fused(state, prefix, fused, frozen))
         return nn.Linear(in_features, sum(r for _, r in frozen), bias=bias)

@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -54,7 +54,9 @@ class _DataLoader(yaml.SafeLoader):
 def _tagged(kind: str) -> Callable[[yaml.SafeLoader, str, yaml.Node], Tagged]:
     def construct(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> Tagged:
         if isinstance(node, yaml.MappingNode):
-            return Tagged(kind, suffix, args={str(k): v for k, v in loader.construct_mapping(node, deep=True).items()})
+            return Tagged(
+                kind, suffix, args={str(k): v for k, v in loader.construct_mapping(node, deep=True).items()}
+            )
         if isinstance(node, yaml.SequenceNode):
             return Tagged(kind, suffix, positional=loader.construct_sequence(node, deep=True))
         if not isinstance(node, yaml.ScalarNode):  # what yaml itself says of a node it cannot take
@@ -81,8 +83,15 @@ _DataLoader.add_implicit_resolver(
     list("-+0123456789"),
 )
 
-_OPS: dict[type, Callable[..., Any]] = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-        ast.FloorDiv: operator.floordiv, ast.USub: operator.neg, ast.UAdd: operator.pos}
+_OPS: dict[type, Callable[..., Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
 # Largest magnitude an arithmetic !ref may produce or consume. The released yaml multiplies two
 # small ints (``<chunk_size> * <token_mel_ratio>``); the bound keeps a hostile file from building
 # huge integers by chained multiplication (2**63 is what a config value can sensibly be).
@@ -198,6 +207,6 @@ def load_hyperyaml(path: Path, overrides: dict[str, Any] | None = None) -> dict[
         raise ModelDirError(f"{path}: expected a mapping at the top level")
     doc.update(overrides or {})
     try:
-        return _Resolver(doc).resolve(doc)
+        return cast("dict[str, Any]", _Resolver(doc).resolve(doc))
     except (KeyError, ValueError, IndexError, TypeError) as exc:
         raise ModelDirError(f"{path}: cannot resolve a !ref: {exc}") from exc

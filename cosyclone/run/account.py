@@ -20,6 +20,7 @@ from typing import Any
 
 from cosyclone.engine import RowResult
 from cosyclone.errors import Exit
+from cosyclone.options import LoadFormat, TextFrontendName
 from cosyclone.run import folder as runfolder
 from cosyclone.run import report
 from cosyclone.run.resume import ResumePlan
@@ -75,7 +76,7 @@ class RunInputs:
     model_dir: str | None  # the model directory (None: dummy weights without one)
     model_hash: str  # the model files' content hash (part of every fingerprint)
     model_yaml_sha256: str | None  # the model's cosyvoice3.yaml hash
-    load_format: str  # auto | dummy
+    load_format: LoadFormat  # auto | dummy
     device: str  # the device the stages ran on (cpu | cuda)
     backend: str  # the backend (cpu | cuda | rocm)
     dtype: str  # the resolved run dtype
@@ -136,7 +137,7 @@ class RunRecord(RunInputs):
 class RunFacts(RunInputs):
     """What the job knows of a run before its rows, with what the record derives from (not recorded as such)."""
 
-    text_frontend: str  # wetext | none (its versions are recorded)
+    text_frontend: TextFrontendName  # wetext | none (its versions are recorded)
     graphs_resolved: str  # on | off
 
 
@@ -223,7 +224,7 @@ def devices(device: str) -> list[str]:
     return [platform.processor() or platform.machine()]
 
 
-def versions(text_frontend: str) -> dict[str, str]:
+def versions(text_frontend: TextFrontendName) -> dict[str, str]:
     """The versions that change what a run produces: cosyclone, torch, Python, the text normalizers."""
     import torch
 

@@ -1,53 +1,60 @@
-"""``cosyclone export OUT``: a run folder's good rows as training shards (Parquet or WebDataset).
+"""``cosyclone export OUT [OUT...]``: run folders' good rows as a training set (Parquet, WebDataset,
+NeMo or Lhotse).
 
-The run folder stays the source of truth: export only reads it (records, audio files, eval.jsonl)
-and writes shards elsewhere (by default ``OUT/export/<format>/``, which nothing else reads). A row
-is exported when its current record (:mod:`cosyclone.run.export_index`: latest ``finished_at``
-across ``diagnostics.jsonl`` and the journals) says ``ok`` and its audio file exists with the
-recorded samples and rate, so a run still in progress or killed exports what it finished. Rows go
-in manifest-line order. Rerunning export rewrites every shard of its format in the target
-directory: a grown folder gives the new set, never old shards beside new ones.
+The run folders stay the source of truth: export only reads them (records, audio files,
+eval.jsonl) and writes elsewhere (by default ``OUT/export/<format>/``, which nothing else reads).
+Which rows go and what columns they carry: :mod:`cosyclone.run.export_rows` and
+:mod:`cosyclone.run.columns`. Rows go in folder order, each folder's in manifest-line order;
+``--split NAME=F`` sends a share of them, chosen by a hash of the id, to split NAME.
+
+An export is whole or absent (:mod:`cosyclone.run.export_lock`): it is built beside the target and
+swapped in with its marker ``export.json`` (rows, shards, source folders and their state, each
+skipped row's id and reason) only when complete; one export per target at a time; a folder a live
+``synth`` is writing is refused unless ``allow_running``; zero rows is an error that keeps the old
+export; two folders holding one id is an error naming it.
 
 Memory does not grow with the audio: one row's file is read at a time, and a shard buffers at most
-a Parquet row group (100 rows) or one tar member. The records are found through the folder's index
-(SQLite, on disk); what grows in memory is the eval index, 24 bytes per ``eval.jsonl`` line.
-
-Where ``OUT/eval.jsonl`` exists its verdicts become columns. A verdict counts only for the very
-file it scored (``wav_sha256``): a row redone after eval reads ``eval_status`` ``stale`` and has no
-scores. ``eval_passed`` is true when eval scored this file and it failed none of the thresholds
-given to eval; ``only_passed`` exports those rows alone.
+a Parquet row group (100 rows) or one tar member. What grows is the index, 62 bytes per record
+line (and 24 per eval line): about 65 MB for a million rows, and the skipped rows' list.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import io
+import os
 import re
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Protocol
+
+import numpy as np
 
 from cosyclone.errors import CosycloneError
+from cosyclone.options import EXPORT_FORMATS, ExportFormat
 from cosyclone.run import export_shards as shards
 from cosyclone.run import folder as runfolder
 from cosyclone.run.audio_out import MODEL_RATE
+from cosyclone.run.columns import RESERVED, ColumnSet, MetaKeys
+from cosyclone.run.export_card import CARD, card
+from cosyclone.run.export_formats import LhotseManifests, NemoManifest
 from cosyclone.run.export_index import EVAL_NAME, EvalIndex, RecordIndex
-from cosyclone.run.export_shards import ExportFormat, ExportRow, ShardInfo
-from cosyclone.run.row_record import RowRecord
+from cosyclone.run.export_lock import MARKER, ExportTarget
+from cosyclone.run.export_rows import Skipped, Source, iter_rows, parse_splits, split_of
+from cosyclone.run.export_shards import ExportRow, ShardInfo
+from cosyclone.run.lock import live_writers
 
 EXPORT_DIR = "export"  # OUT/export/<format>/: the default target
+FORMATS = EXPORT_FORMATS
 DEFAULT_SHARD_SIZE = "500MB"
 DEFAULT_SHARD_BYTES = 500 * 10**6
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?(b?)\s*$", re.IGNORECASE)
 
-# Why a row with a record was not exported (ExportSummary.skipped)
-FAILED = "failed"  # its current record does not say ok
-AUDIO_MISSING = "audio_missing"  # ok, but its audio file is not there (or cannot be read)
-AUDIO_MISMATCH = "audio_mismatch"  # the file is unreadable or holds other samples or another rate than recorded
-NOT_PASSED = "not_passed"  # only_passed, and eval did not pass this very file
+
+class NothingToExport(CosycloneError):
+    """No row of the folders can be exported: the target keeps its earlier export."""
 
 
 def parse_size(text: str) -> int:
@@ -66,14 +73,15 @@ def parse_size(text: str) -> int:
 class ExportSummary:
     """What an export wrote and what it left out."""
 
-    format: ExportFormat  # parquet | webdataset
-    to_dir: Path  # where the shards are
-    sample_rate: int | None  # of every exported file (None: nothing exported)
+    format: ExportFormat  # parquet | webdataset | nemo | lhotse
+    to_dir: Path  # where the export is
+    sample_rate: int | None  # of every exported file
     rows: int  # rows exported
-    shards: tuple[ShardInfo, ...]  # in order
-    records: int  # rows the folder has a record for
+    shards: tuple[ShardInfo, ...]  # the files written, in order (manifests too)
+    records: int  # rows the folders have a record for
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> rows not exported
     eval_columns: bool = False  # eval.jsonl's verdicts are columns
+    splits: dict[str, int] = field(default_factory=dict)  # split -> rows
 
     @property
     def bytes(self) -> int:
@@ -83,168 +91,227 @@ class ExportSummary:
         """One line: rows, shards, size, rate, where, and what was left out."""
         rate = f" at {self.sample_rate} Hz" if self.sample_rate else ""
         left = ", ".join(f"{k} {v}" for k, v in sorted(self.skipped.items()) if v)
-        return (f"exported {self.rows} of {self.records} rows{rate} into {len(self.shards)} {self.format} shard"
-                f"{'' if len(self.shards) == 1 else 's'} ({self.bytes} bytes) in {self.to_dir}"
-                + (f"; not exported: {left}" if left else ""))
+        parts = f" ({', '.join(f'{k} {v}' for k, v in self.splits.items())})" if len(self.splits) > 1 else ""
+        return (f"exported {self.rows} of {self.records} rows{parts}{rate} into {len(self.shards)} {self.format} "
+                f"file{'' if len(self.shards) == 1 else 's'} ({self.bytes} bytes) in {self.to_dir}"
+                + (f"; not exported: {left} (each named in {MARKER})" if left else ""))
 
 
-def _text(value: Any) -> str | None:
-    return None if value is None else str(value)
+class Sink(Protocol):
+    """One split's output: rows in, files out."""
+
+    def add(self, row: ExportRow) -> None: ...
+
+    def abandon(self) -> None: ...
+
+    def close(self) -> list[ShardInfo]: ...
 
 
-def _float(value: Any) -> float | None:
-    try:
-        return None if value is None or isinstance(value, bool) else float(value)
-    except (TypeError, ValueError):
-        return None
+class _Shards:
+    """A split's shards (Parquet or WebDataset) as a sink."""
+
+    def __init__(self, writer: shards.ShardWriter) -> None:
+        self.writer = writer
+
+    def add(self, row: ExportRow) -> None:
+        self.writer.add(row)
+
+    def abandon(self) -> None:
+        self.writer.abandon()
+
+    def close(self) -> list[ShardInfo]:
+        return self.writer.close()
 
 
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def eval_columns(ev: dict[str, Any] | None, audio_sha256: str, backends: tuple[str, ...]) -> dict[str, Any]:
-    """A row's eval columns: its verdict when eval scored this very file, else ``missing``/``stale`` and nulls."""
-    status = "missing" if ev is None else "stale" if ev.get("wav_sha256") != audio_sha256 else str(ev.get("status"))
-    fresh: dict[str, Any] = ev if ev is not None and status != "stale" else {}
-    fails = fresh.get("fails")
-    fails = fails if isinstance(fails, dict) else {}
-    sims = fresh.get("speaker_similarity")
-    sims = sims if isinstance(sims, dict) else {}
-    out: dict[str, Any] = {
-        "eval_status": status, "eval_passed": status == "ok" and not fails,
-        "eval_fails": sorted(fails) if fresh else None, "eval_metric": _text(fresh.get("metric")),
-        "eval_transcript": _text(fresh.get("transcript"))}
-    for name in ("error_rate", "wer", "cer", "lead_silence_s", "trail_silence_s", "clipped_fraction"):
-        out[f"eval_{name}"] = _float(fresh.get(name))
-    for b in backends:
-        out[shards.similarity_column(b)] = _float(sims.get(b))
-    return out
-
-
-def _base_columns(rec: RowRecord, duration: float) -> dict[str, Any]:
-    return {"id": rec.id, "text": rec.text, "prompt_text": rec.prompt_text, "prompt_audio": rec.prompt_audio,
-            "mode": rec.mode, "instruct": rec.instruct, "seed": rec.seed, "duration": duration}
-
-
-def _audio_facts(data: bytes) -> tuple[int, int] | None:
-    """(frames, sample rate) of an audio file's bytes, None when they are not a readable file."""
-    import soundfile as sf  # type: ignore[import-untyped]
-
-    try:
-        info = sf.info(io.BytesIO(data))
-        return int(info.frames), int(info.samplerate)
-    except Exception:  # torn, empty or not audio: the row is not done
-        return None
-
-
-def iter_rows(out_dir: Path, index: RecordIndex, evals: EvalIndex | None, *, only_passed: bool,
-              skipped: dict[str, int]) -> Iterator[ExportRow]:
-    """The exportable rows, manifest order, one file read at a time; ``skipped`` counts the others."""
-    backends = evals.backends if evals is not None else ()
-    for rec in index.records():
-        path = runfolder.audio_path(out_dir, rec)
-        try:
-            if path is None:
-                raise FileNotFoundError(rec.id)
-            data = path.read_bytes()
-        except OSError:  # not there (or not readable): the row is not done
-            skipped[AUDIO_MISSING] += 1
-            continue
-        facts = _audio_facts(data)
-        rate = rec.sample_rate or MODEL_RATE  # records before --sample-rate were all 24 kHz
-        samples = rec.samples if rec.samples is not None else (facts[0] if facts else None)  # none: the file's
-        if facts is None or facts[1] != rate or samples != facts[0]:
-            skipped[AUDIO_MISMATCH] += 1
-            continue
-        cols = _base_columns(rec, facts[0] / float(rate))
-        if evals is not None:
-            cols.update(eval_columns(evals.get(rec.id), hashlib.sha256(data).hexdigest(), backends))
-            if only_passed and not cols["eval_passed"]:
-                skipped[NOT_PASSED] += 1
-                continue
-        yield ExportRow(row_id=rec.id, audio=data, audio_name=path.name, sample_rate=rate, columns=cols)
-
-
-def _target(out_dir: Path, fmt: ExportFormat, to_dir: Path | None) -> Path:
-    """The shard directory: ``--to`` or ``OUT/export/<format>``; never the folder's own data."""
-    target = Path(to_dir) if to_dir is not None else out_dir / EXPORT_DIR / fmt
-    resolved, root = target.resolve(), out_dir.resolve()
-    for own in (root, root / runfolder.WAV_DIR, root / runfolder.STATE_DIR):
-        if resolved == own or (own != root and own in resolved.parents):
-            raise CosycloneError(f"--to {target}: the shards would mix with the run folder's own files; "
-                                 f"give a directory of their own (default {out_dir / EXPORT_DIR / fmt})")
-    try:
-        target.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise runfolder.OutputFolderError(f"cannot create {target}: {exc.strerror or exc}") from exc
+def _target(folders: Sequence[Path], fmt: ExportFormat, to_dir: Path | None, split: bool) -> Path:
+    """The export folder: ``--to`` or ``OUT/export/<format>``; never a run folder's own data."""
+    if to_dir is None and len(folders) > 1:
+        raise CosycloneError("several run folders export into one place of your choice: give --to DIR")
+    target = Path(to_dir) if to_dir is not None else folders[0] / EXPORT_DIR / fmt
+    resolved = target.resolve()
+    for out in folders:
+        root = out.resolve()
+        for own in (root, root / runfolder.WAV_DIR, root / runfolder.STATE_DIR):
+            if resolved == own or (own != root and own in resolved.parents):
+                raise CosycloneError(f"--to {target}: the export would mix with the run folder's own files; "
+                                     f"give a folder of its own (default {out / EXPORT_DIR / fmt})")
+        if split and root in resolved.parents:
+            raise CosycloneError(f"--split names files after their splits (train-..., validation-...), which "
+                                 f"load_dataset('audiofolder', data_dir={out}) would take for {out}'s own "
+                                 "splits: give --to outside the run folder")
     return target
 
 
-def export(out_dir: Path | str, *, fmt: ExportFormat = "parquet", shard_size_bytes: int = DEFAULT_SHARD_BYTES,
-           to_dir: Path | None = None, only_passed: bool = False,
-           log: Callable[[str], None] = lambda line: None) -> ExportSummary:
-    """Write the ok rows of the run folder ``out_dir`` into ``fmt`` shards; ``log`` gets a line per shard.
-
-    Raises :class:`CosycloneError` for unusable input (not a run folder, bad option, rows at several
-    sample rates, ``only_passed`` without eval.jsonl) and
-    :class:`~cosyclone.run.folder.OutputFolderError` when a shard cannot be written.
-    """
-    out_dir = Path(out_dir)
-    if fmt not in shards.EXTENSIONS:
-        raise CosycloneError(f"--format must be one of {', '.join(shards.EXTENSIONS)}, not {fmt!r}")
-    if isinstance(shard_size_bytes, bool) or not isinstance(shard_size_bytes, int) or shard_size_bytes < 1:
-        raise CosycloneError(f"--shard-size must be at least 1 byte, not {shard_size_bytes!r}")
-    if not out_dir.is_dir():
-        raise CosycloneError(f"{out_dir}: run folder not found")
-    if not runfolder.record_sources(out_dir):  # before an index is made in a folder that is not a run's
-        raise CosycloneError(f"{out_dir}: not a run folder (no records in {runfolder.DIAG_NAME} or a journal)")
-    with contextlib.ExitStack() as stack:
-        index = RecordIndex(out_dir)
-        stack.callback(index.close)
-        evals = EvalIndex(out_dir) if (out_dir / EVAL_NAME).is_file() else None
-        if evals is not None:
-            stack.callback(evals.close)
-        return _export(out_dir, index, evals, fmt=fmt, shard_size_bytes=shard_size_bytes, to_dir=to_dir,
-                       only_passed=only_passed, log=log)
+def _duplicates(sources: Sequence[Source]) -> None:
+    """Refuse ids that two folders both hold ok, naming a few."""
+    if len(sources) < 2:
+        return
+    keys = np.concatenate([s.index.hash for s in sources]).view(np.dtype((np.void, 16))).ravel()
+    owner = np.concatenate([np.full(s.index.ok_rows, i) for i, s in enumerate(sources)])
+    pos = np.concatenate([np.arange(s.index.ok_rows) for s in sources])
+    order = np.argsort(keys, kind="stable")
+    same = np.flatnonzero(keys[order][1:] == keys[order][:-1])
+    if same.size == 0:
+        return
+    named = []
+    for k in same[:5].tolist():
+        i, j = int(order[k]), int(order[k + 1])
+        rec = sources[int(owner[i])].index.record_at(int(pos[i]))
+        named.append(f"{rec.id if rec else '?'} ({sources[int(owner[i])].folder} and {sources[int(owner[j])].folder})")
+    raise CosycloneError(f"{same.size} id{'s' if same.size > 1 else ''} in more than one run folder: "
+                         f"{', '.join(named)}{' ...' if same.size > 5 else ''}; export folders of distinct rows "
+                         "(the shards of one manifest), or each folder on its own")
 
 
-def _export(out_dir: Path, index: RecordIndex, evals: EvalIndex | None, *, fmt: ExportFormat,
-            shard_size_bytes: int, to_dir: Path | None, only_passed: bool,
-            log: Callable[[str], None]) -> ExportSummary:
-    if index.lines_read == 0:
-        raise CosycloneError(f"{out_dir}: not a run folder (no records in {runfolder.DIAG_NAME} or a journal)")
-    rates = index.rates()
+def _check(sources: Sequence[Source], only_passed: bool) -> int | None:
+    """The one sample rate of the folders' ok rows (None: no ok row); refuse what cannot be exported."""
+    for s in sources:
+        if s.index.lines_read == 0:
+            raise CosycloneError(f"{s.folder}: not a run folder (no records in {runfolder.DIAG_NAME} or a journal)")
+        if only_passed and s.evals is None:
+            raise CosycloneError(f"--only-passed keeps the rows eval passed, and {s.folder} has no eval.jsonl: "
+                                 "run cosyclone eval first")
+    rates: dict[int, int] = {}
+    for s in sources:
+        for r, n in s.index.rates().items():
+            rates[r] = rates.get(r, 0) + n
     if len(rates) > 1:
         found = ", ".join(f"{r} Hz: {n} row{'' if n == 1 else 's'}" for r, n in sorted(rates.items()))
-        raise CosycloneError(f"{out_dir} holds rows at several sample rates ({found}): a run at another "
-                             "--sample-rate has not redone them all; finish it (rerun synth) before exporting")
-    if only_passed and evals is None:
-        raise CosycloneError(f"--only-passed keeps the rows eval passed, and {out_dir} has no eval.jsonl: "
-                             "run cosyclone eval first")
-    rate = next(iter(rates), None)
-    target = _target(out_dir, fmt, to_dir)
-    shards.clear_shards(target, fmt)
-    cols = shards.columns(evals.backends if evals is not None else None)
+        where = " and ".join(str(s.folder) for s in sources)
+        raise CosycloneError(f"{where} hold{'s' if len(sources) == 1 else ''} rows at several sample rates "
+                             f"({found}): a run at another --sample-rate has not redone them all; finish it "
+                             "(rerun synth) before exporting")
+    _duplicates(sources)
+    return next(iter(rates), None)
 
-    def make(path: Path) -> shards.Shard:
-        if fmt == "parquet":
-            return shards.ParquetShard(path, sample_rate=rate or MODEL_RATE, cols=cols)
-        return shards.TarShard(path)
 
-    skipped = {FAILED: index.rows - index.ok_rows, AUDIO_MISSING: 0, AUDIO_MISMATCH: 0, NOT_PASSED: 0}
-    writer = shards.ShardWriter(target, fmt, shard_size_bytes, make, log)
-    rows = 0
+def _open(folder: Path, meta_keys: MetaKeys, allow_running: bool, stack: contextlib.ExitStack) -> Source:
+    if not folder.is_dir():
+        raise CosycloneError(f"{folder}: run folder not found")
+    writers = live_writers(folder)
+    if writers and not allow_running:
+        who = ", ".join(f"pid {w.get('pid')} on {w.get('host')}" for w in writers)
+        raise CosycloneError(f"{folder} is being written by a cosyclone synth ({who}): export it when the run "
+                             "ends, or give --allow-running to export the rows finished so far")
+    index = RecordIndex(folder, meta_keys)
+    stack.callback(index.close)
+    evals = EvalIndex(folder) if (folder / EVAL_NAME).is_file() else None
+    if evals is not None:
+        stack.callback(evals.close)
+    return Source(folder=folder, index=index, evals=evals, writers=len(writers))
+
+
+def export(out_dirs: Path | str | Sequence[Path | str], *, fmt: ExportFormat = "parquet",
+           shard_size_bytes: int = DEFAULT_SHARD_BYTES, to_dir: Path | str | None = None, only_passed: bool = False,
+           rows_per_shard: int | None = None, splits: Sequence[str] | None = None, include_prompt_audio: bool = False,
+           allow_running: bool = False, log: Callable[[str], None] = lambda line: None) -> ExportSummary:
+    """Write the ok rows of the run folders ``out_dirs`` as ``fmt``; ``log`` gets a line per file.
+
+    Raises :class:`CosycloneError` for unusable input (not a run folder, a bad option, rows at
+    several sample rates, duplicate ids, ``only_passed`` without eval.jsonl, a folder being
+    written), :class:`NothingToExport` when no row qualifies,
+    :class:`~cosyclone.run.export_lock.ExportBusy` when another export holds the target and
+    :class:`~cosyclone.run.folder.OutputFolderError` when the export cannot be written. In every
+    one of these cases the target keeps what it held.
+    """
+    folders = [Path(out_dirs)] if isinstance(out_dirs, (str, Path)) else [Path(p) for p in out_dirs]
+    if not folders:
+        raise CosycloneError("give at least one run folder to export")
+    if fmt not in FORMATS:
+        raise CosycloneError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    if isinstance(shard_size_bytes, bool) or not isinstance(shard_size_bytes, int) or shard_size_bytes < 1:
+        raise CosycloneError(f"--shard-size must be at least 1 byte, not {shard_size_bytes!r}")
+    if rows_per_shard is not None and rows_per_shard < 1:
+        raise CosycloneError(f"--rows-per-shard must be at least 1, not {rows_per_shard}")
+    if include_prompt_audio and fmt not in shards.EXTENSIONS:
+        raise CosycloneError(f"--include-prompt-audio embeds the prompt in Parquet or WebDataset shards; a {fmt} "
+                             "manifest names it by its path (the prompt_audio field)")
+    if len({f.resolve() for f in folders}) < len(folders):
+        raise CosycloneError("a run folder is given twice")
+    parts = parse_splits(list(splits) if splits else None)
+    target = _target(folders, fmt, Path(to_dir) if to_dir is not None else None, bool(parts))
+    meta_keys = MetaKeys(RESERVED)
+    with contextlib.ExitStack() as stack:
+        sources = [_open(f, meta_keys, allow_running, stack) for f in folders]
+        rate = _check(sources, only_passed)
+        with_eval = any(s.evals is not None for s in sources)
+        backends = tuple(sorted({b for s in sources if s.evals is not None for b in s.evals.backends}))
+        cols = ColumnSet.build(meta_keys.columns(), backends if with_eval else None)
+        with ExportTarget(target) as place:
+            return _write(place, sources, cols, backends if with_eval else None, fmt=fmt, rate=rate or MODEL_RATE,
+                          limit=shard_size_bytes, rows_per_shard=rows_per_shard, parts=parts, only_passed=only_passed,
+                          prompt=include_prompt_audio, log=log)
+
+
+def _write(place: ExportTarget, sources: Sequence[Source], cols: ColumnSet, backends: tuple[str, ...] | None, *,
+           fmt: ExportFormat, rate: int, limit: int, rows_per_shard: int | None,
+           parts: tuple[tuple[str, float], ...], only_passed: bool, prompt: bool,
+           log: Callable[[str], None]) -> ExportSummary:
+    staging = place.staging
+
+    def sink(split: str) -> Sink:
+        if fmt == "nemo":
+            return NemoManifest(staging, split, cols, log)
+        if fmt == "lhotse":
+            return LhotseManifests(staging, split, cols, log)
+
+        def make(path: Path) -> shards.Shard:
+            if fmt == "parquet":
+                return shards.ParquetShard(path, sample_rate=rate, cols=cols, prompt=prompt)
+            return shards.TarShard(path, cols)
+        return _Shards(shards.ShardWriter(staging, fmt, split, limit, rows_per_shard, make, log))
+
+    names = [n for n, _ in parts] + ["train"] if parts else [shards.SHARD_PREFIX]
+    sinks: dict[str, Sink] = {}
+    skipped, per_source, counts = Skipped(), [], dict.fromkeys(names, 0)
+    suffixes: dict[str, str] = {}  # the first row's audio and prompt suffixes (the card's member names)
     try:
-        for row in iter_rows(out_dir, index, evals, only_passed=only_passed, skipped=skipped):
-            writer.add(row)
-            rows += 1
-        written = writer.close()
-    except BaseException:
-        writer.abandon()  # an interrupted export leaves whole shards only, no temporary
+        for src in sources:
+            for row_id, reason in src.index.failed():
+                skipped.add(str(src.folder), row_id, "failed", reason)
+            done = 0
+            for row in iter_rows(src, cols, backends, only_passed=only_passed, prompt=prompt, skipped=skipped):
+                split = split_of(row.row_id, parts)
+                if split not in sinks:
+                    sinks[split] = sink(split)
+                sinks[split].add(row)
+                suffixes.setdefault("audio", row.audio.suffix)
+                if row.prompt is not None:
+                    suffixes.setdefault("prompt", row.prompt.suffix)
+                counts[split] += 1
+                done += 1
+            per_source.append(done)
+        rows = sum(counts.values())
+        if rows == 0:
+            raise NothingToExport(f"no row of {' '.join(str(s.folder) for s in sources)} can be exported "
+                                  f"({', '.join(f'{k} {v}' for k, v in skipped.counts.items() if v) or 'no ok row'})"
+                                  f"; {place.target} keeps what it held")
+        written = [info for name in names if name in sinks for info in sinks.pop(name).close()]
+        if fmt in shards.EXTENSIONS:
+            text = card(cols, fmt, sample_rate=rate, audio_ext=suffixes["audio"], prompt_ext=suffixes.get("prompt"),
+                        splits=[n for n in names if counts[n]], rows={k: v for k, v in counts.items() if v},
+                        sizes={n: sum(i.bytes for i in written if i.split == n) for n in names})
+            runfolder.write_bytes_atomic(staging / CARD, text.encode())
+    except BaseException as exc:
+        for s in sinks.values():
+            with contextlib.suppress(Exception):
+                s.abandon()
+        if isinstance(exc, OSError):  # a manifest or the card could not be written
+            raise runfolder.OutputFolderError(f"cannot write the export in {place.staging}: "
+                                              f"{exc.strerror or exc}") from exc
         raise
-    if not written:
-        log(f"no rows to export: no shard written in {target}")
-    return ExportSummary(format=fmt, to_dir=target, sample_rate=rate if rows else None, rows=rows,
-                         shards=tuple(written), records=index.rows, skipped=skipped,
-                         eval_columns=evals is not None)
+    records = sum(s.index.rows for s in sources)
+    marker = {
+        "format": fmt, "rows": rows, "records": records, "sample_rate": rate, "created_at": time.time(),
+        "splits": {k: v for k, v in counts.items() if v} if parts else {},
+        "shards": [{"file": i.path.name, "split": i.split, "rows": i.rows, "bytes": i.bytes} for i in written],
+        "columns": [{"name": c.name, "type": c.type} for c in cols.columns],
+        "sources": [{"folder": str(s.folder.resolve()), "state": "running" if s.writers else "idle",
+                     "records": s.index.rows, "ok": s.index.ok_rows, "exported": n, "eval": s.evals is not None}
+                    for s, n in zip(sources, per_source, strict=True)],
+        "skipped": skipped.rows, "pid": os.getpid()}
+    place.commit(marker)
+    return ExportSummary(format=fmt, to_dir=place.target, sample_rate=rate, records=records, rows=rows,
+                         shards=tuple(ShardInfo(place.target / i.path.name, i.rows, i.bytes, i.split) for i in written),
+                         skipped=dict(skipped.counts), eval_columns=backends is not None,
+                         splits={k: v for k, v in counts.items() if v} if parts else {})

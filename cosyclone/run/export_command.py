@@ -1,49 +1,47 @@
 """The ``cosyclone export`` command (registered in cosyclone/cli.py; the work is in export.py).
 
-Exit codes follow ``synth``: 0 = the shards are written (also when no row was ok: then none is);
-2 = unusable input (not a run folder, a bad option, rows at several sample rates, ``--only-passed``
-without eval.jsonl); 4 = a shard cannot be written (whole shards written before stay, no partial
-file is left).
+Its options are :class:`cosyclone.options.ExportOptions`' fields, given to it as ``**options`` by
+``cli_options.with_options`` where cosyclone/cli.py registers it. Exit codes are
+:class:`cosyclone.errors.Exit`'s: 0 the export is in place; 2 unusable input (not a run folder, a bad
+option, rows at several sample rates, duplicate ids, ``--only-passed`` without eval.jsonl, a folder
+a synth is writing); 3 no row could be exported; 4 the export cannot be written; 5 another export
+holds the target. Whenever it is not 0, the target keeps what it held.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import cast
+from typing import Any
 
 import typer
 
-from cosyclone.errors import CosycloneError
-
-EXIT_OK, EXIT_USAGE, EXIT_WRITE = 0, 2, 4  # the same codes as cosyclone.cli
+from cosyclone.errors import CosycloneError, Exit
 
 
 def export_command(
-    out: Path = typer.Argument(..., help="the run folder (synth's --out)", show_default=False),
-    fmt: str = typer.Option("parquet", "--format", metavar="FMT", help="parquet | webdataset"),
-    shard_size: str = typer.Option("500MB", "--shard-size", metavar="SIZE",
-                                   help="largest shard: 500MB, 2GB, 100KB or bytes"),
-    to: Path | None = typer.Option(None, "--to", metavar="DIR", help="shard folder (default: OUT/export/FMT)",
-                                   show_default=False),
-    only_passed: bool = typer.Option(False, "--only-passed", help="only rows that passed cosyclone eval"),
+    out: list[Path] = typer.Argument(..., help="run folders (synth's --out; a --shard run's folders together)",
+                                     show_default=False, metavar="OUT..."),
+    **options: Any,
 ) -> None:
-    """Write the ok rows of OUT into Parquet or WebDataset shards (OUT itself is only read).
+    """Write the ok rows of OUT... as Parquet, WebDataset, NeMo or Lhotse (OUT itself is only read).
 
-    A line per shard (path, rows, bytes), then the totals; rerunning rewrites the shards.
-    Details: docs/output.md.
+    A line per file, then the totals; the export is swapped in whole, with export.json. Details: docs/output.md.
     """
-    from cosyclone.run.export import export, parse_size
-    from cosyclone.run.export_shards import ExportFormat
+    from cosyclone.options import ExportOptions
+    from cosyclone.run.export import NothingToExport, export, parse_size
+    from cosyclone.run.export_lock import ExportBusy
     from cosyclone.run.folder import OutputFolderError
 
     try:
-        summary = export(out, fmt=cast(ExportFormat, fmt), shard_size_bytes=parse_size(shard_size), to_dir=to,
-                         only_passed=only_passed, log=typer.echo)
-    except OutputFolderError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(EXIT_WRITE) from None
+        opts = ExportOptions(**options)
+        summary = export(out, fmt=opts.format, shard_size_bytes=parse_size(opts.shard_size), to_dir=opts.to,
+                         only_passed=opts.only_passed, rows_per_shard=opts.rows_per_shard, splits=opts.split,
+                         include_prompt_audio=opts.include_prompt_audio, allow_running=opts.allow_running,
+                         log=typer.echo)
     except CosycloneError as exc:
         typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(EXIT_USAGE) from None
+        code = (Exit.BUSY if isinstance(exc, ExportBusy) else Exit.WRITE if isinstance(exc, OutputFolderError)
+                else Exit.ROWS_FAILED if isinstance(exc, NothingToExport) else Exit.USAGE)
+        raise typer.Exit(code) from None
     typer.echo(summary.describe())
-    raise typer.Exit(EXIT_OK)
+    raise typer.Exit(Exit.OK)

@@ -1,10 +1,12 @@
-"""Where each row's current record lies in a run folder, in memory that does not grow with the folder.
+"""Where each row's current record lies in a run folder, in memory that grows by a few bytes a row.
 
-``export`` reads a folder of any size: its records are never held, only where they lie.
-:class:`RecordIndex` asks the folder's index (:mod:`cosyclone.run.index`, SQLite) for the current
-``ok`` rows in manifest order, streamed, and reads each record from its offset when its row is
-exported. :class:`EvalIndex` keys ``eval.jsonl``'s lines by a 128-bit hash of the id with their
-offsets, 24 bytes a line in flat arrays (the last line of an id wins).
+``export`` reads a folder of any size: its records are never held, only where they lie. One pass
+over ``diagnostics.jsonl`` and every journal (the sources :func:`cosyclone.run.folder.read_records`
+reads, in its order) notes per line a 128-bit hash of the id, ``finished_at``, the source and byte
+offset, the manifest line, whether it says ``ok`` and its sample rate: 46 bytes a line in flat arrays
+(about twice that for a moment while they are sorted). The
+current record of an id is its latest ``finished_at``, a later line winning a tie (the same rule as
+``read_records``); it is read again from its offset when its row is exported.
 
 Why a hash and not the id: a million ids as Python strings in a dict cost about 300 MB; the hash
 costs 16 bytes, and two ids share one with probability about n^2 / 2^129 (1e-27 for a million).
@@ -27,6 +29,7 @@ import numpy as np
 
 from cosyclone.run import folder as runfolder
 from cosyclone.run.audio_out import MODEL_RATE
+from cosyclone.run.columns import MetaKeys
 from cosyclone.run.row_record import RowRecord
 
 EVAL_NAME = "eval.jsonl"  # written by `cosyclone eval` (cosyclone/eval/evaluate.py)
@@ -41,8 +44,9 @@ def id_hash(row_id: str) -> tuple[int, int]:
 def open_sources(paths: list[Path]) -> list[BinaryIO]:
     """The files of ``paths`` that exist, opened once for both passes.
 
-    Held open so that a file replaced meanwhile cannot pull a line from under the reader: the open
-    files still read the bytes the index was made from.
+    Held open so that a run finishing meanwhile cannot pull a record from under an export: its
+    compaction renames a new ``diagnostics.jsonl`` over the old and unlinks its journal, and the
+    open files still read the bytes the index was made from (journals are only appended to).
     """
     files: list[BinaryIO] = []
     for path in paths:
@@ -100,40 +104,81 @@ def _keyed(lines: Iterator[tuple[int, dict[str, Any]]], hi: array[int], lo: arra
 
 
 class RecordIndex:
-    """The current record of every row of a folder: which are ``ok``, in manifest order, and their rates,
-    as the folder's index (:mod:`cosyclone.run.index`) has them; a record is read when its row is."""
+    """The current record of every row of a folder: which are ``ok``, in manifest order, and their rates.
 
-    def __init__(self, out_dir: Path) -> None:
-        with runfolder.settle_lock(Path(out_dir)):
-            self.index = runfolder.open_index(Path(out_dir))
-        self.rows = self.index.count()  # rows with a record, whatever it says
-        self.lines_read = self.rows
-        self._rates = self.index.rates()
+    ``meta_keys`` (when given) sees every line's ``meta`` as the pass goes by: the flat keys an
+    export makes columns are known before its first shard fixes the schema.
+    """
+
+    def __init__(self, out_dir: Path, meta_keys: MetaKeys | None = None) -> None:
+        out_dir = Path(out_dir)
+        self.files = open_sources([out_dir / runfolder.DIAG_NAME,
+                                   *sorted(runfolder.state_dir(out_dir).glob("journal-*.jsonl"))])
+        hi, lo, src, off, line = array("Q"), array("Q"), array("H"), array("q"), array("q")
+        finished, rate = array("d"), array("i")  # rate 0: the line is not an ok record
+        for s, fh in enumerate(self.files):
+            for _, obj in _keyed(iter_lines(fh), hi, lo, off):
+                src.append(s)
+                line.append(int(_number(obj.get("line"), 0.0)))
+                finished.append(_number(obj.get("finished_at"), 0.0))
+                ok = obj.get("status") == "ok"
+                rate.append(int(_number(obj.get("sample_rate"), MODEL_RATE)) if ok else 0)
+                if meta_keys is not None:
+                    meta_keys.add(obj.get("meta"))
+        self.lines_read = len(hi)
+        h_hi, h_lo = np.frombuffer(hi, np.uint64), np.frombuffer(lo, np.uint64)
+        arrival = np.arange(len(hi))
+        order = np.lexsort((arrival, np.frombuffer(finished, np.float64), h_lo, h_hi))  # last key sorts first
+        last = np.ones(order.size, dtype=bool)  # the last line of each id in that order is its current one
+        last[:-1] = (h_hi[order][1:] != h_hi[order][:-1]) | (h_lo[order][1:] != h_lo[order][:-1])
+        current = order[last]
+        self.rows = int(current.size)  # rows with a record, whatever it says
+        rates = np.frombuffer(rate, np.int32)[current]
+        ok = current[rates > 0]
+        lines = np.frombuffer(line, np.int64)[ok]
+        ok = ok[np.lexsort((h_lo[ok], h_hi[ok], lines))]  # manifest line, ties by the id's hash (fixed)
+        sources, offsets = np.frombuffer(src, np.uint16), np.frombuffer(off, np.int64)
+        self.source = sources[ok].copy()
+        self.offset = offsets[ok].copy()
+        self.rate = np.frombuffer(rate, np.int32)[ok].copy()
+        self.hash = np.stack([h_hi[ok], h_lo[ok]], axis=1)  # (ok rows, 2): the ids' hashes, for duplicates
+        failed = current[rates == 0]
+        failed = failed[np.argsort(np.frombuffer(line, np.int64)[failed], kind="stable")]
+        self._failed = (sources[failed].copy(), offsets[failed].copy())
 
     @property
     def ok_rows(self) -> int:
-        return sum(self._rates.values())
+        return int(self.offset.size)
 
     def rates(self) -> dict[int, int]:
-        """Sample rate -> ok rows recorded at it (none recorded: the model's)."""
-        out: dict[int, int] = {}
-        for rate, n in self._rates.items():
-            out[rate or MODEL_RATE] = out.get(rate or MODEL_RATE, 0) + n
-        return out
+        """Sample rate -> ok rows recorded at it."""
+        values, counts = np.unique(self.rate, return_counts=True)
+        return {int(v): int(c) for v, c in zip(values, counts, strict=True)}
 
-    def records(self) -> Iterator[RowRecord]:
-        """The current ``ok`` records, manifest order, read one at a time (a run that ends meanwhile moves
-        its journal's lines: such a row is looked up again)."""
-        for row in self.index.ok_rows():
-            obj = self.index.record(row)
-            if obj is None:
-                obj = next((self.index.record(r) for r in self.index.get_many([row.id])), None)
-            rec = RowRecord.from_json(obj) if obj is not None else None
-            if rec is not None and rec.ok:
-                yield rec
+    def records(self) -> Iterator[tuple[RowRecord, dict[str, Any]]]:
+        """The current ``ok`` records, manifest order, read one at a time (as the folder reads them),
+        each with its line as written (fields this cosyclone does not type are read from it)."""
+        for start in range(0, self.offset.size, 4096):  # Python ints a chunk at a time, not a list per row
+            chunk = slice(start, start + 4096)
+            for s, o in zip(self.source[chunk].tolist(), self.offset[chunk].tolist(), strict=True):
+                raw = read_at(self.files[s], o)
+                rec = RowRecord.from_json(raw)
+                if rec is not None:
+                    yield rec, raw
+
+    def record_at(self, position: int) -> RowRecord | None:
+        """The ok record at ``position`` of the manifest order."""
+        return RowRecord.from_json(read_at(self.files[int(self.source[position])], int(self.offset[position])))
+
+    def failed(self) -> Iterator[tuple[str, str]]:
+        """(id, reason) of every row whose current record is not ok, manifest order."""
+        for s, o in zip(self._failed[0].tolist(), self._failed[1].tolist(), strict=True):
+            obj = read_at(self.files[s], o)
+            yield str(obj.get("id")), str(obj.get("reason") or obj.get("status") or "failed")
 
     def close(self) -> None:
-        self.index.close()
+        for fh in self.files:
+            fh.close()
 
 
 class EvalIndex:

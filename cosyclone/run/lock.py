@@ -104,3 +104,16 @@ class FolderLock:
     def __exit__(self, *exc: object) -> None:
         self.release()
 
+
+
+def live_writers(out_dir: Path) -> list[dict[str, Any]]:
+    """The lock files of the ``synth`` processes writing ``out_dir`` now (a holder on another host counts)."""
+    held = []
+    for path in sorted(state_dir(out_dir).glob("lock-*.json")):
+        try:
+            info = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(info, dict) and _holder_alive(info):
+            held.append(info)
+    return held

@@ -4,7 +4,7 @@ Why one frozen dataclass: the record is the main output a user reads and the fol
 (resume, totals, export and eval read it back). It is built in one place, by the writer once the
 row's file is on disk (:func:`make_record`), written in one place (:meth:`RowRecord.to_json`) and
 read in one place (:meth:`RowRecord.from_json`), and docs/output.md's field table is generated
-from the comments below (tests/test_output_docs.py keeps them equal).
+from the comments below (tests/docs/test_output_docs.py keeps them equal).
 
 Reading is tolerant: a line written by an older cosyclone lacks newer fields (they take their
 defaults) and may hold fields since dropped (ignored); lines are never rewritten. A line without a
@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from cosyclone.engine.outcome import RowResult, SegmentText
+from cosyclone.options import Mode
 from cosyclone.talker.diagnostics import SamplerRowDiagnostics
 
 
@@ -32,7 +33,7 @@ class RowStamp:
     text: str  # the manifest's text
     prompt_text: str  # the manifest's prompt transcript
     prompt_audio: str  # the prompt recording's path as resolved
-    mode: str  # zero_shot | cross_lingual | instruct2
+    mode: Mode  # zero_shot | cross_lingual | instruct2
     instruct: str  # the instruction (instruct2)
     speed: float  # the speaking-rate factor
     manifest: str | None  # the manifest as given on the command line

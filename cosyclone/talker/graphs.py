@@ -33,7 +33,7 @@ outlive the sessions that use them.
 
 UNVERIFIED on a GPU: this module was written and tested on a CPU-only machine; the CUDA path
 (side-stream warm-up, ``torch.cuda.graph`` capture with a shared pool, replay) follows torch's
-documented protocol but has not been run. ``tests/test_cuda_graphs.py`` holds the ``gpu``-marked
+documented protocol but has not been run. ``tests/talker/test_cuda_graphs.py`` holds the ``gpu``-marked
 checks (graph tokens equal eager tokens) that ``make test-gpu`` / ``benchmarks/gpu_check.sh`` run.
 """
 

@@ -17,6 +17,7 @@ bf16/fp16, because bf16 logits reorder near-tied candidates often enough to chan
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -26,6 +27,7 @@ from cosyclone.base.device import DevicePolicy
 from cosyclone.errors import ModelDirError
 from cosyclone.model.checkpoint import CheckpointKeyError, LoadReport, init_dummy, load_module_file
 from cosyclone.model.config import QWEN_DIR, ModelConfig, TalkerConfig, validate_geometry
+from cosyclone.options import LoadFormat
 from cosyclone.talker.kv_cache import SlotKVCache
 from cosyclone.talker.qwen2 import Admission, Qwen2Encoder, Qwen2Model, attention_mask
 
@@ -64,11 +66,11 @@ class CosyVoice3LM(nn.Module):
 
     def embed_text(self, ids: Tensor) -> Tensor:
         """Qwen2 token embedding (unscaled): (..., L) -> (..., L, D)."""
-        return self.backbone.embed_tokens(ids)
+        return cast(Tensor, self.backbone.embed_tokens(ids))
 
     def embed_speech(self, ids: Tensor) -> Tensor:
         """Speech embedding rows (speech tokens and sos/task_id): (..., L) -> (..., L, D)."""
-        return self.speech_embedding(ids)
+        return cast(Tensor, self.speech_embedding(ids))
 
     def assemble(self, text_ids: Tensor, prompt_speech_tokens: Tensor) -> Tensor:
         """One row's input: ``[sos, embed_tokens(text), task_id, speech_emb(prompt)]`` -> (T, D)."""
@@ -82,7 +84,7 @@ class CosyVoice3LM(nn.Module):
 
     def decoder_logits(self, hidden: Tensor) -> Tensor:
         """Raw fp32 logits ``llm_decoder(h)``: (..., D) any dtype -> (..., S+200) fp32, unnormalised."""
-        return self.llm_decoder(hidden.to(self.llm_decoder.weight.dtype)).float()
+        return cast(Tensor, self.llm_decoder(hidden.to(self.llm_decoder.weight.dtype)).float())
 
     # -- whole-sequence forward (no cache), for parity and tests ---------------------------------
 
@@ -180,7 +182,7 @@ class CosyVoice3LM(nn.Module):
         return logits[:s].index_copy(0, slots, logits[s:])
 
 
-def build_talker(cfg: ModelConfig, policy: DevicePolicy, load_format: str = "auto", *,
+def build_talker(cfg: ModelConfig, policy: DevicePolicy, load_format: LoadFormat = "auto", *,
                  seed: int = 0) -> CosyVoice3LM:
     """Build the talker on ``policy.device`` in ``policy.dtype`` (its speech-token head in fp32).
 

@@ -37,7 +37,7 @@ class TalkerRequest:
 @dataclass(frozen=True)
 class StepMechanics:
     """How the decode step runs, as opposed to what it decodes: every choice here gives the same
-    tokens (tests/test_engine_equivalence.py pins each), so a run leaves them all at their defaults,
+    tokens (tests/talker/test_engine_equivalence.py pins each), so a run leaves them all at their defaults,
     chosen by device; the equivalence tests and the benchmarks vary them."""
 
     sync_every: int | None = None  # steps between host reads of the finished flags; None: 4 on CUDA/ROCm

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from cosyclone.talker.sampler import SamplerOptions, nucleus_keep
+from cosyclone.talker.sampler import MinLenRule, SamplerOptions, nucleus_keep
 from tests.reference import load_vector_set
 from tests.samplers import BatchSampler, legacy_slot_sampler
 
@@ -190,7 +190,8 @@ def test_ignore_eos_masks_index(vec: tuple[dict[str, Any], dict[str, torch.Tenso
     x[0, s] = 10.0  # would always win
     x[0, s + 1] = 0.0
     x[0, 3] = -30.0
-    for rule, legal in (("official-head", {s + 1}), ("block-all-stop", {3})):
+    rules: tuple[tuple[MinLenRule, set[int]], ...] = (("official-head", {s + 1}), ("block-all-stop", {3}))
+    for rule, legal in rules:
         sampler = BatchSampler(SamplerOptions(min_len_rule=rule), row_ids=["r"], row_seeds=[0], min_len=[5],
                                speech_token_size=s, device="cpu")
         got = {int(sampler.sample(x, torch.tensor([0]), 0)[0][0])}

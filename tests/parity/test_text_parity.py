@@ -19,10 +19,11 @@ from cosyclone.frontend.normalize import get_normalizer
 from cosyclone.frontend.text import TextFrontend
 from cosyclone.frontend.text_rules import TextError
 from cosyclone.model.config import ENDOFPROMPT, SYSTEM_PREFIX
+from cosyclone.options import Mode
 from tests.reference import reference_set, reference_tokenizer
 from tests.text_table import VARIANTS, Deviation, deviations
 
-MODE_OF = {"zs_zh": "zero_shot", "zs_en": "zero_shot", "zs_en_noprefix": "zero_shot", "xl_prefix": "cross_lingual",
+MODE_OF: dict[str, Mode] = {"zs_zh": "zero_shot", "zs_en": "zero_shot", "zs_en_noprefix": "zero_shot", "xl_prefix": "cross_lingual",
            "xl_noprefix": "cross_lingual", "instruct2": "instruct2"}
 
 

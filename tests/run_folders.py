@@ -1,0 +1,65 @@
+"""Run folders made without the model, for the export tests: records and audio files as a run leaves
+them (through the real writer), with the row fields a test chooses (seed, text, meta, stop reasons)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cosyclone.engine import RowResult
+from cosyclone.run import folder as runfolder
+from cosyclone.run.audio_out import AudioOutput
+from cosyclone.run.row_record import RowStamp
+from cosyclone.run.settle import settle
+from cosyclone.run.writer import BackgroundWriter, WriterOptions
+
+RATE = 24000
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row to write: what the export should carry back."""
+
+    id: str
+    line: int
+    seed: int = 7
+    text: str = "words"
+    status: str = "ok"
+    meta: dict[str, Any] | None = None
+    stop_reasons: tuple[str, ...] = ("eos",)
+    prompt_audio: str = "prompts/speaker1.wav"
+    extra: dict[str, Any] = field(default_factory=dict)  # more record fields, written into the line
+
+
+def tone(i: int, seconds: float = 0.2) -> np.ndarray:
+    t = np.arange(int(seconds * RATE)) / RATE
+    return (0.4 * np.sin(2 * np.pi * (200 + 20 * i) * t)).astype(np.float32)
+
+
+def write(out: Path, rows: list[Row], *, output: AudioOutput = AudioOutput()) -> None:
+    """The rows through the writer (file first, then record), settled like a run's end; then each
+    row's ``meta`` and ``extra`` fields written into its line, as a manifest's meta travels."""
+    writer = BackgroundWriter(WriterOptions(out_dir=out, output=output), runfolder.journal_path(out, "all"))
+    try:
+        for r in rows:
+            wav = tone(r.line) if r.status == "ok" else None
+            result = RowResult(id=r.id, line=r.line, seed=r.seed, status=r.status, audio=wav,
+                               reason=None if r.status == "ok" else "exception",
+                               audio_seconds=0.0 if wav is None else wav.size / RATE, stop_reasons=r.stop_reasons,
+                               tokens=(25,) * len(r.stop_reasons))
+            stamp = RowStamp(fingerprint=None, fingerprint_parts=None, run_id="r", text=r.text, prompt_text="ref",
+                             prompt_audio=r.prompt_audio, mode="zero_shot", instruct="", speed=1.0,
+                             manifest="m.jsonl", shard=None)
+            writer.write_now(result, stamp)
+    finally:
+        writer.close()
+    settle(out, "all")
+    extra = {r.id: {**({"meta": r.meta} if r.meta is not None else {}), **r.extra} for r in rows}
+    path = out / runfolder.DIAG_NAME
+    lines = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
+    path.write_text("".join(json.dumps({**x, **extra.get(x["id"], {})}, ensure_ascii=False) + "\n" for x in lines),
+                    encoding="utf-8")
