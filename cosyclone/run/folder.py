@@ -156,6 +156,8 @@ def audio_path(out_dir: Path, record: HasFile) -> Path | None:
 
 def wav_frames(path: Path) -> int | None:
     """Frames in a WAV's header, None when it is missing or unreadable."""
+    if not os.path.isfile(path):  # a stat: a plan of a million rows asks for many files that are not there
+        return None
     try:
         import soundfile as sf
 

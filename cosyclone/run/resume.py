@@ -73,9 +73,7 @@ def plan_resume(out_dir: Path, rows: Iterable[ManifestRow], fingerprints: Mappin
             continue
         plan.todo.append(row)
         if rec.fingerprint != fp and rec.ok:
-            line = index.record(rec) or {}
-            old = line.get("fingerprint_parts")
-            plan.redone[row.id] = changed_parts(old if isinstance(old, dict) else None, parts)
+            plan.redone[row.id] = changed_parts(index.fingerprint_parts(rec), parts)
         elif overwrite and complete:
             plan.redone[row.id] = ["overwrite"]
         else:
