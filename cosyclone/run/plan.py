@@ -1,9 +1,10 @@
 """A run's plan: the manifest and options read, fingerprints made, and the resume decided per row.
 
 Why its own object: planning is what ``--dry-run`` does alone and what a run does first, part by
-part, under the lock. It reads the manifest (streamed or whole), the folder's records and the
-inputs' content hashes; it loads no model and writes nothing but the hash cache. A row whose
-fingerprint cannot be made (its prompt vanished) becomes a failed result here and the others go on.
+part, under the lock. It reads the manifest (streamed or whole), the folder's index (its own rows
+looked up) and the inputs' content hashes; it loads no model and writes nothing but the hash cache
+and the index (built from the records when missing or stale). A row whose fingerprint cannot be
+made (its prompt vanished) becomes a failed result here and the others go on.
 """
 
 from __future__ import annotations
