@@ -1,5 +1,5 @@
 # cosyclone developer entry points. `make test` and `make demo` work on a fresh machine:
-# they create .venv and install what they need first (with the eval extra, so the eval tests run).
+# they create .venv and install what they need first (with the eval and report extras, so their tests run).
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--no-deps --index-url "$(TORCH_INDEX)") "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[dev,eval,ray,lhotse]"
+	$(BIN)/python -m pip install -q -e ".[dev,eval,ray,lhotse,report]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -36,7 +36,7 @@ test-gpu: $(STAMP)
 # A bare, offline GPU machine (docs/gpu.md). gpu-bundle: the wheels its python3 lacks for synth, say and
 # the gpu tests, for CPython $(PYVER), into .gpu-bundle/ (git-ignored; needs PyPI), plus a copy of the
 # reference material for the parity part. gpu-check: the check itself (run it ON the GPU machine with
-# .gpu-bundle carried; it installs nothing else; parts 1-4 within 6 minutes; on a CPU it says FAIL;
+# .gpu-bundle carried; it installs nothing else; parts 1-4 within 7 minutes; on a CPU it says FAIL;
 # GPU_CHECK_ARGS="--parts 3" reruns one part). gpu-rehearsal: the same check as a dry run on CPU, in a
 # fresh venv holding only what the image holds, with a bundle built for that venv's Python.
 PYVER ?= 3.12

@@ -1,4 +1,4 @@
-"""What one ``--engine ray`` actor holds in memory: the measurement behind ``cosyclone/run/ray_plan.py``'s constants.
+"""What one ``--engine ray`` actor holds in memory: the measurement behind ``cosyclone/run/ray_footprint.py``'s constants.
 
 Usage: ``python -m benchmarks.actor_footprint [--cases dummy-fp32,dummy-bf16,dir-fp32,dir-bf16,onnx]
 [--rows 8] [--tokens 100] [--threads 2]``.
@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from benchmarks.machine import cpu_name
 
@@ -121,11 +121,13 @@ def child(case: str, model_dir: Path | None, rows: int, tokens: int, threads: in
     from cosyclone.engine.stages import load_stages
     from cosyclone.frontend.tiny_assets import builtin_assets_dir
     from cosyclone.model.config import load_model_config, released_config
-    from cosyclone.options import RunOptions
-    from cosyclone.run.ray_plan import weight_bytes
+    from cosyclone.options import DtypeName, LoadFormat, RunOptions
+    from cosyclone.run.ray_footprint import weight_bytes
 
-    kind, dtype = case.split("-")
+    kind, dtype_word = case.split("-")
+    dtype = cast(DtypeName, dtype_word)
     policy = resolve("cpu", dtype)
+    load_format: LoadFormat
     if kind == "dir":
         assert model_dir is not None
         cfg, load_format = load_model_config(model_dir), "auto"
@@ -141,13 +143,13 @@ def child(case: str, model_dir: Path | None, rows: int, tokens: int, threads: in
     tmp = Path(tempfile.mkdtemp(prefix="cosyclone-footprint-"))
     try:
         opts = RunOptions(batch_size=rows, max_tokens=tokens, min_tokens=tokens, n_timesteps=1, dtype=dtype,
-                          cpu_gemm=policy.cpu_gemm, load_format=load_format)
+                          cpu_gemm="auto", load_format=load_format)
         t0 = time.perf_counter()
         recs = list(Engine(stages, opts).run(_rows(tmp, rows), prefetch=False))
         batch_s = time.perf_counter() - t0
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    ok = sum(1 for r in recs if r.diagnostics.get("status") == "ok")
+    ok = sum(1 for r in recs if r.ok)
     return {"case": case, "start": start, "loaded": loaded, "batch": memory(model_dir), "load_s": load_s,
             "batch_s": batch_s, "rows_ok": ok, "weights": weight_bytes(cfg, policy)}
 

@@ -24,6 +24,8 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
+from typing import Any
 
 import torch
 
@@ -140,7 +142,9 @@ def bench_hift(cfg: ModelConfig, device: str, batches: list[int], reps: int, *, 
 
     policy = resolve(device, "fp32")
     repo = official_repo()
-    official = None
+    official: Any = None
+    hift: Any
+    direct: Any
     if repo is not None:  # the same weights in all: cosyclone's vocoders load the official state dict
         official, hift, direct = official_and_ours(repo, cfg.hift, policy)
     else:  # HiFT always runs fp32 (its F0 part in fp64)
@@ -154,11 +158,11 @@ def bench_hift(cfg: ModelConfig, device: str, batches: list[int], reps: int, *, 
         gen = torch.Generator().manual_seed(b)
         mel = (torch.randn(b, 80, HIFT_MEL_FRAMES, generator=gen) * 2 - 6).to(policy.device)
         mel_len = torch.full((b,), HIFT_MEL_FRAMES, device=policy.device)
-        runs: dict[str, Callable[[], object]] = {"built": lambda m=hift, x=mel, n=mel_len: m.inference(x, n)}
+        runs: dict[str, Callable[[], object]] = {"built": partial(hift.inference, mel, mel_len)}
         if direct is not None:
-            runs["direct"] = lambda m=direct, x=mel, n=mel_len: m.inference(x, n)
+            runs["direct"] = partial(direct.inference, mel, mel_len)
         if official is not None:
-            runs["official"] = lambda m=official, x=mel: run_official(m, x)
+            runs["official"] = partial(run_official, official, mel)
         times: dict[str, list[float]] = {name: [] for name in runs}
         with torch.inference_mode():
             for _ in range(max(1, warmup)):  # kernels, noise table, and malloc past its first calls

@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from typing_extensions import override
 
 ROOT = Path(__file__).resolve().parents[1]
 BEFORE_REV = "5398f88664609b448ef9ec724acfbb8e0841384b"  # main just before the slot engine
@@ -266,7 +267,8 @@ def continuous_vs_static(full: bool, slots: int, *, eos: bool = True) -> dict[st
     made = {i: len(static[i]) for i in flat}
     ceiling = sum(max(made[i] for i in chunk) for chunk in batches) / (sum(made.values()) / slots)
     tag = "" if eos else "_exact"
-    out = {f"continuous_vs_static{tag}": round(t_static / t_cont, 3), f"continuous_equal_static{tag}": same,
+    out: dict[str, Any] = {f"continuous_vs_static{tag}": round(t_static / t_cont, 3),
+                           f"continuous_equal_static{tag}": same,
            f"continuous_vs_static{tag}_ceiling": round(ceiling, 3), f"static{tag}_s": round(t_static, 2),
            f"continuous{tag}_s": round(t_cont, 2), f"rows_at_max_len{tag}": round(at_max, 3)}
     if eos:
@@ -352,7 +354,8 @@ def _record(fn: Any, keep: set[int]) -> dict[str, Any]:
             table[key] = [(func, tuple(fresh(v) for v in args), {n: fresh(v) for n, v in kwargs.items()}), 1]
 
     class Record(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        @override
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             if func in gemm_ops:
                 if func is torch.ops.mkldnn._linear_pointwise.default:  # replayed as a plain GEMM: a fused

@@ -25,12 +25,15 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from benchmarks.machine import cpu_name
+
+if TYPE_CHECKING:
+    from cosyclone.engine.outcome import RowResult
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,28 +50,19 @@ def _rows(folder: Path, n: int) -> list[Any]:
     return read_manifest(folder / "m.jsonl").rows
 
 
-def _timed(engine: Callable[[Callable[[Any], None]], None], out: Path,
-           sample_rate: int) -> tuple[list[float], float]:
-    """Seconds from the start to each written row, in arrival order (the last is the wall), and the
-    rows' stage seconds summed (frontend, talker, flow, HiFT: a batch's time, shared out among its rows)."""
-    from cosyclone.run.folder import journal_path, shard_tag
-    from cosyclone.run.writer import BackgroundWriter, WriterOptions
-
-    writer = BackgroundWriter(WriterOptions(out_dir=out, sample_rate=sample_rate), journal_path(out, shard_tag(None)))
+def _timed(engine: Callable[[], Iterator[RowResult]]) -> tuple[list[float], float]:
+    """Seconds from the start to each finished row, in arrival order (the last is the wall), and the
+    rows' stage seconds summed (frontend, talker, flow, HiFT: a batch's time, shared out among its rows).
+    A failed row fails the benchmark: its figures would not be a synthesis's."""
     arrivals: list[float] = []
-    busy = [0.0]
+    busy = 0.0
     t0 = time.perf_counter()
-
-    def submit(rec: Any) -> None:
+    for res in engine():
+        if not res.ok:
+            raise RuntimeError(f"row {res.id} failed: {res.error}")
         arrivals.append(time.perf_counter() - t0)
-        busy[0] += sum(float(v) for v in rec.diagnostics.get("seconds", {}).values())
-        writer.submit(rec)
-
-    try:
-        engine(submit)
-    finally:
-        writer.close()
-    return arrivals, busy[0]
+        busy += sum(res.seconds.values())
+    return arrivals, busy
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -85,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from cosyclone.base.device import resolve
     from cosyclone.engine import Engine
+    from cosyclone.engine.batches import plan_batches
     from cosyclone.engine.stages import load_stages
     from cosyclone.frontend.tiny_assets import builtin_assets_dir
     from cosyclone.model.config import released_config
@@ -100,32 +95,31 @@ def main(argv: list[str] | None = None) -> None:
         rows = _rows(tmp, args.rows)
         opts = RunOptions(batch_size=args.batch, max_tokens=args.tokens, min_tokens=args.tokens,
                           n_timesteps=args.n_timesteps, load_format="dummy", schedule="static",
-                          dtype=policy.dtype_name, cpu_gemm=policy.cpu_gemm)
-        sr = cfg.hift.sampling_rate
+                          dtype=args.dtype, cpu_gemm="auto")
+        batches = plan_batches(rows, args.batch)
 
-        def local(submit: Callable[[Any], None]) -> None:
+        def local() -> Iterator[RowResult]:
             before = torch.get_num_threads()
             torch.set_num_threads(cores)
             try:
-                for rec in Engine(load_stages(cfg, policy, opts.load_format), opts).run(rows):
-                    submit(rec)
+                yield from Engine(load_stages(cfg, policy, opts.load_format), opts).run(batches=batches)
             finally:
                 torch.set_num_threads(before)
                 gc.collect()  # the driver's model goes before the actors load theirs
 
-        def on_ray(actors: int, threads: int) -> Callable[[Callable[[Any], None]], None]:
-            def engine(submit: Callable[[Any], None]) -> None:
-                run_ray(cfg, policy, rows, opts, submit, num_actors=actors, actor_threads=threads,
-                        on_plan=lambda plan: plans.__setitem__(f"{actors}x{threads}", plan))
+        def on_ray(actors: int, threads: int) -> Callable[[], Iterator[RowResult]]:
+            def engine() -> Iterator[RowResult]:
+                return run_ray(cfg, policy, opts, batches, num_actors=actors, actor_threads=threads,
+                               on_plan=lambda plan: plans.__setitem__(f"{actors}x{threads}", plan))
             return engine
 
-        runs = {f"local, {cores} torch threads": (1, _timed(local, tmp / "local", sr))}
+        runs = {f"local, {cores} torch threads": (1, _timed(local))}
         t0 = time.perf_counter()
         ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False)
         start = time.perf_counter() - t0
         try:
-            runs[f"ray, {cores} actors x 1 thread"] = (cores, _timed(on_ray(cores, 1), tmp / "wide", sr))
-            runs[f"ray, 1 actor x {cores} threads"] = (1, _timed(on_ray(1, cores), tmp / "deep", sr))
+            runs[f"ray, {cores} actors x 1 thread"] = (cores, _timed(on_ray(cores, 1)))
+            runs[f"ray, 1 actor x {cores} threads"] = (1, _timed(on_ray(1, cores)))
         finally:
             ray.shutdown()
     finally:

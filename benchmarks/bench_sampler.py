@@ -20,7 +20,7 @@ import torch
 from cosyclone.talker.sampler import SamplerOptions
 
 
-def _test_samplers():  # type: ignore[no-untyped-def]
+def _test_samplers():
     """tests/samplers.py (the samplers live outside the product), importable however this bench runs."""
     root = str(Path(__file__).resolve().parents[1])
     if root not in sys.path:

@@ -24,7 +24,7 @@ from cosyclone.talker import DecodeOptions, TalkerRequest
 from cosyclone.talker.model import CosyVoice3LM, build_talker
 
 
-def _tests():  # type: ignore[no-untyped-def]
+def _tests():
     """tests/samplers.py and tests/host_session.py (greedy host steps live outside the product),
     importable however this bench runs."""
     root = str(Path(__file__).resolve().parents[1])

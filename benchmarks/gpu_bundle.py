@@ -36,9 +36,9 @@ try:
     from packaging.requirements import Requirement
     from packaging.specifiers import SpecifierSet
 except ImportError:  # pragma: no cover - pip vendors packaging
-    from pip._vendor.packaging.markers import Marker  # type: ignore[no-redef]
-    from pip._vendor.packaging.requirements import Requirement  # type: ignore[no-redef]
-    from pip._vendor.packaging.specifiers import SpecifierSet  # type: ignore[no-redef]
+    from pip._vendor.packaging.markers import Marker  # type: ignore[assignment]
+    from pip._vendor.packaging.requirements import Requirement  # type: ignore[assignment]
+    from pip._vendor.packaging.specifiers import SpecifierSet  # type: ignore[assignment]
 
 ROOT = Path(__file__).resolve().parents[1]
 PINS = ROOT / "benchmarks" / "gpu_bundle_pins.txt"
@@ -145,11 +145,11 @@ def check(wheels: list[Wheel], pins: dict[str, str | None], image: dict[str, str
         if w.name in image:
             problems.append(f"{w.name} is on the image already: bundling it would shadow the image's")
     for name, version in pins.items():
-        w = by_name.get(name)
-        if w is None:
+        pinned = by_name.get(name)
+        if pinned is None:
             problems.append(f"no wheel for the pin {name}=={version}")
-        elif version is not None and w.version != version:
-            problems.append(f"{w.path.name} is {w.version}, pinned {version}")
+        elif version is not None and pinned.version != version:
+            problems.append(f"{pinned.path.name} is {pinned.version}, pinned {version}")
 
     def meets(req: Requirement, who: str) -> None:
         name = canonical(req.name)
@@ -230,7 +230,8 @@ def installed(args: argparse.Namespace) -> int:
     reqs = [("cosyclone", r) for r in needed(project_requirements(), pyver)]
     for w in _wheels(Path(args.bundle)):
         reqs += [(w.name, r) for r in needed(w.requires, pyver)]
-    bad, seen = [], {}
+    bad: list[str] = []
+    seen: dict[str, str] = {}
     for who, req in reqs:
         try:
             have = seen.setdefault(req.name, metadata.version(req.name))

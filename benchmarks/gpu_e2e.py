@@ -1,21 +1,27 @@
 """Part 3 of ``benchmarks/gpu_check.sh``: a warm end-to-end run through the run-folder path
-``cosyclone synth`` takes, on full-size dummy weights (``--tiny``: a tiny model, CPU-sized).
+``cosyclone synth`` takes, as a user runs it: the default precision and the sizes the engine plans
+for this device (no dtype or batch given), a distinct prompt per row, on full-size dummy weights
+(``--tiny``: a tiny model, CPU-sized).
 
-The model is loaded once; a warm-up folder of one batch runs first (kernels, the allocator, the
-CUDA graph captures, which the engine keeps per process and reuses across sessions), then the
-timed folder of ``--rows`` rows. Why a folder and not ``synthesize_rows``: the folder's
-``runs.jsonl`` line is what a user's run records (graph steps, capture errors, and whatever the
-engine adds: talker slots and code2wav batch sized from free memory, captures made and reused,
-peak host and GPU memory, each stage's dtype). Those keys are read defensively: every key of that
-line whose name speaks of slots, code2wav, memory, peaks, dtypes, captures or graphs is printed
-and kept in figures.jsonl as found, and a key the engine does not write yet is simply absent.
+The model is loaded once; a warm-up folder of one sized batch runs first, with prompts of its own
+(kernels, the allocator, the CUDA graph captures at the shapes the timed run meets: the same talker
+slots and batch rows), then the timed folder of ``--rows`` rows (default: two sized batches). Every
+row has a prompt of its own (:func:`distinct_prompts`: the bundled speakers cut to 3-15 s at a gain
+of their own), so the frontend computes every prompt as a real dataset makes it. Why a folder and
+not ``synthesize_rows``: the folder's ``runs.jsonl`` line is what a user's run records (sizing,
+graph steps, capture errors, peak memory, each stage's dtype). Those keys are read defensively:
+every key of that line whose name speaks of slots, code2wav, memory, peaks, dtypes, captures or
+graphs is printed and kept in figures.jsonl as found.
 
-It fails (exit 1) when a row failed, and on a CUDA device when no decode step ran as a replayed
-graph or a capture failed (:func:`benchmarks.gpu_verdict.e2e_verdict`): a GPU run that decodes
-eagerly has not shown what the GPU path is for. ``--device cuda`` (the default) that torch cannot
-reach ends it within seconds (exit 3), never a CPU run.
+Peak memory against the plan: the sizing rule plans for ``free x fraction`` of the memory free
+after load; the timed run's peak reserved GPU memory is compared with what the weights took plus
+that plan (``peak_vs_plan``; above 1 the plan did not hold, and the part fails).
 
-    python -m benchmarks.gpu_e2e [--device cuda] [--dtype bf16] [--rows 48] [--batch 16] [--max-tokens 200]
+It fails (exit 1) when a row failed, when the peak passed the plan, and on a CUDA device when no
+decode step ran as a replayed graph or a capture failed (:func:`benchmarks.gpu_verdict.e2e_verdict`).
+``--device cuda`` (the default) that torch cannot reach ends it within seconds (exit 3), never a CPU run.
+
+    python -m benchmarks.gpu_e2e [--device cuda] [--max-tokens 200]
     python -m benchmarks.gpu_e2e --tiny --device cpu --dtype fp32 --rows 6 --batch 3 --n-timesteps 2 --max-tokens 8
 """
 
@@ -25,7 +31,6 @@ import argparse
 import json
 import re
 import resource
-import shutil
 import sys
 import tempfile
 import time
@@ -66,8 +71,37 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _write_manifest(folder: Path, rows: list[dict[str, str]]) -> Path:
-    shutil.copytree(ROOT / "manifests" / "prompts", folder / "prompts")
+#: Prompt lengths the rows cycle through (seconds): short and long prompts in every batch.
+PROMPT_SECONDS = (3.0, 11.0, 5.5, 15.0, 4.0, 8.5, 13.0, 6.5)
+
+
+def distinct_prompts(folder: Path, n: int, salt: int) -> list[str]:
+    """``n`` prompt WAVs of their own in ``folder`` (names relative to it): the bundled speakers'
+    recordings joined and cut at an offset of each row's own to :data:`PROMPT_SECONDS` lengths, at a
+    gain of its own, so no two share content (each is a prompt-cache miss, as in a real dataset)."""
+    import numpy as np
+    import soundfile as sf
+
+    waves, rate = [], 0
+    for k in (1, 2, 3):
+        data, rate = sf.read(str(ROOT / "manifests" / "prompts" / f"speaker{k}.wav"), dtype="float32")
+        waves.append(data if data.ndim == 1 else data.mean(axis=1))
+    loop = np.concatenate(waves * 8)
+    (folder / "prompts").mkdir(parents=True, exist_ok=True)
+    names = []
+    for i in range(n):
+        length = int(PROMPT_SECONDS[i % len(PROMPT_SECONDS)] * rate)
+        start = (997 * (i + salt)) % (len(loop) - length)
+        wave = loop[start:start + length] * (0.5 + 0.4 * ((i * 7 + salt) % 11) / 11)
+        name = f"prompts/p{salt}_{i:03d}.wav"
+        sf.write(str(folder / name), wave.astype(np.float32), rate)
+        names.append(name)
+    return names
+
+
+def _write_manifest(folder: Path, rows: list[dict[str, str]], salt: int) -> Path:
+    for row, prompt in zip(rows, distinct_prompts(folder, len(rows), salt), strict=True):
+        row["prompt_audio"] = prompt
     path = folder / "manifest.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
@@ -77,16 +111,27 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
+def _find(obj: Any, key: str) -> Any:
+    """The first value of ``key`` anywhere in a JSON object (None when absent)."""
+    if isinstance(obj, dict):
+        if key in obj:
+            return obj[key]
+        for v in obj.values():
+            found = _find(v, key)
+            if found is not None:
+                return found
+    return None
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Load, warm up, time ``rows`` rows; the figures (see the module docstring)."""
+    """Load, warm up at the timed shape, time ``rows`` rows; the figures (see the module docstring)."""
     from cosyclone.api import CosyClone
 
     dev = require_device(args.device)
-    extra: dict[str, Any] = {"batch_size": args.batch}
-    if args.n_timesteps:
-        extra["n_timesteps"] = args.n_timesteps
-    if args.max_tokens:
-        extra["max_tokens"] = args.max_tokens
+    extra: dict[str, Any] = {}
+    for name in ("batch_size", "n_timesteps", "max_tokens"):
+        if getattr(args, name) is not None:
+            extra[name] = getattr(args, name)
     fig: dict[str, Any] = {}
     if dev.type == "cuda":
         fig["gpu_free_gib_at_start"] = _gib(torch.cuda.mem_get_info(dev)[0])
@@ -102,17 +147,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         tts = CosyClone(model_dir, load_format=load, device=args.device, dtype=args.dtype, **extra)
         _sync(dev)
         load_s = time.perf_counter() - t0
+        weights = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
         if dev.type == "cuda":
             fig["gpu_free_gib_after_load"] = _gib(torch.cuda.mem_get_info(dev)[0])
-        rows = _rows(args.rows)
-        t0 = time.perf_counter()
-        tts.synth_folder(_write_manifest(tmp / "warm_in", rows[: args.batch]), tmp / "warm")
+        batch = int(tts.options.batch_size or 1)  # the sized batch unless --batch-size was given
+        n = args.rows or 2 * batch
+        t0 = time.perf_counter()  # the warm-up: one batch at the timed shape, prompts of its own
+        tts.synth_folder(_write_manifest(tmp / "warm_in", _rows(batch), salt=1), tmp / "warm")
         _sync(dev)
         warm_s = time.perf_counter() - t0
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
         t0 = time.perf_counter()
-        tts.synth_folder(_write_manifest(tmp / "run_in", rows), tmp / "run")
+        tts.synth_folder(_write_manifest(tmp / "run_in", _rows(n), salt=2), tmp / "run")
         _sync(dev)
         wall = time.perf_counter() - t0
         runs = _jsonl(tmp / "run" / "runs.jsonl")
@@ -129,13 +176,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             graph_steps += int(seg.get("graph_steps", 0))
             steps += int(seg.get("steps", 0))
         tokens += sum(d.get("tokens") or [])
-    graphs = record.get("cuda_graphs") if isinstance(record.get("cuda_graphs"), dict) else {}
+    found = record.get("cuda_graphs")
+    graphs: dict[str, Any] = found if isinstance(found, dict) else {}
+    sizing = _find(record, "sizing") or {}
     fig.update({
         "device": f"{device_name(dev)} ({dev.type}, {tts.options.dtype}, "
                   f"{'tiny' if args.tiny else 'full-size dummy'} weights)",
-        "rows": args.rows, "ok": len(ok), "batch": args.batch, "load_s": round(load_s, 2),
+        "rows": n, "ok": len(ok), "batch": batch,
+        "talker_slots": sizing.get("talker_slots") or _find(record, "talker_slots_used"),
+        "distinct_prompts": n, "prompt_seconds": sorted(set(PROMPT_SECONDS)), "load_s": round(load_s, 2),
         "warmup_s": round(warm_s, 2), "wall_s": round(wall, 3), "audio_s": round(audio, 2),
-        "rtf": round(wall / audio, 4) if audio else None, "rows_per_s": round(args.rows / wall, 3),
+        "rtf": round(wall / audio, 4) if audio else None, "rows_per_s": round(n / wall, 3),
         "speech_tokens": tokens, "stage_seconds": {k: round(v, 3) for k, v in sorted(stages.items())},
         "graph_steps": int(graphs.get("graph_steps", graph_steps)), "decode_steps": steps,
         "capture_errors": list(graphs.get("capture_errors") or []), "schedule": tts.options.schedule,
@@ -145,6 +196,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if dev.type == "cuda":
         fig.update(peak_allocated_gib=_gib(torch.cuda.max_memory_allocated(dev)),
                    peak_reserved_gib=_gib(torch.cuda.max_memory_reserved(dev)))
+        if sizing.get("free_bytes") and sizing.get("fraction"):  # the weights + what the rule may take
+            plan = weights + float(sizing["free_bytes"]) * float(sizing["fraction"])
+            fig.update(weights_gib=_gib(weights), plan_gib=_gib(plan),
+                       peak_vs_plan=round(torch.cuda.max_memory_reserved(dev) / plan, 3))
     return fig
 
 
@@ -158,7 +213,11 @@ def report(fig: dict[str, Any], require_graphs: bool) -> bool:
     ok, why = e2e_verdict(fig, require_graphs)
     st = " ".join(f"{k} {v:.1f}s" for k, v in fig["stage_seconds"].items())
     mem = f", peak {fig['peak_allocated_gib']:.1f} GiB GPU" if "peak_allocated_gib" in fig else ""
-    emit("e2e", fig, f"{fig['ok']}/{fig['rows']} rows at batch {fig['batch']}: RTF {fig['rtf']}, "
+    if "peak_vs_plan" in fig:
+        mem += (f" ({fig['peak_reserved_gib']:.1f} reserved = {fig['peak_vs_plan']:.2f} of the plan's "
+                f"{fig['plan_gib']:.1f})")
+    emit("e2e", fig, f"{fig['ok']}/{fig['rows']} rows (distinct prompts) at batch {fig['batch']}, "
+                     f"{fig['talker_slots']} slots: RTF {fig['rtf']}, "
                      f"{fig['rows_per_s']} rows/s{mem}, {fig['host_peak_rss_gib']:.1f} GiB host; {st}; "
                      f"graph steps {fig['graph_steps']}/{fig['decode_steps']}" + ("" if ok else f"; FAIL: {why}"))
     return ok
@@ -168,9 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="a tiny model directory instead of full-size dummy weights")
     ap.add_argument("--device", default="cuda", help="cuda (default; none reachable: exit 3, never the CPU) | cpu")
-    ap.add_argument("--dtype", default="auto", help="auto (bf16 on GPUs with bf16) | bf16 | fp32")
-    ap.add_argument("--rows", type=int, default=48)
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--dtype", default="auto", help="auto (default: what synth takes) | mixed | bf16 | fp32")
+    ap.add_argument("--rows", type=int, default=None, help="timed rows (default: two batches)")
+    ap.add_argument("--batch", dest="batch_size", type=int, default=None,
+                    help="rows per batch (default: what the engine sizes for the device)")
     ap.add_argument("--n-timesteps", type=int, default=None, help="flow Euler steps (default: the model's)")
     ap.add_argument("--max-tokens", type=int, default=None, help="cap on speech tokens per segment")
     args = ap.parse_args(argv)

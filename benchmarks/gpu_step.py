@@ -21,7 +21,7 @@ printed too, as information (other shapes run other kernels: only rounding is pr
 Subcommands::
 
     python -m benchmarks.gpu_step env [--require-cuda]                 # GPU, memory, torch, CUDA
-    python -m benchmarks.gpu_step steps [--tiny] [--device cuda] [--dtype bf16] [--batches 1,16,64]
+    python -m benchmarks.gpu_step steps [--tiny] [--device cuda] [--dtype auto] [--batches 1,64,sized]
     python -m benchmarks.gpu_step manifest OUT.jsonl --rows 16          # rows for a synth run
     python -m benchmarks.gpu_step rtf RUN_FOLDER                        # RTF from the run's summary.json
 
@@ -37,14 +37,14 @@ import faulthandler
 import json
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from benchmarks.gpu_verdict import decode_verdict, token_difference
+from cosyclone.options import CudaGraphs
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT_TEXT, PROMPT_SPEECH = 77, 50  # assembled prompt: 2 + 77 + 50 = 129 positions
@@ -68,6 +68,10 @@ def emit(part: str, figures: dict[str, Any], summary: str) -> None:
         with open(path, "a") as f:
             f.write(line + "\n")
     print(f"SUMMARY: {summary}", flush=True)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
 
 
 def _gib(n: float) -> float:
@@ -187,7 +191,8 @@ def _timed(model: Any, reqs: list[Any], steps: int, capacity: int, graphs: str,
     from cosyclone.talker.graphs import GraphChoice, resolve_cuda_graphs
     from cosyclone.talker.request import StepMechanics
 
-    opts = DecodeOptions(max_len_override=steps, min_len_override=steps, cuda_graphs=graphs, mechanics=StepMechanics(kv_bucket=None, capacity=capacity))
+    opts = DecodeOptions(max_len_override=steps, min_len_override=steps, cuda_graphs=cast(CudaGraphs, graphs),
+                         mechanics=StepMechanics(kv_bucket=None, capacity=capacity))
     best, res = float("inf"), []
     saved = PROCESS.capture, PROCESS.capture_anywhere
     if backend is not None:  # the CPU rehearsal: the process captures with a stand-in on any device
@@ -212,26 +217,53 @@ def _timed(model: Any, reqs: list[Any], steps: int, capacity: int, graphs: str,
     return best, [r.raw_tokens for r in res], used
 
 
+def batch_sizes(spec: str, policy: Any) -> tuple[list[int], int | None]:
+    """The batches of ``--batches`` ("1,64,sized"), ``sized`` being the talker slots a run on this
+    device would be sized for (the free memory now less every model's weights, as ``--dry-run``
+    plans; CPU: its batch size), each batch once; and that sized count (None when not asked)."""
+    sized = None
+    out: list[int] = []
+    for word in spec.split(","):
+        if word.strip() == "sized":
+            from cosyclone.engine.sizing import dry_run_sizing
+            from cosyclone.model.config import released_config
+            from cosyclone.options import RunOptions
+
+            plan = dry_run_sizing(released_config(), policy, RunOptions())
+            sized = plan.talker_slots or plan.batch_size
+            b = sized
+        else:
+            b = int(word)
+        if b not in out:
+            out.append(b)
+    return out, sized
+
+
 def steps(args: argparse.Namespace) -> dict[str, Any]:
     """ms per decode step at each batch, eager and graphed, on one model; peak memory per batch."""
+    from cosyclone.base.device import resolve
     from cosyclone.talker.graphs import EagerCapture
 
     device = require_device(args.device)
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
+    policy = resolve(device.type, args.dtype)  # auto: what synth runs (mixed: an fp32 talker)
+    dtype = policy.dtype  # the talker backbone's
+    batches, sized = batch_sizes(args.batches, policy)
     tiny = bool(args.tiny)
     model = _model(tiny, device, dtype)
     n1, n2 = (4, 16) if tiny else (16, 80)
     text_len, speech_len = (6, 4) if tiny else (PROMPT_TEXT, PROMPT_SPEECH)
     capacity = text_len + speech_len + 2 + n2
     backend = None if device.type == "cuda" else EagerCapture()  # CPU: the wrapper, structurally
-    where = f"{device_name(device)} ({device.type}, {args.dtype}, {'tiny' if tiny else 'full-size dummy'} weights)"
+    where = (f"{device_name(device)} ({device.type}, {policy.dtype_name}: talker {dtype_name(dtype)}, "
+             f"{'tiny' if tiny else 'full-size dummy'} weights)")
     print(f"decode step: ms per step, {n2 - n1} steps measured (difference of {n2}- and {n1}-step decodes), "
           f"KV capacity {capacity}, on {where}", flush=True)
-    out: dict[str, Any] = {"device": where, "ms_per_step": {}}
+    out: dict[str, Any] = {"device": where, "dtype": policy.dtype_name, "talker_dtype": dtype_name(dtype),
+                           "sized_slots": sized, "ms_per_step": {}}
     cells = []
     first: list[int] | None = None  # row 0's eager tokens at the first batch (the same request in every batch)
     with torch.inference_mode():
-        for b in [int(x) for x in args.batches.split(",")]:
+        for b in batches:
             reqs = _requests(model, b, text_len, speech_len)
             row: dict[str, Any] = {}
             toks: dict[str, list] = {}
@@ -269,7 +301,8 @@ def steps(args: argparse.Namespace) -> dict[str, Any]:
             cells.append(f"b{b} {row['eager']:.2f}/{row['graphs']:.2f}"
                          + (f" ({row['peak_allocated_gib']:.1f}G)" if "peak_allocated_gib" in row else ""))
     ok, why = decode_verdict(out, require_graphs=True)
-    emit("decode", out, f"{args.dtype} ms/step eager/graphs: {', '.join(cells)}; "
+    emit("decode", out, f"talker {dtype_name(dtype)} ms/step eager/graphs: {', '.join(cells)}"
+                        + (f" (sized: {sized} slots)" if sized else "") + "; "
                         + ("tokens equal, graphs replayed" if ok else why))
     if not ok:
         raise SystemExit(f"decode: {why}")
@@ -313,8 +346,10 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("steps")
     p.add_argument("--tiny", action="store_true", help="tiny geometry, few steps (CPU-sized check)")
     p.add_argument("--device", default="cuda", help="cuda (default; none reachable: exit 3, never the CPU) | cpu")
-    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
-    p.add_argument("--batches", default="1,16,64")
+    p.add_argument("--dtype", default="auto", choices=("auto", "mixed", "bf16", "fp32"),
+                   help="auto (default): the precision synth takes (on a bf16 GPU mixed: the talker in fp32)")
+    p.add_argument("--batches", default="1,64,sized",
+                   help="slot counts; sized: the talker slots a run on this device is sized for")
     p = sub.add_parser("manifest")
     p.add_argument("out")
     p.add_argument("--rows", type=int, default=16)
@@ -326,4 +361,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -187,13 +187,18 @@ def decode_verdict(fig: Mapping[str, Any] | None, require_graphs: bool = True) -
 
 
 def e2e_verdict(fig: Mapping[str, Any] | None, require_graphs: bool = True) -> Verdict:
-    """The end-to-end part passes when every row came out and (where graphs are required) some
+    """The end-to-end part passes when every row came out, the peak GPU memory stayed within the
+    sizing plan (where measured: ``peak_vs_plan`` at most 1) and (where graphs are required) some
     decode steps replayed a CUDA graph and no capture failed."""
     if not fig:
         return False, "the e2e part left no figures"
     bad = []
     if not fig.get("rows") or fig.get("ok") != fig.get("rows"):
         bad.append(f"{fig.get('ok')}/{fig.get('rows')} rows ok {fig.get('errors') or ''}".strip())
+    ratio = fig.get("peak_vs_plan")
+    if ratio is not None and float(ratio) > 1.0:
+        bad.append(f"peak GPU memory {fig.get('peak_reserved_gib')} GiB reserved is {float(ratio):.2f} "
+                   f"of the sizing plan's {fig.get('plan_gib')} GiB")
     steps, total = fig.get("graph_steps"), fig.get("decode_steps")
     if require_graphs and not steps:
         bad.append(f"no decode step ran as a CUDA graph (graph steps {steps}/{total})")
@@ -201,7 +206,8 @@ def e2e_verdict(fig: Mapping[str, Any] | None, require_graphs: bool = True) -> V
         bad.append(f"graph captures failed: {fig['capture_errors'][:2]}")
     if bad:
         return False, "; ".join(bad)
-    return True, f"{fig['ok']}/{fig['rows']} rows, graph steps {steps}/{total}"
+    plan = f", peak {float(ratio):.2f} of the plan" if ratio is not None else ""
+    return True, f"{fig['ok']}/{fig['rows']} rows, graph steps {steps}/{total}{plan}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -84,7 +85,7 @@ def official_and_ours(repo: Path, cfg: HiFTConfig, policy) -> tuple[nn.Module, n
     return official.to(policy.device), ours[0], ours[1]
 
 
-def run_official(model: nn.Module, mel: torch.Tensor) -> None:
+def run_official(model: Any, mel: torch.Tensor) -> None:
     """The official pipeline's HiFT call, one request at a time (``finalize=True``: a whole utterance)."""
     for b in range(mel.shape[0]):
         model.inference(speech_feat=mel[b:b + 1], finalize=True)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -25,8 +25,27 @@ from cosyclone.base.version import __version__
 from cosyclone.cli_options import with_options
 from cosyclone.errors import CosycloneError, Exit
 from cosyclone.eval.command import eval_command
-from cosyclone.options import EXPORT, INSPECT, MODEL, OUTPUT, SAMPLING, SAY, SYNTH, Mode, TextFrontendName
+from cosyclone.options import (
+    EVAL,
+    EXPORT,
+    INSPECT,
+    MODEL,
+    OUTPUT,
+    REPORT,
+    SAMPLING,
+    SAY,
+    SYNTH,
+    VALIDATE,
+    Mode,
+    TextFrontendName,
+)
+from cosyclone.report.command import report_command
 from cosyclone.run.export_command import export_command
+
+if TYPE_CHECKING:
+    from cosyclone.errors import ManifestError
+    from cosyclone.run.account import JobSummary
+    from cosyclone.run.job import SynthJob
 
 OUTPUT_FIELDS = ("float_wav", "sample_rate", "audio_format", "audio_encoding", "trim_silence")  # say's file
 MODEL_DIR_ENV = "COSYCLONE_MODEL_DIR"  # the default --model-dir of synth and say
@@ -59,15 +78,10 @@ TEXT_FRONTEND_HELP = ("wetext (the official normalizer: numbers, dates, units sp
 
 
 @app.command()
+@with_options(VALIDATE)
 def validate(
-    manifest: Path = typer.Argument(..., help="JSONL manifest"),
-    model_dir: Path | None = typer.Option(None, "--model-dir",
-                                          help="model directory: its tokenizer gives the real token counts "
-                                               "(default: a built-in stand-in tokenizer)"),
-    show_text: bool = typer.Option(False, "--show-text", help="print each row's normalized segments and token counts"),
-    json_out: bool = typer.Option(False, "--json", help="one JSON object per manifest row on stdout: {id, mode, "
-                                                        "prompt_ids, segments: [{text, ids}]} or {id, error}"),
-    text_frontend: TextFrontendName = typer.Option("wetext", "--text-frontend", help=TEXT_FRONTEND_HELP),
+    manifest: Path = typer.Argument(..., help="JSONL manifest", show_default=False),
+    **options: Any,
 ) -> None:
     """Validate a manifest (no model weights are read); exit 3 when any row is rejected.
 
@@ -76,9 +90,13 @@ def validate(
     """
     from cosyclone.errors import ManifestError
     from cosyclone.manifest import ManifestRow, read_manifest
+    from cosyclone.manifest.options import ValidateOptions
     from cosyclone.manifest.text_check import TextCheck
 
     try:
+        opts = ValidateOptions(**{k: v for k, v in options.items() if k != "text_frontend"})
+        text_frontend: TextFrontendName = options["text_frontend"]
+        model_dir, show_text, json_out = opts.model_dir, opts.show_text, opts.json_out
         planned = bool(show_text or json_out or model_dir)  # each row's text planned: normalize them all ahead
         m = read_manifest(manifest, text_frontend=text_frontend, normalize_all=planned)
         check = TextCheck(model_dir, text_frontend) if planned else None
@@ -89,7 +107,8 @@ def validate(
         typer.echo("note: no --model-dir: token counts come from the built-in stand-in tokenizer (bytes, not the "
                    "model's vocabulary), so English segments can differ; give --model-dir for real counts",
                    err=True)
-    entries: list[tuple[int, object]] = [(e.line or 0, e) for e in m.errors] + [(r.line, r) for r in m.rows]
+    entries: list[tuple[int, ManifestError | ManifestRow]] = [(e.line or 0, e) for e in m.errors]
+    entries += [(r.line, r) for r in m.rows]
     rejected = len(m.errors)
     for _, item in sorted(entries, key=lambda e: e[0]):
         if not isinstance(item, ManifestRow):
@@ -116,7 +135,7 @@ def validate(
     raise typer.Exit(Exit.ROWS_FAILED if rejected else Exit.OK)
 
 
-def _emit_row_error(manifest: Path, err, json_out: bool) -> None:
+def _emit_row_error(manifest: Path, err: ManifestError, json_out: bool) -> None:
     if json_out:
         typer.echo(json.dumps({"id": err.row_id, "error": str(err)}, ensure_ascii=False))
     else:
@@ -139,7 +158,7 @@ def synth(
                                             rich_help_panel=RUN, show_default=False),
     **options: Any,
 ) -> None:
-    """Synthesize every row of MANIFEST into OUT/wavs/<shard>/<id>.wav, with one record per row.
+    """Synthesize every row of MANIFEST into OUT/wavs/<id>.wav, with one record per row.
 
     Rerunning resumes: a finished row is skipped unless its inputs or options changed. Every option in detail: docs/cli.md.
     """
@@ -176,7 +195,7 @@ def _rejected(manifest: Path) -> Callable[[object], None]:
     return lambda err: typer.echo(f"{manifest}: {err}", err=True)
 
 
-def _announce(job, say: Callable[[str], None]) -> None:
+def _announce(job: SynthJob, say: Callable[[str], None]) -> None:
     """Before the run: its warnings."""
     opts = job.opts
     if "legacy" in opts.nonfinite_policy or "legacy" in opts.draw:
@@ -206,7 +225,7 @@ def _folder_errors() -> Iterator[None]:
         _fail(str(exc))
 
 
-def _print_summary(job, summary) -> None:
+def _print_summary(job: SynthJob, summary: JobSummary) -> None:
     """After the run: the rows that failed (stderr, by manifest line), the totals table, the exit code."""
     from cosyclone.run import report as totals_mod
 
@@ -216,6 +235,10 @@ def _print_summary(job, summary) -> None:
     extra = {"this run": f"{run.done} done, {run.failed} failed, {run.skipped} skipped, "
                          f"{run.redone} redone, {run.invalid} invalid",
              "this run audio-s/s": run.throughput_audio_s_per_s, "outputs": str(job.out)}
+    stages = run.stage_seconds or {}
+    if stages.get("bound_by"):  # the stage that set the pace, and the talker's time with rows but no step
+        extra["bound by"] = (f"{stages['bound_by']} (talker idle with rows in its slots "
+                             f"{stages['talker_idle_with_work']:.1f} s of {stages['wall']:.1f} s)")
     totals_mod.render(summary.totals, title=f"cosyclone synth: {job.out}", tty=sys.stdout.isatty(), extra=extra)
     if summary.write_error:
         typer.echo(f"error: {summary.write_error}. The {summary.written} rows written before it are kept and no "
@@ -313,46 +336,9 @@ def say(
     raise typer.Exit(Exit.OK)
 
 
-@app.command()
-def report(
-    folders: list[Path] = typer.Argument(..., help="run folders (shards of one dataset are merged)"),
-    json_out: bool = typer.Option(False, "--json", help="print the totals as one JSON object"),
-) -> None:
-    """Totals of one or more run folders (shards merged), as each folder's index keeps them."""
-    from cosyclone.eval.summary import load_eval_summary
-    from cosyclone.run import report as totals_mod
-
-    for path in folders:
-        if not path.is_dir():
-            _fail(f"{path}: not a folder")
-    try:
-        totals, warnings = totals_mod.merged_totals(folders)
-    except CosycloneError as exc:
-        _fail(str(exc))
-    evals = {str(f): e for f in folders if (e := load_eval_summary(f)) is not None}
-    for w in warnings:
-        typer.echo(f"warning: {w}", err=True)
-    if json_out:
-        typer.echo(json.dumps({**totals, "folders": [str(f) for f in folders], "eval": evals or None},
-                              sort_keys=True))
-        raise typer.Exit(Exit.OK)
-    title = "cosyclone report: " + ", ".join(str(f) for f in folders)
-    totals_mod.render(totals, title=title, tty=sys.stdout.isatty())
-    if evals:
-        from cosyclone.eval.summary import eval_summary_renderable
-
-        for folder, e in evals.items():
-            if sys.stdout.isatty():
-                from rich.console import Console
-
-                Console().print(eval_summary_renderable(e))
-            else:
-                typer.echo(f"eval of {folder}: {json.dumps(e, sort_keys=True)}")
-    raise typer.Exit(Exit.OK)
-
-
-app.command("eval")(eval_command)  # cosyclone/eval/command.py (models from the optional eval extra)
+app.command("eval")(with_options(EVAL)(eval_command))  # cosyclone/eval/command.py (models from the optional eval extra)
 app.command("export")(with_options(EXPORT)(export_command))  # cosyclone/run/export_command.py (shards of a run folder)
+app.command("report")(with_options(REPORT)(report_command))  # cosyclone/report/command.py (totals, --html)
 
 
 @app.command("make-tiny-model")

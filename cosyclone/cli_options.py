@@ -17,7 +17,12 @@ from typing import Any, TypeVar
 
 import typer
 
+from cosyclone.eval.options import ScoringOptions
+from cosyclone.manifest.options import ValidateOptions
 from cosyclone.options import COMMAND_GROUPS, choices_of, flag_of, hints_of, option_fields
+
+#: Every option group a command takes its options from: a run's, export's, validate's and eval's.
+ALL_GROUPS: tuple[type, ...] = (*COMMAND_GROUPS, ValidateOptions, ScoringOptions)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -34,7 +39,7 @@ def _annotation(owner: type, name: str) -> Any:
 def derived_parameters(command: str) -> list[inspect.Parameter]:
     """One keyword-only parameter per option the command offers."""
     params = []
-    for owner, f in option_fields(*COMMAND_GROUPS):
+    for owner, f in option_fields(*ALL_GROUPS):
         if command not in f.metadata.get("commands", ()):
             continue
         meta = f.metadata
@@ -44,7 +49,8 @@ def derived_parameters(command: str) -> list[inspect.Parameter]:
             annotation = typing.Literal[choices]  # typer offers exactly these values
         # no min/max here: bounds are options.check's, so every door words the error the same way
         option = typer.Option(f.default, flag_of(f), help=meta["help"], rich_help_panel=meta["panel"],
-                              metavar=meta.get("metavar"), hidden=meta.get("hidden", False), show_default=False)
+                              metavar=meta.get("metavar"), hidden=meta.get("hidden", False), show_default=False,
+                              envvar=meta.get("envvar"), show_envvar=False)
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option,
                                         annotation=annotation))
     return params

@@ -1,8 +1,8 @@
 """Every option of a run, defined once: typed, with its allowed values, its help line and its flag.
 
-Why one place: an option used to travel CLI -> job -> run options -> API -> decode options, beside
-hand-kept lists of which options belong to the model, which change the audio (and so a row's
-fingerprint) and which values are allowed, and the lists disagreed. Here each option is one
+Why one place: an option travels CLI -> job -> run options -> API -> decode options, and hand-kept
+lists of which options belong to the model, which change the audio (and so a row's fingerprint) and
+which values are allowed drift apart. Here each option is one
 dataclass field whose metadata says everything the other layers need:
 
 * ``help``: one short line (``--help`` at 80 columns; details live in docs/);
@@ -22,11 +22,13 @@ import dataclasses
 import functools
 import typing
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, Literal, get_args
 
 from cosyclone.errors import CosycloneError
 
-SYNTH, SAY, INSPECT, EXPORT = "synth", "say", "inspect", "export"
+SYNTH, SAY, INSPECT, EXPORT, VALIDATE, EVAL, REPORT = (
+    "synth", "say", "inspect", "export", "validate", "eval", "report")
 BOTH = (SYNTH, SAY)
 
 # the --help groups, in the order --help shows them
@@ -57,11 +59,11 @@ EXPORT_FORMATS: tuple[ExportFormat, ...] = get_args(ExportFormat)
 
 def opt(default: Any, help: str, *, panel: str, audio: bool = False, commands: tuple[str, ...] = BOTH,
         low: float | None = None, high: float | None = None, metavar: str | None = None,
-        flag: str | None = None, hidden: bool = False) -> Any:
+        flag: str | None = None, hidden: bool = False, envvar: str | None = None) -> Any:
     """A dataclass field carrying what every door needs to know about one option."""
     return field(default=default, metadata={
         "help": help, "panel": panel, "audio": audio, "commands": commands, "low": low, "high": high,
-        "metavar": metavar, "flag": flag, "hidden": hidden})
+        "metavar": metavar, "flag": flag, "hidden": hidden, "envvar": envvar})
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,7 @@ class ModelOptions:
                                   metavar="FMT")
     # wetext: the official normalizer (numbers, dates, units spelled out); none: inflect digits only
     text_frontend: TextFrontendName = opt("wetext", "wetext (official normalizer) | none", panel=MODEL, audio=True,
-                                      metavar="NAME")
+                                          metavar="NAME", commands=(SYNTH, SAY, VALIDATE))
     # the device the stages run on; "auto" until resolved (a run records the resolved type)
     device: DeviceName = opt("auto", "auto | cuda | rocm | cpu", panel=MODEL, metavar="DEV",
                              commands=(SYNTH, SAY, INSPECT))
@@ -118,7 +120,7 @@ class SamplingOptions:
     # how a token is drawn: race (exponential race) | legacy-multinomial (LEGACY, official)
     draw: Draw = opt("race", "race | legacy-multinomial (LEGACY)", panel=SAMPLING, audio=True, metavar="D",
                      commands=(SYNTH,))
-    # a cap on speech tokens per segment (tests, benchmarks)
+    # a cap on speech tokens per segment (short runs, benchmarks)
     max_tokens: int | None = opt(None, "cap speech tokens per segment", panel=SAMPLING, audio=True, low=1,
                                  metavar="N")
     # stop ids blocked below this many tokens per segment (benchmarks: min = max gives exact lengths)
@@ -172,7 +174,7 @@ class RunOptions(EngineOptions, SamplingOptions, ModelOptions):
     """Every option of a synthesis run, flat (``opts.top_k``), grouped by the classes it derives from."""
 
     def __post_init__(self) -> None:
-        check(self)  # a run's options are valid wherever they were made (CLI, API, a test, a Ray actor)
+        check(self)  # a run's options are valid wherever they were made (CLI, API, a Ray actor)
 
 
 @dataclass(frozen=True)
@@ -248,10 +250,25 @@ class ExportOptions:
         check(self)
 
 
+@dataclass(frozen=True)
+class ReportOptions:
+    """What ``cosyclone report`` writes beside its table: the one-page HTML view of the folders."""
+
+    # write the folders' page here (totals, run history, plots, the rows to listen to, outliers)
+    html: Path | None = opt(None, "write one self-contained HTML page here", panel=OUTPUT, metavar="PAGE",
+                            commands=(REPORT,))
+    # the page's players name the audio files relative to the page instead of holding them
+    link_audio: bool = opt(False, "link the audio files instead of embedding them", panel=OUTPUT,
+                           commands=(REPORT,))
+
+    def __post_init__(self) -> None:
+        check(self)
+
+
 #: The option groups a run is built from, in --help order.
 GROUPS: tuple[type, ...] = (ModelOptions, SamplingOptions, EngineOptions, FolderOptions)
-#: Every option group a command takes its options from (the run's, then export's).
-COMMAND_GROUPS: tuple[type, ...] = (*GROUPS, ExportOptions)
+#: Every option group a command takes its options from (the run's, then export's and report's).
+COMMAND_GROUPS: tuple[type, ...] = (*GROUPS, ExportOptions, ReportOptions)
 #: ModelOptions fields: a loaded model's own (the API refuses them per call).
 MODEL_FIELDS = tuple(f.name for f in fields(ModelOptions))
 
@@ -299,7 +316,7 @@ def check(*objs: Any) -> None:
     numeric bounds from the metadata, and the combinations that cannot work.
     """
     for obj in objs:
-        owners = [g for g in COMMAND_GROUPS if isinstance(obj, g)]
+        owners = [g for g in type(obj).__mro__ if "__dataclass_fields__" in g.__dict__]  # its option groups
         for owner, f in option_fields(*owners):
             value = getattr(obj, f.name)
             if value is None:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from cosyclone.base.fieldtable import field_docs, markdown_table
+from cosyclone.engine.facts import StageSeconds, StageTime
 from cosyclone.run.account import GraphsRecord, RunRecord
 from cosyclone.run.row_record import RowRecord
 from cosyclone.talker.diagnostics import SamplerRowDiagnostics
@@ -23,6 +25,8 @@ TABLES: dict[str, tuple[type, Path]] = {
     "SamplerRowDiagnostics": (SamplerRowDiagnostics, ROOT / "docs" / "output.md"),
     "RunRecord": (RunRecord, ROOT / "docs" / "output.md"),
     "GraphsRecord": (GraphsRecord, ROOT / "docs" / "output.md"),
+    "StageSeconds": (StageSeconds, ROOT / "docs" / "output.md"),
+    "StageTime": (StageTime, ROOT / "docs" / "output.md"),
 }
 
 
@@ -39,6 +43,10 @@ def found(name: str) -> str | None:
     m = _pattern(name).search(TABLES[name][1].read_text(encoding="utf-8"))
     return m.group(2) if m else None
 
+def _filler(table: str) -> Callable[[re.Match[str]], str]:
+    """The substitution that puts ``table`` between a table's markers."""
+    return lambda m: m.group(1) + table + m.group(3)
+
 
 def rewrite() -> list[str]:
     """Every table rewritten from its dataclass; returns the names of the tables that changed."""
@@ -46,7 +54,7 @@ def rewrite() -> list[str]:
     for name, (_, path) in TABLES.items():
         text = path.read_text(encoding="utf-8")
         table = expected(name)
-        new = _pattern(name).sub(lambda m, t=table: m.group(1) + t + m.group(3), text)
+        new = _pattern(name).sub(_filler(table), text)
         if new != text:
             path.write_text(new, encoding="utf-8")
             changed.append(name)

@@ -17,13 +17,14 @@ increasing order, one hook or sampler call per group.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor
+from typing_extensions import override
 
 from cosyclone.talker import DecodeOptions, TalkerRequest, TalkerResult, TalkerSession, decode
-from cosyclone.talker.graphs import GraphChoice
 from cosyclone.talker.model import CosyVoice3LM
 from cosyclone.talker.step import Admit, SlotStep
 
@@ -58,12 +59,11 @@ class HostSession(TalkerSession):
                  logits_hook: LogitsHook | None = None) -> None:
         self.host_sampler, self.logits_hook = sampler, logits_hook
         self.returned: dict[int, TalkerResult] = {}
-        super().__init__(model, options, slots=slots, capacity=capacity, token_capacity=token_capacity)
+        # CUDA graphs off: Python runs inside each step, which a captured graph would not replay
+        host = replace(options or DecodeOptions(), cuda_graphs="off")
+        super().__init__(model, host, slots=slots, capacity=capacity, token_capacity=token_capacity)
         self.engine.step = self._host_step  # type: ignore[method-assign]  # the admitting (eager) steps
-        self.step_fn = self._host_step  # the others (no compile, no graphs)
-
-    def _graphs(self) -> tuple[GraphChoice, Any]:
-        return GraphChoice(False, "a test's host step runs Python in each step"), None
+        self.runner.step_fn = self._host_step  # the others (no compile, no graphs)
 
     def _host_step(self, admit: Admit | None = None) -> None:
         eng = self.engine
@@ -89,21 +89,24 @@ class HostSession(TalkerSession):
         else:
             eng.advance(tokens, aborted, admit)
 
+    @override
     def _result(self, t: int) -> TalkerResult:
         if self.host_sampler is None:
             return super()._result(t)
         req = self._request(t)
         raw, kept, reason = self._tokens(t)  # "aborted" until close() asks the sampler why
+        seq = self.seqs[t]
         res = TalkerResult(row_id=req.row_id, tokens=kept, raw_tokens=raw, stop_reason=reason,
-                           min_len=self.min_len[t], max_len=self.max_len[t], seconds=self.seconds[t])
+                           min_len=seq.min_len, max_len=seq.max_len, seconds=seq.seconds)
         self.returned[t] = res
         return res
 
+    @override
     def close(self) -> None:
         super().close()
         if self.host_sampler is None:
             return
-        n = len(self.requests)
+        n = len(self.seqs)
         assert sorted(self.returned) == list(range(n)), "close() before every result was returned"
         ends = [self.returned[t] for t in range(n)]
         diags = self.host_sampler.finish([None if r.stop_reason == "aborted" else r.stop_reason for r in ends],
@@ -122,9 +125,4 @@ def host_generate(model: CosyVoice3LM, requests: Sequence[TalkerRequest], option
     def session(*args: Any, **kw: Any) -> HostSession:
         return HostSession(*args, sampler=sampler, logits_hook=logits_hook, **kw)
 
-    real = decode.TalkerSession
-    decode.TalkerSession = session  # type: ignore[assignment,misc]  # the name generate() builds its session by
-    try:
-        return decode.generate(model, requests, options)
-    finally:
-        decode.TalkerSession = real  # type: ignore[misc]
+    return decode.generate(model, requests, options, session_type=session)

@@ -19,6 +19,7 @@ PKG = ROOT / "cosyclone"
 LAYERS: dict[str, int] = {
     "cosyclone": 9, "cosyclone.cli": 9, "cosyclone.cli_options": 9, "cosyclone.api": 9,  # doors
     "cosyclone.eval": 8,  # scoring a finished folder (cosyclone eval)
+    "cosyclone.report": 8,  # a folder's totals and its HTML page (cosyclone report; reads eval's records)
     "cosyclone.run": 7,  # a run into a folder: plan, drive, account, writer, Ray
     "cosyclone.engine": 6,  # rows in, results out on a loaded model
     "cosyclone.manifest": 5,  # lines in, validated rows out (asks the frontend's normalizer)

@@ -2,8 +2,8 @@
 
 Why comments rather than ``field(metadata=...)``: records and options keep whisper's style, one
 line per field with its meaning beside it, and the docs' field tables are generated from those
-same lines, so a field cannot be added, renamed or redefined without its table following (a test
-compares the two). A comment continued on the next line (a line holding only a comment) belongs
+same lines, so a field cannot be added, renamed or redefined without its table following. A
+comment continued on the next line (a line holding only a comment) belongs
 to the field above it.
 """
 

@@ -27,7 +27,7 @@ Dilation: a causal conv with dilation ``d`` is ``d`` interleaved undilated convs
 ``t mod d``), so the phases simply become more blocks (one reordering copy at the end).
 
 Numerics: the result equals the direct conv to fp32 rounding (relative ~1e-6 of the largest
-output; tests/code2wav/test_fft_conv.py pins it against ``F.conv1d``), not bit for bit: it is a different
+output, against ``F.conv1d``), not bit for bit: it is a different
 summation, chosen at load (:meth:`cosyclone.code2wav.hift.CausalHiFTGenerator.fold_weight_norm`)
 and recorded in the run's algorithm fingerprint.
 """

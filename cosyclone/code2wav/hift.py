@@ -108,8 +108,8 @@ class CausalHiFTGenerator(nn.Module):
         self.f0_predictor = CausalConvRNNF0Predictor(
             cfg.f0_in_channels, cfg.f0_cond_channels, cfg.f0_num_class
         )
-        # the released window is scipy's float64 Hann rounded to float32 (its SHA-256 is pinned in
-        # tests/code2wav/test_hift.py); torch's float32 hann_window differs in the last bit of 9 of 16 values
+        # the released window is scipy's float64 Hann rounded to float32; torch's float32 hann_window
+        # differs in the last bit of 9 of 16 values
         window = torch.hann_window(cfg.n_fft, periodic=True, dtype=torch.float64).to(torch.float32)
         self.register_buffer("stft_window", window, persistent=False)
         # (1, N, 9) uniform [0,1) construction-time table (a prefix of the released one), grown on demand

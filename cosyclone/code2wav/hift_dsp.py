@@ -15,7 +15,7 @@ Why these exist instead of ``torch.stft``/``torch.istft`` per row:
 * :func:`snake` computes ``x + sin²(αx)/(α+1e-9)`` with one temporary instead of five.
 
 Frame values match ``torch.stft``/``torch.istft`` (same window multiply, same FFT calls, same
-summation order of the overlap-add); tests/code2wav/test_hift.py pins that they agree with them.
+summation order of the overlap-add), so the two agree.
 """
 
 from __future__ import annotations

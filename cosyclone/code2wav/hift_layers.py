@@ -56,7 +56,7 @@ class PreparedConv:
     """Mixin of the generator's fp32 convs: after :meth:`prepare` they run as 2-D convs on (B, C, 1, T)
     channels-last activations (oneDNN's fastest fp32 conv layout on CPU, kept end to end so nothing
     is reordered between layers; cuDNN runs it natively too). Before it (weight-norm or plain 3-D
-    weights: loading, tests of the modules alone) they are the plain (B, C, T) convs.
+    weights: loading, a module used alone) they are the plain (B, C, T) convs.
 
     Prepared, a conv reads its input from a zero-margined buffer (:meth:`margins` zeros before and
     after the frames, :meth:`forward_padded`): the activation in front of it writes straight into

@@ -35,7 +35,7 @@ FLOW_CPU_CHUNK_TOKENS = 1400
 
 class MelFlow(Protocol):
     """The flow as :func:`run_flow` calls it (:class:`~cosyclone.code2wav.flow.CausalMaskedDiffWithDiT`;
-    tests pass stand-ins with only what they are called with)."""
+    stand-ins need only what they are called with)."""
 
     cfg: FlowConfig
 

@@ -33,6 +33,57 @@ class GraphFacts:
 
 
 @dataclass(frozen=True)
+class StageTime:
+    """One stage's seconds in a run."""
+
+    busy: float  # seconds it worked (the frontend: its batch thread, or its prompt workers' seconds / workers)
+    waiting: float  # seconds it had nothing to do (waited for its input)
+
+
+#: The pipeline's stages, in the order a row passes them.
+STAGES = ("frontend", "talker", "code2wav")
+
+
+@dataclass(frozen=True)
+class StageSeconds:
+    """Where a run's time went: each stage's busy and waiting seconds, the talker's idle-with-work."""
+
+    wall: float  # seconds from the pipeline's first work to now
+    frontend: StageTime  # prompts and texts (prompt workers and the batch thread)
+    talker: StageTime  # decode windows (busy); no row in its slots or queue (waiting)
+    code2wav: StageTime  # flow and HiFT per finished batch
+    talker_idle_with_work: float  # seconds the talker held rows in its slots but did not step
+
+    @staticmethod
+    def empty() -> StageSeconds:
+        zero = StageTime(busy=0.0, waiting=0.0)
+        return StageSeconds(wall=0.0, frontend=zero, talker=zero, code2wav=zero, talker_idle_with_work=0.0)
+
+    @property
+    def bound_by(self) -> str | None:
+        """The stage busy for the largest share of the run (what sets its pace); None before any work."""
+        busy = {name: getattr(self, name).busy for name in STAGES}
+        return max(busy, key=lambda k: busy[k]) if any(busy.values()) else None
+
+    def as_record(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"wall": self.wall, "bound_by": self.bound_by,
+                               "talker_idle_with_work": self.talker_idle_with_work}
+        for name in STAGES:
+            t = getattr(self, name)
+            out[name] = {"busy": t.busy, "waiting": t.waiting}
+        return out
+
+    def describe(self) -> str:
+        """One printed line: what bounds the run and each stage's busy share."""
+        if self.bound_by is None:
+            return "stages: no work yet"
+        wall = max(self.wall, 1e-9)
+        shares = ", ".join(f"{name} busy {getattr(self, name).busy / wall:.0%}" for name in STAGES)
+        return (f"bound by {self.bound_by} ({shares}; talker idle with rows in its slots "
+                f"{self.talker_idle_with_work:.1f} s)")
+
+
+@dataclass(frozen=True)
 class EngineFacts:
     """The engine's own account of a run (see the module docstring)."""
 
@@ -44,13 +95,14 @@ class EngineFacts:
     talker_slots_used: int | None  # the slots of the last continuous session (None: none ran yet)
     graphs: GraphFacts  # CUDA graphs: resolved, captured, reused, disabled and why
     peak: PeakMemory  # host RSS peak; on a GPU max allocated and reserved (None on CPU)
+    stages: StageSeconds = StageSeconds.empty()  # where the last pipeline's time went (busy, waiting, bound)
 
     def as_record(self) -> dict[str, Any]:
         """JSON form for ``runs.jsonl`` / ``summary.json`` (a ``engine`` field)."""
         return {"device": self.device, "backend": self.backend, "dtype": self.dtype,
                 "stage_dtypes": dict(self.stage_dtypes), "sizing": self.sizing.as_record(),
                 "talker_slots_used": self.talker_slots_used, "graphs": self.graphs.as_record(),
-                "peak_memory": self.peak.as_record()}
+                "peak_memory": self.peak.as_record(), "stages": self.stages.as_record()}
 
     def describe(self) -> list[str]:
         """Printed lines: dtypes, sizes, graphs, peak memory."""
@@ -60,4 +112,4 @@ class EngineFacts:
         if g.disabled:
             graphs += f"; off for the process since: {g.disabled}"
         return [f"engine: {self.backend} {self.dtype} ({dtypes})", *self.sizing.describe(), graphs,
-                self.peak.describe()]
+                self.peak.describe(), self.stages.describe()]

@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from cosyclone.engine import stages as S
-from cosyclone.engine.outcome import RowOutcome, RowResult, failed_result
+from cosyclone.engine.outcome import Failure, RowOutcome, RowResult, failed_result, is_out_of_memory
 from cosyclone.engine.stages import PreparedBatch, Stages, row_seed_of
 from cosyclone.manifest import ManifestRow
 from cosyclone.options import RunOptions
+from cosyclone.talker.graph_pool import free_device_cache
 
 if TYPE_CHECKING:  # annotations only (the stage modules load when the engine builds them)
     from cosyclone.frontend.conditioning import Request
@@ -32,6 +33,10 @@ class TokenCheckpoint(Protocol):
     def get(self, row_id: str, segment: int) -> TalkerResult | None: ...
 
     def put(self, row_id: str, segment: int, result: TalkerResult) -> None: ...
+
+
+__all__ = ["TokenCheckpoint", "generate_isolated", "is_out_of_memory", "rows_alone", "stored_results",
+           "store_result", "synthesize_batch", "talker_with_checkpoint"]
 
 
 def talker_with_checkpoint(stages: Stages, segments: Sequence[tuple[str, Request]], dec: DecodeOptions,
@@ -67,12 +72,6 @@ def store_result(tokens: TokenCheckpoint | None, segment: tuple[str, Request], r
         tokens.put(segment[0], segment[1].segment, result)
 
 
-def is_out_of_memory(exc: BaseException) -> bool:
-    """True for a device (or host allocator) out-of-memory error, whatever the backend calls it."""
-    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or (
-        isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
-
-
 def generate_isolated(stages: Stages, segments: Sequence[tuple[str, Request]], dec: DecodeOptions,
                       outcomes: dict[str, RowOutcome]) -> dict[int, TalkerResult]:
     """The talker over ``segments`` -> {segment index: result}, with failures confined.
@@ -80,39 +79,48 @@ def generate_isolated(stages: Stages, segments: Sequence[tuple[str, Request]], d
     Out of memory halves the batch and retries each half (down to one segment, which then fails
     its row); any other batch-level exception retries segment by segment, so only the segments that
     raise alone fail their rows. A row's tokens do not depend on its batch-mates, so the retries
-    give the same audio as the whole batch would have.
+    give the same audio as the whole batch would have. Every retry starts after the ``except``
+    block has ended (a :class:`~cosyclone.engine.outcome.Failure` keeps what the records need) and,
+    after an out-of-memory error, after :func:`free_device_cache`: the failed attempt's tensors are
+    gone before the next attempt allocates its own.
     """
     from cosyclone.talker import decode
 
-    def attempt(idx: list[int]) -> dict[int, TalkerResult]:
-        outs = decode.generate(stages.talker, [S.to_talker_request(segments[i][1]) for i in idx], dec)
-        return dict(zip(idx, outs, strict=True))
+    device = stages.policy.device
+
+    def attempt(idx: list[int]) -> tuple[dict[int, TalkerResult], Failure | None]:
+        try:
+            outs = decode.generate(stages.talker, [S.to_talker_request(segments[i][1]) for i in idx], dec)
+        except Exception as exc:  # only what the records need leaves the handler: no frame, no tensor
+            return {}, Failure.of(exc)
+        return dict(zip(idx, outs, strict=True)), None
 
     def solve(idx: list[int]) -> dict[int, TalkerResult]:
         idx = [i for i in idx if outcomes[segments[i][0]].status == "ok"]
         if not idx:
             return {}
-        try:
-            return attempt(idx)
-        except Exception as exc:
-            if len(idx) > 1 and is_out_of_memory(exc):
-                if stages.policy.device.type == "cuda":
-                    torch.cuda.empty_cache()
+        found, failure = attempt(idx)
+        if failure is None:
+            return found
+        if failure.oom:
+            free_device_cache(device)
+            if len(idx) > 1:
                 half = len(idx) // 2
                 return {**solve(idx[:half]), **solve(idx[half:])}
-            if len(idx) == 1:
-                outcomes[segments[idx[0]][0]].fail_exc("talker", exc)
-                return {}
-            found: dict[int, TalkerResult] = {}
-            for i in idx:  # isolate: only the segments that raise alone fail their rows
-                if outcomes[segments[i][0]].status != "ok":
-                    continue  # an earlier segment of this row already failed alone
-                try:
-                    found.update(attempt([i]))
-                except Exception as exc_row:
-                    outcomes[segments[i][0]].fail_exc(
-                        "talker", exc_row, note=f" (the batch raised {type(exc).__name__}: {exc})")
-            return found
+        if len(idx) == 1:
+            outcomes[segments[idx[0]][0]].fail_exc("talker", failure)
+            return {}
+        for i in idx:  # isolate: only the segments that raise alone fail their rows
+            if outcomes[segments[i][0]].status != "ok":
+                continue  # an earlier segment of this row already failed alone
+            one, alone = attempt([i])
+            found.update(one)
+            if alone is not None:
+                note = f" (the batch raised {failure.describe()})"
+                outcomes[segments[i][0]].fail_exc("talker", alone, note=note)
+                if alone.oom:
+                    free_device_cache(device)
+        return found
 
     return solve(list(range(len(segments))))
 
@@ -138,16 +146,22 @@ def synthesize_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptio
     return S.finish_batch(stages, prepared, results, opts)
 
 
-def rows_alone(stages: Stages, batch: Sequence[ManifestRow], opts: RunOptions, exc: BaseException,
+def rows_alone(stages: Stages, batch: Sequence[ManifestRow], opts: RunOptions, exc: BaseException | Failure,
                tokens: TokenCheckpoint | None = None) -> list[RowResult]:
     """Each row of a batch that raised, through every stage alone; a row that still raises is a
-    failed result with its traceback."""
+    failed result with its traceback. ``exc``: what the batch raised (named in each failed row)."""
+    batch_failure = exc if isinstance(exc, Failure) else Failure.of(exc)
     records = []
     for row in batch:
+        failure = None
         try:
             records.extend(synthesize_batch(stages, [row], opts, tokens))
         except Exception as exc_row:
-            records.append(failed_result(row.id, row.line, row_seed_of(opts.seed, row), "pipeline", exc_row,
-                                         note=f" (the batch raised {type(exc).__name__}: {exc})",
+            failure = Failure.of(exc_row)
+        if failure is not None:  # after the handler: the row's frames are gone before the next row runs
+            if failure.oom:
+                free_device_cache(stages.policy.device)
+            records.append(failed_result(row.id, row.line, row_seed_of(opts.seed, row), "pipeline", failure,
+                                         note=f" (the batch raised {batch_failure.describe()})",
                                          sample_rate=int(stages.cfg.hift.sampling_rate)))
     return records

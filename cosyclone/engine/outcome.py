@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from cosyclone.errors import CosycloneError
 from cosyclone.talker.diagnostics import SamplerRowDiagnostics
@@ -26,6 +27,40 @@ EXCEPTION = "exception"  # any other exception in a stage: type, message and tra
 NO_TOKENS = "no_speech_tokens"  # the talker stopped before emitting a speech token
 EMPTY_AFTER_SPEED = "empty_after_speed"  # the row's speed leaves a segment 0 mel frames (int(2n / speed) == 0)
 NONFINITE_AUDIO = "nonfinite_audio"  # code2wav produced NaN/inf samples (under --nonfinite-audio fail)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """True for a device (or host allocator) out-of-memory error, whatever the backend calls it."""
+    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or (
+        isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
+
+
+@dataclass(frozen=True)
+class Failure:
+    """An exception as a row's record needs it (type, message, traceback text), holding no frame.
+
+    Why: a live exception's traceback keeps every frame of the failed call alive, and with them its
+    tensors (a talker attempt's KV cache, a code2wav call's activations). Recovery takes a
+    :class:`Failure` inside the ``except`` block and frees and retries after the block has ended,
+    so an out-of-memory retry starts with the failed attempt's memory already returned.
+    """
+
+    type_name: str  # the exception's class name
+    message: str  # str(exc)
+    trace: str | None  # the formatted traceback; None for a user error (its message says it all)
+    user: bool  # a CosycloneError: something the user can fix
+    oom: bool  # an out-of-memory error (:func:`is_out_of_memory`)
+
+    @classmethod
+    def of(cls, exc: BaseException) -> Failure:
+        user = isinstance(exc, CosycloneError)
+        trace = None if user else "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return cls(type_name=type(exc).__name__, message=str(exc), trace=trace, user=user,
+                   oom=is_out_of_memory(exc))
+
+    def describe(self) -> str:
+        """``Type: message``, as a row's error and a batch's note quote it."""
+        return f"{self.type_name}: {self.message}"
 
 
 @dataclass(frozen=True)
@@ -105,16 +140,15 @@ class RowOutcome:
         if self.status == "ok":
             self.status, self.reason, self.error = "failed", reason, f"{stage}: {message}"
 
-    def fail_exc(self, stage: str, exc: BaseException, *, note: str = "") -> None:
+    def fail_exc(self, stage: str, exc: BaseException | Failure, *, note: str = "") -> None:
         """Mark the row failed by an exception: type and message always, the traceback unless the
         exception is a :class:`CosycloneError` (a user-fixable error whose message says it all)."""
         if self.status != "ok":
             return
-        user = isinstance(exc, CosycloneError)
-        self.fail(stage, BAD_INPUT if user else EXCEPTION, f"{type(exc).__name__}: {exc}{note}")
-        self.error_type = type(exc).__name__
-        if not user:
-            self.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        failure = exc if isinstance(exc, Failure) else Failure.of(exc)
+        self.fail(stage, BAD_INPUT if failure.user else EXCEPTION, failure.describe() + note)
+        self.error_type = failure.type_name
+        self.traceback = failure.trace
 
     def result(self, audio: np.ndarray | None, sample_rate: int) -> RowResult:
         """The frozen result; ``audio`` only for an ok row."""
@@ -128,7 +162,8 @@ class RowOutcome:
                          audio=audio if ok else None, sample_rate=sample_rate)
 
 
-def failed_result(row_id: str, line: int, seed: int, stage: str, exc: BaseException, *, note: str = "",
+def failed_result(row_id: str, line: int, seed: int, stage: str, exc: BaseException | Failure, *,
+                  note: str = "",
                   sample_rate: int = 24000) -> RowResult:
     """A row that failed as a whole in ``stage`` (its traceback kept unless the error is the user's)."""
     oc = RowOutcome(row_id=row_id, line=line, seed=seed)

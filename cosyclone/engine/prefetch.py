@@ -18,17 +18,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from cosyclone.engine import stages as S
-from cosyclone.engine.stages import PreparedBatch, Stages
+from cosyclone.engine.stages import PreparedBatch
 from cosyclone.manifest import ManifestRow
-from cosyclone.options import RunOptions
 
 
 def _prompt_key(audio: Any) -> Hashable:
@@ -55,8 +53,11 @@ class PromptAhead:
     """
 
     def __init__(self, frontend: Any, batches: Sequence[Sequence[ManifestRow]], *, workers: int, threads: int,
-                 ahead_rows: int) -> None:
+                 ahead_rows: int, on_seconds: Callable[[float], None] | None = None) -> None:
+        """``batches``: the run's batches, a list that may grow as parts arrive; ``on_seconds``: told
+        each prompt's compute seconds (the run's stage accounting)."""
         self.frontend = frontend
+        self.on_seconds = on_seconds
         self.batches = batches
         self.ahead_rows = max(1, ahead_rows)
         self.pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="cosyclone-prompt",
@@ -97,7 +98,10 @@ class PromptAhead:
         t0 = time.perf_counter()
         with torch.inference_mode():
             feats = self.frontend.prompt_features(audio, row_id=row_id)
-        return feats, time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        if self.on_seconds is not None:
+            self.on_seconds(seconds)
+        return feats, seconds
 
     def take(self, row: ManifestRow) -> tuple[Any, float]:
         """(``row``'s prompt features or None, seconds to charge to the row)."""
@@ -124,36 +128,47 @@ class PromptAhead:
 
 
 class FrontendPrefetch:
-    """The frontend one batch ahead on a worker thread: :meth:`take` of batch k starts batch k + 1
-    (and keeps the prompt workers, when there are any, ``ahead_rows`` rows ahead of it)."""
+    """The frontend ``depth`` batches ahead on a worker thread, over a list of batches that grows as
+    the run's parts arrive. :meth:`ready` says whether batch k is prepared (the scheduler admits only
+    those while the talker has work); :meth:`take` hands it over (waiting for it when the talker has
+    nothing else to do) and keeps the next ones submitted (and the prompt workers, when there are
+    any, ``ahead_rows`` rows ahead of them)."""
 
-    def __init__(self, pool: ThreadPoolExecutor, stages: Stages, batches: Sequence[Sequence[ManifestRow]],
-                 opts: RunOptions, *, enabled: bool, prompts: PromptAhead | None = None) -> None:
-        self.pool, self.stages, self.batches, self.opts, self.enabled = pool, stages, batches, opts, enabled
+    def __init__(self, pool: ThreadPoolExecutor, prepare: Callable[[Sequence[ManifestRow]], PreparedBatch],
+                 batches: Sequence[Sequence[ManifestRow]], *, enabled: bool, prompts: PromptAhead | None = None,
+                 depth: int = 2) -> None:
+        self.pool, self.prepare, self.batches, self.enabled = pool, prepare, batches, enabled
         self.prompts = prompts
-        self.ahead: tuple[int, Future[PreparedBatch]] | None = None
-        if enabled and batches:
-            self.ahead = (0, self._submit(0))
+        self.depth = max(1, depth)
+        self.ahead: dict[int, Future[PreparedBatch]] = {}
+        self.taken = 0  # batches handed over (the next to take)
 
-    def _submit(self, k: int) -> Future[PreparedBatch]:
-        if self.prompts is None:
-            return self.pool.submit(S.prepare_batch, self.stages, self.batches[k], self.opts)
-        self.prompts.keep_ahead(k)
-        return self.pool.submit(S.prepare_batch, self.stages, self.batches[k], self.opts, prompts=self.prompts)
+    def fill(self) -> None:
+        """Keep the ``depth`` batches after the last one taken submitted (call when batches arrive)."""
+        if not self.enabled:
+            return
+        for k in range(self.taken, min(len(self.batches), self.taken + self.depth)):
+            if k not in self.ahead:
+                if self.prompts is not None:
+                    self.prompts.keep_ahead(k)
+                self.ahead[k] = self.pool.submit(self.prepare, self.batches[k])
+
+    def ready(self, k: int) -> bool:
+        """Whether taking batch ``k`` now would not wait (prepared, failed, or no prefetch: prepared inline)."""
+        ahead = self.ahead.get(k)
+        return ahead is None or ahead.done()
 
     def take(self, k: int) -> PreparedBatch | None:
         """Batch ``k``'s frontend output if it was prepared ahead (None: prepare it on this thread)."""
-        prepared = None
-        if self.ahead is not None and self.ahead[0] == k:
-            prepared = _result_or_none(self.ahead[1])
-            self.ahead = None
-        if self.enabled and k + 1 < len(self.batches):
-            self.ahead = (k + 1, self._submit(k + 1))
+        prepared = _result_or_none(self.ahead.pop(k, None))
+        self.taken = max(self.taken, k + 1)
+        self.fill()
         return prepared
 
     def cancel(self) -> None:
-        if self.ahead is not None:
-            self.ahead[1].cancel()
+        for ahead in self.ahead.values():
+            ahead.cancel()
+        self.ahead.clear()
         if self.prompts is not None:
             self.prompts.close()
 

@@ -1,7 +1,7 @@
 """The engine: a loaded model and the options it runs under; rows in, row records out.
 
 Every door runs this one object: ``cosyclone synth`` (through the run folder's job), each Ray
-actor, ``cosyclone say`` and the Python API. It owns the schedule (:mod:`.scheduler`), row
+actor, ``cosyclone say`` and the Python API. It owns the pipeline (:mod:`.schedule`), row
 isolation (:mod:`.isolation`) and the hand-off to code2wav (:mod:`.stages`); it knows nothing of
 output folders: the stage-0 token checkpoint, when a run keeps one, is handed to :meth:`Engine.run`.
 """
@@ -17,12 +17,14 @@ from cosyclone.base.memory import read_peaks, reset_peaks
 from cosyclone.base.stop import StopRequest
 from cosyclone.engine import stages as S
 from cosyclone.engine.batches import plan_batches
-from cosyclone.engine.facts import EngineFacts, GraphFacts
+from cosyclone.engine.clock import StageClock
+from cosyclone.engine.facts import EngineFacts, GraphFacts, StageSeconds
 from cosyclone.engine.isolation import TokenCheckpoint
 from cosyclone.engine.outcome import RowResult
 from cosyclone.engine.schedule import StageSchedule
 from cosyclone.engine.setup import model_config, resolve_options
 from cosyclone.engine.sizing import Sizing, free_device_bytes, plan_sizing
+from cosyclone.engine.stage_ops import StageOps
 from cosyclone.engine.stages import Stages
 from cosyclone.manifest import ManifestRow
 from cosyclone.model.config import ModelConfig
@@ -44,7 +46,7 @@ class Engine:
         self.free_bytes = free_bytes  # what sizing planned from (None on CPU)
         self.sizing: Sizing = plan_sizing(stages.cfg, stages.policy, opts, free_bytes=free_bytes)
         stages.sizing = self.sizing  # code2wav's budgets (the stages read it per call)
-        self._last: StageSchedule | None = None  # the last run's schedule (its talker slots)
+        self._last: StageSchedule | None = None  # the last run's pipeline (its talker slots, its stage seconds)
 
     @classmethod
     def load(cls, model_dir: str | Path | None, opts: RunOptions, *, cfg: ModelConfig | None = None) -> Engine:
@@ -77,27 +79,28 @@ class Engine:
         ``stop``: once requested no further batch starts (the rows in flight finish); once
         immediate, the rows still in flight are dropped.
         """
+        pipeline = self.pipeline(opts=opts, tokens=tokens, prefetch=prefetch, stop=stop)
+        if batches is None:
+            batches = plan_batches(rows, pipeline.opts.batch_size or self.sizing.batch_size,
+                                   pipeline.opts.token_budget)
+        return pipeline.run(batches)
+
+    def pipeline(self, *, opts: RunOptions | None = None, tokens: TokenCheckpoint | None = None,
+                 prefetch: bool = True, stop: StopRequest | None = None, ops: StageOps | None = None,
+                 clock: StageClock | None = None) -> StageSchedule:
+        """One run's pipeline, to be fed part by part (:meth:`StageSchedule.feed`, then
+        :meth:`StageSchedule.drain` and :meth:`StageSchedule.close`): its prompt workers and talker
+        session live across the parts. Arguments as :meth:`run`; ``ops``/``clock``: stand-in stage
+        calls and clock (stand-in stages)."""
         run_opts = self.opts if opts is None else replace(opts, **{k: getattr(self.opts, k) for k in MODEL_FIELDS},
                                                           cuda_graphs=self._graphs(opts))
         sizing = self.sizing if run_opts == self.opts else plan_sizing(self.cfg, self.policy, run_opts,
                                                                         free_bytes=self.free_bytes)
         self.stages.sizing = sizing
         run_opts = replace(run_opts, batch_size=sizing.batch_size) if run_opts.batch_size is None else run_opts
-        if batches is None:
-            batches = plan_batches(rows, run_opts.batch_size or sizing.batch_size, run_opts.token_budget)
-        self._last = StageSchedule(self.stages, batches, run_opts, tokens=tokens, prefetch=prefetch,
-                                   graph_errors=self.graph_errors, stop=stop)
-        return self._recorded(self._last.run())
-
-    def _recorded(self, results: Iterator[RowResult]) -> Iterator[RowResult]:
-        """The run's results; afterwards a capture failure anywhere in the process (static batches,
-        isolation retries, the continuous session) is in :attr:`graph_errors`, once."""
-        try:
-            yield from results
-        finally:
-            reason = PROCESS.disabled
-            if reason is not None and not any(reason in e for e in self.graph_errors):
-                self.graph_errors.append(reason)
+        self._last = StageSchedule(self.stages, run_opts, tokens=tokens, prefetch=prefetch,
+                                   graph_errors=self.graph_errors, stop=stop, ops=ops, clock=clock)
+        return self._last
 
     def _graphs(self, opts: RunOptions) -> CudaGraphs:
         """The run's CUDA graphs choice, resolved against the loaded device (``off`` stays off)."""
@@ -110,10 +113,12 @@ class Engine:
         g = PROCESS.counts
         graphs = GraphFacts(resolved=self.opts.cuda_graphs, captures=g.captures, replays=g.replays,
                             sessions=g.sessions, reused=g.reused, disabled=PROCESS.disabled)
-        slots = self._last.slots if self._last is not None and self._last.opts.schedule == "continuous" else None
+        last = self._last
+        slots = (last.slots or None) if last is not None and last.opts.schedule == "continuous" else None
+        stages = self._last.clock.seconds() if self._last is not None else StageSeconds.empty()
         return EngineFacts(device=str(policy.device), backend=policy.backend, dtype=policy.dtype_name,
                            stage_dtypes=policy.stage_dtypes, sizing=self.stages.sizing or self.sizing,
-                           talker_slots_used=slots, graphs=graphs, peak=read_peaks(policy.device))
+                           talker_slots_used=slots, graphs=graphs, peak=read_peaks(policy.device), stages=stages)
 
     def reset_peaks(self) -> None:
         """Start the peak-memory figures afresh (a run that wants its own peaks, not the load's)."""

@@ -1,20 +1,29 @@
-"""The schedule of a run: which batch's rows are in the talker, when a batch goes to code2wav.
+"""The run's pipeline: prompt workers -> the talker's session -> code2wav, fed part by part.
 
-One scheduler owns both schedules. ``static`` runs each planned batch through every stage before
-the next (:func:`~cosyclone.engine.isolation.synthesize_batch`); ``continuous`` keeps one
-:class:`~cosyclone.talker.decode.TalkerSession` across the run, adds the next batch's segments
-while a slot could take them, and sends a batch to code2wav as soon as its last segment has left
-the talker (on this thread, or a worker thread with its own CUDA stream). A row's tokens do not
-depend on its slot mates and code2wav sees the same batches either way, so both give the same WAV
-bytes. Records come out in batch order, as a generator. With prefetch one worker thread runs the
-frontend of the next batch (queue depth 1) while the models work, and prompt workers compute the
-prompts of the rows further ahead (:mod:`.prefetch`).
+One :class:`StageSchedule` lives for a whole run: the manifest's parts feed it (:meth:`feed`),
+its prompt workers, frontend thread and talker session live across them, and :meth:`drain`
+finishes what is in flight. ``continuous`` keeps one talker session: each turn admits the next
+prepared batches' segments while a slot could take them, runs one decode window, and sends every
+batch whose segments all left the talker to code2wav (on this thread, or on a worker thread with
+its own CUDA stream), records in batch order. It never waits while there is work: a batch is
+admitted only once its frontend is done, and the frontend is waited for only when the talker has
+nothing in its slots. ``static`` runs each batch through every stage before the next. A row's
+tokens do not depend on its slot mates and code2wav sees the same batches either way, so both
+give the same WAV bytes.
 
-Must not: plan batches or run a stage itself; those are :mod:`.batches`' and :mod:`.stages`'.
+If the shared session raises (out of memory, a bug), recovery starts after the ``except`` block
+ends (a traceback keeps the failed frames' tensors alive): the session is closed, the device's
+cache freed (:func:`~cosyclone.talker.graph_pool.free_device_cache`), and the segments it held go
+the isolated way (out of memory halves down to the rows that cannot fit; anything else retries
+segment by segment); the next batches open a fresh session. The time each stage was busy or
+waiting is kept by a :class:`~cosyclone.engine.clock.StageClock`.
+
+Must not: plan batches or run a stage itself (:mod:`.batches`, :mod:`.stage_ops`).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,18 +33,20 @@ from typing import TYPE_CHECKING
 import torch
 
 from cosyclone.base.stop import StopRequest
+from cosyclone.base.streams import code2wav_stream
 from cosyclone.engine import isolation as I
 from cosyclone.engine import stages as S
+from cosyclone.engine.clock import StageClock, TalkerState
 from cosyclone.engine.outcome import RowResult
 from cosyclone.engine.prefetch import FrontendPrefetch, PromptAhead
+from cosyclone.engine.stage_ops import RealOps, StageOps, TalkerSessionLike
 from cosyclone.engine.stages import PreparedBatch, Stages
 from cosyclone.manifest import ManifestRow
 from cosyclone.options import RunOptions
-from cosyclone.talker.graph_pool import free_device_cache
+from cosyclone.talker.graph_pool import PROCESS, free_device_cache
 
-if TYPE_CHECKING:  # annotations only (the stage modules load when the engine builds them)
+if TYPE_CHECKING:
     from cosyclone.talker.results import TalkerResult
-    from cosyclone.talker.session import TalkerSession
 
 __all__ = ["FrontendPrefetch", "StageSchedule"]
 
@@ -53,125 +64,185 @@ class _InFlight:
     error: BaseException | None = None  # why the batch goes through every stage row by row instead
 
 
+@dataclass(frozen=True)
+class _Failure:
+    """A shared session's failure, kept without its traceback (whose frames hold the failed tensors)."""
+
+    kind: str
+    message: str
+    out_of_memory: bool
+
+
 class StageSchedule:
-    """Runs planned batches through the stages under ``opts.schedule``; :meth:`run` yields the records.
+    """One run's pipeline (see the module docstring); :meth:`feed` and :meth:`drain` yield the records."""
 
-    Continuous: one :class:`~cosyclone.talker.decode.TalkerSession` across batches.
-
-    Each turn: while fewer segments wait for a slot than there are slots, the next batch's segments
-    join the session (stage-0 checkpoint hits and rows that failed in the frontend skip it); one
-    decode window runs; every batch with no segment left in the talker goes to code2wav and its
-    records to the writer, in batch order. If the shared session raises (out of memory, a bug),
-    the segments it still held go the static way (:func:`~cosyclone.engine.isolation.generate_isolated`: halving on out
-    of memory, isolation per segment) and the next batches start a fresh session.
-
-    code2wav of a finished batch runs on this thread between decode windows (CPU: the two share
-    the cores), or with ``code2wav_thread`` on a worker thread with its own CUDA stream, so the
-    talker goes on meanwhile; records are emitted here either way, in batch order.
-    """
-
-    def __init__(self, stages: Stages, batches: Sequence[Sequence[ManifestRow]], opts: RunOptions, *,
-                 tokens: I.TokenCheckpoint | None = None, prefetch: bool = True,
-                 graph_errors: list[str] | None = None, stop: StopRequest | None = None) -> None:
-        self.stages, self.batches, self.opts, self.tokens, self.prefetch = stages, batches, opts, tokens, prefetch
+    def __init__(self, stages: Stages, opts: RunOptions, *, tokens: I.TokenCheckpoint | None = None,
+                 prefetch: bool = True, graph_errors: list[str] | None = None, stop: StopRequest | None = None,
+                 ops: StageOps | None = None, clock: StageClock | None = None) -> None:
+        """``ops``: the stage calls (default: the loaded stages'); ``clock``: the stage accounting."""
+        self.stages, self.opts, self.tokens, self.prefetch = stages, opts, tokens, prefetch
         self.stop = stop  # a stop request: no batch starts after it; an immediate one ends the run
         self.graph_errors = graph_errors if graph_errors is not None else []  # failed CUDA graph captures
         sizing = stages.sizing
         self.dec = S.decode_options(stages.cfg, opts)
         if sizing is not None and sizing.reserve_positions:  # GPU: the cache a slot is sized for, up front
             self.dec = replace(self.dec, reserve_positions=sizing.reserve_positions)
-        self.frontend: FrontendPrefetch | None = None
-        # slots: --talker-slots, else the sized count on a GPU or a batch's worth on CPU (no more than
-        # the run's rows: an empty slot computes too) or, when the first batch to decode brings more
-        # segments, that many
-        per_batch = (sizing.talker_slots if sizing is not None and sizing.sized else None) or opts.batch_size or 8
-        self.slots = max(1, opts.talker_slots or min(per_batch, sum(len(b) for b in batches)))
-        self.session: TalkerSession | None = None
+        if sizing is not None and sizing.prefill_tokens:  # GPU: newcomers per prefill within the budget
+            self.dec = replace(self.dec, prefill_tokens=sizing.prefill_tokens)
+        self.ops: StageOps = ops if ops is not None else RealOps(stages, opts, self.dec, tokens)
+        workers = sizing.frontend_workers if sizing is not None else 1
+        self.clock = clock if clock is not None else StageClock(frontend_workers=workers)
+        self.batches: list[list[ManifestRow]] = []  # every batch fed so far (grows part by part)
+        self.slots = 0  # talker slots, set at the first feed
+        self.session: TalkerSessionLike | None = None
         self.owner: dict[int, tuple[_InFlight, int]] = {}  # ticket -> (batch, segment index)
         self.flight: list[_InFlight] = []
-        self.next = 0  # next batch to feed
+        self.next = 0  # next batch to admit
+        self.finishing: list[Future[list[RowResult]]] = []
+        self.frontend: FrontendPrefetch | None = None
+        self.prompt_workers: PromptAhead | None = None
+        self._pool: ThreadPoolExecutor | None = None
         threaded = opts.code2wav_thread
         if threaded is None:
             threaded = stages.policy.device.type == "cuda"
-        self.finishing: list[Future[list[RowResult]]] = []
         # the worker takes this thread's torch threads (--threads): a new thread would start at torch's default
         self.code2wav = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cosyclone-code2wav",
                                            initializer=torch.set_num_threads,
                                            initargs=(torch.get_num_threads(),)) if threaded else None
         device = stages.policy.device
-        self.stream = torch.cuda.Stream(device) if threaded and device.type == "cuda" else None  # code2wav's own
+        self.stream = code2wav_stream(device) if threaded and device.type == "cuda" else None  # the process's
 
-    def run(self) -> Iterator[RowResult]:
-        """The records of every planned batch, in batch order, each batch as soon as it is done."""
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cosyclone-frontend") as pool:
-            self.frontend = FrontendPrefetch(pool, self.stages, self.batches, self.opts, enabled=self.prefetch,
-                                             prompts=self._prompt_workers())
-            try:
-                if self.opts.schedule == "static":
-                    yield from self._run_static()
-                else:
-                    yield from self._run_continuous()
-            finally:
-                self.frontend.cancel()
+    # -- the run's doors ---------------------------------------------------------------------------------
 
-    def _prompt_workers(self) -> PromptAhead | None:
-        """Prompt workers ahead of the talker (with prefetch, for a frontend that computes prompts
-        apart): as far ahead as two talker-fulls of rows, or four rows per worker, whichever is more."""
-        sizing, frontend = self.stages.sizing, self.stages.frontend
-        if not self.prefetch or sizing is None or not PromptAhead.usable(frontend):
-            return None
-        return PromptAhead(frontend, self.batches, workers=sizing.frontend_workers,
-                           threads=sizing.frontend_threads,
-                           ahead_rows=max(2 * self.slots, 4 * sizing.frontend_workers))
+    def run(self, batches: Sequence[Sequence[ManifestRow]]) -> Iterator[RowResult]:
+        """Every record of ``batches``, in batch order: one part fed, drained, closed."""
+        try:
+            yield from self.feed(batches)
+            yield from self.drain()
+        finally:
+            self.close()
+
+    def feed(self, batches: Sequence[Sequence[ManifestRow]]) -> Iterator[RowResult]:
+        """Add one part's ``batches``; yields records until each of them is admitted (the tail stays in
+        flight for the next part or :meth:`drain`)."""
+        self.batches.extend(list(b) for b in batches)
+        self._start()
+        assert self.frontend is not None
+        self.frontend.fill()
+        if self.opts.schedule == "static":
+            yield from self._run_static()
+        else:
+            yield from self._turns(final=False)
+
+    def drain(self) -> Iterator[RowResult]:
+        """Every record still in flight."""
+        if self.opts.schedule == "continuous" and self.frontend is not None:
+            yield from self._turns(final=True)
+
+    def close(self) -> None:
+        """Free what the pipeline holds (workers, session, code2wav thread); safe to call twice."""
+        if self.frontend is not None:
+            self.frontend.cancel()
+        self.frontend = self.prompt_workers = None  # (they refer back to this pipeline: no cycle outlives it)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        self._close_session()
+        if self.code2wav is not None:
+            self.code2wav.shutdown(wait=True)
+        reason = PROCESS.disabled  # a capture failure anywhere in the process (static, retries, the session)
+        if reason is not None and not any(reason in e for e in self.graph_errors):
+            self.graph_errors.append(reason)
+
+    def _start(self) -> None:
+        """At the first feed: the slots, the frontend thread and the prompt workers, once per run."""
+        if self.frontend is not None:
+            return
+        sizing, opts = self.stages.sizing, self.opts
+        # slots: --talker-slots, else the sized count on a GPU or a batch's worth on CPU (no more than the
+        # first part's rows: an empty slot computes too) or, when the first batch brings more segments, that many
+        per_batch = (sizing.talker_slots if sizing is not None and sizing.sized else None) or opts.batch_size or 8
+        self.slots = max(1, opts.talker_slots or min(per_batch, sum(len(b) for b in self.batches)))
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cosyclone-frontend")
+        frontend = self.stages.frontend
+        if self.prefetch and sizing is not None and PromptAhead.usable(frontend):
+            self.prompt_workers = PromptAhead(frontend, self.batches, workers=sizing.frontend_workers,
+                                              threads=sizing.frontend_threads,
+                                              ahead_rows=max(2 * self.slots, 4 * sizing.frontend_workers),
+                                              on_seconds=functools.partial(self.clock.add, "prompts"))
+        self.frontend = FrontendPrefetch(self._pool, self._prepare_timed, self.batches, enabled=self.prefetch,
+                                         prompts=self.prompt_workers)
+        self.clock.start()
+
+    def _prepare_timed(self, rows: Sequence[ManifestRow]) -> PreparedBatch:
+        prompts = self.prompt_workers
+        prepared = self.clock.timed("frontend", lambda: self.ops.prepare(rows, prompts))
+        assert isinstance(prepared, PreparedBatch)
+        return prepared
+
+    def _stopping(self) -> bool:
+        return self.stop is not None and self.stop.requested
+
+    # -- static ------------------------------------------------------------------------------------------
 
     def _run_static(self) -> Iterator[RowResult]:
         """Each batch through every stage before the next (its talker session holds that batch alone)."""
         assert self.frontend is not None
-        for k, batch in enumerate(self.batches):
+        while self.next < len(self.batches):
             if self._stopping():
                 return
+            k, batch = self.next, self.batches[self.next]
+            self.next += 1
             prepared = self.frontend.take(k)
             with torch.inference_mode():
                 try:
                     records = I.synthesize_batch(self.stages, batch, self.opts, self.tokens, prepared)
                 except Exception as exc:  # a bug outside the stages' own guards: each row alone
-                    records = I.rows_alone(self.stages, batch, self.opts, exc, self.tokens)
+                    records = self.ops.rows_alone(batch, exc)
             yield from records
 
-    def _run_continuous(self) -> Iterator[RowResult]:
-        try:
-            while self.next < len(self.batches) or self.flight or self.finishing:
-                if self._stopping():
-                    self.next = len(self.batches)  # no batch joins after a stop request
-                    if self.stop is not None and self.stop.immediate:
-                        return  # what is in flight is dropped, unrecorded (it runs on the resume)
-                    if not self.flight and not self.finishing:
-                        return
-                with torch.inference_mode():
-                    try:
-                        self._feed()
-                        self._decode()
-                    except Exception as exc:  # the shared decode failed: what it held goes the per-batch way
-                        self._recover(exc)
-                    self._finish_ready()
-                yield from self._finished(wait=not self.flight and self.next >= len(self.batches))
-        finally:
-            self._close_session()
-            if self.code2wav is not None:
-                self.code2wav.shutdown(wait=True)
+    # -- continuous --------------------------------------------------------------------------------------
 
-    def _stopping(self) -> bool:
-        return self.stop is not None and self.stop.requested
+    def _turns(self, *, final: bool) -> Iterator[RowResult]:
+        """Turns until every fed batch is admitted (``final``: and every record is out)."""
+        while self.next < len(self.batches) or (final and (self.flight or self.finishing)):
+            if self._stopping():
+                self.next = len(self.batches)  # no batch joins after a stop request
+                if self.stop is not None and self.stop.immediate:
+                    return  # what is in flight is dropped, unrecorded (it runs on the resume)
+                if not final or (not self.flight and not self.finishing):
+                    return
+            failure: _Failure | None = None
+            with torch.inference_mode():
+                try:
+                    self._feed()
+                    self._decode()
+                except Exception as exc:  # the shared decode failed: recovered below, outside this handler
+                    failure = _Failure(type(exc).__name__, str(exc), I.is_out_of_memory(exc))
+                if failure is not None:
+                    self._recover(failure)
+                self._finish_ready()
+            self.clock.mark(self._talker_state())
+            yield from self._finished(wait=final and not self.flight and self.next >= len(self.batches))
+
+    def _talker_state(self) -> TalkerState:
+        return "idle_with_work" if self.session is not None and not self.session.idle else "waiting"
+
+    def _has_work(self) -> bool:
+        """Whether this thread has something to do besides waiting for the frontend."""
+        return (self.session is not None and not self.session.idle) or any(not f.todo for f in self.flight)
 
     def _feed(self) -> None:
-        """Add batches while a slot could take their segments without waiting a window."""
+        """Admit prepared batches while a slot could take their segments without waiting a window."""
         assert self.frontend is not None
         while self.next < len(self.batches) and (self.session is None or self.session.waiting < self.slots):
             k = self.next
+            if self._has_work() and not self.frontend.ready(k):
+                return  # never wait while there is work: the batch joins once prepared
             self.next += 1
             try:
-                prepared = self.frontend.take(k) or self._prepare(k)
-            except Exception as exc:  # outside the per-row guards: each row alone, as synthesize_batch_isolated
+                prepared = self.frontend.take(k) or self._prepare_timed(self.batches[k])
+            except Exception as exc:  # outside the per-row guards: each row alone
                 self.flight.append(_InFlight(rows=list(self.batches[k]), prepared=None, error=exc))
                 continue
             f = _InFlight(rows=list(self.batches[k]), prepared=prepared)
@@ -181,7 +252,7 @@ class StageSchedule:
             self.flight.append(f)
             if todo:
                 try:
-                    reqs = [S.to_talker_request(segs[i][1]) for i in todo]
+                    reqs = [self.ops.request(segs[i][1]) for i in todo]
                 except Exception as exc:  # a malformed segment: the batch goes row by row (the row fails alone)
                     f.prepared, f.error = None, exc
                     continue
@@ -189,29 +260,24 @@ class StageSchedule:
                 tickets = session.add(reqs)
                 f.todo.update(todo)
                 self.owner.update({t: (f, i) for t, i in zip(tickets, todo, strict=True)})
+                self.clock.mark("idle_with_work")
 
-    def _prepare(self, k: int) -> PreparedBatch:
-        """Batch ``k``'s frontend on this thread (no prefetch, or the prefetch raised)."""
-        prompts = self.frontend.prompts if self.frontend is not None else None
-        if prompts is None:
-            return S.prepare_batch(self.stages, self.batches[k], self.opts)
-        return S.prepare_batch(self.stages, self.batches[k], self.opts, prompts=prompts)
-
-    def _session(self, first: int) -> TalkerSession:
+    def _session(self, first: int) -> TalkerSessionLike:
         """The open session, or a new one (``first``: segments the first batch brings)."""
         if self.session is None:
-            from cosyclone.talker import decode
-
             if not self.opts.talker_slots:
                 self.slots = max(self.slots, first)
-            self.session = decode.TalkerSession(self.stages.talker, self.dec, slots=self.slots)
+            self.session = self.ops.session(self.slots)
         return self.session
 
     def _decode(self) -> None:
         """One decode window; finished segments land in their batches (and the stage-0 checkpoint)."""
         if self.session is None or self.session.idle:
             return
-        for t, res in self.session.poll():
+        self.clock.mark("busy")
+        done = self.session.poll()
+        self.clock.mark(self._talker_state())
+        for t, res in done:
             f, i = self.owner.pop(t)
             self._land(f, i, res)
 
@@ -224,12 +290,14 @@ class StageSchedule:
         seconds = f.prepared.outcomes[seg[0]].seconds
         seconds["talker"] = seconds.get("talker", 0.0) + float(getattr(res, "seconds", 0.0))
 
-    def _recover(self, exc: BaseException) -> None:
-        """Decode what the failed session held batch by batch, with the static path's isolation."""
-        log.warning("talker session failed (%s: %s); its rows are decoded batch by batch", type(exc).__name__, exc)
+    def _recover(self, failure: _Failure) -> None:
+        """After the handler: close the failed session, free the device's cache, and decode what it
+        held batch by batch with the isolation's confinement."""
+        log.warning("talker session failed (%s: %s); its rows are decoded batch by batch", failure.kind,
+                    failure.message)
         self._close_session()
         self.owner.clear()
-        if I.is_out_of_memory(exc):  # idle pooled steps go; empty_cache unless a capture failed
+        if failure.out_of_memory:  # idle pooled steps go; empty_cache unless a capture failed
             free_device_cache(self.stages.policy.device)
         for f in self.flight:
             if not f.todo:
@@ -237,7 +305,8 @@ class StageSchedule:
             assert f.prepared is not None
             rest = sorted(f.todo)
             segs = f.prepared.segments
-            fresh = I.generate_isolated(self.stages, [segs[i] for i in rest], self.dec, f.prepared.outcomes)
+            self.clock.mark("busy")
+            fresh = self.ops.retry([segs[i] for i in rest], f.prepared.outcomes)
             f.todo.clear()
             for j, res in fresh.items():
                 self._land(f, rest[j], res)
@@ -254,6 +323,8 @@ class StageSchedule:
             except Exception:  # freeing the cache of a broken session must not hide the first error
                 log.debug("closing a failed talker session raised", exc_info=True)
 
+    # -- code2wav ----------------------------------------------------------------------------------------
+
     def _finish_ready(self) -> None:
         """Batches with nothing left in the talker go to code2wav (in batch order)."""
         while self.flight and not self.flight[0].todo:
@@ -266,13 +337,17 @@ class StageSchedule:
             self.finishing.append(done)
 
     def _finish(self, f: _InFlight) -> list[RowResult]:
-        if f.prepared is None:
-            assert f.error is not None
-            return I.rows_alone(self.stages, f.rows, self.opts, f.error, self.tokens)
+        t0 = self.clock.clock()
         try:
-            return S.finish_batch(self.stages, f.prepared, f.results, self.opts)
-        except Exception as exc:
-            return I.rows_alone(self.stages, f.rows, self.opts, exc, self.tokens)
+            if f.prepared is None:
+                assert f.error is not None
+                return self.ops.rows_alone(f.rows, f.error)
+            try:
+                return self.ops.finish(f.prepared, f.results)
+            except Exception as exc:
+                return self.ops.rows_alone(f.rows, exc)
+        finally:
+            self.clock.add("code2wav", self.clock.clock() - t0)
 
     def _finish_on_stream(self, f: _InFlight) -> list[RowResult]:
         """code2wav on its own CUDA stream (its kernels overlap the talker's), after what was queued before."""

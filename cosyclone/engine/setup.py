@@ -1,9 +1,9 @@
 """From options to a runnable engine: the model configuration and the options resolved once.
 
-Why here, once: ``auto`` device, dtype, CPU GEMM library and CUDA graphs used to be resolved in
-three places (and not at all by the API, so ``say`` and the API never used CUDA graphs while
-``synth`` did). Every door (``synth``, ``say``, the API, each Ray actor) now resolves through
-:func:`resolve_options`, so they record the same resolved options for the same inputs.
+Why here, once: ``auto`` device, dtype, CPU GEMM library and CUDA graphs resolved in several places
+drift apart (a door that skips one runs without CUDA graphs). Every door (``synth``, ``say``, the
+API, each Ray actor) resolves through :func:`resolve_options`, so they record the same resolved
+options for the same inputs.
 """
 
 from __future__ import annotations

@@ -11,14 +11,19 @@ rule with a made-up figure.
 
 The rule on an accelerator (every constant below says whether it was measured or derived):
 
-1. ``usable = free x fraction - RESERVE_BYTES`` (``--gpu-memory-fraction``, default 0.9).
-2. Talker: a slot holds ``POSITIONS_PER_SLOT`` cache positions of ``kv_bytes_per_position`` (layers
+1. ``usable = free x fraction - RESERVE_BYTES - frontend`` (``--gpu-memory-fraction``, default 0.9;
+   ``frontend``: the arena caps of the speech tokenizer's and CAM++'s sessions when they run on the
+   GPU, :func:`cosyclone.frontend.onnx.frontend_device_bytes`).
+2. Prefill: ``PREFILL_SHARE`` of ``usable`` (at least one planned prompt) is held for one prefill's
+   activations (:func:`prefill_bytes_per_position`); ``prefill_tokens`` padded positions per prefill
+   (the scheduler caps each admission by it; one newcomer always goes). Steps 3-4 share the rest.
+3. Talker: a slot holds ``POSITIONS_PER_SLOT`` cache positions of ``kv_bytes_per_position`` (layers
    x KV heads x head dim x 2 (K and V) x the talker dtype's bytes: 24 KiB fp32, 12 KiB bf16 at the
    released geometry) plus ``SLOT_STEP_BYTES`` of per-step temporaries; slots = as many as
-   ``TALKER_SHARE`` of ``usable`` holds, 1 to ``MAX_SLOTS``.
-3. code2wav gets the rest, half each: HiFT frames per call = half / ``HIFT_BYTES_PER_FRAME``, flow
+   ``TALKER_SHARE`` of the rest holds, 1 to ``MAX_SLOTS``.
+4. code2wav gets the rest, half each: HiFT frames per call = half / ``HIFT_BYTES_PER_FRAME``, flow
    token positions per call = half / ``FLOW_BYTES_PER_TOKEN[flow dtype]``.
-4. Batch rows: how many ``DESIGN_ROW_SECONDS`` rows one HiFT call and one flow call take, 1 to
+5. Batch rows: how many ``DESIGN_ROW_SECONDS`` rows one HiFT call and one flow call take, 1 to
    the slot count (continuous batching fills the slots from several batches).
 
 A longer row than the design still runs (a cache grows; a chunk of one long row runs alone);
@@ -55,6 +60,10 @@ POSITIONS_PER_SLOT = 2048
 #: DERIVED from the config (``decoder_size x 64``), not measured.
 SLOT_STEP_BYTES_PER_VOCAB = 64
 MAX_SLOTS = 256
+#: Share of ``usable`` held for one prefill's activations (the first admission of a run would otherwise
+#: prefill every slot at once), at least one prompt of ``POSITIONS_PER_SLOT``. DERIVED (a guess
+#: bounding the prefill's transient memory), not measured.
+PREFILL_SHARE = 0.05
 #: At most this share of ``usable`` goes to the talker's cache; code2wav gets the rest.
 TALKER_SHARE = 0.75
 #: HiFT activations per padded mel frame (50 frames per second of audio): fp32, direct convolutions
@@ -98,11 +107,13 @@ class Sizing:
     frontend_workers: int  # prompt workers (threads preparing upcoming rows' prompts)
     frontend_threads: int  # torch and ONNX intra-op threads of each prompt worker
     kv_bytes_per_position: int  # one slot's K and V for one position, all layers (talker dtype)
+    prefill_tokens: int | None = None  # padded prompt positions one prefill may take (GPU); None: no cap
     free_bytes: int | None = None  # device memory free when sized (after load); None on CPU
     usable_bytes: int | None = None  # what the rule planned for: free x fraction - reserve
     fraction: float | None = None  # --gpu-memory-fraction as applied
     flow_dtype: str = "fp32"  # the DiT's dtype the flow budget was computed for
     given: tuple[str, ...] = field(default=())  # the sizes taken from options rather than the rule (--talker-slots)
+    frontend_bytes: int = 0  # device memory held back for the frontend's ONNX sessions (their arena caps)
 
     def describe(self) -> list[str]:
         """What ``--dry-run`` prints: the sizes, and the memory figure they came from."""
@@ -118,6 +129,8 @@ class Sizing:
                          f"{self.reserve_positions} positions per slot; HiFT {HIFT_BYTES_PER_FRAME / 1e3:.0f} kB/frame, "
                          f"flow {FLOW_BYTES_PER_TOKEN.get(self.flow_dtype, 0) / 1e3:.0f} kB/token in "
                          f"{self.flow_dtype} (docs/batching.md)")
+            lines.append(f"  prefill at most {self.prefill_tokens} padded positions per admission; frontend "
+                         f"ONNX arenas {_gib(self.frontend_bytes)} (held back)")
         if self.hift_bucket or self.flow_bucket:
             lines.append(f"  ROCm: HiFT widths padded to {self.hift_bucket} frames, flow to {self.flow_bucket} tokens")
         if self.given:
@@ -131,9 +144,10 @@ class Sizing:
                 "flow_max_tokens": self.flow_max_tokens, "hift_bucket": self.hift_bucket,
                 "flow_bucket": self.flow_bucket, "reserve_positions": self.reserve_positions,
                 "frontend_workers": self.frontend_workers, "frontend_threads": self.frontend_threads,
-                "kv_bytes_per_position": self.kv_bytes_per_position, "free_bytes": self.free_bytes,
+                "kv_bytes_per_position": self.kv_bytes_per_position, "prefill_tokens": self.prefill_tokens,
+                "free_bytes": self.free_bytes,
                 "usable_bytes": self.usable_bytes, "fraction": self.fraction, "flow_dtype": self.flow_dtype,
-                "given": list(self.given)}
+                "given": list(self.given), "frontend_bytes": self.frontend_bytes}
 
 
 def _gib(n: int | None) -> str:
@@ -145,6 +159,17 @@ def kv_bytes_per_position(cfg: ModelConfig, dtype: torch.dtype) -> int:
     q = cfg.talker.qwen
     itemsize = torch.empty(0, dtype=dtype).element_size()
     return q.num_hidden_layers * q.num_key_value_heads * q.head_dim * 2 * itemsize
+
+
+def prefill_bytes_per_position(cfg: ModelConfig) -> int:
+    """A prefill's live activations per padded position, fp32 (attention that never materializes T x T
+    scores): the residual, q/k/v/o (about 6 x hidden) and the MLP's gate, up and product (3 x
+    intermediate). DERIVED from the geometry (80 kB at the released one), not measured. The attention's
+    scores are bounded apart: on an accelerator the prefill attends in query chunks of at most
+    :data:`cosyclone.talker.qwen2.PREFILL_SCORES` scores (256 MiB fp32, about 768 MiB with their softmax
+    and mask), which the reserve holds."""
+    q = cfg.talker.qwen
+    return (6 * q.hidden_size + 3 * q.intermediate_size) * 4
 
 
 def usable_cores() -> int:
@@ -175,9 +200,12 @@ def frontend_plan(opts: RunOptions, *, gpu: bool, cores: int | None = None,
 
 
 def plan_sizing(cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, *, free_bytes: int | None = None,
-                cores: int | None = None, torch_threads: int | None = None) -> Sizing:
+                cores: int | None = None, torch_threads: int | None = None,
+                frontend_bytes: int | None = None) -> Sizing:
     """The run's sizes (see the module docstring). ``free_bytes``: device memory free after load
-    (required on an accelerator; ignored on CPU). ``cores``/``torch_threads``: the machine's, by default."""
+    (required on an accelerator; ignored on CPU). ``cores``/``torch_threads``: the machine's, by default.
+    ``frontend_bytes``: what the frontend's ONNX sessions may take on the device (by default their
+    arena caps when this onnxruntime runs them on the run's GPU, else 0)."""
     gpu = policy.device.type != "cpu"
     workers, threads = frontend_plan(opts, gpu=gpu, cores=cores, torch_threads=torch_threads)
     kv = kv_bytes_per_position(cfg, policy.dtype)
@@ -190,13 +218,20 @@ def plan_sizing(cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, *, fre
                       frontend_threads=threads, kv_bytes_per_position=kv, given=given)
     if free_bytes is None:
         raise ValueError("sizing on an accelerator needs the free memory after load (free_bytes)")
+    if frontend_bytes is None:
+        from cosyclone.frontend.onnx import frontend_device_bytes
+
+        frontend_bytes = frontend_device_bytes(policy.backend)
     fraction = GPU_MEMORY_FRACTION if opts.gpu_memory_fraction is None else float(opts.gpu_memory_fraction)
-    usable = max(0, int(free_bytes * fraction) - RESERVE_BYTES)
+    usable = max(0, int(free_bytes * fraction) - RESERVE_BYTES - frontend_bytes)
     per_slot = POSITIONS_PER_SLOT * kv + SLOT_STEP_BYTES_PER_VOCAB * cfg.talker.decoder_size
-    slots = max(1, min(MAX_SLOTS, int(usable * TALKER_SHARE) // per_slot))
+    prefill_bytes = prefill_bytes_per_position(cfg)  # the prefill's room comes first
+    prefill = max(POSITIONS_PER_SLOT, int(usable * PREFILL_SHARE) // prefill_bytes)
+    rest = max(0, usable - prefill * prefill_bytes)
+    slots = max(1, min(MAX_SLOTS, int(rest * TALKER_SHARE) // per_slot))
     if opts.talker_slots:
         slots = int(opts.talker_slots)
-    half = max(0, usable - slots * per_slot) // 2
+    half = max(0, rest - slots * per_slot) // 2
     flow_dtype = dtype_name(policy.dit_dtype)
     design = DESIGN_ROW_SECONDS * 50  # frames of HiFT = token positions of the flow (prompt + target)
     hift_frames = max(design, half // HIFT_BYTES_PER_FRAME)
@@ -207,8 +242,8 @@ def plan_sizing(cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, *, fre
                   hift_max_frames=hift_frames, flow_max_tokens=flow_tokens,
                   hift_bucket=ROCM_HIFT_BUCKET if rocm else 0, flow_bucket=ROCM_FLOW_BUCKET if rocm else 0,
                   reserve_positions=POSITIONS_PER_SLOT, frontend_workers=workers, frontend_threads=threads,
-                  kv_bytes_per_position=kv, free_bytes=int(free_bytes), usable_bytes=usable, fraction=fraction,
-                  flow_dtype=flow_dtype, given=given)
+                  kv_bytes_per_position=kv, prefill_tokens=prefill, free_bytes=int(free_bytes), usable_bytes=usable,
+                  fraction=fraction, flow_dtype=flow_dtype, given=given, frontend_bytes=frontend_bytes)
 
 
 def free_device_bytes(device: torch.device) -> int | None:

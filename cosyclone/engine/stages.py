@@ -25,6 +25,7 @@ from cosyclone.engine.outcome import (
     EMPTY_AFTER_SPEED,
     NO_TOKENS,
     NONFINITE_AUDIO,
+    Failure,
     RowOutcome,
     RowResult,
     SegmentText,
@@ -211,16 +212,9 @@ def finish_batch(stages: Stages, prepared: PreparedBatch, results: dict[int, Tal
     live = [(i, rid, r) for i, (rid, r) in enumerate(segments) if outcomes[rid].status == "ok"]
     audio: dict[int, np.ndarray] = {}
     if live:
-        try:
-            audio = _code2wav(stages, live, results, opts, outcomes)
-        except Exception as exc:  # retry row by row: an exception fails only the rows that raise it alone
-            for rid in dict.fromkeys(rid for _, rid, _ in live):
-                mine = [x for x in live if x[1] == rid]
-                try:
-                    audio.update(_code2wav(stages, mine, results, opts, outcomes))
-                except Exception as exc_row:
-                    outcomes[rid].fail_exc("code2wav", exc_row,
-                                           note=f" (the batch raised {type(exc).__name__}: {exc})")
+        audio, failure = _code2wav_guarded(stages, live, results, opts, outcomes)
+        if failure is not None:  # retry row by row: an exception fails only the rows that raise it alone
+            audio = _code2wav_rows(stages, live, results, opts, outcomes, failure)
     for i, rid, _ in live:
         if i in audio:
             audio[i] = _check_audio(outcomes[rid], audio[i], opts.nonfinite_audio)
@@ -260,7 +254,8 @@ def _check_audio(oc: RowOutcome, wav: np.ndarray, policy: str) -> np.ndarray:
         return wav
     oc.nonfinite_audio_samples += bad
     if policy == "zero":
-        return np.nan_to_num(wav, nan=0.0, posinf=1.0, neginf=-1.0)
+        zeroed: np.ndarray = np.nan_to_num(wav, nan=0.0, posinf=1.0, neginf=-1.0)
+        return zeroed
     n_nan = int(np.isnan(wav).sum())
     oc.fail("code2wav", NONFINITE_AUDIO, f"nonfinite_audio: {bad} of {wav.size} samples of a segment are not "
                                           f"finite ({n_nan} NaN, {bad - n_nan} inf); --nonfinite-audio zero "
@@ -268,7 +263,37 @@ def _check_audio(oc: RowOutcome, wav: np.ndarray, policy: str) -> np.ndarray:
     return wav
 
 
-def _code2wav(stages: Stages, live: Sequence[tuple[int, str, Request]], results: dict[int, TalkerResult], opts: RunOptions,
+_Live = Sequence[tuple[int, str, Request]]
+
+
+def _code2wav_guarded(stages: Stages, live: _Live, results: dict[int, TalkerResult], opts: RunOptions,
+                      outcomes: dict[str, RowOutcome]) -> tuple[dict[int, np.ndarray], Failure | None]:
+    """:func:`_code2wav`, or what it raised as a :class:`Failure` (no frame, so none of the call's
+    tensors, outlives the handler); after an out-of-memory error the device cache is freed."""
+    try:
+        return _code2wav(stages, live, results, opts, outcomes), None
+    except Exception as exc:
+        failure = Failure.of(exc)
+    if failure.oom:  # the handler has ended: the failed call's activations are free to return
+        from cosyclone.talker.graph_pool import free_device_cache
+
+        free_device_cache(stages.policy.device)
+    return {}, failure
+
+
+def _code2wav_rows(stages: Stages, live: _Live, results: dict[int, TalkerResult], opts: RunOptions,
+                   outcomes: dict[str, RowOutcome], batch: Failure) -> dict[int, np.ndarray]:
+    """code2wav row by row after the whole call raised ``batch``: a row that raises alone fails."""
+    audio: dict[int, np.ndarray] = {}
+    for rid in dict.fromkeys(rid for _, rid, _ in live):
+        mine, failure = _code2wav_guarded(stages, [x for x in live if x[1] == rid], results, opts, outcomes)
+        audio.update(mine)
+        if failure is not None:
+            outcomes[rid].fail_exc("code2wav", failure, note=f" (the batch raised {batch.describe()})")
+    return audio
+
+
+def _code2wav(stages: Stages, live: _Live, results: dict[int, TalkerResult], opts: RunOptions,
               outcomes: dict[str, RowOutcome]) -> dict[int, np.ndarray]:
     """Batched token2wav over ``live`` (segment index, row id, Request) -> {segment index: float32 wave}.
 

@@ -17,7 +17,7 @@ and inflect, no ttsfrd), re-implemented here from its description:
   punctuation/symbols (``\\p{P}``, ``\\p{S}``) are dropped.
 
 cosyclone deviates only where that output is plainly wrong for a listener or where the official
-code raises; every deviation is a row of the table in docs/text_frontend.md (pinned by a test):
+code raises; every deviation is a row of the table in docs/text_frontend.md:
 
 * wetext 0.1.8 leaks its internal escaping: every ``"`` comes out as ``\\"`` and every ``\\`` as
   ``\\\\`` whenever its grammar ran. The escapes are removed again (exactly: ``\\X`` -> ``X``).

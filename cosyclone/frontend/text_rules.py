@@ -81,8 +81,8 @@ def evidently_speakable(text: str) -> bool:
     that row's error must stay what it was. Texts without this evidence ("%", "$$", "…", emoji,
     "²", "½") are normalized as before. Markup is not considered: a markup text is never
     normalized (:func:`has_markup`; ``speakable`` asks :func:`has_speech` of it directly).
-    Validation of a manifest of ordinary texts then needs no wetext at all; pinned over a corpus
-    against the real normalizer by tests/frontend/test_speech_evidence.py.
+    Validation of a manifest of ordinary texts then needs no wetext at all; the shortcut must agree
+    with the real normalizer wherever it answers.
     """
     if _SPEECH_EVIDENCE.search(text) is None:
         return False
@@ -212,7 +212,7 @@ def sentence_chunks(text: str, lang: str, *, chunk_chars: int = CHUNK_CHARS) -> 
     Chinese right after 。！？ when no space or quote follows; otherwise at a single space after
     ``.``/``!``/``?`` that ends a lowercase word of two or more letters (not an abbreviation such
     as "Dr." or "e.g.") and comes before a capital letter. Whether wetext gives the same output on
-    the chunks as on the whole text is checked on the reference vectors (tests/parity).
+    the chunks as on the whole text holds on the official reference vectors.
     """
     if len(text) <= chunk_chars:
         return [text]

@@ -1,4 +1,4 @@
-"""Tiny stand-ins for the released frontend assets, for tests and ``make_tiny_model``.
+"""Tiny stand-ins for the released frontend assets, for ``make-tiny-model`` and runs without a model.
 
 * :func:`write_tiny_onnx` exports two small torch modules with the released ONNX signatures:
   ``speech_tokenizer_v3.onnx`` (feats float32 (1, 128, T), feats_length int32 (1,) → int64

@@ -58,7 +58,7 @@ SPOKEN_WHITESPACE = "\t\n\r\v\f"
 SPOKEN_FIELDS = ("text", "prompt_text", "instruct")
 #: Every character text_field_problem may refuse: lone surrogates, C0 controls but tab and newline, DEL and C1
 #: controls, BIDI_CONTROLS (a fast first look; the loop decides, with the field's whitespace: a CR in a
-#: spoken field is kept). Pinned against the character loop by tests/manifest/test_manifest_stream.py.
+#: spoken field is kept). It must refuse nothing the character loop accepts.
 _REFUSED = re.compile("[\ud800-\udfff\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 

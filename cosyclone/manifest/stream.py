@@ -1,7 +1,7 @@
 """A manifest read as a stream: lines in chunks, each chunk's texts normalized ahead on every core.
 
-:func:`cosyclone.manifest.read_manifest` used to read the whole file, split it, and normalize every
-text on one core before saying anything (some 3 ms a row: wetext is most of it). Here the file is
+Reading the whole file, splitting it and normalizing every text on one core before saying anything
+costs some 3 ms a row (wetext is most of it) before the first row is checked. Here the file is
 read line by line (:func:`iter_lines`) and validated in chunks of :data:`CHUNK_LINES` lines
 (:func:`warmed_chunks`): while one chunk is checked in this process, the texts of the next are
 looked up in the content cache (:mod:`cosyclone.manifest.text_cache`) and the ones missing are normalized

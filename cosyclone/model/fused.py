@@ -12,7 +12,7 @@ output dim, and two hooks translate at the boundary:
   storage, and the checkpoint key set stays exactly that of the released file);
 * ``load_state_dict()`` joins the released keys into the fused one before the normal load.
 
-So strict loading, key reports, meta-device conformance tests and ``.to()`` all see one tensor
+So strict loading, key reports, meta-device construction and ``.to()`` all see one tensor
 per fused group and the released names, with no duplicated memory.
 """
 

@@ -122,7 +122,10 @@ class RunRecord(RunInputs):
     peak_memory: dict[str, int | None]  # this process's peaks: host_rss_bytes, and on a GPU gpu_allocated_bytes
     # and gpu_reserved_bytes (a Ray run's actors are other processes: their engine_facts are not here)
     engine_facts: dict[str, Any] | None  # what the local engine chose and measured: sizes (talker slots,
-    # code2wav budgets, prompt workers), graphs captured and reused, peak memory; None when no engine ran here
+    # code2wav budgets, prompt workers), graphs captured and reused, peak memory, stage seconds; None when no
+    # engine ran here
+    stage_seconds: dict[str, Any] | None  # where the time went (a StageSeconds): each stage's busy and waiting
+    # seconds, the talker's idle-with-work seconds and the stage that bounds the run; None when no engine ran here
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object of ``runs.jsonl`` and ``summary.json``'s ``last_run``."""
@@ -162,7 +165,8 @@ def run_record(facts: RunFacts, resume: ResumePlan, tally: RunTally, *, prepared
         ray=ray, cuda_graphs=GraphsRecord(resolved=facts.graphs_resolved, used=tally.graph_steps > 0,
                                           rows_with_graph_steps=tally.graph_rows, graph_steps=tally.graph_steps,
                                           capture_errors=tuple(dict.fromkeys(graph_errors))),
-        peak_memory=peak_memory, engine_facts=engine_facts)
+        peak_memory=peak_memory, engine_facts=engine_facts,
+        stage_seconds=engine_facts.get("stages") if engine_facts is not None else None)
 
 
 @dataclass(frozen=True)

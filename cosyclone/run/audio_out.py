@@ -123,7 +123,7 @@ def resample(wav: np.ndarray, src_rate: int, dst_rate: int) -> np.ndarray:
     """
     if src_rate == dst_rate:
         return wav
-    import soxr  # type: ignore[import-untyped]
+    import soxr
 
     x = np.ascontiguousarray(wav, dtype=np.float32).reshape(-1)
     want = int(round(x.size * dst_rate / src_rate))
@@ -246,7 +246,7 @@ def encode_flac(wav: np.ndarray, *, sample_rate: int, pcm_bits: int = 16) -> byt
     samples. Deterministic: libFLAC's STREAMINFO carries the audio's MD5 and its vendor comment the
     library version, never a time.
     """
-    import soundfile as sf  # type: ignore[import-untyped]
+    import soundfile as sf
 
     if pcm_bits not in PCM_SCALE:
         raise ValueError(f"FLAC files hold 16 or 24 bits per sample here, not {pcm_bits}")

@@ -21,6 +21,7 @@ from typing import Protocol
 from cosyclone.base.stop import StopRequest
 from cosyclone.engine import Engine, RowResult
 from cosyclone.engine.isolation import TokenCheckpoint
+from cosyclone.engine.schedule import StageSchedule
 from cosyclone.manifest import Manifest, ManifestRow
 from cosyclone.options import RunOptions
 from cosyclone.run import folder as runfolder
@@ -61,14 +62,18 @@ class RowSource(Protocol):
 
 
 class LocalSource:
-    """Rows made by this process's engine, loaded at the first batch (a resumed run may need none)."""
+    """Rows made by this process's engine, loaded at the first batch (a resumed run may need none).
+
+    One pipeline for the whole run: the first part opens it, every part feeds it and :meth:`drain`
+    finishes it, so its prompt workers and talker session live across parts (a part's tail is still
+    decoding while the next part's first rows are prepared)."""
 
     def __init__(self, load: Callable[[], Engine], opts: RunOptions, tokens: TokenCheckpoint | None,
                  stop: StopRequest | None = None) -> None:
         self._load, self.opts, self.tokens, self.stop = load, opts, tokens, stop
         self.engine: Engine | None = None
         self.graph_errors: list[str] = []
-        self._running: Iterator[RowResult] | None = None
+        self.pipeline: StageSchedule | None = None
 
     @property
     def hits(self) -> int:
@@ -80,19 +85,22 @@ class LocalSource:
         if self.engine is None:
             self.engine = self._load()
             self.graph_errors = self.engine.graph_errors
-        self._running = self.engine.run(batches=batches, opts=self.opts, tokens=self.tokens, stop=self.stop)
-        try:
-            yield from self._running
-        finally:
-            self._running = None
+        if self.pipeline is None:
+            self.pipeline = self.engine.pipeline(opts=self.opts, tokens=self.tokens, stop=self.stop)
+        yield from self.pipeline.feed(batches)
 
     def drain(self) -> Iterator[RowResult]:
-        return iter(())  # feed runs each part to its end
+        if self.pipeline is None:
+            return
+        try:
+            yield from self.pipeline.drain()
+        finally:
+            self.cancel()
 
     def cancel(self) -> None:
-        running, self._running = self._running, None
-        if running is not None and hasattr(running, "close"):
-            running.close()  # type: ignore[attr-defined]  # a generator: its finally blocks free the session
+        pipeline, self.pipeline = self.pipeline, None
+        if pipeline is not None:
+            pipeline.close()  # its workers stop and its talker session is freed
 
     def close(self) -> None:
         self.cancel()

@@ -60,9 +60,9 @@ class NemoManifest:
 
 def _lhotse() -> Any:
     try:
-        import lhotse  # type: ignore[import-untyped]
-        from lhotse.audio import AudioSource  # type: ignore[import-untyped]
-        from lhotse.serialization import SequentialJsonlWriter  # type: ignore[import-untyped]
+        import lhotse
+        from lhotse.audio import AudioSource
+        from lhotse.serialization import SequentialJsonlWriter
     except ImportError:
         raise CosycloneError("--format lhotse writes with the lhotse library: pip install 'cosyclone[lhotse]'") \
             from None

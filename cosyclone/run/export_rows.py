@@ -113,7 +113,7 @@ def eval_values(ev: dict[str, Any] | None, audio_sha256: str, backends: tuple[st
 
 def _audio_facts(data: bytes) -> tuple[int, int] | None:
     """(frames, sample rate) of an audio file's bytes, None when they are not a readable file."""
-    import soundfile as sf  # type: ignore[import-untyped]
+    import soundfile as sf
 
     try:
         info = sf.info(io.BytesIO(data))

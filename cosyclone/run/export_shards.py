@@ -115,7 +115,7 @@ class ParquetShard:
     """A Parquet file written a row group at a time (at most ROW_GROUP_ROWS rows buffered)."""
 
     def __init__(self, path: Path, *, sample_rate: int, cols: ColumnSet, prompt: bool) -> None:
-        import pyarrow.parquet as pq  # type: ignore[import-untyped]
+        import pyarrow.parquet as pq
 
         self.path, self.cols, self.prompt, self.rows = path, cols, prompt, 0
         self.schema = parquet_schema(sample_rate, cols, prompt)
@@ -135,7 +135,7 @@ class ParquetShard:
 
     @staticmethod
     def _blobs(blobs: list[Blob | None]) -> Any:
-        import pyarrow as pa  # type: ignore[import-untyped]
+        import pyarrow as pa
 
         return pa.StructArray.from_arrays(  # built from flat arrays: converting dicts costs several times more
             [pa.array([b.data if b else None for b in blobs], pa.binary()),
@@ -143,7 +143,7 @@ class ParquetShard:
             mask=pa.array([b is None for b in blobs], pa.bool_()))
 
     def _flush(self) -> None:
-        import pyarrow as pa  # type: ignore[import-untyped]
+        import pyarrow as pa
 
         if not self._buffer:
             return
@@ -167,7 +167,7 @@ class ParquetShard:
 
 def arrow_type(name: ColumnType) -> Any:
     """The Arrow type of a column type."""
-    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow as pa
 
     return {"string": pa.string(), "int64": pa.int64(), "uint64": pa.uint64(), "float64": pa.float64(),
             "bool": pa.bool_(), "list<string>": pa.list_(pa.string())}[name]
@@ -182,7 +182,7 @@ def _feature(name: str) -> dict[str, Any]:
 
 def parquet_schema(sample_rate: int, cols: ColumnSet, prompt: bool = False) -> Any:
     """The arrow schema of an export, with the ``huggingface`` features ``datasets`` decodes it by."""
-    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow as pa
 
     audio = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
     features: dict[str, Any] = {"audio": {"sampling_rate": sample_rate, "_type": "Audio"}}

@@ -118,7 +118,8 @@ class RunPlan:
         else:  # what this machine's engine would run at (on a GPU: from the memory free now)
             from cosyclone.engine.sizing import dry_run_sizing
 
-            engine_lines = tuple(dry_run_sizing(self.cfg, self.policy, self.opts).describe())
+            sizing = dry_run_sizing(self.cfg, self.policy, self.opts)
+            engine_lines = (*sizing.describe(), _projection(sizing, [r for part in todo_parts for r in part]))
         return JobPlan(valid_rows=len(self.rows.rows), rejected=len(self.rows.errors), done=len(resume.done),
                        todo=len(resume.todo), unprepared=failed, batches=len(batches),
                        resume=resume.describe(), device=str(self.policy.device), dtype=self.policy.dtype_name,
@@ -211,3 +212,20 @@ def _failed_result(row: ManifestRow, run_seed: int, exc: BaseException, sample_r
     except Exception:  # the seed derivation is what failed: report the row without one
         seed = -1
     return failed_result(row.id, row.line, seed, "prepare", exc, sample_rate=sample_rate)
+
+
+#: The audio seconds a row is assumed to make when a dry run projects the run (its texts are not decoded yet).
+PROJECTED_ROW_SECONDS = 10.0
+
+
+def _projection(sizing: Any, rows: Sequence[ManifestRow]) -> str:
+    """The dry run's projection line: rows per second and the bounding stage from the device's cost
+    table (:mod:`cosyclone.engine.projection`; estimates, said so there)."""
+    from cosyclone.engine.projection import CPU, H100, project
+
+    distinct = len({str(r.prompt_audio) for r in rows}) / len(rows) if rows else 1.0
+    p = project(CPU if sizing.device == "cpu" else H100, rows=len(rows), row_seconds=PROJECTED_ROW_SECONDS,
+                slots=sizing.talker_slots or sizing.batch_size, prompt_workers=sizing.frontend_workers,
+                distinct_prompts=distinct)
+    return f"  {p.describe()} (rows of {PROJECTED_ROW_SECONDS:g} s assumed, {distinct:.0%} distinct prompts)"
+

@@ -1,6 +1,8 @@
 """The talker: CosyVoice3's Qwen2 speech-token LM, decoding rows in slots with the RAS sampler.
 
-``model`` the network · ``step`` the fixed-shape slot step · ``session`` slots, admission, graphs ·
+``model`` the network · ``step`` the fixed-shape slot step · ``sequence`` one ``Seq`` per segment ·
+``scheduler`` which segment takes which slot · ``step_runner`` model, cache and graphs, window by
+window · ``session`` the two joined, requests joining while it decodes ·
 ``decode`` generate(): a session handed every request · ``request``/``results`` what goes in and
 comes out · ``sampler``/``slot_sampler`` RAS and the non-finite policy · ``graphs``/``graph_pool``
 CUDA graphs captured once per process · ``diagnostics`` the per-row counters.

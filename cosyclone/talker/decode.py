@@ -5,7 +5,7 @@ static schedule's talker and the isolation retries; the continuous schedule keep
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -14,12 +14,15 @@ from cosyclone.talker.request import DecodeOptions, TalkerRequest, length_limits
 from cosyclone.talker.results import TalkerResult
 from cosyclone.talker.session import TalkerSession
 
+__all__ = ["TalkerSession", "generate"]  # the session is looked up here, so a caller may stand one in
+
 
 @torch.no_grad()
-def generate(model: CosyVoice3LM, requests: Sequence[TalkerRequest],
-             options: DecodeOptions | None = None) -> list[TalkerResult]:
+def generate(model: CosyVoice3LM, requests: Sequence[TalkerRequest], options: DecodeOptions | None = None, *,
+             session_type: Callable[..., TalkerSession] = TalkerSession) -> list[TalkerResult]:
     """Decode every request, ``options.slots`` at a time (default: all at once); results are in
-    request order and do not depend on the slot count or the admission order."""
+    request order and do not depend on the slot count or the admission order. ``session_type``
+    builds the session (a subclass that runs each step its own way: a host-side sampler)."""
     options = options or DecodeOptions()
     if not requests:
         return []
@@ -27,8 +30,8 @@ def generate(model: CosyVoice3LM, requests: Sequence[TalkerRequest],
     max_len = [length_limits(model, options, r)[1] for r in requests]
     # one cache for the whole call, sized for its longest prompt and longest row (no growth on the way)
     capacity = options.mechanics.capacity or (max(prompt_length(r) for r in requests) + max(1, max(max_len)))
-    session = TalkerSession(model, options, slots=min(n, options.slots or n), capacity=capacity,
-                            token_capacity=max(1, max(max_len)))
+    session = session_type(model, options, slots=min(n, options.slots or n), capacity=capacity,
+                           token_capacity=max(1, max(max_len)))
     session.add(requests)
     session._fit(list(range(n)))  # only checks: a fixed ``options.mechanics.capacity`` below a row's need raises
     found: dict[int, TalkerResult] = {}

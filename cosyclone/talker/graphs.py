@@ -48,6 +48,7 @@ from typing import Any, Literal, Protocol, get_args
 import torch
 from torch import Tensor
 
+from cosyclone.base.streams import capture_stream
 from cosyclone.options import CudaGraphs
 
 log = logging.getLogger(__name__)
@@ -133,8 +134,9 @@ class EagerCapture:
 
 
 class CudaGraphCapture:
-    """``torch.cuda.CUDAGraph`` capture: one side stream for every warm-up and capture of its
-    owner (a decode session), one memory pool for all its graphs.
+    """``torch.cuda.CUDAGraph`` capture: the process's capture stream for every warm-up and capture
+    (:func:`~cosyclone.base.streams.capture_stream`: drawn once, never code2wav's), one memory pool
+    for all the graphs of its owner (a pooled decode step).
 
     Why not ``torch.cuda.graph``: its ``__enter__`` synchronizes the whole device and empties the
     device and pinned-host caches (and may ``gc.collect``) before every capture; a step is captured
@@ -147,11 +149,12 @@ class CudaGraphCapture:
     its own stream) may use CUDA while this one captures. UNVERIFIED on a GPU (module docstring).
     """
 
-    def __init__(self, device: torch.device | str) -> None:
+    def __init__(self, device: torch.device | str, stream: torch.cuda.Stream | None = None) -> None:
+        """``stream``: where warm-ups and captures run; None: the process's capture stream."""
         self.device = torch.device(device)
         self.pool: Any = None
         self.graphs: list[Any] = []  # keep every graph alive for the decode
-        self.stream: Any = torch.cuda.Stream(device=self.device)
+        self.stream = capture_stream(self.device) if stream is None else stream
 
     def _on_side(self, run: Callable[[], Any]) -> Any:
         current = torch.cuda.current_stream(self.device)

@@ -7,12 +7,14 @@ read on its own against the reference; module names mirror the official checkpoi
 (``llm.model.model.{embed_tokens,layers.N,norm}``) so state-dict keys need no renaming.
 
 Math (spec 3.2): pre-norm blocks, RMSNorm computed in fp32 and cast back before the weight,
-half-split RoPE with theta from the config, GQA via ``F.scaled_dot_product_attention``, SwiGLU MLP,
-biases on q/k/v only. The hidden state handed on is the final RMSNorm's output.
+half-split RoPE with theta from the config, GQA via ``F.scaled_dot_product_attention`` (the prefill
+in bounded query chunks on an accelerator: :func:`prefill_attention`), SwiGLU MLP, biases on q/k/v
+only. The hidden state handed on is the final RMSNorm's output.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -116,7 +118,8 @@ class Attention(FusedLinears):
             y = self._step(q, k, v, mask, ctx)
         else:
             y = self._prefill(q, k, v, mask, ctx, None if ctx is None else ctx.slots)
-        return self.o_proj(y)
+        out: Tensor = self.o_proj(y)
+        return out
 
     def _step(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, ctx: CacheContext) -> Tensor:
         """One query per slot, (slots, 1, heads, dh): write each slot's K/V at its position, attend
@@ -138,8 +141,37 @@ class Attention(FusedLinears):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if ctx is not None and slots is not None:
             ctx.cache.write_prefix(ctx.layer, k, v, slots)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
+        bound = None if q.device.type == "cpu" else PREFILL_SCORES  # CPU: SDPA's flash kernel holds no scores
+        y = prefill_attention(q, k, v, mask, gqa=self.n_kv != self.n_heads, max_scores=bound)
         return y.transpose(1, 2).reshape(b, t, -1)
+
+
+#: The most attention scores (rows x heads x query positions x key cells) one prefill attention call
+#: may hold on an accelerator: 2^26 fp32 scores, 256 MiB (SDPA's math kernel also holds their
+#: softmax and the float mask: about three times that). See :func:`prefill_attention`.
+PREFILL_SCORES = 1 << 26
+
+Attend = Callable[..., Tensor]
+
+
+def prefill_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, *, gqa: bool, max_scores: int | None,
+                      attend: Attend = F.scaled_dot_product_attention) -> Tensor:
+    """Masked attention of a prefill, (b, H, T, dh) queries over (b, H_kv, K, dh) keys -> (b, H, T, dh),
+    in query chunks whose scores (b x H x rows x K) stay within ``max_scores`` (None: one call).
+
+    Why chunks: with GQA and a mask (causal and per-row lengths) SDPA on CUDA falls back to its
+    math kernel (flash takes no mask and no fp32), which builds every (T, K) score: b x 14 x T x T
+    fp32 for a whole admission, gigabytes at 30 s prompts. A chunk of query rows attends over all K
+    keys with its own mask rows, so each row's arithmetic is the one-call arithmetic, the kernel is
+    the one the parity tests pinned, and the memory is bounded whatever the admission. On CPU SDPA
+    takes its flash kernel (mask and GQA included), which holds no scores: one call, bytes as they were.
+    """
+    b, h, t = q.shape[:3]
+    rows = t if max_scores is None else max(1, max_scores // max(1, b * h * k.shape[2]))
+    if rows >= t:
+        return attend(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    return torch.cat([attend(q[:, :, i:i + rows], k, v, attn_mask=mask[:, :, i:i + rows], enable_gqa=gqa)
+                      for i in range(0, t, rows)], dim=2)
 
 
 class MLP(FusedLinears):
@@ -153,7 +185,8 @@ class MLP(FusedLinears):
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        out: Tensor = self.down_proj(F.silu(gate) * up)
+        return out
 
 
 class DecoderLayer(nn.Module):
@@ -167,8 +200,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(g.hidden_size, g.rms_norm_eps)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, ctx: CacheContext | None = None) -> Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, ctx)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        h: Tensor = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, ctx)
+        out: Tensor = h + self.mlp(self.post_attention_layernorm(h))
+        return out
 
 
 class Qwen2Model(nn.Module):
@@ -229,7 +263,8 @@ class Qwen2Model(nn.Module):
             ctx = None if cache is None else CacheContext(cache, i, slots=slots, positions=step_pos, rows=rows,
                                                           admit=admit)
             x = layer(x, cos, sin, mask, ctx)
-        return self.norm(x)
+        out: Tensor = self.norm(x)
+        return out
 
 
 class Qwen2ForCausalLMBody(nn.Module):

@@ -68,6 +68,8 @@ class DecodeOptions:
     slots: int | None = None  # rows decoded at once; more requests wait and take a slot as one frees (None: all)
     reserve_positions: int | None = None  # with CUDA graphs: cache cells per slot allocated up front (the
     # engine's sized figure on a GPU), so rows that fit never grow the pooled step and force a recapture
+    prefill_tokens: int | None = None  # padded prompt positions one prefill may take (newcomers x their longest
+    # prompt; at least one newcomer): the sizing rule's budget on a GPU; None: every free slot at once
     cuda_graphs: CudaGraphs = "auto"  # auto | on: capture the step as CUDA graphs (one per kv_len bucket) where
     # it can be captured (see graphs.resolve_cuda_graphs), eager otherwise; off: always eager
     mechanics: StepMechanics = StepMechanics()  # how the step runs (same tokens whatever they are)

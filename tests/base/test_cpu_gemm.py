@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from typing_extensions import override
 
 from cosyclone.base import cpu_gemm
 from cosyclone.base.device import resolve
@@ -24,7 +25,8 @@ def ops_called(fn) -> set[str]:
     seen: set[str] = set()
 
     class Spy(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        @override
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             seen.add(str(func.overloadpacket))
             return func(*args, **(kwargs or {}))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -51,10 +52,10 @@ def test_bf16_nan_payload_bits_survive() -> None:
 def test_non_contiguous_and_deep_nesting() -> None:
     base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
     nc = base.t()[::2]
-    tree = {"text_ids": torch.arange(5), "n": 3, "name": "row-1", "seeds": [1, 2, 3],
+    tree: dict[str, Any] = {"text_ids": torch.arange(5), "n": 3, "name": "row-1", "seeds": [1, 2, 3],
             "embed": {"speech_token": torch.arange(4, dtype=torch.int32), "nc": nc,
                       "deeper": {"a": {"b": {"c": torch.ones(2, dtype=torch.bfloat16)}}, "empty": {}}}}
-    out = handoff.loads(handoff.dumps(tree))
+    out: dict[str, Any] = handoff.loads(handoff.dumps(tree))
     assert set(out) == set(tree)
     assert torch.equal(out["embed"]["nc"], nc) and out["embed"]["nc"].is_contiguous()
     assert torch.equal(out["embed"]["speech_token"], tree["embed"]["speech_token"])

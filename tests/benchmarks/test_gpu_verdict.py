@@ -76,6 +76,10 @@ def test_decode_and_e2e_verdicts_need_graphs_and_equal_tokens(tmp_path: Path) ->
     assert gv.e2e_verdict(fig) == (False, "no decode step ran as a CUDA graph (graph steps 0/9600)")
     assert not gv.e2e_verdict({**fig, "graph_steps": 9000, "capture_errors": ["oom"]})[0]
     assert not gv.e2e_verdict({**fig, "graph_steps": 9000, "ok": 47})[0]
+    within = {**fig, "graph_steps": 9000, "peak_vs_plan": 0.62, "peak_reserved_gib": 40.1, "plan_gib": 64.7}
+    assert gv.e2e_verdict(within) == (True, "48/48 rows, graph steps 9000/9600, peak 0.62 of the plan")
+    over = gv.e2e_verdict({**within, "peak_vs_plan": 1.08, "peak_reserved_gib": 69.9})
+    assert over == (False, "peak GPU memory 69.9 GiB reserved is 1.08 of the sizing plan's 64.7 GiB")
     figures = tmp_path / "figures.jsonl"
     figures.write_text('{"part": "e2e", "rows": 1}\nnot json\n{"part": "e2e", "rows": 2}\n{"part": "env"}\n')
     assert gv.last_figures(figures, "e2e") == {"part": "e2e", "rows": 2}

@@ -86,6 +86,10 @@ def test_outputs_are_24k_wavs_of_the_expected_length_with_complete_diagnostics(
     out = tmp_path / "out"
     res = synth(manifest, model_dir, out)
     assert res.exit_code == 0, res.output
+    assert "bound by" in res.output  # the end summary names the stage that set the run's pace
+    last = json.loads((out / "summary.json").read_text())["last_run"]
+    assert last["stage_seconds"]["bound_by"] in ("frontend", "talker", "code2wav")
+    assert {"busy", "waiting"} == set(last["stage_seconds"]["talker"]) and last["stage_seconds"]["wall"] > 0
     per_token = samples_per_token(model_dir)
     assert per_token == 2 * 480
     lines = diag_lines(out)
@@ -269,6 +273,7 @@ def test_validate_and_dry_run(model_dir: Path, manifest: Path, tmp_path: Path) -
     assert runner.invoke(app, ["validate", str(manifest)]).exit_code == 0
     res = synth(manifest, model_dir, tmp_path / "o", "--dry-run")
     assert res.exit_code == 0 and "4 valid rows" in res.output
+    assert "bound by " in res.output and "rows/s" in res.output  # the projected bounding stage
     assert runner.invoke(app, ["validate", str(tmp_path / "nope.jsonl")]).exit_code == 2
 
 

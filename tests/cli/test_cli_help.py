@@ -9,7 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cosyclone import cli
-from cosyclone.options import GROUPS, SAY, SYNTH, flag_of, option_fields
+from cosyclone.options import COMMAND_GROUPS, REPORT, SAY, SYNTH, flag_of, option_fields
+from cosyclone.report.command import report_command
 
 PANELS = ("Model", "Sampling", "Batching", "Output", "Scale-out")
 
@@ -35,10 +36,10 @@ def test_help_is_short_grouped_and_fits_80_columns(command: str) -> None:
     assert len(wrapped) <= 2, wrapped
 
 
-@pytest.mark.parametrize("command,fn", [(SYNTH, cli.synth), (SAY, cli.say)])
+@pytest.mark.parametrize("command,fn", [(SYNTH, cli.synth), (SAY, cli.say), (REPORT, report_command)])
 def test_the_commands_options_are_derived_from_the_option_set(command: str, fn) -> None:
     params = inspect.signature(fn).parameters
-    offered = [f for _, f in option_fields(*GROUPS) if command in f.metadata["commands"]]
+    offered = [f for _, f in option_fields(*COMMAND_GROUPS) if command in f.metadata["commands"]]
     assert offered, command
     for f in offered:
         assert f.name in params, f.name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -97,7 +98,8 @@ def test_folded_generator_equals_unfolded() -> None:
     lens = torch.tensor([6, 4])
     ref, _ = model.inference(mel, lens, max_frames=0)
     model.fold_weight_norm()
-    assert model.ups[0].weight.dim() == 4 and model.f0_predictor.condnet[0].weight.dim() == 3
+    layers: Any = model  # nn.ModuleList / nn.Sequential items are typed as bare modules
+    assert layers.ups[0].weight.dim() == 4 and layers.f0_predictor.condnet[0].weight.dim() == 3
     got, _ = model.inference(mel, lens, max_frames=0)
     assert ref.abs().max() > 1e-2
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from cosyclone.code2wav.token2wav import change_speed, speed_frames, token2wav
+from cosyclone.model.config import FlowConfig
 
 
 def test_speed_frames_matches_official_formula() -> None:
@@ -39,8 +41,13 @@ def test_change_speed_all_ones_is_identity() -> None:
 
 
 class _Flow:
-    def inference(self, token, token_len, prompt_token, prompt_token_len, prompt_feat, embedding, *,
-                  n_timesteps=None):
+    """A flow stand-in (the :class:`MelFlow` protocol): each token becomes two frames of its value."""
+
+    cfg = FlowConfig()
+
+    def inference(self, token: Tensor, token_len: Tensor, prompt_token: Tensor, prompt_token_len: Tensor,
+                  prompt_feat: Tensor, embedding: Tensor, *, n_timesteps: int | None = None,
+                  pad_to: int = 0) -> tuple[Tensor, Tensor]:
         mel = token[:, None, :].float().repeat_interleave(2, dim=2).expand(-1, 80, -1).clone()
         return mel, 2 * token_len
 
@@ -49,7 +56,8 @@ class _Hift:
     def __init__(self) -> None:
         self.seen: list[list[int]] = []
 
-    def inference(self, mel, mel_len):
+    def inference(self, mel: Tensor, mel_len: Tensor, *, max_frames: int | None = None,
+                  bucket: int = 0) -> tuple[Tensor, Tensor]:
         self.seen.append(mel_len.tolist())
         return mel[:, 0].repeat_interleave(480, dim=1), 480 * mel_len
 

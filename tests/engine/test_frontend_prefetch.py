@@ -7,12 +7,15 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from cosyclone.engine.outcome import EXCEPTION
 from tests.engine_run import run as engine_run
+
+if TYPE_CHECKING:
+    from cosyclone.engine import RowResult
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXTS = ["Hello there.", "A longer sentence, with a comma in it.", "Short.", "One more line to speak.",
@@ -26,7 +29,10 @@ def tts(tiny_model_dir: Path):
     return CosyClone(tiny_model_dir, device="cpu", max_tokens=8, n_timesteps=2, batch_size=2)
 
 
-def _run(tts: Any, prefetch: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[str, dict, bytes]], set]:
+Ran = list[tuple[str, "RowResult", bytes]]
+
+
+def _run(tts: Any, prefetch: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[Ran, set[str]]:
     fe = tts.stages.frontend
     real = type(fe).prepare
     threads: set[str] = set()
@@ -41,9 +47,9 @@ def _run(tts: Any, prefetch: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[lis
     rows = tts.validate([{"id": "boom" if i == 3 else f"row{i}", "text": text,
                           "prompt_audio": str(ROOT / "manifests" / "prompts" / f"speaker{i % 3 + 1}.wav"),
                           "prompt_text": "reference words"} for i, text in enumerate(TEXTS)])
-    got: list[tuple[str, dict, bytes]] = []
+    got: list[tuple[str, RowResult, bytes]] = []
 
-    def submit(rec: Any) -> None:
+    def submit(rec: RowResult) -> None:
         got.append((rec.id, replace(rec, seconds={}), b"" if rec.audio is None else rec.audio.tobytes()))  # wall times differ
 
     engine_run(tts.stages, rows, tts.options, submit, prefetch=prefetch)

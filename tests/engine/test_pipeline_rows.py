@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from typer.testing import CliRunner
+from typing_extensions import override
 
 import cosyclone.talker.decode as dec
 from cosyclone.base.device import resolve
@@ -44,6 +45,7 @@ MARK = {"nanwav": 1.0, "infwav": 2.0, "c2w-boom": 3.0}  # text word -> embedding
 class MarkingFrontend(Frontend):
     """The stub frontend, plus a marker in the speaker embedding so code2wav stubs know the row."""
 
+    @override
     def prepare(self, row_id, prompt_audio, prompt_text, text, mode, instruct, seed, speed=1.0):
         if "user-error" in text:
             raise CosycloneError(f"row {row_id!r}: the text is not speakable")
@@ -58,6 +60,7 @@ class MarkingFrontend(Frontend):
 
 
 class MarkedFlow(Flow):
+    @override
     def inference(self, token, token_len, prompt_token, prompt_token_len, prompt_feat, embedding, *, n_timesteps=None):
         if (embedding[:, 0] == 3.0).any():
             raise IndexError("flow stub: index 99 is out of bounds")
@@ -66,6 +69,7 @@ class MarkedFlow(Flow):
 
 
 class MarkedHift(Hift):
+    @override
     def inference(self, mel, mel_len):
         wav, wav_len = super().inference(mel, mel_len)
         marker = (mel[:, 0, 0] / 1000.0).round()

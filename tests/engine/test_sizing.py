@@ -49,10 +49,12 @@ def test_a_kv_cell_is_derived_from_the_config() -> None:
     assert kv_bytes_per_position(CFG, torch.float32) == 24 * 1024
 
 
-def _rule(free: int, policy: DevicePolicy, opts: RunOptions) -> tuple[int, int, int, int]:
+def _rule(free: int, policy: DevicePolicy, opts: RunOptions, frontend: int = 0) -> tuple[int, int, int, int]:
     """The documented rule, spelled out: (slots, hift frames, flow tokens, batch rows)."""
-    usable = int(free * (opts.gpu_memory_fraction or Z.GPU_MEMORY_FRACTION)) - Z.RESERVE_BYTES
+    usable = int(free * (opts.gpu_memory_fraction or Z.GPU_MEMORY_FRACTION)) - Z.RESERVE_BYTES - frontend
     per_slot = Z.POSITIONS_PER_SLOT * kv_bytes_per_position(CFG, policy.dtype) + 64 * CFG.talker.decoder_size
+    per_position = Z.prefill_bytes_per_position(CFG)
+    usable -= max(Z.POSITIONS_PER_SLOT, int(usable * Z.PREFILL_SHARE) // per_position) * per_position
     slots = max(1, min(Z.MAX_SLOTS, int(usable * Z.TALKER_SHARE) // per_slot))
     half = (usable - slots * per_slot) // 2
     hift = max(1500, half // Z.HIFT_BYTES_PER_FRAME)
@@ -63,14 +65,15 @@ def _rule(free: int, policy: DevicePolicy, opts: RunOptions) -> tuple[int, int, 
 @pytest.mark.parametrize("free_gib", [4, 12, 24, 76, 135])
 def test_on_a_gpu_the_sizes_follow_the_free_memory(free_gib: int) -> None:
     policy, opts = _gpu(), RunOptions()
-    s = plan_sizing(CFG, policy, opts, free_bytes=free_gib * GIB)
+    s = plan_sizing(CFG, policy, opts, free_bytes=free_gib * GIB, frontend_bytes=0)
     assert s.sized and (s.talker_slots, s.hift_max_frames, s.flow_max_tokens, s.batch_size) == _rule(
         free_gib * GIB, policy, opts)
     assert s.reserve_positions == Z.POSITIONS_PER_SLOT and s.free_bytes == free_gib * GIB
     slots = _n(s.talker_slots) * (_n(s.reserve_positions) * s.kv_bytes_per_position + 64 * CFG.talker.decoder_size)
     c2w = s.hift_max_frames * Z.HIFT_BYTES_PER_FRAME + s.flow_max_tokens * Z.FLOW_BYTES_PER_TOKEN["bf16"]
     if free_gib >= 12:  # above the one-design-row minimums, what is planned fits what was usable
-        assert slots + c2w <= _n(s.usable_bytes)
+        prefill = _n(s.prefill_tokens) * Z.prefill_bytes_per_position(CFG)
+        assert slots + prefill + c2w <= _n(s.usable_bytes)
     text = "\n".join(s.describe())
     assert f"{free_gib}.0 GiB free" in text and f"talker slots {s.talker_slots}" in text
 
@@ -163,3 +166,17 @@ def test_a_dry_run_on_a_gpu_plans_for_what_the_load_will_leave(monkeypatch: pyte
     s = Z.dry_run_sizing(CFG, policy, RunOptions())
     assert s.sized and s.free_bytes == 40 * GIB - Z.weights_bytes(CFG, policy)
     assert s == plan_sizing(CFG, policy, RunOptions(), free_bytes=s.free_bytes)  # the same rule as after load
+
+
+def test_the_frontends_gpu_arenas_are_held_back() -> None:
+    """The ONNX sessions' arena caps come off the usable memory before anything else is planned, and
+    the run records and prints them."""
+    policy, opts = _gpu(), RunOptions()
+    bare = plan_sizing(CFG, policy, opts, free_bytes=76 * GIB, frontend_bytes=0)
+    onnx = plan_sizing(CFG, policy, opts, free_bytes=76 * GIB, frontend_bytes=4 * GIB)
+    assert _n(bare.usable_bytes) - _n(onnx.usable_bytes) == 4 * GIB and onnx.frontend_bytes == 4 * GIB
+    sizes = (onnx.talker_slots, onnx.hift_max_frames, onnx.flow_max_tokens, onnx.batch_size)
+    assert sizes == _rule(76 * GIB, policy, opts, frontend=4 * GIB)
+    assert onnx.as_record()["frontend_bytes"] == 4 * GIB
+    assert "frontend ONNX arenas 4.0 GiB" in "\n".join(onnx.describe())
+    assert plan_sizing(CFG, resolve("cpu", "fp32"), opts).frontend_bytes == 0  # CPU: nothing held back

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -74,8 +75,9 @@ def test_qwen_folder_loads_with_transformers_from_pretrained(tiny: Path) -> None
     """What the official Qwen2Encoder does, and the backbone it gets computes what ours computes."""
     import transformers  # a declared dependency (the tokenizer and Qwen2 config go through it too)
 
-    hf, info = transformers.Qwen2ForCausalLM.from_pretrained(str(tiny / "CosyVoice-BlankEN"),
-                                                             output_loading_info=True)
+    loaded: Any = transformers.Qwen2ForCausalLM.from_pretrained(str(tiny / "CosyVoice-BlankEN"),
+                                                                output_loading_info=True)
+    hf, info = loaded  # with output_loading_info: (model, {missing, unexpected, mismatched keys})
     assert not (info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"]), info
     llm = _official_keys(tiny, "llm.pt")
     for key, value in hf.state_dict().items():

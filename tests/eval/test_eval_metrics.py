@@ -72,7 +72,7 @@ def test_wer_cer_and_similarity_ratio_of_an_english_row():
     assert (exact.wer, exact.cer, exact.similarity_ratio) == (0.0, 0.0, 1.0)
     s = score("the cat sat", "the bat", None)
     assert s.metric == "wer" and s.wer == pytest.approx(2 / 3) and (s.ref_words, s.word_edits) == (3, 2)
-    assert 0.0 < s.similarity_ratio < 1.0
+    assert s.similarity_ratio is not None and 0.0 < s.similarity_ratio < 1.0
     empty = score("!!!", "hello", "en")  # nothing speakable: no rate, rather than a made-up 0 or 1
     assert empty.error_rate is None and empty.similarity_ratio is None
 

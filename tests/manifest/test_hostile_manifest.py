@@ -84,7 +84,9 @@ def test_validate_names_every_line_that_is_not_a_row(body: list[bytes], tmp_path
     path = _write(tmp_path_factory.mktemp("v"), body)
     res = CliRunner().invoke(app, ["validate", str(path)])
     _assert_clean_exit(res)
-    valid, rejected = map(int, re.search(r"(\d+) valid rows, (\d+) rejected", res.output).groups())
+    counts = re.search(r"(\d+) valid rows, (\d+) rejected", res.output)
+    assert counts is not None, res.output
+    valid, rejected = map(int, counts.groups())
     named = _named_lines(res.output)
     assert len(named) == rejected and named <= _nonblank(body)
     assert valid + rejected == len(_nonblank(body))
@@ -207,8 +209,8 @@ def test_a_windows_manifest_validates_and_speaks_the_official_segments(tiny_mode
     for f in qwen.iterdir():
         if f.name != "config.json":
             f.unlink()
-    for f in ("vocab.json", "merges.txt", "tokenizer_config.json"):
-        shutil.copy(reference_tokenizer() / f, qwen / f)
+    for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+        shutil.copy(reference_tokenizer() / name, qwen / name)
     res = CliRunner().invoke(app, ["validate", str(path), "--json", "--model-dir", str(model)])
     assert res.exit_code == 0, res.output
     got = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]

@@ -21,8 +21,8 @@ def folder(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def row(i: str, **kw: object) -> dict:
-    base = {"id": i, "prompt_audio": "p.wav", "prompt_text": "hi there", "text": "hello"}
+def row(i: str, **kw: object) -> dict[str, object]:
+    base: dict[str, object] = {"id": i, "prompt_audio": "p.wav", "prompt_text": "hi there", "text": "hello"}
     base.update(kw)
     return base
 

@@ -94,7 +94,8 @@ def test_second_dry_run_normalizes_nothing(tmp_path: Path, spy: list[str], tiny_
     second = SynthJob.open(path, tmp_path / "out", model_dir=tiny_model_dir, device="cpu").plan()
     assert spy == []
     assert second == first
-    assert text_cache.text_cache_for(get_normalizer("wetext")).hits >= len(TEXTS)
+    cache = text_cache.text_cache_for(get_normalizer("wetext"))
+    assert cache is not None and cache.hits >= len(TEXTS)
 
 
 def test_a_changed_text_alone_is_normalized_again(tmp_path: Path, spy: list[str]) -> None:
@@ -204,7 +205,7 @@ def check_pool_equals_serial(tmp: str) -> None:
         submitted.append(len(out))
         return out
 
-    text_pool.NormalizePool.submit = counting  # type: ignore[method-assign]
+    text_pool.NormalizePool.submit = counting  # type: ignore[method-assign,assignment]
     assert summary(read_manifest(path)) == serial
     assert submitted and all(submitted)  # the pool really ran
     assert len(serial[1]) == 2  # the two rows with nothing to speak

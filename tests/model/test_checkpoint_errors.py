@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from typer.testing import CliRunner
+from typing_extensions import override
 
 from cosyclone.cli import app
 from cosyclone.errors import ModelDirError
@@ -32,6 +33,7 @@ def _message(exc: pytest.ExceptionInfo, path: Path) -> str:
 
 
 class _Code:
+    @override
     def __reduce__(self):
         return (print, ("this must never run",))
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from typing_extensions import override
 
 from cosyclone.base.device import resolve
 from cosyclone.engine.tiny import TinySizes, write_tiny_config
@@ -122,6 +123,7 @@ def test_pt_load_is_weights_only_and_casts_to_run_dtype(tmp_path: Path) -> None:
     assert module.lin.weight.dtype == torch.float64 and torch.all(module.lin.weight == 1)
 
     class Evil:
+        @override
         def __reduce__(self):
             return (print, ("executed",))
 

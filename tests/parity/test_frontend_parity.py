@@ -197,7 +197,7 @@ def test_batched_rows_match_single(frontend, bounds) -> None:
     wm, wn = features.whisper_log_mel(batch, lens)
     one, _ = features.whisper_log_mel(short)
     assert int(wn[1]) == one.shape[-1]
-    same = {"rtol": 2 * EPS32, "atol": 1e-7}  # float64 inside: equal up to the final float32 rounding
+    same: dict[str, Any] = {"rtol": 2 * EPS32, "atol": 1e-7}  # float64 inside: equal up to the final float32 rounding
     torch.testing.assert_close(wm[1, :, :int(wn[1])], one[0], **same)
     check_within("whisper_log_mel_128", wm[:1], meta, v, bounds["whisper_log_mel_128"])
     fb, fn = features.kaldi_fbank(batch, lens)

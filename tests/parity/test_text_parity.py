@@ -100,9 +100,9 @@ def test_every_case_by_the_rule(vectors: dict[str, Any], fe: TextFrontend) -> No
             deviated += 1
             if row.expect == "prefix + zero_shot segments":
                 zs = next(c for c in cases if c["text_index"] == case["text_index"] and c["variant"] == "zs_en")
-                want = [SYSTEM_PREFIX + s for s in zs["official"]["segments"]]
-                ok = not isinstance(got, str) and got[2] == want and got[0] == [] and all(
-                    ids == fe.encode(t) for ids, t in zip(got[1], want, strict=True))
+                segments = [SYSTEM_PREFIX + s for s in zs["official"]["segments"]]
+                ok = not isinstance(got, str) and got[2] == segments and got[0] == [] and all(
+                    ids == fe.encode(t) for ids, t in zip(got[1], segments, strict=True))
             elif isinstance(row.expect, str) and row.expect.startswith("error: "):
                 ok = isinstance(got, str) and row.expect.removeprefix("error: ") in got
             else:

@@ -203,7 +203,7 @@ def test_non_finite_samples_are_refused_by_every_encoder() -> None:
     x[5] = np.nan
     for fmt in ("wav", "flac"):
         with pytest.raises(ValueError, match="1 non-finite"):
-            encode(x, sample_rate=RATE, fmt=fmt)  # type: ignore[arg-type]
+            encode(x, sample_rate=RATE, fmt=fmt)
 
 
 # ----------------------------------------------------------------------------- options and paths

@@ -190,14 +190,14 @@ def test_shards_keep_to_the_size_and_are_the_same_bytes_every_time(run_folder: P
     wav_bytes = wav_path(run_folder, "r0").stat().st_size  # about 12 kB a row
     limit = 2 * wav_bytes + 9000  # two rows fit, with a tar's headers and its padding to 10240-byte records
     for fmt in ("webdataset", "parquet"):
-        first = export(run_folder, fmt=fmt, shard_size_bytes=limit, to_dir=tmp_path / fmt)  # type: ignore[arg-type]
+        first = export(run_folder, fmt=fmt, shard_size_bytes=limit, to_dir=tmp_path / fmt)
         digests = [hashlib.sha256(s.path.read_bytes()).hexdigest() for s in first.shards]
         assert [s.rows for s in first.shards] == [2, 2, 1]
         ext = first.shards[0].path.suffix
         assert [s.path.name for s in first.shards] == [f"data-0000{i}-of-00003{ext}" for i in (0, 1, 2)]
         if fmt == "webdataset":
             assert all(s.bytes <= limit for s in first.shards)  # exact for tars, about for Parquet
-        again = export(run_folder, fmt=fmt, shard_size_bytes=limit, to_dir=tmp_path / fmt)  # type: ignore[arg-type]
+        again = export(run_folder, fmt=fmt, shard_size_bytes=limit, to_dir=tmp_path / fmt)
         assert [hashlib.sha256(s.path.read_bytes()).hexdigest() for s in again.shards] == digests
         assert not list((tmp_path / fmt).glob(".*.tmp"))
 

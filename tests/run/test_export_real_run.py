@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -18,7 +19,7 @@ from tests.cli.test_cli import ROOT
 FAST = ["--max-tokens", "8", "--n-timesteps", "2", "--device", "cpu", "--quiet"]
 PROMPT = str(ROOT / "manifests" / "prompts" / "speaker1.wav")
 META = "meta" in KNOWN  # the manifest's meta object (a row's user fields)
-ROWS = [
+ROWS: list[dict[str, Any]] = [
     {"id": "big", "seed": 2**63, "text": "你好，\n世界 🎉", "meta": {"speaker": "说话人", "language": "zh"}},
     {"id": "max", "seed": 2**64 - 1, "text": "Hello there.", "meta": {"speaker": "spk_b", "language": "en"}},
 ]

@@ -135,7 +135,8 @@ def test_a_record_of_odd_types_exports_with_nulls_not_an_error(tmp_path: Path) -
     import pyarrow.parquet as pq
 
     out = tmp_path / "out"
-    write(out, [Row("odd", 1, meta=["a", "list"], extra={"speed": "fast", "seed": -1, "normalized_text": 5}),
+    odd: Any = ["a", "list"]  # a record as found on disk, not as typed
+    write(out, [Row("odd", 1, meta=odd, extra={"speed": "fast", "seed": -1, "normalized_text": 5}),
                 Row("fine", 2, meta={"speaker": "s"})])
     summary = export(out, fmt="parquet")
     rows = {r["id"]: r for r in pq.read_table(str(summary.shards[0].path)).to_pylist()}

@@ -111,6 +111,7 @@ def test_the_export_options_come_from_the_option_registry() -> None:
     from cosyclone import cli
 
     command = next(c.callback for c in cli.app.registered_commands if c.name == "export")
+    assert command is not None
     params = inspect.signature(command).parameters
     offered = [f for _, f in option_fields(*COMMAND_GROUPS) if EXPORT in f.metadata["commands"]]
     assert {f.name for f in offered} == {"format", "shard_size", "rows_per_shard", "to", "split",

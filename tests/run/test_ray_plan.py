@@ -19,17 +19,8 @@ import torch
 from cosyclone.base.device import DevicePolicy
 from cosyclone.errors import CosycloneError
 from cosyclone.model.config import load_model_config, released_config
-from cosyclone.run.ray_plan import (
-    CPU_SHARE,
-    DEFAULT_CPU_THREADS,
-    Footprint,
-    NodeShape,
-    RayPlan,
-    actor_footprint,
-    plan_actors,
-    plan_run,
-    weight_bytes,
-)
+from cosyclone.run.ray_footprint import Footprint, actor_footprint, weight_bytes
+from cosyclone.run.ray_plan import CPU_SHARE, DEFAULT_CPU_THREADS, NodeShape, RayPlan, plan_actors, plan_run
 
 GB = 10**9
 CORES, MEMORY, GPUS = (2, 16, 64), (8, 64, 256), (0, 1, 8)

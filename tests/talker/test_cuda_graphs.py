@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
+from typing_extensions import override
 
 from benchmarks.gpu_verdict import token_difference
+from cosyclone.options import CudaGraphs
 from cosyclone.talker import DecodeOptions, StepMechanics, generate
 from cosyclone.talker.graph_pool import PROCESS
 from cosyclone.talker.graphs import (
@@ -26,6 +28,7 @@ from cosyclone.talker.graphs import (
 )
 from cosyclone.talker.sampler import SamplerOptions
 from tests.capture import captured_with, graph_reports
+from tests.samplers import diag
 from tests.talker.test_engine_equivalence import _key, _requests
 from tests.talker.test_talker_decode import _model
 
@@ -91,6 +94,7 @@ def test_graph_wrapper_state_machine_gives_plain_tokens() -> None:
 
 
 class _Refuses(EagerCapture):
+    @override
     def capture(self, thunk: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
         raise RuntimeError("operation not permitted when stream is capturing")
 
@@ -119,14 +123,16 @@ def test_session_says_what_really_ran() -> None:
                                        ("auto", _Refuses(), False, "capture failed for key ")):
         PROCESS.reset()  # each mode in a fresh process (pooled steps keep what an earlier mode captured)
         with captured_with(backend):
-            session = TalkerSession(model, DecodeOptions(sampler=SAMPLER, cuda_graphs=mode, mechanics=StepMechanics(kv_bucket=8)), slots=2)
+            opts = DecodeOptions(sampler=SAMPLER, cuda_graphs=cast(CudaGraphs, mode),
+                                 mechanics=StepMechanics(kv_bucket=8))
+            session = TalkerSession(model, opts, slots=2)
             session.add(reqs)
             res = [r for _, r in session.drain()]
             session.close()
         assert len(res) == 4 and session.graphs_used is used, mode
         assert (session.graph_capture_error or "").startswith(error or "") and (error is None) == (
             session.graph_capture_error is None)
-        assert (sum(r.diagnostics.graph_steps for r in res) > 0) is used
+        assert (sum(diag(r).graph_steps for r in res) > 0) is used
 
 
 def test_static_buffers_copy_inputs_and_alias_outputs() -> None:
@@ -155,6 +161,23 @@ def test_static_buffers_copy_inputs_and_alias_outputs() -> None:
 
 
 # -- on a GPU -------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_the_process_streams_are_drawn_once_and_distinct_on_cuda() -> None:
+    """code2wav's stream and the capture stream: the same objects on every call, three different
+    device streams (theirs and the default), and every pooled capture runs on the one capture stream."""
+    from cosyclone.base.streams import capture_stream, code2wav_stream
+    from cosyclone.talker.graphs import CudaGraphCapture
+
+    dev = torch.device("cuda")
+    c2w, cap = code2wav_stream(dev), capture_stream(dev)
+    for _ in range(40):  # more draws than the pool holds: a fresh draw would have wrapped by now
+        torch.cuda.Stream(device=dev)
+        assert code2wav_stream(dev) is c2w and capture_stream(dev) is cap
+    handles = {c2w.cuda_stream, cap.cuda_stream, torch.cuda.default_stream(dev).cuda_stream}
+    assert len(handles) == 3
+    assert CudaGraphCapture(dev).stream is cap and CudaGraphCapture(dev).stream is cap
 
 
 @pytest.mark.gpu
@@ -259,7 +282,7 @@ def test_synth_on_cuda_records_graphs_on_and_matches_off(tiny_model_dir: Any, tm
 
 def test_cuda_capture_protocol_with_fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     """CudaGraphCapture's calls, checked on CPU against stand-ins (real semantics need a GPU, see
-    the ``gpu`` tests): ONE side stream per capture owner serves every warm-up and capture; it first
+    the ``gpu`` tests): the ONE side stream it is handed serves every warm-up and capture; it first
     waits for the current stream and is waited on after; a capture waits only on its own stream (no
     device-wide synchronize: that would wait for code2wav's stream too), brackets the step with
     ``capture_begin``/``capture_end`` in thread-local error mode (no ``torch.cuda.graph``: its
@@ -286,6 +309,9 @@ def test_cuda_capture_protocol_with_fake_cuda(monkeypatch: pytest.MonkeyPatch) -
     def new_stream(device: Any = None) -> Stream:
         made.append("side")
         return Stream(f"side{len(made)}")
+
+    def no_new_stream(device: Any = None) -> Stream:
+        raise AssertionError("a capture draws no stream: it is handed the process's capture stream")
 
     class StreamCtx:
         def __init__(self, s: Stream) -> None:
@@ -319,21 +345,29 @@ def test_cuda_capture_protocol_with_fake_cuda(monkeypatch: pytest.MonkeyPatch) -
     def no_graph_cm(*a: Any, **k: Any) -> None:
         raise AssertionError("torch.cuda.graph empties the caches on every capture: not used")
 
-    monkeypatch.setattr(torch.cuda, "Stream", new_stream)
+    monkeypatch.setattr(torch.cuda, "Stream", no_new_stream)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current)
     monkeypatch.setattr(torch.cuda, "stream", StreamCtx)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append(("sync",)))
     monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
     monkeypatch.setattr(torch.cuda, "graph", no_graph_cm)
 
-    cap = CudaGraphCapture("cpu")
+    cap = CudaGraphCapture("cpu", stream=new_stream())  # type: ignore[arg-type]
     side = [("wait", "side1", "current"), ("enter", "side1")]
     back = [("exit", "side1"), ("wait", "current", "side1")]
-    assert cap.warmup(lambda: events.append(("run",)) or 7) == 7
+    def run() -> int:
+        events.append(("run",))
+        return 7
+
+    def step() -> str:
+        events.append(("step",))
+        return "o1"
+
+    assert cap.warmup(run) == 7
     assert cap.warmup(lambda: 8) == 8
     assert events == [*side, ("run",), *back, *side, *back]
     events.clear()
-    replay1, out1 = cap.capture(lambda: events.append(("step",)) or "o1")
+    replay1, out1 = cap.capture(step)
     replay2, out2 = cap.capture(lambda: "o2")
     assert events == [*side, ("begin", 1, None, "thread_local"), ("step",), ("end", 1), *back,
                       *side, ("begin", 2, "pool1", "thread_local"), ("end", 2), *back]

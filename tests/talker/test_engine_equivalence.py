@@ -168,11 +168,11 @@ def test_newcomers_riding_in_a_running_step_get_what_a_separate_prefill_gives(ho
     seen = {"apart": 0, "riding": 0}
     real_admit, real_step = SlotStep.admit, CosyVoice3LM.step
 
-    def admit(self, slots, *args, **kw):  # type: ignore[no-untyped-def]
+    def admit(self, slots, *args, **kw):
         seen["apart"] += len(slots)
         return real_admit(self, slots, *args, **kw)
 
-    def step(self, *args, admit=None, **kw):  # type: ignore[no-untyped-def]
+    def step(self, *args, admit=None, **kw):
         seen["riding"] += 0 if admit is None else int(admit[2].numel())
         return real_step(self, *args, admit=admit, **kw)
 
@@ -224,7 +224,7 @@ def test_a_session_fed_while_it_decodes_equals_todays_loop(slots: int, chunk: in
             fed += len(tickets)
         got.update(session.poll())
     session.close()
-    assert _key([got[t] for t in range(len(reqs))]) == want  # type: ignore[misc]
+    assert _key([got[t] for t in range(len(reqs))]) == want
     assert len(grown) >= 2 and grown == sorted(grown)  # it grew while rows were running
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from typing_extensions import override
 
 from cosyclone.talker import DecodeOptions, StepMechanics, TalkerSession, generate
 from cosyclone.talker.graph_pool import PROCESS, free_device_cache
@@ -27,6 +28,7 @@ SAMPLER = SamplerOptions(top_k=40, top_p=0.9)
 
 
 class _Refuses(EagerCapture):
+    @override
     def capture(self, thunk: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
         raise RuntimeError("operation not permitted when stream is capturing")
 
@@ -53,9 +55,9 @@ def test_sessions_of_one_shape_share_one_step_and_capture_each_bucket_once() -> 
     eager, _ = _decode(model, reqs, None, cuda_graphs="off")
     runs = [_decode(model, reqs, backend, reserve_positions=160) for _ in range(3)]
     (first, s1), (second, s2), (third, s3) = runs
-    assert s1.engine is s2.engine is s3.engine and s1.graphed is s3.graphed  # one step, one set of graphs
-    assert s3.graphed is not None
-    assert backend.captures == len(s3.graphed.replays) >= 2  # no bucket captured twice
+    assert s1.engine is s2.engine is s3.engine and s1.runner.graphed is s3.runner.graphed  # one step, one set of graphs
+    assert s3.runner.graphed is not None
+    assert backend.captures == len(s3.runner.graphed.replays) >= 2  # no bucket captured twice
     assert s3.graph_report()[1] == 0 and s3.graphs_used  # the third only replays
     assert _without_graph_steps(first) == _without_graph_steps(third) == _without_graph_steps(eager)
     assert (PROCESS.counts.sessions, PROCESS.counts.reused, PROCESS.counts.captures) == (3, 2, backend.captures)

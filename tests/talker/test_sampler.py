@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import pytest
 import torch
@@ -59,7 +60,7 @@ N_DRAWS = 6000
 CHI2_DF7_P1E4 = 29.88  # chi-square critical value, 7 degrees of freedom, p = 1e-4
 
 
-def _draws(logits: torch.Tensor, **opts: object) -> Counter[int]:
+def _draws(logits: torch.Tensor, **opts: Any) -> Counter[int]:
     s = make(N_DRAWS, vocab_s=100, **opts)
     tokens, aborted = s.sample(logits.expand(N_DRAWS, -1), torch.arange(N_DRAWS), 0)
     assert not aborted.any()

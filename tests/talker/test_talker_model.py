@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 from cosyclone.base.device import DevicePolicy
 from cosyclone.engine.tiny import TinySizes, write_tiny_config
@@ -126,6 +127,7 @@ def test_fused_projections_keep_released_names_both_ways() -> None:
     dst.load_state_dict(state, strict=True)
     attn = dst.llm.model.model.layers[0].self_attn
     joined = torch.cat([state[layer + f"self_attn.{p}_proj.weight"] for p in "qkv"])
+    assert isinstance(attn, nn.Module) and isinstance(attn.qkv_proj, nn.Linear)
     assert torch.equal(attn.qkv_proj.weight, joined)
     for k, v in dst.state_dict().items():
         assert torch.equal(v, state[k]), k
