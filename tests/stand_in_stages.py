@@ -21,7 +21,7 @@ import torch
 
 from cosyclone.base.device import resolve
 from cosyclone.engine import Engine, RowResult
-from cosyclone.engine.outcome import RowOutcome
+from cosyclone.engine.outcome import Failure, RowOutcome
 from cosyclone.engine.prefetch import PromptAhead
 from cosyclone.engine.stages import PreparedBatch, Stages
 from cosyclone.manifest import ManifestRow
@@ -151,7 +151,7 @@ class StandInOps:
             out.append(prepared.outcomes[row.id].result(np.zeros(10, np.float32), 24000))
         return out
 
-    def rows_alone(self, rows: Sequence[ManifestRow], exc: BaseException) -> list[RowResult]:
+    def rows_alone(self, rows: Sequence[ManifestRow], exc: Failure) -> list[RowResult]:
         raise AssertionError(f"the stand-in stages never raise: {exc!r}")
 
 

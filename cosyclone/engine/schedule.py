@@ -37,7 +37,7 @@ from cosyclone.base.streams import code2wav_stream
 from cosyclone.engine import isolation as I
 from cosyclone.engine import stages as S
 from cosyclone.engine.clock import StageClock, TalkerState
-from cosyclone.engine.outcome import RowResult
+from cosyclone.engine.outcome import Failure, RowResult
 from cosyclone.engine.prefetch import FrontendPrefetch, PromptAhead
 from cosyclone.engine.stage_ops import RealOps, StageOps, TalkerSessionLike
 from cosyclone.engine.stages import PreparedBatch, Stages
@@ -61,16 +61,7 @@ class _InFlight:
     prepared: PreparedBatch | None  # None when its frontend raised outside the per-row guards (``error``)
     results: dict[int, TalkerResult] = field(default_factory=dict)  # segment index -> talker result
     todo: set[int] = field(default_factory=set)  # segment indices still in the talker
-    error: BaseException | None = None  # why the batch goes through every stage row by row instead
-
-
-@dataclass(frozen=True)
-class _Failure:
-    """A shared session's failure, kept without its traceback (whose frames hold the failed tensors)."""
-
-    kind: str
-    message: str
-    out_of_memory: bool
+    error: Failure | None = None  # why the batch goes through every stage row by row instead
 
 
 class StageSchedule:
@@ -194,11 +185,14 @@ class StageSchedule:
             k, batch = self.next, self.batches[self.next]
             self.next += 1
             prepared = self.frontend.take(k)
+            failure: Failure | None = None
             with torch.inference_mode():
                 try:
                     records = I.synthesize_batch(self.stages, batch, self.opts, self.tokens, prepared)
-                except Exception as exc:  # a bug outside the stages' own guards: each row alone
-                    records = self.ops.rows_alone(batch, exc)
+                except Exception as exc:  # a bug outside the stages' own guards: each row alone, after this
+                    failure = Failure.of(exc)
+                if failure is not None:
+                    records = self.ops.rows_alone(batch, failure)
             yield from records
 
     # -- continuous --------------------------------------------------------------------------------------
@@ -212,13 +206,13 @@ class StageSchedule:
                     return  # what is in flight is dropped, unrecorded (it runs on the resume)
                 if not final or (not self.flight and not self.finishing):
                     return
-            failure: _Failure | None = None
+            failure: Failure | None = None
             with torch.inference_mode():
                 try:
                     self._feed()
                     self._decode()
                 except Exception as exc:  # the shared decode failed: recovered below, outside this handler
-                    failure = _Failure(type(exc).__name__, str(exc), I.is_out_of_memory(exc))
+                    failure = Failure.of(exc)
                 if failure is not None:
                     self._recover(failure)
                 self._finish_ready()
@@ -243,7 +237,7 @@ class StageSchedule:
             try:
                 prepared = self.frontend.take(k) or self._prepare_timed(self.batches[k])
             except Exception as exc:  # outside the per-row guards: each row alone
-                self.flight.append(_InFlight(rows=list(self.batches[k]), prepared=None, error=exc))
+                self.flight.append(_InFlight(rows=list(self.batches[k]), prepared=None, error=Failure.of(exc)))
                 continue
             f = _InFlight(rows=list(self.batches[k]), prepared=prepared)
             segs = prepared.segments
@@ -254,7 +248,7 @@ class StageSchedule:
                 try:
                     reqs = [self.ops.request(segs[i][1]) for i in todo]
                 except Exception as exc:  # a malformed segment: the batch goes row by row (the row fails alone)
-                    f.prepared, f.error = None, exc
+                    f.prepared, f.error = None, Failure.of(exc)
                     continue
                 session = self._session(len(todo))
                 tickets = session.add(reqs)
@@ -290,14 +284,13 @@ class StageSchedule:
         seconds = f.prepared.outcomes[seg[0]].seconds
         seconds["talker"] = seconds.get("talker", 0.0) + float(getattr(res, "seconds", 0.0))
 
-    def _recover(self, failure: _Failure) -> None:
+    def _recover(self, failure: Failure) -> None:
         """After the handler: close the failed session, free the device's cache, and decode what it
         held batch by batch with the isolation's confinement."""
-        log.warning("talker session failed (%s: %s); its rows are decoded batch by batch", failure.kind,
-                    failure.message)
+        log.warning("talker session failed (%s); its rows are decoded batch by batch", failure.describe())
         self._close_session()
         self.owner.clear()
-        if failure.out_of_memory:  # idle pooled steps go; empty_cache unless a capture failed
+        if failure.oom:  # idle pooled steps go; empty_cache unless a capture failed
             free_device_cache(self.stages.policy.device)
         for f in self.flight:
             if not f.todo:
@@ -342,10 +335,12 @@ class StageSchedule:
             if f.prepared is None:
                 assert f.error is not None
                 return self.ops.rows_alone(f.rows, f.error)
+            failure: Failure | None = None
             try:
                 return self.ops.finish(f.prepared, f.results)
-            except Exception as exc:
-                return self.ops.rows_alone(f.rows, exc)
+            except Exception as exc:  # each row alone, after this handler (its frames hold the batch's tensors)
+                failure = Failure.of(exc)
+            return self.ops.rows_alone(f.rows, failure)
         finally:
             self.clock.add("code2wav", self.clock.clock() - t0)
 

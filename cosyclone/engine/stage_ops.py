@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from cosyclone.engine import isolation as I
 from cosyclone.engine import stages as S
-from cosyclone.engine.outcome import RowOutcome, RowResult
+from cosyclone.engine.outcome import Failure, RowOutcome, RowResult
 from cosyclone.engine.stages import PreparedBatch, Stages
 from cosyclone.manifest import ManifestRow
 from cosyclone.options import RunOptions
@@ -64,7 +64,7 @@ class StageOps(Protocol):
         """code2wav over a batch whose segments all left the talker; its records."""
         ...
 
-    def rows_alone(self, rows: Sequence[ManifestRow], exc: BaseException) -> list[RowResult]:
+    def rows_alone(self, rows: Sequence[ManifestRow], exc: Failure) -> list[RowResult]:
         """Each row of a batch that raised outside the stages' guards, through every stage alone."""
         ...
 
@@ -95,5 +95,5 @@ class RealOps:
     def finish(self, prepared: PreparedBatch, results: dict[int, TalkerResult]) -> list[RowResult]:
         return S.finish_batch(self.stages, prepared, results, self.opts)
 
-    def rows_alone(self, rows: Sequence[ManifestRow], exc: BaseException) -> list[RowResult]:
+    def rows_alone(self, rows: Sequence[ManifestRow], exc: Failure) -> list[RowResult]:
         return I.rows_alone(self.stages, rows, self.opts, exc, self.tokens)
