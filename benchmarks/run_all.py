@@ -18,6 +18,8 @@ Environment (all optional):
 * ``COSYCLONE_BENCH_FIRST_ROW_ROWS`` rows of its time-to-first-WAV comparison, streamed vs read whole (6000; 0 skips);
 * ``COSYCLONE_BENCH_EXPORT_ROWS`` run-folder sizes of bench_export's peak-memory comparison ("2000,20000");
 * ``COSYCLONE_BENCH_REPORT_ROWS`` rows of bench_report_html's folder, whose ``report --html`` is timed (100000);
+* ``COSYCLONE_BENCH_FOLDER_RECORDS`` records of bench_folder's synthetic folder (1000000: 4-row synth, report
+  and resume plan against it);
 * ``COSYCLONE_BENCH_ROWS`` rows (16); ``COSYCLONE_BENCH_BATCH`` rows per batch (= rows);
 * ``COSYCLONE_BENCH_TOKENS`` speech tokens per row (100);
 * ``COSYCLONE_BENCH_DTYPE`` ``--dtype`` (fp32, as the baseline); ``COSYCLONE_BENCH_DEVICE`` (auto);
@@ -85,8 +87,8 @@ class E2EConfig:
 #: The stage benchmarks ``make bench`` runs, in order, before the end-to-end figure (docs/benchmarks.md
 #: lists them).
 STAGE_BENCHMARKS = ("bench_projection", "bench_talker", "bench_sampler", "bench_code2wav", "bench_flow_gemm",
-                    "bench_dtype_agreement", "bench_text", "bench_manifest", "bench_export", "bench_report_html",
-                    "bench_ray")
+                    "bench_dtype_agreement", "bench_text", "bench_manifest", "bench_export", "bench_folder",
+                    "bench_report_html", "bench_ray")
 
 
 def run_stage_benchmarks() -> None:

@@ -15,6 +15,7 @@ from cosyclone.engine.outcome import RowStatus
 from cosyclone.run import folder as runfolder
 from cosyclone.run.audio_out import AudioOutput
 from cosyclone.run.row_record import RowStamp
+from cosyclone.run.settle import settle
 from cosyclone.run.writer import BackgroundWriter, WriterOptions
 from cosyclone.talker.diagnostics import StopReason
 
@@ -42,7 +43,7 @@ def tone(i: int, seconds: float = 0.2) -> np.ndarray:
 
 
 def write(out: Path, rows: list[Row], *, output: AudioOutput = AudioOutput()) -> None:
-    """The rows through the writer (file first, then record), compacted like a run's end; then each
+    """The rows through the writer (file first, then record), settled like a run's end; then each
     row's ``meta`` and ``extra`` fields written into its line, as a manifest's meta travels."""
     writer = BackgroundWriter(WriterOptions(out_dir=out, output=output), runfolder.journal_path(out, "all"))
     try:
@@ -58,7 +59,7 @@ def write(out: Path, rows: list[Row], *, output: AudioOutput = AudioOutput()) ->
             writer.write_now(result, stamp)
     finally:
         writer.close()
-    runfolder.compact(out, "all")
+    settle(out, "all")
     extra = {r.id: {**({"meta": r.meta} if r.meta is not None else {}), **r.extra} for r in rows}
     path = out / runfolder.DIAG_NAME
     lines = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]

@@ -1,21 +1,33 @@
 """Read a synthesis output folder as eval sees it: the manifest's rows, their WAVs and their status.
 
-Only the row records are read (``diagnostics.jsonl`` and any journal, as synth reads them: the
-latest record of an id wins, a line that does not parse is skipped) and the audio file each names. The rows, their
+Only the row records of the manifest's rows are read, found through the folder's index as synth
+finds them (the latest record of an id wins, a line that does not parse is skipped), and the audio
+file each names. The rows, their
 order and their fields come from the manifest the user names, so eval needs no other file of the
 folder and keeps working while the folder's bookkeeping evolves.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cosyclone.errors import CosycloneError, ManifestError
 from cosyclone.manifest import ManifestRow, read_manifest
-from cosyclone.run.folder import audio_path, read_records, wav_path
+from cosyclone.run.folder import (
+    audio_path,
+    flat_path,
+    open_index,
+    read_records,
+    record_sources,
+    settle_lock,
+    wav_path,
+)
+from cosyclone.run.index import FolderIndex
 from cosyclone.run.row_record import RowRecord
 
 # Why a manifest row is not scored.
@@ -30,7 +42,7 @@ class FolderRow:
 
     row: ManifestRow  # the validated manifest row (prompt_audio already absolute)
     raw: dict[str, Any]  # the manifest line's JSON object as written (for redo.jsonl)
-    wav: Path  # the row's audio file (OUT/wavs/<id>.wav unless its record names another; may not exist)
+    wav: Path  # the row's audio file (the one its record names, else where it would lie; may not exist)
     record: RowRecord | None  # the row's latest record (diagnostics.jsonl)
     skip: str | None  # None when the row is scored, else one of the reasons above
 
@@ -65,12 +77,12 @@ def read_folder(out_dir: str | Path, manifest: str | Path) -> Folder:
         raise CosycloneError(f"{out_dir}: output folder not found")
     m = read_manifest(manifest)
     lines = Path(m.path).read_text(encoding="utf-8").split("\n")  # manifest lines end at \n only (as it is read)
-    status = read_status(out_dir)
+    status = _records_of(out_dir, [row.id for row in m.rows])
     folder = Folder(out_dir=out_dir, manifest=Path(m.path), invalid=list(m.errors))
     for row in m.rows:
         raw = json.loads(lines[row.line - 1])
         rec = status.get(row.id)
-        wav = (audio_path(out_dir, rec) if rec is not None else None) or wav_path(out_dir, row.id)
+        wav = (audio_path(out_dir, rec) if rec is not None else None) or _unnamed(out_dir, row.id)
         if rec is None:
             skip: str | None = NOT_SYNTHESIZED
         elif not rec.ok:
@@ -81,5 +93,37 @@ def read_folder(out_dir: str | Path, manifest: str | Path) -> Folder:
             skip = None
         folder.rows.append(FolderRow(row=row, raw=raw, wav=wav, record=rec, skip=skip))
     known = {r.row.id for r in folder.rows}
-    folder.unknown_ids = sorted(i for i in status if i not in known)
+    if record_sources(out_dir):
+        with _index(out_dir) as index:
+            folder.unknown_ids = [i for i in index.ids() if i not in known]  # streamed, in id order
     return folder
+
+
+def _unnamed(out_dir: Path, row_id: str) -> Path:
+    """Where a row's WAV lies when no record names it: an earlier version's flat place if it is there."""
+    flat = flat_path(out_dir, row_id)
+    return flat if flat.is_file() else wav_path(out_dir, row_id)
+
+
+@contextlib.contextmanager
+def _index(out_dir: Path) -> Iterator[FolderIndex]:
+    with settle_lock(out_dir):
+        index = open_index(out_dir)
+    try:
+        yield index
+    finally:
+        index.close()
+
+
+def _records_of(out_dir: Path, ids: list[str]) -> dict[str, RowRecord]:
+    """The current record of each of ``ids`` the folder has (looked up, not a read of every record)."""
+    found: dict[str, RowRecord] = {}
+    if not record_sources(out_dir):  # nothing synthesized yet: no index made in the folder
+        return found
+    with _index(out_dir) as index:
+        for row in index.get_many(ids):
+            obj = index.record(row)
+            rec = RowRecord.from_json(obj) if obj is not None else None
+            if rec is not None:
+                found[rec.id] = rec
+    return found

@@ -25,7 +25,7 @@ def report_command(
     folders: list[Path] = typer.Argument(..., help="run folders (shards of one dataset are merged)"),
     **options: Any,
 ) -> None:
-    """Totals recomputed from the row records of one or more run folders (shards merged).
+    """Totals of one or more run folders (shards merged), as each folder's index keeps them.
 
     With --html PAGE, also one self-contained page: plots, outliers, the rows to listen to (docs/output.md).
     """
@@ -42,10 +42,13 @@ def report_command(
         _fail(str(exc))
     if page.html is not None:
         _write_page(folders, page.html, link_audio=page.link_audio)
-    records, warnings = totals_mod.merge_folders(folders)
-    totals = totals_mod.folder_totals(records.values())
+    try:
+        totals, warnings = totals_mod.merged_totals(folders)
+    except CosycloneError as exc:
+        _fail(str(exc))
     totals["flags"] = totals_mod.running_writers(folders) + totals["flags"]
-    totals["versions"] = totals_mod.versions_mix(folders, records)
+    totals["versions"] = totals_mod.versions_mix(folders, totals)
+    totals.pop("runs", None)  # rows per run: read above as the versions' mix
     evals = {str(f): e for f in folders if (e := load_eval_summary(f)) is not None}
     for w in warnings:
         typer.echo(f"warning: {w}", err=True)

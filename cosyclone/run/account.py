@@ -23,8 +23,7 @@ from cosyclone.errors import Exit
 from cosyclone.options import LoadFormat, TextFrontendName
 from cosyclone.run import folder as runfolder
 from cosyclone.run import report
-from cosyclone.run.folder import ResumePlan
-from cosyclone.run.row_record import RowRecord
+from cosyclone.run.resume import ResumePlan
 
 
 @dataclass
@@ -165,7 +164,7 @@ def run_record(facts: RunFacts, resume: ResumePlan, tally: RunTally, *, prepared
         host=socket.gethostname(), stopped_by=stopped_by, invalid=len(facts.invalid_rows),
         todo=todo, done=tally.done, failed=len(tally.failed), skipped=len(resume.done), redone=len(redone),
         redone_by=redone_by, retried=len(resume.retried), not_written=todo - made,
-        failed_rows={r.id: r.error for r in tally.failed}, rows_not_in_manifest=len(resume.foreign),
+        failed_rows={r.id: r.error for r in tally.failed}, rows_not_in_manifest=resume.foreign,
         write_error=write_error, talker_checkpoint_hits=tally.hits, audio_seconds=audio, wall_seconds=wall,
         total_wall_seconds=now - facts.started_at, rows_per_s=made / wall if wall > 0 and made else 0.0,
         throughput_audio_s_per_s=audio / wall if wall > 0 else 0.0, rtf=wall / audio if audio > 0 else None,
@@ -181,7 +180,7 @@ def run_record(facts: RunFacts, resume: ResumePlan, tally: RunTally, *, prepared
 class JobSummary:
     """The end of a run: the folder's totals, this invocation's record, and what went wrong."""
 
-    totals: dict[str, Any]  # report.folder_totals over every record in the folder (summary.json's top level)
+    totals: dict[str, Any]  # the folder totals its index keeps (report.totals_of) (summary.json's top level)
     last_run: RunRecord  # this invocation (summary.json's last_run, one line of runs.jsonl)
     failed: tuple[RowResult, ...]  # this run's failed rows (without audio), in arrival order
     write_error: str | None  # why the folder could not be written (rows finished before it are kept)
@@ -208,14 +207,15 @@ class JobSummary:
         return f"interrupted by {run.stopped_by}: {done} of {total} rows done{failed}{rest}"
 
 
-def write_accounts(out: Path, record: RunRecord, current: Mapping[str, RowRecord], *, write_error: str | None,
+def write_accounts(out: Path, record: RunRecord, kept: Mapping[str, int], *, write_error: str | None,
                    failed: Sequence[RowResult], written: int, rows_total: int = 0) -> JobSummary:
-    """``summary.json`` (folder totals and this run) and this run's line of ``runs.jsonl``."""
+    """``summary.json`` (the folder totals its index keeps, ``kept``, and this run) and this run's line
+    of ``runs.jsonl``."""
     from dataclasses import replace
 
     from cosyclone.run.writer import write_summary
 
-    totals = report.folder_totals(current.values())
+    totals = report.totals_of(kept)
     try:
         write_summary(out, {**totals, "out_dir": str(out), "last_run": record.to_json()})
         runfolder.append_jsonl(out / runfolder.RUNS_NAME, record.to_json())

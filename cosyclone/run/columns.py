@@ -241,11 +241,12 @@ RESERVED = frozenset(c.name for c in (*CORE, *SAMPLER)) | frozenset(n for n, _, 
 METADATA = ColumnSet((*CORE, *SAMPLER))
 
 
-def metadata_line(rec: RowRecord) -> dict[str, Any]:
+def metadata_line(rec: RowRecord, file_name: str | None = None) -> dict[str, Any]:
     """The ``metadata.jsonl`` line of an ``ok`` row: its audio file under the audiofolder convention's
     ``file_name``, then :data:`METADATA`'s columns as the JSON outputs write them, so that
     ``datasets.load_dataset("audiofolder")`` (Arrow's JSON reader: one type per column) gives every
     value back exactly: ``seed`` a decimal string, ``meta`` the JSON text of the row's object,
-    ``duration`` the file's own (after --trim-silence) at its ``sample_rate``."""
+    ``duration`` the file's own (after --trim-silence) at its ``sample_rate``. ``file_name`` is the
+    file relative to the metadata file (the record's ``file``, relative to the folder, when not given)."""
     view = RowView(record=rec, raw={}, samples=rec.samples or 0, sample_rate=rec.sample_rate or 0, folder=".")
-    return {"file_name": rec.file, **METADATA.json_values(METADATA.values(view, {}))}
+    return {"file_name": file_name if file_name is not None else rec.file, **METADATA.json_values(METADATA.values(view, {}))}

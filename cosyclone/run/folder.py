@@ -1,43 +1,46 @@
-"""The output folder as a dataset: row fingerprints, the journal, one record per row, the writer lock.
+"""The output folder as a dataset: row fingerprints, the record files, the index, the writer lock.
 
-A run folder holds, besides ``wavs/``:
+A run folder holds:
 
-* ``diagnostics.jsonl``: exactly one record per row (its latest attempt) once no run is active;
-* ``.cosyclone/journal-<shard>.jsonl``: appends of the run in progress (fsynced per row), merged
-  into ``diagnostics.jsonl`` and removed when the run ends (:func:`compact`);
+* ``diagnostics.jsonl``: the row records, appended run by run (a row redone has a later line;
+  the current record of a row is its latest ``finished_at``); never rewritten;
+* ``.cosyclone/journal-<shard>.jsonl``: appends of the run in progress (fsynced per row), appended
+  to ``diagnostics.jsonl`` and removed when the run ends (:mod:`.settle`);
+* ``.cosyclone/index.sqlite``: where each row's current record lies and the folder totals
+  (:mod:`.index`), derived from the record files and built again from them when missing or stale;
 * ``.cosyclone/lock-<shard>.json``: the running writer (pid, host, start time, command);
-* ``metadata.jsonl``: one line per ``ok`` row for ``datasets.load_dataset("audiofolder")``;
+* ``wavs/<shard>/<id>.wav``: the audio, in 4096 directories named by a hash of the id (ten million
+  rows give about 2,500 files a directory); a flat ``wavs/<id>.wav`` of an earlier version is read;
+* ``metadata.jsonl`` in each of those directories (and at the root for flat files): one line per
+  ``ok`` row for ``datasets.load_dataset("audiofolder")``, ``file_name`` relative to it;
 * ``summary.json`` (folder totals and the last invocation), ``runs.jsonl`` (invocation history),
   ``errors.jsonl`` (tracebacks of non-user errors).
 
-A row is *done* when its record says ``ok``, its WAV holds the recorded number of samples and its
-fingerprint equals the fingerprint the current inputs give (:func:`row_fingerprint`). Anything
+A row is *done* when its record says ``ok``, its audio file holds the recorded number of samples and
+its fingerprint equals the fingerprint the current inputs give (:func:`row_fingerprint`). Anything
 else is redone, and what changed is counted by fingerprint part (``text``, ``seed``, ...).
 
-Why records win by ``finished_at`` rather than by file position: shards write separate journals and
-a folder may be compacted by any of them, so "last line" has no meaning across files.
+Why records win by ``finished_at`` rather than by file position: shards write separate journals, so
+"last line" has no meaning across files.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import socket
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+import sqlite3
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from cosyclone.errors import CosycloneError
 from cosyclone.run.audio_out import SUFFIXES
-from cosyclone.run.columns import metadata_line
-from cosyclone.run.fingerprint import changed_parts, same_inputs
+from cosyclone.run.index import FolderIndex
 from cosyclone.run.row_record import RowRecord
-
-if TYPE_CHECKING:  # annotations only: reading a folder's records loads neither torch nor the frontend
-    from cosyclone.manifest import ManifestRow
 
 DIAG_NAME = "diagnostics.jsonl"
 METADATA_NAME = "metadata.jsonl"
@@ -105,23 +108,56 @@ def read_records(out_dir: Path) -> dict[str, RowRecord]:
     return found
 
 
+def shard_of(row_id: str) -> str:
+    """The ``wavs/`` subdirectory of a row's audio: 3 hex digits of a hash of its id (4096 of them)."""
+    return hashlib.blake2b(row_id.encode("utf-8", "surrogatepass"), digest_size=2).hexdigest()[:3]
+
+
 def wav_path(out_dir: Path, row_id: str, suffix: str = ".wav") -> Path:
-    """Where a row's audio file lies in a run folder (``wavs/<id>.wav``, or another ``suffix``)."""
+    """Where a row's audio file is written: ``wavs/<shard>/<id>.wav`` (or another ``suffix``)."""
+    return Path(out_dir) / WAV_DIR / shard_of(row_id) / f"{row_id}{suffix}"
+
+
+def flat_path(out_dir: Path, row_id: str, suffix: str = ".wav") -> Path:
+    """Where an earlier version wrote a row's audio: ``wavs/<id>.wav`` (read, never written)."""
     return Path(out_dir) / WAV_DIR / f"{row_id}{suffix}"
 
 
-def audio_path(out_dir: Path, record: RowRecord) -> Path | None:
-    """The audio file a record vouches for: ``wavs/<id><suffix>``, the suffix read from its ``file``
-    (None: a failed row has none). Only the suffix comes from the record, so a record cannot point a
-    resume or an export outside ``wavs/``."""
+class HasFile(Protocol):
+    """What locating a row's audio needs of its record (a :class:`RowRecord` or an indexed row)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def file(self) -> str | None: ...
+
+    @property
+    def samples(self) -> int | None: ...
+
+    @property
+    def ok(self) -> bool: ...
+
+
+def audio_path(out_dir: Path, record: HasFile) -> Path | None:
+    """The audio file a record vouches for (None: a failed row has none). The record's ``file`` is
+    taken only when it is one of the two places a row's file may lie (``wavs/<shard>/<id>`` or an
+    earlier version's ``wavs/<id>``, with a known suffix), so a record cannot point a resume or an
+    export outside ``wavs/``; anything else reads as the flat place."""
     if not record.file:
         return None
     suffix = Path(record.file).suffix.lower()
-    return wav_path(out_dir, record.id, suffix if suffix in SUFFIXES.values() else SUFFIXES["wav"])
+    suffix = suffix if suffix in SUFFIXES.values() else SUFFIXES["wav"]
+    sharded = wav_path(out_dir, record.id, suffix)
+    if Path(record.file).as_posix() == sharded.relative_to(out_dir).as_posix():
+        return sharded
+    return flat_path(out_dir, record.id, suffix)
 
 
 def wav_frames(path: Path) -> int | None:
     """Frames in a WAV's header, None when it is missing or unreadable."""
+    if not os.path.isfile(path):  # a stat: a plan of a million rows asks for many files that are not there
+        return None
     try:
         import soundfile as sf
 
@@ -130,7 +166,7 @@ def wav_frames(path: Path) -> int | None:
         return None
 
 
-def is_complete(out_dir: Path, record: RowRecord) -> bool:
+def is_complete(out_dir: Path, record: HasFile) -> bool:
     """An ``ok`` record whose audio file exists with the recorded number of samples."""
     path = audio_path(out_dir, record)
     if not record.ok or path is None:
@@ -139,63 +175,6 @@ def is_complete(out_dir: Path, record: RowRecord) -> bool:
     if frames is None:
         return False
     return record.samples is None or int(record.samples) == frames
-
-
-@dataclass
-class ResumePlan:
-    """What a run must do with the manifest rows, against the folder's records."""
-
-    todo: list[ManifestRow]  # rows to synthesize (new, changed, failed before, or incomplete)
-    done: list[str]  # ids skipped: complete and fingerprint unchanged
-    redone: dict[str, list[str]]  # id -> changed fingerprint parts (rows that were complete)
-    retried: list[str]  # ids whose earlier attempt failed or whose WAV is missing/torn
-    foreign: list[str]  # ids in the folder that this manifest does not have (kept)
-
-    def redone_counts(self) -> dict[str, int]:
-        """Changed part -> rows ("text 3, seed 9"); a row changed in two parts counts in both."""
-        counts: dict[str, int] = {}
-        for parts in self.redone.values():
-            for p in parts:
-                counts[p] = counts.get(p, 0) + 1
-        return counts
-
-    def describe(self) -> str:
-        bits = []
-        if self.redone:
-            counts = ", ".join(f"{k} {v}" for k, v in sorted(self.redone_counts().items(), key=lambda kv: -kv[1]))
-            bits.append(f"{len(self.redone)} rows redone: {counts}")
-        if self.retried:
-            bits.append(f"{len(self.retried)} rows retried (failed or incomplete before)")
-        if self.foreign:
-            bits.append(f"{len(self.foreign)} rows in the folder are not in this manifest (kept)")
-        return "; ".join(bits)
-
-
-def plan_resume(out_dir: Path, rows: Iterable[ManifestRow], fingerprints: Mapping[str, tuple[str, dict[str, str]]],
-                *, records: Mapping[str, RowRecord], overwrite: bool = False) -> ResumePlan:
-    """Decide per row: skip (complete, same fingerprint) or redo, and why, against the folder's
-    ``records`` (read once by a run that plans its rows part by part). Foreign rows (in the folder,
-    not in the manifest) are the caller's to find: only it has seen every part."""
-    plan = ResumePlan(todo=[], done=[], redone={}, retried=[], foreign=[])
-    for row in rows:
-        rec = records.get(row.id)
-        fp, parts = fingerprints[row.id]
-        if rec is None:
-            plan.todo.append(row)
-            continue
-        complete = is_complete(out_dir, rec)
-        same = same_inputs(rec.fingerprint, rec.fingerprint_parts, fp, parts)
-        if complete and not overwrite and same:
-            plan.done.append(row.id)
-            continue
-        plan.todo.append(row)
-        if not same and rec.ok:
-            plan.redone[row.id] = changed_parts(rec.fingerprint_parts, parts)
-        elif overwrite and complete:
-            plan.redone[row.id] = ["overwrite"]
-        else:
-            plan.retried.append(row.id)
-    return plan
 
 
 def pid_alive(pid: int) -> bool:
@@ -225,13 +204,15 @@ def tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
 
 
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """``data`` to a temporary file, fsync, rename over ``path``, fsync the directory.
+def write_bytes_atomic(path: Path, data: bytes, *, tmp_dir: Path | None = None) -> None:
+    """``data`` to a temporary file, fsync, rename over ``path``, fsync the directory. The temporary
+    lies beside ``path``, or in ``tmp_dir`` (on the same filesystem: the ``wavs/`` shards keep theirs in
+    ``wavs/`` itself, so that a killed run's leftovers are found without listing every shard).
 
     On any error the temporary file is removed and :class:`OutputFolderError` names the file and the
     system's reason (``No space left on device``, ``File too large``, ...): nothing torn is left.
     """
-    tmp = tmp_name(path)
+    tmp = tmp_name(tmp_dir / path.name if tmp_dir is not None else path)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
@@ -305,12 +286,14 @@ class Journal:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        torn = path.is_file() and path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        if torn:  # a killed run cut its last line: start on a fresh one (the torn line never parses)
-            self._write(b"\n")
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        self.end = os.fstat(self._fd).st_size  # where the next line starts (one writer per journal)
+        if self.end and os.pread(self._fd, 1, self.end - 1) != b"\n":
+            self._write(b"\n")  # a killed run cut its last line: start on a fresh one (the torn line never parses)
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes) -> int:
+        """``data`` appended and fsynced; the offset it starts at."""
+        start = self.end
         try:
             view = memoryview(data)
             while view:
@@ -318,9 +301,16 @@ class Journal:
             os.fsync(self._fd)
         except OSError as exc:
             raise OutputFolderError(f"cannot write {self.path}: {exc.strerror or exc}") from exc
+        self.end = start + len(data)
+        return start
 
-    def append(self, obj: Mapping[str, Any]) -> None:
-        self._write((json.dumps(obj, ensure_ascii=False, sort_keys=True, default=str) + "\n").encode())
+    def append(self, obj: Mapping[str, Any]) -> int:
+        """One object as one line; the byte offset the line starts at."""
+        return self.append_line(json.dumps(obj, ensure_ascii=False, sort_keys=True, default=str).encode() + b"\n")
+
+    def append_line(self, line: bytes) -> int:
+        """A whole line (ending in ``\\n``) as it is; the byte offset it starts at."""
+        return self._write(line)
 
     def close(self) -> None:
         os.close(self._fd)
@@ -336,9 +326,11 @@ def append_jsonl(path: Path, obj: Mapping[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def _compaction_lock(out_dir: Path) -> Iterator[None]:
-    """Serializes compaction between shard writers of one folder (same host or a POSIX-locking share)."""
+def settle_lock(out_dir: Path) -> Iterator[None]:
+    """Serializes the end of runs (a journal appended to ``diagnostics.jsonl``, metadata) between the
+    shard writers of one folder (same host or a POSIX-locking share)."""
     path = state_dir(out_dir) / "compact.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -348,27 +340,18 @@ def _compaction_lock(out_dir: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _order(records: Mapping[str, RowRecord]) -> list[RowRecord]:
-    return [records[k] for k in sorted(records, key=lambda rid: (records[rid].line, rid))]
-
-
-def compact(out_dir: Path, tag: str | None = None) -> dict[str, RowRecord]:
-    """Merge ``diagnostics.jsonl`` and every journal into one record per row; rewrite ``metadata.jsonl``.
-
-    ``tag``'s own journal is removed afterwards (other shards' journals stay: their writers may
-    still append, and the next compaction reads them again). Torn lines are dropped here.
-    """
+def record_sources(out_dir: Path) -> list[str]:
+    """The folder's record files that exist, relative to it: ``diagnostics.jsonl``, then the journals."""
     out_dir = Path(out_dir)
-    with _compaction_lock(out_dir):
-        records = read_records(out_dir)
-        ordered = _order(records)
-        lines = "".join(json.dumps(r.to_json(), ensure_ascii=False, sort_keys=True, default=str) + "\n"
-                        for r in ordered)
-        write_bytes_atomic(out_dir / DIAG_NAME, lines.encode())
-        meta = "".join(json.dumps(metadata_line(r), ensure_ascii=False) + "\n" for r in ordered if r.ok)
-        write_bytes_atomic(out_dir / METADATA_NAME, meta.encode())
-        if tag is not None:
-            with contextlib.suppress(FileNotFoundError):
-                journal_path(out_dir, tag).unlink()
-                fsync_dir(state_dir(out_dir))
-    return records
+    found = [DIAG_NAME] if (out_dir / DIAG_NAME).is_file() else []
+    return found + [f"{STATE_DIR}/{p.name}" for p in sorted(state_dir(out_dir).glob("journal-*.jsonl"))]
+
+
+def open_index(out_dir: Path) -> FolderIndex:
+    """The folder's index, up to date with its record files (built from them, streaming, when missing
+    or stale). Raises :class:`OutputFolderError` when the folder cannot hold it."""
+    try:
+        return FolderIndex(Path(out_dir), record_sources(out_dir), state=STATE_DIR)
+    except (OSError, sqlite3.Error) as exc:
+        raise OutputFolderError(f"cannot index the records of {out_dir}: {exc}") from exc
+

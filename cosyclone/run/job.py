@@ -4,8 +4,9 @@
 Split by responsibility: :class:`~cosyclone.run.plan.RunPlan` plans (manifest, options,
 fingerprints, the resume per row), :class:`~cosyclone.run.drive.Driver` executes (rows from a
 source, written and counted) and :mod:`cosyclone.run.account` accounts (``summary.json``,
-``runs.jsonl``). This class holds the folder's side between them: the lock, the writer, the stage-0
-checkpoint, compaction, and the choice of row source (this process or a Ray actor pool).
+``runs.jsonl``). This class holds the folder's side between them: the lock, the folder's index, the
+writer, the stage-0 checkpoint, the run's end (:mod:`~cosyclone.run.settle`), and the choice of row
+source (this process or a Ray actor pool).
 
 Must not: parse command lines or print (messages go to the ``log`` callable and the totals come
 back as a :class:`~cosyclone.run.account.JobSummary`), wire stages, or touch a row's audio.
@@ -14,6 +15,7 @@ back as a :class:`~cosyclone.run.account.JobSummary`), wire stages, or touch a r
 from __future__ import annotations
 
 import itertools
+import sqlite3
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -32,10 +34,13 @@ from cosyclone.run import fingerprint, lock
 from cosyclone.run import folder as runfolder
 from cosyclone.run.account import JobSummary, RunFacts, RunTally, run_record, write_accounts
 from cosyclone.run.drive import Driver, LocalSource, RowSource
+from cosyclone.run.index import FolderIndex
+from cosyclone.run.index_rows import IndexedRow
 from cosyclone.run.job_types import JobPlan, Prepared, ProgressFactory
 from cosyclone.run.parts import ResumeTotals
 from cosyclone.run.plan import RunPlan
 from cosyclone.run.row_record import RowRecord, RowStamp
+from cosyclone.run.settle import settle
 from cosyclone.run.token_store import TokenStore
 from cosyclone.run.writer import BackgroundWriter, WriterOptions
 
@@ -114,28 +119,35 @@ class SynthJob:
         p = self.planned
         runfolder.check_writable(p.out)  # before any model loads
         with lock.FolderLock(p.out, p.tag, p.folder.command):
-            return self._run_locked(progress)
+            with runfolder.settle_lock(p.out):  # one writer at a time builds a stale index again
+                index = runfolder.open_index(p.out)
+            try:
+                return self._run_locked(progress, index)
+            finally:
+                index.close()
 
-    def _run_locked(self, progress: ProgressFactory | None) -> JobSummary:
+    def _run_locked(self, progress: ProgressFactory | None, index: FolderIndex) -> JobSummary:
         p = self.planned
         removed = runfolder.remove_stale_temporaries(p.out)
         if removed:
             self.log(f"removed {len(removed)} temporary files left by a killed run")
+        if index.rebuilt:
+            self.log(f"indexed the folder's {index.count()} row records")
         hashes = fingerprint.HashCache()
-        ctx, existing = p.context(hashes), runfolder.read_records(p.out)
+        ctx = p.context(hashes)
         prepared: Iterable[tuple[Manifest, Prepared]] = (
-            (part, p.prepare(part.rows, ctx, hashes, existing)) for part in p.parts())
+            (part, p.prepare(part.rows, ctx, hashes, index)) for part in p.parts())
         if p.streamed:  # the first part before this run's threads start: its normalizing pool may fork
             first = next(iter(prepared), None)
             prepared = itertools.chain([first] if first is not None else [], prepared)
         else:  # read whole: every part prepared first, so the plan is told and counted before any row runs
             prepared = list(prepared)
-            self._tell_resume([prep for _, prep in prepared], existing)
+            self._tell_resume([prep for _, prep in prepared], index)
         run_id = uuid.uuid4().hex[:12]
         # stage-0 checkpoint, owned by this run: a row that failed after the talker keeps its tokens
         tokens = TokenStore(runfolder.state_dir(p.out) / runfolder.TOKEN_DIR, {})
         writer = BackgroundWriter(WriterOptions(out_dir=p.out, output=p.output, model_rate=p.cfg.hift.sampling_rate),
-                                  runfolder.journal_path(p.out, p.tag))
+                                  runfolder.journal_path(p.out, p.tag), index=index)
         total = ResumeTotals()
         fps: dict[str, tuple[str, dict[str, str]]] = {}
         rows: dict[str, ManifestRow] = {}
@@ -147,10 +159,7 @@ class SynthJob:
             fps.update(prep.fps)
             rows.update((r.id, r) for r in part.rows)
             failed_before += len(prep.failed)
-            for rid in prep.resume.done:  # meta never redoes a row: a changed one is recorded as it is
-                row, rec = rows[rid], existing[rid]
-                if rec.meta != row.meta:
-                    writer.restamp(replace(rec, meta=row.meta, finished_at=time.time()))
+            _restamp_meta(index, writer, prep.resume.done, rows)
             exclude = getattr(sink, "exclude", None)  # a caller's own sink (the API's) may not take it
             if p.streamed and exclude is not None:  # counted from the lines: not these
                 exclude(len(part.errors) + len(prep.resume.done))
@@ -177,21 +186,21 @@ class SynthJob:
                 if sink is not None:
                     sink.close()
         hashes.save()
-        resume = p.finish_resume(total, existing)
+        resume = p.finish_resume(total, index)
         if p.streamed and resume.describe():
             self.log(resume.describe())
         wall = time.perf_counter() - t_model
-        current, compact_error = self._compact()
-        write_error = end.write_error or close_error or compact_error
-        self._tidy_tokens(tokens, fps, current)
+        settle_error = self._settle(index, writer.touched)
+        write_error = end.write_error or close_error or settle_error
+        self._tidy_tokens(tokens, fps, index)
         facts = self._facts(run_id, ctx)
         engine_facts = self.engine.facts().as_record() if self.engine is not None else None
         record = run_record(facts, resume, tally, prepared_failures=failed_before, wall=wall,
                             write_error=write_error, stopped_by=end.stopped_by, graph_errors=source.graph_errors,
                             ray=self._ray_record, engine_facts=engine_facts,
                             peak_memory=read_peaks(p.policy.device).as_record(),
-                            written={rid for rid in resume.redone if rid in current and current[rid].run_id == run_id})
-        return write_accounts(p.out, record, current, write_error=write_error, failed=tally.failed,
+                            written={rid for rid in resume.redone if rid in writer.written_ids})
+        return write_accounts(p.out, record, _kept_totals(index), write_error=write_error, failed=tally.failed,
                               written=writer.written, rows_total=self._rows_total(end.stopped_by))
 
     def _rows_total(self, stopped_by: str | None) -> int:
@@ -236,30 +245,29 @@ class SynthJob:
                         stage_dtypes=p.policy.stage_dtypes,
                         text_frontend=p.opts.text_frontend, engine=p.folder.engine, graphs_resolved=p.opts.cuda_graphs)
 
-    def _tell_resume(self, preps: Iterable[Prepared], existing: Mapping[str, RowRecord]) -> None:
+    def _tell_resume(self, preps: Iterable[Prepared], index: FolderIndex) -> None:
         """Log what the resume plan of a manifest read whole says, before any row runs."""
         plan = ResumeTotals()
         for prep in preps:
             plan.add(prep.resume)
-        said = self.planned.finish_resume(plan, existing).describe()
+        said = self.planned.finish_resume(plan, index).describe()
         if said:
             self.log(said)
 
-    def _compact(self) -> tuple[dict[str, RowRecord], str | None]:
-        """The folder's current records after merging this writer's journal (and why that failed)."""
-        p = self.planned
+    def _settle(self, index: FolderIndex, touched: Iterable[str]) -> str | None:
+        """This writer's journal appended to the records and the metadata written (why that failed)."""
         try:
-            return runfolder.compact(p.out, p.tag), None
+            settle(self.planned.out, self.planned.tag, index=index, touched=touched)
         except runfolder.OutputFolderError as exc:
-            return runfolder.read_records(p.out), str(exc)
+            return str(exc)
+        return None
 
     def _tidy_tokens(self, tokens: TokenStore, fps: Mapping[str, tuple[str, dict[str, str]]],
-                     current: Mapping[str, RowRecord]) -> None:
+                     index: FolderIndex) -> None:
         """Drop the stage-0 checkpoint of every row now written (and, for the whole manifest, strays)."""
-        for rid, (fp, parts) in fps.items():
-            rec = current.get(rid)
-            if rec is not None and rec.ok and fingerprint.same_inputs(rec.fingerprint, rec.fingerprint_parts, fp, parts):
-                tokens.discard(rid)
+        for rec in index.get_many(fps):
+            if rec.ok and _same_inputs(index, rec, *fps[rec.id]):
+                tokens.discard(rec.id)
         if self.planned.tag == "all":  # other shards' rows are not in fps: only a whole-manifest run prunes
             tokens.prune()
 
@@ -272,6 +280,32 @@ def _stamp(row: ManifestRow, fp: tuple[str, dict[str, str]] | None, run_id: str,
                     text=row.text, prompt_text=row.prompt_text, prompt_audio=str(row.prompt_audio), mode=row.mode,
                     instruct=row.instruct, speed=row.speed, manifest=manifest, shard=shard, meta=row.meta,
                     device=ctx.device, threads=ctx.threads)
+
+
+def _same_inputs(index: FolderIndex, rec: IndexedRow, fp: str, parts: Mapping[str, str]) -> bool:
+    """Whether an indexed row was made from the inputs that give ``fp`` (its stored parts read only
+    when the fingerprints differ: where a row ran is not an input)."""
+    return rec.fingerprint == fp or fingerprint.same_inputs(rec.fingerprint, index.fingerprint_parts(rec), fp, parts)
+
+
+def _restamp_meta(index: FolderIndex, writer: BackgroundWriter, done: Iterable[str],
+                  rows: Mapping[str, ManifestRow]) -> None:
+    """Meta never redoes a row: a done row whose manifest ``meta`` changed has its record committed
+    again with the new one (its file untouched)."""
+    for found in index.get_many(done):
+        obj = index.record(found)
+        rec = RowRecord.from_json(obj) if obj is not None else None
+        row = rows[found.id]
+        if rec is not None and rec.meta != row.meta:
+            writer.restamp(replace(rec, meta=row.meta, finished_at=time.time()))
+
+
+def _kept_totals(index: FolderIndex) -> dict[str, int]:
+    """The folder totals the index keeps; a folder whose index cannot be read is a folder error."""
+    try:
+        return index.totals()
+    except sqlite3.Error as exc:
+        raise runfolder.OutputFolderError(f"cannot read {index.path}: {exc}") from exc
 
 
 def _close(writer: BackgroundWriter) -> str | None:

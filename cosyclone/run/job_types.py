@@ -8,7 +8,7 @@ from typing import Protocol
 
 from cosyclone.engine import RowResult
 from cosyclone.run import fingerprint
-from cosyclone.run import folder as runfolder
+from cosyclone.run.resume import ResumePlan
 
 
 class ProgressSink(Protocol):
@@ -54,4 +54,4 @@ class Prepared:
     ctx: fingerprint.RunContext
     fps: dict[str, tuple[str, dict[str, str]]]  # row id -> (fingerprint, parts) for every preparable row
     failed: list[RowResult]  # rows whose fingerprint raised: failed results, ready for the writer
-    resume: runfolder.ResumePlan
+    resume: ResumePlan

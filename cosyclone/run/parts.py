@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from cosyclone.engine import plan_batches
 from cosyclone.manifest import Manifest, ManifestRow
-from cosyclone.run import folder as runfolder
+from cosyclone.run.resume import ResumePlan
 
 
 def split_parts(manifest: Manifest, lines: int) -> Iterator[Manifest]:
@@ -48,9 +48,9 @@ def plan_parts(parts: Sequence[Sequence[ManifestRow]], batch_size: int,
 class ResumeTotals:
     """The resume plans of a run's parts, added up (what the run logs and records at its end)."""
 
-    plan: runfolder.ResumePlan = field(default_factory=lambda: runfolder.ResumePlan([], [], {}, [], []))
+    plan: ResumePlan = field(default_factory=lambda: ResumePlan([], [], {}, []))
 
-    def add(self, part: runfolder.ResumePlan) -> None:
+    def add(self, part: ResumePlan) -> None:
         self.plan.todo += part.todo
         self.plan.done += part.done
         self.plan.redone.update(part.redone)

@@ -1,16 +1,17 @@
 """A run's plan: the manifest and options read, fingerprints made, and the resume decided per row.
 
 Why its own object: planning is what ``--dry-run`` does alone and what a run does first, part by
-part, under the lock. It reads the manifest (streamed or whole), the folder's records and the
-inputs' content hashes; it loads no model and writes nothing but the hash cache. A row whose
-fingerprint cannot be made (its prompt vanished) becomes a failed result here and the others go on.
+part, under the lock. It reads the manifest (streamed or whole), the folder's index (its own rows
+looked up) and the inputs' content hashes; it loads no model and writes nothing but the hash cache
+and the index (built from the records when missing or stale). A row whose fingerprint cannot be
+made (its prompt vanished) becomes a failed result here and the others go on.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,9 +30,10 @@ from cosyclone.options import FolderOptions, RunOptions
 from cosyclone.run import fingerprint
 from cosyclone.run import folder as runfolder
 from cosyclone.run.audio_out import AudioOutput
+from cosyclone.run.index import FolderIndex
 from cosyclone.run.job_types import JobPlan, Prepared
 from cosyclone.run.parts import ResumeTotals, plan_parts, split_parts
-from cosyclone.run.row_record import RowRecord
+from cosyclone.run.resume import ResumePlan, plan_resume
 
 
 class RunPlan:
@@ -93,15 +95,20 @@ class RunPlan:
         """What a run would do if started now (the folder is read, not locked or written)."""
         runfolder.check_creatable(self.out)  # a plan writes nothing, not even the folder
         hashes = fingerprint.HashCache()
-        ctx, existing = self.context(hashes), runfolder.read_records(self.out)
-        total, failed, todo_parts = ResumeTotals(), 0, []
-        for part in self.parts():
-            prep = self.prepare(part.rows, ctx, hashes, existing)
-            total.add(prep.resume)
-            failed += len(prep.failed)
-            todo_parts.append(prep.resume.todo)
-        hashes.save()
-        resume = self.finish_resume(total, existing)
+        with runfolder.settle_lock(self.out):
+            index = runfolder.open_index(self.out)
+        try:
+            ctx = self.context(hashes)
+            total, failed, todo_parts = ResumeTotals(), 0, []
+            for part in self.parts():
+                prep = self.prepare(part.rows, ctx, hashes, index)
+                total.add(prep.resume)
+                failed += len(prep.failed)
+                todo_parts.append(prep.resume.todo)
+            hashes.save()
+            resume = self.finish_resume(total, index)
+        finally:
+            index.close()
         if resume.describe():
             log(resume.describe())
         ray = self.ray_plan() if self.folder.engine == "ray" else None
@@ -168,8 +175,8 @@ class RunPlan:
             raise CosycloneError(f"cannot hash the inputs: {exc}") from exc
 
     def prepare(self, rows: Sequence[ManifestRow], ctx: fingerprint.RunContext, hashes: fingerprint.HashCache,
-                existing: Mapping[str, RowRecord]) -> Prepared:
-        """Fingerprint ``rows`` and plan their resume against the folder's ``existing`` records.
+                index: FolderIndex) -> Prepared:
+        """Fingerprint ``rows`` and plan their resume against the folder's ``index`` (these rows only).
 
         A row's own hash (its prompt's content, its text) is the row's: a row whose fingerprint
         raises becomes a failed result and the others go on.
@@ -182,12 +189,13 @@ class RunPlan:
             except Exception as exc:  # a vanished or unreadable prompt, a field the hash cannot take
                 failed.append(_failed_result(row, self.opts.seed, exc, int(self.cfg.hift.sampling_rate)))
         ready = [r for r in rows if r.id in fps]
-        resume = runfolder.plan_resume(self.out, ready, fps, overwrite=self.folder.overwrite, records=existing)
+        resume = plan_resume(self.out, ready, fps, overwrite=self.folder.overwrite, index=index)
         return Prepared(ctx=ctx, fps=fps, failed=failed, resume=resume)
 
-    def finish_resume(self, total: ResumeTotals, existing: Mapping[str, RowRecord]) -> runfolder.ResumePlan:
-        """The run's resume plan once every part is in: with the folder's rows this manifest lacks."""
-        total.plan.foreign = sorted(set(existing) - {r.id for r in self.full.rows})
+    def finish_resume(self, total: ResumeTotals, index: FolderIndex) -> ResumePlan:
+        """The run's resume plan once every part is in: with the count of the folder's rows this
+        manifest lacks (every manifest row looked up, another shard's included)."""
+        total.plan.foreign = index.count() - index.count_present(r.id for r in self.full.rows)
         return total.plan
 
     def lines(self) -> int:

@@ -1,9 +1,11 @@
-"""Totals of a run folder, recomputed from its row records (``summary.json`` and ``cosyclone report``).
+"""Folder totals over the row records (``summary.json``, ``cosyclone report``).
 
 The totals depend only on the current record of each row, never on how many invocations made
 them: one run, a run killed and resumed five times, or four shards merged give the same numbers.
-Sampler counts are "row-steps" as in :mod:`cosyclone.talker.diagnostics`: a ``calls_*`` total sums
-a counter over every segment of every row, a ``rows_*`` total counts rows where it was non-zero.
+The index (:mod:`cosyclone.run.index`) keeps them as rows are written, so reading them costs the
+same for four rows or ten million. Sampler counts are "row-steps" as in
+:mod:`cosyclone.talker.diagnostics`: a ``calls_*`` total sums a counter over every segment of every
+row, a ``rows_*`` total counts rows where it was non-zero.
 
 Durations are the files' (after resampling and ``--trim-silence``), as ``metadata.jsonl`` and every
 export count them. What a dataset builder must know before loading the folder is flagged: ``ok`` rows
@@ -14,12 +16,24 @@ CPU threads, library versions) is shown as a mix: it never redoes a row, so a fo
 
 from __future__ import annotations
 
-from collections import Counter
+import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from cosyclone.run import folder as runfolder
+from cosyclone.run.index import FolderIndex
+from cosyclone.run.index_rows import (
+    AUDIO_SCALE,
+    FILE_SHARES,
+    RAN_SHARES,
+    SAMPLER_COUNTERS,
+    SHARE_COLUMNS,
+    add_share,
+    row_values,
+    share_of,
+)
 from cosyclone.run.row_record import RowRecord
 
 #: A file property that must be one value among the ok rows for the folder to be one dataset:
@@ -27,61 +41,34 @@ from cosyclone.run.row_record import RowRecord
 FILE_PROPERTIES = (("sample_rate", "sample rates", " Hz"), ("audio_format", "formats", ""),
                    ("encoding", "encodings", ""))
 
-#: sampler counter -> (calls total name, rows total name)
-SAMPLER_COUNTERS = {
-    "steps": ("sampler_calls", None),
-    "nan_steps": ("calls_with_nan", "rows_with_nan"),
-    "all_nan_steps": ("calls_all_nan", "rows_all_nan"),
-    "posinf_steps": ("calls_posinf", "rows_posinf"),
-    "no_finite_steps": ("calls_no_finite", "rows_no_finite"),
-    "ras_fallbacks": ("ras_fallbacks", "rows_ras_fallback"),
-    "ras_sole_restores": ("ras_sole_restores", None),
-}
+
+def _counts(kept: Mapping[str, int], prefix: str) -> dict[str, int]:
+    """The kept counters under ``prefix`` (``file:sample_rate:``, ``run:``, ...) by value, sorted."""
+    return {k.removeprefix(prefix): v for k, v in sorted(kept.items()) if k.startswith(prefix) and v}
 
 
-def folder_totals(records: Iterable[RowRecord]) -> dict[str, Any]:
-    """Totals over every row record: done, failed by reason, NaN-row counts, the files' audio seconds,
-    the ok rows' files by rate, format and encoding (``files``), where the rows ran (``ran_on``) and
-    the ``flags`` a dataset builder must read first."""
-    recs = list(records)
+def totals_of(kept: Mapping[str, int]) -> dict[str, Any]:
+    """The folder totals as ``summary.json`` and ``report`` show them, from the index's kept totals:
+    done, failed by reason, NaN-row counts, the files' audio seconds, the ok rows' files by rate,
+    format and encoding (``files``), where the rows ran (``ran_on``) and the ``flags`` a dataset
+    builder must read first."""
     sampler: dict[str, int] = {}
-    for calls, rows in SAMPLER_COUNTERS.values():
-        sampler[calls] = 0
-        if rows:
-            sampler[rows] = 0
-    reasons: dict[str, int] = {}
-    ok = audio_rows = audio_samples = 0
-    audio = 0.0
-    files: dict[str, Counter[str]] = {name: Counter() for name, _, _ in FILE_PROPERTIES}
-    ran_on: dict[str, Counter[str]] = {"device": Counter(), "threads": Counter()}
-    for rec in recs:
-        if rec.device is not None:
-            ran_on["device"][rec.device] += 1
-        if rec.threads is not None:
-            ran_on["threads"][rec.threads] += 1
-        if rec.ok:
-            ok += 1
-            audio += rec.duration
-            for name, _, _ in FILE_PROPERTIES:
-                files[name][str(getattr(rec, name))] += 1
-        else:
-            key = str(rec.reason or "unknown")
-            reasons[key] = reasons.get(key, 0) + 1
-        for counter, (calls, rows) in SAMPLER_COUNTERS.items():
-            n = sum(int(getattr(s, counter)) for s in rec.sampler)
-            sampler[calls] += n
-            if rows and n:
-                sampler[rows] += 1
-        bad = rec.nonfinite_audio_samples
-        audio_samples += bad
-        audio_rows += 1 if bad else 0
+    for calls, flagged in SAMPLER_COUNTERS.values():
+        sampler[calls] = kept.get(f"sampler:{calls}", 0)
+        if flagged:
+            sampler[flagged] = kept.get(f"sampler:{flagged}", 0)
+    reasons = _counts(kept, "reason:")
+    audio = float(Fraction(kept.get("audio_fx", 0), AUDIO_SCALE))
+    rows, done = kept.get("rows", 0), kept.get("done", 0)
+    files = {field: _counts(kept, f"file:{field}:") for _, field in FILE_SHARES}
     return {
-        "rows": len(recs), "done": ok, "failed": len(recs) - ok, "failed_reasons": dict(sorted(reasons.items())),
+        "rows": rows, "done": done, "failed": rows - done, "failed_reasons": reasons,
         "audio_seconds": round(audio, 6), "sampler": sampler,
         "nan_summary": f"{sampler['sampler_calls']} sampler calls, {sampler['calls_all_nan']} entirely NaN",
-        "nonfinite_audio_rows": audio_rows, "nonfinite_audio_samples": audio_samples,
-        "files": {name: dict(sorted(c.items())) for name, c in files.items()},
-        "ran_on": {name: dict(sorted(c.items())) for name, c in ran_on.items()},
+        "nonfinite_audio_rows": kept.get("nonfinite_audio_rows", 0),
+        "nonfinite_audio_samples": kept.get("nonfinite_audio_samples", 0),
+        "files": files,
+        "ran_on": {field: _counts(kept, f"ran:{field}:") for _, field in RAN_SHARES},
         "flags": mixed_files(files),
     }
 
@@ -112,33 +99,87 @@ def running_writers(folders: Sequence[Path]) -> list[str]:
     return flags
 
 
-def versions_mix(folders: Sequence[Path], records: Mapping[str, RowRecord]) -> dict[str, int]:
+def versions_mix(folders: Sequence[Path], totals: Mapping[str, Any]) -> dict[str, int]:
     """Rows by the library versions of the run that made them (``runs.jsonl`` by ``run_id``), as
-    ``cosyclone 0.4, torch 2.5.1, ...`` -> rows; rows of a run no ``runs.jsonl`` line names count
-    under ``unknown``."""
+    ``cosyclone 0.4, torch 2.5.1, ...`` -> rows, from the kept rows per run (``totals["runs"]``); rows
+    of a run no ``runs.jsonl`` line names, or of no run, count under ``unknown``."""
     versions: dict[str, str] = {}
     for folder in folders:
         for run in runfolder.iter_jsonl(Path(folder) / runfolder.RUNS_NAME):
             found = run.get("versions")
             if isinstance(run.get("run_id"), str) and isinstance(found, dict):
                 versions[run["run_id"]] = ", ".join(f"{k} {v}" for k, v in sorted(found.items()))
-    mix: Counter[str] = Counter(versions.get(rec.run_id or "", "unknown") for rec in records.values())
-    return dict(mix.most_common())
+    runs: Mapping[str, int] = totals.get("runs", {})
+    mix: dict[str, int] = {}
+    for run_id, n in runs.items():
+        key = versions.get(run_id, "unknown")
+        mix[key] = mix.get(key, 0) + n
+    no_run = int(totals.get("rows", 0)) - sum(runs.values())
+    if no_run > 0:
+        mix["unknown"] = mix.get("unknown", 0) + no_run
+    return dict(sorted(mix.items(), key=lambda kv: -kv[1]))
 
 
-def merge_folders(folders: Sequence[Path]) -> tuple[dict[str, RowRecord], list[str]]:
-    """Current records of several folders (shards): (id -> record, warnings about ids in two folders)."""
-    merged: dict[str, RowRecord] = {}
-    where: dict[str, Path] = {}
-    warnings = []
-    for folder in folders:
-        for rid, rec in runfolder.read_records(folder).items():
-            if rid in merged:
-                warnings.append(f"row {rid!r} is in {where[rid]} and {folder}: the later attempt counts")
-                if rec.finished_at < merged[rid].finished_at:
+def folder_totals(records: Iterable[RowRecord]) -> dict[str, Any]:
+    """Totals over row records given one by one (the same sums the index keeps)."""
+    kept: dict[str, int] = {}
+    for rec in records:
+        values = row_values(rec.to_json(), "", 0)
+        if values is not None:
+            add_share(kept, share_of(values), +1)
+    return totals_of(kept)
+
+
+def open_read(folder: Path) -> FolderIndex:
+    """A folder's index for reading its totals (brought up to date under the folder's settle lock)."""
+    with runfolder.settle_lock(folder):
+        return runfolder.open_index(folder)
+
+
+def merged_totals(folders: Sequence[Path]) -> tuple[dict[str, Any], list[str]]:
+    """The totals of several folders (shards) as one: (totals, warnings about ids in two folders).
+
+    An id in two folders counts once, by its later attempt (``finished_at``; a tie goes to the folder
+    named later); only the ids the folders share are read, each pair of folders joined in SQLite.
+    The totals carry ``runs`` (rows per ``run_id``) for :func:`versions_mix`.
+    """
+    indexes = [open_read(f) for f in folders if runfolder.record_sources(f)]  # a folder without records adds 0
+    folders = [f for f in folders if runfolder.record_sources(f)]
+    try:
+        kept: dict[str, int] = {}
+        for idx in indexes:
+            for k, v in idx.totals().items():
+                kept[k] = kept.get(k, 0) + v
+        warnings: list[str] = []
+        for i, a in enumerate(indexes):
+            losers: dict[str, Sequence[Any]] = {}
+            for j, b in enumerate(indexes):
+                if i == j:
                     continue
-            merged[rid], where[rid] = rec, folder
-    return merged, warnings
+                for rid, mine, theirs, share in _shared(a, b):
+                    if i < j:
+                        warnings.append(f"row {rid!r} is in {folders[i]} and {folders[j]}: the later attempt counts")
+                    if theirs > mine or (theirs == mine and j > i):
+                        losers[rid] = share
+            for share in losers.values():
+                add_share(kept, share, -1)
+        return {**totals_of(kept), "runs": _counts(kept, "run:")}, warnings
+    finally:
+        for idx in indexes:
+            idx.close()
+
+
+def _shared(a: FolderIndex, b: FolderIndex) -> Iterable[tuple[str, float, float, Sequence[Any]]]:
+    """(id, finished_at in a, finished_at in b, a's share) of every id both folders hold."""
+    db = sqlite3.connect(a.path)
+    try:
+        db.execute("ATTACH DATABASE ? AS other", (str(b.path),))
+        cols = ", ".join(f"r.{c}" for c in SHARE_COLUMNS)
+        for row in db.execute(f"SELECT r.id, r.finished_at, o.finished_at, {cols} FROM main.rows r "
+                              "JOIN other.rows o ON o.id = r.id"):
+            yield row[0], row[1], row[2], row[3:]
+    finally:
+        db.close()
 
 
 TABLE_ROWS = (("rows", "rows"), ("done", "done"), ("failed", "failed"), ("failed_reasons", "failed by reason"),

@@ -1,4 +1,4 @@
-"""A row's record: the one line per row of ``diagnostics.jsonl``, typed.
+"""A row's record: a line of ``diagnostics.jsonl`` (a row's latest is its current one), typed.
 
 Why one frozen dataclass: the record is the main output a user reads and the folder's memory
 (resume, totals, export and eval read it back). It is built in one place, by the writer once the
@@ -7,8 +7,8 @@ read in one place (:meth:`RowRecord.from_json`), and docs/output.md's field tabl
 from the comments below (tests/docs/test_output_docs.py keeps them equal).
 
 Reading is tolerant: a line written by an older cosyclone lacks newer fields (they take their
-defaults) and may hold fields since dropped (ignored); compaction writes every line back in this
-shape. A line without a string ``id`` is not a record.
+defaults) and may hold fields since dropped (ignored); lines are never rewritten. A line without a
+string ``id`` is not a record.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class RowStamp:
 class FileFacts:
     """The audio file a row's record vouches for, as the writer wrote it."""
 
-    file: str | None  # the audio file relative to the folder (wavs/<id>.wav or .flac); None for a failed row
+    file: str | None  # the audio file relative to the folder (wavs/<shard>/<id>.wav or .flac); None: failed
     samples: int | None  # samples in the file (a resume checks the file still holds them)
     sample_rate: int | None  # the file's sample rate
     audio_format: str | None  # wav | flac

@@ -1,9 +1,10 @@
-"""Output files of a run: ``wavs/<id>.wav`` and the row records (see :mod:`cosyclone.run.folder`).
+"""Output files of a run: ``wavs/<shard>/<id>.wav`` and the row records (see :mod:`cosyclone.run.folder`).
 
 Crash safety is by construction: a WAV is encoded in memory, written to a temporary name in the
 same folder, fsynced and renamed (atomic on POSIX), the directory fsynced, and only *then* is the
 row's record appended whole to this writer's journal and fsynced. A row therefore counts as done
-exactly when its record says ``ok`` and its WAV holds the recorded samples. A write that fails
+exactly when its record says ``ok`` and its WAV holds the recorded samples; the folder's index hears
+of the row after its record is down (:mod:`cosyclone.run.index`). A write that fails
 (disk full, permission) removes its temporary file and stops the run with
 :class:`~cosyclone.run.folder.OutputFolderError`.
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import queue
+import sqlite3
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -25,6 +27,8 @@ import numpy as np
 from cosyclone.engine import RowResult
 from cosyclone.run import folder as runfolder
 from cosyclone.run.audio_out import SUFFIXES, AudioOutput, process
+from cosyclone.run.index import FolderIndex
+from cosyclone.run.index_rows import meta_dir
 from cosyclone.run.row_record import NO_FILE, FileFacts, RowRecord, RowStamp, make_record
 
 SAMPLE_RATE = 24000
@@ -44,7 +48,8 @@ class WriterOptions:
 wav_path = runfolder.wav_path  # one definition of where a row's WAV lies
 
 
-def write_audio_atomic(path: Path, wav: np.ndarray, *, model_rate: int, output: AudioOutput) -> FileFacts:
+def write_audio_atomic(path: Path, wav: np.ndarray, *, model_rate: int, output: AudioOutput,
+                       tmp_dir: Path | None = None) -> FileFacts:
     """``wav`` (the model's samples at ``model_rate``) as ``output`` asks, to ``path``, durably:
     temporary file, fsync, rename, directory fsync. Non-finite samples are refused (``ValueError``)."""
     try:
@@ -52,7 +57,7 @@ def write_audio_atomic(path: Path, wav: np.ndarray, *, model_rate: int, output: 
     except ValueError as exc:
         raise ValueError(f"{path.name}: {exc}") from None
     path.parent.mkdir(parents=True, exist_ok=True)
-    runfolder.write_bytes_atomic(path, data)
+    runfolder.write_bytes_atomic(path, data, tmp_dir=tmp_dir)
     return facts
 
 
@@ -65,13 +70,20 @@ class BackgroundWriter:
     error moves to ``errors.jsonl`` so the row records stay readable.
     """
 
-    def __init__(self, options: WriterOptions, journal: Path, *, max_queue: int = 64) -> None:
+    def __init__(self, options: WriterOptions, journal: Path, *, index: FolderIndex | None = None,
+                 max_queue: int = 64) -> None:
         self.options = options
         self._journal = runfolder.Journal(journal)
+        self._own_index = index is None  # without one given, the folder's is opened here and closed by close()
+        self.index = index if index is not None else runfolder.open_index(options.out_dir)
+        self._src = journal.relative_to(options.out_dir).as_posix()
+        self.index.track(self._src)
+        self.touched: set[str] = set()  # metadata directories whose rows this writer changed
         (Path(options.out_dir) / WAV_DIR).mkdir(parents=True, exist_ok=True)
         self._queue: queue.Queue[tuple[RowResult, RowStamp] | RowRecord | None] = queue.Queue(maxsize=max_queue)
         self._error: BaseException | None = None
         self.written = 0
+        self.written_ids: set[str] = set()  # the rows this writer made (a run's own work, not the folder's)
         self._thread = threading.Thread(target=self._work, name="cosyclone-writer", daemon=True)
         self._thread.start()
 
@@ -84,7 +96,7 @@ class BackgroundWriter:
                 continue
             try:
                 if isinstance(item, RowRecord):
-                    self._journal.append(item.to_json())
+                    self._commit(item)
                 else:
                     self.write_now(*item)
             except BaseException as exc:  # surfaced by submit() / close()
@@ -96,7 +108,8 @@ class BackgroundWriter:
         path = wav_path(out, result.id, output.suffix)
         facts = NO_FILE
         if result.ok and result.audio is not None:
-            written = write_audio_atomic(path, result.audio, model_rate=self.options.model_rate, output=output)
+            written = write_audio_atomic(path, result.audio, model_rate=self.options.model_rate, output=output,
+                                         tmp_dir=out / WAV_DIR)
             facts = replace(written, file=str(path.relative_to(out)))
         _remove_other_files(out, result.id, keep=path if facts.file else None)
         note = None
@@ -107,9 +120,20 @@ class BackgroundWriter:
                                     "traceback": result.traceback})
             note = f"see {runfolder.ERRORS_NAME}"
         record = make_record(result, stamp, facts, traceback_note=note)
-        self._journal.append(record.to_json())
+        self._commit(record)
         self.written += 1
+        self.written_ids.add(record.id)
         return record
+
+    def _commit(self, record: RowRecord) -> None:
+        """The record down in the journal (the commit), then the index told where it lies."""
+        line = record.to_json()
+        offset = self._journal.append(line)
+        try:
+            was = self.index.put(line, self._src, offset, self._journal.end)
+        except sqlite3.Error as exc:  # a full disk: the record stands, the next run indexes it
+            raise runfolder.OutputFolderError(f"cannot write {self.index.path}: {exc}") from exc
+        self.touched.update(d for d in (was, meta_dir(record.file) if record.ok else None) if d is not None)
 
     def submit(self, result: RowResult, stamp: RowStamp) -> None:
         if self._error is not None:
@@ -127,6 +151,8 @@ class BackgroundWriter:
         self._queue.put(None)
         self._thread.join()
         self._journal.close()
+        if self._own_index:
+            self.index.close()
         if self._error is not None:
             raise self._error
 
@@ -135,10 +161,10 @@ def _remove_other_files(out: Path, row_id: str, *, keep: Path | None) -> None:
     """A row's files from earlier attempts in another format (or any, for a failed row) are removed:
     its record now names the one file it has, or says why there is none."""
     for suffix in SUFFIXES.values():
-        stale = wav_path(out, row_id, suffix)
-        if stale != keep and stale.exists():
-            stale.unlink()
-            runfolder.fsync_dir(stale.parent)
+        for stale in (wav_path(out, row_id, suffix), runfolder.flat_path(out, row_id, suffix)):
+            if stale != keep and stale.exists():
+                stale.unlink()
+                runfolder.fsync_dir(stale.parent)
 
 
 def write_summary(out_dir: Path, summary: dict[str, Any]) -> Path:

@@ -13,6 +13,7 @@ import soundfile as sf
 from typer.testing import CliRunner, Result
 
 from cosyclone.cli import app
+from cosyclone.run.folder import wav_path
 from cosyclone.run.row_record import RowRecord
 
 runner = CliRunner()
@@ -57,7 +58,7 @@ def diags(out: Path) -> dict[str, dict]:
 
 
 def wav_bytes(out: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted((out / "wavs").glob("*.wav"))}
+    return {p.name: p.read_bytes() for p in sorted((out / "wavs").rglob("*.wav"))}
 
 
 # The fields of a diagnostics line (the record's dataclass, whose table docs/output.md holds), and of each of
@@ -96,7 +97,7 @@ def test_outputs_are_24k_wavs_of_the_expected_length_with_complete_diagnostics(
     for line in lines:
         rid = line["id"]
         assert set(line) == ROW_FIELDS, set(line) ^ ROW_FIELDS
-        assert line["status"] == "ok" and line["error"] is None and line["file"] == f"wavs/{rid}.wav"
+        assert line["status"] == "ok" and line["error"] is None and line["file"] == wav_path(out, rid).relative_to(out).as_posix()
         assert isinstance(line["line"], int) and isinstance(line["seed"], int)
         n_seg = len(line["stop_reasons"])
         assert n_seg >= 1 and len(line["tokens"]) == n_seg and len(line["sampler"]) == n_seg
@@ -109,9 +110,9 @@ def test_outputs_are_24k_wavs_of_the_expected_length_with_complete_diagnostics(
         assert all(0 < t <= MAX_TOKENS for t in line["tokens"])
         assert len(line["segments"]) == len(line["tokens"])  # what the LLM read, per segment
         assert all(seg["text"] and seg["text_ids"] > 0 and seg["prompt_ids"] > 0 for seg in line["segments"])
-        info = sf.info(str(out / "wavs" / f"{rid}.wav"))
+        info = sf.info(str(wav_path(out, rid)))
         assert info.samplerate == 24000 and info.channels == 1 and info.subtype == "PCM_16"
-        data, sr = sf.read(str(out / "wavs" / f"{rid}.wav"))
+        data, sr = sf.read(str(wav_path(out, rid)))
         assert len(data) == sum(line["tokens"]) * per_token  # each segment: tokens x 2 mel frames x 480
         assert line["audio_seconds"] == pytest.approx(len(data) / 24000)
         assert np.isfinite(data).all() and np.abs(data).max() > 0
@@ -132,11 +133,11 @@ def test_resume_after_a_kill_redoes_exactly_the_missing_rows(model_dir: Path, ma
     first = wav_bytes(out)
     log = out / "diagnostics.jsonl"
     lines = log.read_text().splitlines(keepends=True)
-    assert len(lines) == 4  # compacted: one record per row
+    assert len(lines) == 4  # a first run: one record per row
     torn = json.loads(lines[-1])["id"]  # the kill cut this row's line in half
     gone = json.loads(lines[0])["id"]  # this row's WAV is lost
     log.write_text("".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
-    (out / "wavs" / f"{gone}.wav").unlink()
+    wav_path(out, gone).unlink()
 
     res = synth(manifest, model_dir, out)
     assert res.exit_code == 0, res.output
@@ -146,7 +147,8 @@ def test_resume_after_a_kill_redoes_exactly_the_missing_rows(model_dir: Path, ma
     redone = sorted(rid for rid, d in diags(out).items() if d["run_id"] == run["run_id"])
     assert redone == sorted({torn, gone})
     assert wav_bytes(out) == first  # the redone rows come out byte-identical
-    assert all(d["status"] == "ok" for d in diags(out).values()) and len(diag_lines(out)) == 4
+    assert all(d["status"] == "ok" for d in diags(out).values()) and len(diags(out)) == 4
+    assert len(diag_lines(out)) == 3 + 2  # appended, never rewritten: the whole first lines, then the redone rows
 
     # nothing left to do: no model work, the same records
     before = log.read_text()
@@ -225,7 +227,7 @@ def test_shards_disjoint_and_covering(model_dir: Path, manifest: Path, tmp_path:
             res = synth(manifest, model_dir, out, "--shard", f"{i}/{n}")
             assert res.exit_code in (0, 3), res.output
             got += sorted(diags(out))
-            assert sorted(p.stem for p in (out / "wavs").glob("*.wav")) == sorted(diags(out))
+            assert sorted(p.stem for p in (out / "wavs").rglob("*.wav")) == sorted(diags(out))
             summary = json.loads((out / "summary.json").read_text())
             invalid += summary["last_run"]["invalid"]
             assert summary["last_run"]["shard"] == f"{i}/{n}"
@@ -248,7 +250,7 @@ def test_speed_and_seed_fields_accepted(model_dir: Path, manifest: Path, tmp_pat
     assert d["slow"]["status"] == "ok" and d["fast"]["status"] == "ok" and d["fast"]["seed"] == 42
     for k, speed in (("slow", 0.8), ("fast", 1.25)):  # speed resamples each segment's mel to int(2n/speed)
         want = sum(int(2 * n / speed) * 480 for n in d[k]["tokens"])
-        assert sf.info(str(out / "wavs" / f"{k}.wav")).frames == want > 0, (k, d[k]["tokens"])
+        assert sf.info(str(wav_path(out, k))).frames == want > 0, (k, d[k]["tokens"])
 
 
 def test_example_manifest_with_min_tokens_and_token_budget(model_dir: Path, tmp_path: Path) -> None:

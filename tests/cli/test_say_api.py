@@ -19,6 +19,7 @@ from typer.testing import CliRunner, Result
 
 from cosyclone import __version__
 from cosyclone.cli import app
+from cosyclone.run.folder import wav_path
 from tests.pcm16 import assert_same_pcm16_up_to_rounding
 
 runner = CliRunner()
@@ -73,7 +74,7 @@ def test_api_say_and_synth_give_byte_identical_audio(tts, tiny_model_dir: Path, 
     res = runner.invoke(app, ["synth", str(manifest), "--model-dir", str(tiny_model_dir), "--out",
                               str(tmp_path / "out"), *FAST_ARGS])
     assert res.exit_code == 0, res.output
-    cli = {r["id"]: (tmp_path / "out" / "wavs" / f"{r['id']}.wav").read_bytes() for r in rows}
+    cli = {r["id"]: wav_path(tmp_path / "out", r['id']).read_bytes() for r in rows}
 
     results = tts.synthesize_rows(rows, base=tmp_path)
     assert [r.id for r in results] == ["seeded", "derived"] and all(r.ok for r in results)
@@ -88,11 +89,11 @@ def test_api_say_and_synth_give_byte_identical_audio(tts, tiny_model_dir: Path, 
     assert one.seed == 5 and one.tokens == results[0].tokens
     write_audio_atomic(tmp_path / "one.wav", one.audio, model_rate=one.sample_rate, output=AudioOutput(encoding="pcm16"))
     # alone, not in a batch of two: the same tokens, and the batch's float rounding at most
-    assert_same_pcm16_up_to_rounding(tmp_path / "one.wav", tmp_path / "out" / "wavs" / "seeded.wav")
+    assert_same_pcm16_up_to_rounding(tmp_path / "one.wav", wav_path(tmp_path / "out", "seeded"))
     # say derives the seed from the output's file stem as synth derives it from the id
     assert say(tiny_model_dir, tmp_path / "derived.wav", "--mode", "cross_lingual", text="Bonjour tout le monde.",
                prompt=tmp_path / "prompts" / "speaker2.wav").exit_code == 0  # the row's prompt
-    assert_same_pcm16_up_to_rounding(tmp_path / "derived.wav", tmp_path / "out" / "wavs" / "derived.wav")
+    assert_same_pcm16_up_to_rounding(tmp_path / "derived.wav", wav_path(tmp_path / "out", "derived"))
 
 
 def test_cross_lingual_without_prompt_text_validates_and_runs(tts, tiny_model_dir: Path, tmp_path: Path) -> None:

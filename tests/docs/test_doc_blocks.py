@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from cosyclone.run.folder import wav_path
 from tests import doc_pages
 
 PAGES = doc_pages.pages()
@@ -101,8 +102,8 @@ def test_the_page_s_blocks_run(page: str, doc_workspace: tuple[Path, dict[str, s
     if page == "README.md":
         import soundfile as sf
 
-        for wav in ("hello.wav", "demo/wavs/hello.wav"):
-            assert sf.info(str(work / wav)).samplerate == 24000, wav  # what the blocks say they write
+        for wav in (work / "hello.wav", wav_path(work / "demo", "hello")):
+            assert sf.info(str(wav)).samplerate == 24000, wav  # what the blocks say they write
 
 
 def test_every_marker_is_well_formed_and_every_skip_says_why() -> None:

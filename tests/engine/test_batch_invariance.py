@@ -13,6 +13,7 @@ import soundfile as sf
 from typer.testing import CliRunner
 
 from cosyclone.cli import app
+from cosyclone.run.folder import wav_path
 from tests.cli.test_cli import ROOT, diags
 
 # no --max-tokens: each row runs to its own max_len (20 x its text ids), so lengths differ
@@ -46,8 +47,8 @@ def test_batch_of_four_gives_each_row_what_batch_one_gives_it(tiny_model_dir: Pa
         four = together[rid]
         assert one["tokens"] == four["tokens"] and one["stop_reasons"] == four["stop_reasons"], rid
         assert one["sampler"] == four["sampler"], rid  # every per-row counter, step for step
-        a, sr_a = sf.read(str(tmp_path / "b1" / "wavs" / f"{rid}.wav"), dtype="float32")
-        b, sr_b = sf.read(str(tmp_path / "b4" / "wavs" / f"{rid}.wav"), dtype="float32")
+        a, sr_a = sf.read(str(wav_path(tmp_path / "b1", rid)), dtype="float32")
+        b, sr_b = sf.read(str(wav_path(tmp_path / "b4", rid)), dtype="float32")
         assert sr_a == sr_b == 24000 and a.shape == b.shape and a.size > 0, rid
         np.testing.assert_allclose(b, a, atol=2e-5, rtol=0, err_msg=rid)
         lengths.add(a.size)

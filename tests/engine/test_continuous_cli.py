@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 from cosyclone.cli import app
 from cosyclone.engine import stages as pipeline
+from cosyclone.run.folder import wav_path
 from cosyclone.talker import decode
 from tests.cli.test_cli import ROOT, diags, wav_bytes
 from tests.engine.test_batch_invariance import _manifest
@@ -48,8 +49,8 @@ def test_talker_slots_give_byte_identical_wavs(tiny_model_dir: Path, tmp_path: P
         for rid, want in static.items():
             got = cont[rid]
             assert got["tokens"] == want["tokens"] and got["sampler"] == want["sampler"], (slots, rid)
-            a = (tmp_path / "all" / "wavs" / f"{rid}.wav").read_bytes()
-            b = (tmp_path / f"s{slots}" / "wavs" / f"{rid}.wav").read_bytes()
+            a = wav_path(tmp_path / "all", rid).read_bytes()
+            b = wav_path(tmp_path / f"s{slots}", rid).read_bytes()
             assert a == b and len(a) > 44, (slots, rid)
 
 

@@ -21,6 +21,7 @@ from cosyclone.cli import app
 from cosyclone.engine import stages as pipeline
 from cosyclone.engine.batches import plan_batches, row_cost
 from cosyclone.model.config import released_config
+from cosyclone.run.folder import wav_path
 from cosyclone.talker.diagnostics import SamplerRowDiagnostics
 
 
@@ -146,19 +147,19 @@ def test_cli_on_stub_stages(stubbed: None, tmp_path: Path) -> None:
     assert d["a"]["status"] == "ok" and len(d["a"]["stop_reasons"]) == 2
     assert d["nan1"]["status"] == "failed" and "no_finite_logits" in d["nan1"]["error"]
     assert d["c"]["status"] == "failed" and "frontend" in d["c"]["error"]
-    wav, sr = sf.read(str(out / "wavs" / "a.wav"))
+    wav, sr = sf.read(str(wav_path(out, "a")))
     assert sr == 24000 and len(wav) == 2 * 4 * 2 * 480
     summary = json.loads((out / "summary.json").read_text())
     assert summary["done"] == 2 and summary["failed"] == 2 and summary["last_run"]["invalid"] == 1
     assert summary["nan_summary"].endswith("entirely NaN")
-    before = (out / "wavs" / "a.wav").read_bytes()
-    (out / "wavs" / "b.wav").unlink()
+    before = wav_path(out, "a").read_bytes()
+    wav_path(out, "b").unlink()
     text = (out / "diagnostics.jsonl").read_text()
     (out / "diagnostics.jsonl").write_text(text[:-5])  # killed mid-line
     res = CliRunner().invoke(app, args)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["last_run"]["skipped"] == 1 and (out / "wavs" / "b.wav").is_file()
-    assert (out / "wavs" / "a.wav").read_bytes() == before
+    assert summary["last_run"]["skipped"] == 1 and wav_path(out, "b").is_file()
+    assert wav_path(out, "a").read_bytes() == before
 
 
 def test_min_tokens_reaches_decode_options(stubbed: None, tmp_path: Path) -> None:
@@ -257,18 +258,18 @@ def test_writer_atomic_float_and_torn_line(tmp_path: Path) -> None:
 
     (tmp_path / "diagnostics.jsonl").write_text('{"id": "old", "status": "ok"}\n{"id": "torn", "sta')
     (tmp_path / "wavs").mkdir()
-    (tmp_path / "wavs" / "y.wav").write_bytes(b"stale audio of an earlier attempt")
+    (tmp_path / "wavs" / "y.wav").write_bytes(b"stale audio of an earlier attempt")  # an earlier version's place
     w = BackgroundWriter(WriterOptions(out_dir=tmp_path, output=AudioOutput(encoding="float")), journal_path(tmp_path, "all"))
     w.submit(RowResult(id="x", line=1, seed=0, audio=np.full(480, 0.25, np.float32)), stamp)
     w.submit(RowResult(id="y", line=2, seed=0, status="failed", error="boom", traceback="Traceback..."), stamp)
     w.close()
-    data, sr = sf.read(str(tmp_path / "wavs" / "x.wav"), dtype="float32")
-    assert sr == 24000 and np.allclose(data, 0.25) and sf.info(str(tmp_path / "wavs" / "x.wav")).subtype == "FLOAT"
-    assert not list((tmp_path / "wavs").glob(".*tmp*"))
+    data, sr = sf.read(str(wav_path(tmp_path, "x")), dtype="float32")
+    assert sr == 24000 and np.allclose(data, 0.25) and sf.info(str(wav_path(tmp_path, "x"))).subtype == "FLOAT"
+    assert not list((tmp_path / "wavs").rglob(".*tmp*"))
     records = read_records(tmp_path)
     assert set(records) == {"old", "x", "y"} and records["x"].samples == 480
     assert [r for r in records if is_complete(tmp_path, records[r])] == ["x"]
-    assert not (tmp_path / "wavs" / "y.wav").exists()  # a failed row leaves no stale WAV behind
+    assert not wav_path(tmp_path, "y").exists() and not (tmp_path / "wavs" / "y.wav").exists()  # no stale WAV left
     errors = [json.loads(x) for x in (tmp_path / "errors.jsonl").read_text().splitlines()]
     assert errors[0]["id"] == "y" and errors[0]["traceback"] == "Traceback..."
     assert records["y"].traceback == "see errors.jsonl"

@@ -24,6 +24,7 @@ from cosyclone.code2wav.flow import build_flow
 from cosyclone.code2wav.hift import build_hift
 from cosyclone.code2wav.token2wav import token2wav
 from cosyclone.model.config import load_model_config
+from cosyclone.run.folder import wav_path
 from tests.cli.test_cli import ROOT, diags
 from tests.pcm16 import assert_same_pcm16_up_to_rounding
 
@@ -37,7 +38,7 @@ def _synth(manifest: Path, model_dir: Path, out: Path, seed: int) -> tuple[dict,
                                    "--device", "cpu", "--max-tokens", "6", "--n-timesteps", "2",
                                    "--seed", str(seed)])
     assert res.exit_code == 0, res.output
-    wav = out / "wavs" / "r.wav"
+    wav = wav_path(out, "r")
     assert sf.info(str(wav)).subtype == "PCM_16"
     data, _ = sf.read(str(wav), dtype="int16")
     return diags(out)["r"], data.astype(np.float64) / 32768.0, wav.read_bytes()
@@ -58,7 +59,7 @@ def test_two_seeds_give_different_pcm16_wavs(tiny_model_dir: Path, tmp_path: Pat
     assert a.shape == b.shape and np.mean(a != b) > 0.5  # most samples move, not a stray LSB
     assert np.abs(a - b).max() > 0.01
     with pytest.raises(AssertionError):  # so the batch-rounding tolerance of other tests sees it too
-        assert_same_pcm16_up_to_rounding(tmp_path / "s1" / "wavs" / "r.wav", tmp_path / "s2" / "wavs" / "r.wav")
+        assert_same_pcm16_up_to_rounding(wav_path(tmp_path / "s1", "r"), wav_path(tmp_path / "s2", "r"))
 
 
 def test_one_changed_token_or_speaker_changes_the_pcm16_audio(tiny_model_dir: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -213,8 +214,10 @@ def test_no_summary_reads_as_none(tmp_path: Path):
     assert load_eval_summary(tmp_path) is None
 
 
-def test_the_committed_fixture_is_a_consistent_run_folder():
-    folder = read_folder(FIXTURE, FIXTURE / "manifest.jsonl")
+def test_the_committed_fixture_is_a_consistent_run_folder(tmp_path: Path):
+    out = tmp_path / "fixture"  # a copy: reading a folder indexes it, and the committed one stays as it is
+    shutil.copytree(FIXTURE, out)
+    folder = read_folder(out, out / "manifest.jsonl")
     assert [f.skip for f in folder.rows] == [None] * 6 and not folder.invalid
     for f in folder.rows:
         info = sf.info(str(f.wav))

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from cosyclone.cli import app
 from cosyclone.eval.folder import read_folder
 from cosyclone.eval.redo import redo_seed, write_redo
+from cosyclone.run.folder import wav_path
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,7 +42,7 @@ def test_synth_of_redo_jsonl_redoes_exactly_the_listed_rows_in_place(tiny_model_
     out = tmp_path / "out"
     assert _synth(manifest, tiny_model_dir, out).exit_code == 0
     before = _latest(out)
-    wav_before = {rid: (out / "wavs" / f"{rid}.wav").read_bytes() for rid in before}
+    wav_before = {rid: wav_path(out, rid).read_bytes() for rid in before}
 
     folder = read_folder(out, manifest)
     redo = write_redo(out, [f for f in folder.rows if f.row.id == "r1"])
@@ -52,6 +53,6 @@ def test_synth_of_redo_jsonl_redoes_exactly_the_listed_rows_in_place(tiny_model_
     assert after["r1"]["seed"] == redo_seed("r1", before["r1"]["seed"])
     assert after["r1"]["run_id"] != before["r1"]["run_id"] and after["r1"]["fingerprint"] != before["r1"]["fingerprint"]
     assert after["r1"]["fingerprint_parts"]["seed"] != before["r1"]["fingerprint_parts"]["seed"]
-    assert (out / "wavs" / "r1.wav").read_bytes() != wav_before["r1"]  # new seed, new tokens, new audio
+    assert wav_path(out, "r1").read_bytes() != wav_before["r1"]  # new seed, new tokens, new audio
     for rid in ("r0", "r2"):
-        assert after[rid] == before[rid] and (out / "wavs" / f"{rid}.wav").read_bytes() == wav_before[rid]
+        assert after[rid] == before[rid] and wav_path(out, rid).read_bytes() == wav_before[rid]

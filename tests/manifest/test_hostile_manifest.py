@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from cosyclone.cli import app
+from cosyclone.run.folder import wav_path
 from tests.manifest.test_manifest_hostile import HOSTILE, PROMPT
 
 SCALE = int(os.environ.get("COSYCLONE_PROPERTY_EXAMPLES", "1"))
@@ -98,7 +99,7 @@ def _alone(model_dir: str, index: int, folder: str) -> bytes:
     path = _write(out / "in", [json.dumps(GOOD[index]).encode()])
     res = CliRunner().invoke(app, ["synth", str(path), "--model-dir", model_dir, "--out", str(out / "out"), *FAST])
     assert res.exit_code == 0, res.output
-    return (out / "out" / "wavs" / f"good{index}.wav").read_bytes()
+    return wav_path(out / "out", f"good{index}").read_bytes()
 
 
 def _check_synth(body: list[bytes], model_dir: Path, work: Path, cache_dir: Path) -> tuple[int, set[int]]:
@@ -115,7 +116,7 @@ def _check_synth(body: list[bytes], model_dir: Path, work: Path, cache_dir: Path
         if body[line - 1] not in GOOD_LINES:  # a generated row that happens to be valid: no lone WAV to compare
             continue
         index = GOOD_LINES.index(body[line - 1])
-        wav = (work / "out" / "wavs" / f"{rid}.wav").read_bytes()
+        wav = wav_path(work / "out", rid).read_bytes()
         assert wav == _alone(str(model_dir), index, str(cache_dir)), (line, rid)
     return res.exit_code, named
 

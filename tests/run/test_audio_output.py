@@ -11,6 +11,7 @@ import soundfile as sf
 from typer.testing import CliRunner
 
 from cosyclone.cli import app
+from cosyclone.run.folder import wav_path
 from tests.cli.test_cli import ROOT
 
 FAST = ["--max-tokens", "12", "--n-timesteps", "2", "--device", "cpu", "--quiet"]
@@ -37,14 +38,14 @@ def test_a_16k_flac_folder_loads_as_an_audiofolder_and_a_default_rerun_redoes_ev
     assert first["done"] == 4 and first["output"]["sample_rate"] == 16000 and first["output"]["audio_format"] == "flac"
     recs = _records(out)
     for rid, rec in recs.items():
-        path = out / "wavs" / f"{rid}.flac"
+        path = wav_path(out, rid, ".flac")
         info = sf.info(str(path))
         assert (rec["file"], rec["sample_rate"], rec["audio_format"], rec["encoding"]) == (
-            f"wavs/{rid}.flac", 16000, "flac", "pcm16")
+            path.relative_to(out).as_posix(), 16000, "flac", "pcm16")
         assert info.format == "FLAC" and info.samplerate == 16000 and info.frames == rec["samples"]
         # the model's 24 kHz samples resampled: a third fewer
         assert rec["samples"] == round(rec["audio_seconds"] * 16000)
-    assert not list((out / "wavs").glob("*.wav"))
+    assert not list((out / "wavs").rglob("*.wav"))
     ds = datasets.load_dataset("audiofolder", data_dir=str(out), split="train")
     assert len(ds) == 4 and {r["id"] for r in ds} == set(recs)
     assert all(r["audio"]["sampling_rate"] == 16000 for r in ds)
@@ -53,8 +54,8 @@ def test_a_16k_flac_folder_loads_as_an_audiofolder_and_a_default_rerun_redoes_ev
     assert again["done"] == 4 and again["skipped"] == 0 and again["redone"] == 4
     assert again["redone_by"] == {"options": 4}
     recs = _records(out)
-    assert all(r["file"] == f"wavs/{rid}.wav" and r["sample_rate"] == 24000 for rid, r in recs.items())
-    assert not list((out / "wavs").glob("*.flac"))  # the FLAC of the earlier output is gone with its record
+    assert all(r["file"] == wav_path(out, rid).relative_to(out).as_posix() and r["sample_rate"] == 24000 for rid, r in recs.items())
+    assert not list((out / "wavs").rglob("*.flac"))  # the FLAC of the earlier output is gone with its record
     assert _synth(tiny_model_dir, out)["skipped"] == 4  # and now it resumes
 
 

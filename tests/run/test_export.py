@@ -26,7 +26,9 @@ from cosyclone.run import folder as runfolder
 from cosyclone.run.audio_out import AudioOutput
 from cosyclone.run.export import export, parse_size
 from cosyclone.run.export_shards import wds_key
+from cosyclone.run.folder import wav_path
 from cosyclone.run.row_record import RowStamp
+from cosyclone.run.settle import settle
 from cosyclone.run.writer import BackgroundWriter, WriterOptions
 
 RATE = 24000
@@ -58,17 +60,17 @@ def diag(row_id: str, line: int, *, status: RowStatus, finished_at: float = 1000
     return replace(make_record(result(row_id, line, status), stamp(row_id), NO_FILE), finished_at=finished_at).to_json()
 
 
-def write_rows(out: Path, rows: list[tuple[str, int, RowStatus]], *, compact: bool = True,
+def write_rows(out: Path, rows: list[tuple[str, int, RowStatus]], *, settled: bool = True,
                output: AudioOutput = AudioOutput()) -> None:
-    """(id, line, status) rows through the real writer: the file first, then the record; compacted like a run's end."""
+    """(id, line, status) rows through the real writer: the file first, then the record; settled like a run's end."""
     writer = BackgroundWriter(WriterOptions(out_dir=out, output=output), runfolder.journal_path(out, "all"))
     try:
         for row_id, line, status in rows:
             writer.write_now(result(row_id, line, status), stamp(row_id))
     finally:
         writer.close()
-    if compact:
-        runfolder.compact(out, "all")
+    if settled:
+        settle(out, "all")
 
 
 def write_processed(out: Path, row_id: str, line: int, spec: AudioOutput) -> None:
@@ -77,9 +79,10 @@ def write_processed(out: Path, row_id: str, line: int, spec: AudioOutput) -> Non
 
 
 def folder_digest(out: Path) -> dict[str, str]:
-    """Every file of the run folder (the export directory aside) with its content hash."""
+    """Every file of the run folder (the export directory and the index, derived from the records, aside)
+    with its content hash."""
     return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.rglob("*"))
-            if p.is_file() and "export" not in p.relative_to(out).parts}
+            if p.is_file() and "export" not in p.relative_to(out).parts and not p.name.startswith("index.sqlite")}
 
 
 def load_parquet(directory: Path) -> Any:
@@ -102,8 +105,8 @@ def run_folder(tmp_path: Path) -> Path:
     out = tmp_path / "out"
     write_rows(out, [("r0", 1, "ok"), ("r1", 2, "ok"), ("bad", 3, "failed"), ("gone", 4, "ok"),
                      ("torn", 5, "ok"), ("r5", 6, "ok"), ("a.b c", 7, "ok"), ("ünï", 8, "ok")])
-    (out / "wavs" / "gone.wav").unlink()
-    torn = out / "wavs" / "torn.wav"
+    wav_path(out, "gone").unlink()
+    torn = wav_path(out, "torn")
     torn.write_bytes(torn.read_bytes()[:2000])
     return out
 
@@ -125,7 +128,7 @@ def test_parquet_loads_with_datasets_as_the_folders_ok_rows(run_folder: Path) ->
     records = runfolder.read_records(run_folder)
     for row in ds:
         rec = records[row["id"]]
-        wav, rate = sf.read(str(run_folder / "wavs" / f"{row['id']}.wav"), dtype="float64")
+        wav, rate = sf.read(str(wav_path(run_folder, row['id'])), dtype="float64")
         assert row["audio"]["sampling_rate"] == rate == RATE
         assert np.array_equal(row["audio"]["array"], wav)
         assert (row["text"], row["prompt_text"], row["mode"], row["seed"]) == (
@@ -141,7 +144,7 @@ def test_webdataset_reads_back_the_same_rows_with_their_real_ids(run_folder: Pat
     assert [s["__key__"] for s in samples] == [wds_key(i) for i in EXPORTED]
     assert wds_key("a.b c") == "a%2Eb%20c" and "." not in wds_key("ünï")
     for s, m in zip(samples, metas, strict=True):
-        assert s["wav"] == (run_folder / "wavs" / f"{m['id']}.wav").read_bytes()
+        assert s["wav"] == wav_path(run_folder, m['id']).read_bytes()
         assert m["sample_rate"] == RATE and m["text"] == f"text of {m['id']}"
 
 
@@ -153,7 +156,7 @@ def test_a_16k_flac_folder_exports_at_its_rate_in_both_formats(tmp_path: Path) -
     ds = load_parquet(export(out, fmt="parquet").to_dir)
     assert ds.features["audio"].sampling_rate == 16000 and len(ds) == 3
     for row in ds:
-        flac, rate = sf.read(str(out / "wavs" / f"{row['id']}.flac"), dtype="float64")
+        flac, rate = sf.read(str(wav_path(out, row['id'], ".flac")), dtype="float64")
         assert rate == 16000 and row["audio"]["sampling_rate"] == 16000
         assert np.array_equal(row["audio"]["array"], flac)
     samples = read_tars(export(out, fmt="webdataset").to_dir)
@@ -175,7 +178,7 @@ def test_the_latest_record_wins_and_a_run_in_progress_exports_what_it_finished(t
 
 
 def test_export_never_changes_the_run_folder(run_folder: Path) -> None:
-    journal = runfolder.Journal(runfolder.journal_path(run_folder, "all"))  # an uncompacted journal stays as it is
+    journal = runfolder.Journal(runfolder.journal_path(run_folder, "all"))  # an unsettled journal stays as it is
     journal.append(diag("late", 9, status="failed"))
     journal.close()
     before = folder_digest(run_folder)
@@ -185,7 +188,7 @@ def test_export_never_changes_the_run_folder(run_folder: Path) -> None:
 
 
 def test_shards_keep_to_the_size_and_are_the_same_bytes_every_time(run_folder: Path, tmp_path: Path) -> None:
-    wav_bytes = (run_folder / "wavs" / "r0.wav").stat().st_size  # about 12 kB a row
+    wav_bytes = wav_path(run_folder, "r0").stat().st_size  # about 12 kB a row
     limit = 2 * wav_bytes + 9000  # two rows fit, with a tar's headers and its padding to 10240-byte records
     for fmt in ("webdataset", "parquet"):
         first = export(run_folder, fmt=fmt, shard_size_bytes=limit, to_dir=tmp_path / fmt)
@@ -216,7 +219,7 @@ def test_a_rerun_on_a_grown_folder_rewrites_every_shard(tmp_path: Path) -> None:
 
 
 def eval_line(row_id: str, out: Path, **fields: Any) -> dict[str, Any]:
-    sha = hashlib.sha256((out / "wavs" / f"{row_id}.wav").read_bytes()).hexdigest()
+    sha = hashlib.sha256(wav_path(out, row_id).read_bytes()).hexdigest()
     return {"id": row_id, "status": "ok", "wav_sha256": sha, "metric": "wer", "error_rate": 0.0, "wer": 0.0,
             "cer": 0.0, "transcript": f"text of {row_id}", "speaker_similarity": {"resemblyzer": 0.9},
             "lead_silence_s": 0.0, "trail_silence_s": 0.0, "clipped_fraction": 0.0, "fails": {}, **fields}
@@ -281,8 +284,8 @@ def test_the_folder_still_loads_as_an_audiofolder_beside_its_exports(run_folder:
     export(run_folder, fmt="parquet")
     export(run_folder, fmt="webdataset")
     ds = datasets.load_dataset("audiofolder", data_dir=str(run_folder), split="train")
-    listed = [json.loads(x)["id"] for x in (run_folder / "metadata.jsonl").read_text().splitlines()]
-    assert ds["id"] == listed and len(listed) == 7  # metadata.jsonl's rows, no shard taken for a split
+    listed = [json.loads(x)["id"] for m in sorted(run_folder.rglob("metadata.jsonl")) for x in m.read_text().splitlines()]
+    assert sorted(ds["id"]) == sorted(listed) and len(listed) == 7  # the metadata files' rows, no shard taken for a split
 
 
 def test_tar_members_have_fixed_headers_and_long_ids_survive(tmp_path: Path) -> None:

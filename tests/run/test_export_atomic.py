@@ -80,7 +80,7 @@ def test_a_killed_export_leaves_the_previous_one_whole_and_a_second_one_is_refus
 
 
 def test_the_marker_names_rows_shards_sources_and_each_row_left_out(folder: Path, tmp_path: Path) -> None:
-    (folder / "wavs" / "r2.wav").unlink()
+    runfolder.wav_path(folder, "r2").unlink()
     summary = export(folder, fmt="webdataset", to_dir=tmp_path / "w", rows_per_shard=1)
     marker = read_marker(tmp_path / "w")
     assert marker is not None and marker["rows"] == summary.rows == 2 and marker["records"] == 4

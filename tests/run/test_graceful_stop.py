@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import soundfile as sf
 
+from cosyclone.run.folder import wav_path
 from tests.cli.test_cli import ROOT, diag_lines
 from tests.run.test_runfolder import journal_lines, write_manifest
 
@@ -59,11 +60,11 @@ def assert_folder_whole(out: Path) -> list[dict]:
     records = diag_lines(out)
     ok = {d["id"]: d for d in records if d["status"] == "ok"}
     assert len(ok) == len(records) == len({d["id"] for d in records})  # one record per row, all ok
-    wavs = sorted(p.stem for p in (out / "wavs").iterdir())
+    wavs = sorted(p.stem for p in (out / "wavs").rglob("*.wav"))
     assert wavs == sorted(ok)
     for rid, d in ok.items():
-        assert sf.info(str(out / "wavs" / f"{rid}.wav")).frames == d["samples"]  # whole, as recorded
-    metadata = [json.loads(x) for x in (out / "metadata.jsonl").read_text().splitlines()]
+        assert sf.info(str(wav_path(out, rid))).frames == d["samples"]  # whole, as recorded
+    metadata = [json.loads(x) for m in (out / "wavs").rglob("metadata.jsonl") for x in m.read_text().splitlines()]
     assert sorted(m["id"] for m in metadata) == sorted(ok)
     assert not list((out / ".cosyclone").glob("lock-*")) and not list((out / ".cosyclone").glob("journal-*"))
     assert not [p for p in out.rglob("*") if ".tmp" in p.name]

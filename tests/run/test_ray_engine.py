@@ -26,6 +26,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cosyclone.cli import app
+from cosyclone.run.folder import wav_path
 from tests.cli.test_cli import ROOT, diag_lines, diags
 from tests.ray_hooks import PID_FILE_ENV, task_starts
 
@@ -89,7 +90,7 @@ def wav_bits(out: Path) -> dict[str, bytes]:
     import soundfile as sf
 
     found = {}
-    for p in sorted((out / "wavs").glob("*.wav")):
+    for p in sorted((out / "wavs").rglob("*.wav")):
         data, sr = sf.read(str(p), dtype="float32")
         found[p.name] = f"{sr}:".encode() + data.tobytes()
     return found
@@ -162,20 +163,20 @@ def test_rerun_redoes_nothing_then_exactly_the_missing_rows(ray_out: Path, local
     out = tmp_path / "out"
     shutil.copytree(ray_out, out)
     before = (out / "diagnostics.jsonl").read_bytes()
-    mtimes = {p.name: p.stat().st_mtime_ns for p in (out / "wavs").iterdir()}
+    mtimes = {p.name: p.stat().st_mtime_ns for p in (out / "wavs").rglob("*.wav")}
     _synth(manifest, tiny_model_dir, out, "ray")
     assert (out / "diagnostics.jsonl").read_bytes() == before  # not a line added
-    assert {p.name: p.stat().st_mtime_ns for p in (out / "wavs").iterdir()} == mtimes
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "wavs").rglob("*.wav")} == mtimes
     run = json.loads((out / "summary.json").read_text())["last_run"]
     assert (run["skipped"], run["done"]) == (N_ROWS, 0)
 
     lost = ["row01", "row06", "row11"]  # as if the cluster died before these were written
     for rid in lost:
-        (out / "wavs" / f"{rid}.wav").unlink()
+        wav_path(out, rid).unlink()
     _synth(manifest, tiny_model_dir, out, "ray")
     run_id = json.loads((out / "summary.json").read_text())["last_run"]["run_id"]
     assert sorted(d["id"] for d in diag_lines(out) if d["run_id"] == run_id) == lost
-    assert len(diag_lines(out)) == N_ROWS
+    assert len(diag_lines(out)) == N_ROWS + len(lost)  # the redone rows' records appended
     # the rows not redone keep their bits; the redone ones ran as one new batch of three, so they
     # equal the local engine's only up to batch-size float rounding (tests/pcm16.py)
     again, local = wav_bits(out), wav_bits(local_out)

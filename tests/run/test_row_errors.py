@@ -10,6 +10,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from cosyclone.cli import app
+from cosyclone.run.folder import wav_path
 from tests.cli.test_cli import ROOT, diags
 
 
@@ -26,5 +27,5 @@ def test_stage_failure_names_the_manifest_line(tiny_model_dir: Path, tmp_path: P
     assert "line 2, row 'dots': frontend: TextError" in res.output
     d = diags(tmp_path / "out")
     assert d["dots"]["status"] == "failed" and d["dots"]["line"] == 2 and "Add sentence punctuation" in d["dots"]["error"]
-    assert d["good"]["status"] == "ok" and (tmp_path / "out" / "wavs" / "good.wav").is_file()
-    assert not (tmp_path / "out" / "wavs" / "dots.wav").exists()
+    assert d["good"]["status"] == "ok" and wav_path(tmp_path / "out", "good").is_file()
+    assert not wav_path(tmp_path / "out", "dots").exists()

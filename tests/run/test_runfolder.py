@@ -24,6 +24,7 @@ from cosyclone.cli import app
 from cosyclone.engine import stages as pipeline
 from cosyclone.engine.batches import plan_batches
 from cosyclone.manifest import read_manifest
+from cosyclone.run.folder import wav_path
 from tests.cli.test_cli import ROOT, diag_lines, diags, samples_per_token
 
 MAX_TOKENS = 6
@@ -78,7 +79,7 @@ def recount(out: Path) -> dict:
     d = diags(out)
     ok = [x for x in d.values() if x["status"] == "ok"]
     return {"rows": len(d), "done": len(ok), "failed": len(d) - len(ok),
-            "audio_seconds": pytest.approx(sum(len(sf.read(str(out / "wavs" / f"{x['id']}.wav"))[0]) / 24000
+            "audio_seconds": pytest.approx(sum(len(sf.read(str(wav_path(out, x['id'])))[0]) / 24000
                                                for x in ok))}
 
 
@@ -95,7 +96,7 @@ def test_kill_9_mid_run_then_resume_gives_every_row_exactly_once(tiny_model_dir:
     assert sorted(x["id"] for x in lines) == [f"r{i:02d}" for i in range(8)]  # one line per id
     per_token = samples_per_token(tiny_model_dir)
     for x in lines:
-        data, sr = sf.read(str(out / "wavs" / f"{x['id']}.wav"))
+        data, sr = sf.read(str(wav_path(out, x['id'])))
         assert sr == 24000 and len(data) == x["samples"] == sum(x["tokens"]) * per_token
     summary = json.loads((out / "summary.json").read_text())
     assert {k: summary[k] for k in ("rows", "done", "failed", "audio_seconds")} == recount(out)
@@ -124,7 +125,7 @@ def test_changed_rows_are_redone_and_counted_by_what_changed(tiny_model_dir: Pat
     assert sorted(r for r, x in second.items() if x["run_id"] == run["run_id"]) == ["r01", "r02"]
     assert run["redone_by"] == {"text": 1, "seed": 1} and run["skipped"] == 2
     assert second["r02"]["seed"] == 99 and second["r00"] == first["r00"]
-    assert len(diag_lines(out)) == 4
+    assert len(diag_lines(out)) == 4 + 2  # the redone rows' records appended, the first ones kept
 
     res = cli(m, tiny_model_dir, out, "--dtype", "bf16")  # a run-wide change redoes every row
     assert res.exit_code == 0, res.output
@@ -242,7 +243,7 @@ def test_a_full_disk_is_a_clear_error_with_no_torn_file_and_the_rerun_completes(
     assert "Traceback" not in stderr and len(stderr.splitlines()) < 15
     assert not list(out.rglob("*.tmp"))  # no torn temporary WAV
     for x in diag_lines(out):
-        assert sf.info(str(out / "wavs" / f"{x['id']}.wav")).frames == x["samples"]
+        assert sf.info(str(wav_path(out, x['id']))).frames == x["samples"]
     kept = len(diag_lines(out))
     assert 1 <= kept < 4
 

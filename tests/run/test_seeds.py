@@ -12,6 +12,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from cosyclone.cli import app
+from cosyclone.run.folder import wav_path
 from cosyclone.talker.sampler import row_seed
 from tests.cli.test_cli import ROOT, diags
 from tests.pcm16 import assert_same_pcm16_up_to_rounding
@@ -45,9 +46,9 @@ def test_manifest_seed_is_reported_and_reproduces_alone_and_in_a_batch(tiny_mode
     assert [(s["seed"], s["segment"]) for s in a["sampler"]] == [(123, 0), (123, 1)]
     assert a["tokens"] == b["tokens"] and a["stop_reasons"] == b["stop_reasons"]
     assert a["sampler"] == b["sampler"]  # every counter of both segments
-    wav = "wavs/pinned.wav"  # the same tokens; a batch of 4 rounds the flow and HiFT differently
-    assert_same_pcm16_up_to_rounding(alone / wav, batch / wav)
-    assert (alone / wav).stat().st_size > 1000
+    # the same tokens; a batch of 4 rounds the flow and HiFT differently
+    assert_same_pcm16_up_to_rounding(wav_path(alone, "pinned"), wav_path(batch, "pinned"))
+    assert wav_path(alone, "pinned").stat().st_size > 1000
 
     for other in OTHERS:  # rows without a manifest seed: --seed combined with the id, reported once
         d = diags(batch)[other["id"]]

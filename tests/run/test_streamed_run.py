@@ -62,8 +62,8 @@ def test_the_first_rows_are_written_before_the_last_line_is_read(tiny_model_dir:
     res = CliRunner().invoke(app, ["synth", str(m), "--model-dir", str(tiny_model_dir), "--out",
                                    str(tmp_path / "whole"), "--shard", "0/1", *FAST])
     assert res.exit_code == 3, res.output
-    streamed = {p.name: p.read_bytes() for p in (tmp_path / "streamed" / "wavs").glob("*.wav")}
-    whole = {p.name: p.read_bytes() for p in (tmp_path / "whole" / "wavs").glob("*.wav")}
+    streamed = {p.name: p.read_bytes() for p in (tmp_path / "streamed" / "wavs").rglob("*.wav")}
+    whole = {p.name: p.read_bytes() for p in (tmp_path / "whole" / "wavs").rglob("*.wav")}
     assert len(streamed) == ROWS and streamed == whole
     last = json.loads((tmp_path / "streamed" / "summary.json").read_text())["last_run"]
     assert last["rows_in_manifest"] == ROWS and last["invalid"] == 1 and last["done"] == ROWS

@@ -1,0 +1,400 @@
+"""The folder's index: where each row's current record lies, what it says in brief, and the totals.
+
+Why an index: a folder grows for weeks to millions of rows, and a run, ``report`` and ``eval`` should
+cost what their own rows cost, not a re-read of every record. The record files stay the truth (JSON
+lines a person reads, appended to, never rewritten); ``.cosyclone/index.sqlite`` (stdlib SQLite) is
+derived from them: per row its id, fingerprint, status, audio file, manifest line, ``finished_at``,
+the record file and byte offset of its current record, and its share of the totals, which a
+``totals`` table keeps summed as rows are written (``summary.json`` and ``report`` read a few numbers).
+
+The index follows the files, never the other way round: a record line is written (and fsynced)
+before the index hears of it. Opening the index checks each records file against what was indexed
+of it (inode, size, a hash of its first line): a file that grew is read from where the index
+stopped (a run killed between the two writes, another shard's journal); a file that shrank or was
+replaced, or an index that is missing, unreadable or of another schema, makes the index be built
+again from every records file, streaming. The current record of an id is the one with the latest
+``finished_at``, a later line winning a tie (as :func:`cosyclone.run.folder.read_records`). Totals
+are exact in any order rows arrive in (a resume, shards, a row redone): counts are integers, and
+audio seconds are summed as integers of 2^-40 s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from cosyclone.run.index_rows import COLUMNS, SHARE_COLUMNS, IndexedRow, add_share, row_values, share_column_types
+
+INDEX_NAME = "index.sqlite"  # under the folder's .cosyclone/
+SCHEMA = "cosyclone-index-2"
+BATCH = 500  # ids per lookup query (SQLite allows 999 parameters on old builds)
+PAGE = 4096  # rows per query of a streamed read
+ROWS_PER_COMMIT = 2000  # record lines read into the index per transaction (what a build holds at once)
+
+
+def _head(path: Path) -> str:
+    """A hash of a file's first line: tells a rewritten file from one that only grew."""
+    with open(path, "rb") as fh:
+        return hashlib.blake2b(fh.readline(), digest_size=8).hexdigest()
+
+
+class FolderIndex:
+    """The index of one run folder, opened up to date with its records files (see the module).
+
+    ``sources`` are the records files, relative to the folder, that the folder holds now (the caller
+    lists them: ``diagnostics.jsonl`` and the journals). One object may be shared by a run's threads.
+    """
+
+    def __init__(self, out_dir: Path, sources: Sequence[str], *, state: str = ".cosyclone") -> None:
+        self.out_dir = Path(out_dir)
+        self.path = self.out_dir / state / INDEX_NAME
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self.rebuilt = False  # whether opening built the index from the records files
+        self._files: dict[str, BinaryIO] = {}  # record files read by record(), kept open
+        self.db = self._connect()
+        self.sync(sources)
+
+    # ------------------------------------------------------------------ opening
+
+    def _connect(self) -> sqlite3.Connection:
+        """The index file opened (a file that is not a database is removed: it is built again)."""
+        try:
+            return self._open()
+        except sqlite3.DatabaseError:
+            self._discard()
+            return self._open()
+
+    def _discard(self) -> None:
+        for suffix in ("", "-journal", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{self.path}{suffix}")
+
+    def _open(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=600.0, check_same_thread=False, isolation_level=None)
+        db.execute("PRAGMA page_size=1024")  # small pages: a few rows' index stays a few kB (takes on creation)
+        # a rollback journal, not WAL: no 32 kB shared-memory file beside it, so the index needs no more
+        # room than its rows (a nearly full disk fails on the audio, as before); readers read a page of
+        # rows per query, so a writer never waits long
+        db.execute("PRAGMA journal_mode=DELETE")
+        db.execute("PRAGMA synchronous=NORMAL")  # a lost or torn commit is built again from the records files
+        return db
+
+    def _schema_ok(self) -> bool:
+        try:
+            row = self.db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+        except sqlite3.DatabaseError:
+            return False
+        return row is not None and row[0] == SCHEMA
+
+    def _create(self) -> None:
+        """A fresh, empty index (any earlier one is dropped)."""
+        db = self.db
+        with self._tx():
+            for table in ("meta", "sources", "rows", "totals"):
+                db.execute(f"DROP TABLE IF EXISTS {table}")
+            db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+            db.execute("CREATE TABLE sources (name TEXT PRIMARY KEY, inode INTEGER, size INTEGER, head TEXT)")
+            shares = ", ".join(share_column_types())  # every share column but ``reason``, declared below
+            db.execute("CREATE TABLE rows (id TEXT PRIMARY KEY, fingerprint TEXT, status TEXT NOT NULL, file TEXT, "
+                       "meta_dir TEXT, samples INTEGER, sample_rate INTEGER, line INTEGER NOT NULL, "
+                       f"finished_at REAL NOT NULL, src TEXT NOT NULL, offset INTEGER NOT NULL, reason TEXT, "
+                       f"{shares}) WITHOUT ROWID")
+            db.execute("CREATE TABLE totals (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            db.execute("INSERT INTO meta VALUES ('schema', 'building')")  # SCHEMA once the build is whole
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[None]:
+        with self._lock:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            self.db.execute("COMMIT")
+
+    def sync(self, sources: Sequence[str]) -> None:
+        """Bring the index up to the records files ``sources``: read what grew, rebuild on anything else."""
+        with self._lock:
+            try:
+                if not self._schema_ok():
+                    raise _Stale
+                known = {name: (inode, size, head) for name, inode, size, head
+                         in self.db.execute("SELECT name, inode, size, head FROM sources")}
+                if set(known) - set(sources):  # a file the index points into is gone
+                    raise _Stale
+                tails: list[tuple[str, int]] = []
+                for name in sources:
+                    st = os.stat(self.out_dir / name)
+                    was = known.get(name)
+                    if was is None:
+                        tails.append((name, 0))
+                    elif was[0] != st.st_ino or st.st_size < was[1] or (was[1] and _head(self.out_dir / name) != was[2]):
+                        raise _Stale
+                    elif st.st_size > was[1]:
+                        tails.append((name, was[1]))
+                for name, start in tails:
+                    self._read_source(name, start)
+            except (_Stale, sqlite3.DatabaseError):
+                self.rebuild(sources)
+
+    def rebuild(self, sources: Sequence[str]) -> None:
+        """The index made again from the records files, streaming (a line at a time, rows in SQLite)."""
+        with self._lock:
+            try:
+                self._create()
+            except sqlite3.DatabaseError:  # not a database at all: start a new file
+                self.db.close()
+                self._discard()
+                self.db = self._open()
+                self._create()
+            # one transaction, unsynced, its journal in memory, the secondary indexes made at the end: a
+            # kill or a crash meanwhile leaves the schema 'building', and the next open builds again
+            for pragma in ("synchronous=OFF", "journal_mode=MEMORY", "cache_size=-65536"):
+                self.db.execute(f"PRAGMA {pragma}")
+            try:
+                with self._tx():
+                    for name in sources:
+                        self._read_source(name, 0, bulk=True)
+                    for sql in _SECONDARY:
+                        self.db.execute(sql)
+                    self._recount()
+            finally:
+                for pragma in ("journal_mode=DELETE", "synchronous=NORMAL", "cache_size=-2000"):
+                    self.db.execute(f"PRAGMA {pragma}")
+            with self._tx():  # a synced commit: the whole build is on disk before it is taken as the index
+                self.db.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (SCHEMA,))
+            self.rebuilt = True
+
+    def _read_source(self, name: str, start: int, *, bulk: bool = False) -> None:
+        """Index the lines of records file ``name`` from byte ``start`` on (whole lines only); ``bulk``:
+        into an empty index, in the caller's transaction (totals are counted after)."""
+        path = self.out_dir / name
+        st = os.stat(path)
+        batch: list[tuple[Any, ...]] = []
+        end = start
+        with open(path, "rb") as fh:
+            fh.seek(start)
+            pos = start
+            for raw in fh:
+                here, pos = pos, pos + len(raw)
+                if not raw.endswith(b"\n"):
+                    break  # a line still being written (or torn): read again next time
+                end = pos
+                try:
+                    obj = json.loads(raw.decode("utf-8", errors="replace"))
+                except json.JSONDecodeError:
+                    continue
+                values = row_values(obj, name, here) if isinstance(obj, dict) else None
+                if values is not None:
+                    batch.append(values)
+                if len(batch) >= ROWS_PER_COMMIT:
+                    self._put_batch(batch, bulk=bulk)
+                    batch = []
+        self._put_batch(batch, bulk=bulk)
+        with contextlib.nullcontext() if bulk else self._tx():
+            self.db.execute("INSERT OR REPLACE INTO sources VALUES (?, ?, ?, ?)",
+                            (name, st.st_ino, end, _head(path) if end else ""))
+
+    def _put_batch(self, batch: list[tuple[Any, ...]], *, bulk: bool) -> None:
+        if not batch:
+            return
+        if bulk:
+            self.db.executemany(_UPSERT, batch)
+            return
+        with self._tx():
+            for values in batch:
+                self._put(values)
+
+    # ------------------------------------------------------------------ writing
+
+    def put(self, obj: Mapping[str, Any], src: str, offset: int, end: int) -> str | None:
+        """A record line just written at ``offset`` of records file ``src`` (which now ends at ``end``);
+        the metadata directory of the row's earlier file (None: it had none)."""
+        values = row_values(obj, src, offset)
+        with self._tx():
+            was = self._put(values) if values is not None else None
+            self.db.execute("UPDATE sources SET size = ? WHERE name = ? AND size < ?", (end, src, end))
+            if offset == 0:  # the file's first line: what tells it from a rewritten one
+                self.db.execute("UPDATE sources SET head = ? WHERE name = ?", (_head(self.out_dir / src), src))
+        return was
+
+    def track(self, src: str) -> None:
+        """Start following a records file this process writes (a journal it opens)."""
+        path = self.out_dir / src
+        st = os.stat(path)
+        with self._lock:
+            known = self.db.execute("SELECT size FROM sources WHERE name = ?", (src,)).fetchone()
+            if known is None or known[0] < st.st_size:
+                self._read_source(src, known[0] if known else 0)
+
+    def _put(self, values: tuple[Any, ...]) -> str | None:
+        """One row's record in, the totals moved by the difference of its share (in a transaction); the
+        metadata directory of the row's earlier current record."""
+        rid, finished = values[0], values[8]
+        old = self.db.execute(f"SELECT finished_at, meta_dir, {', '.join(SHARE_COLUMNS)} FROM rows WHERE id = ?",
+                              (rid,)).fetchone()
+        if old is not None and finished < old[0]:
+            return None  # an older attempt read late: the current record stays
+        self.db.execute(f"INSERT OR REPLACE INTO rows ({', '.join(COLUMNS)}) "
+                        f"VALUES ({', '.join('?' * len(COLUMNS))})", values)
+        delta: dict[str, int] = {}
+        add_share(delta, values[len(COLUMNS) - len(SHARE_COLUMNS):], +1)
+        if old is not None:
+            add_share(delta, old[2:], -1)
+        self._add(delta)
+        return old[1] if old is not None else None
+
+    def _add(self, delta: Mapping[str, int]) -> None:
+        for key, v in delta.items():
+            if not v:
+                continue
+            row = self.db.execute("SELECT value FROM totals WHERE key = ?", (key,)).fetchone()
+            value = (int(row[0]) if row else 0) + v  # Python ints: the audio sum outgrows 64 bits
+            self.db.execute("INSERT OR REPLACE INTO totals VALUES (?, ?)", (key, str(value)))
+
+    def _recount(self) -> None:
+        """The totals summed again over the rows table (after a rebuild), streaming."""
+        self.db.execute("DELETE FROM totals")
+        delta: dict[str, int] = {}
+        for share in self.db.execute(f"SELECT {', '.join(SHARE_COLUMNS)} FROM rows"):
+            add_share(delta, share, +1)
+        self._add(delta)
+
+    def moved(self, src: str, dst: str, lines: Iterable[tuple[str, int, int]], dst_end: int) -> None:
+        """Records of ``src`` now lie in ``dst`` too: (id, offset in src, offset in dst) of each; ``src``
+        is no longer followed and ``dst`` is indexed up to ``dst_end``."""
+        with self._tx():
+            self.db.executemany("UPDATE rows SET src = ?, offset = ? WHERE id = ? AND src = ? AND offset = ?",
+                                ((dst, new, rid, src, old) for rid, old, new in lines))
+            self.db.execute("DELETE FROM sources WHERE name = ?", (src,))
+            path = self.out_dir / dst
+            self.db.execute("INSERT OR REPLACE INTO sources VALUES (?, ?, ?, ?)",
+                            (dst, os.stat(path).st_ino, dst_end, _head(path)))
+
+    # ------------------------------------------------------------------ reading
+
+    def totals(self) -> dict[str, int]:
+        """The kept totals: ``rows``, ``done``, ``audio_fx``, ``reason:<r>``, ``sampler:<name>``, ... ."""
+        with self._lock:
+            return {k: int(v) for k, v in self.db.execute("SELECT key, value FROM totals")}
+
+    def count(self) -> int:
+        with self._lock:
+            return int(self.db.execute("SELECT count(*) FROM rows").fetchone()[0])
+
+    def get_many(self, ids: Iterable[str]) -> Iterator[IndexedRow]:
+        """The indexed rows of ``ids`` that the folder has (any order), queried a batch at a time."""
+        it = iter(ids)
+        while True:
+            chunk = [rid for _, rid in zip(range(BATCH), it, strict=False)]
+            if not chunk:
+                return
+            with self._lock:
+                found = self.db.execute(f"SELECT {_BRIEF} FROM rows WHERE id IN ({', '.join('?' * len(chunk))})",
+                                        chunk).fetchall()
+            yield from (IndexedRow(*r) for r in found)
+
+    def count_present(self, ids: Iterable[str]) -> int:
+        """How many of ``ids`` (distinct) the folder has a row of, counted a batch at a time."""
+        it, n = iter(ids), 0
+        while chunk := [rid for _, rid in zip(range(BATCH), it, strict=False)]:
+            with self._lock:
+                n += int(self.db.execute(f"SELECT count(*) FROM rows WHERE id IN ({', '.join('?' * len(chunk))})",
+                                         chunk).fetchone()[0])
+        return n
+
+    def ids(self) -> Iterator[str]:
+        """Every row id of the folder, streamed in id order (a page of ids per query)."""
+        last = ""
+        while True:
+            with self._lock:
+                page = [r[0] for r in self.db.execute("SELECT id FROM rows WHERE id > ? ORDER BY id LIMIT ?",
+                                                      (last, PAGE))]
+            yield from page
+            if len(page) < PAGE:
+                return
+            last = page[-1]
+
+    def ok_rows(self) -> Iterator[IndexedRow]:
+        """The current ``ok`` rows in manifest-line order (ties by id), streamed a page per query."""
+        line, last = -(2**62), ""
+        while True:
+            with self._lock:
+                page = [IndexedRow(*r) for r in self.db.execute(
+                    f"SELECT {_BRIEF} FROM rows WHERE status = 'ok' AND (line > ? OR (line = ? AND id > ?)) "
+                    "ORDER BY line, id LIMIT ?", (line, line, last, PAGE))]
+            yield from page
+            if len(page) < PAGE:
+                return
+            line, last = page[-1].line, page[-1].id
+
+    def in_dir(self, directory: str) -> list[IndexedRow]:
+        """The ``ok`` rows whose audio file ``directory``'s ``metadata.jsonl`` lists, line order (a
+        directory holds a few thousand rows at ten million)."""
+        with self._lock:
+            return [IndexedRow(*r) for r in self.db.execute(
+                f"SELECT {_BRIEF} FROM rows WHERE meta_dir = ? ORDER BY line, id", (directory,))]
+
+    def fingerprint_parts(self, row: IndexedRow) -> dict[str, str] | None:
+        """The ``fingerprint_parts`` of the record an indexed row points at, read from its line without
+        parsing the rest (a plan of a million changed rows reads a million of them); None: none."""
+        raw = self._line(row)
+        m = _PARTS.search(raw) if raw is not None else None
+        try:
+            parts = json.loads(m.group(1)) if m is not None else None
+        except json.JSONDecodeError:
+            parts = None
+        if parts is None and raw is not None:  # not as cosyclone writes it: the whole line
+            obj = self.record(row)
+            parts = obj.get("fingerprint_parts") if obj is not None else None
+        return parts if isinstance(parts, dict) else None
+
+    def _line(self, row: IndexedRow) -> str | None:
+        try:
+            fh = self._files.get(row.src)
+            if fh is None:
+                fh = self._files[row.src] = open(self.out_dir / row.src, "rb")  # noqa: SIM115 (closed by close())
+            with self._lock:
+                fh.seek(row.offset)
+                return fh.readline().decode("utf-8", errors="replace")
+        except OSError:
+            return None
+
+    def record(self, row: IndexedRow) -> dict[str, Any] | None:
+        """The record line an indexed row points at, parsed (None: the file no longer holds it). The
+        record files stay open until :meth:`close` (a plan reads many, in file order)."""
+        try:
+            obj = json.loads(self._line(row) or "null")
+        except json.JSONDecodeError:
+            return None
+        return obj if isinstance(obj, dict) and obj.get("id") == row.id else None
+
+    def close(self) -> None:
+        with self._lock:
+            self.db.close()
+            while self._files:
+                self._files.popitem()[1].close()
+
+
+class _Stale(Exception):
+    """The index does not describe the records files: it is built again."""
+
+
+# a record's top-level "fingerprint_parts" object, flat (a quote inside a text is escaped, so no text matches)
+_PARTS = re.compile(r'"fingerprint_parts": (\{[^{}]*\})')
+_SECONDARY = ("CREATE INDEX rows_meta ON rows (meta_dir) WHERE meta_dir IS NOT NULL",
+              "CREATE INDEX rows_ok ON rows (line, id) WHERE status = 'ok'")
+_BRIEF = "id, fingerprint, status, file, samples, sample_rate, line, finished_at, src, offset"
+_UPSERT = (f"INSERT INTO rows ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))}) "
+           "ON CONFLICT(id) DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in COLUMNS[1:])
+           + " WHERE excluded.finished_at >= rows.finished_at")

@@ -1,0 +1,122 @@
+"""The end of a run in its folder: its journal appended to ``diagnostics.jsonl``, its rows' metadata.
+
+Why append and not merge: a folder of millions of rows must not be read and rewritten because four
+rows were added. The journal's whole lines are appended to ``diagnostics.jsonl`` as they are (a line
+that does not parse, torn by a kill, is left out), the index is told where they now lie, and the
+journal is removed. A kill in between leaves a record twice (the same line in both files), which
+reads as one. Only the ``metadata.jsonl`` of the ``wavs/`` directories this run's rows left or
+entered are written again, from the index (a few thousand rows a directory at ten million rows).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from cosyclone.run import folder as runfolder
+from cosyclone.run.columns import metadata_line
+from cosyclone.run.index import FolderIndex
+from cosyclone.run.index_rows import meta_dir
+from cosyclone.run.row_record import RowRecord
+
+CHUNK_BYTES = 4 << 20  # journal bytes appended per write
+
+
+def settle(out_dir: Path, tag: str, *, index: FolderIndex | None = None, touched: Iterable[str] = ()) -> set[str]:
+    """Append writer ``tag``'s journal to ``diagnostics.jsonl`` and remove it; write the metadata of the
+    ``touched`` directories (:func:`~cosyclone.run.index.meta_dir` keys) and of those the journal's rows
+    lie in. Returns the directories written. Raises :class:`~cosyclone.run.folder.OutputFolderError`."""
+    out_dir = Path(out_dir)
+    own = index is None
+    with runfolder.settle_lock(out_dir):
+        idx = index if index is not None else runfolder.open_index(out_dir)
+        try:
+            idx.sync(runfolder.record_sources(out_dir))  # other shards' lines, a killed run's
+            dirs = set(touched) | _append_journal(out_dir, tag, idx)
+            for d in sorted(dirs):
+                write_metadata(out_dir, idx, d)
+        except sqlite3.Error as exc:
+            raise runfolder.OutputFolderError(f"cannot write {idx.path}: {exc}") from exc
+        finally:
+            if own:
+                idx.close()
+    return dirs
+
+
+def _append_journal(out_dir: Path, tag: str, index: FolderIndex) -> set[str]:
+    """The journal's whole record lines onto ``diagnostics.jsonl``; the metadata directories they name."""
+    journal = runfolder.journal_path(out_dir, tag)
+    if not journal.is_file():
+        return set()
+    src = f"{runfolder.STATE_DIR}/{journal.name}"
+    diag = runfolder.Journal(out_dir / runfolder.DIAG_NAME)
+    moved: list[tuple[str, int, int]] = []
+    dirs: set[str] = set()
+    try:
+        chunk: list[bytes] = []
+        size = 0
+        where = diag.end
+        with open(journal, "rb") as fh:
+            offset = 0
+            for raw in fh:
+                here, offset = offset, offset + len(raw)
+                obj = _record(raw)
+                if obj is None:
+                    continue
+                moved.append((obj["id"], here, where))
+                where += len(raw)
+                d = meta_dir(obj.get("file")) if obj.get("status") == "ok" else None
+                if d is not None:
+                    dirs.add(d)
+                chunk.append(raw)
+                size += len(raw)
+                if size >= CHUNK_BYTES:
+                    diag.append_line(b"".join(chunk))
+                    chunk, size = [], 0
+        if chunk:
+            diag.append_line(b"".join(chunk))
+        end = diag.end
+    finally:
+        diag.close()
+    index.moved(src, runfolder.DIAG_NAME, moved, end)
+    with contextlib.suppress(FileNotFoundError):
+        journal.unlink()
+        runfolder.fsync_dir(journal.parent)
+    return dirs
+
+
+def _record(raw: bytes) -> dict[str, Any] | None:
+    """A whole journal line's record object, None for a torn or foreign line."""
+    if not raw.endswith(b"\n"):
+        return None
+    try:
+        obj = json.loads(raw.decode("utf-8", errors="replace"))
+    except json.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) and isinstance(obj.get("id"), str) else None
+
+
+def write_metadata(out_dir: Path, index: FolderIndex, directory: str) -> None:
+    """``directory``'s ``metadata.jsonl`` (``""``: the folder's root, for flat files) from the index:
+    one line per ``ok`` row whose file lies there, manifest order; removed when none does."""
+    base = out_dir / directory if directory else out_dir
+    lines = []
+    for row in index.in_dir(directory):
+        obj = index.record(row)
+        rec = RowRecord.from_json(obj) if obj is not None else None
+        path = runfolder.audio_path(out_dir, row)
+        if rec is None or path is None:
+            continue
+        name = path.relative_to(base).as_posix()
+        lines.append(json.dumps(metadata_line(rec, name), ensure_ascii=False) + "\n")
+    target = base / runfolder.METADATA_NAME
+    if lines:
+        runfolder.write_bytes_atomic(target, "".join(lines).encode(),
+                                     tmp_dir=out_dir / runfolder.WAV_DIR if directory else None)
+    elif target.exists():
+        target.unlink()
+        runfolder.fsync_dir(base)
