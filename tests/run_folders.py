@@ -65,3 +65,15 @@ def write(out: Path, rows: list[Row], *, output: AudioOutput = AudioOutput()) ->
     lines = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
     path.write_text("".join(json.dumps({**x, **extra.get(x["id"], {})}, ensure_ascii=False) + "\n" for x in lines),
                     encoding="utf-8")
+
+
+def metadata_lines(out: Path) -> dict[str, dict[str, Any]]:
+    """id -> line of every ``metadata.jsonl`` in a folder (one per ``wavs/<shard>`` directory, and the root's
+    for flat files), with ``file_name`` made relative to the folder."""
+    found: dict[str, dict[str, Any]] = {}
+    for path in sorted(Path(out).rglob(runfolder.METADATA_NAME)):
+        for text in path.read_text(encoding="utf-8").splitlines():
+            line = json.loads(text)
+            line["file_name"] = (path.parent / line["file_name"]).relative_to(out).as_posix()
+            found[line["id"]] = line
+    return found

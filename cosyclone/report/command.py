@@ -43,7 +43,7 @@ def report_command(
     if page.html is not None:
         _write_page(folders, page.html, link_audio=page.link_audio)
     try:
-        totals, warnings = totals_mod.merged_totals(folders)
+        totals, warnings = totals_mod.merged_totals(folders, runs=True)
     except CosycloneError as exc:
         _fail(str(exc))
     totals["flags"] = totals_mod.running_writers(folders) + totals["flags"]

@@ -246,7 +246,12 @@ def metadata_line(rec: RowRecord, file_name: str | None = None) -> dict[str, Any
     ``file_name``, then :data:`METADATA`'s columns as the JSON outputs write them, so that
     ``datasets.load_dataset("audiofolder")`` (Arrow's JSON reader: one type per column) gives every
     value back exactly: ``seed`` a decimal string, ``meta`` the JSON text of the row's object,
-    ``duration`` the file's own (after --trim-silence) at its ``sample_rate``. ``file_name`` is the
+    ``duration`` the file's own (after --trim-silence) at its ``sample_rate``. The loader takes its
+    column types from the first ``wavs/<shard>/metadata.jsonl`` alone, so no column is null in one
+    directory and text in another: a row without ``meta`` has the JSON text ``"null"``. ``file_name`` is the
     file relative to the metadata file (the record's ``file``, relative to the folder, when not given)."""
     view = RowView(record=rec, raw={}, samples=rec.samples or 0, sample_rate=rec.sample_rate or 0, folder=".")
-    return {"file_name": file_name if file_name is not None else rec.file, **METADATA.json_values(METADATA.values(view, {}))}
+    values = METADATA.json_values(METADATA.values(view, {}))
+    if values.get("meta") is None:  # JSON text in every line: a directory of rows without meta must not
+        values["meta"] = "null"     # read as a null column that the next directory's text cannot cast to
+    return {"file_name": file_name if file_name is not None else rec.file, **values}

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from cosyclone.run.index_rows import COLUMNS, SHARE_COLUMNS, IndexedRow, add_share, row_values, share_column_types
+from cosyclone.run.index_rows import COLUMNS, SHARE_COLUMNS, IndexedRow, add_share, row_values, share_ddl
 
 INDEX_NAME = "index.sqlite"  # under the folder's .cosyclone/
 SCHEMA = "cosyclone-index-2"
@@ -103,7 +103,7 @@ class FolderIndex:
                 db.execute(f"DROP TABLE IF EXISTS {table}")
             db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
             db.execute("CREATE TABLE sources (name TEXT PRIMARY KEY, inode INTEGER, size INTEGER, head TEXT)")
-            shares = ", ".join(share_column_types())  # every share column but ``reason``, declared below
+            shares = ", ".join(share_ddl())  # every share column but ``reason``, declared below
             db.execute("CREATE TABLE rows (id TEXT PRIMARY KEY, fingerprint TEXT, status TEXT NOT NULL, file TEXT, "
                        "meta_dir TEXT, samples INTEGER, sample_rate INTEGER, line INTEGER NOT NULL, "
                        f"finished_at REAL NOT NULL, src TEXT NOT NULL, offset INTEGER NOT NULL, reason TEXT, "

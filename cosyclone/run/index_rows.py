@@ -94,7 +94,8 @@ def row_values(obj: Mapping[str, Any], src: str, offset: int) -> tuple[Any, ...]
     counts = [sum(_int(s.get(c)) for s in segs) for c in _COUNTERS]
     audio = round(file_seconds(obj) * AUDIO_SCALE) if ok else 0
     reason = None if ok else str(obj.get("reason") or "unknown")
-    files = [str(obj.get(field)) if ok else None for _, field in FILE_SHARES]
+    props = {**obj, "audio_format": obj.get("audio_format") or ("wav" if file else None)}  # older lines: WAVs
+    files = [str(props.get(field)) if ok else None for _, field in FILE_SHARES]
     ran = [None if obj.get(field) is None else str(obj.get(field)) for _, field in RAN_SHARES]
     run = obj.get("run_id")
     fp = obj.get("fingerprint")
@@ -110,13 +111,11 @@ def row_values(obj: Mapping[str, Any], src: str, offset: int) -> tuple[Any, ...]
 def file_seconds(obj: Mapping[str, Any]) -> float:
     """The seconds of a record's audio file (samples / sample_rate, after --trim-silence), as every
     figure and export counts them; its ``audio_seconds`` when the record does not say both."""
-    samples, rate = obj.get("samples"), obj.get("sample_rate")
-    if _int(samples) and _int(rate):
-        return samples / float(rate)  # type: ignore[no-any-return, operator]
-    return _float(obj.get("audio_seconds"))
+    samples, rate = _int(obj.get("samples")), _int(obj.get("sample_rate"))
+    return samples / float(rate) if samples and rate else _float(obj.get("audio_seconds"))
 
 
-def share_column_types() -> list[str]:
+def share_ddl() -> list[str]:
     """The CREATE declarations of the share columns after ``reason`` (TEXT for :data:`TEXT_SHARES`)."""
     return [f"{c} TEXT" if c in TEXT_SHARES else f"{c} INTEGER NOT NULL DEFAULT 0" for c in SHARE_COLUMNS
             if c != "reason"]

@@ -136,12 +136,12 @@ def open_read(folder: Path) -> FolderIndex:
         return runfolder.open_index(folder)
 
 
-def merged_totals(folders: Sequence[Path]) -> tuple[dict[str, Any], list[str]]:
+def merged_totals(folders: Sequence[Path], *, runs: bool = False) -> tuple[dict[str, Any], list[str]]:
     """The totals of several folders (shards) as one: (totals, warnings about ids in two folders).
 
     An id in two folders counts once, by its later attempt (``finished_at``; a tie goes to the folder
     named later); only the ids the folders share are read, each pair of folders joined in SQLite.
-    The totals carry ``runs`` (rows per ``run_id``) for :func:`versions_mix`.
+    With ``runs``, the totals carry ``runs`` (rows per ``run_id``) for :func:`versions_mix`.
     """
     indexes = [open_read(f) for f in folders if runfolder.record_sources(f)]  # a folder without records adds 0
     folders = [f for f in folders if runfolder.record_sources(f)]
@@ -163,7 +163,10 @@ def merged_totals(folders: Sequence[Path]) -> tuple[dict[str, Any], list[str]]:
                         losers[rid] = share
             for share in losers.values():
                 add_share(kept, share, -1)
-        return {**totals_of(kept), "runs": _counts(kept, "run:")}, warnings
+        totals = totals_of(kept)
+        if runs:
+            totals["runs"] = _counts(kept, "run:")
+        return totals, warnings
     finally:
         for idx in indexes:
             idx.close()

@@ -23,7 +23,7 @@ def record(rid: str, line: int, *, status: str = "ok", finished_at: float = 1000
     return {"id": rid, "line": line, "status": status, "reason": None if ok else (reason or "exception"),
             "fingerprint": f"fp-{rid}", "fingerprint_parts": {"text": "t"},
             "file": (file or f"wavs/{runfolder.shard_of(rid)}/{rid}.wav") if ok else None,
-            "samples": 2400 if ok else None, "sample_rate": 24000 if ok else None,
+            "samples": round(seconds * 24000) if ok else None, "sample_rate": 24000 if ok else None,
             "audio_seconds": seconds if ok else 0.0, "nonfinite_audio_samples": 0, "finished_at": finished_at,
             "sampler": [{"steps": 7, "nan_steps": nan, "all_nan_steps": 1 if nan > 2 else 0}], "text": f"t {rid}"}
 
