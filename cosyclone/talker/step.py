@@ -59,7 +59,7 @@ class HostRead:
         if t.device.type == "cuda":
             self.host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
             self.host.copy_(t, non_blocking=True)
-            self.event = torch.cuda.Event()
+            self.event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             self.event.record()
         elif clone:
             self.host = t.clone()

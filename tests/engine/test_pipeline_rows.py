@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -79,8 +80,8 @@ class MarkedHift(Hift):
 
 
 def _stages() -> pipeline.Stages:
-    return pipeline.Stages(released_config(), resolve("cpu", "fp32"), MarkingFrontend(), None, MarkedFlow(),
-                           MarkedHift())
+    stand_ins: tuple[Any, ...] = (MarkingFrontend(), None, MarkedFlow(), MarkedHift())  # the stages' shapes
+    return pipeline.Stages(released_config(), resolve("cpu", "fp32"), *stand_ins)
 
 
 def _rows(texts: dict[str, str], **fields: object) -> list[ManifestRow]:

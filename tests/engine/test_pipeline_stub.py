@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -126,7 +127,7 @@ def stubbed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(dec, "generate", generate)
     monkeypatch.setattr(dec, "TalkerSession", GenerateSession)
     monkeypatch.setattr(pipeline, "load_stages", lambda cfg, policy, fmt, **kw: pipeline.Stages(
-        cfg, policy, Frontend(), None, Flow(), Hift()))
+        cfg, policy, cast(Any, Frontend()), cast(Any, None), cast(Any, Flow()), cast(Any, Hift())))
 
 
 def make_manifest(tmp: Path, texts: dict[str, str]) -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -12,6 +13,7 @@ from typer.testing import CliRunner
 from cosyclone.cli import app
 from cosyclone.manifest import reader as manifest_mod
 from cosyclone.manifest import stream as manifest_stream
+from cosyclone.manifest.rows import parse_row
 from cosyclone.run.drive import Driver
 from tests.cli.test_cli import ROOT
 
@@ -33,8 +35,8 @@ def _manifest(folder: Path) -> Path:
 def test_the_first_rows_are_written_before_the_last_line_is_read(tiny_model_dir: Path, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(manifest_stream, "CHUNK_LINES", 2)  # parts of 2 lines: 4 parts here
-    events: list[tuple[str, object]] = []
-    real_parse, real_commit = manifest_mod.parse_row, Driver.commit
+    events: list[tuple[str, Any]] = []
+    real_parse, real_commit = parse_row, Driver.commit
 
     def parse(obj, *, line, **kw):
         events.append(("validated", line))

@@ -14,7 +14,7 @@ from cosyclone.talker.sampler import SamplerOptions, nucleus_keep, stream_key
 from cosyclone.talker.slot_sampler import SlotSampler
 from tests.host_session import HostSession, LogitsHook, host_generate
 from tests.reference_decode import reference_generate
-from tests.samplers import BatchSampler, nucleus_keep_sorted
+from tests.samplers import BatchSampler, diag, nucleus_keep_sorted
 from tests.talker.test_talker_decode import _model, _req
 
 S, V = 40, 240
@@ -190,7 +190,7 @@ def test_max_len_zero_rows_never_take_a_slot() -> None:
     opts = DecodeOptions(sampler=SamplerOptions(), max_len_override=0)
     res = generate(model, reqs, replace(opts, slots=2))
     assert _key(res) == _key(reference_generate(model, reqs, opts))
-    assert all(r.raw_tokens == [] and r.stop_reason == "max_len" and r.diagnostics.steps == 0 for r in res)
+    assert all(r.raw_tokens == [] and r.stop_reason == "max_len" and diag(r).steps == 0 for r in res)
 
 
 @pytest.mark.parametrize("slots,chunk", [(1, 1), (2, 3), (3, 2)])
