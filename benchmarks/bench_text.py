@@ -64,7 +64,9 @@ def rates(fns: dict[str, Callable[[str], object]], texts: list[str], repeat: int
     return {name: chars / sec for name, sec in best.items()}
 
 
-def bench(qwen_dir: Path | None = None, long_chars: int = 5000, repeat: int = 3) -> dict[str, dict[str, float]]:
+def bench(
+    qwen_dir: Path | None = None, long_chars: int = 5000, repeat: int = 3
+) -> dict[str, dict[str, float]]:
     """{workload: {"short": chars/s, "long": chars/s}}."""
     from cosyclone.frontend.normalize import TextNormalizer, get_normalizer
     from cosyclone.frontend.text import TextFrontend
@@ -98,7 +100,9 @@ def bench(qwen_dir: Path | None = None, long_chars: int = 5000, repeat: int = 3)
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--qwen-dir", type=Path, default=None, help="tokenizer directory (default: built-in stand-in)")
+    ap.add_argument(
+        "--qwen-dir", type=Path, default=None, help="tokenizer directory (default: built-in stand-in)"
+    )
     ap.add_argument("--long-chars", type=int, default=5000)
     ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args(argv)
@@ -107,9 +111,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     for name, f in figures.items():
         if name == "memo hit":
             continue
-        print(f"  {name:<13} short {f['short']:>10,.0f}   long {f['long']:>10,.0f}   long/short {f['long'] / f['short']:.2f}")
+        print(
+            f"  {name:<13} short {f['short']:>10,.0f}   long {f['long']:>10,.0f}   long/short {f['long'] / f['short']:.2f}"
+        )
     memo = figures["memo hit"]
-    print(f"  memo hit      {40 / memo['short'] * 1e6:.1f} us per 40-character row (the frontend after validation)")
+    print(
+        f"  memo hit      {40 / memo['short'] * 1e6:.1f} us per 40-character row (the frontend after validation)"
+    )
     return figures
 
 

@@ -1,11 +1,11 @@
 """Command-line parameters derived from :mod:`cosyclone.options`, so no option is declared twice.
 
-A command declares only what is its own (``synth``'s manifest, ``say``'s text) and takes the rest
-as ``**options``; :func:`with_options` adds one typer option per field that lists the command in
-its ``commands`` metadata, with the field's flag, one-line help, ``--help`` panel and (for
-``Literal`` fields) its choices; bounds are checked by :func:`cosyclone.options.check`, the one
-check every door shares, so the error names the flag the same way everywhere. Typer reads the command's ``__signature__``, so the derived
-options parse, check and show in ``--help`` exactly like hand-written ones.
+A command declares only what is its own (``synth``'s manifest, ``say``'s text) and takes the rest as
+``**options``; :func:`with_options` adds one typer option per field that lists the command in its ``commands``
+metadata, with the field's flag, one-line help, ``--help`` panel and (for ``Literal`` fields) its choices;
+bounds are checked by :func:`cosyclone.options.check`, the one check every door shares, so the error names the
+flag the same way everywhere. Typer reads the command's ``__signature__``, so the derived options parse, check
+and show in ``--help`` exactly like hand-written ones.
 """
 
 from __future__ import annotations
@@ -56,9 +56,17 @@ def derived_parameters(command: str) -> list[inspect.Parameter]:
             annotation = next(a for a in typing.get_args(annotation) or (annotation,) if a is not type(None))
         decls = [flag_of(f), *([meta["short"]] if meta.get("short") else [])]
         # no min/max here: bounds are options.check's, so every door words the error the same way
-        option = typer.Option(default, *decls, help=meta["help"], rich_help_panel=meta["panel"],
-                              metavar=meta.get("metavar"), hidden=meta.get("hidden", False), show_default=False,
-                              envvar=meta.get("envvar"), show_envvar=False)
+        option = typer.Option(
+            default,
+            *decls,
+            help=meta["help"],
+            rich_help_panel=meta["panel"],
+            metavar=meta.get("metavar"),
+            hidden=meta.get("hidden", False),
+            show_default=False,
+            envvar=meta.get("envvar"),
+            show_envvar=False,
+        )
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option,
                                         annotation=annotation))
     return params

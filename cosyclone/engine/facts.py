@@ -36,7 +36,8 @@ class GraphFacts:
 class StageTime:
     """One stage's seconds in a run."""
 
-    busy: float  # seconds it worked (the frontend: its batch thread, or its prompt workers' seconds / workers)
+    # seconds it worked (the frontend: its batch thread, or its prompt workers' seconds / workers)
+    busy: float
     waiting: float  # seconds it had nothing to do (waited for its input)
 
 

@@ -54,13 +54,26 @@ def eval_command(
         return
     manifest = opts.manifest
     options_ = EvalOptions(
-        asr=AsrOptions(model=str(opts.asr_model), download=opts.asr_download, device=opts.asr_device,
-                       compute_type=opts.compute_type, beam_size=opts.beam_size, batch_size=opts.asr_batch_size,
-                       language=opts.language),
-        speaker_models=opts.speakers, model_dir=opts.model_dir,
-        thresholds=Thresholds(max_wer=opts.max_wer, min_similarity=opts.min_similarity,
-                              max_silence_s=opts.max_silence, max_clipped_fraction=opts.max_clipping),
-        redo_unsynthesized=opts.redo_unsynthesized, reuse_transcripts=opts.reuse_transcripts)
+        asr=AsrOptions(
+            model=str(opts.asr_model),
+            download=opts.asr_download,
+            device=opts.asr_device,
+            compute_type=opts.compute_type,
+            beam_size=opts.beam_size,
+            batch_size=opts.asr_batch_size,
+            language=opts.language,
+        ),
+        speaker_models=opts.speakers,
+        model_dir=opts.model_dir,
+        thresholds=Thresholds(
+            max_wer=opts.max_wer,
+            min_similarity=opts.min_similarity,
+            max_silence_s=opts.max_silence,
+            max_clipped_fraction=opts.max_clipping,
+        ),
+        redo_unsynthesized=opts.redo_unsynthesized,
+        reuse_transcripts=opts.reuse_transcripts,
+    )
     from tqdm import tqdm
 
     bar = None

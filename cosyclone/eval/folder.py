@@ -1,9 +1,9 @@
 """Read a synthesis output folder as eval sees it: the manifest's rows, their WAVs and their status.
 
-Only the row records are read (``diagnostics.jsonl`` and any journal, as synth reads them: the
-latest record of an id wins, a line that does not parse is skipped) and the audio file each names. The rows, their
-order and their fields come from the manifest the user names, so eval needs no other file of the
-folder and keeps working while the folder's bookkeeping evolves.
+Only the row records are read (``diagnostics.jsonl`` and any journal, as synth reads them: the latest record
+of an id wins, a line that does not parse is skipped) and the audio file each names. The rows, their order and
+their fields come from the manifest the user names, so eval needs no other file of the folder and keeps
+working while the folder's bookkeeping evolves.
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ def read_folder(out_dir: str | Path, manifest: str | Path) -> Folder:
     if not out_dir.is_dir():
         raise CosycloneError(f"{out_dir}: output folder not found")
     m = read_manifest(manifest)
-    lines = Path(m.path).read_text(encoding="utf-8").split("\n")  # manifest lines end at \n only (as it is read)
+    # manifest lines end at \n only (as it is read)
+    lines = Path(m.path).read_text(encoding="utf-8").split("\n")
     status = read_status(out_dir)
     folder = Folder(out_dir=out_dir, manifest=Path(m.path), invalid=list(m.errors))
     for row in m.rows:

@@ -58,7 +58,9 @@ def test_two_seeds_give_different_pcm16_wavs(tiny_model_dir: Path, tmp_path: Pat
     assert a.shape == b.shape and np.mean(a != b) > 0.5  # most samples move, not a stray LSB
     assert np.abs(a - b).max() > 0.01
     with pytest.raises(AssertionError):  # so the batch-rounding tolerance of other tests sees it too
-        assert_same_pcm16_up_to_rounding(tmp_path / "s1" / "wavs" / "r.wav", tmp_path / "s2" / "wavs" / "r.wav")
+        assert_same_pcm16_up_to_rounding(
+            tmp_path / "s1" / "wavs" / "r.wav", tmp_path / "s2" / "wavs" / "r.wav"
+        )
 
 
 def test_one_changed_token_or_speaker_changes_the_pcm16_audio(tiny_model_dir: Path) -> None:
