@@ -225,8 +225,8 @@ def render(fig: dict[str, Any]) -> list[str]:
         grew = fig["loaded"]["VmRSS"] - fig["start"]["VmRSS"]
         ran = fig["batch"]["VmHWM"] - fig["start"]["VmRSS"]
         return [
-            f"[footprint] onnx: {fig['file_bytes'] / MIB:.0f} MiB file -> RSS +{grew / MIB:.0f} MiB after the "
-            f"session ({grew / fig['file_bytes']:.2f}x the file), peak +{ran / MIB:.0f} MiB after a run "
+            f"[footprint] onnx: {fig['file_bytes'] / MIB:.0f} MiB file -> RSS +{grew / MIB:.0f} MiB after "
+            f"the session ({grew / fig['file_bytes']:.2f}x the file), peak +{ran / MIB:.0f} MiB after a run "
             f"({ran / fig['file_bytes']:.2f}x)"
         ]
     out = [f"[footprint] {fig['case']}: weights {_g(fig['weights'])} GiB (parameters and buffers); load "
@@ -261,8 +261,8 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         raise SystemExit(f"unknown cases {sorted(unknown)}; choose from {', '.join(CASES)}")
     print(
-        f"[footprint] {cpu_name()}, {os.cpu_count()} CPUs; released geometry, {args.rows} rows x {args.tokens} "
-        f"tokens, 1 Euler step, {args.threads} torch threads; one fresh process per case",
+        f"[footprint] {cpu_name()}, {os.cpu_count()} CPUs; released geometry, {args.rows} rows x "
+        f"{args.tokens} tokens, 1 Euler step, {args.threads} torch threads; one fresh process per case",
         flush=True,
     )
     tmp = Path(tempfile.mkdtemp(prefix="cosyclone-footprint-dir-"))

@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> None:
         t0 = time.perf_counter()
         flow = build_flow(cfg, policy, load_format="dummy")
         print(
-            f"flow built in {time.perf_counter() - t0:.1f} s on {cpu_name() if dev.type == 'cpu' else dev} ({policy.dtype}), "
+            f"flow built in {time.perf_counter() - t0:.1f} s on "
+            f"{cpu_name() if dev.type == 'cpu' else dev} ({policy.dtype}), "
             f"threads={torch.get_num_threads()}",
             flush=True,
         )
@@ -220,8 +221,9 @@ def bench_hift(
                 f"set COSYCLONE_BENCH_OFFICIAL to a CosyVoice checkout for a same-window ratio]"
             )
         print(
-            f"HiFT fp32 batch {b} on {where} ({torch.get_num_threads()} threads), {convs}: {per_row:.3f} s per "
-            f"row (4.0 s of audio, median of {len(times['built'])}) -> RTF {per_row / AUDIO_S:.3f}; {versus}",
+            f"HiFT fp32 batch {b} on {where} ({torch.get_num_threads()} threads), {convs}: {per_row:.3f} s "
+            f"per row (4.0 s of audio, median of {len(times['built'])}) -> RTF {per_row / AUDIO_S:.3f}; "
+            f"{versus}",
             flush=True,
         )
         if direct is not None:

@@ -95,8 +95,9 @@ cfg = TalkerConfig(qwen=QwenGeometry(hidden_size=64, num_hidden_layers=4, num_at
 model = init_dummy(CosyVoice3LM(cfg).eval(), seed=1, std=0.05)
 B = int(sys.argv[1])
 g = torch.Generator().manual_seed(0)
-reqs = [TalkerRequest(row_id=f"r{i}", text_ids=torch.randint(0, 300, (10 + i,), generator=g), target_len=4,
-                      prompt_speech_tokens=torch.randint(0, 6561, (8,), generator=g), seed=i) for i in range(B)]
+reqs = [TalkerRequest(row_id=f"r{i}", text_ids=torch.randint(0, 300, (10 + i,), generator=g),
+                      target_len=4, prompt_speech_tokens=torch.randint(0, 6561, (8,), generator=g), seed=i)
+        for i in range(B)]
 def leaf_ops(steps):
     opts = DecodeOptions(sampler=SamplerOptions(), max_len_override=steps, min_len_override=steps)
     if BACKEND:  # this tree only: one fixed shape (the compiled step's), the same tokens as eager
@@ -111,9 +112,10 @@ def leaf_ops(steps):
     generate(model, reqs, opts)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         generate(model, reqs, opts)
-    views = {"aten::" + v for v in ("view", "reshape", "_unsafe_view", "as_strided", "transpose", "t", "slice",
-             "select", "expand", "unsqueeze", "squeeze", "permute", "narrow", "split", "chunk", "alias", "detach",
-             "empty", "empty_like", "empty_strided", "resolve_conj", "resolve_neg", "lift_fresh", "unbind",
+    views = {"aten::" + v for v in ("view", "reshape", "_unsafe_view", "as_strided", "transpose", "t",
+             "slice", "select", "expand", "unsqueeze", "squeeze", "permute", "narrow", "split", "chunk",
+             "alias", "detach", "empty", "empty_like", "empty_strided", "resolve_conj", "resolve_neg",
+             "lift_fresh", "unbind",
              # no kernel either when they are leaves: a to() to the same dtype/device returns self, a
              # contiguous() of a contiguous tensor too; the rest only read or set metadata
              "to", "contiguous", "result_type", "_reshape_alias", "resize_", "is_nonzero", "item",
@@ -629,7 +631,8 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     out.update(ops_per_step(args.before_rev, args.batch, compiled=not args.quick))
     print(
-        f"ops/step at batch {args.batch}: before {out['ops_per_step_before']}, after {out['ops_per_step_after']}; "
+        f"ops/step at batch {args.batch}: before {out['ops_per_step_before']}, "
+        f"after {out['ops_per_step_after']}; "
         f"us/step before {out['us_per_step_before']}, after {out['us_per_step_after']:.0f} [{out['device']}]"
         + (
             f"; compiled (inductor) {out['ops_per_step_compiled']} ops/step"
@@ -659,10 +662,11 @@ def main(argv: list[str] | None = None) -> None:
         print(
             f"flow ({out['flow_workload']}, linear layers on {out['flow_cpu_gemm']}): "
             f"{out['flow_gemm_fraction']} of the GEMM rate on its own matrix products ({out['gemm_gflops']} "
-            f"GFLOP/s; {out['flow_gemm_fraction_linear']} on its linear/conv calls alone, attention's time a loss), "
+            f"GFLOP/s; {out['flow_gemm_fraction_linear']} on its linear/conv calls alone, "
+            f"attention's time a loss), "
             f"{out['flow_kernel_fraction']} counting attention's fused kernel as kernel work, "
-            f"{out['flow_fraction_of_aten_gemm']} of plain aten GEMMs on its shapes ({out['gemm_gflops_aten']} "
-            f"GFLOP/s)"
+            f"{out['flow_fraction_of_aten_gemm']} of plain aten GEMMs on its shapes "
+            f"({out['gemm_gflops_aten']} GFLOP/s)"
             + (
                 f"; {out['flow_onednn_speedup']}x the flow on aten's linear layers"
                 if "flow_onednn_speedup" in out
@@ -676,9 +680,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         out.update(run_gemm_fraction(25, 2) if args.quick else run_gemm_fraction(100))
         print(
-            f"whole run ({out['run_workload']}, linear layers on {out['run_cpu_gemm']}): {out['run_gemm_fraction']} "
-            f"of the GEMM rate on its own matrix products ({out['run_gemm_fraction_linear']} on its linear/conv "
-            f"calls alone), {out['run_kernel_fraction']} counting attention's fused kernel "
+            f"whole run ({out['run_workload']}, linear layers on {out['run_cpu_gemm']}): "
+            f"{out['run_gemm_fraction']} of the GEMM rate on its own matrix products "
+            f"({out['run_gemm_fraction_linear']} on its linear/conv calls alone), "
+            f"{out['run_kernel_fraction']} counting attention's fused kernel "
             f"[{out['device']}]",
             flush=True,
         )

@@ -183,7 +183,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     floor = timed([sys.executable, "-c", IMPORTS])
     print(
-        f"[export] a process that only imports the CLI, pyarrow and soundfile: peak RSS {floor['peak_mib']:.0f} MiB; this "
+        f"[export] a process that only imports the CLI, pyarrow and soundfile: "
+        f"peak RSS {floor['peak_mib']:.0f} MiB; this "
         f"benchmark's own process {_self_rss_mib():.0f} MiB ({describe()})",
         flush=True,
     )
@@ -195,8 +196,8 @@ def main(argv: list[str] | None = None) -> None:
             out = tmp / f"run-{rows}"
             built = timed([sys.executable, "-m", "benchmarks.bench_export", "--build", str(out), str(rows)])
             print(
-                f"[export] folder of {rows} rows, {float(built['lines'][-1]) / 1e9:.2f} GB of WAVs, written in "
-                f"{built['wall_s']:.1f} s",
+                f"[export] folder of {rows} rows, {float(built['lines'][-1]) / 1e9:.2f} GB of WAVs, "
+                f"written in {built['wall_s']:.1f} s",
                 flush=True,
             )
             for fmt in ("parquet", "webdataset"):
@@ -217,8 +218,9 @@ def main(argv: list[str] | None = None) -> None:
                 a, b = figures[(fmt, lo)], figures[(fmt, hi)]
                 print(
                     f"[export] {fmt}: peak RSS {hi} rows / {lo} rows = {float(b['peak_mib']):.0f} / "
-                    f"{float(a['peak_mib']):.0f} MiB = {float(b['peak_mib']) / float(a['peak_mib']):.2f}x for "
-                    f"{hi / lo:.0f}x the rows; time {float(b['wall_s']) / float(a['wall_s']):.1f}x ({describe()})",
+                    f"{float(a['peak_mib']):.0f} MiB = {float(b['peak_mib']) / float(a['peak_mib']):.2f}x "
+                    f"for {hi / lo:.0f}x the rows; "
+                    f"time {float(b['wall_s']) / float(a['wall_s']):.1f}x ({describe()})",
                     flush=True,
                 )
     finally:

@@ -166,9 +166,11 @@ def main(argv: list[str] | None = None) -> None:
         t0 = time.perf_counter()
         r = flow_fraction(dtype, args.steps, args.rounds, args.profile)
         print(
-            f"flow {dtype} per request ({r['workload']}): {r['flow_s']:.2f} s, {r['flow_gflops']:.0f} GFLOP/s "
-            f"on its {r['gflop']:.0f} GFLOP of products = {r['fraction']:.2f} of the {dtype} GEMM rate on its own "
-            f"shapes ({r['gemm_gflops']:.0f} GFLOP/s, same ops replayed alone; linear layers on {r['cpu_gemm']}) "
+            f"flow {dtype} per request ({r['workload']}): {r['flow_s']:.2f} s, "
+            f"{r['flow_gflops']:.0f} GFLOP/s "
+            f"on its {r['gflop']:.0f} GFLOP of products = {r['fraction']:.2f} of the {dtype} GEMM rate "
+            f"on its own shapes ({r['gemm_gflops']:.0f} GFLOP/s, same ops replayed alone; "
+            f"linear layers on {r['cpu_gemm']}) "
             f"[{where}; measured in {time.perf_counter() - t0:.0f} s]",
             flush=True,
         )

@@ -238,9 +238,11 @@ def bench(rows: int, model_dir: Path | None = None, keep: Path | None = None, re
                     fig["rows_per_s"] = rows / float(fig["wall_s"])
                     figures.append(fig)
                     print(
-                        f"[manifest] {name}: {rows} rows, dry run {label} (text cache {'empty' if label == 'cold' else 'as the cold pass left it'}): "
-                        f"{fig['wall_s']:.1f} s ({fig['rows_per_s']:.0f} rows/s, {fig['cpu_s']:.1f} CPU s), peak RSS "
-                        f"{fig['max_process_mib']:.0f} MiB (largest process), {fig['tree_mib']:.0f} MiB (process "
+                        f"[manifest] {name}: {rows} rows, dry run {label} (text cache "
+                        f"{'empty' if label == 'cold' else 'as the cold pass left it'}): "
+                        f"{fig['wall_s']:.1f} s ({fig['rows_per_s']:.0f} rows/s, {fig['cpu_s']:.1f} CPU s), "
+                        f"peak RSS {fig['max_process_mib']:.0f} MiB (largest process), "
+                        f"{fig['tree_mib']:.0f} MiB (process "
                         f"tree) on {describe()}, load {fig['load']:.1f} at its start; plan: {fig['plan']}",
                         flush=True,
                     )
@@ -253,8 +255,9 @@ def bench(rows: int, model_dir: Path | None = None, keep: Path | None = None, re
                     for name, _ in codes
                 }
                 print(
-                    f"[manifest] {label}: median {med['this']:.1f} s this vs {med['against']:.1f} s {against} "
-                    f"-> {med['against'] / med['this']:.2f}x ({repeat} alternated runs each, {describe()})",
+                    f"[manifest] {label}: median {med['this']:.1f} s this vs {med['against']:.1f} s "
+                    f"{against} -> {med['against'] / med['this']:.2f}x "
+                    f"({repeat} alternated runs each, {describe()})",
                     flush=True,
                 )
         return figures
@@ -329,7 +332,8 @@ def first_row(rows: int, model_dir: Path | None = None, repeat: int = 1) -> dict
         print(
             f"[first row] {rows} rows, cold text cache: first WAV after {med['streamed']:.1f} s streamed, "
             f"{med['read whole']:.1f} s with the manifest read whole first "
-            f"({med['read whole'] / med['streamed']:.1f}x; median of {repeat} alternated runs each, {describe()})",
+            f"({med['read whole'] / med['streamed']:.1f}x; median of {repeat} alternated runs each, "
+            f"{describe()})",
             flush=True,
         )
         return found

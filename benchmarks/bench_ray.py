@@ -136,19 +136,22 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"[ray] {cpu_name()}, {cores} CPUs; full-size dummy weights ({args.dtype}), {n} rows x {args.tokens} "
         f"tokens, batches of {args.batch}, {args.n_timesteps} Euler steps, local engine --schedule static; "
-        f"compute = rows over the batches' stage seconds per actor running at once (no load, no Ray overhead):"
+        f"compute = rows over the batches' stage seconds per actor running at once "
+        f"(no load, no Ray overhead):"
     )
     rates = {}
     for name, (running, (arrivals, busy)) in runs.items():
         wall = arrivals[-1]
         rates[name] = n / (busy / running) if busy > 0 else 0.0
         print(
-            f"[ray]   {name}: {n / wall:.3f} rows/s over the wall {wall:.1f} s (first row after {arrivals[0]:.1f} s), "
+            f"[ray]   {name}: {n / wall:.3f} rows/s over the wall {wall:.1f} s "
+            f"(first row after {arrivals[0]:.1f} s), "
             f"compute {rates[name]:.3f} rows/s ({busy:.1f} stage s)"
         )
     local_rate, wide, deep = rates.values()
     print(
-        f"[ray]   compute ratios: {cores} x 1 = {wide / deep:.2f}x 1 x {cores}; {cores} x 1 = {wide / local_rate:.2f}x "
+        f"[ray]   compute ratios: {cores} x 1 = {wide / deep:.2f}x 1 x {cores}; "
+        f"{cores} x 1 = {wide / local_rate:.2f}x "
         f"local; 1 x {cores} = {deep / local_rate:.2f}x local; Ray cluster start {start:.1f} s, not counted"
     )
     for key, plan in plans.items():

@@ -237,7 +237,8 @@ def build(args: argparse.Namespace) -> int:
                     shutil.copytree(src / part, to / part, dirs_exist_ok=True)
             mb = sum(p.stat().st_size for p in to.rglob("*") if p.is_file()) / 2**20
             print(
-                f"reference material ({', '.join(REFERENCE_PARTS)}) copied to {to}, {mb:.1f} MB (the parity part)"
+                f"reference material ({', '.join(REFERENCE_PARTS)}) copied to {to}, {mb:.1f} MB "
+                f"(the parity part)"
             )
         else:
             print(f"no reference vectors under {src}: the parity part will skip the tests that need them")

@@ -311,7 +311,8 @@ def steps(args: argparse.Namespace) -> dict[str, Any]:
                 row["peak_reserved_gib"] = _gib(torch.cuda.max_memory_reserved(device))
             out["ms_per_step"][b] = row
             mem = (
-                f", peak {row['peak_allocated_gib']:.2f} GiB allocated / {row['peak_reserved_gib']:.2f} reserved"
+                f", peak {row['peak_allocated_gib']:.2f} GiB allocated / "
+                f"{row['peak_reserved_gib']:.2f} reserved"
                 if "peak_allocated_gib" in row
                 else ""
             )
@@ -397,7 +398,8 @@ def rtf(args: argparse.Namespace) -> None:
     wall, audio = float(run["wall_seconds"]), float(run["audio_seconds"])
     print(
         f"RTF {wall / audio if audio > 0 else float('nan'):.4f} ({audio:.2f} audio s in {wall:.2f} wall s, "
-        f"{run['done']} rows done, {run['failed']} failed; device {run.get('device')}, dtype {run.get('dtype')}, "
+        f"{run['done']} rows done, {run['failed']} failed; device {run.get('device')}, "
+        f"dtype {run.get('dtype')}, "
         f"cuda_graphs {opts.get('cuda_graphs')})"
     )
 

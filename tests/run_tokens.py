@@ -46,7 +46,10 @@ def run_difference(
     nothing)."""
     (ta, wa), (tb, wb) = a, b
     if not ta or not tb:
-        return f"no talker tokens recorded ({len(ta)} and {len(tb)} segments): TokenStore.put is no longer called"
+        return (
+            f"no talker tokens recorded ({len(ta)} and {len(tb)} segments): "
+            "TokenStore.put is no longer called"
+        )
     if set(ta) != set(tb):
         return f"segments differ: only in the first {sorted(set(ta) - set(tb))}, only in the second " \
                f"{sorted(set(tb) - set(ta))}"

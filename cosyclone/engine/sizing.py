@@ -123,7 +123,8 @@ class Sizing:
         slots = "a batch's worth (at most the rows)" if self.talker_slots is None else str(self.talker_slots)
         lines = [
             f"sizing ({self.device}): batch {self.batch_size} rows, talker slots {slots}, HiFT "
-            f"{self.hift_max_frames} frames and flow {self.flow_max_tokens} token positions per call; {frontend}"
+            f"{self.hift_max_frames} frames and flow {self.flow_max_tokens} token positions per call; "
+            f"{frontend}"
         ]
         if not self.sized:
             lines.append("  CPU defaults (measured on CPU: docs/batching.md)")
@@ -131,7 +132,8 @@ class Sizing:
             lines.append(
                 f"  from {_gib(self.free_bytes)} free x {self.fraction:g} - {_gib(RESERVE_BYTES)} reserve = "
                 f"{_gib(self.usable_bytes)}: {self.kv_bytes_per_position // 1024} KiB per slot-position x "
-                f"{self.reserve_positions} positions per slot; HiFT {HIFT_BYTES_PER_FRAME / 1e3:.0f} kB/frame, "
+                f"{self.reserve_positions} positions per slot; "
+                f"HiFT {HIFT_BYTES_PER_FRAME / 1e3:.0f} kB/frame, "
                 f"flow {FLOW_BYTES_PER_TOKEN.get(self.flow_dtype, 0) / 1e3:.0f} kB/token in "
                 f"{self.flow_dtype} (docs/batching.md)"
             )

@@ -152,10 +152,11 @@ class TextPlan:
             need = self.positions(i, prompt_speech_tokens=prompt_speech_tokens, max_len_ratio=max_len_ratio)
             if need > max_positions:
                 raise TextError(
-                    f"{where}segment {i + 1} of {len(self.segments)} has {len(self.segments[i].ids)} text tokens and "
-                    f"can need {need} positions (with {len(self.prompt_ids)} prompt tokens and "
-                    f"{prompt_speech_tokens} prompt speech tokens); the model has {max_positions}. Add sentence "
-                    f"punctuation so the text can be split, or shorten it"
+                    f"{where}segment {i + 1} of {len(self.segments)} has {len(self.segments[i].ids)} "
+                    f"text tokens and can need {need} positions "
+                    f"(with {len(self.prompt_ids)} prompt tokens and "
+                    f"{prompt_speech_tokens} prompt speech tokens); the model has {max_positions}. "
+                    f"Add sentence punctuation so the text can be split, or shorten it"
                 )
 
 

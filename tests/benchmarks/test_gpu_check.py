@@ -64,8 +64,8 @@ def test_checker_accepts_a_complete_bundle_and_names_each_problem(tmp_path: Path
     assert gb.check(good, pins, image, "3.12", roots) == []
     # the same wheels for another Python: a cp312 build does not install on 3.11
     assert gb.check(good, pins, image, "3.11", roots) == [
-        "cffi-2.1.1-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl does not install on CPython 3.11 "
-        "x86-64 Linux"
+        "cffi-2.1.1-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl does not install on "
+        "CPython 3.11 x86-64 Linux"
     ]
     # a requirement nobody meets, one the image's known version does not meet, a wheel too many
     other = tmp_path / "other"
@@ -149,7 +149,8 @@ def test_script_runs_five_parts_in_order_each_under_an_interrupting_timeout() ->
                      ("5", "parity", "4")]
     # SIGINT first (a Python traceback), KILL after KILL s, given up GRACE s later (stuck in the driver)
     assert (
-        'timeout --signal=KILL $((limit + KILL + GRACE)) \\\n    timeout --signal=INT --kill-after=$KILL "$limit" "$@"'
+        'timeout --signal=KILL $((limit + KILL + GRACE)) \\\n'
+        '    timeout --signal=INT --kill-after=$KILL "$limit" "$@"'
         in code
     )
     # files back from $OUT: one log per part, figures.jsonl, summary.txt (the device returns 8 at most)

@@ -134,7 +134,8 @@ def test_nothing_to_speak_is_refused_with_its_line(tts, tmp_path: Path) -> None:
 
     shutil.copytree(ROOT / "manifests" / "prompts", tmp_path / "prompts")
     rows = [{"id": "ok", "prompt_audio": "prompts/speaker1.wav", "mode": "cross_lingual", "text": "Hello."},
-            {"id": "emoji", "prompt_audio": "prompts/speaker1.wav", "mode": "cross_lingual", "text": "😀🎉😀"},
+            {"id": "emoji", "prompt_audio": "prompts/speaker1.wav", "mode": "cross_lingual",
+             "text": "😀🎉😀"},
             {"id": "dots", "prompt_audio": "prompts/speaker1.wav", "mode": "cross_lingual", "text": "..."}]
     manifest = tmp_path / "m.jsonl"
     manifest.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")

@@ -137,7 +137,8 @@ def test_whitespace_and_digit_tests_are_the_official_ones() -> None:
     assert drop_blanks("Open AI 的 GPT") == "Open AI的GPT"
     assert drop_blanks("中文\t 中文") == "中文\t中文"  # the space beside 中 goes, the tab stays
     assert drop_blanks("a \tb") == "a \tb"  # a space beside a tab has ASCII neighbours: kept
-    assert spell_numbers("Room １２３.", lambda d: f"<{int(d)}>") == "Room <123>."  # isdigit covers full width
+    # isdigit covers full width
+    assert spell_numbers("Room １２３.", lambda d: f"<{int(d)}>") == "Room <123>."
     assert is_only_punctuation("？！…") and is_only_punctuation("😀👍") and is_only_punctuation("")
     assert not is_only_punctuation("😀 😀")
     assert not has_speech("😀 😀.") and has_speech("[breath]") and not has_speech("<|endofprompt|>")

@@ -231,7 +231,10 @@ def test_the_pool_gives_what_one_process_gives(tmp_path: Path) -> None:
     import sys
 
     root = Path(__file__).resolve().parents[2]
-    code = f"from tests.manifest.test_manifest_stream import check_pool_equals_serial; check_pool_equals_serial({str(tmp_path)!r})"
+    code = (
+        "from tests.manifest.test_manifest_stream import check_pool_equals_serial; "
+        f"check_pool_equals_serial({str(tmp_path)!r})"
+    )
     env = {**os.environ, "COSYCLONE_CACHE_DIR": str(tmp_path / "cache")}
     res = subprocess.run(
         [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=900

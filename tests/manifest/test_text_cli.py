@@ -53,8 +53,8 @@ def manifest(tmp_path: Path, vectors: dict[str, Any]) -> Path:
         {"id": "zs", "prompt_audio": "prompts/speaker1.wav", "prompt_text": "希望你以后能够做的比我还好呦。",
          "text": zs["text"]},
         {"id": "xl", "prompt_audio": "prompts/speaker1.wav", "mode": "cross_lingual", "text": zs["text"]},
-        {"id": "ins", "prompt_audio": "prompts/speaker1.wav", "mode": "instruct2", "instruct": "请用广东话表达。",
-         "text": zs["text"]},
+        {"id": "ins", "prompt_audio": "prompts/speaker1.wav", "mode": "instruct2",
+         "instruct": "请用广东话表达。", "text": zs["text"]},
         {"id": "emoji", "prompt_audio": "prompts/speaker1.wav", "prompt_text": "hi", "text": "😀😀😀"},
         {"id": "long", "prompt_audio": "prompts/speaker2.wav", "mode": "cross_lingual", "text": long["text"]},
     ]
