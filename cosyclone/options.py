@@ -22,7 +22,6 @@ import dataclasses
 import functools
 import typing
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any, Literal, get_args
 
 from cosyclone.errors import CosycloneError
@@ -236,62 +235,8 @@ class FolderOptions:
         check(self)
 
 
-@dataclass(frozen=True)
-class ExportOptions:
-    """What ``cosyclone export`` writes and from what (cosyclone/run/export.py; none changes a row)."""
-
-    # parquet | webdataset shards (the audio inside), nemo | lhotse manifests (pointing at the folders' files)
-    format: ExportFormat = opt("parquet", "parquet | webdataset | nemo | lhotse", panel=SHARDS, metavar="FMT",
-                               commands=(EXPORT,))
-    # the largest shard: 500MB, 2GB, 100KB (powers of 1000), 1GiB (of 1024) or bytes
-    shard_size: str = opt("500MB", "largest shard: 500MB, 2GB, 100KB or bytes", panel=SHARDS, metavar="SIZE",
-                          commands=(EXPORT,))
-    # at most this many rows a shard (None: only --shard-size bounds a shard)
-    rows_per_shard: int | None = opt(None, "at most N rows a shard", panel=SHARDS, low=1, metavar="N",
-                                     commands=(EXPORT,))
-    # where the export goes (None: OUT/export/FORMAT of the one folder given)
-    to: str | None = opt(None, "target folder (default: OUT/export/FMT)", panel=SHARDS, metavar="DIR",
-                         commands=(EXPORT,))
-    # NAME=FRACTION, repeatable: that share of the rows (by a hash of the id) goes to split NAME, the rest to
-    # train
-    split: list[str] | None = opt(None, "NAME=FRACTION by id hash, e.g. validation=0.02", panel=SHARDS,
-                                  metavar="NAME=F", commands=(EXPORT,))
-    # embed each row's prompt recording (Parquet: a second audio column; WebDataset: <key>.prompt.<ext>)
-    include_prompt_audio: bool = opt(
-        False, "embed the prompt recording too", panel=SHARDS, commands=(EXPORT,)
-    )
-    # only the rows `cosyclone eval` passed (needs OUT/scores.jsonl)
-    only_passed: bool = opt(False, "only rows that passed cosyclone eval", panel=SOURCES, commands=(EXPORT,))
-    # export a folder a live `synth` is writing (what it finished so far; the marker says "running")
-    allow_running: bool = opt(False, "export a folder a synth is still writing", panel=SOURCES,
-                              commands=(EXPORT,))
-
-    def __post_init__(self) -> None:
-        check(self)
-
-
-@dataclass(frozen=True)
-class ReportOptions:
-    """What ``cosyclone report`` prints (a table or JSON) and writes beside it: the folders' one HTML page."""
-
-    # write the folders' page here (totals, run history, plots, the rows to listen to, outliers)
-    html: Path | None = opt(None, "write one self-contained HTML page here", panel=OUTPUT, metavar="PAGE",
-                            commands=(REPORT,))
-    # the page's players name the audio files relative to the page instead of holding them
-    link_audio: bool = opt(False, "link the audio files instead of embedding them", panel=OUTPUT,
-                           commands=(REPORT,))
-    # print the totals as one JSON object instead of the table
-    json_out: bool = opt(False, "print the totals as one JSON object", panel=OUTPUT, flag="--json",
-                         commands=(REPORT,))
-
-    def __post_init__(self) -> None:
-        check(self)
-
-
 #: The option groups a run is built from, in --help order.
 GROUPS: tuple[type, ...] = (ModelOptions, SamplingOptions, EngineOptions, FolderOptions)
-#: Every option group a command takes its options from (the run's, then export's and report's).
-COMMAND_GROUPS: tuple[type, ...] = (*GROUPS, ExportOptions, ReportOptions)
 #: ModelOptions fields: a loaded model's own (the API refuses them per call).
 MODEL_FIELDS = tuple(f.name for f in fields(ModelOptions))
 
