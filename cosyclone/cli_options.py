@@ -27,8 +27,8 @@ from cosyclone.trace.options import TraceOptions
 
 #: Every option group a command takes its options from: a run's, export's, the doors', validate's, eval's
 #: and trace's.
-ALL_GROUPS: tuple[type, ...] = (*GROUPS, ExportOptions, ReportOptions, *DOOR_GROUPS, ValidateOptions, ScoringOptions,
-                               TraceOptions)
+ALL_GROUPS: tuple[type, ...] = (*GROUPS, ExportOptions, ReportOptions, *DOOR_GROUPS, ValidateOptions,
+                               ScoringOptions, TraceOptions)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
