@@ -36,8 +36,8 @@ class GraphFacts:
 class StageTime:
     """One stage's seconds in a run."""
 
-    # seconds it worked (the frontend: its batch thread, or its prompt workers' seconds / workers)
     busy: float
+    # seconds it worked (the frontend: its batch thread, or its prompt workers' seconds / workers)
     waiting: float  # seconds it had nothing to do (waited for its input)
 
 

@@ -98,8 +98,8 @@ class Sizing:
     device: str  # "cpu" | "cuda" | "rocm"
     sized: bool  # True: from free memory (an accelerator); False: the CPU defaults
     batch_size: int  # rows per planned batch (the frontend's and code2wav's unit)
-    # segments decoded at once; None: the CPU rule (a batch's worth, at most the rows)
     talker_slots: int | None
+    # segments decoded at once; None: the CPU rule (a batch's worth, at most the rows)
     hift_max_frames: int  # padded mel frames per HiFT call
     flow_max_tokens: int  # padded token positions per flow call
     hift_bucket: int  # HiFT widths padded to a multiple of this (0: none; ROCm only)
@@ -113,8 +113,8 @@ class Sizing:
     usable_bytes: int | None = None  # what the rule planned for: free x fraction - reserve
     fraction: float | None = None  # --gpu-memory-fraction as applied
     flow_dtype: str = "fp32"  # the DiT's dtype the flow budget was computed for
-    # the sizes taken from options rather than the rule (--talker-slots)
     given: tuple[str, ...] = field(default=())
+    # the sizes taken from options rather than the rule (--talker-slots)
     frontend_bytes: int = 0  # device memory held back for the frontend's ONNX sessions (their arena caps)
 
     def describe(self) -> list[str]:

@@ -38,8 +38,8 @@ class AsrOptions:
     model: str  # local CTranslate2 Whisper directory (or a model name when download is True)
     download: bool = False  # allow faster-whisper to fetch a named model from the hub
     device: str = "auto"  # auto | cpu | cuda (CTranslate2 device)
-    # CTranslate2 compute type; auto = int8 on CPU, the weights' own precision on GPU
     compute_type: str = "auto"
+    # CTranslate2 compute type; auto = int8 on CPU, the weights' own precision on GPU
     beam_size: int = 5  # beam width (faster-whisper's default; 1 = greedy)
     batch_size: int = 8  # rows encoded/decoded per call
     cpu_threads: int = 0  # CTranslate2 intra-op threads on CPU (0 = the machine's cores, at most 8)

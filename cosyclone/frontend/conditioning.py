@@ -34,8 +34,8 @@ class Request:
     seed: int = 0
     speed: float = 1.0
     mode: Mode = "zero_shot"
-    # normalized segment text (cross_lingual: with the system prefix); target_len counts its ids
     segment_text: str = ""
+    # normalized segment text (cross_lingual: with the system prefix); target_len counts its ids
 
     def __post_init__(self) -> None:
         tok, feat = self.embed["speech_token"], self.embed["speech_feat"]

@@ -50,8 +50,8 @@ class Admission:
     """
 
     slots: Tensor  # (b,) int64 target slots (free: not running in the step)
-    # (b, 1, T, T) bool causal and padding mask of the prompts (attention_mask): b newcomers, T cells
     mask: Tensor
+    # (b, 1, T, T) bool causal and padding mask of the prompts (attention_mask): b newcomers, T cells
 
 
 class RMSNorm(nn.Module):

@@ -49,11 +49,11 @@ class StepMechanics:
     lagged_reads: bool | None = None  # read a window's finished flags after the next window is queued,
     # copied without blocking (the device never waits on the host; a slot is refilled one window later);
     # None: on CUDA/ROCm only (on CPU nothing runs ahead, so it would only delay refills)
-    # cells a step reads, rounded up to this (None: the whole capacity, fixed shape)
     kv_bucket: int | None = 64
+    # cells a step reads, rounded up to this (None: the whole capacity, fixed shape)
     capacity: int | None = None  # cache cells per slot (None: longest prompt + largest max_len)
-    # torch.compile backend for the step ("inductor", "eager", ...; fullgraph=True);
     compile: str | None = None
+    # torch.compile backend for the step ("inductor", "eager", ...; fullgraph=True);
     # use with kv_bucket=None (one shape) and a fixed capacity
 
 
@@ -62,24 +62,24 @@ class DecodeOptions:
     """What :func:`~cosyclone.talker.decode.generate` and a :class:`~cosyclone.talker.session.TalkerSession`
     decode: what a run sets (engine.stages.decode_options), and how the step runs (:class:`StepMechanics`)."""
 
-    # RAS options; None = SamplerOptions.from_config(model.cfg.sampling)
     sampler: SamplerOptions | None = None
+    # RAS options; None = SamplerOptions.from_config(model.cfg.sampling)
     max_len_override: int | None = None  # cap on generated tokens per row instead of int(20 * target_len)
-    # stop ids blocked below this many tokens instead of int(2 * target_len)
     min_len_override: int | None = None
-    # min tokens = int(ratio * target_len); None = the model's (official 2)
+    # stop ids blocked below this many tokens instead of int(2 * target_len)
     min_len_ratio: float | None = None
-    # max tokens = int(ratio * target_len); None = the model's (official 20)
+    # min tokens = int(ratio * target_len); None = the model's (official 2)
     max_len_ratio: float | None = None
-    # rows decoded at once; more requests wait and take a slot as one frees (None: all)
+    # max tokens = int(ratio * target_len); None = the model's (official 20)
     slots: int | None = None
+    # rows decoded at once; more requests wait and take a slot as one frees (None: all)
     reserve_positions: int | None = None  # with CUDA graphs: cache cells per slot allocated up front (the
     # engine's sized figure on a GPU), so rows that fit never grow the pooled step and force a recapture
-    # padded prompt positions one prefill may take (newcomers x their longest
     prefill_tokens: int | None = None
+    # padded prompt positions one prefill may take (newcomers x their longest
     # prompt; at least one newcomer): the sizing rule's budget on a GPU; None: every free slot at once
-    # auto | on: capture the step as CUDA graphs (one per kv_len bucket) where
     cuda_graphs: CudaGraphs = "auto"
+    # auto | on: capture the step as CUDA graphs (one per kv_len bucket) where
     # it can be captured (see graphs.resolve_cuda_graphs), eager otherwise; off: always eager
     mechanics: StepMechanics = StepMechanics()  # how the step runs (same tokens whatever they are)
 
