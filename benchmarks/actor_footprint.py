@@ -1,4 +1,5 @@
-"""What one ``--engine ray`` actor holds in memory: the measurement behind ``cosyclone/run/ray_footprint.py``'s constants.
+"""What one ``--engine ray`` actor holds in memory: the measurement behind
+``cosyclone/run/ray_footprint.py``'s constants.
 
 Usage: ``python -m benchmarks.actor_footprint [--cases dummy-fp32,dummy-bf16,dir-fp32,dir-bf16,onnx]
 [--rows 8] [--tokens 100] [--threads 2]``.
@@ -45,7 +46,8 @@ MIB = 1 << 20
 
 
 def memory(model_dir: Path | None = None) -> dict[str, int]:
-    """This process's memory now, in bytes: the smaps_rollup fields, VmRSS/VmHWM and the model files mapped."""
+    """This process's memory now, in bytes: the smaps_rollup fields, VmRSS/VmHWM and the model files
+    mapped."""
     out: dict[str, int] = {}
     for line in Path("/proc/self/smaps_rollup").read_text().splitlines()[1:]:
         key, _, rest = line.partition(":")
@@ -78,11 +80,20 @@ def _released_sizes() -> Any:
 
     c = released_config()
     q, f, h = c.talker.qwen, c.flow, c.hift
-    return TinySizes(llm_hidden=q.hidden_size, llm_layers=q.num_hidden_layers, llm_heads=q.num_attention_heads,
-                     llm_kv_heads=q.num_key_value_heads, llm_intermediate=q.intermediate_size,
-                     pre_lookahead_channels=f.pre_lookahead_channels, dit_dim=f.dit.dim, dit_depth=f.dit.depth,
-                     dit_heads=f.dit.heads, dit_dim_head=f.dit.dim_head, hift_base_channels=h.base_channels,
-                     f0_cond_channels=h.f0_cond_channels)
+    return TinySizes(
+        llm_hidden=q.hidden_size,
+        llm_layers=q.num_hidden_layers,
+        llm_heads=q.num_attention_heads,
+        llm_kv_heads=q.num_key_value_heads,
+        llm_intermediate=q.intermediate_size,
+        pre_lookahead_channels=f.pre_lookahead_channels,
+        dit_dim=f.dit.dim,
+        dit_depth=f.dit.depth,
+        dit_heads=f.dit.heads,
+        dit_dim_head=f.dit.dim_head,
+        hift_base_channels=h.base_channels,
+        f0_cond_channels=h.f0_cond_channels,
+    )
 
 
 def write_full_size_dir(root: Path) -> Path:
@@ -92,7 +103,9 @@ def write_full_size_dir(root: Path) -> Path:
 
     make_tiny_model(root, _released_sizes())
     got, want = load_model_config(root), released_config()
-    assert (got.talker, got.flow, got.hift) == (want.talker, want.flow, want.hift), "not the released geometry"
+    assert (got.talker, got.flow, got.hift) == (want.talker, want.flow, want.hift), (
+        "not the released geometry"
+    )
     return root
 
 
@@ -182,7 +195,13 @@ def _onnx_case(path: Path) -> dict[str, Any]:
     sess: Any = get_session(path, ["CPUExecutionProvider"])
     loaded = memory()
     sess.run(None, {"x": np.ones((1, ONNX_N), np.float32)})
-    return {"case": "onnx", "file_bytes": path.stat().st_size, "start": before, "loaded": loaded, "batch": memory()}
+    return {
+        "case": "onnx",
+        "file_bytes": path.stat().st_size,
+        "start": before,
+        "loaded": loaded,
+        "batch": memory(),
+    }
 
 
 def _run_child(case: str, model_dir: Path | None, args: argparse.Namespace) -> dict[str, Any]:
@@ -205,16 +224,20 @@ def render(fig: dict[str, Any]) -> list[str]:
     if fig["case"] == "onnx":
         grew = fig["loaded"]["VmRSS"] - fig["start"]["VmRSS"]
         ran = fig["batch"]["VmHWM"] - fig["start"]["VmRSS"]
-        return [f"[footprint] onnx: {fig['file_bytes'] / MIB:.0f} MiB file -> RSS +{grew / MIB:.0f} MiB after the "
-                f"session ({grew / fig['file_bytes']:.2f}x the file), peak +{ran / MIB:.0f} MiB after a run "
-                f"({ran / fig['file_bytes']:.2f}x)"]
+        return [
+            f"[footprint] onnx: {fig['file_bytes'] / MIB:.0f} MiB file -> RSS +{grew / MIB:.0f} MiB after "
+            f"the session ({grew / fig['file_bytes']:.2f}x the file), peak +{ran / MIB:.0f} MiB after a run "
+            f"({ran / fig['file_bytes']:.2f}x)"
+        ]
     out = [f"[footprint] {fig['case']}: weights {_g(fig['weights'])} GiB (parameters and buffers); load "
            f"{fig['load_s']:.0f} s, first batch {fig['batch_s']:.0f} s ({fig['rows_ok']} rows ok)"]
     for point in ("start", "loaded", "batch"):
         m = fig[point]
-        out.append(f"[footprint]   {point:>6}: RSS {_g(m['VmRSS'])} peak {_g(m['VmHWM'])} PSS {_g(m['Pss'])} "
-                   f"anon {_g(m['Anonymous'])} private {_g(m['Private_Clean'] + m['Private_Dirty'])} shared "
-                   f"{_g(m['Shared_Clean'] + m['Shared_Dirty'])} model files mapped {_g(m['model_files_rss'])} GiB")
+        out.append(
+            f"[footprint]   {point:>6}: RSS {_g(m['VmRSS'])} peak {_g(m['VmHWM'])} PSS {_g(m['Pss'])} "
+            f"anon {_g(m['Anonymous'])} private {_g(m['Private_Clean'] + m['Private_Dirty'])} shared "
+            f"{_g(m['Shared_Clean'] + m['Shared_Dirty'])} model files mapped {_g(m['model_files_rss'])} GiB"
+        )
     return out
 
 
@@ -223,7 +246,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--rows", type=int, default=8, help="rows of the first batch (the default --batch-size)")
     p.add_argument("--tokens", type=int, default=100, help="speech tokens per row (min = max)")
-    p.add_argument("--threads", type=int, default=2, help="torch threads of each case (memory barely depends on it)")
+    p.add_argument(
+        "--threads", type=int, default=2, help="torch threads of each case (memory barely depends on it)"
+    )
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--model-dir", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--json", type=Path, help="also write the figures here")
@@ -235,8 +260,11 @@ def main(argv: list[str] | None = None) -> None:
     unknown = set(cases) - set(CASES)
     if unknown:
         raise SystemExit(f"unknown cases {sorted(unknown)}; choose from {', '.join(CASES)}")
-    print(f"[footprint] {cpu_name()}, {os.cpu_count()} CPUs; released geometry, {args.rows} rows x {args.tokens} "
-          f"tokens, 1 Euler step, {args.threads} torch threads; one fresh process per case", flush=True)
+    print(
+        f"[footprint] {cpu_name()}, {os.cpu_count()} CPUs; released geometry, {args.rows} rows x "
+        f"{args.tokens} tokens, 1 Euler step, {args.threads} torch threads; one fresh process per case",
+        flush=True,
+    )
     tmp = Path(tempfile.mkdtemp(prefix="cosyclone-footprint-dir-"))
     figs = []
     try:

@@ -59,26 +59,37 @@ def _time(fn: Callable[[], object], device: torch.device, reps: int) -> float:
 
 def _inputs(cfg, b: int, dev: torch.device) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(b)
-    return {"token": torch.randint(0, cfg.flow.vocab_size, (b, TOKENS), generator=gen).to(dev),
-            "prompt": torch.randint(0, cfg.flow.vocab_size, (b, PROMPT_TOKENS), generator=gen).to(dev),
-            "feat": torch.randn(b, 2 * PROMPT_TOKENS, 80, generator=gen).to(dev),
-            "emb": torch.randn(b, 192, generator=gen).to(dev),
-            "lens": torch.full((b,), TOKENS, device=dev), "plens": torch.full((b,), PROMPT_TOKENS, device=dev)}
+    return {
+        "token": torch.randint(0, cfg.flow.vocab_size, (b, TOKENS), generator=gen).to(dev),
+        "prompt": torch.randint(0, cfg.flow.vocab_size, (b, PROMPT_TOKENS), generator=gen).to(dev),
+        "feat": torch.randn(b, 2 * PROMPT_TOKENS, 80, generator=gen).to(dev),
+        "emb": torch.randn(b, 192, generator=gen).to(dev),
+        "lens": torch.full((b,), TOKENS, device=dev),
+        "plens": torch.full((b,), PROMPT_TOKENS, device=dev),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--reps", type=int, default=1, help="timed runs per batch (best is kept), after a warm-up")
+    ap.add_argument(
+        "--reps", type=int, default=1, help="timed runs per batch (best is kept), after a warm-up"
+    )
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], help="flow dtypes to time, in order")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (0 = leave as is)")
     ap.add_argument("--no-hift", action="store_true")
     ap.add_argument("--hift-only", action="store_true", help="time only HiFT (no flow)")
-    ap.add_argument("--hift-reps", type=int, default=3, help="timed HiFT runs per batch (median), after a warm-up")
-    ap.add_argument("--hift-warmup", type=int, default=3,
-                    help="untimed alternated HiFT rounds per batch before timing, at least 1 (malloc's steady state)")
+    ap.add_argument(
+        "--hift-reps", type=int, default=3, help="timed HiFT runs per batch (median), after a warm-up"
+    )
+    ap.add_argument(
+        "--hift-warmup",
+        type=int,
+        default=3,
+        help="untimed alternated HiFT rounds per batch before timing, at least 1 (malloc's steady state)",
+    )
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -95,27 +106,47 @@ def main(argv: list[str] | None = None) -> None:
         dev = policy.device
         t0 = time.perf_counter()
         flow = build_flow(cfg, policy, load_format="dummy")
-        print(f"flow built in {time.perf_counter() - t0:.1f} s on {cpu_name() if dev.type == 'cpu' else dev} ({policy.dtype}), "
-              f"threads={torch.get_num_threads()}", flush=True)
+        print(
+            f"flow built in {time.perf_counter() - t0:.1f} s on "
+            f"{cpu_name() if dev.type == 'cpu' else dev} ({policy.dtype}), "
+            f"threads={torch.get_num_threads()}",
+            flush=True,
+        )
         for b in args.batches:
             x = _inputs(cfg, b, dev)
             out: dict[str, torch.Tensor] = {}
 
             def run_flow(x=x, out=out, flow=flow) -> None:
-                out["mel"], out["len"] = flow.inference(x["token"], x["lens"], x["prompt"], x["plens"], x["feat"],
-                                                        x["emb"], n_timesteps=args.steps)
+                out["mel"], out["len"] = flow.inference(
+                    x["token"],
+                    x["lens"],
+                    x["prompt"],
+                    x["plens"],
+                    x["feat"],
+                    x["emb"],
+                    n_timesteps=args.steps,
+                )
 
-            flow.inference(x["token"][:, :4], x["lens"].clamp(max=4), x["prompt"][:, :4], x["plens"].clamp(max=4),
-                           x["feat"][:, :8], x["emb"], n_timesteps=1)  # warm-up (allocator, kernels)
+            flow.inference(
+                x["token"][:, :4],
+                x["lens"].clamp(max=4),
+                x["prompt"][:, :4],
+                x["plens"].clamp(max=4),
+                x["feat"][:, :8],
+                x["emb"],
+                n_timesteps=1,
+            )  # warm-up (allocator, kernels)
             flow_s = _time(run_flow, dev, args.reps) * scale
             results[(name, b)] = flow_s
             mels[(name, b)] = (out["mel"], out["len"])
             base = results.get((args.dtypes[0], 1))
             gain = f"; per-row throughput {base * b / flow_s:.2f}x {args.dtypes[0]} batch 1" if base else ""
-            print(f"flow {name} batch {b}: {flow_s:.2f} s -> RTF/row {flow_s / b / AUDIO_S:.3f}{note} "
-                  f"[official {OFFICIAL_FLOW_RTF}: {OFFICIAL_FLOW_RTF * AUDIO_S * b / flow_s:.2f}x its per-row "
-                  f"throughput; baseline measured in another run (Intel Xeon with AMX), not alternated]{gain}",
-                  flush=True)
+            print(
+                f"flow {name} batch {b}: {flow_s:.2f} s -> RTF/row {flow_s / b / AUDIO_S:.3f}{note} "
+                f"[official {OFFICIAL_FLOW_RTF}: {OFFICIAL_FLOW_RTF * AUDIO_S * b / flow_s:.2f}x its per-row "
+                f"throughput; baseline measured in another run (Intel Xeon with AMX), not alternated]{gain}",
+                flush=True,
+            )
         del flow, run_flow
     ref = args.dtypes[0]
     for (name, b), (mel, _) in mels.items():
@@ -128,7 +159,9 @@ def main(argv: list[str] | None = None) -> None:
         bench_hift(cfg, args.device, args.batches, args.hift_reps, warmup=args.hift_warmup)
 
 
-def bench_hift(cfg: ModelConfig, device: str, batches: list[int], reps: int, *, warmup: int = 3) -> dict[int, float]:
+def bench_hift(
+    cfg: ModelConfig, device: str, batches: list[int], reps: int, *, warmup: int = 3
+) -> dict[int, float]:
     """HiFT seconds per row at each batch size on (B, 80, 200) mels, as built for the device (on CPU
     its long residual convs run as FFT convs) and, alternated with it in the same window, with every
     conv direct (the algorithm before the FFT convs): their ratio is measured in this run. With
@@ -182,16 +215,24 @@ def bench_hift(cfg: ModelConfig, device: str, batches: list[int], reps: int, *, 
             versus = (f"official {theirs:.3f} s per row in this window (same weights, one row at a time, "
                       f"alternated) = {theirs / per_row:.2f}x")
         else:
-            versus = (f"vs official {OFFICIAL_HIFT_S:.2f} s per row = {OFFICIAL_HIFT_S / per_row:.2f}x [baseline "
-                      f"measured on another run/machine (Intel Xeon with AMX), not alternated with this run; "
-                      f"set COSYCLONE_BENCH_OFFICIAL to a CosyVoice checkout for a same-window ratio]")
-        print(f"HiFT fp32 batch {b} on {where} ({torch.get_num_threads()} threads), {convs}: {per_row:.3f} s per "
-              f"row (4.0 s of audio, median of {len(times['built'])}) -> RTF {per_row / AUDIO_S:.3f}; {versus}",
-              flush=True)
+            versus = (
+                f"vs official {OFFICIAL_HIFT_S:.2f} s per row = {OFFICIAL_HIFT_S / per_row:.2f}x [baseline "
+                f"measured on another run/machine (Intel Xeon with AMX), not alternated with this run; "
+                f"set COSYCLONE_BENCH_OFFICIAL to a CosyVoice checkout for a same-window ratio]"
+            )
+        print(
+            f"HiFT fp32 batch {b} on {where} ({torch.get_num_threads()} threads), {convs}: {per_row:.3f} s "
+            f"per row (4.0 s of audio, median of {len(times['built'])}) -> RTF {per_row / AUDIO_S:.3f}; "
+            f"{versus}",
+            flush=True,
+        )
         if direct is not None:
             before = statistics.median(times["direct"]) / b
-            print(f"HiFT fp32 batch {b}, all convs direct (alternated in this run): {before:.3f} s per row -> "
-                  f"FFT convs {before / per_row:.2f}x as fast; waveform max |diff| {gap:.2g} of its peak", flush=True)
+            print(
+                f"HiFT fp32 batch {b}, all convs direct (alternated in this run): {before:.3f} s per row -> "
+                f"FFT convs {before / per_row:.2f}x as fast; waveform max |diff| {gap:.2g} of its peak",
+                flush=True,
+            )
     return out
 
 if __name__ == "__main__":

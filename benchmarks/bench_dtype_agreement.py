@@ -52,15 +52,29 @@ def _config(layers: int):
 
 def _requests(rows: int, text: int, prompt: int, vocab: int, speech: int) -> list[TalkerRequest]:
     g = torch.Generator().manual_seed(1)
-    return [TalkerRequest(row_id=f"r{i}", text_ids=torch.randint(0, vocab, (text,), generator=g), target_len=text,
-                          prompt_speech_tokens=torch.randint(0, speech, (prompt,), generator=g), seed=1000 + i)
-            for i in range(rows)]
+    return [
+        TalkerRequest(
+            row_id=f"r{i}",
+            text_ids=torch.randint(0, vocab, (text,), generator=g),
+            target_len=text,
+            prompt_speech_tokens=torch.randint(0, speech, (prompt,), generator=g),
+            seed=1000 + i,
+        )
+        for i in range(rows)
+    ]
 
 
 def _inputs(model: CosyVoice3LM, reqs: list[TalkerRequest], traj: list[list[int]]) -> torch.Tensor:
     """(B, L + T, D) teacher-forced inputs in the model's dtype: prompt assembly ++ trajectory."""
-    rows = [torch.cat([model.assemble(r.text_ids, r.prompt_speech_tokens),
-                       model.embed_speech(torch.tensor(t, device=model.device))]) for r, t in zip(reqs, traj, strict=True)]
+    rows = [
+        torch.cat(
+            [
+                model.assemble(r.text_ids, r.prompt_speech_tokens),
+                model.embed_speech(torch.tensor(t, device=model.device)),
+            ]
+        )
+        for r, t in zip(reqs, traj, strict=True)
+    ]
     return torch.stack(rows)
 
 
@@ -76,7 +90,9 @@ def _prenorm_forward(model: CosyVoice3LM, x: torch.Tensor) -> tuple[torch.Tensor
     return seen[0], hidden
 
 
-def _decide(logits: torch.Tensor, keys: torch.Tensor, steps: int, opts: SamplerOptions) -> tuple[torch.Tensor, torch.Tensor]:
+def _decide(
+    logits: torch.Tensor, keys: torch.Tensor, steps: int, opts: SamplerOptions
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, T, V) logits -> greedy (B, T) and sampled (B, T) tokens with the sampler's first draw."""
     greedy = logits.argmax(-1)
     picks = []
@@ -89,8 +105,14 @@ def _decide(logits: torch.Tensor, keys: torch.Tensor, steps: int, opts: SamplerO
     return greedy, torch.stack(picks, 1)
 
 
-def _agreement(got: torch.Tensor, ref: tuple[torch.Tensor, torch.Tensor], want: torch.Tensor, keys: torch.Tensor,
-               steps: int, opts: SamplerOptions) -> tuple[float, float, float]:
+def _agreement(
+    got: torch.Tensor,
+    ref: tuple[torch.Tensor, torch.Tensor],
+    want: torch.Tensor,
+    keys: torch.Tensor,
+    steps: int,
+    opts: SamplerOptions,
+) -> tuple[float, float, float]:
     g, s = _decide(got, keys, steps, opts)
     return ((g == ref[0]).float().mean().item(), (s == ref[1]).float().mean().item(),
             (got - want).abs().max().item())
@@ -140,13 +162,17 @@ def run(report: Callable[[str], None] = print, *, layers: int = 24, rows: int = 
             rows_out = {
                 f"{name} backbone, {name} head (before)": F.linear(hid, w.to(dtype)).float(),
                 f"{name} backbone, fp32 head (now)": F.linear(hid.float(), w),
-                f"fp32 backbone, {name} head (the head's share)": F.linear(h32.to(dtype), w.to(dtype)).float(),
+                f"fp32 backbone, {name} head (the head's share)": F.linear(
+                    h32.to(dtype), w.to(dtype)
+                ).float(),
             }
             report(f"{name}, head x{scale:g} (fp32 mean top-1 probability {top1:.3f}):")
             for label, got in rows_out.items():
                 ga, sa, err = _agreement(got, decided, want, keys, steps, opts)
                 out[f"{label} x{scale:g} greedy"], out[f"{label} x{scale:g} sampled"] = ga, sa
-                report(f"  {label}: greedy {ga:.1%}, sampled {sa:.1%} same token as fp32; max |dlogit| {err:.3g}")
+                report(
+                    f"  {label}: greedy {ga:.1%}, sampled {sa:.1%} same token as fp32; max |dlogit| {err:.3g}"
+                )
         del low
     report(f"({time.perf_counter() - t0:.0f} s)")
     return out

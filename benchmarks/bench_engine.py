@@ -29,14 +29,14 @@ batching, and how close the flow runs to the machine's own fp32 GEMM rate.
   the same whatever it holds: the steps they run (each batch its longest row) over the tokens
   made divided by ``slots`` (every slot busy every step).
 * ``flow_gemm_fraction``: the flow's matrix products are recorded during one flow inference
-  (full-size dummy weights, fp32, batch 1, 100 tokens, 1 Euler step) with their FLOPs: its
-  matmul/conv calls, and attention's two products (QK^T, PV) as plain batched GEMMs of the same
-  shapes. Replayed alone on random tensors of the same shapes and strides they give the machine's
-  GEMM rate on the flow's own shapes (``gemm_gflops``); the fraction is the flow's rate on all
-  those FLOPs (``flow_gflops``) over that rate: 1.0 would be a flow that does nothing but its
-  products, at plain GEMM speed (its softmax, norms, activations and copies are the loss).
-  ``flow_gemm_fraction_linear`` counts the matmul/conv calls alone and charges attention's whole
-  time as loss (the stricter figure printed before attention was counted). The flow's linear layers run as a run's do (``--cpu-gemm``
+  (full-size dummy weights, fp32, batch 1, 100 tokens, 1 Euler step) with their FLOPs: its matmul/conv calls,
+  and attention's two products (QK^T, PV) as plain batched GEMMs of the same shapes. Replayed alone on random
+  tensors of the same shapes and strides they give the machine's GEMM rate on the flow's own shapes
+  (``gemm_gflops``); the fraction is the flow's rate on all those FLOPs (``flow_gflops``) over that rate: 1.0
+  would be a flow that does nothing but its products, at plain GEMM speed (its softmax, norms, activations and
+  copies are the loss). ``flow_gemm_fraction_linear`` counts the matmul/conv calls alone and charges
+  attention's whole time as loss (the stricter figure printed before attention was counted). The flow's linear
+  layers run as a run's do (``--cpu-gemm``
   auto: oneDNN where torch has it); ``*_aten`` keys time the same flow on aten's (MKL) linear
   layers, and ``flow_fraction_of_aten_gemm`` is the flow's rate over plain aten GEMMs' on its shapes.
 * ``run_gemm_fraction``: the same for the whole model run of one baseline-shaped row (frontend,
@@ -95,8 +95,9 @@ cfg = TalkerConfig(qwen=QwenGeometry(hidden_size=64, num_hidden_layers=4, num_at
 model = init_dummy(CosyVoice3LM(cfg).eval(), seed=1, std=0.05)
 B = int(sys.argv[1])
 g = torch.Generator().manual_seed(0)
-reqs = [TalkerRequest(row_id=f"r{i}", text_ids=torch.randint(0, 300, (10 + i,), generator=g), target_len=4,
-                      prompt_speech_tokens=torch.randint(0, 6561, (8,), generator=g), seed=i) for i in range(B)]
+reqs = [TalkerRequest(row_id=f"r{i}", text_ids=torch.randint(0, 300, (10 + i,), generator=g),
+                      target_len=4, prompt_speech_tokens=torch.randint(0, 6561, (8,), generator=g), seed=i)
+        for i in range(B)]
 def leaf_ops(steps):
     opts = DecodeOptions(sampler=SamplerOptions(), max_len_override=steps, min_len_override=steps)
     if BACKEND:  # this tree only: one fixed shape (the compiled step's), the same tokens as eager
@@ -111,9 +112,10 @@ def leaf_ops(steps):
     generate(model, reqs, opts)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         generate(model, reqs, opts)
-    views = {"aten::" + v for v in ("view", "reshape", "_unsafe_view", "as_strided", "transpose", "t", "slice",
-             "select", "expand", "unsqueeze", "squeeze", "permute", "narrow", "split", "chunk", "alias", "detach",
-             "empty", "empty_like", "empty_strided", "resolve_conj", "resolve_neg", "lift_fresh", "unbind",
+    views = {"aten::" + v for v in ("view", "reshape", "_unsafe_view", "as_strided", "transpose", "t",
+             "slice", "select", "expand", "unsqueeze", "squeeze", "permute", "narrow", "split", "chunk",
+             "alias", "detach", "empty", "empty_like", "empty_strided", "resolve_conj", "resolve_neg",
+             "lift_fresh", "unbind",
              # no kernel either when they are leaves: a to() to the same dtype/device returns self, a
              # contiguous() of a contiguous tensor too; the rest only read or set metadata
              "to", "contiguous", "result_type", "_reshape_alias", "resize_", "is_nonzero", "item",
@@ -172,8 +174,12 @@ def ops_per_step(rev: str, batch: int, *, compiled: bool = False) -> dict[str, A
             raise RuntimeError(f"ops per step: the code of {rev[:10]} failed to run the snippet:\n"
                                f"{exc.stderr}") from exc
     after = _snippet(ROOT, batch)
-    res.update(ops_per_step_after=after["ops_per_step"], us_per_step_after=after["us_per_step"],
-               ops_per_step_after_top=after["top"], ops_per_step_after_leaf_rule=after["ops_per_step_leaf_rule"])
+    res.update(
+        ops_per_step_after=after["ops_per_step"],
+        us_per_step_after=after["us_per_step"],
+        ops_per_step_after_top=after["top"],
+        ops_per_step_after_leaf_rule=after["ops_per_step_leaf_rule"],
+    )
     if compiled:
         comp = _snippet(ROOT, batch, "inductor")
         res.update(ops_per_step_compiled=comp["ops_per_step"], us_per_step_compiled=comp["us_per_step"],
@@ -194,7 +200,11 @@ def compile_check(backend: str) -> dict[str, Any]:
 
     model = _model()
     reqs = _requests(12, 5)
-    opts = DecodeOptions(sampler=SamplerOptions(top_k=40, top_p=0.9), slots=4, mechanics=StepMechanics(kv_bucket=None, capacity=160))
+    opts = DecodeOptions(
+        sampler=SamplerOptions(top_k=40, top_p=0.9),
+        slots=4,
+        mechanics=StepMechanics(kv_bucket=None, capacity=160),
+    )
     eager = _key(generate(model, reqs, opts))
     torch._dynamo.reset()
     counters.clear()
@@ -334,7 +344,13 @@ def _record(fn: Any, keep: set[int]) -> dict[str, Any]:
                 a.conv_transpose1d.default, a.mm.out, a.addmm.out, a.bmm.out, a.baddbmm.out,
                 torch.ops.mkldnn._linear_pointwise.default}  # --cpu-gemm onednn's linear layers
     sdpa_ops = {a.scaled_dot_product_attention.default, a._scaled_dot_product_flash_attention_for_cpu.default}
-    rec: dict[str, Any] = {"calls": {}, "attn_calls": {}, "attn_gemms": {}, "flops": [0.0, 0.0], "unknown": set()}
+    rec: dict[str, Any] = {
+        "calls": {},
+        "attn_calls": {},
+        "attn_gemms": {},
+        "flops": [0.0, 0.0],
+        "unknown": set(),
+    }
 
     def sig(v: Any) -> Any:
         if isinstance(v, torch.Tensor):
@@ -359,7 +375,8 @@ def _record(fn: Any, keep: set[int]) -> dict[str, Any]:
             out = func(*args, **(kwargs or {}))
             if func in gemm_ops:
                 if func is torch.ops.mkldnn._linear_pointwise.default:  # replayed as a plain GEMM: a fused
-                    args = (*args[:3], "none", [], "")  # epilogue (the DiT's GELU) is the flow's work, not the rate's
+                    # epilogue (the DiT's GELU) is the flow's work, not the rate's
+                    args = (*args[:3], "none", [], "")
                 store(rec["calls"], func, args, kwargs or {})
                 rec["flops"][0] += _gemm_flops(func, args, out)
             elif func in sdpa_ops:
@@ -370,8 +387,10 @@ def _record(fn: Any, keep: set[int]) -> dict[str, Any]:
                 # as often as the kernel reads them), the machine's GEMM rate on attention's shapes
                 bh, (length, dh), cells = q.shape[0] * q.shape[1], q.shape[2:], k.shape[2]
                 scores = torch.empty(bh, length, cells, dtype=q.dtype)
-                for a_, b_ in ((torch.empty(bh, length, dh, dtype=q.dtype), torch.empty(bh, dh, cells, dtype=q.dtype)),
-                               (scores, torch.empty(bh, cells, dh, dtype=q.dtype))):
+                for a_, b_ in (
+                    (torch.empty(bh, length, dh, dtype=q.dtype), torch.empty(bh, dh, cells, dtype=q.dtype)),
+                    (scores, torch.empty(bh, cells, dh, dtype=q.dtype)),
+                ):
                     store(rec["attn_gemms"], a.bmm.default, (a_, b_), {})
             elif "mm" in func.__name__ or "conv" in func.__name__ or "einsum" in func.__name__:
                 rec["unknown"].add(func.__name__)  # a GEMM-like op this count does not know
@@ -442,35 +461,53 @@ def flow_gemm_fraction(tokens: int = 100, rounds: int = 5) -> dict[str, Any]:
         for flow in flows.values():
             flow.inference(*x, n_timesteps=1)  # warm-up
     rec = _record(lambda: flows["run"].inference(*x, n_timesteps=1), _weights(flows["run"]))
-    work = {"run": rec["calls"], "aten": _as_aten(rec["calls"]), "attn": rec["attn_calls"], "attn_gemm": rec["attn_gemms"]}
+    work = {
+        "run": rec["calls"],
+        "aten": _as_aten(rec["calls"]),
+        "attn": rec["attn_calls"],
+        "attn_gemm": rec["attn_gemms"],
+    }
     best = dict.fromkeys([f"flow_{k}" for k in flows] + list(work), float("inf"))
     with torch.inference_mode():
         for jobs in work.values():
             _replay(jobs)
         for _ in range(rounds):
             for k, flow in flows.items():
-                best[f"flow_{k}"] = min(best[f"flow_{k}"], _best(lambda f=flow: f.inference(*x, n_timesteps=1), 1))
+                best[f"flow_{k}"] = min(
+                    best[f"flow_{k}"], _best(lambda f=flow: f.inference(*x, n_timesteps=1), 1)
+                )
             for k, jobs in work.items():
                 best[k] = min(best[k], _best(lambda j=jobs: _replay(j), 1))
     gemm_flop, attn_flop = rec["flops"]
     t_flow, t_gemm, t_attn, t_attn_gemm = best["flow_run"], best["run"], best["attn"], best["attn_gemm"]
     matmul_flop, t_matmul = gemm_flop + attn_flop, t_gemm + t_attn_gemm
-    out = {"flow_gemm_fraction": round(t_matmul / t_flow, 3), "flow_gflops": round(matmul_flop / t_flow / 1e9, 1),
-           "gemm_gflops": round(matmul_flop / t_matmul / 1e9, 1),
-           "flow_gemm_fraction_linear": round(t_gemm / t_flow, 3),
-           "gemm_gflops_linear": round(gemm_flop / t_gemm / 1e9, 1), "flow_gemm_gflop": round(gemm_flop / 1e9, 2),
-           "flow_attention_gflop": round(attn_flop / 1e9, 2), "flow_s": round(t_flow, 2),
-           "flow_gemm_replay_s": round(t_gemm, 2), "flow_gemm_calls": sum(n for _, n in rec["calls"].values()),
-           "flow_attention_gemm_replay_s": round(t_attn_gemm, 3),
-           "flow_kernel_fraction": round((t_gemm + t_attn) / t_flow, 3),
-           "flow_attention_replay_s": round(t_attn, 2), "flow_attention_calls": sum(n for _, n in rec["attn_calls"].values()),
-           "flow_uncounted_ops": sorted(rec["unknown"]), "flow_cpu_gemm": policy.cpu_gemm,
-           "gemm_gflops_aten": round(matmul_flop / (best["aten"] + t_attn_gemm) / 1e9, 1),
-           "flow_fraction_of_aten_gemm": round((best["aten"] + t_attn_gemm) / t_flow, 3),
-           "flow_workload": f"batch 1, {tokens} tokens, 75 prompt tokens, 1 Euler step, fp32"}
+    out = {
+        "flow_gemm_fraction": round(t_matmul / t_flow, 3),
+        "flow_gflops": round(matmul_flop / t_flow / 1e9, 1),
+        "gemm_gflops": round(matmul_flop / t_matmul / 1e9, 1),
+        "flow_gemm_fraction_linear": round(t_gemm / t_flow, 3),
+        "gemm_gflops_linear": round(gemm_flop / t_gemm / 1e9, 1),
+        "flow_gemm_gflop": round(gemm_flop / 1e9, 2),
+        "flow_attention_gflop": round(attn_flop / 1e9, 2),
+        "flow_s": round(t_flow, 2),
+        "flow_gemm_replay_s": round(t_gemm, 2),
+        "flow_gemm_calls": sum(n for _, n in rec["calls"].values()),
+        "flow_attention_gemm_replay_s": round(t_attn_gemm, 3),
+        "flow_kernel_fraction": round((t_gemm + t_attn) / t_flow, 3),
+        "flow_attention_replay_s": round(t_attn, 2),
+        "flow_attention_calls": sum(n for _, n in rec["attn_calls"].values()),
+        "flow_uncounted_ops": sorted(rec["unknown"]),
+        "flow_cpu_gemm": policy.cpu_gemm,
+        "gemm_gflops_aten": round(matmul_flop / (best["aten"] + t_attn_gemm) / 1e9, 1),
+        "flow_fraction_of_aten_gemm": round((best["aten"] + t_attn_gemm) / t_flow, 3),
+        "flow_workload": f"batch 1, {tokens} tokens, 75 prompt tokens, 1 Euler step, fp32",
+    }
     if "flow_aten" in best:
-        out.update(flow_s_aten=round(best["flow_aten"], 2), flow_onednn_speedup=round(best["flow_aten"] / t_flow, 3),
-                   flow_gemm_fraction_aten=round((best["aten"] + t_attn_gemm) / best["flow_aten"], 3))
+        out.update(
+            flow_s_aten=round(best["flow_aten"], 2),
+            flow_onednn_speedup=round(best["flow_aten"] / t_flow, 3),
+            flow_gemm_fraction_aten=round((best["aten"] + t_attn_gemm) / best["flow_aten"], 3),
+        )
     return out
 
 
@@ -493,8 +530,15 @@ def run_gemm_fraction(tokens: int = 100, n_timesteps: int | None = None, rounds:
         folder = Path(tmp)
         build_manifest(replace(E2EConfig(), rows=1, tokens=tokens), folder)
         row = json.loads((folder / "m.jsonl").read_text().splitlines()[0])
-        tts = CosyClone(None, load_format="dummy", device="cpu", dtype="fp32", max_tokens=tokens, min_tokens=tokens,
-                        n_timesteps=n_timesteps)
+        tts = CosyClone(
+            None,
+            load_format="dummy",
+            device="cpu",
+            dtype="fp32",
+            max_tokens=tokens,
+            min_tokens=tokens,
+            n_timesteps=n_timesteps,
+        )
         st = tts.stages
 
         def once() -> None:
@@ -511,16 +555,21 @@ def run_gemm_fraction(tokens: int = 100, n_timesteps: int | None = None, rounds:
                 best["attn"] = min(best["attn"], _best(lambda: _replay(rec["attn_calls"]), 1))
                 best["attn_gemm"] = min(best["attn_gemm"], _best(lambda: _replay(rec["attn_gemms"]), 1))
     steps = n_timesteps or tts.cfg.flow.cfm.n_timesteps
-    return {"run_gemm_fraction": round((best["gemm"] + best["attn_gemm"]) / best["run"], 3),
-            "run_gemm_fraction_linear": round(best["gemm"] / best["run"], 3),
-            "run_kernel_fraction": round((best["gemm"] + best["attn"]) / best["run"], 3),
-            "run_s": round(best["run"], 2), "run_gemm_replay_s": round(best["gemm"], 2),
-            "run_attention_replay_s": round(best["attn"], 2), "run_gemm_gflop": round(rec["flops"][0] / 1e9, 1),
-            "run_attention_gflop": round(rec["flops"][1] / 1e9, 1),
-            "run_gflops": round(rec["flops"][0] / best["run"] / 1e9, 1),
-            "run_uncounted_ops": sorted(rec["unknown"]), "run_cpu_gemm": tts.policy.cpu_gemm,
-            "run_workload": f"1 row, {tokens} tokens, 3.0 s prompt, {steps} flow steps, fp32, "
-                            "full-size dummy weights, prompt conditioning cached"}
+    return {
+        "run_gemm_fraction": round((best["gemm"] + best["attn_gemm"]) / best["run"], 3),
+        "run_gemm_fraction_linear": round(best["gemm"] / best["run"], 3),
+        "run_kernel_fraction": round((best["gemm"] + best["attn"]) / best["run"], 3),
+        "run_s": round(best["run"], 2),
+        "run_gemm_replay_s": round(best["gemm"], 2),
+        "run_attention_replay_s": round(best["attn"], 2),
+        "run_gemm_gflop": round(rec["flops"][0] / 1e9, 1),
+        "run_attention_gflop": round(rec["flops"][1] / 1e9, 1),
+        "run_gflops": round(rec["flops"][0] / best["run"] / 1e9, 1),
+        "run_uncounted_ops": sorted(rec["unknown"]),
+        "run_cpu_gemm": tts.policy.cpu_gemm,
+        "run_workload": f"1 row, {tokens} tokens, 3.0 s prompt, {steps} flow steps, fp32, "
+        "full-size dummy weights, prompt conditioning cached",
+    }
 
 
 def frontend_cache(model_dir: str | None, rows: int = 16, prompts: int = 2) -> dict[str, Any]:
@@ -529,7 +578,11 @@ def frontend_cache(model_dir: str | None, rows: int = 16, prompts: int = 2) -> d
     from cosyclone.frontend.tiny_assets import builtin_assets_dir
     from cosyclone.model.config import load_model_config, released_config
 
-    cfg = load_model_config(model_dir) if model_dir else replace(released_config(), model_dir=builtin_assets_dir())
+    cfg = (
+        load_model_config(model_dir)
+        if model_dir
+        else replace(released_config(), model_dir=builtin_assets_dir())
+    )
     audio = [ROOT / "manifests" / "prompts" / f"speaker{k % 3 + 1}.wav" for k in range(prompts)]
     texts = [f"Sentence number {i}, spoken in one of {prompts} voices." for i in range(rows)]
 
@@ -538,13 +591,18 @@ def frontend_cache(model_dir: str | None, rows: int = 16, prompts: int = 2) -> d
         fe.prepare("warm", audio[-1], "warm up words", "Warm up.")  # tokenizer and sessions loaded
         fe.prompt_cache = type(fe.prompt_cache)(entries)  # start cold
         t0 = time.perf_counter()
-        reqs = [fe.prepare(f"r{i}", audio[i % prompts], "reference words", t, seed=i) for i, t in enumerate(texts)]
+        reqs = [
+            fe.prepare(f"r{i}", audio[i % prompts], "reference words", t, seed=i) for i, t in enumerate(texts)
+        ]
         return time.perf_counter() - t0, reqs
 
     t_plain, plain = once(0)
     t_cached, cached = once(256)
-    same = all(torch.equal(a.text_ids, b.text_ids) and all(torch.equal(a.embed[k], b.embed[k]) for k in a.embed)
-               for ra, rb in zip(plain, cached, strict=True) for a, b in zip(ra, rb, strict=True))
+    same = all(
+        torch.equal(a.text_ids, b.text_ids) and all(torch.equal(a.embed[k], b.embed[k]) for k in a.embed)
+        for ra, rb in zip(plain, cached, strict=True)
+        for a, b in zip(ra, rb, strict=True)
+    )
     return {"frontend_cache_speedup": round(t_plain / t_cached, 2), "frontend_cache_equal": same,
             "frontend_s_without_cache": round(t_plain, 3), "frontend_s_with_cache": round(t_cached, 3),
             "frontend_workload": f"{rows} rows, {prompts} prompts, "
@@ -565,43 +623,70 @@ def main(argv: list[str] | None = None) -> None:
     sys.path.insert(0, str(ROOT))
     from benchmarks.machine import cpu_name
 
-    out: dict[str, Any] = {"device": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__}
+    out: dict[str, Any] = {
+        "device": cpu_name(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
     t0 = time.perf_counter()
     out.update(ops_per_step(args.before_rev, args.batch, compiled=not args.quick))
-    print(f"ops/step at batch {args.batch}: before {out['ops_per_step_before']}, after {out['ops_per_step_after']}; "
-          f"us/step before {out['us_per_step_before']}, after {out['us_per_step_after']:.0f} [{out['device']}]"
-          + (f"; compiled (inductor) {out['ops_per_step_compiled']} ops/step" if "ops_per_step_compiled" in out
-             else ""), flush=True)
+    print(
+        f"ops/step at batch {args.batch}: before {out['ops_per_step_before']}, "
+        f"after {out['ops_per_step_after']}; "
+        f"us/step before {out['us_per_step_before']}, after {out['us_per_step_after']:.0f} [{out['device']}]"
+        + (
+            f"; compiled (inductor) {out['ops_per_step_compiled']} ops/step"
+            if "ops_per_step_compiled" in out
+            else ""
+        ),
+        flush=True,
+    )
     out.update(compile_check(args.compile_backend or ("eager" if args.quick else "inductor")))
     print(f"compile: {out['recompiles']} recompiles, eager_equal={out['eager_equal']}", flush=True)
     out.update(continuous_vs_static(not args.quick, args.slots))
     out.update(continuous_vs_static(not args.quick, args.slots, eos=False))
-    print(f"continuous vs static ({out['continuous_geometry']}, {out['continuous_rows']} rows, "
-          f"{out['continuous_slots']} slots, longest batch first): {out['continuous_vs_static']}x where the "
-          f"sampler's EOS ends rows ({out['rows_at_max_len']} reach their cap; ceiling "
-          f"{out['continuous_vs_static_ceiling']}x), {out['continuous_vs_static_exact']}x when every row runs "
-          f"exactly to its cap (ceiling {out['continuous_vs_static_exact_ceiling']}x); same tokens "
-          f"{out['continuous_equal_static'] and out['continuous_equal_static_exact']} [{out['device']}]", flush=True)
+    print(
+        f"continuous vs static ({out['continuous_geometry']}, {out['continuous_rows']} rows, "
+        f"{out['continuous_slots']} slots, longest batch first): {out['continuous_vs_static']}x where the "
+        f"sampler's EOS ends rows ({out['rows_at_max_len']} reach their cap; ceiling "
+        f"{out['continuous_vs_static_ceiling']}x), {out['continuous_vs_static_exact']}x when every row runs "
+        f"exactly to its cap (ceiling {out['continuous_vs_static_exact_ceiling']}x); same tokens "
+        f"{out['continuous_equal_static'] and out['continuous_equal_static_exact']} [{out['device']}]",
+        flush=True,
+    )
     out.update(frontend_cache(args.model_dir))
     print(f"frontend, {out['frontend_workload']}: cache {out['frontend_cache_speedup']}x faster, "
           f"same features {out['frontend_cache_equal']}", flush=True)
     try:
         out.update(flow_gemm_fraction())
-        print(f"flow ({out['flow_workload']}, linear layers on {out['flow_cpu_gemm']}): "
-              f"{out['flow_gemm_fraction']} of the GEMM rate on its own matrix products ({out['gemm_gflops']} "
-              f"GFLOP/s; {out['flow_gemm_fraction_linear']} on its linear/conv calls alone, attention's time a loss), "
-              f"{out['flow_kernel_fraction']} counting attention's fused kernel as kernel work, "
-              f"{out['flow_fraction_of_aten_gemm']} of plain aten GEMMs on its shapes ({out['gemm_gflops_aten']} "
-              f"GFLOP/s)" + (f"; {out['flow_onednn_speedup']}x the flow on aten's linear layers"
-                             if "flow_onednn_speedup" in out else "") + f" [{out['device']}]", flush=True)
+        print(
+            f"flow ({out['flow_workload']}, linear layers on {out['flow_cpu_gemm']}): "
+            f"{out['flow_gemm_fraction']} of the GEMM rate on its own matrix products ({out['gemm_gflops']} "
+            f"GFLOP/s; {out['flow_gemm_fraction_linear']} on its linear/conv calls alone, "
+            f"attention's time a loss), "
+            f"{out['flow_kernel_fraction']} counting attention's fused kernel as kernel work, "
+            f"{out['flow_fraction_of_aten_gemm']} of plain aten GEMMs on its shapes "
+            f"({out['gemm_gflops_aten']} GFLOP/s)"
+            + (
+                f"; {out['flow_onednn_speedup']}x the flow on aten's linear layers"
+                if "flow_onednn_speedup" in out
+                else ""
+            )
+            + f" [{out['device']}]",
+            flush=True,
+        )
     except Exception as exc:  # a figure that could not be measured is null, with why
         out.update(flow_gemm_fraction=None, flow_gemm_fraction_reason=f"{type(exc).__name__}: {exc}")
     try:
         out.update(run_gemm_fraction(25, 2) if args.quick else run_gemm_fraction(100))
-        print(f"whole run ({out['run_workload']}, linear layers on {out['run_cpu_gemm']}): {out['run_gemm_fraction']} "
-              f"of the GEMM rate on its own matrix products ({out['run_gemm_fraction_linear']} on its linear/conv "
-              f"calls alone), {out['run_kernel_fraction']} counting attention's fused kernel "
-              f"[{out['device']}]", flush=True)
+        print(
+            f"whole run ({out['run_workload']}, linear layers on {out['run_cpu_gemm']}): "
+            f"{out['run_gemm_fraction']} of the GEMM rate on its own matrix products "
+            f"({out['run_gemm_fraction_linear']} on its linear/conv calls alone), "
+            f"{out['run_kernel_fraction']} counting attention's fused kernel "
+            f"[{out['device']}]",
+            flush=True,
+        )
     except Exception as exc:
         out.update(run_gemm_fraction=None, run_gemm_fraction_reason=f"{type(exc).__name__}: {exc}")
     out["bench_s"] = round(time.perf_counter() - t0, 1)

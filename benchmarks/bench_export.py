@@ -3,16 +3,16 @@
 Usage: ``python -m benchmarks.bench_export [--rows 2000,20000] [--shard-size 500MB] [--keep DIR]``
 (``COSYCLONE_BENCH_EXPORT_ROWS`` sets ``--rows`` in ``make bench``).
 
-Each folder is written directly, as a finished run leaves it, without the model: ``wavs/<id>.wav``
-(24 kHz PCM16, 1.0 to 2.0 s of a tone under noise, no two alike: about 72 kB a row, so 20,000 rows are 1.4 GB) and a
-compacted ``diagnostics.jsonl`` whose records have a real run's fields and size (about 1.5 kB). Each
-export runs as the real CLI in a child process; printed per folder and format: rows, seconds, the
-child's peak RSS (``wait4``'s ``ru_maxrss``: the process's own high-water mark, reaped once) and the
-shards written, then the ratio of the 20,000-row peak to the 2,000-row one. Export holds one row's
-file and one Parquet row group (100 rows) at a time; what grows is the index (46 bytes a record
-line, under 1 MB at 20,000 rows) and an open Parquet shard's footer (a few hundred bytes a row
-group), so the ratio should stay near 1. The first line is the floor: a process that only
-imports what the Parquet path imports (pyarrow's first conversion adds about 50 MB more).
+Each folder is written directly, as a finished run leaves it, without the model: ``wavs/<id>.wav`` (24 kHz
+PCM16, 1.0 to 2.0 s of a tone under noise, no two alike: about 72 kB a row, so 20,000 rows are 1.4 GB) and a
+compacted ``diagnostics.jsonl`` whose records have a real run's fields and size (about 1.5 kB). Each export
+runs as the real CLI in a child process; printed per folder and format: rows, seconds, the child's peak RSS
+(``wait4``'s ``ru_maxrss``: the process's own high-water mark, reaped once) and the shards written, then the
+ratio of the 20,000-row peak to the 2,000-row one. Export holds one row's file and one Parquet row group (100
+rows) at a time; what grows is the index (46 bytes a record line, under 1 MB at 20,000 rows) and an open
+Parquet shard's footer (a few hundred bytes a row group), so the ratio should stay near 1. The first line is
+the floor: a process that only imports what the Parquet path imports (pyarrow's first conversion adds about 50
+MB more).
 """
 
 from __future__ import annotations
@@ -49,25 +49,62 @@ def _pool(n: int = 16) -> list[Any]:
 def _record(i: int, samples: int) -> dict:
     """A row record shaped like a run's: its fields, one segment's sampler counters, its fingerprint parts."""
     rid = f"row{i:07d}"
-    sampler = {"row_id": rid, "seed": 1000 + i, "segment": 0, "steps": 40, "tokens_emitted": 40, "stop_reason": "eos",
-               "nan_steps": 0, "all_nan_steps": 0, "posinf_steps": 0, "no_finite_steps": 0, "ras_fallbacks": 0,
-               "ras_sole_restores": 0, "min_len_suppressed": 0, "policy": "exclude", "draw": "race",
-               "legacy": False, "error": None}
-    return {"id": rid, "line": i + 1, "seed": 1000 + i, "status": "ok", "reason": None, "error": None,
-            "error_type": None, "traceback": None, "tokens": [40], "stop_reasons": ["eos"],
-            "audio_seconds": samples / RATE, "samples": samples, "sample_rate": RATE, "nonfinite_audio_samples": 0,
-            "seconds": {"frontend": 0.01, "talker": 0.5, "flow": 0.8, "hift": 0.05}, "wav": f"wavs/{rid}.wav",
-            "text": f"Row number {i} reads a sentence of ordinary length about the weather and the sea.",
-            "prompt_text": "This is the reference speaker talking.", "prompt_audio": "/data/prompts/speaker1.wav",
-            "mode": "zero_shot", "instruct": None, "speed": 1.0, "manifest": "/data/m.jsonl", "shard": None,
-            "segments": [{"text": "row number reads a sentence", "text_ids": 18, "prompt_ids": 9}],
-            "fingerprint": f"{i:064x}", "fingerprint_parts": {k: f"{i:016x}" for k in
-                                                              ("text", "prompt", "seed", "model", "options")},
-            "run_id": "bench", "finished_at": 1.7e9 + i, "sampler": [sampler]}
+    sampler = {
+        "row_id": rid,
+        "seed": 1000 + i,
+        "segment": 0,
+        "steps": 40,
+        "tokens_emitted": 40,
+        "stop_reason": "eos",
+        "nan_steps": 0,
+        "all_nan_steps": 0,
+        "posinf_steps": 0,
+        "no_finite_steps": 0,
+        "ras_fallbacks": 0,
+        "ras_sole_restores": 0,
+        "min_len_suppressed": 0,
+        "policy": "exclude",
+        "draw": "race",
+        "legacy": False,
+        "error": None,
+    }
+    return {
+        "id": rid,
+        "line": i + 1,
+        "seed": 1000 + i,
+        "status": "ok",
+        "reason": None,
+        "error": None,
+        "error_type": None,
+        "traceback": None,
+        "tokens": [40],
+        "stop_reasons": ["eos"],
+        "audio_seconds": samples / RATE,
+        "samples": samples,
+        "sample_rate": RATE,
+        "nonfinite_audio_samples": 0,
+        "seconds": {"frontend": 0.01, "talker": 0.5, "flow": 0.8, "hift": 0.05},
+        "wav": f"wavs/{rid}.wav",
+        "text": f"Row number {i} reads a sentence of ordinary length about the weather and the sea.",
+        "prompt_text": "This is the reference speaker talking.",
+        "prompt_audio": "/data/prompts/speaker1.wav",
+        "mode": "zero_shot",
+        "instruct": None,
+        "speed": 1.0,
+        "manifest": "/data/m.jsonl",
+        "shard": None,
+        "segments": [{"text": "row number reads a sentence", "text_ids": 18, "prompt_ids": 9}],
+        "fingerprint": f"{i:064x}",
+        "fingerprint_parts": {k: f"{i:016x}" for k in ("text", "prompt", "seed", "model", "options")},
+        "run_id": "bench",
+        "finished_at": 1.7e9 + i,
+        "sampler": [sampler],
+    }
 
 
 def build_folder(out: Path, rows: int) -> float:
-    """Write a finished run folder of ``rows`` rows; returns its audio bytes (no fsync: a benchmark's scratch)."""
+    """Write a finished run folder of ``rows`` rows; returns its audio bytes (no fsync: a benchmark's
+    scratch)."""
     import numpy as np
 
     from cosyclone.run.audio_out import encode_wav
@@ -88,7 +125,10 @@ def build_folder(out: Path, rows: int) -> float:
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
 
 
 def timed(cmd: list[str]) -> dict[str, Any]:
@@ -99,7 +139,9 @@ def timed(cmd: list[str]) -> dict[str, Any]:
     the figure being measured.
     """
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     streams: dict[str, str] = {}
     drains = [threading.Thread(target=lambda n=n, fh=fh: streams.__setitem__(n, fh.read()), daemon=True)
               for n, fh in (("out", proc.stdout), ("err", proc.stderr))]
@@ -124,7 +166,8 @@ def timed_export(out: Path, fmt: str, shard_size: str, to: Path) -> dict[str, An
     return {**fig, "shards": len(fig["lines"]) - 1, "summary": fig["lines"][-1]}
 
 
-IMPORTS = "import cosyclone.cli, cosyclone.run.export, pyarrow.parquet, soundfile"  # the Parquet path's imports
+# the Parquet path's imports
+IMPORTS = "import cosyclone.cli, cosyclone.run.export, pyarrow.parquet, soundfile"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -139,8 +182,12 @@ def main(argv: list[str] | None = None) -> None:
         print(build_folder(Path(args.build[0]), int(args.build[1])))
         return
     floor = timed([sys.executable, "-c", IMPORTS])
-    print(f"[export] a process that only imports the CLI, pyarrow and soundfile: peak RSS {floor['peak_mib']:.0f} MiB; this "
-          f"benchmark's own process {_self_rss_mib():.0f} MiB ({describe()})", flush=True)
+    print(
+        f"[export] a process that only imports the CLI, pyarrow and soundfile: "
+        f"peak RSS {floor['peak_mib']:.0f} MiB; this "
+        f"benchmark's own process {_self_rss_mib():.0f} MiB ({describe()})",
+        flush=True,
+    )
     sizes = [int(x) for x in str(args.rows).split(",") if x]
     tmp = args.keep or Path(tempfile.mkdtemp(prefix="cosyclone-bench-export-"))
     figures: dict[tuple[str, int], dict[str, float | int | str]] = {}
@@ -148,14 +195,20 @@ def main(argv: list[str] | None = None) -> None:
         for rows in sizes:
             out = tmp / f"run-{rows}"
             built = timed([sys.executable, "-m", "benchmarks.bench_export", "--build", str(out), str(rows)])
-            print(f"[export] folder of {rows} rows, {float(built['lines'][-1]) / 1e9:.2f} GB of WAVs, written in "
-                  f"{built['wall_s']:.1f} s", flush=True)
+            print(
+                f"[export] folder of {rows} rows, {float(built['lines'][-1]) / 1e9:.2f} GB of WAVs, "
+                f"written in {built['wall_s']:.1f} s",
+                flush=True,
+            )
             for fmt in ("parquet", "webdataset"):
                 fig = timed_export(out, fmt, args.shard_size, tmp / f"shards-{rows}-{fmt}")
                 figures[(fmt, rows)] = fig
-                print(f"[export] {fmt}, {rows} rows: {fig['wall_s']:.1f} s ({rows / float(fig['wall_s']):.0f} "
-                      f"rows/s), peak RSS {fig['peak_mib']:.0f} MiB, {fig['shards']} shards of at most "
-                      f"{args.shard_size} on {describe()}", flush=True)
+                print(
+                    f"[export] {fmt}, {rows} rows: {fig['wall_s']:.1f} s ({rows / float(fig['wall_s']):.0f} "
+                    f"rows/s), peak RSS {fig['peak_mib']:.0f} MiB, {fig['shards']} shards of at most "
+                    f"{args.shard_size} on {describe()}",
+                    flush=True,
+                )
                 shutil.rmtree(tmp / f"shards-{rows}-{fmt}", ignore_errors=True)
             if args.keep is None:
                 shutil.rmtree(out, ignore_errors=True)
@@ -163,10 +216,13 @@ def main(argv: list[str] | None = None) -> None:
             lo, hi = sizes[0], sizes[-1]
             for fmt in ("parquet", "webdataset"):
                 a, b = figures[(fmt, lo)], figures[(fmt, hi)]
-                print(f"[export] {fmt}: peak RSS {hi} rows / {lo} rows = {float(b['peak_mib']):.0f} / "
-                      f"{float(a['peak_mib']):.0f} MiB = {float(b['peak_mib']) / float(a['peak_mib']):.2f}x for "
-                      f"{hi / lo:.0f}x the rows; time {float(b['wall_s']) / float(a['wall_s']):.1f}x ({describe()})",
-                      flush=True)
+                print(
+                    f"[export] {fmt}: peak RSS {hi} rows / {lo} rows = {float(b['peak_mib']):.0f} / "
+                    f"{float(a['peak_mib']):.0f} MiB = {float(b['peak_mib']) / float(a['peak_mib']):.2f}x "
+                    f"for {hi / lo:.0f}x the rows; "
+                    f"time {float(b['wall_s']) / float(a['wall_s']):.1f}x ({describe()})",
+                    flush=True,
+                )
     finally:
         if args.keep is None:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -60,9 +60,14 @@ def has_amx() -> bool:
 
 def _inputs(cfg: Any) -> tuple[torch.Tensor, ...]:
     gen = torch.Generator().manual_seed(0)
-    return (torch.randint(0, cfg.flow.vocab_size, (1, TOKENS), generator=gen), torch.tensor([TOKENS]),
-            torch.randint(0, cfg.flow.vocab_size, (1, PROMPT_TOKENS), generator=gen), torch.tensor([PROMPT_TOKENS]),
-            torch.randn(1, 2 * PROMPT_TOKENS, 80, generator=gen), torch.randn(1, 192, generator=gen))
+    return (
+        torch.randint(0, cfg.flow.vocab_size, (1, TOKENS), generator=gen),
+        torch.tensor([TOKENS]),
+        torch.randint(0, cfg.flow.vocab_size, (1, PROMPT_TOKENS), generator=gen),
+        torch.tensor([PROMPT_TOKENS]),
+        torch.randn(1, 2 * PROMPT_TOKENS, 80, generator=gen),
+        torch.randn(1, 192, generator=gen),
+    )
 
 
 def _in_dtype(calls: dict[Any, list[Any]], dtype: torch.dtype) -> dict[Any, list[Any]]:
@@ -93,7 +98,11 @@ def flow_fraction(dtype: str, steps: int = 10, rounds: int = 2, profile: bool = 
     with torch.inference_mode():
         flow.inference(*x, n_timesteps=1)  # warm-up (kernels, allocator)
     rec = _record(run, _weights(flow))
-    jobs = {"gemm": _in_dtype(rec["calls"], policy.dtype), "as_called": rec["calls"], "attn_gemm": rec["attn_gemms"]}
+    jobs = {
+        "gemm": _in_dtype(rec["calls"], policy.dtype),
+        "as_called": rec["calls"],
+        "attn_gemm": rec["attn_gemms"],
+    }
     best = dict.fromkeys(("flow", *jobs), float("inf"))
     with torch.inference_mode():
         _replay(jobs["gemm"])
@@ -103,15 +112,23 @@ def flow_fraction(dtype: str, steps: int = 10, rounds: int = 2, profile: bool = 
                 best[k] = min(best[k], _best(lambda c=calls: _replay(c), 1))
     gemm_flop, attn_flop = rec["flops"]
     flop, t_gemm = gemm_flop + attn_flop, best["gemm"] + best["attn_gemm"]
-    out = {"dtype": dtype, "flow_s": round(best["flow"], 3), "gemm_replay_s": round(t_gemm, 3),
-           "fraction": round(t_gemm / best["flow"], 3), "flow_gflops": round(flop / best["flow"] / 1e9, 1),
-           "gemm_gflops": round(flop / t_gemm / 1e9, 1), "gflop": round(flop / 1e9, 1),
-           "fraction_as_called": round((best["as_called"] + best["attn_gemm"]) / best["flow"], 3),
-           "sdpa_calls": sum(n for _, n in rec["attn_calls"].values()),
-           "gemm_calls": sum(n for _, n in rec["calls"].values()), "uncounted_ops": sorted(rec["unknown"]),
-           "cpu_gemm": policy.cpu_gemm, "threads": torch.get_num_threads(),
-           "workload": f"batch 1 (CFG pair: 2 x {2 * (TOKENS + PROMPT_TOKENS)} frames), {TOKENS} tokens, "
-                       f"{PROMPT_TOKENS} prompt tokens, {steps} Euler step{'s' * (steps != 1)}, full-size dummy weights"}
+    out = {
+        "dtype": dtype,
+        "flow_s": round(best["flow"], 3),
+        "gemm_replay_s": round(t_gemm, 3),
+        "fraction": round(t_gemm / best["flow"], 3),
+        "flow_gflops": round(flop / best["flow"] / 1e9, 1),
+        "gemm_gflops": round(flop / t_gemm / 1e9, 1),
+        "gflop": round(flop / 1e9, 1),
+        "fraction_as_called": round((best["as_called"] + best["attn_gemm"]) / best["flow"], 3),
+        "sdpa_calls": sum(n for _, n in rec["attn_calls"].values()),
+        "gemm_calls": sum(n for _, n in rec["calls"].values()),
+        "uncounted_ops": sorted(rec["unknown"]),
+        "cpu_gemm": policy.cpu_gemm,
+        "threads": torch.get_num_threads(),
+        "workload": f"batch 1 (CFG pair: 2 x {2 * (TOKENS + PROMPT_TOKENS)} frames), {TOKENS} tokens, "
+        f"{PROMPT_TOKENS} prompt tokens, {steps} Euler step{'s' * (steps != 1)}, full-size dummy weights",
+    }
     if profile:
         out["profile"] = _profile(lambda: flow.inference(*x, n_timesteps=1))
     return out
@@ -133,7 +150,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"])
     ap.add_argument("--steps", type=int, default=10, help="Euler steps per request (the model's: 10)")
     ap.add_argument("--rounds", type=int, default=2, help="timed rounds (flow, replay), best of each")
-    ap.add_argument("--threads", type=int, default=2, help="1: timed in process CPU time (for a shared machine)")
+    ap.add_argument(
+        "--threads", type=int, default=2, help="1: timed in process CPU time (for a shared machine)"
+    )
     ap.add_argument("--profile", action="store_true", help="also list the flow's ops by self time (1 step)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -146,10 +165,15 @@ def main(argv: list[str] | None = None) -> None:
             continue
         t0 = time.perf_counter()
         r = flow_fraction(dtype, args.steps, args.rounds, args.profile)
-        print(f"flow {dtype} per request ({r['workload']}): {r['flow_s']:.2f} s, {r['flow_gflops']:.0f} GFLOP/s "
-              f"on its {r['gflop']:.0f} GFLOP of products = {r['fraction']:.2f} of the {dtype} GEMM rate on its own "
-              f"shapes ({r['gemm_gflops']:.0f} GFLOP/s, same ops replayed alone; linear layers on {r['cpu_gemm']}) "
-              f"[{where}; measured in {time.perf_counter() - t0:.0f} s]", flush=True)
+        print(
+            f"flow {dtype} per request ({r['workload']}): {r['flow_s']:.2f} s, "
+            f"{r['flow_gflops']:.0f} GFLOP/s "
+            f"on its {r['gflop']:.0f} GFLOP of products = {r['fraction']:.2f} of the {dtype} GEMM rate "
+            f"on its own shapes ({r['gemm_gflops']:.0f} GFLOP/s, same ops replayed alone; "
+            f"linear layers on {r['cpu_gemm']}) "
+            f"[{where}; measured in {time.perf_counter() - t0:.0f} s]",
+            flush=True,
+        )
         if r["uncounted_ops"]:
             print(f"  GEMM-like ops not counted: {r['uncounted_ops']}")
         for line in r.get("profile", []):

@@ -12,10 +12,11 @@ cost the same; before that change the cold pass normalized every text.
 Printed per pass: wall seconds, rows per second, CPU seconds of the process and its workers (the
 figure to compare on a busy shared machine), and peak memory, both the largest single
 process of that pass (``wait4``'s ``ru_maxrss``) and the whole process tree (summed RSS sampled
-every 20 ms: the normalization workers count too), and the machine's load as the pass starts. ``COSYCLONE_CACHE_DIR`` points into the temporary folder so
-the user's file-hash and text caches are neither read nor touched. ``--against DIR`` (a folder
-holding another version's ``cosyclone`` package, e.g. ``git archive REV cosyclone | tar -x -C DIR``)
-times that version too, the two taking turns in each repeat (A B A B), and prints the ratio of the
+every 20 ms: the normalization workers count too), and the machine's load as the pass starts.
+``COSYCLONE_CACHE_DIR`` points into the temporary folder so the user's file-hash and text caches are neither
+read nor touched. ``--against DIR`` (a folder holding another version's ``cosyclone`` package, e.g. ``git
+archive REV cosyclone | tar -x -C DIR``) times that version too, the two taking turns in each repeat (A B A
+B), and prints the ratio of the
 medians: the honest comparison on a shared machine.
 
 ``--first-row N`` (``COSYCLONE_BENCH_FIRST_ROW_ROWS``, 6000 in ``make bench``; 0 skips it) times
@@ -45,7 +46,65 @@ from benchmarks.machine import describe
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT_TEXTS = ("This is the reference speaker talking.", "I recorded this sentence for you.",
                 "Good morning, this is my usual speaking voice.")
-WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "cats", "sleep", "near", "warm", "fires", "tomorrow", "will", "be", "sunny", "with", "light", "breeze", "from", "west", "and", "few", "clouds", "late", "afternoon", "please", "read", "this", "sentence", "slowly", "calmly", "so", "everyone", "in", "room", "can", "follow", "every", "word", "we", "walked", "along", "quiet", "river", "bank", "watched", "boats", "drift", "past", "under", "old", "stone", "bridge"]
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "cats",
+    "sleep",
+    "near",
+    "warm",
+    "fires",
+    "tomorrow",
+    "will",
+    "be",
+    "sunny",
+    "with",
+    "light",
+    "breeze",
+    "from",
+    "west",
+    "and",
+    "few",
+    "clouds",
+    "late",
+    "afternoon",
+    "please",
+    "read",
+    "this",
+    "sentence",
+    "slowly",
+    "calmly",
+    "so",
+    "everyone",
+    "in",
+    "room",
+    "can",
+    "follow",
+    "every",
+    "word",
+    "we",
+    "walked",
+    "along",
+    "quiet",
+    "river",
+    "bank",
+    "watched",
+    "boats",
+    "drift",
+    "past",
+    "under",
+    "old",
+    "stone",
+    "bridge",
+]
 
 
 def row_text(rng: random.Random, i: int) -> str:
@@ -129,9 +188,14 @@ def timed(cmd: list[str], env: dict[str, str], cwd: Path) -> dict[str, float | s
     if proc.returncode not in (0, 3):
         print(out, err, file=sys.stderr)
         raise SystemExit(f"synth --dry-run failed with exit code {proc.returncode}")
-    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "max_process_mib": usage.ru_maxrss / 1024,
-            "tree_mib": peak[0] / 2**20, "load": load,
-            "plan": out.strip().splitlines()[0] if out.strip() else ""}
+    return {
+        "wall_s": wall,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "max_process_mib": usage.ru_maxrss / 1024,
+        "tree_mib": peak[0] / 2**20,
+        "load": load,
+        "plan": out.strip().splitlines()[0] if out.strip() else "",
+    }
 
 
 def bench(rows: int, model_dir: Path | None = None, keep: Path | None = None, repeat: int = 1,
@@ -143,12 +207,20 @@ def bench(rows: int, model_dir: Path | None = None, keep: Path | None = None, re
         t0 = time.perf_counter()
         manifest = write_manifest(tmp, rows)
         made = time.perf_counter() - t0
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        }
         if model_dir is None:
             model_dir = tmp / "tiny"
             if not model_dir.is_dir():
-                subprocess.run([sys.executable, "-m", "cosyclone.cli", "make-tiny-model", str(model_dir)], cwd=ROOT,
-                               env=env, check=True, capture_output=True)
+                subprocess.run(
+                    [sys.executable, "-m", "cosyclone.cli", "make-tiny-model", str(model_dir)],
+                    cwd=ROOT,
+                    env=env,
+                    check=True,
+                    capture_output=True,
+                )
         print(f"[manifest] {rows} rows written in {made:.1f} s", flush=True)
         codes = [("this", ROOT), *([("against", against.resolve())] if against is not None else [])]
         figures: list[dict[str, float | str]] = []
@@ -165,16 +237,29 @@ def bench(rows: int, model_dir: Path | None = None, keep: Path | None = None, re
                     fig = {"code": name, "pass": label, **timed(cmd, run_env, tmp)}  # cwd: not a checkout
                     fig["rows_per_s"] = rows / float(fig["wall_s"])
                     figures.append(fig)
-                    print(f"[manifest] {name}: {rows} rows, dry run {label} (text cache {'empty' if label == 'cold' else 'as the cold pass left it'}): "
-                          f"{fig['wall_s']:.1f} s ({fig['rows_per_s']:.0f} rows/s, {fig['cpu_s']:.1f} CPU s), peak RSS "
-                          f"{fig['max_process_mib']:.0f} MiB (largest process), {fig['tree_mib']:.0f} MiB (process "
-                          f"tree) on {describe()}, load {fig['load']:.1f} at its start; plan: {fig['plan']}", flush=True)
+                    print(
+                        f"[manifest] {name}: {rows} rows, dry run {label} (text cache "
+                        f"{'empty' if label == 'cold' else 'as the cold pass left it'}): "
+                        f"{fig['wall_s']:.1f} s ({fig['rows_per_s']:.0f} rows/s, {fig['cpu_s']:.1f} CPU s), "
+                        f"peak RSS {fig['max_process_mib']:.0f} MiB (largest process), "
+                        f"{fig['tree_mib']:.0f} MiB (process "
+                        f"tree) on {describe()}, load {fig['load']:.1f} at its start; plan: {fig['plan']}",
+                        flush=True,
+                    )
         if against is not None:
             for label in ("cold", "warm"):
-                med = {name: statistics.median(float(f["wall_s"]) for f in figures
-                                               if f["code"] == name and f["pass"] == label) for name, _ in codes}
-                print(f"[manifest] {label}: median {med['this']:.1f} s this vs {med['against']:.1f} s {against} "
-                      f"-> {med['against'] / med['this']:.2f}x ({repeat} alternated runs each, {describe()})", flush=True)
+                med = {
+                    name: statistics.median(
+                        float(f["wall_s"]) for f in figures if f["code"] == name and f["pass"] == label
+                    )
+                    for name, _ in codes
+                }
+                print(
+                    f"[manifest] {label}: median {med['this']:.1f} s this vs {med['against']:.1f} s "
+                    f"{against} -> {med['against'] / med['this']:.2f}x "
+                    f"({repeat} alternated runs each, {describe()})",
+                    flush=True,
+                )
         return figures
     finally:
         if keep is None:
@@ -186,21 +271,54 @@ def first_row(rows: int, model_dir: Path | None = None, repeat: int = 1) -> dict
     tmp = Path(tempfile.mkdtemp(prefix="cosyclone-bench-first-row-"))
     try:
         manifest = write_manifest(tmp, rows)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        }
         if model_dir is None:
             model_dir = tmp / "tiny"
-            subprocess.run([sys.executable, "-m", "cosyclone.cli", "make-tiny-model", str(model_dir)], cwd=ROOT,
-                           env=env, check=True, capture_output=True)
+            subprocess.run(
+                [sys.executable, "-m", "cosyclone.cli", "make-tiny-model", str(model_dir)],
+                cwd=ROOT,
+                env=env,
+                check=True,
+                capture_output=True,
+            )
         found: dict[str, list[float]] = {"streamed": [], "read whole": []}
         for k in range(repeat):
             for mode in found:
-                out, cache = tmp / f"out-{k}-{mode.replace(' ', '-')}", tmp / f"cache-{k}-{mode.replace(' ', '-')}"
-                cmd = [sys.executable, "-m", "cosyclone.cli", "synth", str(manifest), "--out", str(out),
-                       "--model-dir", str(model_dir), "--device", "cpu", "--max-tokens", "2", "--n-timesteps", "1",
-                       "--quiet", *(["--shard", "0/1"] if mode == "read whole" else [])]
+                out, cache = (
+                    tmp / f"out-{k}-{mode.replace(' ', '-')}",
+                    tmp / f"cache-{k}-{mode.replace(' ', '-')}",
+                )
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "cosyclone.cli",
+                    "synth",
+                    str(manifest),
+                    "--out",
+                    str(out),
+                    "--model-dir",
+                    str(model_dir),
+                    "--device",
+                    "cpu",
+                    "--max-tokens",
+                    "2",
+                    "--n-timesteps",
+                    "1",
+                    "--quiet",
+                    *(["--shard", "0/1"] if mode == "read whole" else []),
+                ]
                 t0 = time.perf_counter()
-                proc = subprocess.Popen(cmd, cwd=tmp, env={**env, "COSYCLONE_CACHE_DIR": str(cache)},
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                proc = subprocess.Popen(
+                    cmd,
+                    cwd=tmp,
+                    env={**env, "COSYCLONE_CACHE_DIR": str(cache)},
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
                 try:
                     while not any((out / "wavs").glob("*.wav")):
                         if proc.poll() is not None:
@@ -211,10 +329,13 @@ def first_row(rows: int, model_dir: Path | None = None, repeat: int = 1) -> dict
                     os.killpg(proc.pid, 9)
                     proc.wait()
         med = {m: statistics.median(v) for m, v in found.items()}
-        print(f"[first row] {rows} rows, cold text cache: first WAV after {med['streamed']:.1f} s streamed, "
-              f"{med['read whole']:.1f} s with the manifest read whole first "
-              f"({med['read whole'] / med['streamed']:.1f}x; median of {repeat} alternated runs each, {describe()})",
-              flush=True)
+        print(
+            f"[first row] {rows} rows, cold text cache: first WAV after {med['streamed']:.1f} s streamed, "
+            f"{med['read whole']:.1f} s with the manifest read whole first "
+            f"({med['read whole'] / med['streamed']:.1f}x; median of {repeat} alternated runs each, "
+            f"{describe()})",
+            flush=True,
+        )
         return found
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -226,9 +347,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model-dir", type=Path, default=None)
     ap.add_argument("--keep", type=Path, default=None, help="work in this folder and keep it")
     ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--against", type=Path, default=None, help="a folder holding another cosyclone package to time")
-    ap.add_argument("--first-row", type=int, default=int(os.environ.get("COSYCLONE_BENCH_FIRST_ROW_ROWS", "6000")),
-                    help="rows of the time-to-first-WAV comparison (0: skip it)")
+    ap.add_argument(
+        "--against", type=Path, default=None, help="a folder holding another cosyclone package to time"
+    )
+    ap.add_argument(
+        "--first-row",
+        type=int,
+        default=int(os.environ.get("COSYCLONE_BENCH_FIRST_ROW_ROWS", "6000")),
+        help="rows of the time-to-first-WAV comparison (0: skip it)",
+    )
     args = ap.parse_args(argv)
     if args.rows:
         bench(args.rows, args.model_dir, args.keep, args.repeat, args.against)

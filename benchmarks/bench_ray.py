@@ -1,6 +1,7 @@
 """``--engine ray`` on CPU: which layout of threads per actor gets the most rows/s from a node's cores.
 
-Usage: ``python -m benchmarks.bench_ray [--rows 8] [--batch 2] [--tokens 16] [--n-timesteps 2] [--dtype fp32]``.
+Usage: ``python -m benchmarks.bench_ray [--rows 8] [--batch 2] [--tokens 16] [--n-timesteps 2] [--dtype
+fp32]``.
 
 Three runs of the same rows, in one process, on full-size dummy weights (the released geometry,
 random values; short rows so the bench takes minutes): the local engine at ``C`` torch threads
@@ -44,8 +45,15 @@ def _rows(folder: Path, n: int) -> list[Any]:
     shutil.copytree(ROOT / "manifests" / "prompts", folder / "prompts")
     texts = ("the quick brown fox jumps over the lazy dog", "tomorrow will be sunny with a light breeze",
              "please read this sentence slowly and calmly", "we walked along the quiet river bank")
-    rows = [{"id": f"b{i:02d}", "prompt_audio": f"prompts/speaker{i % 3 + 1}.wav",
-             "prompt_text": "reference words for the speaker", "text": texts[i % len(texts)]} for i in range(n)]
+    rows = [
+        {
+            "id": f"b{i:02d}",
+            "prompt_audio": f"prompts/speaker{i % 3 + 1}.wav",
+            "prompt_text": "reference words for the speaker",
+            "text": texts[i % len(texts)],
+        }
+        for i in range(n)
+    ]
     (folder / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return read_manifest(folder / "m.jsonl").rows
 
@@ -125,18 +133,27 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     n = len(rows)
-    print(f"[ray] {cpu_name()}, {cores} CPUs; full-size dummy weights ({args.dtype}), {n} rows x {args.tokens} "
-          f"tokens, batches of {args.batch}, {args.n_timesteps} Euler steps, local engine --schedule static; "
-          f"compute = rows over the batches' stage seconds per actor running at once (no load, no Ray overhead):")
+    print(
+        f"[ray] {cpu_name()}, {cores} CPUs; full-size dummy weights ({args.dtype}), {n} rows x {args.tokens} "
+        f"tokens, batches of {args.batch}, {args.n_timesteps} Euler steps, local engine --schedule static; "
+        f"compute = rows over the batches' stage seconds per actor running at once "
+        f"(no load, no Ray overhead):"
+    )
     rates = {}
     for name, (running, (arrivals, busy)) in runs.items():
         wall = arrivals[-1]
         rates[name] = n / (busy / running) if busy > 0 else 0.0
-        print(f"[ray]   {name}: {n / wall:.3f} rows/s over the wall {wall:.1f} s (first row after {arrivals[0]:.1f} s), "
-              f"compute {rates[name]:.3f} rows/s ({busy:.1f} stage s)")
+        print(
+            f"[ray]   {name}: {n / wall:.3f} rows/s over the wall {wall:.1f} s "
+            f"(first row after {arrivals[0]:.1f} s), "
+            f"compute {rates[name]:.3f} rows/s ({busy:.1f} stage s)"
+        )
     local_rate, wide, deep = rates.values()
-    print(f"[ray]   compute ratios: {cores} x 1 = {wide / deep:.2f}x 1 x {cores}; {cores} x 1 = {wide / local_rate:.2f}x "
-          f"local; 1 x {cores} = {deep / local_rate:.2f}x local; Ray cluster start {start:.1f} s, not counted")
+    print(
+        f"[ray]   compute ratios: {cores} x 1 = {wide / deep:.2f}x 1 x {cores}; "
+        f"{cores} x 1 = {wide / local_rate:.2f}x "
+        f"local; 1 x {cores} = {deep / local_rate:.2f}x local; Ray cluster start {start:.1f} s, not counted"
+    )
     for key, plan in plans.items():
         print(f"[ray]   plan {key}: {plan.actors} actors x {plan.threads} threads, {plan.num_cpus:g} CPU and "
               f"{plan.memory_bytes / 1e9:.1f} GB memory asked each")

@@ -89,9 +89,11 @@ def run(report: Callable[[str], None] = print, batches: tuple[int, ...] = (1, 4,
     torch.set_num_threads(2)
     cfg = released_config()
     bw = measure_bandwidth()
-    report(f"on {cpu_name()}: copy bandwidth {bw / 1e9:.1f} GB/s; official {OFFICIAL_TOK_S} tok/s (measured in "
-           f"another run on an Intel Xeon with AMX, not alternated with this one); "
-           f"{STEPS} decode steps after a {PROMPT_LEN}-position prompt")
+    report(
+        f"on {cpu_name()}: copy bandwidth {bw / 1e9:.1f} GB/s; official {OFFICIAL_TOK_S} tok/s (measured in "
+        f"another run on an Intel Xeon with AMX, not alternated with this one); "
+        f"{STEPS} decode steps after a {PROMPT_LEN}-position prompt"
+    )
     out: dict[str, float] = {}
     for dtype, sizes in ((torch.float32, batches), (torch.bfloat16, batches)):
         model = build_talker(cfg, DevicePolicy(torch.device("cpu"), dtype, "cpu"), load_format="dummy")

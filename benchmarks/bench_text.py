@@ -31,8 +31,9 @@ SHORT_EN = ["In 1999 the population was 1,000,000 and it grew by 50% to 1,500,00
             "Chapter 7, page 256, line 12.", "The area is 5 m² and the volume is 3 m³.",
             "Dr. Chen said the results were surprising, e.g. the error rate fell by 37%.",
             "Was it worth it? Absolutely! The second phase began on the 3rd of May."]
-SHORT_ZH = ["今天是2024年3月15日，气温25℃。", "我的电话是13800138000，请在10:30之前打给我。", "第1名获得1000000元奖金。",
-            "这个API的QPS达到了5000，latency只有20ms。", "好少咯，一般系放嗰啲国庆啊，中秋嗰啲可能会咯。"]
+SHORT_ZH = ["今天是2024年3月15日，气温25℃。", "我的电话是13800138000，请在10:30之前打给我。",
+            "第1名获得1000000元奖金。", "这个API的QPS达到了5000，latency只有20ms。",
+            "好少咯，一般系放嗰啲国庆啊，中秋嗰啲可能会咯。"]
 
 
 def long_texts(chars: int) -> list[str]:
@@ -64,7 +65,9 @@ def rates(fns: dict[str, Callable[[str], object]], texts: list[str], repeat: int
     return {name: chars / sec for name, sec in best.items()}
 
 
-def bench(qwen_dir: Path | None = None, long_chars: int = 5000, repeat: int = 3) -> dict[str, dict[str, float]]:
+def bench(
+    qwen_dir: Path | None = None, long_chars: int = 5000, repeat: int = 3
+) -> dict[str, dict[str, float]]:
     """{workload: {"short": chars/s, "long": chars/s}}."""
     from cosyclone.frontend.normalize import TextNormalizer, get_normalizer
     from cosyclone.frontend.text import TextFrontend
@@ -98,7 +101,9 @@ def bench(qwen_dir: Path | None = None, long_chars: int = 5000, repeat: int = 3)
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--qwen-dir", type=Path, default=None, help="tokenizer directory (default: built-in stand-in)")
+    ap.add_argument(
+        "--qwen-dir", type=Path, default=None, help="tokenizer directory (default: built-in stand-in)"
+    )
     ap.add_argument("--long-chars", type=int, default=5000)
     ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args(argv)
@@ -107,9 +112,15 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     for name, f in figures.items():
         if name == "memo hit":
             continue
-        print(f"  {name:<13} short {f['short']:>10,.0f}   long {f['long']:>10,.0f}   long/short {f['long'] / f['short']:.2f}")
+        print(
+            f"  {name:<13} short {f['short']:>10,.0f}   long {f['long']:>10,.0f}   "
+            f"long/short {f['long'] / f['short']:.2f}"
+        )
     memo = figures["memo hit"]
-    print(f"  memo hit      {40 / memo['short'] * 1e6:.1f} us per 40-character row (the frontend after validation)")
+    print(
+        f"  memo hit      {40 / memo['short'] * 1e6:.1f} us per 40-character row "
+        f"(the frontend after validation)"
+    )
     return figures
 
 

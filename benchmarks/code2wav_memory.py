@@ -123,9 +123,20 @@ def measure_flow(device: torch.device, dtype: str) -> list[tuple[int, int]]:
             t0 = time.perf_counter()
             got = peak_of(functools.partial(call, rows, tokens), device)
             padded = rows * (tokens + PROMPT_TOKENS)
-            print(json.dumps({"stage": "flow", "dtype": dtype, "rows": rows, "tokens": tokens + PROMPT_TOKENS,
-                              "padded": padded, "peak_bytes": got, "seconds": round(time.perf_counter() - t0, 2)}),
-                  flush=True)
+            print(
+                json.dumps(
+                    {
+                        "stage": "flow",
+                        "dtype": dtype,
+                        "rows": rows,
+                        "tokens": tokens + PROMPT_TOKENS,
+                        "padded": padded,
+                        "peak_bytes": got,
+                        "seconds": round(time.perf_counter() - t0, 2),
+                    }
+                ),
+                flush=True,
+            )
             out.append((padded, got))
     return out
 
@@ -139,8 +150,11 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device("cuda" if args.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu")
     if device.type == "cpu" and os.environ.get("MALLOC_MMAP_THRESHOLD_") != MMAP_THRESHOLD:
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD}
-        sys.exit(subprocess.call([sys.executable, "-m", "benchmarks.code2wav_memory", *(argv or sys.argv[1:])],
-                                 env=env))
+        sys.exit(
+            subprocess.call(
+                [sys.executable, "-m", "benchmarks.code2wav_memory", *(argv or sys.argv[1:])], env=env
+            )
+        )
     torch.set_num_threads(args.threads)
     hift = slope(measure_hift(device))
     flow = slope(measure_flow(device, args.flow_dtype))

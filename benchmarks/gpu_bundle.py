@@ -49,8 +49,14 @@ REFERENCE_PARTS = ("vectors", "tokenizer", "state_dicts")
 #: What the gpu check needs beyond cosyclone's own dependencies (its test parts).
 CHECK_NEEDS = ("pytest", "hypothesis")
 #: Platforms of the device's x86-64 Linux (pip matches each manylinux tag exactly).
-PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
-             "manylinux1_x86_64", "linux_x86_64")
+PLATFORMS = (
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+    "linux_x86_64",
+)
 
 
 def canonical(name: str) -> str:
@@ -96,11 +102,20 @@ def read_wheel(path: Path) -> Wheel:
 
 def target_env(python_version: str) -> dict[str, str]:
     """Marker environment of the device: CPython ``python_version`` on x86-64 Linux, no extras."""
-    return {"python_version": python_version, "python_full_version": f"{python_version}.0",
-            "implementation_name": "cpython", "platform_python_implementation": "CPython",
-            "implementation_version": f"{python_version}.0", "sys_platform": "linux", "platform_system": "Linux",
-            "platform_machine": "x86_64", "os_name": "posix", "platform_release": "", "platform_version": "",
-            "extra": ""}
+    return {
+        "python_version": python_version,
+        "python_full_version": f"{python_version}.0",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+        "implementation_version": f"{python_version}.0",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "platform_machine": "x86_64",
+        "os_name": "posix",
+        "platform_release": "",
+        "platform_version": "",
+        "extra": "",
+    }
 
 
 def needed(requires: list[str], python_version: str) -> list[Requirement]:
@@ -160,7 +175,11 @@ def check(wheels: list[Wheel], pins: dict[str, str | None], image: dict[str, str
         else:
             problems.append(f"{who} needs {req}: neither bundled nor on the image (add it to {PINS.name})")
             return
-        if have is not None and req.specifier and not SpecifierSet(str(req.specifier)).contains(have, prereleases=True):
+        if (
+            have is not None
+            and req.specifier
+            and not SpecifierSet(str(req.specifier)).contains(have, prereleases=True)
+        ):
             problems.append(f"{who} needs {req}, the {'bundle' if name in by_name else 'image'} has {have}")
 
     for req in needed(roots, python_version):
@@ -184,7 +203,9 @@ def _report(dest: Path, python_version: str) -> int:
     mb = sum(w.path.stat().st_size for w in wheels) / 2**20
     for w in wheels:
         print(f"  {w.path.stat().st_size / 2**20:6.2f} MB  {w.path.name}")
-    print(f"bundle {dest}: {len(wheels)} wheels, {mb:.2f} MB (limit {LIMIT_MB:g} MB), CPython {python_version}")
+    print(
+        f"bundle {dest}: {len(wheels)} wheels, {mb:.2f} MB (limit {LIMIT_MB:g} MB), CPython {python_version}"
+    )
     for p in problems:
         print(f"PROBLEM: {p}")
     print("bundle check: " + ("FAIL" if problems else "OK (every requirement is bundled or on the image)"))
@@ -215,7 +236,10 @@ def build(args: argparse.Namespace) -> int:
                 if (src / part).is_dir():
                     shutil.copytree(src / part, to / part, dirs_exist_ok=True)
             mb = sum(p.stat().st_size for p in to.rglob("*") if p.is_file()) / 2**20
-            print(f"reference material ({', '.join(REFERENCE_PARTS)}) copied to {to}, {mb:.1f} MB (the parity part)")
+            print(
+                f"reference material ({', '.join(REFERENCE_PARTS)}) copied to {to}, {mb:.1f} MB "
+                f"(the parity part)"
+            )
         else:
             print(f"no reference vectors under {src}: the parity part will skip the tests that need them")
     return _report(dest, args.python_version)
@@ -254,15 +278,20 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--python-version", default="3.12", help="the target machine's Python (device: 3.12)")
         p.add_argument("--dest", default=None, help="default .gpu-bundle/pyXY (git-ignored)")
         if name == "build":
-            p.add_argument("--reference", default=None,
-                           help="also copy this reference folder's vectors, tokenizer and state_dicts beside the bundle")
+            p.add_argument(
+                "--reference",
+                default=None,
+                help="also copy this reference folder's vectors, tokenizer and state_dicts beside the bundle",
+            )
     p = sub.add_parser("installed")
     p.add_argument("--bundle", required=True)
     args = ap.parse_args(argv)
     if args.cmd == "build":
         return build(args)
     if args.cmd == "check":
-        return _report(Path(args.dest or f".gpu-bundle/py{args.python_version.replace('.', '')}"), args.python_version)
+        return _report(
+            Path(args.dest or f".gpu-bundle/py{args.python_version.replace('.', '')}"), args.python_version
+        )
     return installed(args)
 
 

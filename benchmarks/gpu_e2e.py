@@ -21,8 +21,8 @@ It fails (exit 1) when a row failed, when the peak passed the plan, and on a CUD
 decode step ran as a replayed graph or a capture failed (:func:`benchmarks.gpu_verdict.e2e_verdict`).
 ``--device cuda`` (the default) that torch cannot reach ends it within seconds (exit 3), never a CPU run.
 
-    python -m benchmarks.gpu_e2e [--device cuda] [--max-tokens 200]
-    python -m benchmarks.gpu_e2e --tiny --device cpu --dtype fp32 --rows 6 --batch 3 --n-timesteps 2 --max-tokens 8
+    python -m benchmarks.gpu_e2e [--device cuda] [--max-tokens 200] python -m benchmarks.gpu_e2e --tiny
+    --device cpu --dtype fp32 --rows 6 --batch 3 --n-timesteps 2 --max-tokens 8
 """
 
 from __future__ import annotations
@@ -216,17 +216,25 @@ def report(fig: dict[str, Any], require_graphs: bool) -> bool:
     if "peak_vs_plan" in fig:
         mem += (f" ({fig['peak_reserved_gib']:.1f} reserved = {fig['peak_vs_plan']:.2f} of the plan's "
                 f"{fig['plan_gib']:.1f})")
-    emit("e2e", fig, f"{fig['ok']}/{fig['rows']} rows (distinct prompts) at batch {fig['batch']}, "
-                     f"{fig['talker_slots']} slots: RTF {fig['rtf']}, "
-                     f"{fig['rows_per_s']} rows/s{mem}, {fig['host_peak_rss_gib']:.1f} GiB host; {st}; "
-                     f"graph steps {fig['graph_steps']}/{fig['decode_steps']}" + ("" if ok else f"; FAIL: {why}"))
+    emit(
+        "e2e",
+        fig,
+        f"{fig['ok']}/{fig['rows']} rows (distinct prompts) at batch {fig['batch']}, "
+        f"{fig['talker_slots']} slots: RTF {fig['rtf']}, "
+        f"{fig['rows_per_s']} rows/s{mem}, {fig['host_peak_rss_gib']:.1f} GiB host; {st}; "
+        f"graph steps {fig['graph_steps']}/{fig['decode_steps']}" + ("" if ok else f"; FAIL: {why}"),
+    )
     return ok
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tiny", action="store_true", help="a tiny model directory instead of full-size dummy weights")
-    ap.add_argument("--device", default="cuda", help="cuda (default; none reachable: exit 3, never the CPU) | cpu")
+    ap.add_argument(
+        "--tiny", action="store_true", help="a tiny model directory instead of full-size dummy weights"
+    )
+    ap.add_argument(
+        "--device", default="cuda", help="cuda (default; none reachable: exit 3, never the CPU) | cpu"
+    )
     ap.add_argument("--dtype", default="auto", help="auto (default: what synth takes) | mixed | bf16 | fp32")
     ap.add_argument("--rows", type=int, default=None, help="timed rows (default: two batches)")
     ap.add_argument("--batch", dest="batch_size", type=int, default=None,

@@ -116,18 +116,30 @@ def env(args: argparse.Namespace) -> None:
 
     from benchmarks.machine import cpu_name
 
-    fig: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
-                           "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None),
-                           "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-                           "cpu": cpu_name(), "cores": os.cpu_count(), "cuda_available": torch.cuda.is_available(),
-                           "env": {k: os.environ.get(k) for k in ENV_VARS}}
+    fig: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "cuda_available": torch.cuda.is_available(),
+        "env": {k: os.environ.get(k) for k in ENV_VARS},
+    }
     problem = None
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         free, total = torch.cuda.mem_get_info(0)
-        fig.update(gpu=torch.cuda.get_device_name(0), gpus=torch.cuda.device_count(), gpu_memory_gib=_gib(total),
-                   gpu_free_gib=_gib(free), capability=f"{props.major}.{props.minor}",
-                   multiprocessors=props.multi_processor_count, bf16=torch.cuda.is_bf16_supported())
+        fig.update(
+            gpu=torch.cuda.get_device_name(0),
+            gpus=torch.cuda.device_count(),
+            gpu_memory_gib=_gib(total),
+            gpu_free_gib=_gib(free),
+            capability=f"{props.major}.{props.minor}",
+            multiprocessors=props.multi_processor_count,
+            bf16=torch.cuda.is_bf16_supported(),
+        )
     else:
         problem = no_cuda_reason()
         fig["no_cuda"] = problem
@@ -177,9 +189,16 @@ def _requests(model: Any, batch: int, text_len: int, speech_len: int) -> list[An
 
     g = torch.Generator().manual_seed(0)
     vocab, speech = model.cfg.qwen.vocab_size, model.cfg.speech_token_size
-    return [TalkerRequest(row_id=f"r{i}", text_ids=torch.randint(0, vocab, (text_len,), generator=g), target_len=4,
-                          prompt_speech_tokens=torch.randint(0, speech, (speech_len,), generator=g), seed=i)
-            for i in range(batch)]
+    return [
+        TalkerRequest(
+            row_id=f"r{i}",
+            text_ids=torch.randint(0, vocab, (text_len,), generator=g),
+            target_len=4,
+            prompt_speech_tokens=torch.randint(0, speech, (speech_len,), generator=g),
+            seed=i,
+        )
+        for i in range(batch)
+    ]
 
 
 def _timed(model: Any, reqs: list[Any], steps: int, capacity: int, graphs: str,
@@ -261,7 +280,8 @@ def steps(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"device": where, "dtype": policy.dtype_name, "talker_dtype": dtype_name(dtype),
                            "sized_slots": sized, "ms_per_step": {}}
     cells = []
-    first: list[int] | None = None  # row 0's eager tokens at the first batch (the same request in every batch)
+    # row 0's eager tokens at the first batch (the same request in every batch)
+    first: list[int] | None = None
     with torch.inference_mode():
         for b in batches:
             reqs = _requests(model, b, text_len, speech_len)
@@ -270,13 +290,15 @@ def steps(args: argparse.Namespace) -> dict[str, Any]:
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             for mode in ("off", "auto"):
-                _timed(model, reqs, n1, capacity, mode, backend, reps=1)  # warm-up (kernels, allocator, cuBLAS)
+                # warm-up (kernels, allocator, cuBLAS)
+                _timed(model, reqs, n1, capacity, mode, backend, reps=1)
                 t1, _, _ = _timed(model, reqs, n1, capacity, mode, backend)
                 t2, toks[mode], used = _timed(model, reqs, n2, capacity, mode, backend)
                 row["eager" if mode == "off" else "graphs"] = 1e3 * (t2 - t1) / (n2 - n1)
                 if mode == "auto":
                     row["graphs_used"] = used
-            diff = token_difference(toks["off"], toks["auto"])  # tokens first: the same shape, the same kernels
+            # tokens first: the same shape, the same kernels
+            diff = token_difference(toks["off"], toks["auto"])
             row["tokens_equal"] = diff is None
             if diff:
                 row["token_difference"] = f"eager vs graphs: {diff}"
@@ -288,16 +310,29 @@ def steps(args: argparse.Namespace) -> dict[str, Any]:
                 row["peak_allocated_gib"] = _gib(torch.cuda.max_memory_allocated(device))
                 row["peak_reserved_gib"] = _gib(torch.cuda.max_memory_reserved(device))
             out["ms_per_step"][b] = row
-            mem = (f", peak {row['peak_allocated_gib']:.2f} GiB allocated / {row['peak_reserved_gib']:.2f} reserved"
-                   if "peak_allocated_gib" in row else "")
+            mem = (
+                f", peak {row['peak_allocated_gib']:.2f} GiB allocated / "
+                f"{row['peak_reserved_gib']:.2f} reserved"
+                if "peak_allocated_gib" in row
+                else ""
+            )
             ratio = f"{row['eager'] / row['graphs']:5.2f}x" if min(row["eager"], row["graphs"]) > 0 else "n/a"
-            print(f"  batch {b:3d}: eager {row['eager']:8.3f} ms/step, graphs {row['graphs']:8.3f} ms/step "
-                  f"({ratio}), graphs used: {row['graphs_used']}, "
-                  f"tokens equal: {row['tokens_equal'] or row['token_difference']}{mem}"
-                  + (f"; row 0 vs its first batch: {row['row0_vs_first_batch']}" if "row0_vs_first_batch" in row
-                     else "")
-                  + ("  [CPU: graphs = EagerCapture stand-in, not a speed figure]" if backend is not None else ""),
-                  flush=True)
+            print(
+                f"  batch {b:3d}: eager {row['eager']:8.3f} ms/step, graphs {row['graphs']:8.3f} ms/step "
+                f"({ratio}), graphs used: {row['graphs_used']}, "
+                f"tokens equal: {row['tokens_equal'] or row['token_difference']}{mem}"
+                + (
+                    f"; row 0 vs its first batch: {row['row0_vs_first_batch']}"
+                    if "row0_vs_first_batch" in row
+                    else ""
+                )
+                + (
+                    "  [CPU: graphs = EagerCapture stand-in, not a speed figure]"
+                    if backend is not None
+                    else ""
+                ),
+                flush=True,
+            )
             cells.append(f"b{b} {row['eager']:.2f}/{row['graphs']:.2f}"
                          + (f" ({row['peak_allocated_gib']:.1f}G)" if "peak_allocated_gib" in row else ""))
     ok, why = decode_verdict(out, require_graphs=True)
@@ -311,7 +346,35 @@ def steps(args: argparse.Namespace) -> dict[str, Any]:
 
 def _rows(n: int) -> list[dict[str, str]]:
     """``n`` rows of mixed lengths over the three bundled prompts (paths relative to manifests/)."""
-    words = ["the", "quiet", "harbour", "wakes", "as", "boats", "return", "with", "the", "morning", "light", "and", "gulls", "circle", "over", "the", "market", "stalls", "where", "fishermen", "call", "out", "the", "prices", "of", "the", "day"]
+    words = [
+        "the",
+        "quiet",
+        "harbour",
+        "wakes",
+        "as",
+        "boats",
+        "return",
+        "with",
+        "the",
+        "morning",
+        "light",
+        "and",
+        "gulls",
+        "circle",
+        "over",
+        "the",
+        "market",
+        "stalls",
+        "where",
+        "fishermen",
+        "call",
+        "out",
+        "the",
+        "prices",
+        "of",
+        "the",
+        "day",
+    ]
     return [{"id": f"row{i:02d}", "prompt_audio": f"prompts/speaker{i % 3 + 1}.wav",
              "prompt_text": "This is the reference speaker talking.",
              "text": " ".join(words[: 6 + (i * 5) % (len(words) - 6)]).capitalize() + "."} for i in range(n)]
@@ -333,9 +396,12 @@ def rtf(args: argparse.Namespace) -> None:
     run = json.loads((Path(args.folder) / "summary.json").read_text())["last_run"]
     opts = run.get("options", {})
     wall, audio = float(run["wall_seconds"]), float(run["audio_seconds"])
-    print(f"RTF {wall / audio if audio > 0 else float('nan'):.4f} ({audio:.2f} audio s in {wall:.2f} wall s, "
-          f"{run['done']} rows done, {run['failed']} failed; device {run.get('device')}, dtype {run.get('dtype')}, "
-          f"cuda_graphs {opts.get('cuda_graphs')})")
+    print(
+        f"RTF {wall / audio if audio > 0 else float('nan'):.4f} ({audio:.2f} audio s in {wall:.2f} wall s, "
+        f"{run['done']} rows done, {run['failed']} failed; device {run.get('device')}, "
+        f"dtype {run.get('dtype')}, "
+        f"cuda_graphs {opts.get('cuda_graphs')})"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -345,7 +411,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--require-cuda", action="store_true", help="no CUDA device is a failure (exit 3)")
     p = sub.add_parser("steps")
     p.add_argument("--tiny", action="store_true", help="tiny geometry, few steps (CPU-sized check)")
-    p.add_argument("--device", default="cuda", help="cuda (default; none reachable: exit 3, never the CPU) | cpu")
+    p.add_argument(
+        "--device", default="cuda", help="cuda (default; none reachable: exit 3, never the CPU) | cpu"
+    )
     p.add_argument("--dtype", default="auto", choices=("auto", "mixed", "bf16", "fp32"),
                    help="auto (default): the precision synth takes (on a bf16 GPU mixed: the talker in fp32)")
     p.add_argument("--batches", default="1,64,sized",

@@ -64,7 +64,10 @@ def _pcm(data: bytes) -> tuple[bytes, bytes, str | None]:
     while pos + 8 <= len(data):
         cid, size = data[pos:pos + 4], struct.unpack("<I", data[pos + 4:pos + 8])[0]
         if cid == b"fmt ":
-            tag, bits = struct.unpack("<H", data[pos + 8:pos + 10])[0], struct.unpack("<H", data[pos + 22:pos + 24])[0]
+            tag, bits = (
+                struct.unpack("<H", data[pos + 8 : pos + 10])[0],
+                struct.unpack("<H", data[pos + 22 : pos + 24])[0],
+            )
             fmt = (tag, bits)
         elif cid == b"data":
             if fmt in ((1, 16), (0xFFFE, 16)):
@@ -91,7 +94,10 @@ def wav_difference(a: bytes, b: bytes) -> str | None:
     import numpy as np
 
     size = np.dtype(da).itemsize
-    xa, xb = np.frombuffer(sa[:len(sa) - len(sa) % size], da), np.frombuffer(sb[:len(sb) - len(sb) % size], db)
+    xa, xb = (
+        np.frombuffer(sa[: len(sa) - len(sa) % size], da),
+        np.frombuffer(sb[: len(sb) - len(sb) % size], db),
+    )
     if ha[8:-4] != hb[8:-4]:  # beyond the two size fields
         out += "; headers differ"
     if len(xa) != len(xb):
@@ -99,7 +105,9 @@ def wav_difference(a: bytes, b: bytes) -> str | None:
     m = min(len(xa), len(xb))
     d = np.abs(xa[:m].astype(np.float64) - xb[:m].astype(np.float64))
     scale = " (of 32767)" if da == "<i2" else ""
-    return out + f"; {int((d > 0).sum())} of {m} samples differ, max |difference| {d.max() if m else 0:g}{scale}"
+    return (
+        out + f"; {int((d > 0).sum())} of {m} samples differ, max |difference| {d.max() if m else 0:g}{scale}"
+    )
 
 
 def files_difference(a: Mapping[str, bytes], b: Mapping[str, bytes]) -> str | None:
@@ -150,7 +158,10 @@ def pytest_verdict(text: str, collect_only: bool = False, allow_skips: bool = Fa
     kinds = ("failed", "error", "xpassed") if allow_skips else ("failed", "error", "skipped", "xpassed")
     bad = {k: counts[k] for k in kinds if counts.get(k)}
     if bad:
-        return False, f"{said}: {', '.join(f'{v} {k}' for k, v in bad.items())} (a skipped test proves nothing)"
+        return (
+            False,
+            f"{said}: {', '.join(f'{v} {k}' for k, v in bad.items())} (a skipped test proves nothing)",
+        )
     if not counts.get("passed"):
         return False, f"no test ran ({said or 'none selected'})"
     return True, said
@@ -178,7 +189,9 @@ def decode_verdict(fig: Mapping[str, Any] | None, require_graphs: bool = True) -
     bad = []
     for b, row in fig["ms_per_step"].items():
         if not row.get("tokens_equal"):
-            bad.append(f"batch {b}: graphs and eager decoded different tokens ({row.get('token_difference')})")
+            bad.append(
+                f"batch {b}: graphs and eager decoded different tokens ({row.get('token_difference')})"
+            )
         if require_graphs and not row.get("graphs_used"):
             bad.append(f"batch {b}: no decode step ran as a graph")
     if bad:
@@ -214,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=("decode", "e2e", "pytest"))
     ap.add_argument("path", help="figures.jsonl (decode, e2e) or the part's log (pytest)")
-    ap.add_argument("--require-graphs", action="store_true", help="fail unless decode steps replayed CUDA graphs")
+    ap.add_argument(
+        "--require-graphs", action="store_true", help="fail unless decode steps replayed CUDA graphs"
+    )
     ap.add_argument("--collect-only", action="store_true", help="pytest ran --collect-only (the dry run)")
     ap.add_argument("--allow-skips", action="store_true", help="skipped tests do not fail (parity)")
     args = ap.parse_args(argv)

@@ -43,5 +43,13 @@ def native_bf16() -> bool:
 def describe() -> str:
     """``"AMD EPYC 9B14, 2 CPUs, AVX-512 (bf16 native)"``-style line for a benchmark's header."""
     flags = cpu_flags()
-    isa = "AMX" if "amx_bf16" in flags else "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "?"
+    isa = (
+        "AMX"
+        if "amx_bf16" in flags
+        else "AVX-512"
+        if "avx512f" in flags
+        else "AVX2"
+        if "avx2" in flags
+        else "?"
+    )
     return f"{cpu_name()}, {os.cpu_count()} CPUs, {isa} (bf16 {'native' if native_bf16() else 'emulated'})"

@@ -32,7 +32,9 @@ def official_repo() -> Path | None:
         return None
     repo = Path(raw).expanduser()
     if not (repo / "cosyvoice" / "hifigan" / "generator.py").is_file():
-        raise SystemExit(f"{ENV}={raw}: no cosyvoice/hifigan/generator.py there (a FunAudioLLM/CosyVoice checkout?)")
+        raise SystemExit(
+            f"{ENV}={raw}: no cosyvoice/hifigan/generator.py there (a FunAudioLLM/CosyVoice checkout?)"
+        )
     return repo
 
 

@@ -15,9 +15,11 @@ must outpace the talker and code2wav, or it bounds the GPU).
 Environment (all optional):
 
 * ``COSYCLONE_BENCH_MANIFEST_ROWS`` rows of bench_manifest's ``synth --dry-run`` (2000);
-* ``COSYCLONE_BENCH_FIRST_ROW_ROWS`` rows of its time-to-first-WAV comparison, streamed vs read whole (6000; 0 skips);
+* ``COSYCLONE_BENCH_FIRST_ROW_ROWS`` rows of its time-to-first-WAV comparison, streamed vs read whole (6000; 0
+skips);
 * ``COSYCLONE_BENCH_EXPORT_ROWS`` run-folder sizes of bench_export's peak-memory comparison ("2000,20000");
-* ``COSYCLONE_BENCH_REPORT_ROWS`` rows of bench_report_html's folder, whose ``report --html`` is timed (100000);
+* ``COSYCLONE_BENCH_REPORT_ROWS`` rows of bench_report_html's folder, whose ``report --html`` is timed
+(100000);
 * ``COSYCLONE_BENCH_FOLDER_RECORDS`` records of bench_folder's synthetic folder (1000000: 4-row synth, report
   and resume plan against it);
 * ``COSYCLONE_BENCH_ROWS`` rows (16); ``COSYCLONE_BENCH_BATCH`` rows per batch (= rows);
@@ -28,8 +30,8 @@ Environment (all optional):
 * ``COSYCLONE_BENCH_N_TIMESTEPS`` flow Euler steps (unset: the model's, 10);
 * ``COSYCLONE_BENCH_CPU_GEMM`` ``--cpu-gemm`` (auto: oneDNN's linear layers on CPU where torch has it);
 * ``COSYCLONE_BENCH_E2E_ALSO`` comma-separated further ``--dtype`` values to run the same end-to-end
-  workload in after the first (default ``bf16`` on CPUs with native bf16, AMX or AVX512-BF16, else none; empty: only
-  ``COSYCLONE_BENCH_DTYPE``).
+  workload in after the first (default ``bf16`` on CPUs with native bf16, AMX or AVX512-BF16, else none;
+  empty: only ``COSYCLONE_BENCH_DTYPE``).
 """
 
 from __future__ import annotations
@@ -77,18 +79,34 @@ class E2EConfig:
         rows = int(env.get("COSYCLONE_BENCH_ROWS", "16"))
         steps = env.get("COSYCLONE_BENCH_N_TIMESTEPS")
         model_dir = env.get("COSYCLONE_BENCH_MODEL_DIR")
-        return cls(rows=rows, tokens=int(env.get("COSYCLONE_BENCH_TOKENS", "100")),
-                   batch_size=int(env.get("COSYCLONE_BENCH_BATCH", str(rows))),
-                   dtype=env.get("COSYCLONE_BENCH_DTYPE", "fp32"), device=env.get("COSYCLONE_BENCH_DEVICE", "auto"),
-                   model_dir=Path(model_dir) if model_dir else None, n_timesteps=int(steps) if steps else None,
-                   cpu_gemm=env.get("COSYCLONE_BENCH_CPU_GEMM", "auto"))
+        return cls(
+            rows=rows,
+            tokens=int(env.get("COSYCLONE_BENCH_TOKENS", "100")),
+            batch_size=int(env.get("COSYCLONE_BENCH_BATCH", str(rows))),
+            dtype=env.get("COSYCLONE_BENCH_DTYPE", "fp32"),
+            device=env.get("COSYCLONE_BENCH_DEVICE", "auto"),
+            model_dir=Path(model_dir) if model_dir else None,
+            n_timesteps=int(steps) if steps else None,
+            cpu_gemm=env.get("COSYCLONE_BENCH_CPU_GEMM", "auto"),
+        )
 
 
 #: The stage benchmarks ``make bench`` runs, in order, before the end-to-end figure (docs/benchmarks.md
 #: lists them).
-STAGE_BENCHMARKS = ("bench_projection", "bench_talker", "bench_sampler", "bench_code2wav", "bench_flow_gemm",
-                    "bench_dtype_agreement", "bench_text", "bench_manifest", "bench_export", "bench_folder",
-                    "bench_report_html", "bench_ray")
+STAGE_BENCHMARKS = (
+    "bench_projection",
+    "bench_talker",
+    "bench_sampler",
+    "bench_code2wav",
+    "bench_flow_gemm",
+    "bench_dtype_agreement",
+    "bench_text",
+    "bench_manifest",
+    "bench_export",
+    "bench_folder",
+    "bench_report_html",
+    "bench_ray",
+)
 
 
 def run_stage_benchmarks() -> None:
@@ -135,7 +153,9 @@ def build_manifest(cfg: E2EConfig, folder: Path) -> dict:
     for k in (1, 2, 3):  # the example speakers, cut or padded with silence to exactly 3.0 s
         wav, sr = sf.read(str(ROOT / "manifests" / "prompts" / f"speaker{k}.wav"), dtype="float32")
         n = int(round(BASELINE_PROMPT_S * sr))
-        sf.write(str(folder / f"prompt{k}.wav"), np.pad(wav, (0, max(0, n - len(wav))))[:n], sr, subtype="PCM_16")
+        sf.write(
+            str(folder / f"prompt{k}.wav"), np.pad(wav, (0, max(0, n - len(wav))))[:n], sr, subtype="PCM_16"
+        )
     fe = _frontend(cfg)
 
     def prompt_ids(text: str) -> int:
@@ -157,9 +177,25 @@ def build_manifest(cfg: E2EConfig, folder: Path) -> dict:
 
 def synth_args(cfg: E2EConfig, manifest: Path, out: Path) -> list[str]:
     """``cosyclone`` arguments of the end-to-end run."""
-    args = ["synth", str(manifest), "--out", str(out), "--max-tokens", str(cfg.tokens), "--min-tokens",
-            str(cfg.tokens), "--batch-size", str(cfg.batch_size), "--dtype", cfg.dtype, "--device", cfg.device,
-            "--cpu-gemm", cfg.cpu_gemm, "--overwrite"]
+    args = [
+        "synth",
+        str(manifest),
+        "--out",
+        str(out),
+        "--max-tokens",
+        str(cfg.tokens),
+        "--min-tokens",
+        str(cfg.tokens),
+        "--batch-size",
+        str(cfg.batch_size),
+        "--dtype",
+        cfg.dtype,
+        "--device",
+        cfg.device,
+        "--cpu-gemm",
+        cfg.cpu_gemm,
+        "--overwrite",
+    ]
     args += ["--model-dir", str(cfg.model_dir)] if cfg.model_dir is not None else ["--load-format", "dummy"]
     if cfg.n_timesteps is not None:
         args += ["--n-timesteps", str(cfg.n_timesteps)]
@@ -173,7 +209,9 @@ def summarize(cfg: E2EConfig, out: Path) -> dict:
     summary = json.loads((out / "summary.json").read_text())
     lines = list(read_records(out).values())
     ok = [d for d in lines if d.ok]
-    stages = {k: sum(float(d.seconds.get(k, 0.0)) for d in lines) for k in ("frontend", "talker", "flow", "hift")}
+    stages = {
+        k: sum(float(d.seconds.get(k, 0.0)) for d in lines) for k in ("frontend", "talker", "flow", "hift")
+    }
     tokens = [sum(d.tokens) for d in ok]
     steps = [sum(s.steps for s in d.sampler) for d in ok]
     audio = float(summary["audio_seconds"])
@@ -182,17 +220,29 @@ def summarize(cfg: E2EConfig, out: Path) -> dict:
     stage_wall = stages["talker"] + stages["flow"] + stages["hift"]
     official = OFFICIAL_AUDIO_S / OFFICIAL_WALL_S
     ours = audio / stage_wall if stage_wall > 0 else 0.0
-    return {"rows": cfg.rows, "rows_ok": len(ok), "tokens_requested": cfg.tokens,
-            "tokens_per_row": (min(tokens), max(tokens)) if tokens else (0, 0),
-            "sampled_per_row": (min(steps), max(steps)) if steps else (0, 0),
-            "audio_s": audio, "model_wall_s": model_wall, "stage_s": stages, "stage_wall_s": stage_wall,
-            "audio_s_per_wall_s": ours, "audio_s_per_model_wall_s": audio / model_wall if model_wall > 0 else 0.0,
-            "official_audio_s_per_wall_s": official, "ratio_vs_official": ours / official,
-            "device": run.get("device"), "dtype": run.get("dtype"), "batch_size": cfg.batch_size,
-            "load_format": "full-size dummy" if cfg.model_dir is None else str(cfg.model_dir),
-            "n_timesteps": run.get("options", {}).get("n_timesteps"),
-            "cpu_gemm": run.get("options", {}).get("cpu_gemm"),
-            "frontend_workers": _frontend_workers(run), "rates": stage_rates(len(lines), stages)}
+    return {
+        "rows": cfg.rows,
+        "rows_ok": len(ok),
+        "tokens_requested": cfg.tokens,
+        "tokens_per_row": (min(tokens), max(tokens)) if tokens else (0, 0),
+        "sampled_per_row": (min(steps), max(steps)) if steps else (0, 0),
+        "audio_s": audio,
+        "model_wall_s": model_wall,
+        "stage_s": stages,
+        "stage_wall_s": stage_wall,
+        "audio_s_per_wall_s": ours,
+        "audio_s_per_model_wall_s": audio / model_wall if model_wall > 0 else 0.0,
+        "official_audio_s_per_wall_s": official,
+        "ratio_vs_official": ours / official,
+        "device": run.get("device"),
+        "dtype": run.get("dtype"),
+        "batch_size": cfg.batch_size,
+        "load_format": "full-size dummy" if cfg.model_dir is None else str(cfg.model_dir),
+        "n_timesteps": run.get("options", {}).get("n_timesteps"),
+        "cpu_gemm": run.get("options", {}).get("cpu_gemm"),
+        "frontend_workers": _frontend_workers(run),
+        "rates": stage_rates(len(lines), stages),
+    }
 
 
 def stage_rates(rows: int, stages: dict) -> dict:
@@ -216,9 +266,14 @@ def _frontend_workers(run: dict) -> int:
     from cosyclone.options import RunOptions
 
     opts = run.get("options", {})
-    workers, _ = frontend_plan(RunOptions(threads=opts.get("threads"), frontend_workers=opts.get("frontend_workers"),
-                                          frontend_threads=opts.get("frontend_threads")),
-                               gpu=str(run.get("device", "cpu")).split(":")[0] != "cpu")
+    workers, _ = frontend_plan(
+        RunOptions(
+            threads=opts.get("threads"),
+            frontend_workers=opts.get("frontend_workers"),
+            frontend_threads=opts.get("frontend_threads"),
+        ),
+        gpu=str(run.get("device", "cpu")).split(":")[0] != "cpu",
+    )
     return workers
 
 
@@ -244,27 +299,34 @@ def render(fig: dict) -> str:
     """The printed end-to-end line: the figure, the per-stage seconds and what differs from the baseline."""
     rows, st = fig["rows"], fig["stage_s"]
     lo, hi = fig["tokens_per_row"]
-    per_stage = ", ".join(f"{k} {st[k]:.2f} s ({st[k] / max(1, rows):.2f} s/row vs official {OFFICIAL_STAGE_S[k]:.2f})"
-                          for k in ("talker", "flow", "hift"))
+    per_stage = ", ".join(
+        f"{k} {st[k]:.2f} s ({st[k] / max(1, rows):.2f} s/row vs official {OFFICIAL_STAGE_S[k]:.2f})"
+        for k in ("talker", "flow", "hift")
+    )
     tokens = f"{lo}" if lo == hi else f"{lo}-{hi}"
     steps = "default" if fig["n_timesteps"] is None else fig["n_timesteps"]
-    return (f"[end-to-end] {rows} rows x {fig['tokens_requested']} tokens (min = max; {tokens} reached flow), "
-            f"prompt {fig['prompt_seconds']:.1f} s = {'/'.join(map(str, fig['prompt_tokens']))} tokens, prompt "
-            f"text {fig['prompt_ids']} + text {'/'.join(map(str, fig['text_ids']))} ids, {fig['load_format']} weights: "
-            f"{fig['audio_s']:.1f} s audio in {fig['stage_wall_s']:.1f} s of talker+flow+hift -> "
-            f"{fig['audio_s_per_wall_s']:.3f} audio s per wall s vs official "
-            f"{OFFICIAL_AUDIO_S:.1f}/{OFFICIAL_WALL_S:.2f} = {fig['official_audio_s_per_wall_s']:.3f} "
-            f"(ratio {fig['ratio_vs_official']:.2f}x)\n"
-            f"  per stage: {per_stage}; frontend {st['frontend']:.2f} s (not in the baseline)\n"
-            f"{render_rates(fig)}\n"
-            f"  whole model run incl. frontend: {fig['model_wall_s']:.1f} s -> {fig['audio_s_per_model_wall_s']:.3f} "
-            f"audio s per wall s; process incl. load {fig['process_wall_s']:.1f} s\n"
-            f"  differs from the baseline: {rows} rows in batches of {fig['batch_size']} (baseline: batch 1), "
-            f"cosyclone's stages instead of the official modules, {fig['device']} {fig['dtype']} "
-            f"(linear layers on {fig['cpu_gemm']}) "
-            f"(baseline: 2-thread CPU float32), flow steps {steps} (baseline 10), one timed run without warm-up "
-            f"(baseline: median of 3 after a warm-up), stop ids blocked below min_len (baseline: masked to -inf), "
-            f"silent-token filter on; stage seconds are the sums in diagnostics.jsonl")
+    return (
+        f"[end-to-end] {rows} rows x {fig['tokens_requested']} tokens (min = max; {tokens} reached flow), "
+        f"prompt {fig['prompt_seconds']:.1f} s = {'/'.join(map(str, fig['prompt_tokens']))} tokens, prompt "
+        f"text {fig['prompt_ids']} + text {'/'.join(map(str, fig['text_ids']))} ids, "
+        f"{fig['load_format']} weights: "
+        f"{fig['audio_s']:.1f} s audio in {fig['stage_wall_s']:.1f} s of talker+flow+hift -> "
+        f"{fig['audio_s_per_wall_s']:.3f} audio s per wall s vs official "
+        f"{OFFICIAL_AUDIO_S:.1f}/{OFFICIAL_WALL_S:.2f} = {fig['official_audio_s_per_wall_s']:.3f} "
+        f"(ratio {fig['ratio_vs_official']:.2f}x)\n"
+        f"  per stage: {per_stage}; frontend {st['frontend']:.2f} s (not in the baseline)\n"
+        f"{render_rates(fig)}\n"
+        f"  whole model run incl. frontend: {fig['model_wall_s']:.1f} s -> "
+        f"{fig['audio_s_per_model_wall_s']:.3f} audio s per wall s; "
+        f"process incl. load {fig['process_wall_s']:.1f} s\n"
+        f"  differs from the baseline: {rows} rows in batches of {fig['batch_size']} (baseline: batch 1), "
+        f"cosyclone's stages instead of the official modules, {fig['device']} {fig['dtype']} "
+        f"(linear layers on {fig['cpu_gemm']}) "
+        f"(baseline: 2-thread CPU float32), flow steps {steps} (baseline 10), one timed run without warm-up "
+        f"(baseline: median of 3 after a warm-up), stop ids blocked below min_len "
+        f"(baseline: masked to -inf), "
+        f"silent-token filter on; stage seconds are the sums in diagnostics.jsonl"
+    )
 
 
 def render_rates(fig: dict) -> str:
@@ -279,15 +341,21 @@ def render_rates(fig: dict) -> str:
 def main() -> None:
     from benchmarks.machine import describe, native_bf16
 
-    print(f"[machine] {describe()}; the official constants were measured on an Intel Xeon with AMX in another "
-          "run, so the ratios below compare this machine's cosyclone with that machine's official code, not "
-          "alternated with it (an honest ratio alternates both codes in one window: docs/benchmarks.md)", flush=True)
+    print(
+        f"[machine] {describe()}; the official constants were measured on an Intel Xeon with AMX in another "
+        "run, so the ratios below compare this machine's cosyclone with that machine's official code, not "
+        "alternated with it (an honest ratio alternates both codes in one window: docs/benchmarks.md)",
+        flush=True,
+    )
     run_stage_benchmarks()
     base = E2EConfig.from_env()
     extra = os.environ.get("COSYCLONE_BENCH_E2E_ALSO", "bf16" if native_bf16() else "")
     if "COSYCLONE_BENCH_E2E_ALSO" not in os.environ and not native_bf16():
-        print("[end-to-end] bf16 pass skipped: this CPU has no native bf16 (emulated bf16 makes the flow about "
-              "6.8x slower than fp32; set COSYCLONE_BENCH_E2E_ALSO=bf16 to run it anyway)", flush=True)
+        print(
+            "[end-to-end] bf16 pass skipped: this CPU has no native bf16 (emulated bf16 makes the flow about "
+            "6.8x slower than fp32; set COSYCLONE_BENCH_E2E_ALSO=bf16 to run it anyway)",
+            flush=True,
+        )
     for dtype in dict.fromkeys([base.dtype, *(d for d in extra.split(",") if d)]):  # ordered, no repeats
         print(render(end_to_end(replace(base, dtype=dtype))), flush=True)
 

@@ -1,10 +1,9 @@
 """The Python API: load the model once, then synthesize one text, many rows, or a run folder.
 
-    from cosyclone import CosyClone
-    tts = CosyClone("/models/Fun-CosyVoice3-0.5B")
-    r = tts.synthesize("Hello there.", prompt_audio="me.wav", prompt_text="What I say in me.wav.")
-    print(r.ok, r.tokens, r.sampler[0].nan_steps)  # r.audio: float32 samples at r.sample_rate (24 kHz)
-    results = tts.synthesize_rows([{"id": "a", "prompt_audio": "me.wav", "text": "Hi.", "mode": "cross_lingual"}])
+    from cosyclone import CosyClone tts = CosyClone("/models/Fun-CosyVoice3-0.5B") r = tts.synthesize("Hello
+    there.", prompt_audio="me.wav", prompt_text="What I say in me.wav.") print(r.ok, r.tokens,
+    r.sampler[0].nan_steps)  # r.audio: float32 samples at r.sample_rate (24 kHz) results =
+    tts.synthesize_rows([{"id": "a", "prompt_audio": "me.wav", "text": "Hi.", "mode": "cross_lingual"}])
 
 A thin facade over the one engine (:class:`cosyclone.engine.Engine`), which ``cosyclone synth``,
 ``cosyclone say`` and every Ray actor also run: rows are validated by the manifest module (the
@@ -41,9 +40,17 @@ __all__ = ["CosyClone", "Result", "model_config", "utterance", "validate_rows"]
 Result = RowResult
 
 
-def utterance(text: str, prompt_audio: str | Path, prompt_text: str | None = None, *, mode: Mode = "zero_shot",
-              instruct: str | None = None, seed: int | None = None, speed: float = 1.0,
-              id: str = "utt") -> dict[str, Any]:
+def utterance(
+    text: str,
+    prompt_audio: str | Path,
+    prompt_text: str | None = None,
+    *,
+    mode: Mode = "zero_shot",
+    instruct: str | None = None,
+    seed: int | None = None,
+    speed: float = 1.0,
+    id: str = "utt",
+) -> dict[str, Any]:
     """The manifest row (a dict) that :meth:`CosyClone.synthesize` makes of its arguments."""
     row: dict[str, Any] = {"id": id, "prompt_audio": str(prompt_audio), "text": text, "mode": mode,
                            "speed": speed}
@@ -169,8 +176,12 @@ class CosyClone:
 
         fixed = sorted(set(options) & set(MODEL_FIELDS))
         if fixed:
-            raise CosycloneError(f"{', '.join(fixed)} belong to the loaded model: give them to CosyClone(...)")
-        own = {f: getattr(self.options, f) for f in self.options.__dataclass_fields__ if f not in MODEL_FIELDS}
+            raise CosycloneError(
+                f"{', '.join(fixed)} belong to the loaded model: give them to CosyClone(...)"
+            )
+        own = {
+            f: getattr(self.options, f) for f in self.options.__dataclass_fields__ if f not in MODEL_FIELDS
+        }
         return SynthJob.open(manifest, out, model_dir=self.model_dir, log=log, loaded=self.engine,
                              plan_only=plan_only, **{**own, **options})
 

@@ -1,11 +1,11 @@
 """Command-line parameters derived from :mod:`cosyclone.options`, so no option is declared twice.
 
-A command declares only what is its own (``synth``'s manifest, ``say``'s text) and takes the rest
-as ``**options``; :func:`with_options` adds one typer option per field that lists the command in
-its ``commands`` metadata, with the field's flag, one-line help, ``--help`` panel and (for
-``Literal`` fields) its choices; bounds are checked by :func:`cosyclone.options.check`, the one
-check every door shares, so the error names the flag the same way everywhere. Typer reads the command's ``__signature__``, so the derived
-options parse, check and show in ``--help`` exactly like hand-written ones.
+A command declares only what is its own (``synth``'s manifest, ``say``'s text) and takes the rest as
+``**options``; :func:`with_options` adds one typer option per field that lists the command in its ``commands``
+metadata, with the field's flag, one-line help, ``--help`` panel and (for ``Literal`` fields) its choices;
+bounds are checked by :func:`cosyclone.options.check`, the one check every door shares, so the error names the
+flag the same way everywhere. Typer reads the command's ``__signature__``, so the derived options parse, check
+and show in ``--help`` exactly like hand-written ones.
 """
 
 from __future__ import annotations
@@ -20,12 +20,15 @@ import typer
 from cosyclone.commands.options import DOOR_GROUPS
 from cosyclone.eval.options import ScoringOptions
 from cosyclone.manifest.options import ValidateOptions
-from cosyclone.options import COMMAND_GROUPS, choices_of, flag_of, hints_of, option_fields
+from cosyclone.options import GROUPS, choices_of, flag_of, hints_of, option_fields
+from cosyclone.report.options import ReportOptions
+from cosyclone.run.export_options import ExportOptions
 from cosyclone.trace.options import TraceOptions
 
 #: Every option group a command takes its options from: a run's, export's, the doors', validate's, eval's
 #: and trace's.
-ALL_GROUPS: tuple[type, ...] = (*COMMAND_GROUPS, *DOOR_GROUPS, ValidateOptions, ScoringOptions, TraceOptions)
+ALL_GROUPS: tuple[type, ...] = (*GROUPS, ExportOptions, ReportOptions, *DOOR_GROUPS, ValidateOptions,
+                               ScoringOptions, TraceOptions)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -56,9 +59,17 @@ def derived_parameters(command: str) -> list[inspect.Parameter]:
             annotation = next(a for a in typing.get_args(annotation) or (annotation,) if a is not type(None))
         decls = [flag_of(f), *([meta["short"]] if meta.get("short") else [])]
         # no min/max here: bounds are options.check's, so every door words the error the same way
-        option = typer.Option(default, *decls, help=meta["help"], rich_help_panel=meta["panel"],
-                              metavar=meta.get("metavar"), hidden=meta.get("hidden", False), show_default=False,
-                              envvar=meta.get("envvar"), show_envvar=False)
+        option = typer.Option(
+            default,
+            *decls,
+            help=meta["help"],
+            rich_help_panel=meta["panel"],
+            metavar=meta.get("metavar"),
+            hidden=meta.get("hidden", False),
+            show_default=False,
+            envvar=meta.get("envvar"),
+            show_envvar=False,
+        )
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option,
                                         annotation=annotation))
     return params

@@ -22,7 +22,6 @@ import dataclasses
 import functools
 import typing
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any, Literal, get_args
 
 from cosyclone.errors import CosycloneError
@@ -83,7 +82,8 @@ class ModelOptions:
     # the device the stages run on; "auto" until resolved (a run records the resolved type)
     device: DeviceName = opt("auto", "auto | cuda | rocm | cpu", panel=MODEL, metavar="DEV",
                              commands=(*ROW, INSPECT))
-    # the run dtype; auto: mixed (talker fp32, DiT bf16) on GPUs with bf16, else fp32 (head, sampler, HiFT: fp32)
+    # the run dtype; auto: mixed (talker fp32, DiT bf16) on GPUs with bf16, else fp32 (head, sampler, HiFT:
+    # fp32)
     dtype: DtypeName = opt("auto", "auto | mixed | bf16 | fp16 | fp32", panel=MODEL, metavar="TYPE",
                            commands=(SYNTH, SAY, INSPECT))
     # the library of the talker's and flow's fp32 linear layers on CPU (rounding differs by ~1e-6)
@@ -159,13 +159,21 @@ class EngineOptions:
                              commands=(SYNTH,))
     # auto (or on): replay the decode step as CUDA graphs where the device allows (CUDA/ROCm, the race
     # draw, no torch.compile); off: eager. Resolved once per run to on | off, which the run records
-    cuda_graphs: CudaGraphs = opt("auto", "decode as CUDA graphs: auto | on | off", panel=BATCHING, metavar="M")
+    cuda_graphs: CudaGraphs = opt(
+        "auto", "decode as CUDA graphs: auto | on | off", panel=BATCHING, metavar="M"
+    )
     # code2wav of a finished batch on a worker thread (None: on CUDA/ROCm, off on CPU)
     code2wav_thread: bool | None = opt(None, "", panel=BATCHING, commands=())
     # threads that prepare upcoming rows' prompts (decode, resample, features, speech tokens, CAM++)
     # ahead of the talker; None: the cores torch leaves / frontend_threads, at least 1 (engine/sizing.py)
-    frontend_workers: int | None = opt(None, "prompt workers (default: the cores left)", panel=BATCHING, low=1,
-                                       metavar="N", commands=(SYNTH,))
+    frontend_workers: int | None = opt(
+        None,
+        "prompt workers (default: the cores left)",
+        panel=BATCHING,
+        low=1,
+        metavar="N",
+        commands=(SYNTH,),
+    )
     # torch and ONNX intra-op threads of each prompt worker (None: 1: rows in parallel scale better)
     frontend_threads: int | None = opt(None, "threads per prompt worker (default 1)", panel=BATCHING, low=1,
                                        metavar="N", commands=(SYNTH,))
@@ -199,8 +207,11 @@ class FolderOptions:
     # the files' container: wav | flac (lossless, about half the size)
     audio_format: AudioFormat = opt("wav", "wav | flac", panel=OUTPUT, metavar="FMT")
     # the files' samples: pcm16 | pcm24 | float (wav only)
-    audio_encoding: AudioEncoding = opt("pcm16", "pcm16 | pcm24 | float (wav only)", panel=OUTPUT, metavar="ENC")
-    # cut leading and trailing silence below -40 dBFS, keeping 0.1 s beside the speech (off: as the model made it)
+    audio_encoding: AudioEncoding = opt(
+        "pcm16", "pcm16 | pcm24 | float (wav only)", panel=OUTPUT, metavar="ENC"
+    )
+    # cut leading and trailing silence below -40 dBFS, keeping 0.1 s beside the speech (off: as the model made
+    # it)
     trim_silence: bool = opt(False, "cut leading/trailing silence (kept: 0.1 s)", panel=OUTPUT)
     # local: this process; ray: a pool of Ray actors (the ray extra: pip install -e '.[ray]')
     engine: Engine = opt("local", "local | ray (needs: pip install -e '.\\[ray]')", panel=SCALE_OUT,
@@ -224,59 +235,8 @@ class FolderOptions:
         check(self)
 
 
-@dataclass(frozen=True)
-class ExportOptions:
-    """What ``cosyclone export`` writes and from what (cosyclone/run/export.py; none changes a row)."""
-
-    # parquet | webdataset shards (the audio inside), nemo | lhotse manifests (pointing at the folders' files)
-    format: ExportFormat = opt("parquet", "parquet | webdataset | nemo | lhotse", panel=SHARDS, metavar="FMT",
-                               commands=(EXPORT,))
-    # the largest shard: 500MB, 2GB, 100KB (powers of 1000), 1GiB (of 1024) or bytes
-    shard_size: str = opt("500MB", "largest shard: 500MB, 2GB, 100KB or bytes", panel=SHARDS, metavar="SIZE",
-                          commands=(EXPORT,))
-    # at most this many rows a shard (None: only --shard-size bounds a shard)
-    rows_per_shard: int | None = opt(None, "at most N rows a shard", panel=SHARDS, low=1, metavar="N",
-                                     commands=(EXPORT,))
-    # where the export goes (None: OUT/export/FORMAT of the one folder given)
-    to: str | None = opt(None, "target folder (default: OUT/export/FMT)", panel=SHARDS, metavar="DIR",
-                         commands=(EXPORT,))
-    # NAME=FRACTION, repeatable: that share of the rows (by a hash of the id) goes to split NAME, the rest to train
-    split: list[str] | None = opt(None, "NAME=FRACTION by id hash, e.g. validation=0.02", panel=SHARDS,
-                                  metavar="NAME=F", commands=(EXPORT,))
-    # embed each row's prompt recording (Parquet: a second audio column; WebDataset: <key>.prompt.<ext>)
-    include_prompt_audio: bool = opt(False, "embed the prompt recording too", panel=SHARDS, commands=(EXPORT,))
-    # only the rows `cosyclone eval` passed (needs OUT/scores.jsonl)
-    only_passed: bool = opt(False, "only rows that passed cosyclone eval", panel=SOURCES, commands=(EXPORT,))
-    # export a folder a live `synth` is writing (what it finished so far; the marker says "running")
-    allow_running: bool = opt(False, "export a folder a synth is still writing", panel=SOURCES,
-                              commands=(EXPORT,))
-
-    def __post_init__(self) -> None:
-        check(self)
-
-
-@dataclass(frozen=True)
-class ReportOptions:
-    """What ``cosyclone report`` prints (a table or JSON) and writes beside it: the folders' one HTML page."""
-
-    # write the folders' page here (totals, run history, plots, the rows to listen to, outliers)
-    html: Path | None = opt(None, "write one self-contained HTML page here", panel=OUTPUT, metavar="PAGE",
-                            commands=(REPORT,))
-    # the page's players name the audio files relative to the page instead of holding them
-    link_audio: bool = opt(False, "link the audio files instead of embedding them", panel=OUTPUT,
-                           commands=(REPORT,))
-    # print the totals as one JSON object instead of the table
-    json_out: bool = opt(False, "print the totals as one JSON object", panel=OUTPUT, flag="--json",
-                         commands=(REPORT,))
-
-    def __post_init__(self) -> None:
-        check(self)
-
-
 #: The option groups a run is built from, in --help order.
 GROUPS: tuple[type, ...] = (ModelOptions, SamplingOptions, EngineOptions, FolderOptions)
-#: Every option group a command takes its options from (the run's, then export's and report's).
-COMMAND_GROUPS: tuple[type, ...] = (*GROUPS, ExportOptions, ReportOptions)
 #: ModelOptions fields: a loaded model's own (the API refuses them per call).
 MODEL_FIELDS = tuple(f.name for f in fields(ModelOptions))
 

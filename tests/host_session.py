@@ -114,16 +114,24 @@ class HostSession(TalkerSession):
         n = len(self.seqs)
         assert sorted(self.returned) == list(range(n)), "close() before every result was returned"
         ends = [self.returned[t] for t in range(n)]
-        diags = self.host_sampler.finish([None if t in self.aborted else r.stop_reason for t, r in enumerate(ends)],
-                                         [len(r.tokens) for r in ends])
+        diags = self.host_sampler.finish(
+            [None if t in self.aborted else r.stop_reason for t, r in enumerate(ends)],
+            [len(r.tokens) for r in ends],
+        )
         for t, (res, diag) in enumerate(zip(ends, diags or [None] * n, strict=True)):
             res.diagnostics = diag
             if t in self.aborted:
                 res.stop_reason = getattr(diag, "stop_reason", None) or "error"
 
 
-def host_generate(model: CosyVoice3LM, requests: Sequence[TalkerRequest], options: DecodeOptions | None = None,
-                  *, sampler: TokenSampler | None = None, logits_hook: LogitsHook | None = None) -> list[TalkerResult]:
+def host_generate(
+    model: CosyVoice3LM,
+    requests: Sequence[TalkerRequest],
+    options: DecodeOptions | None = None,
+    *,
+    sampler: TokenSampler | None = None,
+    logits_hook: LogitsHook | None = None,
+) -> list[TalkerResult]:
     """The product's :func:`decode.generate` (its cache sizing, slots and checks) over a
     :class:`HostSession`: ``rows`` given to the hook and the sampler index ``requests``."""
 

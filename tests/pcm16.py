@@ -24,8 +24,11 @@ MAX_MOVED_FRACTION = 0.01
 def assert_same_pcm16_up_to_rounding(a: Path, b: Path) -> None:
     """``a`` and ``b`` are the same PCM16 WAV (format, length) up to batch-size float rounding."""
     info_a, info_b = sf.info(str(a)), sf.info(str(b))
-    assert (info_a.samplerate, info_a.channels, info_a.subtype) == (info_b.samplerate, info_b.channels,
-                                                                     info_b.subtype) and info_a.subtype == "PCM_16"
+    assert (info_a.samplerate, info_a.channels, info_a.subtype) == (
+        info_b.samplerate,
+        info_b.channels,
+        info_b.subtype,
+    ) and info_a.subtype == "PCM_16"
     x = sf.read(str(a), dtype="int16")[0].astype(np.int32)
     y = sf.read(str(b), dtype="int16")[0].astype(np.int32)
     assert x.shape == y.shape and x.size > 0, (x.shape, y.shape)

@@ -183,7 +183,9 @@ def header_lines() -> list[str]:
     broken = {k: v for k, v in gaps.items() if v}
     mode = "missing material FAILS" if required() else f"missing material is skipped ({ENV_REQUIRE}=1 fails)"
     if not vectors_dir().is_dir():
-        lines.append(f"reference vectors: {vectors_dir()} INCOMPLETE (no such folder; set {ENV_VECTORS}); {mode}")
+        lines.append(
+            f"reference vectors: {vectors_dir()} INCOMPLETE (no such folder; set {ENV_VECTORS}); {mode}"
+        )
     elif not broken:
         lines.append(f"reference vectors: {vectors_dir()} (complete: {', '.join(gaps)}); {mode}")
     else:
@@ -191,7 +193,9 @@ def header_lines() -> list[str]:
         lines.append(f"reference vectors: {vectors_dir()} INCOMPLETE ({parts}); {mode}")
     sd = missing_state_dicts()
     if not state_dicts_dir().is_dir():
-        lines.append(f"reference state dicts: {state_dicts_dir()} INCOMPLETE (no such folder; set {ENV_STATE_DICTS})")
+        lines.append(
+            f"reference state dicts: {state_dicts_dir()} INCOMPLETE (no such folder; set {ENV_STATE_DICTS})"
+        )
     else:
         lines.append(f"reference state dicts: {state_dicts_dir()} "
                      + (f"INCOMPLETE (missing {', '.join(sd)})" if sd else "(complete)"))

@@ -42,15 +42,24 @@ def batch_requests(reqs: Sequence[Request]) -> dict[str, Any]:
     feat, feat_len = _pad([r.embed["speech_feat"].to(torch.float32) for r in reqs])
     llm_tok, llm_len = _pad([r.llm_prompt_tokens for r in reqs])
     return {
-        "row_id": [r.row_id for r in reqs], "segment": [r.segment for r in reqs],
-        "seed": [int(r.seed) for r in reqs], "speed": [float(r.speed) for r in reqs],
-        "mode": [r.mode for r in reqs], "segment_text": [r.segment_text for r in reqs],
-        "text_ids": text, "text_len": text_len,
+        "row_id": [r.row_id for r in reqs],
+        "segment": [r.segment for r in reqs],
+        "seed": [int(r.seed) for r in reqs],
+        "speed": [float(r.speed) for r in reqs],
+        "mode": [r.mode for r in reqs],
+        "segment_text": [r.segment_text for r in reqs],
+        "text_ids": text,
+        "text_len": text_len,
         "target_len": torch.tensor([r.target_len for r in reqs], dtype=torch.long),
-        "llm_prompt_token": llm_tok, "llm_prompt_token_len": llm_len,
-        "embed": {"speech_token": tok, "speech_token_len": tok_len, "speech_feat": feat,
-                  "speech_feat_len": feat_len,
-                  "embedding": torch.stack([r.embed["embedding"].to(torch.float32).reshape(-1) for r in reqs])},
+        "llm_prompt_token": llm_tok,
+        "llm_prompt_token_len": llm_len,
+        "embed": {
+            "speech_token": tok,
+            "speech_token_len": tok_len,
+            "speech_feat": feat,
+            "speech_feat_len": feat_len,
+            "embedding": torch.stack([r.embed["embedding"].to(torch.float32).reshape(-1) for r in reqs]),
+        },
     }
 
 

@@ -49,13 +49,30 @@ def write(out: Path, rows: list[Row], *, output: AudioOutput = AudioOutput()) ->
     try:
         for r in rows:
             wav = tone(r.line) if r.status == "ok" else None
-            result = RowResult(id=r.id, line=r.line, seed=r.seed, status=r.status, audio=wav,
-                               reason=None if r.status == "ok" else "exception",
-                               audio_seconds=0.0 if wav is None else wav.size / RATE, stop_reasons=r.stop_reasons,
-                               tokens=(25,) * len(r.stop_reasons))
-            stamp = RowStamp(fingerprint=None, fingerprint_parts=None, run_id="r", text=r.text, prompt_text="ref",
-                             prompt_audio=r.prompt_audio, mode="zero_shot", instruct="", speed=1.0,
-                             manifest="m.jsonl", shard=None)
+            result = RowResult(
+                id=r.id,
+                line=r.line,
+                seed=r.seed,
+                status=r.status,
+                audio=wav,
+                reason=None if r.status == "ok" else "exception",
+                audio_seconds=0.0 if wav is None else wav.size / RATE,
+                stop_reasons=r.stop_reasons,
+                tokens=(25,) * len(r.stop_reasons),
+            )
+            stamp = RowStamp(
+                fingerprint=None,
+                fingerprint_parts=None,
+                run_id="r",
+                text=r.text,
+                prompt_text="ref",
+                prompt_audio=r.prompt_audio,
+                mode="zero_shot",
+                instruct="",
+                speed=1.0,
+                manifest="m.jsonl",
+                shard=None,
+            )
             writer.write_now(result, stamp)
     finally:
         writer.close()
@@ -63,8 +80,10 @@ def write(out: Path, rows: list[Row], *, output: AudioOutput = AudioOutput()) ->
     extra = {r.id: {**({"meta": r.meta} if r.meta is not None else {}), **r.extra} for r in rows}
     path = out / runfolder.DIAG_NAME
     lines = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
-    path.write_text("".join(json.dumps({**x, **extra.get(x["id"], {})}, ensure_ascii=False) + "\n" for x in lines),
-                    encoding="utf-8")
+    path.write_text(
+        "".join(json.dumps({**x, **extra.get(x["id"], {})}, ensure_ascii=False) + "\n" for x in lines),
+        encoding="utf-8",
+    )
 
 
 def metadata_lines(out: Path) -> dict[str, dict[str, Any]]:

@@ -38,18 +38,25 @@ def talker_tokens() -> Iterator[Tokens]:
         yield seen
 
 
-def run_difference(a: tuple[Tokens, Mapping[str, bytes]], b: tuple[Tokens, Mapping[str, bytes]]) -> str | None:
+def run_difference(
+    a: tuple[Tokens, Mapping[str, bytes]], b: tuple[Tokens, Mapping[str, bytes]]
+) -> str | None:
     """Where two runs (token ids by segment, WAV bytes by file name) part, tokens first; None when
     they are the same. Refuses runs with no recorded tokens (the seam moved: the test would prove
     nothing)."""
     (ta, wa), (tb, wb) = a, b
     if not ta or not tb:
-        return f"no talker tokens recorded ({len(ta)} and {len(tb)} segments): TokenStore.put is no longer called"
+        return (
+            f"no talker tokens recorded ({len(ta)} and {len(tb)} segments): "
+            "TokenStore.put is no longer called"
+        )
     if set(ta) != set(tb):
         return f"segments differ: only in the first {sorted(set(ta) - set(tb))}, only in the second " \
                f"{sorted(set(tb) - set(ta))}"
     keys = sorted(ta)
-    diff = token_difference([ta[k] for k in keys], [tb[k] for k in keys], names=[f"{r}/seg{s}" for r, s in keys])
+    diff = token_difference(
+        [ta[k] for k in keys], [tb[k] for k in keys], names=[f"{r}/seg{s}" for r, s in keys]
+    )
     if diff:
         return f"tokens part at {diff}"
     diff = files_difference(wa, wb)

@@ -51,7 +51,9 @@ class GreedySampler:
     speech_token_size: int  # first stop id
 
     def sample(self, logits: Tensor, rows: Tensor, step: int) -> tuple[Tensor, Tensor]:
-        x = _block_stops(logits.float(), rows, step, torch.as_tensor(list(self.min_len)), self.speech_token_size)
+        x = _block_stops(
+            logits.float(), rows, step, torch.as_tensor(list(self.min_len)), self.speech_token_size
+        )
         return x.argmax(-1), torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
 
     def finish(self, stop_reasons: Sequence[str | None] | None = None,
@@ -129,8 +131,10 @@ class BatchSampler:
         noise stream ``stream_key(row_seeds[i], segments[i])``.
         """
         if options.draw != "race":
-            raise ValueError("BatchSampler draws the race draw only: the LEGACY multinomial draw is tested on the "
-                             "product's SlotSampler (legacy_slot_sampler) against the official capture")
+            raise ValueError(
+                "BatchSampler draws the race draw only: the LEGACY multinomial draw is tested on the "
+                "product's SlotSampler (legacy_slot_sampler) against the official capture"
+            )
         n = len(row_ids)
         segs = [0] * n if segments is None else [int(g) for g in segments]
         if len(row_seeds) != n or len(min_len) != n or len(segs) != n:
@@ -144,7 +148,9 @@ class BatchSampler:
         self.device = torch.device(device)
         dev = self.device
         i64: dict[str, Any] = dict(dtype=torch.int64, device=dev)
-        self._keys = torch.tensor([stream_key(s, g) for s, g in zip(self.row_seeds, segs, strict=True)], **i64)
+        self._keys = torch.tensor(
+            [stream_key(s, g) for s, g in zip(self.row_seeds, segs, strict=True)], **i64
+        )
         self._min_len = torch.tensor([int(m) for m in min_len], **i64)
         self._hist = torch.full((n, options.win_size), -1, **i64)  # ring buffer of returned tokens
         self._hist_count = torch.zeros(n, **i64)
@@ -229,7 +235,9 @@ class BatchSampler:
             bad = (n_nan > 0) | row_posinf
             abort = abort | bad
             first = live & abort & (self._err_step[rows] < 0)
-            kind = torch.where(bad, torch.full_like(n_nan, _ERR_NONFINITE), torch.full_like(n_nan, _ERR_EMPTY))
+            kind = torch.where(
+                bad, torch.full_like(n_nan, _ERR_NONFINITE), torch.full_like(n_nan, _ERR_EMPTY)
+            )
             self._err_kind[rows] = torch.where(first, kind, self._err_kind[rows])
             self._err_step[rows] = torch.where(first, torch.full_like(n_nan, int(step)), self._err_step[rows])
             self._err_nan[rows] = torch.where(first, n_nan, self._err_nan[rows])
@@ -243,7 +251,8 @@ class BatchSampler:
         # A +inf row draws uniformly among its +inf entries: logits 0 there, -inf elsewhere.
         x = torch.where(row_posinf[:, None], torch.where(posinf, 0.0, neg_inf), x)
         x = torch.where(cand | row_posinf[:, None], x, neg_inf)
-        x = torch.where(abort[:, None] | empty[:, None], torch.zeros_like(x), x)  # garbage rows: keep math finite
+        # garbage rows: keep math finite
+        x = torch.where(abort[:, None] | empty[:, None], torch.zeros_like(x), x)
         cand = x != neg_inf
 
         logp = torch.log_softmax(x, dim=-1)
@@ -309,7 +318,8 @@ class BatchSampler:
             out.append(row_diagnostics(self.options, rid, self.row_seeds[i], self.segments[i],
                                        [int(c[i]) for c in counters], dead=bool(dead[i]),
                                        err=[int(e[i]) for e in err],
-                                       stop_reason=cast("StopReason | None", reason),  # the reference's stop_token
+                                       # the reference's stop_token
+                                       stop_reason=cast("StopReason | None", reason),
                                        tokens_emitted=None if tokens_emitted is None else tokens_emitted[i]))
         return out
 

@@ -161,6 +161,8 @@ def stand_in_engine(costs: Costs, **opts: Any) -> Engine:
     return Engine(stages, RunOptions(device="cpu", dtype="fp32", cpu_gemm="aten", cuda_graphs="off", **opts))
 
 
-def rows(n: int, *, prompt: Callable[[int], str] = lambda i: f"p{i}.wav", start: int = 0) -> list[ManifestRow]:
+def rows(
+    n: int, *, prompt: Callable[[int], str] = lambda i: f"p{i}.wav", start: int = 0
+) -> list[ManifestRow]:
     return [ManifestRow(line=i + 1, id=f"r{i}", prompt_audio=Path(prompt(i)), prompt_text="", text="x")
             for i in range(start, start + n)]

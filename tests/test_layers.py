@@ -51,7 +51,9 @@ def _imports(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
             else:
                 module = node.module or ""
             # ``from cosyclone import run`` imports the unit cosyclone.run, not the package root
-            found += [(node.lineno, f"{module}.{a.name}" if module == "cosyclone" else module) for a in node.names]
+            found += [
+                (node.lineno, f"{module}.{a.name}" if module == "cosyclone" else module) for a in node.names
+            ]
     return [(line, m) for line, m in found if m == "cosyclone" or m.startswith("cosyclone.")]
 
 
@@ -81,6 +83,8 @@ def test_the_reader_sees_relative_imports_too(tmp_path: Path) -> None:
     """The layering test itself: ``from .. import x`` and ``from ..run import y`` resolve to their units."""
     probe = tmp_path / "cosyclone" / "engine" / "probe.py"
     probe.parent.mkdir(parents=True)
-    probe.write_text("from .. import run\nfrom ..api import CosyClone\nfrom . import stages\nimport cosyclone.base\n")
+    probe.write_text(
+        "from .. import run\nfrom ..api import CosyClone\nfrom . import stages\nimport cosyclone.base\n"
+    )
     assert [m for _, m in _imports(probe, tmp_path)] == [
         "cosyclone.run", "cosyclone.api", "cosyclone.engine", "cosyclone.base"]

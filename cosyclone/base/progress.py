@@ -89,8 +89,10 @@ class Progress:
         """The plain log line of the current state: rows finished of all, done and failed, rates, ETA."""
         with self._lock:
             pct = 100.0 * self.rows / self.total if self.total else 100.0
-            return (f"{self.label}: {self.rows}/{self.total} rows ({pct:.0f}%), {self.rows - self.failed} done, "
-                    f"{self.failed} failed, {self._rates()}, elapsed {_duration(time.perf_counter() - self._t0)}")
+            return (
+                f"{self.label}: {self.rows}/{self.total} rows ({pct:.0f}%), {self.rows - self.failed} done, "
+                f"{self.failed} failed, {self._rates()}, elapsed {_duration(time.perf_counter() - self._t0)}"
+            )
 
     def _tick(self) -> None:
         period = 1.0 if self.tty else self.interval

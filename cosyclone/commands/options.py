@@ -36,7 +36,9 @@ class SynthDoorOptions:
     """Where ``synth`` writes, whether it only plans, and how much it prints."""
 
     # the output folder: WAVs, records, summary (a rerun into it resumes)
-    out: Path = opt(Path("out"), "output folder (default: out)", panel=OUTPUT, metavar="DIR", commands=(SYNTH,))
+    out: Path = opt(
+        Path("out"), "output folder (default: out)", panel=OUTPUT, metavar="DIR", commands=(SYNTH,)
+    )
     # validate and plan the run, print the plan and the engine's sizes; nothing is written
     dry_run: bool = opt(False, "validate and plan only", panel=RUN, commands=(SYNTH,))
     # print only the end summary and errors
@@ -63,10 +65,13 @@ class UtteranceOptions:
     mode: Mode = opt("zero_shot", "zero_shot | cross_lingual | instruct2", panel=INPUT, metavar="MODE",
                      commands=(SAY,))
     # the style instruction (instruct2)
-    instruct: str | None = opt(None, "the instruction (instruct2)", panel=INPUT, metavar="TEXT", commands=(SAY,))
+    instruct: str | None = opt(
+        None, "the instruction (instruct2)", panel=INPUT, metavar="TEXT", commands=(SAY,)
+    )
     # the utterance's seed (None: derived from the run seed and the file's name, as synth derives a row's)
-    seed: int | None = opt(None, "the utterance's seed (default: derived)", panel=SAMPLING, low=0, metavar="N",
-                           commands=(SAY,))
+    seed: int | None = opt(
+        None, "the utterance's seed (default: derived)", panel=SAMPLING, low=0, metavar="N", commands=(SAY,)
+    )
     # the speaking-rate factor
     speed: float = opt(1.0, "speaking-rate factor in [0.25, 4]", panel=INPUT, low=0.25, high=4.0, metavar="X",
                        commands=(SAY,))

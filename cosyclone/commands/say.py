@@ -1,4 +1,5 @@
-"""``cosyclone say``: one utterance in the voice of a prompt, written as one file (try a voice before a manifest)."""
+"""``cosyclone say``: one utterance in the voice of a prompt, written as one file (try a voice before a
+manifest)."""
 
 from __future__ import annotations
 
@@ -51,12 +52,14 @@ def say_command(
                             instruct=said.instruct, seed=said.seed, speed=said.speed, id=row_id)
             given = {k: options.pop(k) for k in OUTPUT_FIELDS if k in options}
             output = AudioOutput.for_file(out, build(FolderOptions, given))  # -o x.flac writes FLAC
-            validate_rows([row], text_frontend=options.get("text_frontend", "wetext"))  # fail in seconds, not minutes
+            # fail in seconds, not minutes
+            validate_rows([row], text_frontend=options.get("text_frontend", "wetext"))
             tts = CosyClone(model_dir, **options)
             for warning in tts.warnings:
                 typer.echo(f"warning: {warning}", err=True)
             if stop.signal_name is None:  # (a signal during the load: no synthesis)
-                res = tts.synthesize_rows([row])[0]  # the API cleans up after a signal, then raises Interrupted
+                # the API cleans up after a signal, then raises Interrupted
+                res = tts.synthesize_rows([row])[0]
     except Interrupted as exc:
         stop.request(exc.signal_name)
     except ManifestError as exc:  # the utterance itself: name the option, not a manifest line
@@ -85,8 +88,14 @@ def say_command(
     typer.echo(f"  {len(res.tokens)} segment(s), tokens {list(res.tokens)}, stop {list(res.stop_reasons)}; "
                f"sampler steps {sum(s.steps for s in res.sampler)}, NaN steps {nan}, "
                f"RAS fallbacks {sum(s.ras_fallbacks for s in res.sampler)}")
-    typer.echo(f"  {wall:.1f} s in all with loading; synthesis " + ", ".join(
-        f"{k} {v:.2f} s" for k, v in res.seconds.items()) + f" ({tts.policy.device}, {tts.policy.dtype_name})")
+    typer.echo(
+        f"  {wall:.1f} s in all with loading; synthesis "
+        + ", ".join(f"{k} {v:.2f} s" for k, v in res.seconds.items())
+        + f" ({tts.policy.device}, {tts.policy.dtype_name})"
+    )
     if nan:
-        typer.echo(f"warning: {nan} sampler steps had NaN logits (excluded; see docs/precision.md, --dtype)", err=True)
+        typer.echo(
+            f"warning: {nan} sampler steps had NaN logits (excluded; see docs/precision.md, --dtype)",
+            err=True,
+        )
     raise typer.Exit(Exit.OK)

@@ -28,7 +28,8 @@ def synth_command(
 ) -> None:
     """Synthesize every row of MANIFEST into OUT/wavs/<id>.wav, with one record per row.
 
-    Rerunning resumes: a finished row is skipped unless its inputs or options changed. Every option in detail: docs/cli.md.
+    Rerunning resumes: a finished row is skipped unless its inputs or options changed. Every option in detail:
+    docs/cli.md.
     """
     from cosyclone.base.progress import Progress
     from cosyclone.base.stop import StopRequest, catch_signals
@@ -58,7 +59,9 @@ def synth_command(
         # SIGTERM and Ctrl-C stop the run gracefully (no new rows, those in flight get --grace seconds)
         job.stop = StopRequest(grace=job.planned.folder.grace)
         with catch_signals(job.stop, notice=True):
-            summary = job.run(progress=lambda total: Progress(total, interval=door.progress_interval, quiet=quiet))
+            summary = job.run(
+                progress=lambda total: Progress(total, interval=door.progress_interval, quiet=quiet)
+            )
     _print_summary(job, summary)
 
 
@@ -83,7 +86,8 @@ def _print_summary(job: SynthJob, summary: JobSummary) -> None:
     """After the run: the rows that failed (stderr, by manifest line), the totals table, the exit code."""
     from cosyclone.run import report as totals_mod
 
-    for r in summary.failed:  # the rows that failed after validation, by manifest line (details in diagnostics)
+    # the rows that failed after validation, by manifest line (details in diagnostics)
+    for r in summary.failed:
         typer.echo(f"{job.manifest_label}: line {r.line}, row {r.id!r}: {r.error}", err=True)
     run = summary.last_run
     extra = {"this run": f"{run.done} done, {run.failed} failed, {run.skipped} skipped, "
@@ -93,11 +97,15 @@ def _print_summary(job: SynthJob, summary: JobSummary) -> None:
     if stages.get("bound_by"):  # the stage that set the pace, and the talker's time with rows but no step
         extra["bound by"] = (f"{stages['bound_by']} (talker idle with rows in its slots "
                              f"{stages['talker_idle_with_work']:.1f} s of {stages['wall']:.1f} s)")
-    totals_mod.render(summary.totals, title=f"cosyclone synth: {job.out}", tty=sys.stdout.isatty(), extra=extra)
+    totals_mod.render(
+        summary.totals, title=f"cosyclone synth: {job.out}", tty=sys.stdout.isatty(), extra=extra
+    )
     if summary.write_error:
-        typer.echo(f"error: {summary.write_error}. The {summary.written} rows written before it are kept and no "
-                   "partial file is left; free space (or fix permissions) and rerun the same command to resume",
-                   err=True)
+        typer.echo(
+            f"error: {summary.write_error}. The {summary.written} rows written before it are kept and no "
+            "partial file is left; free space (or fix permissions) and rerun the same command to resume",
+            err=True,
+        )
         raise typer.Exit(Exit.WRITE)
     if summary.stop_line():  # after the totals, last: what a scheduler's log shows of a stopped job
         typer.echo(summary.stop_line(), err=True)

@@ -1,4 +1,5 @@
-"""``cosyclone validate``: every row of a manifest checked, no model weights read (exit 3 names each bad line)."""
+"""``cosyclone validate``: every row of a manifest checked, no model weights read (exit 3 names each bad
+line)."""
 
 from __future__ import annotations
 
@@ -35,16 +36,19 @@ def validate_command(
         opts = ValidateOptions(**{k: v for k, v in options.items() if k != "text_frontend"})
         text_frontend: TextFrontendName = options["text_frontend"]
         model_dir, show_text, json_out = opts.model_dir, opts.show_text, opts.json_out
-        planned = bool(show_text or json_out or model_dir)  # each row's text planned: normalize them all ahead
+        # each row's text planned: normalize them all ahead
+        planned = bool(show_text or json_out or model_dir)
         m = read_manifest(manifest, text_frontend=text_frontend, normalize_all=planned)
         check = TextCheck(model_dir, text_frontend) if planned else None
     except CosycloneError as exc:
         fail(str(exc))
     report = sys.stderr if json_out else sys.stdout
     if check is not None and check.stand_in:
-        typer.echo("note: no --model-dir: token counts come from the built-in stand-in tokenizer (bytes, not the "
-                   "model's vocabulary), so English segments can differ; give --model-dir for real counts",
-                   err=True)
+        typer.echo(
+            "note: no --model-dir: token counts come from the built-in stand-in tokenizer (bytes, not the "
+            "model's vocabulary), so English segments can differ; give --model-dir for real counts",
+            err=True,
+        )
     entries: list[tuple[int, ManifestError | ManifestRow]] = [(e.line or 0, e) for e in m.errors]
     entries += [(r.line, r) for r in m.rows]
     rejected = len(m.errors)

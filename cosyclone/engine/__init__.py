@@ -21,7 +21,15 @@ if TYPE_CHECKING:
 
 _WHERE = {"plan_batches": "batches", "row_cost": "batches", "RowResult": "outcome", "SegmentText": "outcome",
           "Engine": "runner", "model_config": "setup", "resolve_options": "setup"}
-__all__ = ["Engine", "RowResult", "SegmentText", "model_config", "plan_batches", "resolve_options", "row_cost"]
+__all__ = [
+    "Engine",
+    "RowResult",
+    "SegmentText",
+    "model_config",
+    "plan_batches",
+    "resolve_options",
+    "row_cost",
+]
 
 
 def __getattr__(name: str) -> Any:

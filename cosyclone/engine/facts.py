@@ -36,7 +36,8 @@ class GraphFacts:
 class StageTime:
     """One stage's seconds in a run."""
 
-    busy: float  # seconds it worked (the frontend: its batch thread, or its prompt workers' seconds / workers)
+    busy: float
+    # seconds it worked (the frontend: its batch thread, or its prompt workers' seconds / workers)
     waiting: float  # seconds it had nothing to do (waited for its input)
 
 
@@ -108,7 +109,10 @@ class EngineFacts:
         """Printed lines: dtypes, sizes, graphs, peak memory."""
         dtypes = ", ".join(f"{k} {v}" for k, v in self.stage_dtypes.items())
         g = self.graphs
-        graphs = f"CUDA graphs {g.resolved}: {g.captures} captured, {g.reused} of {g.sessions} sessions reused them"
+        graphs = (
+            f"CUDA graphs {g.resolved}: {g.captures} captured, "
+            f"{g.reused} of {g.sessions} sessions reused them"
+        )
         if g.disabled:
             graphs += f"; off for the process since: {g.disabled}"
         return [f"engine: {self.backend} {self.dtype} ({dtypes})", *self.sizing.describe(), graphs,

@@ -65,12 +65,14 @@ def import_status(name: str, dist: str | None = None) -> tuple[bool, str]:
 def geometry_lines(model_dir: Path, cfg: Any, policy: Any) -> list[str]:
     """The model's shape and the device it would run on, as ``inspect`` prints them first."""
     q = cfg.talker.qwen
-    return [f"model dir: {model_dir} (yaml sha256 {cfg.yaml_sha256[:16]})",
-            f"talker: hidden {q.hidden_size}, layers {q.num_hidden_layers}, heads {q.num_attention_heads}/"
-            f"{q.num_key_value_heads}, speech tokens {cfg.talker.speech_token_size}",
-            f"flow DiT: dim {cfg.flow.dit.dim}, depth {cfg.flow.dit.depth}; hift base {cfg.hift.base_channels}",
-            f"device: {policy.device} ({policy.backend}, {policy.dtype}; fp32 linear layers on CPU: "
-            f"{policy.cpu_gemm})"]
+    return [
+        f"model dir: {model_dir} (yaml sha256 {cfg.yaml_sha256[:16]})",
+        f"talker: hidden {q.hidden_size}, layers {q.num_hidden_layers}, heads {q.num_attention_heads}/"
+        f"{q.num_key_value_heads}, speech tokens {cfg.talker.speech_token_size}",
+        f"flow DiT: dim {cfg.flow.dit.dim}, depth {cfg.flow.dit.depth}; hift base {cfg.hift.base_channels}",
+        f"device: {policy.device} ({policy.backend}, {policy.dtype}; fp32 linear layers on CPU: "
+        f"{policy.cpu_gemm})",
+    ]
 
 
 def environment_checks() -> Iterator[tuple[str, bool]]:
@@ -98,7 +100,12 @@ def environment_checks() -> Iterator[tuple[str, bool]]:
 def stage_import_error() -> str | None:
     """Why a stage module or a module a run needs does not import (None: they all do)."""
     try:
-        for stage in ("cosyclone.code2wav.flow", "cosyclone.code2wav.hift", "cosyclone.talker.model", *RUN_MODULES):
+        for stage in (
+            "cosyclone.code2wav.flow",
+            "cosyclone.code2wav.hift",
+            "cosyclone.talker.model",
+            *RUN_MODULES,
+        ):
             importlib.import_module(stage)
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"

@@ -39,8 +39,13 @@ __all__ = ["TokenCheckpoint", "generate_isolated", "is_out_of_memory", "rows_alo
            "store_result", "synthesize_batch", "talker_with_checkpoint"]
 
 
-def talker_with_checkpoint(stages: Stages, segments: Sequence[tuple[str, Request]], dec: DecodeOptions,
-                           outcomes: dict[str, RowOutcome], tokens: TokenCheckpoint | None) -> dict[int, TalkerResult]:
+def talker_with_checkpoint(
+    stages: Stages,
+    segments: Sequence[tuple[str, Request]],
+    dec: DecodeOptions,
+    outcomes: dict[str, RowOutcome],
+    tokens: TokenCheckpoint | None,
+) -> dict[int, TalkerResult]:
     """:func:`generate_isolated`, skipping segments whose talker result the stage-0 checkpoint holds
     (``tokens``) and storing the fresh ones, so a row that fails later keeps its tokens."""
     results, todo = stored_results(tokens, segments, range(len(segments)))
@@ -126,8 +131,13 @@ def generate_isolated(stages: Stages, segments: Sequence[tuple[str, Request]], d
 
 
 @torch.inference_mode()
-def synthesize_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptions,
-                     tokens: TokenCheckpoint | None = None, prepared: PreparedBatch | None = None) -> list[RowResult]:
+def synthesize_batch(
+    stages: Stages,
+    rows: Sequence[ManifestRow],
+    opts: RunOptions,
+    tokens: TokenCheckpoint | None = None,
+    prepared: PreparedBatch | None = None,
+) -> list[RowResult]:
     """One batch through every stage at once (the talker over all its segments together).
 
     A stage that raises for the whole batch is retried row by row (segment by segment in the
@@ -139,7 +149,9 @@ def synthesize_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptio
     results: dict[int, TalkerResult] = {}
     if segments:
         t0 = time.perf_counter()
-        results = talker_with_checkpoint(stages, segments, S.decode_options(stages.cfg, opts), outcomes, tokens)
+        results = talker_with_checkpoint(
+            stages, segments, S.decode_options(stages.cfg, opts), outcomes, tokens
+        )
         share = (time.perf_counter() - t0) / max(1, len(segments))
         for rid, _ in segments:
             outcomes[rid].took("talker", share)

@@ -28,7 +28,8 @@ ABORTS = ("no_finite_logits", "error")  # sampler stop reasons that end a row as
 BAD_INPUT = "bad_input"  # a CosycloneError raised in a stage: something the user can fix, named in `error`
 EXCEPTION = "exception"  # any other exception in a stage: type, message and traceback are recorded
 NO_TOKENS = "no_speech_tokens"  # the talker stopped before emitting a speech token
-EMPTY_AFTER_SPEED = "empty_after_speed"  # the row's speed leaves a segment 0 mel frames (int(2n / speed) == 0)
+# the row's speed leaves a segment 0 mel frames (int(2n / speed) == 0)
+EMPTY_AFTER_SPEED = "empty_after_speed"
 NONFINITE_AUDIO = "nonfinite_audio"  # code2wav produced NaN/inf samples (under --nonfinite-audio fail)
 
 
@@ -109,13 +110,15 @@ class RowCore:
 
     id: str  # the manifest row's id (the file's stem)
     line: int  # its 1-based manifest line (the API's item k is line k + 1)
-    seed: int  # the row's seed as used (manifest seed, else derived from --seed and the id); -1: none could be
+    seed: int
+    # the row's seed as used (manifest seed, else derived from --seed and the id); -1: none could be
     status: RowStatus = "ok"  # ok | failed
     reason: str | None = None  # why it failed: bad_input, exception, no_speech_tokens, empty_after_speed,
     # nonfinite_audio, no_finite_logits or error; None when ok
     error: str | None = None  # "<stage>: <what happened>" for a failed row
     error_type: str | None = None  # the exception's class name when a stage raised
-    traceback: str | None = None  # a non-user error's traceback (in a record: "see errors.jsonl", where it is)
+    traceback: str | None = None
+    # a non-user error's traceback (in a record: "see errors.jsonl", where it is)
     stop_reason: StopReason | None = None  # the row's: the first segment's that is not eos, else eos
     # (max_len: the speech was cut at the token cap); None when no segment was decoded
     stop_reasons: tuple[StopReason, ...] = ()  # the talker's stop reason per text segment
@@ -123,7 +126,8 @@ class RowCore:
     normalized_text: str = ""  # what the model read: the segments' normalized texts joined
     audio_seconds: float = 0.0  # seconds of audio as the model made it (before resampling and
     # --trim-silence: the file's own is metadata.jsonl's duration); 0 for a failed row
-    nonfinite_audio_samples: int = 0  # NaN/inf samples code2wav produced (the row failed, or they were zeroed)
+    nonfinite_audio_samples: int = 0
+    # NaN/inf samples code2wav produced (the row failed, or they were zeroed)
     seconds: dict[str, float] = field(default_factory=dict)  # wall seconds per stage: frontend, talker,
     # flow, hift (a batch's shared time divided among its rows)
     sampler: tuple[SamplerRowDiagnostics, ...] = ()  # the sampler's counters per segment ("The sampler's

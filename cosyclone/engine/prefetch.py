@@ -134,9 +134,16 @@ class FrontendPrefetch:
     nothing else to do) and keeps the next ones submitted (and the prompt workers, when there are
     any, ``ahead_rows`` rows ahead of them)."""
 
-    def __init__(self, pool: ThreadPoolExecutor, prepare: Callable[[Sequence[ManifestRow]], PreparedBatch],
-                 batches: Sequence[Sequence[ManifestRow]], *, enabled: bool, prompts: PromptAhead | None = None,
-                 depth: int = 2) -> None:
+    def __init__(
+        self,
+        pool: ThreadPoolExecutor,
+        prepare: Callable[[Sequence[ManifestRow]], PreparedBatch],
+        batches: Sequence[Sequence[ManifestRow]],
+        *,
+        enabled: bool,
+        prompts: PromptAhead | None = None,
+        depth: int = 2,
+    ) -> None:
         self.pool, self.prepare, self.batches, self.enabled = pool, prepare, batches, enabled
         self.prompts = prompts
         self.depth = max(1, depth)
@@ -154,7 +161,8 @@ class FrontendPrefetch:
                 self.ahead[k] = self.pool.submit(self.prepare, self.batches[k])
 
     def ready(self, k: int) -> bool:
-        """Whether taking batch ``k`` now would not wait (prepared, failed, or no prefetch: prepared inline)."""
+        """Whether taking batch ``k`` now would not wait (prepared, failed, or no prefetch: prepared
+        inline)."""
         ahead = self.ahead.get(k)
         return ahead is None or ahead.done()
 

@@ -24,7 +24,8 @@ class StageCosts:
     """Seconds one unit of work costs each stage on a device."""
 
     device: str  # what the figures are for
-    prompt_s: float  # frontend: one distinct prompt (decode, mels, speech tokenizer, CAM++) on one prompt worker
+    prompt_s: float
+    # frontend: one distinct prompt (decode, mels, speech tokenizer, CAM++) on one prompt worker
     text_s: float  # frontend: one row's text (normalization, tokenizer) on the batch thread
     step_s: float  # talker: one decode step of every slot together, at the sized slot count
     code2wav_s: float  # code2wav: flow and HiFT per second of audio, batched

@@ -40,16 +40,20 @@ class Engine:
         tests give a made-up figure)."""
         self.stages = stages
         self.opts = opts  # resolved: device, dtype, cpu_gemm and cuda_graphs are never "auto"
-        self.graph_errors: list[str] = []  # why CUDA graph captures failed in this engine's runs (none: none did)
+        # why CUDA graph captures failed in this engine's runs (none: none did)
+        self.graph_errors: list[str] = []
         if free_bytes is None:
             free_bytes = free_device_bytes(stages.policy.device)
         self.free_bytes = free_bytes  # what sizing planned from (None on CPU)
         self.sizing: Sizing = plan_sizing(stages.cfg, stages.policy, opts, free_bytes=free_bytes)
         stages.sizing = self.sizing  # code2wav's budgets (the stages read it per call)
-        self._last: StageSchedule | None = None  # the last run's pipeline (its talker slots, its stage seconds)
+        # the last run's pipeline (its talker slots, its stage seconds)
+        self._last: StageSchedule | None = None
 
     @classmethod
-    def load(cls, model_dir: str | Path | None, opts: RunOptions, *, cfg: ModelConfig | None = None) -> Engine:
+    def load(
+        cls, model_dir: str | Path | None, opts: RunOptions, *, cfg: ModelConfig | None = None
+    ) -> Engine:
         """Resolve ``opts`` and build the frontend and the three models (dummy weights read no file);
         on an accelerator the sizes come from the memory free once they are loaded."""
         opts, policy = resolve_options(opts, cfg=cfg)
@@ -92,12 +96,19 @@ class Engine:
         :meth:`StageSchedule.drain` and :meth:`StageSchedule.close`): its prompt workers and talker
         session live across the parts. Arguments as :meth:`run`; ``ops``/``clock``: stand-in stage
         calls and clock (stand-in stages)."""
-        run_opts = self.opts if opts is None else replace(opts, **{k: getattr(self.opts, k) for k in MODEL_FIELDS},
-                                                          cuda_graphs=self._graphs(opts))
+        run_opts = (
+            self.opts
+            if opts is None
+            else replace(
+                opts, **{k: getattr(self.opts, k) for k in MODEL_FIELDS}, cuda_graphs=self._graphs(opts)
+            )
+        )
         sizing = self.sizing if run_opts == self.opts else plan_sizing(self.cfg, self.policy, run_opts,
                                                                         free_bytes=self.free_bytes)
         self.stages.sizing = sizing
-        run_opts = replace(run_opts, batch_size=sizing.batch_size) if run_opts.batch_size is None else run_opts
+        run_opts = (
+            replace(run_opts, batch_size=sizing.batch_size) if run_opts.batch_size is None else run_opts
+        )
         self._last = StageSchedule(self.stages, run_opts, tokens=tokens, prefetch=prefetch,
                                    graph_errors=self.graph_errors, stop=stop, ops=ops, clock=clock)
         return self._last
@@ -116,9 +127,17 @@ class Engine:
         last = self._last
         slots = (last.slots or None) if last is not None and last.opts.schedule == "continuous" else None
         stages = self._last.clock.seconds() if self._last is not None else StageSeconds.empty()
-        return EngineFacts(device=str(policy.device), backend=policy.backend, dtype=policy.dtype_name,
-                           stage_dtypes=policy.stage_dtypes, sizing=self.stages.sizing or self.sizing,
-                           talker_slots_used=slots, graphs=graphs, peak=read_peaks(policy.device), stages=stages)
+        return EngineFacts(
+            device=str(policy.device),
+            backend=policy.backend,
+            dtype=policy.dtype_name,
+            stage_dtypes=policy.stage_dtypes,
+            sizing=self.stages.sizing or self.sizing,
+            talker_slots_used=slots,
+            graphs=graphs,
+            peak=read_peaks(policy.device),
+            stages=stages,
+        )
 
     def reset_peaks(self) -> None:
         """Start the peak-memory figures afresh (a run that wants its own peaks, not the load's)."""

@@ -67,9 +67,18 @@ class _InFlight:
 class StageSchedule:
     """One run's pipeline (see the module docstring); :meth:`feed` and :meth:`drain` yield the records."""
 
-    def __init__(self, stages: Stages, opts: RunOptions, *, tokens: I.TokenCheckpoint | None = None,
-                 prefetch: bool = True, graph_errors: list[str] | None = None, stop: StopRequest | None = None,
-                 ops: StageOps | None = None, clock: StageClock | None = None) -> None:
+    def __init__(
+        self,
+        stages: Stages,
+        opts: RunOptions,
+        *,
+        tokens: I.TokenCheckpoint | None = None,
+        prefetch: bool = True,
+        graph_errors: list[str] | None = None,
+        stop: StopRequest | None = None,
+        ops: StageOps | None = None,
+        clock: StageClock | None = None,
+    ) -> None:
         """``ops``: the stage calls (default: the loaded stages'); ``clock``: the stage accounting."""
         self.stages, self.opts, self.tokens, self.prefetch = stages, opts, tokens, prefetch
         self.stop = stop  # a stop request: no batch starts after it; an immediate one ends the run
@@ -96,7 +105,8 @@ class StageSchedule:
         threaded = opts.code2wav_thread
         if threaded is None:
             threaded = stages.policy.device.type == "cuda"
-        # the worker takes this thread's torch threads (--threads): a new thread would start at torch's default
+        # the worker takes this thread's torch threads (--threads): a new thread would start at torch's
+        # default
         self.code2wav = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cosyclone-code2wav",
                                            initializer=torch.set_num_threads,
                                            initargs=(torch.get_num_threads(),)) if threaded else None
@@ -151,8 +161,11 @@ class StageSchedule:
             return
         sizing, opts = self.stages.sizing, self.opts
         # slots: --talker-slots, else the sized count on a GPU or a batch's worth on CPU (no more than the
-        # first part's rows: an empty slot computes too) or, when the first batch brings more segments, that many
-        per_batch = (sizing.talker_slots if sizing is not None and sizing.sized else None) or opts.batch_size or 8
+        # first part's rows: an empty slot computes too) or, when the first batch brings more segments, that
+        # many
+        per_batch = (
+            (sizing.talker_slots if sizing is not None and sizing.sized else None) or opts.batch_size or 8
+        )
         self.slots = max(1, opts.talker_slots or min(per_batch, sum(len(b) for b in self.batches)))
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cosyclone-frontend")
         frontend = self.stages.frontend
@@ -237,7 +250,9 @@ class StageSchedule:
             try:
                 prepared = self.frontend.take(k) or self._prepare_timed(self.batches[k])
             except Exception as exc:  # outside the per-row guards: each row alone
-                self.flight.append(_InFlight(rows=list(self.batches[k]), prepared=None, error=Failure.of(exc)))
+                self.flight.append(
+                    _InFlight(rows=list(self.batches[k]), prepared=None, error=Failure.of(exc))
+                )
                 continue
             f = _InFlight(rows=list(self.batches[k]), prepared=prepared)
             segs = prepared.segments
@@ -247,7 +262,8 @@ class StageSchedule:
             if todo:
                 try:
                     reqs = [self.ops.request(segs[i][1]) for i in todo]
-                except Exception as exc:  # a malformed segment: the batch goes row by row (the row fails alone)
+                # a malformed segment: the batch goes row by row (the row fails alone)
+                except Exception as exc:
                     f.prepared, f.error = None, Failure.of(exc)
                     continue
                 session = self._session(len(todo))
@@ -337,14 +353,16 @@ class StageSchedule:
             failure: Failure | None = None
             try:
                 return self.ops.finish(f.prepared, f.results)
-            except Exception as exc:  # each row alone, after this handler (its frames hold the batch's tensors)
+            # each row alone, after this handler (its frames hold the batch's tensors)
+            except Exception as exc:
                 failure = Failure.of(exc)
             return self.ops.rows_alone(f.rows, failure)
         finally:
             self.clock.add("code2wav", self.clock.clock() - t0)
 
     def _finish_on_stream(self, f: _InFlight) -> list[RowResult]:
-        """code2wav on its own CUDA stream (its kernels overlap the talker's), after what was queued before."""
+        """code2wav on its own CUDA stream (its kernels overlap the talker's), after what was queued
+        before."""
         if self.stream is None:
             return self._finish(f)
         self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))

@@ -37,10 +37,11 @@ def model_config(model_dir: str | Path | None, load_format: LoadFormat = "auto")
 
 def resolve_options(opts: RunOptions, *, cfg: ModelConfig | None = None,
                     free_bytes: int | None = None) -> tuple[RunOptions, DevicePolicy]:
-    """``opts`` with device, dtype, CPU GEMM library, CUDA graphs and batch size resolved (never
-    ``auto`` or None; the prompt workers stay as given: they follow each machine's cores), and the :class:`~cosyclone.base.device.DevicePolicy` every
-    builder takes. Idempotent: resolving a resolved set gives it back. Sets the process's thread
-    counts (``threads``; the ONNX sessions take the prompt workers' ``frontend_threads``).
+    """``opts`` with device, dtype, CPU GEMM library, CUDA graphs and batch size resolved (never ``auto`` or
+    None; the prompt workers stay as given: they follow each machine's cores), and the
+    :class:`~cosyclone.base.device.DevicePolicy` every builder takes. Idempotent: resolving a resolved set
+    gives it back. Sets the process's thread counts (``threads``; the ONNX sessions take the prompt workers'
+    ``frontend_threads``).
 
     The batch size is resolved before any weight is loaded (a run plans its batches first): on CPU
     8, on an accelerator :func:`~cosyclone.engine.sizing.plan_sizing` from ``free_bytes`` (default:
@@ -53,7 +54,8 @@ def resolve_options(opts: RunOptions, *, cfg: ModelConfig | None = None,
     from cosyclone.talker.graphs import resolve_cuda_graphs
 
     check(opts)
-    device = "rocm" if opts.device == "cuda" and backend_name() == "rocm" else opts.device  # ROCm runs as cuda
+    # ROCm runs as cuda
+    device = "rocm" if opts.device == "cuda" and backend_name() == "rocm" else opts.device
     policy = resolve(device, opts.dtype, opts.cpu_gemm)
     set_threads(opts.threads)
     geometry = cfg if cfg is not None else released_config()
@@ -61,13 +63,19 @@ def resolve_options(opts: RunOptions, *, cfg: ModelConfig | None = None,
         sizing = plan_sizing(geometry, policy, opts, free_bytes=free_bytes if free_bytes is not None else 0)
     else:
         sizing = dry_run_sizing(geometry, policy, opts)
-    set_intra_op_threads(sizing.frontend_threads)  # the ONNX sessions (speech tokenizer, CAM++) the workers run
+    # the ONNX sessions (speech tokenizer, CAM++) the workers run
+    set_intra_op_threads(sizing.frontend_threads)
     graphs = resolve_cuda_graphs(opts.cuda_graphs, policy.device, draw=opts.draw)
     # the policy's words are the options' own vocabularies (device.resolve accepts no other), so the
     # narrowing casts below hold by construction; check() runs again as the replaced options are built
-    resolved = replace(opts, device=cast(DeviceName, policy.device.type), dtype=cast(DtypeName, policy.dtype_name),
-                       cpu_gemm=cast(CpuGemm, policy.cpu_gemm), cuda_graphs=graphs.value,
-                       batch_size=sizing.batch_size)
+    resolved = replace(
+        opts,
+        device=cast(DeviceName, policy.device.type),
+        dtype=cast(DtypeName, policy.dtype_name),
+        cpu_gemm=cast(CpuGemm, policy.cpu_gemm),
+        cuda_graphs=graphs.value,
+        batch_size=sizing.batch_size,
+    )
     return resolved, policy
 
 

@@ -98,7 +98,8 @@ class Sizing:
     device: str  # "cpu" | "cuda" | "rocm"
     sized: bool  # True: from free memory (an accelerator); False: the CPU defaults
     batch_size: int  # rows per planned batch (the frontend's and code2wav's unit)
-    talker_slots: int | None  # segments decoded at once; None: the CPU rule (a batch's worth, at most the rows)
+    talker_slots: int | None
+    # segments decoded at once; None: the CPU rule (a batch's worth, at most the rows)
     hift_max_frames: int  # padded mel frames per HiFT call
     flow_max_tokens: int  # padded token positions per flow call
     hift_bucket: int  # HiFT widths padded to a multiple of this (0: none; ROCm only)
@@ -112,27 +113,36 @@ class Sizing:
     usable_bytes: int | None = None  # what the rule planned for: free x fraction - reserve
     fraction: float | None = None  # --gpu-memory-fraction as applied
     flow_dtype: str = "fp32"  # the DiT's dtype the flow budget was computed for
-    given: tuple[str, ...] = field(default=())  # the sizes taken from options rather than the rule (--talker-slots)
+    given: tuple[str, ...] = field(default=())
+    # the sizes taken from options rather than the rule (--talker-slots)
     frontend_bytes: int = 0  # device memory held back for the frontend's ONNX sessions (their arena caps)
 
     def describe(self) -> list[str]:
         """What ``--dry-run`` prints: the sizes, and the memory figure they came from."""
         frontend = f"frontend {self.frontend_workers} prompt worker(s) x {self.frontend_threads} thread(s)"
         slots = "a batch's worth (at most the rows)" if self.talker_slots is None else str(self.talker_slots)
-        lines = [f"sizing ({self.device}): batch {self.batch_size} rows, talker slots {slots}, HiFT "
-                 f"{self.hift_max_frames} frames and flow {self.flow_max_tokens} token positions per call; {frontend}"]
+        lines = [
+            f"sizing ({self.device}): batch {self.batch_size} rows, talker slots {slots}, HiFT "
+            f"{self.hift_max_frames} frames and flow {self.flow_max_tokens} token positions per call; "
+            f"{frontend}"
+        ]
         if not self.sized:
             lines.append("  CPU defaults (measured on CPU: docs/batching.md)")
         else:
-            lines.append(f"  from {_gib(self.free_bytes)} free x {self.fraction:g} - {_gib(RESERVE_BYTES)} reserve = "
-                         f"{_gib(self.usable_bytes)}: {self.kv_bytes_per_position // 1024} KiB per slot-position x "
-                         f"{self.reserve_positions} positions per slot; HiFT {HIFT_BYTES_PER_FRAME / 1e3:.0f} kB/frame, "
-                         f"flow {FLOW_BYTES_PER_TOKEN.get(self.flow_dtype, 0) / 1e3:.0f} kB/token in "
-                         f"{self.flow_dtype} (docs/batching.md)")
+            lines.append(
+                f"  from {_gib(self.free_bytes)} free x {self.fraction:g} - {_gib(RESERVE_BYTES)} reserve = "
+                f"{_gib(self.usable_bytes)}: {self.kv_bytes_per_position // 1024} KiB per slot-position x "
+                f"{self.reserve_positions} positions per slot; "
+                f"HiFT {HIFT_BYTES_PER_FRAME / 1e3:.0f} kB/frame, "
+                f"flow {FLOW_BYTES_PER_TOKEN.get(self.flow_dtype, 0) / 1e3:.0f} kB/token in "
+                f"{self.flow_dtype} (docs/batching.md)"
+            )
             lines.append(f"  prefill at most {self.prefill_tokens} padded positions per admission; frontend "
                          f"ONNX arenas {_gib(self.frontend_bytes)} (held back)")
         if self.hift_bucket or self.flow_bucket:
-            lines.append(f"  ROCm: HiFT widths padded to {self.hift_bucket} frames, flow to {self.flow_bucket} tokens")
+            lines.append(
+                f"  ROCm: HiFT widths padded to {self.hift_bucket} frames, flow to {self.flow_bucket} tokens"
+            )
         if self.given:
             lines.append(f"  as given: {', '.join(self.given)}")
         return lines
@@ -212,10 +222,21 @@ def plan_sizing(cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, *, fre
     # the batch size is resolved before load (resolve_options) and so always looks given: not named
     given = (f"talker_slots {opts.talker_slots}",) if opts.talker_slots is not None else ()
     if not gpu:
-        return Sizing(device="cpu", sized=False, batch_size=int(opts.batch_size or CPU_BATCH_SIZE),
-                      talker_slots=opts.talker_slots, hift_max_frames=CPU_HIFT_FRAMES, flow_max_tokens=CPU_FLOW_TOKENS,
-                      hift_bucket=0, flow_bucket=0, reserve_positions=None, frontend_workers=workers,
-                      frontend_threads=threads, kv_bytes_per_position=kv, given=given)
+        return Sizing(
+            device="cpu",
+            sized=False,
+            batch_size=int(opts.batch_size or CPU_BATCH_SIZE),
+            talker_slots=opts.talker_slots,
+            hift_max_frames=CPU_HIFT_FRAMES,
+            flow_max_tokens=CPU_FLOW_TOKENS,
+            hift_bucket=0,
+            flow_bucket=0,
+            reserve_positions=None,
+            frontend_workers=workers,
+            frontend_threads=threads,
+            kv_bytes_per_position=kv,
+            given=given,
+        )
     if free_bytes is None:
         raise ValueError("sizing on an accelerator needs the free memory after load (free_bytes)")
     if frontend_bytes is None:
@@ -238,12 +259,27 @@ def plan_sizing(cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, *, fre
     flow_tokens = max(design, half // FLOW_BYTES_PER_TOKEN.get(flow_dtype, FLOW_BYTES_PER_TOKEN["fp32"]))
     batch = max(1, min(slots, hift_frames // design, flow_tokens // design))
     rocm = policy.backend == "rocm"
-    return Sizing(device=policy.backend, sized=True, batch_size=int(opts.batch_size or batch), talker_slots=slots,
-                  hift_max_frames=hift_frames, flow_max_tokens=flow_tokens,
-                  hift_bucket=ROCM_HIFT_BUCKET if rocm else 0, flow_bucket=ROCM_FLOW_BUCKET if rocm else 0,
-                  reserve_positions=POSITIONS_PER_SLOT, frontend_workers=workers, frontend_threads=threads,
-                  kv_bytes_per_position=kv, prefill_tokens=prefill, free_bytes=int(free_bytes), usable_bytes=usable,
-                  fraction=fraction, flow_dtype=flow_dtype, given=given, frontend_bytes=frontend_bytes)
+    return Sizing(
+        device=policy.backend,
+        sized=True,
+        batch_size=int(opts.batch_size or batch),
+        talker_slots=slots,
+        hift_max_frames=hift_frames,
+        flow_max_tokens=flow_tokens,
+        hift_bucket=ROCM_HIFT_BUCKET if rocm else 0,
+        flow_bucket=ROCM_FLOW_BUCKET if rocm else 0,
+        reserve_positions=POSITIONS_PER_SLOT,
+        frontend_workers=workers,
+        frontend_threads=threads,
+        kv_bytes_per_position=kv,
+        prefill_tokens=prefill,
+        free_bytes=int(free_bytes),
+        usable_bytes=usable,
+        fraction=fraction,
+        flow_dtype=flow_dtype,
+        given=given,
+        frontend_bytes=frontend_bytes,
+    )
 
 
 def free_device_bytes(device: torch.device) -> int | None:
@@ -273,7 +309,9 @@ def weights_bytes(cfg: ModelConfig, policy: DevicePolicy) -> int:
         hift = CausalHiFTGenerator(cfg.hift)
         hift.fold_weight_norm(fft=fft_rule_for(policy))
         hift.f0_predictor.double()
-    return sum(t.numel() * t.element_size() for m in (talker, flow, hift) for t in (*m.parameters(), *m.buffers()))
+    return sum(
+        t.numel() * t.element_size() for m in (talker, flow, hift) for t in (*m.parameters(), *m.buffers())
+    )
 
 
 def dry_run_sizing(cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions) -> Sizing:

@@ -56,7 +56,9 @@ class StageOps(Protocol):
         """A talker session of ``slots`` slots."""
         ...
 
-    def retry(self, segments: Sequence[tuple[str, Request]], outcomes: dict[str, RowOutcome]) -> dict[int, TalkerResult]:
+    def retry(
+        self, segments: Sequence[tuple[str, Request]], outcomes: dict[str, RowOutcome]
+    ) -> dict[int, TalkerResult]:
         """The talker over ``segments`` with failures confined (after a shared session failed)."""
         ...
 
@@ -89,7 +91,9 @@ class RealOps:
 
         return decode.TalkerSession(self.stages.talker, self.dec, slots=slots)
 
-    def retry(self, segments: Sequence[tuple[str, Request]], outcomes: dict[str, RowOutcome]) -> dict[int, TalkerResult]:
+    def retry(
+        self, segments: Sequence[tuple[str, Request]], outcomes: dict[str, RowOutcome]
+    ) -> dict[int, TalkerResult]:
         return I.generate_isolated(self.stages, segments, self.dec, outcomes)
 
     def finish(self, prepared: PreparedBatch, results: dict[int, TalkerResult]) -> list[RowResult]:

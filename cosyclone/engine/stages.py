@@ -81,7 +81,9 @@ def load_stages(cfg: ModelConfig, policy: DevicePolicy, load_format: LoadFormat,
         from cosyclone.frontend.tiny_assets import builtin_assets_dir
 
         frontend_cfg = replace(cfg, model_dir=builtin_assets_dir())
-    frontend = Frontend(frontend_cfg, providers=default_providers(policy.backend), text_frontend=text_frontend)
+    frontend = Frontend(
+        frontend_cfg, providers=default_providers(policy.backend), text_frontend=text_frontend
+    )
     return Stages(cfg=cfg, policy=policy, frontend=frontend, talker=talker, flow=flow, hift=hift)
 
 
@@ -233,7 +235,9 @@ def _segment_record(req: Request) -> SegmentText:
     ids = getattr(req, "text_ids", None)
     target = int(getattr(req, "target_len", 0) or 0)
     total = int(ids.numel()) if isinstance(ids, torch.Tensor) else target
-    return SegmentText(text=str(getattr(req, "segment_text", "")), text_ids=target, prompt_ids=max(0, total - target))
+    return SegmentText(
+        text=str(getattr(req, "segment_text", "")), text_ids=target, prompt_ids=max(0, total - target)
+    )
 
 
 def _frames_after_speed(frames: int, speed: float) -> int:

@@ -38,7 +38,8 @@ class AsrOptions:
     model: str  # local CTranslate2 Whisper directory (or a model name when download is True)
     download: bool = False  # allow faster-whisper to fetch a named model from the hub
     device: str = "auto"  # auto | cpu | cuda (CTranslate2 device)
-    compute_type: str = "auto"  # CTranslate2 compute type; auto = int8 on CPU, the weights' own precision on GPU
+    compute_type: str = "auto"
+    # CTranslate2 compute type; auto = int8 on CPU, the weights' own precision on GPU
     beam_size: int = 5  # beam width (faster-whisper's default; 1 = greedy)
     batch_size: int = 8  # rows encoded/decoded per call
     cpu_threads: int = 0  # CTranslate2 intra-op threads on CPU (0 = the machine's cores, at most 8)
@@ -145,12 +146,16 @@ class WhisperASR:
 
         fe = self._model.feature_extractor
         # (B, n_mels, 3000): each row's log-mel padded to the 30 s window, as faster-whisper's batched path
-        feats = np.stack([pad_or_trim(fe(np.ascontiguousarray(w, dtype=np.float32))[..., :-1]) for w in waves])
+        feats = np.stack(
+            [pad_or_trim(fe(np.ascontiguousarray(w, dtype=np.float32))[..., :-1]) for w in waves]
+        )
         encoded = self._model.encode(feats)
         chosen = [self._language(h) for h in hints]
         detected: list[tuple[str, float]] = []
         if any(lang is None for lang, _ in chosen):
-            detected = [(str(res[0][0])[2:-2], float(res[0][1])) for res in self._model.model.detect_language(encoded)]
+            detected = [
+                (str(res[0][0])[2:-2], float(res[0][1])) for res in self._model.model.detect_language(encoded)
+            ]
         prompts, langs = [], []
         for b, (lang, source) in enumerate(chosen):
             prob = None
@@ -162,9 +167,15 @@ class WhisperASR:
         results = self._model.model.generate(
             encoded, prompts, beam_size=self.options.beam_size, max_length=self._model.max_length,
             suppress_blank=True, suppress_tokens=list(get_suppressed_tokens(langs[0][3], [-1])))
-        return [Transcript(text=tok.decode(res.sequences_ids[0]).strip(), language=lang, language_source=source,
-                           language_probability=prob)
-                for res, (lang, source, prob, tok) in zip(results, langs, strict=True)]
+        return [
+            Transcript(
+                text=tok.decode(res.sequences_ids[0]).strip(),
+                language=lang,
+                language_source=source,
+                language_probability=prob,
+            )
+            for res, (lang, source, prob, tok) in zip(results, langs, strict=True)
+        ]
 
     def _long_form(self, wave: np.ndarray, hint: str | None) -> Transcript:
         lang, source = self._language(hint)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
@@ -36,7 +36,7 @@ def eval_command(
     from cosyclone.eval.summary import render_eval_summary
     from cosyclone.eval.thresholds import Thresholds
 
-    def fail(msg: str) -> None:
+    def fail(msg: str) -> NoReturn:
         typer.echo(f"error: {msg}", err=True)
         raise typer.Exit(Exit.USAGE)
 
@@ -44,23 +44,33 @@ def eval_command(
         opts = ScoringOptions(**options)
     except CosycloneError as exc:
         fail(str(exc))
-        return
     if opts.manifest is None:
         fail("give --manifest FILE: the manifest OUT was synthesized from (its texts are the references)")
-        return
     if not opts.asr_model:
         fail("give --asr-model DIR: a local CTranslate2 Whisper directory (see docs/eval.md); "
              "nothing is downloaded unless --asr-download is given")
-        return
     manifest = opts.manifest
     options_ = EvalOptions(
-        asr=AsrOptions(model=str(opts.asr_model), download=opts.asr_download, device=opts.asr_device,
-                       compute_type=opts.compute_type, beam_size=opts.beam_size, batch_size=opts.asr_batch_size,
-                       language=opts.language),
-        speaker_models=opts.speakers, model_dir=opts.model_dir,
-        thresholds=Thresholds(max_wer=opts.max_wer, min_similarity=opts.min_similarity,
-                              max_silence_s=opts.max_silence, max_clipped_fraction=opts.max_clipping),
-        redo_unsynthesized=opts.redo_unsynthesized, reuse_transcripts=opts.reuse_transcripts)
+        asr=AsrOptions(
+            model=str(opts.asr_model),
+            download=opts.asr_download,
+            device=opts.asr_device,
+            compute_type=opts.compute_type,
+            beam_size=opts.beam_size,
+            batch_size=opts.asr_batch_size,
+            language=opts.language,
+        ),
+        speaker_models=opts.speakers,
+        model_dir=opts.model_dir,
+        thresholds=Thresholds(
+            max_wer=opts.max_wer,
+            min_similarity=opts.min_similarity,
+            max_silence_s=opts.max_silence,
+            max_clipped_fraction=opts.max_clipping,
+        ),
+        redo_unsynthesized=opts.redo_unsynthesized,
+        reuse_transcripts=opts.reuse_transcripts,
+    )
     from tqdm import tqdm
 
     bar = None
@@ -75,7 +85,6 @@ def eval_command(
         result = evaluate(out, manifest, options_, progress=bar.update)
     except CosycloneError as exc:
         fail(str(exc))
-        return
     finally:
         if bar is not None:
             bar.close()

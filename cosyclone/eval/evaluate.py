@@ -1,4 +1,5 @@
-"""``cosyclone eval``: score every synthesized row of a folder, write scores.jsonl, the summary and redo.jsonl.
+"""``cosyclone eval``: score every synthesized row of a folder, write scores.jsonl, the summary and
+redo.jsonl.
 
 One pass over the manifest's rows in batches of the ASR batch size: read the WAVs, run the signal
 checks, transcribe the batch, score the text, embed prompt and output with each speaker backend,
@@ -114,7 +115,9 @@ class _Scorer:
         self.out_dir = out_dir
         self.asr_info = asr.info()
         self.models = {"asr": self.asr_info, "speaker": {e.name: e.info() for e in self.encoders}}
-        self.backend = options.thresholds.similarity_backend or (self.encoders[0].name if self.encoders else None)
+        self.backend = options.thresholds.similarity_backend or (
+            self.encoders[0].name if self.encoders else None
+        )
         self._prompt_cache: dict[tuple[str, str], np.ndarray] = {}
         self.reused = 0
 
@@ -151,8 +154,12 @@ class _Scorer:
             prev = self.previous.get(rec["id"]) if self.options.reuse_transcripts else None
             if (prev and prev.get("wav_sha256") == rec["wav_sha256"] and prev.get("asr_key") == rec["asr_key"]
                     and isinstance(prev.get("transcript"), str)):
-                transcripts[i] = Transcript(prev["transcript"], str(prev.get("asr_language")),
-                                            str(prev.get("asr_language_source")), prev.get("asr_language_probability"))
+                transcripts[i] = Transcript(
+                    prev["transcript"],
+                    str(prev.get("asr_language")),
+                    str(prev.get("asr_language_source")),
+                    prev.get("asr_language_probability"),
+                )
                 rec["transcript_reused"] = True
                 self.reused += 1
             else:
@@ -189,14 +196,17 @@ class _Scorer:
                    ref_chars=s.ref_chars, char_edits=s.char_edits)
         sims: dict[str, float] = {}
         for enc in self.encoders:
-            sims[enc.name] = cosine(self.prompt_embedding(enc, Path(frow.row.prompt_audio)), enc.embed(wave16))
+            sims[enc.name] = cosine(
+                self.prompt_embedding(enc, Path(frow.row.prompt_audio)), enc.embed(wave16)
+            )
         rec["speaker_similarity"] = sims
         rec["fails"] = failures(rec, self.options.thresholds, self.backend)
         rec["models"] = self.models
 
 
 def _base_record(frow: FolderRow, out_dir: Path) -> dict[str, Any]:
-    """The fields every record of ``frow`` has, as the dict the scoring fills in (an :class:`EvalRecord` at the end)."""
+    """The fields every record of ``frow`` has, as the dict the scoring fills in (an :class:`EvalRecord` at
+    the end)."""
     wav = frow.wav.relative_to(out_dir).as_posix() if frow.wav.is_relative_to(out_dir) else str(frow.wav)
     return {"id": frow.row.id, "line": frow.row.line, "status": "ok", "seed": current_seed(frow), "wav": wav,
             "text": frow.row.text, "mode": frow.row.mode, "prompt_audio": str(frow.row.prompt_audio)}
@@ -211,7 +221,9 @@ def load_models(options: EvalOptions) -> tuple[WhisperASR, list[SpeakerEncoder]]
     encoders = [build_encoder(name, model_dir=options.model_dir) for name in options.speaker_models]
     b = options.thresholds.similarity_backend
     if b is not None and b not in options.speaker_models:
-        raise CosycloneError(f"--similarity-backend {b} is not among --speaker-model {list(options.speaker_models)}")
+        raise CosycloneError(
+            f"--similarity-backend {b} is not among --speaker-model {list(options.speaker_models)}"
+        )
     return WhisperASR(options.asr), encoders
 
 

@@ -76,7 +76,8 @@ def read_folder(out_dir: str | Path, manifest: str | Path) -> Folder:
     if not out_dir.is_dir():
         raise CosycloneError(f"{out_dir}: output folder not found")
     m = read_manifest(manifest)
-    lines = Path(m.path).read_text(encoding="utf-8").split("\n")  # manifest lines end at \n only (as it is read)
+    # manifest lines end at \n only (as it is read)
+    lines = Path(m.path).read_text(encoding="utf-8").split("\n")
     status = _records_of(out_dir, [row.id for row in m.rows])
     folder = Folder(out_dir=out_dir, manifest=Path(m.path), invalid=list(m.errors))
     for row in m.rows:

@@ -24,7 +24,8 @@ class EvalRecord:
 
     id: str  # the manifest row's id
     line: int  # its 1-based manifest line
-    status: EvalStatus  # ok (scored) | error (its audio or a model failed: see error) | skipped (see skip_reason)
+    status: EvalStatus
+    # ok (scored) | error (its audio or a model failed: see error) | skipped (see skip_reason)
     seed: int  # the seed that made the audio (the row's record, else the manifest's, else run seed 0's)
     wav: str  # the audio file relative to the folder (wavs/<id>.wav or .flac)
     text: str  # the manifest's text (the reference the transcript is scored against)

@@ -70,8 +70,10 @@ class CampplusEncoder:
 
         self.path = Path(onnx_path)
         if not self.path.is_file():
-            raise CosycloneError(f"speaker model campplus needs {self.path} (give --model-dir, the CosyVoice3 "
-                                 "model directory that holds campplus.onnx)")
+            raise CosycloneError(
+                f"speaker model campplus needs {self.path} (give --model-dir, the CosyVoice3 "
+                "model directory that holds campplus.onnx)"
+            )
         self._session = get_session(self.path, providers)
 
     def embed(self, wave16: np.ndarray) -> np.ndarray:
@@ -132,8 +134,10 @@ def resemblyzer_weights() -> Path:
         path = Path(loc) / "pretrained.pt"
         if path.is_file():
             return path
-    raise EvalDependencyError(f"speaker model resemblyzer needs the package 'resemblyzer' (its wheel ships the "
-                              f"weights); install the eval extra: {EXTRA_HINT}")
+    raise EvalDependencyError(
+        f"speaker model resemblyzer needs the package 'resemblyzer' (its wheel ships the "
+        f"weights); install the eval extra: {EXTRA_HINT}"
+    )
 
 
 class ResemblyzerEncoder:
@@ -141,7 +145,9 @@ class ResemblyzerEncoder:
 
     name = "resemblyzer"
 
-    def __init__(self, weights: str | Path | None = None, cfg: ResemblyzerConfig = ResemblyzerConfig()) -> None:
+    def __init__(
+        self, weights: str | Path | None = None, cfg: ResemblyzerConfig = ResemblyzerConfig()
+    ) -> None:
         from cosyclone.frontend.features import slaney_mel_filterbank
 
         self.cfg = cfg
@@ -154,8 +160,9 @@ class ResemblyzerEncoder:
             raise CosycloneError(f"cannot read Resemblyzer weights: {exc}") from None
         state = ckpt.get("model_state", ckpt) if isinstance(ckpt, dict) else ckpt
         if not isinstance(state, dict):
-            raise CosycloneError(f"cannot read Resemblyzer weights: {self.path} holds {type(state).__name__}, "
-                                 "not a state dict")
+            raise CosycloneError(
+                f"cannot read Resemblyzer weights: {self.path} holds {type(state).__name__}, not a state dict"
+            )
         self.net = _GE2E(cfg).eval()
         own = {k: v for k, v in state.items() if k.startswith(("lstm.", "linear."))}
         self.net.load_state_dict(own, strict=True)

@@ -22,9 +22,16 @@ SUMMARY_NAME = SCORES_SUMMARY_NAME  # scores_summary.json (an older folder's: ev
 FORMAT = 1  # bumped when a field changes meaning
 PERCENTILES = (10, 50, 90, 95)
 # metric name -> record field (speaker similarities are added per backend)
-METRICS = {"wer": "wer", "cer": "cer", "error_rate": "error_rate", "similarity_ratio": "similarity_ratio",
-           "duration_s": "duration_s", "lead_silence_s": "lead_silence_s", "trail_silence_s": "trail_silence_s",
-           "clipped_fraction": "clipped_fraction"}
+METRICS = {
+    "wer": "wer",
+    "cer": "cer",
+    "error_rate": "error_rate",
+    "similarity_ratio": "similarity_ratio",
+    "duration_s": "duration_s",
+    "lead_silence_s": "lead_silence_s",
+    "trail_silence_s": "trail_silence_s",
+    "clipped_fraction": "clipped_fraction",
+}
 
 
 def stats(values: list[float]) -> dict[str, float | int | None]:
@@ -48,20 +55,34 @@ def summarize(records: list[dict[str, Any]], *, thresholds: Thresholds, backend:
         metrics[name] = stats([float(r[key]) for r in scored if r.get(key) is not None])
     backends = sorted({b for r in scored for b in (r.get("speaker_similarity") or {})})
     for b in backends:
-        metrics[f"speaker_similarity.{b}"] = stats([float(r["speaker_similarity"][b]) for r in scored
-                                                    if (r.get("speaker_similarity") or {}).get(b) is not None])
+        metrics[f"speaker_similarity.{b}"] = stats(
+            [
+                float(r["speaker_similarity"][b])
+                for r in scored
+                if (r.get("speaker_similarity") or {}).get(b) is not None
+            ]
+        )
     words = sum(int(r.get("ref_words", 0)) for r in scored if r.get("metric") == "wer")
     chars = sum(int(r.get("ref_chars", 0)) for r in scored)
     pooled = {"wer": sum(int(r.get("word_edits", 0)) for r in scored if r.get("metric") == "wer") / words
               if words else None,
               "cer": sum(int(r.get("char_edits", 0)) for r in scored) / chars if chars else None}
     t = thresholds
-    labels = {"error_rate": (t.max_wer, f"error_rate > {t.max_wer:g}" if t.max_wer is not None else ""),
-              "speaker_similarity": (t.min_similarity, f"speaker_similarity.{backend} < {t.min_similarity:g}"
-                                     if t.min_similarity is not None else ""),
-              "silence": (t.max_silence_s, f"silence > {t.max_silence_s:g} s" if t.max_silence_s is not None else ""),
-              "clipping": (t.max_clipped_fraction, f"clipped_fraction > {t.max_clipped_fraction:g}"
-                           if t.max_clipped_fraction is not None else "")}
+    labels = {
+        "error_rate": (t.max_wer, f"error_rate > {t.max_wer:g}" if t.max_wer is not None else ""),
+        "speaker_similarity": (
+            t.min_similarity,
+            f"speaker_similarity.{backend} < {t.min_similarity:g}" if t.min_similarity is not None else "",
+        ),
+        "silence": (
+            t.max_silence_s,
+            f"silence > {t.max_silence_s:g} s" if t.max_silence_s is not None else "",
+        ),
+        "clipping": (
+            t.max_clipped_fraction,
+            f"clipped_fraction > {t.max_clipped_fraction:g}" if t.max_clipped_fraction is not None else "",
+        ),
+    }
     over = {label: sum(1 for r in scored if check in (r.get("fails") or {}))
             for check, (limit, label) in labels.items() if limit is not None}
     flags = {f"error_rate > {REFERENCE_ERROR_RATE:g}": sum(1 for r in scored if (r.get("error_rate") or 0.0)
@@ -87,7 +108,9 @@ def write_summary(out_dir: Path, summary: dict[str, Any]) -> Path:
     """Write ``OUT/scores_summary.json`` atomically."""
     path = Path(out_dir) / SUMMARY_NAME
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(summary, indent=2, ensure_ascii=False, sort_keys=False) + "\n", encoding="utf-8")
+    tmp.write_text(
+        json.dumps(summary, indent=2, ensure_ascii=False, sort_keys=False) + "\n", encoding="utf-8"
+    )
     os.replace(tmp, path)
     return path
 
@@ -116,8 +139,9 @@ def _label(metric: str) -> str:
     """Table label of a summary metric (speaker_similarity.campplus -> speaker sim campplus)."""
     if metric.startswith("speaker_similarity."):
         return "spk sim " + metric.split(".", 1)[1]
-    return {"similarity_ratio": "transcript ratio", "clipped_fraction": "clipped %"}.get(metric,
-                                                                                         metric.replace("_", " "))
+    return {"similarity_ratio": "transcript ratio", "clipped_fraction": "clipped %"}.get(
+        metric, metric.replace("_", " ")
+    )
 
 
 def eval_summary_renderable(summary: dict[str, Any]) -> Any:
@@ -143,7 +167,9 @@ def eval_summary_renderable(summary: dict[str, Any]) -> Any:
             v = st.get(key)
             return _cell(None if v is None else float(v) * scale)
 
-        table.add_row(_label(name), str(st["n"]), cell("mean"), *(cell(f"p{p}") for p in PERCENTILES), cell("max"))
+        table.add_row(
+            _label(name), str(st["n"]), cell("mean"), *(cell(f"p{p}") for p in PERCENTILES), cell("max")
+        )
     pooled = summary.get("pooled", {})
     counts = Table(title="rows over threshold", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     counts.add_column("check", no_wrap=True)

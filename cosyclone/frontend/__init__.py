@@ -56,7 +56,8 @@ class Frontend:
         return {"prompt_audio": self.prompt_cache.stats(), "prompt_text": self.text.prompt_ids_cache.stats()}
 
     def prompt_features(self, prompt_audio: PromptAudio, *, row_id: str | None = None) -> PromptFeatures:
-        """Prompt wave (path, shipped bytes or (wave (N,), sr)) → aligned tokens, flow mel and speaker embedding.
+        """Prompt wave (path, shipped bytes or (wave (N,), sr)) → aligned tokens, flow mel and speaker
+        embedding.
 
         Computed once per distinct prompt content (:mod:`~cosyclone.frontend.prompt_cache`); each
         call gets its own copies, so no caller can change what later rows read. A path found in
@@ -76,7 +77,9 @@ class Frontend:
             key, lambda: self._compute_prompt_features(prompt_audio, row_id=row_id))
         return PromptFeatures({k: v.clone() for k, v in feats.items()})
 
-    def _compute_prompt_features(self, prompt_audio: PromptAudio, *, row_id: str | None = None) -> PromptFeatures:
+    def _compute_prompt_features(
+        self, prompt_audio: PromptAudio, *, row_id: str | None = None
+    ) -> PromptFeatures:
         fe = self.cfg.frontend
         if isinstance(prompt_audio, tuple):
             wave, sr = prompt_audio

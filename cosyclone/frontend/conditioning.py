@@ -34,7 +34,8 @@ class Request:
     seed: int = 0
     speed: float = 1.0
     mode: Mode = "zero_shot"
-    segment_text: str = ""  # normalized segment text (cross_lingual: with the system prefix); target_len counts its ids
+    segment_text: str = ""
+    # normalized segment text (cross_lingual: with the system prefix); target_len counts its ids
 
     def __post_init__(self) -> None:
         tok, feat = self.embed["speech_token"], self.embed["speech_feat"]
@@ -42,7 +43,9 @@ class Request:
             raise CosycloneError(f"row {self.row_id!r}: prompt mel has {feat.shape[0]} frames but "
                                  f"{tok.shape[0]} prompt tokens (must be exactly 2x)")
         if not 0 < self.target_len <= self.text_ids.numel():
-            raise CosycloneError(f"row {self.row_id!r}: target_len {self.target_len} outside 1..{self.text_ids.numel()}")
+            raise CosycloneError(
+                f"row {self.row_id!r}: target_len {self.target_len} outside 1..{self.text_ids.numel()}"
+            )
 
     @property
     def prompt_len(self) -> int:

@@ -51,7 +51,8 @@ def _mel_to_hz_slaney(m: torch.Tensor) -> torch.Tensor:
 @lru_cache(maxsize=16)
 def slaney_mel_filterbank(sr: int, n_fft: int, n_mels: int, fmin: float = 0.0,
                           fmax: float | None = None) -> torch.Tensor:
-    """librosa ``filters.mel(sr, n_fft, n_mels, fmin, fmax)`` (Slaney scale + norm) → (n_mels, 1+n_fft//2) float32."""
+    """librosa ``filters.mel(sr, n_fft, n_mels, fmin, fmax)`` (Slaney scale + norm) → (n_mels, 1+n_fft//2)
+    float32."""
     fmax = sr / 2.0 if fmax is None else float(fmax)
     fft_freqs = torch.linspace(0, sr / 2.0, 1 + n_fft // 2, dtype=torch.float64)
     lo, hi = _hz_to_mel_slaney(torch.tensor([fmin, fmax], dtype=torch.float64))
@@ -166,7 +167,8 @@ def kaldi_fbank(wave: torch.Tensor, lengths: torch.Tensor | None = None, *, num_
                 sample_frequency: float = 16000.0, frame_length_ms: float = 25.0,
                 frame_shift_ms: float = 10.0, preemph: float = 0.97
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Kaldi fbank as torchaudio's ``compliance.kaldi.fbank`` defaults (dither 0): (B, N) → ((B, T, bins), T (B,)).
+    """Kaldi fbank as torchaudio's ``compliance.kaldi.fbank`` defaults (dither 0): (B, N) → ((B, T, bins), T
+    (B,)).
 
     snip_edges framing (T = 1 + (N − 400)//160), per-frame DC removal, pre-emphasis 0.97 with
     the first sample replicated, Povey window (Hann^0.85, symmetric), zero-pad to 512, power

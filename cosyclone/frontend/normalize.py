@@ -34,10 +34,11 @@ code raises; every deviation is a row of the table in docs/text_frontend.md:
 * A closing quote right after a mark with no sentence before it (the official splitter raises)
   starts the next piece instead.
 
-Normalizers (wetext grammars, the inflect engine) are built once per process
-(:func:`get_normalizer`); a missing or failing normalizer is an error there, never a silent fallback.
-Normalized texts are memoized, and found in the content cache of :mod:`cosyclone.manifest.text_cache` that
-manifest validation fills (``store``), so the frontend's later pass is a lookup, and long texts are normalized sentence by sentence (identical output on the reference
+Normalizers (wetext grammars, the inflect engine) are built once per process (:func:`get_normalizer`); a
+missing or failing normalizer is an error there, never a silent fallback. Normalized texts are memoized, and
+found in the content cache of :mod:`cosyclone.manifest.text_cache` that manifest validation fills (``store``),
+so the frontend's later pass is a lookup, and long texts are normalized sentence by sentence (identical output
+on the reference
 vectors, several times faster: wetext slows down on long inputs).
 """
 
@@ -91,7 +92,9 @@ class TextNormalizer:
         try:
             import inflect
         except Exception as exc:  # ImportError, or a broken dependency of it
-            raise TextError(f"the text frontend needs inflect=={INFLECT_VERSION} (pip install -e .): {exc}") from exc
+            raise TextError(
+                f"the text frontend needs inflect=={INFLECT_VERSION} (pip install -e .): {exc}"
+            ) from exc
         self._inflect = inflect.engine()
         self._wetext: Any = None
         self._wetext_utils: Any = None
@@ -100,8 +103,10 @@ class TextNormalizer:
                 import wetext
                 import wetext.utils
             except Exception as exc:
-                raise TextError(f"--text-frontend wetext needs wetext=={WETEXT_VERSION} (pip install -e .), or "
-                                f"pass --text-frontend none: {exc}") from exc
+                raise TextError(
+                    f"--text-frontend wetext needs wetext=={WETEXT_VERSION} (pip install -e .), or "
+                    f"pass --text-frontend none: {exc}"
+                ) from exc
             self._wetext = wetext.Normalizer(remove_erhua=False)  # the official settings
             self._wetext_utils = wetext.utils
         self._memo: OrderedDict[str, Normalized] = OrderedDict()
@@ -111,7 +116,8 @@ class TextNormalizer:
         #: Results made ahead for the manifest chunk being validated (text -> (normalized, lang)); see
         #: cosyclone.manifest.stream. Not copied into the memo: it is replaced chunk by chunk.
         self.overlay: dict[str, tuple[str, str]] = {}
-        #: The content cache of cosyclone.manifest.text_cache (``get_many``), asked on a memo miss before computing.
+        # : The content cache of cosyclone.manifest.text_cache (``get_many``), asked on a memo miss before
+        # computing.
         self.store: Any = None
         self._self_check()
 
@@ -124,9 +130,13 @@ class TextNormalizer:
             try:
                 got = self._normalize(probe).text
             except Exception as exc:
-                raise TextError(f"text frontend {self.kind!r} failed its self-check on {probe!r}: {exc}") from exc
+                raise TextError(
+                    f"text frontend {self.kind!r} failed its self-check on {probe!r}: {exc}"
+                ) from exc
             if word not in got:
-                raise TextError(f"text frontend {self.kind!r} does not spell numbers ({lang}): {probe!r} -> {got!r}")
+                raise TextError(
+                    f"text frontend {self.kind!r} does not spell numbers ({lang}): {probe!r} -> {got!r}"
+                )
 
     def version(self) -> dict[str, str]:
         """Versions of the packages in use (recorded with a run)."""

@@ -92,7 +92,11 @@ def default_providers(backend: str | None = None) -> list[str]:
     import onnxruntime as ort
 
     avail = ort.get_available_providers()
-    wanted = ("CUDAExecutionProvider", "ROCMExecutionProvider") if backend is None else GPU_PROVIDERS.get(backend, ())
+    wanted = (
+        ("CUDAExecutionProvider", "ROCMExecutionProvider")
+        if backend is None
+        else GPU_PROVIDERS.get(backend, ())
+    )
     return [p for p in wanted if p in avail] + ["CPUExecutionProvider"]
 
 

@@ -36,15 +36,19 @@ def _words(s: str) -> list[str]:
 _NAMED = ["<|endofprompt|>", "[breath]", "<strong>", "</strong>", "[noise]", "[laughter]", "[cough]",
           "[clucking]", "[accent]", "[quick_breath]", "<laughter>", "</laughter>", "[hissing]", "[sigh]",
           "[vocalized-noise]", "[lipsmack]", "[mn]", "<|endofsystem|>"]
-_CMU = _words("AA AA0 AA1 AA2 AE AE0 AE1 AE2 AH AH0 AH1 AH2 AO AO0 AO1 AO2 AW AW0 AW1 AW2 AY AY0 AY1 AY2 "
-        "B CH D DH EH EH0 EH1 EH2 ER ER0 ER1 ER2 EY EY0 EY1 EY2 F G HH IH IH0 IH1 IH2 IY IY0 IY1 IY2 JH K L M N "
-        "NG OW OW0 OW1 OW2 OY OY0 OY1 OY2 P R S SH T TH UH UH0 UH1 UH2 UW UW0 UW1 UW2 V W Y Z ZH")
-_PINYIN = _words("a ai an ang ao b c ch d e ei en eng f g h i ian in ing iu ià iàn iàng iào iá ián iáng "
-           "iáo iè ié iòng ióng iù iú iā iān iāng iāo iē iě iōng iū iǎ iǎn iǎng iǎo iǒng iǔ j k l m n o ong ou p "
-           "q r s sh t u uang ue un uo uà uài uàn uàng uá uái uán uáng uè ué uì uí uò uó uā uāi uān uāng uē uě uī "
-           "uō uǎ uǎi uǎn uǎng uǐ uǒ vè w x y z zh à ài àn àng ào á ái án áng áo è èi èn èng èr é éi én éng ér ì "
-           "ìn ìng í ín íng ò òng òu ó óng óu ù ùn ú ún ā āi ān āng āo ē ēi ēn ēng ě ěi ěn ěng ěr ī īn īng ō ōng "
-           "ōu ū ūn ǎ ǎi ǎn ǎng ǎo ǐ ǐn ǐng ǒ ǒng ǒu ǔ ǔn ǘ ǚ ǜ")
+_CMU = _words(
+    "AA AA0 AA1 AA2 AE AE0 AE1 AE2 AH AH0 AH1 AH2 AO AO0 AO1 AO2 AW AW0 AW1 AW2 AY AY0 AY1 AY2 "
+    "B CH D DH EH EH0 EH1 EH2 ER ER0 ER1 ER2 EY EY0 EY1 EY2 F G HH IH IH0 IH1 IH2 IY IY0 IY1 IY2 JH K L M N "
+    "NG OW OW0 OW1 OW2 OY OY0 OY1 OY2 P R S SH T TH UH UH0 UH1 UH2 UW UW0 UW1 UW2 V W Y Z ZH"
+)
+_PINYIN = _words(
+    "a ai an ang ao b c ch d e ei en eng f g h i ian in ing iu ià iàn iàng iào iá ián iáng "
+    "iáo iè ié iòng ióng iù iú iā iān iāng iāo iē iě iōng iū iǎ iǎn iǎng iǎo iǒng iǔ j k l m n o ong ou p "
+    "q r s sh t u uang ue un uo uà uài uàn uàng uá uái uán uáng uè ué uì uí uò uó uā uāi uān uāng uē uě uī "
+    "uō uǎ uǎi uǎn uǎng uǐ uǒ vè w x y z zh à ài àn àng ào á ái án áng áo è èi èn èng èr é éi én éng ér ì "
+    "ìn ìng í ín íng ò òng òu ó óng óu ù ùn ú ún ā āi ān āng āo ē ēi ēn ēng ě ěi ěn ěng ěr ī īn īng ō ōng "
+    "ōu ū ūn ǎ ǎi ǎn ǎng ǎo ǐ ǐn ǐng ǒ ǒng ǒu ǔ ǔn ǘ ǚ ǜ"
+)
 SPECIAL_TOKENS: list[str] = ["<|im_start|>", "<|im_end|>", *_NAMED, *[f"[{p}]" for p in _CMU + _PINYIN]]
 assert len(_CMU) == 84 and len(_PINYIN) == 176 and len(SPECIAL_TOKENS) == 280
 
@@ -84,13 +88,19 @@ def target_parts(mode: Mode, text: str) -> tuple[str, str]:
     """
     if mode == "cross_lingual":
         cut = text.find(ENDOFPROMPT)
-        head, body = (SYSTEM_PREFIX, text) if cut < 0 else (text[:cut + len(ENDOFPROMPT)], text[cut + len(ENDOFPROMPT):])
+        head, body = (
+            (SYSTEM_PREFIX, text)
+            if cut < 0
+            else (text[: cut + len(ENDOFPROMPT)], text[cut + len(ENDOFPROMPT) :])
+        )
         if ENDOFPROMPT in body:
             raise TextError(f"text holds {ENDOFPROMPT} more than once")
         return head, body
     if ENDOFPROMPT in text:
         where = "prompt_text" if mode == "zero_shot" else "instruct"
-        raise TextError(f"text must not contain {ENDOFPROMPT} in {mode} (the system prompt belongs in {where})")
+        raise TextError(
+            f"text must not contain {ENDOFPROMPT} in {mode} (the system prompt belongs in {where})"
+        )
     return "", text
 
 
@@ -142,10 +152,12 @@ class TextPlan:
             need = self.positions(i, prompt_speech_tokens=prompt_speech_tokens, max_len_ratio=max_len_ratio)
             if need > max_positions:
                 raise TextError(
-                    f"{where}segment {i + 1} of {len(self.segments)} has {len(self.segments[i].ids)} text tokens and "
-                    f"can need {need} positions (with {len(self.prompt_ids)} prompt tokens and "
-                    f"{prompt_speech_tokens} prompt speech tokens); the model has {max_positions}. Add sentence "
-                    f"punctuation so the text can be split, or shorten it")
+                    f"{where}segment {i + 1} of {len(self.segments)} has {len(self.segments[i].ids)} "
+                    f"text tokens and can need {need} positions "
+                    f"(with {len(self.prompt_ids)} prompt tokens and "
+                    f"{prompt_speech_tokens} prompt speech tokens); the model has {max_positions}. "
+                    f"Add sentence punctuation so the text can be split, or shorten it"
+                )
 
 
 class TextFrontend:

@@ -116,17 +116,39 @@ def write_tiny_tokenizer(qwen_dir: str | Path) -> Path:
     (qwen_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
     # tokenizer.json pins the special ids: without it transformers renumbers added tokens densely
     # after the 266-entry vocab, and <|endofprompt|> would not land on 151646.
-    fast = {"version": "1.0", "truncation": None, "padding": None,
-            "added_tokens": [{"id": i, **{k: v for k, v in added[str(i)].items()}} for i in _SPECIALS.values()],
-            "normalizer": {"type": "NFC"},
-            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+    fast = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [{"id": i, **{k: v for k, v in added[str(i)].items()}} for i in _SPECIALS.values()],
+        "normalizer": {"type": "NFC"},
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
                 {"type": "Split", "pattern": {"Regex": _QWEN_SPLIT}, "behavior": "Isolated", "invert": False},
-                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]},
-            "post_processor": None,
-            "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
-            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
-                      "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False,
-                      "ignore_merges": False, "vocab": vocab, "merges": [f"{a} {b}" for a, b in _MERGES]}}
+                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
+            ],
+        },
+        "post_processor": None,
+        "decoder": {
+            "type": "ByteLevel",
+            "add_prefix_space": False,
+            "trim_offsets": False,
+            "use_regex": False,
+        },
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": "",
+            "end_of_word_suffix": "",
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": [f"{a} {b}" for a, b in _MERGES],
+        },
+    }
     (qwen_dir / "tokenizer.json").write_text(json.dumps(fast, ensure_ascii=False), encoding="utf-8")
     return qwen_dir
 

@@ -9,4 +9,12 @@ Above the frontend (validation asks its normalizer), below the engine (which run
 from cosyclone.manifest.reader import iter_manifest, read_manifest, rows_from_dicts
 from cosyclone.manifest.rows import Manifest, ManifestRow, check_id, id_key
 
-__all__ = ["Manifest", "ManifestRow", "check_id", "id_key", "iter_manifest", "read_manifest", "rows_from_dicts"]
+__all__ = [
+    "Manifest",
+    "ManifestRow",
+    "check_id",
+    "id_key",
+    "iter_manifest",
+    "read_manifest",
+    "rows_from_dicts",
+]

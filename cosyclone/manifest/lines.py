@@ -39,14 +39,18 @@ def decode_line(raw: bytes | str) -> object:
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise LineError(f"not UTF-8: byte 0x{raw[exc.start]:02x} at column {exc.start + 1} ({exc.reason}); "
-                             "save the manifest as UTF-8") from None
+            raise LineError(
+                f"not UTF-8: byte 0x{raw[exc.start]:02x} at column {exc.start + 1} ({exc.reason}); "
+                "save the manifest as UTF-8"
+            ) from None
     else:
         text = raw
     depth = _max_depth(text)
     if depth > MAX_DEPTH:
-        raise LineError(f"nested {depth} levels deep; a row is at most {MAX_DEPTH} levels deep (its meta object "
-                        f"and {MAX_DEPTH - 2} levels inside it)")
+        raise LineError(
+            f"nested {depth} levels deep; a row is at most {MAX_DEPTH} levels deep (its meta object "
+            f"and {MAX_DEPTH - 2} levels inside it)"
+        )
     try:
         return json.loads(text, object_pairs_hook=_unique_keys, parse_int=_bounded_int,
                           parse_constant=_no_constant)
@@ -84,7 +88,9 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def _bounded_int(literal: str) -> int:
     digits = len(literal.lstrip("-"))
     if digits > MAX_INT_DIGITS:
-        raise LineError(f"an integer of {digits} digits; at most {MAX_INT_DIGITS} (a seed is at most 2**64-1)")
+        raise LineError(
+            f"an integer of {digits} digits; at most {MAX_INT_DIGITS} (a seed is at most 2**64-1)"
+        )
     return int(literal)
 
 

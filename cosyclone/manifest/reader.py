@@ -13,8 +13,13 @@ from cosyclone.manifest.rows import Manifest, _check_audio, id_key, parse_row
 from cosyclone.options import TextFrontendName
 
 
-def read_manifest(path: str | Path, *, check_audio: bool = True, text_frontend: TextFrontendName | None = "wetext",
-                  normalize_all: bool = True) -> Manifest:
+def read_manifest(
+    path: str | Path,
+    *,
+    check_audio: bool = True,
+    text_frontend: TextFrontendName | None = "wetext",
+    normalize_all: bool = True,
+) -> Manifest:
     """Read and validate a JSONL manifest; per-row problems land in ``Manifest.errors``.
 
     ``normalize_all``: normalize every text ahead, into the content cache, for the frontend that
@@ -61,8 +66,16 @@ def _collect(out: Manifest, numbered: Iterable[tuple[int, object]], *, base: Pat
         pass
 
 
-def _collect_parts(out: Manifest, numbered: Iterable[tuple[int, object]], *, base: Path, check_audio: bool,
-                   text_frontend: TextFrontendName | None, as_json: bool, normalize_all: bool = True) -> Iterator[Manifest]:
+def _collect_parts(
+    out: Manifest,
+    numbered: Iterable[tuple[int, object]],
+    *,
+    base: Path,
+    check_audio: bool,
+    text_frontend: TextFrontendName | None,
+    as_json: bool,
+    normalize_all: bool = True,
+) -> Iterator[Manifest]:
     """:func:`_collect`, yielding after each chunk what that chunk added (its rows and errors).
 
     Chunk by chunk (:mod:`cosyclone.manifest.stream`): each chunk's texts are normalized ahead, on
@@ -76,17 +89,32 @@ def _collect_parts(out: Manifest, numbered: Iterable[tuple[int, object]], *, bas
     seen: dict[str, tuple[int, str]] = {}  # id_key -> (first line, first id)
     warmer = TextWarmer(text_frontend, every=normalize_all) if text_frontend is not None else None
     audio = AudioChecks(_check_audio)
-    with closing(warmed_chunks(decoded_chunks(numbered, decode_line if as_json else None, LineError), warmer)) as chunks:
+    with closing(
+        warmed_chunks(decoded_chunks(numbered, decode_line if as_json else None, LineError), warmer)
+    ) as chunks:
         for chunk in chunks:
             rows, errors = len(out.rows), len(out.errors)
             for number, obj in chunk:
-                _collect_one(out, seen, number, obj, base=base, check_audio=check_audio, text_frontend=text_frontend,
-                             audio=audio)
+                _collect_one(
+                    out,
+                    seen,
+                    number,
+                    obj,
+                    base=base,
+                    check_audio=check_audio,
+                    text_frontend=text_frontend,
+                    audio=audio,
+                )
             yield Manifest(path=out.path, rows=out.rows[rows:], errors=out.errors[errors:])
 
 
-def iter_manifest(path: str | Path, *, check_audio: bool = True, text_frontend: TextFrontendName | None = "wetext",
-                  normalize_all: bool = True) -> tuple[Manifest, Iterator[Manifest]]:
+def iter_manifest(
+    path: str | Path,
+    *,
+    check_audio: bool = True,
+    text_frontend: TextFrontendName | None = "wetext",
+    normalize_all: bool = True,
+) -> tuple[Manifest, Iterator[Manifest]]:
     """A manifest read as it is validated: (the whole, filling as it goes; its parts, chunk by chunk).
 
     The same rows, errors and messages as :func:`read_manifest` (which is this, drained), so a run
@@ -107,16 +135,32 @@ def iter_manifest(path: str | Path, *, check_audio: bool = True, text_frontend: 
 
     def parts() -> Iterator[Manifest]:
         try:  # read as a stream (manifest_stream): the file is never held whole
-            yield from _collect_parts(out, iter_lines(path), base=path.resolve().parent, check_audio=check_audio,
-                                      text_frontend=text_frontend, as_json=True, normalize_all=normalize_all)
+            yield from _collect_parts(
+                out,
+                iter_lines(path),
+                base=path.resolve().parent,
+                check_audio=check_audio,
+                text_frontend=text_frontend,
+                as_json=True,
+                normalize_all=normalize_all,
+            )
         except OSError as exc:
             raise CosycloneError(f"{path}: cannot read the manifest: {exc}") from exc
 
     return out, parts()
 
 
-def _collect_one(out: Manifest, seen: dict[str, tuple[int, str]], number: int, obj: object, *, base: Path,
-                 check_audio: bool, text_frontend: TextFrontendName | None, audio: Callable[[Path], tuple[str | None, float]]) -> None:
+def _collect_one(
+    out: Manifest,
+    seen: dict[str, tuple[int, str]],
+    number: int,
+    obj: object,
+    *,
+    base: Path,
+    check_audio: bool,
+    text_frontend: TextFrontendName | None,
+    audio: Callable[[Path], tuple[str | None, float]],
+) -> None:
     """One decoded line (or its :class:`LineError`) into ``out``: a row, or the line's error."""
     out.ordinals[number] = out.total_lines
     out.total_lines += 1
@@ -130,8 +174,11 @@ def _collect_one(out: Manifest, seen: dict[str, tuple[int, str]], number: int, o
         out.errors.append(exc)
         return
     except Exception as exc:  # a check that tripped on this value: the line's error, never the run's
-        out.errors.append(ManifestError(f"could not be validated ({type(exc).__name__}: {short_repr(str(exc))})",
-                                        line=number))
+        out.errors.append(
+            ManifestError(
+                f"could not be validated ({type(exc).__name__}: {short_repr(str(exc))})", line=number
+            )
+        )
         return
     key = id_key(row.id)
     if key in seen:

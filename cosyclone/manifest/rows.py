@@ -12,10 +12,10 @@ isolate controls (:func:`text_field_problem`; docs/text_frontend.md says why, an
 marks are kept). The whitespace people type or paste (tab, newline, CR, vertical tab, form feed)
 is kept in the spoken fields, which the frontend reads as the official one does.
 
-Schema (docs/manifest.md): ``id`` (safe file name), ``prompt_audio`` (path relative to the manifest's
-folder), ``text``; optional ``mode`` (zero_shot | cross_lingual | instruct2), ``prompt_text`` (the
-prompt's transcript: required for zero_shot, the only mode whose LLM reads it; ignored otherwise, as
-officially), ``instruct`` (required for instruct2), ``seed`` (int), ``speed`` (positive number), ``meta`` (any JSON
+Schema (docs/manifest.md): ``id`` (safe file name), ``prompt_audio`` (path relative to the manifest's folder),
+``text``; optional ``mode`` (zero_shot | cross_lingual | instruct2), ``prompt_text`` (the prompt's transcript:
+required for zero_shot, the only mode whose LLM reads it; ignored otherwise, as officially), ``instruct``
+(required for instruct2), ``seed`` (int), ``speed`` (positive number), ``meta`` (any JSON
 object: the user's own fields, such as a speaker or a language, carried into the row's record,
 ``metadata.jsonl`` and every export; it never changes the audio). Any other field is refused, each
 one named, so a typo (``promt_text``) is never silently dropped.
@@ -238,8 +238,9 @@ def parse_row(obj: object, *, line: int, base: Path, check_audio: bool = True,
         raise ManifestError("text is empty or only whitespace", line=line, field="text", row_id=rid_s)
     mode = obj.get("mode", "zero_shot")
     if mode not in MODES:
-        raise ManifestError(f"mode {short_repr(mode)} is not one of {', '.join(MODES)}", line=line, field="mode",
-                            row_id=rid_s)
+        raise ManifestError(
+            f"mode {short_repr(mode)} is not one of {', '.join(MODES)}", line=line, field="mode", row_id=rid_s
+        )
     prompt_text = obj.get("prompt_text", "") or ""
     instruct = obj.get("instruct", "") or ""
     if mode == "instruct2" and not instruct.strip():
@@ -251,9 +252,15 @@ def parse_row(obj: object, *, line: int, base: Path, check_audio: bool = True,
     if problem:
         raise ManifestError(problem, line=line, field="text", row_id=rid_s)
     seed = obj.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX):
-        raise ManifestError(f"seed must be an integer in 0..2**64-1 (0..{SEED_MAX}, unsigned 64-bit)", line=line,
-                            field="seed", row_id=rid_s)
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX
+    ):
+        raise ManifestError(
+            f"seed must be an integer in 0..2**64-1 (0..{SEED_MAX}, unsigned 64-bit)",
+            line=line,
+            field="seed",
+            row_id=rid_s,
+        )
     speed = obj.get("speed", 1.0)
     if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0.25 <= float(speed) <= 4.0:
         raise ManifestError("speed must be a number in [0.25, 4]", line=line, field="speed", row_id=rid_s)
@@ -294,7 +301,8 @@ def check_meta(value: object, *, line: int, row_id: str | None) -> Meta:
     return meta
 
 
-_PATHS: dict[tuple[Path, str], Path] = {}  # (base, prompt_audio as written) -> its path: one object per prompt file
+# (base, prompt_audio as written) -> its path: one object per prompt file
+_PATHS: dict[tuple[Path, str], Path] = {}
 
 
 def _prompt_path(base: Path, written: str) -> Path:

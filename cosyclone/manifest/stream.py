@@ -97,8 +97,14 @@ class TextWarmer:
     the cache nor the pool is touched.
     """
 
-    def __init__(self, kind: TextFrontendName, *, workers: int | None = None, min_pool_texts: int | None = None,
-                 every: bool = True) -> None:
+    def __init__(
+        self,
+        kind: TextFrontendName,
+        *,
+        workers: int | None = None,
+        min_pool_texts: int | None = None,
+        every: bool = True,
+    ) -> None:
         from cosyclone.frontend.normalize import get_normalizer
         from cosyclone.manifest.text_cache import text_cache_for
         from cosyclone.manifest.text_pool import MIN_POOL_TEXTS, NormalizePool
@@ -116,10 +122,14 @@ class TextWarmer:
         bodies = speech_bodies((obj for _, obj in chunk), every=self.every)
         found = self.cache.get_many(bodies) if self.cache is not None and bodies else {}
         missing = [b for b in bodies if b not in found]
-        futures = self.pool.submit(missing) if len(missing) >= self.min_pool_texts and self.pool.workers > 1 else []
+        futures = (
+            self.pool.submit(missing) if len(missing) >= self.min_pool_texts and self.pool.workers > 1 else []
+        )
         return found, missing, futures
 
-    def finish(self, handle: tuple[dict[str, tuple[str, str]], list[str], list[Any]]) -> dict[str, tuple[str, str]]:
+    def finish(
+        self, handle: tuple[dict[str, tuple[str, str]], list[str], list[Any]]
+    ) -> dict[str, tuple[str, str]]:
         """The chunk's results: cached, from the pool, and the rest normalized here (then stored)."""
         from cosyclone.manifest.text_pool import normalize_serial
 

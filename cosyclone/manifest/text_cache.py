@@ -41,7 +41,9 @@ def normalizer_identity(normalizer: Any) -> str:
     from cosyclone.frontend import normalize, text_rules
 
     try:
-        source = hashlib.sha256(b"".join(Path(str(m.__file__)).read_bytes() for m in (normalize, text_rules))).hexdigest()
+        source = hashlib.sha256(
+            b"".join(Path(str(m.__file__)).read_bytes() for m in (normalize, text_rules))
+        ).hexdigest()
     except OSError:  # no source to read (a frozen install): the package version must do
         from cosyclone.base.version import __version__
 
@@ -123,11 +125,16 @@ class TextCache:
             with self._lock:
                 for i in range(0, len(keys), _BATCH):
                     part = keys[i:i + _BATCH]
-                    rows = self._db.execute(f"SELECT k, text, lang, sum FROM norm WHERE k IN ({','.join('?' * len(part))})",
-                                            part).fetchall()
+                    rows = self._db.execute(
+                        f"SELECT k, text, lang, sum FROM norm WHERE k IN ({','.join('?' * len(part))})", part
+                    ).fetchall()
                     for k, text, lang, check in rows:
-                        if isinstance(text, str) and isinstance(lang, str) and check == _checksum(k, text, lang) \
-                                and lang in ("zh", "en"):
+                        if (
+                            isinstance(text, str)
+                            and isinstance(lang, str)
+                            and check == _checksum(k, text, lang)
+                            and lang in ("zh", "en")
+                        ):
                             out[keyed[k]] = (text, lang)
                         else:
                             self.rejected += 1

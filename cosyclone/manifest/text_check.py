@@ -44,12 +44,20 @@ class TextCheck:
         try:
             plan = self.text.plan(row.mode, row.prompt_text, row.text, row.instruct, row_id=row.id)
             speech = round(PROMPT_TOKENS_PER_SECOND * row.prompt_seconds) if row.mode == "zero_shot" else 0
-            plan.check_fit(max_positions=self.cfg.talker.qwen.max_position_embeddings,
-                           max_len_ratio=self.cfg.talker.max_len_ratio, prompt_speech_tokens=speech, row_id=row.id)
+            plan.check_fit(
+                max_positions=self.cfg.talker.qwen.max_position_embeddings,
+                max_len_ratio=self.cfg.talker.max_len_ratio,
+                prompt_speech_tokens=speech,
+                row_id=row.id,
+            )
         except CosycloneError as exc:
             reason = str(exc).removeprefix(f"row {row.id!r}: ")
             raise ManifestError(reason, line=row.line, field="text", row_id=row.id) from None
         except Exception as exc:  # a bug or a library tripping on this text: the row's error, with its type
-            raise ManifestError(f"the text could not be planned ({type(exc).__name__}: {exc})", line=row.line,
-                                field="text", row_id=row.id) from exc
+            raise ManifestError(
+                f"the text could not be planned ({type(exc).__name__}: {exc})",
+                line=row.line,
+                field="text",
+                row_id=row.id,
+            ) from exc
         return plan

@@ -212,8 +212,10 @@ def pcm_ints(wav: np.ndarray, bits: int) -> np.ndarray:
     int16 for 16 bits, int32 holding the 24-bit value for 24."""
     data = np.clip(np.asarray(wav, dtype=np.float32).reshape(-1), -1.0, 1.0)
     if bits == 16:  # in float32, as cosyclone always quantized (the PCM16 bytes stay what they were)
-        return np.rint(data * PCM_SCALE[16]).astype(np.int16)
-    return np.rint(data.astype(np.float64) * PCM_SCALE[bits]).astype(np.int32)  # float32 lacks the steps
+        ints: np.ndarray = np.rint(data * PCM_SCALE[16]).astype(np.int16)
+    else:  # float32 lacks the steps of 24 bits
+        ints = np.rint(data.astype(np.float64) * PCM_SCALE[bits]).astype(np.int32)
+    return ints
 
 
 def _finite(wav: np.ndarray) -> np.ndarray:
@@ -255,7 +257,8 @@ def encode_wav(wav: np.ndarray, *, sample_rate: int, float_wav: bool = False, pc
     else:
         body_chunk = b"data" + struct.pack("<I", len(body)) + body
     chunks = b"fmt " + struct.pack("<I", len(fmt)) + fmt + extra + body_chunk
-    return b"RIFF" + struct.pack("<I", 4 + len(chunks)) + b"WAVE" + chunks
+    riff: bytes = b"RIFF" + struct.pack("<I", 4 + len(chunks)) + b"WAVE" + chunks
+    return riff
 
 
 def encode_flac(wav: np.ndarray, *, sample_rate: int, pcm_bits: int = 16) -> bytes:

@@ -1,6 +1,6 @@
 """The ``cosyclone export`` command (registered in cosyclone/cli.py; the work is in export.py).
 
-Its options are :class:`cosyclone.options.ExportOptions`' fields, given to it as ``**options`` by
+Its options are :class:`cosyclone.run.export_options.ExportOptions`' fields, given to it as ``**options`` by
 ``cli_options.with_options`` where cosyclone/cli.py registers it. Exit codes are
 :class:`cosyclone.errors.Exit`'s: 0 the export is in place; 2 unusable input (not a run folder, a bad
 option, rows at several sample rates, duplicate ids, ``--only-passed`` without scores.jsonl, a folder
@@ -27,9 +27,9 @@ def export_command(
 
     A line per file, then the totals; the export is swapped in whole, with export.json. Details: docs/output.md.
     """
-    from cosyclone.options import ExportOptions
     from cosyclone.run.export import NothingToExport, export, parse_size
     from cosyclone.run.export_lock import ExportBusy
+    from cosyclone.run.export_options import ExportOptions
     from cosyclone.run.folder import OutputFolderError
 
     try:

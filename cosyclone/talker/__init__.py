@@ -28,10 +28,20 @@ if TYPE_CHECKING:
 
 # Loaded on first use: the per-row counters (``diagnostics``) are read with a folder's records,
 # which needs nothing of torch.
-_WHERE = {"generate": "decode", "DecodeOptions": "request", "StepMechanics": "request", "TalkerRequest": "request",
-          "length_limits": "request", "prompt_batch": "request", "prompt_length": "request", "MAX_SILENT": "results",
-          "SILENT_TOKENS": "results", "TalkerResult": "results", "silent_filter": "results",
-          "TalkerSession": "session"}
+_WHERE = {
+    "generate": "decode",
+    "DecodeOptions": "request",
+    "StepMechanics": "request",
+    "TalkerRequest": "request",
+    "length_limits": "request",
+    "prompt_batch": "request",
+    "prompt_length": "request",
+    "MAX_SILENT": "results",
+    "SILENT_TOKENS": "results",
+    "TalkerResult": "results",
+    "silent_filter": "results",
+    "TalkerSession": "session",
+}
 __all__ = ["MAX_SILENT", "SILENT_TOKENS", "DecodeOptions", "StepMechanics", "TalkerRequest", "TalkerResult",
            "TalkerSession", "generate", "length_limits", "prompt_batch", "prompt_length", "silent_filter"]
 

@@ -33,7 +33,8 @@ def generate(model: CosyVoice3LM, requests: Sequence[TalkerRequest], options: De
     session = session_type(model, options, slots=min(n, options.slots or n), capacity=capacity,
                            token_capacity=max(1, max(max_len)))
     session.add(requests)
-    session._fit(list(range(n)))  # only checks: a fixed ``options.mechanics.capacity`` below a row's need raises
+    # only checks: a fixed ``options.mechanics.capacity`` below a row's need raises
+    session._fit(list(range(n)))
     found: dict[int, TalkerResult] = {}
     try:
         found.update(session.drain())

@@ -1,10 +1,10 @@
 """Per-row sampler diagnostics.
 
-The original bug report that motivated these counters read "81 sampler calls, 46 entirely NaN":
-fp16 logits overflowed, ``torch.multinomial`` raised for the whole batch and nobody could tell
-which utterance went wrong or how often. The sampler (:mod:`cosyclone.talker.slot_sampler`, and
-the per-call reference in tests/samplers.py) therefore keeps one set of counters per *original*
-row (accumulated on the device, read when the row finishes) and turns them into one :class:`SamplerRowDiagnostics` per row, the way whisper's
+The original bug report that motivated these counters read "81 sampler calls, 46 entirely NaN": fp16 logits
+overflowed, ``torch.multinomial`` raised for the whole batch and nobody could tell which utterance went wrong
+or how often. The sampler (:mod:`cosyclone.talker.slot_sampler`, and the per-call reference in
+tests/samplers.py) therefore keeps one set of counters per *original* row (accumulated on the device, read
+when the row finishes) and turns them into one :class:`SamplerRowDiagnostics` per row, the way whisper's
 ``DecodingResult`` reports per-utterance facts next to the tokens.
 
 Counter definitions (all count *row-steps*, i.e. one ``sample()`` call for one row):
@@ -62,7 +62,8 @@ class SamplerRowDiagnostics:
     draw: str = "race"  # draw method in force ("legacy-multinomial" is LEGACY)
     error: str | None = None  # message for stop_reason "error" / "no_finite_logits"
     graph_steps: int = 0  # decode steps of this row's slot that ran as a replayed CUDA graph (0: eager);
-    # what really ran, not what was asked (a failed capture decodes eagerly: TalkerSession.graph_capture_error)
+    # what really ran, not what was asked (a failed capture decodes eagerly:
+    # TalkerSession.graph_capture_error)
 
     @property
     def legacy(self) -> bool:

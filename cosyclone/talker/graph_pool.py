@@ -67,8 +67,13 @@ class PooledStep:
         self.graphed = self._wrap(None)
 
     def _wrap(self, reason: str | None) -> GraphedStep:
-        graphed = GraphedStep(self.step.step, key=functools.partial(getattr, self.step, "_kv_len"),
-                              backend=self._backend(), counts=self._owner.counts, on_failure=self._owner.disable)
+        graphed = GraphedStep(
+            self.step.step,
+            key=functools.partial(getattr, self.step, "_kv_len"),
+            backend=self._backend(),
+            counts=self._owner.counts,
+            on_failure=self._owner.disable,
+        )
         graphed.reason = reason  # a capture that failed once stays off
         return graphed
 
@@ -99,8 +104,15 @@ class ProcessGraphs:
         self._pools: weakref.WeakKeyDictionary[nn.Module, list[PooledStep]] = weakref.WeakKeyDictionary()
         self._lock = threading.RLock()
 
-    def acquire(self, model: nn.Module, key: Hashable, build: Callable[[int, int], SlotStep], *, capacity: int,
-                token_capacity: int) -> PooledStep:
+    def acquire(
+        self,
+        model: nn.Module,
+        key: Hashable,
+        build: Callable[[int, int], SlotStep],
+        *,
+        capacity: int,
+        token_capacity: int,
+    ) -> PooledStep:
         """An idle pooled step of ``key`` for ``model`` (the roomiest, grown when short), else a new
         one ``build(capacity, token_capacity)`` makes, capturing with :attr:`capture`."""
         with self._lock:
@@ -127,7 +139,8 @@ class ProcessGraphs:
         return lambda: capture(device)
 
     def release(self, entry: PooledStep) -> None:
-        """A session is done with ``entry``: it goes idle (the oldest idle steps beyond :data:`MAX_IDLE` go)."""
+        """A session is done with ``entry``: it goes idle (the oldest idle steps beyond :data:`MAX_IDLE`
+        go)."""
         with self._lock:
             entry.in_use = False
             for pool in self._pools.values():

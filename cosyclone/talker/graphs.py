@@ -72,10 +72,10 @@ class GraphChoice:
 
 def resolve_cuda_graphs(requested: str, device: torch.device | str, *, draw: str = "race",
                         compile: str | None = None, anywhere: bool = False) -> GraphChoice:
-    """``auto`` or ``on`` (a resolved run's word for the same choice): capture when the device is
-    CUDA/ROCm (or ``anywhere``: the process captures with a backend that needs no GPU) and the step can be captured: the
-    race draw (the LEGACY multinomial draw reads the host every step), and not the ``torch.compile``
-    path (one or the other). ``off``: never."""
+    """``auto`` or ``on`` (a resolved run's word for the same choice): capture when the device is CUDA/ROCm
+    (or ``anywhere``: the process captures with a backend that needs no GPU) and the step can be captured: the
+    race draw (the LEGACY multinomial draw reads the host every step), and not the ``torch.compile`` path (one
+    or the other). ``off``: never."""
     if requested not in GRAPH_MODES:
         raise ValueError(f"cuda_graphs must be one of {', '.join(GRAPH_MODES)}, not {requested!r}")
     if requested == "off":
@@ -197,7 +197,9 @@ def _copy_into(dst: Any, src: Any) -> None:
         for d, s in zip(dst, src, strict=True):
             _copy_into(d, s)
     elif dst is not None or src is not None:
-        raise TypeError(f"graph outputs must be tensors, sequences of tensors or None, not {type(src).__name__}")
+        raise TypeError(
+            f"graph outputs must be tensors, sequences of tensors or None, not {type(src).__name__}"
+        )
 
 
 class GraphedStep:
@@ -210,8 +212,16 @@ class GraphedStep:
     arguments and :attr:`reason` says why.
     """
 
-    def __init__(self, fn: Callable[..., Any], key: Callable[[], Hashable], backend: CaptureBackend, *,
-                 warmup: int = 2, counts: Any = None, on_failure: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        key: Callable[[], Hashable],
+        backend: CaptureBackend,
+        *,
+        warmup: int = 2,
+        counts: Any = None,
+        on_failure: Callable[[str], None] | None = None,
+    ) -> None:
         """``counts``: an object whose ``captures``/``replays`` this wrapper adds to (the process's
         :class:`~cosyclone.talker.graph_pool.GraphCounts`); ``on_failure``: told the reason once a
         capture failed (the process turns graphs off)."""

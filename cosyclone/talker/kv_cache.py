@@ -35,7 +35,9 @@ class SlotKVCache(nn.Module):
         shape = (geometry.num_hidden_layers, slots, geometry.num_key_value_heads, capacity, geometry.head_dim)
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("lengths", torch.zeros(slots, dtype=torch.int64, device=device), persistent=False)
+        self.register_buffer(
+            "lengths", torch.zeros(slots, dtype=torch.int64, device=device), persistent=False
+        )
 
     @property
     def slots(self) -> int:
@@ -51,7 +53,9 @@ class SlotKVCache(nn.Module):
         self.k[layer, slots, :, :t] = k
         self.v[layer, slots, :, :t] = v
 
-    def write_step(self, layer: int, k: Tensor, v: Tensor, positions: Tensor, *, rows: Tensor | None = None) -> None:
+    def write_step(
+        self, layer: int, k: Tensor, v: Tensor, positions: Tensor, *, rows: Tensor | None = None
+    ) -> None:
         """Write one new position per slot: ``k``/``v`` (slots, H_kv, 1, D) at cells ``positions`` (slots,).
 
         ``rows``: ``arange(slots)`` made once by the caller for every layer of a step (else made here).

@@ -6,11 +6,11 @@ The module tree mirrors the official checkpoint so ``state_dict()`` keys equal `
 carries the tied ``llm.model.lm_head.weight``, which :func:`build_talker` accepts and ignores, and
 the 151936-wide text logits are never computed (Hugging Face computes them every step; we don't).
 
-The backbone (spec 3.2) is :mod:`cosyclone.talker.qwen2`; the hidden state handed to
-``llm_decoder`` is its final RMSNorm's output. Decoder logits are raw (no log-softmax: the sampler's non-finite policy must see one NaN entry as
-one entry, not a row turned NaN by the normalisation) and fp32: the speech-token head
-(``llm_decoder``, 6761 x 896) keeps fp32 weights and runs in fp32 even when the backbone runs
-bf16/fp16, because bf16 logits reorder near-tied candidates often enough to change sampled tokens
+The backbone (spec 3.2) is :mod:`cosyclone.talker.qwen2`; the hidden state handed to ``llm_decoder`` is its
+final RMSNorm's output. Decoder logits are raw (no log-softmax: the sampler's non-finite policy must see one
+NaN entry as one entry, not a row turned NaN by the normalisation) and fp32: the speech-token head
+(``llm_decoder``, 6761 x 896) keeps fp32 weights and runs in fp32 even when the backbone runs bf16/fp16,
+because bf16 logits reorder near-tied candidates often enough to change sampled tokens
 (``benchmarks/bench_dtype_agreement.py`` measures it).
 """
 
@@ -147,7 +147,8 @@ class CosyVoice3LM(nn.Module):
 
     def step(self, embeds: Tensor, positions: Tensor, kv_len: int | None = None, *,
              cache: SlotKVCache | None = None, admit: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
-        """One fixed-shape decode step: ``embeds`` (slots, 1, D) at ``positions`` (slots,) -> logits (slots, V).
+        """One fixed-shape decode step: ``embeds`` (slots, 1, D) at ``positions`` (slots,) -> logits (slots,
+        V).
 
         Slot s of ``cache`` (default the model's) writes cell ``positions[s]`` and attends cells
         ``0..positions[s]``. ``kv_len`` (a host int, default the capacity) bounds the cells read:
@@ -206,7 +207,9 @@ def build_talker(cfg: ModelConfig, policy: DevicePolicy, load_format: LoadFormat
     return model.eval().requires_grad_(False)
 
 
-def load_talker_weights(model: CosyVoice3LM, path: str | Path, *, qwen_config: str | Path | None = None) -> LoadReport:
+def load_talker_weights(
+    model: CosyVoice3LM, path: str | Path, *, qwen_config: str | Path | None = None
+) -> LoadReport:
     """Strict-load a ``.pt``/``.safetensors`` talker file (the tied lm_head copy, when present,
     must equal the embedding); a geometry mismatch names both files."""
     try:

@@ -50,7 +50,8 @@ class Admission:
     """
 
     slots: Tensor  # (b,) int64 target slots (free: not running in the step)
-    mask: Tensor  # (b, 1, T, T) bool causal and padding mask of the prompts (attention_mask): b newcomers, T cells
+    mask: Tensor
+    # (b, 1, T, T) bool causal and padding mask of the prompts (attention_mask): b newcomers, T cells
 
 
 class RMSNorm(nn.Module):
@@ -87,11 +88,17 @@ class Attention(FusedLinears):
         self.n_kv = g.num_key_value_heads
         self.head_dim = g.head_dim
         q_dim = g.num_attention_heads * g.head_dim
-        self.qkv_proj = self.fused_linear("qkv_proj", g.hidden_size,
-                                          (("q_proj", q_dim), ("k_proj", g.kv_dim), ("v_proj", g.kv_dim)), bias=True)
+        self.qkv_proj = self.fused_linear(
+            "qkv_proj",
+            g.hidden_size,
+            (("q_proj", q_dim), ("k_proj", g.kv_dim), ("v_proj", g.kv_dim)),
+            bias=True,
+        )
         self.o_proj = nn.Linear(q_dim, g.hidden_size, bias=False)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, ctx: CacheContext | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, ctx: CacheContext | None = None
+    ) -> Tensor:
         """``x`` (B, T, D); ``cos``/``sin`` (B, T, 1, Dh), ``sin`` signed (:attr:`Qwen2Model.rope_table`);
         ``mask`` (B, 1, T, K), bool (True = attend) or the equal additive float mask (0 / -inf).
 
@@ -108,7 +115,8 @@ class Attention(FusedLinears):
         q, k, v = qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + hkv:]  # (b, t, heads, dh) each
         if ctx is not None and ctx.admit is not None:  # flat (1, S + b'T): the step's rows, then prompts
             s = ctx.cache.slots
-            step = self._step(q[0, :s, None], k[0, :s, None], v[0, :s, None], mask, ctx)  # writes first: a free
+            # writes first: a free
+            step = self._step(q[0, :s, None], k[0, :s, None], v[0, :s, None], mask, ctx)
             # slot's step row may land inside the newcomer's prompt cells, which the prefill then rewrites
             n, length = ctx.admit.mask.shape[0], ctx.admit.mask.shape[-1]
             pre = self._prefill(q[0, s:].view(n, length, -1, dh), k[0, s:].view(n, length, -1, dh),
@@ -179,8 +187,11 @@ class MLP(FusedLinears):
 
     def __init__(self, g: QwenGeometry) -> None:
         super().__init__()
-        self.gate_up_proj = self.fused_linear("gate_up_proj", g.hidden_size,
-                                              (("gate_proj", g.intermediate_size), ("up_proj", g.intermediate_size)))
+        self.gate_up_proj = self.fused_linear(
+            "gate_up_proj",
+            g.hidden_size,
+            (("gate_proj", g.intermediate_size), ("up_proj", g.intermediate_size)),
+        )
         self.down_proj = nn.Linear(g.intermediate_size, g.hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -199,7 +210,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(g.hidden_size, g.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(g.hidden_size, g.rms_norm_eps)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, ctx: CacheContext | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, ctx: CacheContext | None = None
+    ) -> Tensor:
         h: Tensor = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, ctx)
         out: Tensor = h + self.mlp(self.post_attention_layernorm(h))
         return out
@@ -229,7 +242,9 @@ class Qwen2Model(nn.Module):
         length = int(length or min(g.max_position_embeddings, 4096))
         dev = self.embed_tokens.weight.device
         dim = g.head_dim
-        inv_freq = 1.0 / (g.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=dev).float() / dim))
+        inv_freq = 1.0 / (
+            g.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=dev).float() / dim)
+        )
         pos = torch.arange(length, device=dev, dtype=torch.float32)
         freqs = pos[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -260,8 +275,11 @@ class Qwen2Model(nn.Module):
             step_pos = positions[:, 0] if admit is None else positions[0, :cache.slots]
             rows = torch.arange(step_pos.shape[0], device=x.device)
         for i, layer in enumerate(self.layers):
-            ctx = None if cache is None else CacheContext(cache, i, slots=slots, positions=step_pos, rows=rows,
-                                                          admit=admit)
+            ctx = (
+                None
+                if cache is None
+                else CacheContext(cache, i, slots=slots, positions=step_pos, rows=rows, admit=admit)
+            )
             x = layer(x, cos, sin, mask, ctx)
         out: Tensor = self.norm(x)
         return out

@@ -49,9 +49,11 @@ class StepMechanics:
     lagged_reads: bool | None = None  # read a window's finished flags after the next window is queued,
     # copied without blocking (the device never waits on the host; a slot is refilled one window later);
     # None: on CUDA/ROCm only (on CPU nothing runs ahead, so it would only delay refills)
-    kv_bucket: int | None = 64  # cells a step reads, rounded up to this (None: the whole capacity, fixed shape)
+    kv_bucket: int | None = 64
+    # cells a step reads, rounded up to this (None: the whole capacity, fixed shape)
     capacity: int | None = None  # cache cells per slot (None: longest prompt + largest max_len)
-    compile: str | None = None  # torch.compile backend for the step ("inductor", "eager", ...; fullgraph=True);
+    compile: str | None = None
+    # torch.compile backend for the step ("inductor", "eager", ...; fullgraph=True);
     # use with kv_bucket=None (one shape) and a fixed capacity
 
 
@@ -60,17 +62,24 @@ class DecodeOptions:
     """What :func:`~cosyclone.talker.decode.generate` and a :class:`~cosyclone.talker.session.TalkerSession`
     decode: what a run sets (engine.stages.decode_options), and how the step runs (:class:`StepMechanics`)."""
 
-    sampler: SamplerOptions | None = None  # RAS options; None = SamplerOptions.from_config(model.cfg.sampling)
+    sampler: SamplerOptions | None = None
+    # RAS options; None = SamplerOptions.from_config(model.cfg.sampling)
     max_len_override: int | None = None  # cap on generated tokens per row instead of int(20 * target_len)
-    min_len_override: int | None = None  # stop ids blocked below this many tokens instead of int(2 * target_len)
-    min_len_ratio: float | None = None  # min tokens = int(ratio * target_len); None = the model's (official 2)
-    max_len_ratio: float | None = None  # max tokens = int(ratio * target_len); None = the model's (official 20)
-    slots: int | None = None  # rows decoded at once; more requests wait and take a slot as one frees (None: all)
+    min_len_override: int | None = None
+    # stop ids blocked below this many tokens instead of int(2 * target_len)
+    min_len_ratio: float | None = None
+    # min tokens = int(ratio * target_len); None = the model's (official 2)
+    max_len_ratio: float | None = None
+    # max tokens = int(ratio * target_len); None = the model's (official 20)
+    slots: int | None = None
+    # rows decoded at once; more requests wait and take a slot as one frees (None: all)
     reserve_positions: int | None = None  # with CUDA graphs: cache cells per slot allocated up front (the
     # engine's sized figure on a GPU), so rows that fit never grow the pooled step and force a recapture
-    prefill_tokens: int | None = None  # padded prompt positions one prefill may take (newcomers x their longest
+    prefill_tokens: int | None = None
+    # padded prompt positions one prefill may take (newcomers x their longest
     # prompt; at least one newcomer): the sizing rule's budget on a GPU; None: every free slot at once
-    cuda_graphs: CudaGraphs = "auto"  # auto | on: capture the step as CUDA graphs (one per kv_len bucket) where
+    cuda_graphs: CudaGraphs = "auto"
+    # auto | on: capture the step as CUDA graphs (one per kv_len bucket) where
     # it can be captured (see graphs.resolve_cuda_graphs), eager otherwise; off: always eager
     mechanics: StepMechanics = StepMechanics()  # how the step runs (same tokens whatever they are)
 
@@ -86,11 +95,17 @@ def length_limits(model: CosyVoice3LM, options: DecodeOptions, request: TalkerRe
     if options.min_len_override is not None:
         lo = options.min_len_override
     else:
-        lo = int((cfg.min_len_ratio if options.min_len_ratio is None else options.min_len_ratio) * request.target_len)
+        lo = int(
+            (cfg.min_len_ratio if options.min_len_ratio is None else options.min_len_ratio)
+            * request.target_len
+        )
     if options.max_len_override is not None:
         hi = options.max_len_override
     else:
-        hi = int((cfg.max_len_ratio if options.max_len_ratio is None else options.max_len_ratio) * request.target_len)
+        hi = int(
+            (cfg.max_len_ratio if options.max_len_ratio is None else options.max_len_ratio)
+            * request.target_len
+        )
     return lo, hi
 
 

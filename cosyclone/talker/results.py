@@ -63,7 +63,16 @@ def harvest_tokens(h: Harvest | None) -> tuple[list[int], list[int], str]:
     return raw, kept, REASONS[h.reason] if h is not None else "max_len"
 
 
-def talker_result(req: TalkerRequest, h: Harvest | None, sampler: SamplerOptions, *, min_len: int, max_len: int, seconds: float, graph_steps: int) -> TalkerResult:
+def talker_result(
+    req: TalkerRequest,
+    h: Harvest | None,
+    sampler: SamplerOptions,
+    *,
+    min_len: int,
+    max_len: int,
+    seconds: float,
+    graph_steps: int,
+) -> TalkerResult:
     """One row's result from its harvest (``h`` None: it never took a slot). A row the sampler
     aborted gets the sampler's reason ("no_finite_logits" / "error"); ``graph_steps`` (steps its
     slot ran as a graph replay) is capped at the row's own steps (a slot held past its end adds none)."""

@@ -100,7 +100,9 @@ class SamplerOptions:
         if self.win_size < 1:
             raise ValueError(f"win_size must be >= 1, got {self.win_size}")
         if self.nonfinite_policy not in NONFINITE_POLICIES:
-            raise ValueError(f"nonfinite_policy must be one of {NONFINITE_POLICIES}, got {self.nonfinite_policy!r}")
+            raise ValueError(
+                f"nonfinite_policy must be one of {NONFINITE_POLICIES}, got {self.nonfinite_policy!r}"
+            )
         if self.draw not in DRAW_METHODS:
             raise ValueError(f"draw must be one of {DRAW_METHODS}, got {self.draw!r}")
         if self.min_len_rule not in MIN_LEN_RULES:
@@ -220,7 +222,9 @@ def key_lanes(keys: Tensor) -> Tensor:
     return torch.stack([keys & _M32, torch.full_like(keys, _CTR_HI)])[:, None, :]
 
 
-def race_log_exp(lanes: Tensor, keys_hi: Tensor, step: Tensor, vocab_hash: Tensor, draw_consts: Tensor) -> Tensor:
+def race_log_exp(
+    lanes: Tensor, keys_hi: Tensor, step: Tensor, vocab_hash: Tensor, draw_consts: Tensor
+) -> Tensor:
     """``log(-log u)`` of draws 0 and 1 at once, (2, b, V) float32: the exact values of
     ``torch.log(-torch.log(uniform_noise(keys, step, d, V)))`` for ``d`` = 0, 1, in about a quarter
     of the operations of two :func:`uniform_noise` calls (what a decode step launches matters).
@@ -272,8 +276,17 @@ def nucleus_keep(probs: Tensor, top_p: float, top_k: int) -> Tensor:
 
 
 #: The per-row counters every sampler keeps, in this order (see :mod:`.diagnostics`).
-COUNTER_NAMES: tuple[str, ...] = ("steps", "tokens_emitted", "nan_steps", "all_nan_steps", "posinf_steps",
-                                  "no_finite_steps", "ras_fallbacks", "ras_sole_restores", "min_len_suppressed")
+COUNTER_NAMES: tuple[str, ...] = (
+    "steps",
+    "tokens_emitted",
+    "nan_steps",
+    "all_nan_steps",
+    "posinf_steps",
+    "no_finite_steps",
+    "ras_fallbacks",
+    "ras_sole_restores",
+    "min_len_suppressed",
+)
 
 
 def row_diagnostics(opt: SamplerOptions, row_id: str, seed: int, segment: int, counters: Sequence[int], *,

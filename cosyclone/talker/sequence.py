@@ -1,4 +1,5 @@
-"""One segment's life in the talker: :class:`Seq`, the one object the scheduler and the session keep per request.
+"""One segment's life in the talker: :class:`Seq`, the one object the scheduler and the session keep per
+request.
 
 Why one object: a request's prompt length, length limits, seed stream, slot, timing and harvest
 belong together; kept as parallel per-ticket lists they drift apart as code changes. A ``Seq``

@@ -51,7 +51,9 @@ class TalkerSession:
                  capacity: int = 1, token_capacity: int = 1) -> None:
         options = options or DecodeOptions()
         self.model, self.options = model, options
-        self.runner = StepRunner(model, options, slots=slots, capacity=capacity, token_capacity=token_capacity)
+        self.runner = StepRunner(
+            model, options, slots=slots, capacity=capacity, token_capacity=token_capacity
+        )
         self.n_slots = self.runner.n_slots
         self.sampler_options = self.runner.sampler_options
         self.scheduler = SlotScheduler(self.n_slots, prefill_tokens=options.prefill_tokens)
@@ -59,7 +61,8 @@ class TalkerSession:
         self.g = 0  # global step
         self.reading: list[tuple[list[Seq], PendingHarvest]] = []  # harvests queued, not yet read
         self.unread: Flags | None = None  # the last window's flags, when reads lag a window
-        self.graphs_ended: tuple[GraphChoice, int] | None = None  # at close(): the choice as it ended, captured
+        # at close(): the choice as it ended, captured
+        self.graphs_ended: tuple[GraphChoice, int] | None = None
 
     # -- what the runner owns, as the session's callers read it --------------------------------------
 
@@ -141,8 +144,12 @@ class TalkerSession:
         self._fit([s.ticket for s in newcomers])
         slots = [s.slot for s in newcomers]
         assert all(s is not None for s in slots)
-        admit = self.runner.prefill([s for s in slots if s is not None], [self._request(s.ticket) for s in newcomers],
-                                    [s.max_len for s in newcomers], ride_along=running > 0)
+        admit = self.runner.prefill(
+            [s for s in slots if s is not None],
+            [self._request(s.ticket) for s in newcomers],
+            [s.max_len for s in newcomers],
+            ride_along=running > 0,
+        )
         for s in newcomers:
             s.admitted_at = self.g + (admit is not None)
         if admit is None:
@@ -150,9 +157,12 @@ class TalkerSession:
         return admit
 
     def _started(self, newcomers: Sequence[Seq]) -> None:
-        self.runner.started([s.slot for s in newcomers if s.slot is not None], [s.key for s in newcomers],
-                            [s.min_len for s in newcomers],
-                            [(self._request(s.ticket).seed, self._request(s.ticket).segment) for s in newcomers])
+        self.runner.started(
+            [s.slot for s in newcomers if s.slot is not None],
+            [s.key for s in newcomers],
+            [s.min_len for s in newcomers],
+            [(self._request(s.ticket).seed, self._request(s.ticket).segment) for s in newcomers],
+        )
 
     def _window(self) -> None:
         """Admit, run a window of steps, read the finished slots once.

@@ -85,14 +85,19 @@ class SlotSampler(nn.Module):
         buf = self.register_buffer
         buf("keys", torch.zeros(slots, **i64), persistent=False)  # stream_key(seed, segment) per slot
         buf("min_len", torch.zeros(slots, **i64), persistent=False)
-        buf("hist", torch.full((slots, options.win_size), -1, **i64), persistent=False)  # last tokens, -1 = none
+        # last tokens, -1 = none
+        buf("hist", torch.full((slots, options.win_size), -1, **i64), persistent=False)
         buf("counters", torch.zeros(len(COUNTER_NAMES), slots, **i64), persistent=False)
         buf("err", torch.zeros(4, slots, **i64), persistent=False)  # kind, step (-1 = none), n_nan, n_posinf
         buf("vocab_hash", _vocab_hash(vocab, torch.device(device)), persistent=False)
         cols = torch.arange(vocab, device=device)
         S = self.speech_token_size
         # official-head: HEAD masks index speech_token_size (= sos in CosyVoice 3) only
-        buf("stop_cols", cols >= S if options.min_len_rule == "block-all-stop" else cols == S, persistent=False)
+        buf(
+            "stop_cols",
+            cols >= S if options.min_len_rule == "block-all-stop" else cols == S,
+            persistent=False,
+        )
         # Per-step constants live in buffers: a Python scalar in torch.where costs an extra op per call.
         # The noise key's lanes (set in reset; see race_log_exp) and the draw constants.
         buf("lanes", key_lanes(torch.zeros(slots, **i64)), persistent=False)
@@ -112,7 +117,8 @@ class SlotSampler(nn.Module):
             persistent=False)
         buf("ok_gated", torch.tensor([n in _OK_GATED for n in COUNTER_NAMES], device=device)[:, None],
             persistent=False)
-        self.n_repeat = max(0, math.ceil(options.repetition_threshold))  # count >= threshold <=> count >= this
+        # count >= threshold <=> count >= this
+        self.n_repeat = max(0, math.ceil(options.repetition_threshold))
         self.generators: list[torch.Generator | None] = [None] * slots  # LEGACY multinomial only
 
     # -- host side: a row enters / leaves a slot --------------------------------------------------
@@ -160,7 +166,9 @@ class SlotSampler(nn.Module):
                               posinf=float("inf"), neginf=NEG_INF)
         cand = xn > ninf
         posinf = torch.isposinf(xn)
-        rows = torch.stack([isnan, ~isnan, isposinf, cand, blocked & (x > ninf), posinf]).any(2) ^ self.stat_flip
+        rows = (
+            torch.stack([isnan, ~isnan, isposinf, cand, blocked & (x > ninf), posinf]).any(2) ^ self.stat_flip
+        )
         empty, row_posinf = rows[3], rows[5]
         abort = empty
         if opt.nonfinite_policy == "error":
@@ -228,7 +236,9 @@ class SlotSampler(nn.Module):
         logp = torch.log_softmax(m.x, dim=-1)
         if opt.draw == "legacy-multinomial":
             probs = logp.exp()
-            keep = torch.where(m.row_posinf[:, None], m.cand, nucleus_keep(probs, opt.top_p, opt.top_k)) & m.cand
+            keep = (
+                torch.where(m.row_posinf[:, None], m.cand, nucleus_keep(probs, opt.top_p, opt.top_k)) & m.cand
+            )
             tokens, fell, restored = self._legacy_draw(m.x, probs, keep, live, m.abort)
         else:
             tokens, fell, restored = self._race(m, logp, step)
@@ -236,15 +246,25 @@ class SlotSampler(nn.Module):
         tokens = torch.where(m.abort, self.stop_token, tokens)
         self._record(tokens, ok)
         # order: COUNTER_NAMES; rows = nan, all_nan, posinf, no candidate, min_len_suppressed, +inf row
-        inc = torch.cat([live[None], (tokens < self.speech_token_size)[None], rows[:4], fell[None], restored[None],
-                         rows[4:5]])
+        inc = torch.cat(
+            [
+                live[None],
+                (tokens < self.speech_token_size)[None],
+                rows[:4],
+                fell[None],
+                restored[None],
+                rows[4:5],
+            ]
+        )
         self.counters.add_(inc & torch.where(self.ok_gated, ok, live))
         return tokens, m.abort
 
     def _record(self, tokens: Tensor, ok: Tensor) -> None:
         """Append the returned tokens of ``ok`` slots to their windows (oldest first; the
         repetition check only counts, so a shift replaces a ring buffer and its cursor)."""
-        self.hist.copy_(torch.where(ok[:, None], torch.cat([self.hist[:, 1:], tokens[:, None]], 1), self.hist))
+        self.hist.copy_(
+            torch.where(ok[:, None], torch.cat([self.hist[:, 1:], tokens[:, None]], 1), self.hist)
+        )
 
     def _legacy_draw(self, x: Tensor, probs: Tensor, keep: Tensor, live: Tensor,
                      abort: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -33,7 +33,9 @@ RUNNING, EOS, MAX_LEN, ABORTED = 0, 1, 2, 3
 REASONS = {EOS: "eos", MAX_LEN: "max_len", ABORTED: "aborted"}
 
 
-def to_device(values: Sequence[int] | Tensor, device: torch.device | str, dtype: torch.dtype = torch.int64) -> Tensor:
+def to_device(
+    values: Sequence[int] | Tensor, device: torch.device | str, dtype: torch.dtype = torch.int64
+) -> Tensor:
     """Host values (ints or a CPU tensor) on ``device`` without making the host wait.
 
     On CUDA a copy from pageable memory first waits for the stream to drain, so a scheduler that
@@ -59,7 +61,7 @@ class HostRead:
         if t.device.type == "cuda":
             self.host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
             self.host.copy_(t, non_blocking=True)
-            self.event = torch.cuda.Event()
+            self.event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             self.event.record()
         elif clone:
             self.host = t.clone()
@@ -234,7 +236,8 @@ class SlotStep(nn.Module):
         # the newcomers' rows of these logits are their prompts' (model.step puts them there)
         self.state.logits.copy_(model.step(feed, pos, self._kv_len, cache=cache,
                                            admit=(admit.embeds, admit.lengths, idx)))
-        cache.lengths.add_(still.to(torch.int64))  # newcomers' slots were free: their lengths stay their prompts'
+        # newcomers' slots were free: their lengths stay their prompts'
+        cache.lengths.add_(still.to(torch.int64))
         self._start(idx, admit.max_len)
 
     _kv_len: int | None = None  # cells each step reads (None: the capacity); set by the scheduler

@@ -53,7 +53,9 @@ class StepRunner:
                  token_capacity: int) -> None:
         self.model, self.options = model, options
         self.n_slots = max(1, int(slots))
-        self.sampler_options: SamplerOptions = options.sampler or SamplerOptions.from_config(model.cfg.sampling)
+        self.sampler_options: SamplerOptions = options.sampler or SamplerOptions.from_config(
+            model.cfg.sampling
+        )
         mech = options.mechanics
         if mech.capacity is not None:
             capacity = mech.capacity
@@ -164,7 +166,9 @@ class StepRunner:
             for s, key, (seed, segment) in zip(slots, keys, seeds, strict=True):
                 sampler.generators[s] = legacy_generator(seed, segment, key, dev)
 
-    def window(self, admit: Admit | None, kv_len: int | None, on_admitted: Callable[[Admit], None]) -> tuple[float, int]:
+    def window(
+        self, admit: Admit | None, kv_len: int | None, on_admitted: Callable[[Admit], None]
+    ) -> tuple[float, int]:
         """``sync_every`` steps (the first carrying ``admit``); returns (seconds, steps replayed)."""
         t0 = time.perf_counter()
         self.engine._kv_len = kv_len

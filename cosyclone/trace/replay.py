@@ -82,7 +82,7 @@ def replay_row(engine: Engine, row: ManifestRow, *, layers: bool, top: int = 5) 
         with steps.attached(), probe.attached():
             res = generate(stages.talker, [treq], dec)[0]
         results[i] = res
-        texts = prepared.outcomes[row.id].segments
+        texts = prepared.outcomes[row.id].row.segments
         record = texts[i] if i < len(texts) else None
         segments.append(SegmentTrace(
             segment=treq.segment, text=record.text if record is not None else "",

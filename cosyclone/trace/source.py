@@ -38,8 +38,9 @@ class TraceInput:
 
 def from_folder(out: Path, row_id: str, *, model_dir: Path | None, device: str | None,
                 threads: int | None) -> TraceInput:
-    """The row ``row_id`` of run folder ``out``, under its run's options (``device``/``threads``: where
-    this replay runs, when not the recorded device; ``model_dir``: the model, when it has moved)."""
+    """The row ``row_id`` of run folder ``out``, under its run's options and the CPU threads its record
+    says it ran with (``device``/``threads``: where this replay runs, when not the recorded device;
+    ``model_dir``: the model, when it has moved)."""
     if not (out / runfolder.DIAG_NAME).is_file() and not runfolder.state_dir(out).is_dir():
         raise CosycloneError(f"{out}: not a run folder (no {runfolder.DIAG_NAME})")
     records = runfolder.read_records(out)
@@ -52,6 +53,8 @@ def from_folder(out: Path, row_id: str, *, model_dir: Path | None, device: str |
         values["device"] = device
     if threads is not None:
         values["threads"] = threads
+    elif rec.threads is not None and rec.threads.isdigit():  # the threads it ran with: CPU sums split by them
+        values["threads"] = int(rec.threads)
     opts = build(RunOptions, values)
     folder_values = {k: v for k, v in run.get("output", {}).items() if k in _FOLDER_FIELDS}
     output = AudioOutput.of(build(FolderOptions, folder_values))

@@ -35,11 +35,25 @@ def ops_called(fn) -> set[str]:
     return seen
 
 TINY = ModelConfig(
-    flow=FlowConfig(vocab_size=40, pre_lookahead_channels=16, dit=DiTConfig(dim=32, depth=2, heads=2, dim_head=16,
-                                                                             ff_mult=2)),
-    talker=TalkerConfig(qwen=QwenGeometry(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                          num_key_value_heads=2, intermediate_size=48, vocab_size=100),
-                        llm_input_size=32, llm_output_size=32, speech_token_size=60))
+    flow=FlowConfig(
+        vocab_size=40,
+        pre_lookahead_channels=16,
+        dit=DiTConfig(dim=32, depth=2, heads=2, dim_head=16, ff_mult=2),
+    ),
+    talker=TalkerConfig(
+        qwen=QwenGeometry(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=48,
+            vocab_size=100,
+        ),
+        llm_input_size=32,
+        llm_output_size=32,
+        speech_token_size=60,
+    ),
+)
 
 
 def test_words_resolve_per_device() -> None:
@@ -108,7 +122,9 @@ def test_bf16_opt_in_runs_on_onednn_with_bias_and_gelu_fused(bias: bool, gelu: b
     ref = F.gelu(ref, approximate="tanh") if gelu else ref
     fn = (lambda: cpu_gemm.linear_gelu_tanh(layer, x)) if gelu else (lambda: layer(x))
     ops = ops_called(fn)
-    assert "mkldnn._linear_pointwise" in ops and not {"aten.addmm", "aten.mm", "aten.gelu", "aten.gelu_"} & ops
+    assert (
+        "mkldnn._linear_pointwise" in ops and not {"aten.addmm", "aten.mm", "aten.gelu", "aten.gelu_"} & ops
+    )
     got = fn()
     assert got.dtype == torch.bfloat16 and got.shape == ref.shape
     torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=2e-2)
@@ -168,7 +184,9 @@ def test_builders_swap_linears_and_keep_the_released_state_dict() -> None:
         assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
     h = torch.randn(3, 32)
     assert "mkldnn._linear_pointwise" in ops_called(lambda: talker_on.decoder_logits(h))
-    torch.testing.assert_close(talker_on.decoder_logits(h), talker_off.decoder_logits(h), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        talker_on.decoder_logits(h), talker_off.decoder_logits(h), rtol=1e-5, atol=1e-5
+    )
 
 
 @needs_onednn

@@ -19,19 +19,37 @@ def test_auto_is_fp32_on_cpu_and_records_both_words() -> None:
     assert resolve("cpu", "BF16").dtype_name == "bf16" and resolve("cpu", "fp16").dtype_name == "fp16"
 
 
-@pytest.mark.parametrize(("hip", "bf16_ok", "backend", "talker", "flow", "word"), [
-    (None, True, "cuda", torch.float32, torch.bfloat16, "mixed"), (None, False, "cuda", torch.float32, torch.float32, "fp32"),
-    ("6.2", True, "rocm", torch.float32, torch.bfloat16, "mixed"), ("6.2", False, "rocm", torch.float32, torch.float32, "fp32")])
+@pytest.mark.parametrize(
+    ("hip", "bf16_ok", "backend", "talker", "flow", "word"),
+    [
+        (None, True, "cuda", torch.float32, torch.bfloat16, "mixed"),
+        (None, False, "cuda", torch.float32, torch.float32, "fp32"),
+        ("6.2", True, "rocm", torch.float32, torch.bfloat16, "mixed"),
+        ("6.2", False, "rocm", torch.float32, torch.float32, "fp32"),
+    ],
+)
 def test_auto_on_gpus_keeps_the_talker_fp32_and_puts_the_dit_in_bf16_where_supported(
-        monkeypatch: pytest.MonkeyPatch, hip: str | None, bf16_ok: bool, backend: str, talker: torch.dtype,
-        flow: torch.dtype, word: str) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+    hip: str | None,
+    bf16_ok: bool,
+    backend: str,
+    talker: torch.dtype,
+    flow: torch.dtype,
+    word: str,
+) -> None:
     """auto never gives the talker reduced precision (its logits pick the tokens; bf16/fp16 backbones
     are where NaN rows come from); the DiT takes bf16 where the GPU has it; never fp16."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16_ok)
     monkeypatch.setattr(torch.version, "hip", hip)
     p = resolve("auto", "auto")
-    assert (p.backend, p.device.type, p.dtype, p.dit_dtype, p.dtype_name) == (backend, "cuda", talker, flow, word)
+    assert (p.backend, p.device.type, p.dtype, p.dit_dtype, p.dtype_name) == (
+        backend,
+        "cuda",
+        talker,
+        flow,
+        word,
+    )
     assert p.stage_dtypes == {"talker": "fp32", "flow": "bf16" if bf16_ok else "fp32", "hift": "fp32"}
 
 
@@ -65,9 +83,35 @@ def test_fp16_warns_where_it_overflows_and_other_dtypes_do_not() -> None:
 
 def test_cli_prints_the_fp16_warning_and_the_resolved_dtype(tmp_path: Path) -> None:
     (tmp_path / "m.jsonl").write_text("")
-    res = CliRunner().invoke(app, ["synth", str(tmp_path / "m.jsonl"), "--load-format", "dummy", "--device", "cpu",
-                                   "--dtype", "fp16", "--dry-run", "--out", str(tmp_path / "o")])
+    res = CliRunner().invoke(
+        app,
+        [
+            "synth",
+            str(tmp_path / "m.jsonl"),
+            "--load-format",
+            "dummy",
+            "--device",
+            "cpu",
+            "--dtype",
+            "fp16",
+            "--dry-run",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+    )
     assert "warning: fp16: the talker's Qwen2 backbone can overflow" in res.output, res.output
-    res = CliRunner().invoke(app, ["synth", str(tmp_path / "m.jsonl"), "--load-format", "dummy", "--device", "cpu",
-                                   "--dry-run", "--out", str(tmp_path / "o")])
+    res = CliRunner().invoke(
+        app,
+        [
+            "synth",
+            str(tmp_path / "m.jsonl"),
+            "--load-format",
+            "dummy",
+            "--device",
+            "cpu",
+            "--dry-run",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+    )
     assert "warning: fp16" not in res.output and "on cpu (fp32)" in res.output

@@ -42,7 +42,9 @@ def test_end_to_end_rows_and_summary_on_a_tiny_model(tiny_model_dir: Path, tmp_p
     assert fig["rows_ok"] == 3 and fig["tokens_per_row"] == (5, 5) and fig["sampled_per_row"] == (5, 5)
     assert fig["audio_s"] == pytest.approx(3 * 5 * 2 * 480 / 24000)
     assert set(fig["stage_s"]) == {"frontend", "talker", "flow", "hift"} and fig["stage_wall_s"] > 0
-    assert fig["ratio_vs_official"] == pytest.approx(fig["audio_s_per_wall_s"] / fig["official_audio_s_per_wall_s"])
+    assert fig["ratio_vs_official"] == pytest.approx(
+        fig["audio_s_per_wall_s"] / fig["official_audio_s_per_wall_s"]
+    )
     line = run_all.render({**fig, **shape, "process_wall_s": 1.0})
     assert "3 rows x 5 tokens" in line and "differs from the baseline" in line and "flow steps 2" in line
     # make bench prints the frontend's rate beside the talker's and code2wav's, on the same rows

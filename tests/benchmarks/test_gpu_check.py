@@ -32,7 +32,9 @@ def _wheel(folder: Path, name: str, version: str, requires: list[str] = (), tag:
     path = folder / f"{name.replace('-', '_')}-{version}-{tag}.whl"
     meta = "\n".join([f"Name: {name}", f"Version: {version}", *[f"Requires-Dist: {r}" for r in requires]])
     with zipfile.ZipFile(path, "w") as z:
-        z.writestr(f"{name.replace('-', '_')}-{version}.dist-info/METADATA", "Metadata-Version: 2.1\n" + meta + "\n")
+        z.writestr(
+            f"{name.replace('-', '_')}-{version}.dist-info/METADATA", "Metadata-Version: 2.1\n" + meta + "\n"
+        )
         if pad:
             z.writestr("pad.bin", os.urandom(pad))
     return gb.read_wheel(path)
@@ -41,17 +43,30 @@ def _wheel(folder: Path, name: str, version: str, requires: list[str] = (), tag:
 def test_checker_accepts_a_complete_bundle_and_names_each_problem(tmp_path: Path) -> None:
     image = {"numpy": "2.5.2", "typing-extensions": None}
     pins: dict[str, str | None] = {"soundfile": "0.14.0", "cffi": "2.1.1", "pycparser": "3.12"}
-    good = [_wheel(tmp_path, "soundfile", "0.14.0", ["cffi>=1.0", "numpy", "typing-extensions"],
-                   tag="py2.py3-none-manylinux_2_28_x86_64"),
-            _wheel(tmp_path, "cffi", "2.1.1", ['pycparser; implementation_name != "PyPy"'],
-                   tag="cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64"),
-            _wheel(tmp_path, "pycparser", "3.12", ['pytest; extra == "test"', 'tomli; python_version < "3.11"'])]
+    good = [
+        _wheel(
+            tmp_path,
+            "soundfile",
+            "0.14.0",
+            ["cffi>=1.0", "numpy", "typing-extensions"],
+            tag="py2.py3-none-manylinux_2_28_x86_64",
+        ),
+        _wheel(
+            tmp_path,
+            "cffi",
+            "2.1.1",
+            ['pycparser; implementation_name != "PyPy"'],
+            tag="cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64",
+        ),
+        _wheel(tmp_path, "pycparser", "3.12", ['pytest; extra == "test"', 'tomli; python_version < "3.11"']),
+    ]
     roots = ["soundfile>=0.12", "numpy>=1.24"]
     assert gb.check(good, pins, image, "3.12", roots) == []
     # the same wheels for another Python: a cp312 build does not install on 3.11
     assert gb.check(good, pins, image, "3.11", roots) == [
-        "cffi-2.1.1-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl does not install on CPython 3.11 "
-        "x86-64 Linux"]
+        "cffi-2.1.1-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl does not install on "
+        "CPython 3.11 x86-64 Linux"
+    ]
     # a requirement nobody meets, one the image's known version does not meet, a wheel too many
     other = tmp_path / "other"
     other.mkdir()
@@ -60,13 +75,17 @@ def test_checker_accepts_a_complete_bundle_and_names_each_problem(tmp_path: Path
     assert any(p.startswith("two wheels for cffi:") for p in problems), problems
     assert "numpy is on the image already: bundling it would shadow the image's" in problems
     assert any(p.startswith("numpy-2.4.0-py3-none-any.whl is not pinned") for p in problems)
-    assert any(p.startswith("cosyclone needs wetext==0.1.8: neither bundled nor on the image") for p in problems)
+    assert any(
+        p.startswith("cosyclone needs wetext==0.1.8: neither bundled nor on the image") for p in problems
+    )
     assert any(p.startswith("cosyclone needs numpy>=3") for p in problems), problems
     # a pin without its wheel, a wheel of another version than its pin
-    assert gb.check(good[:2], pins, image, "3.12", roots) == ["no wheel for the pin pycparser==3.12",
-                                                               'cffi needs pycparser; implementation_name != "PyPy": '
-                                                               "neither bundled nor on the image (add it to "
-                                                               "gpu_bundle_pins.txt)"]
+    assert gb.check(good[:2], pins, image, "3.12", roots) == [
+        "no wheel for the pin pycparser==3.12",
+        'cffi needs pycparser; implementation_name != "PyPy": '
+        "neither bundled nor on the image (add it to "
+        "gpu_bundle_pins.txt)",
+    ]
     assert gb.check(good, {**pins, "cffi": "2.0"}, image, "3.12", roots) == [
         "cffi-2.1.1-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl is 2.1.1, pinned 2.0"]
 
@@ -89,7 +108,9 @@ def test_real_pins_follow_the_project_and_leave_the_image_alone() -> None:
         assert name in pins or name in image, req
         if req.specifier and "==" in str(req.specifier):
             assert f"=={pins[name]}" == str(req.specifier), (req, pins[name])
-    assert {"soundfile", "wetext", "inflect", "torch", "transformers", "onnxruntime"} <= set(pins) | set(image)
+    assert {"soundfile", "wetext", "inflect", "torch", "transformers", "onnxruntime"} <= set(pins) | set(
+        image
+    )
     assert image["torch"] == "2.11.0" and image["transformers"] == "5.17.0"
 
 
@@ -99,9 +120,12 @@ def _script() -> str:
 
 def test_script_uses_the_machines_python_and_installs_only_the_bundle() -> None:
     text = _script()
-    code = "\n".join(line for line in text.replace("\\\n", " ").splitlines() if not line.lstrip().startswith("#"))
+    code = "\n".join(
+        line for line in text.replace("\\\n", " ").splitlines() if not line.lstrip().startswith("#")
+    )
     assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
-    assert "make install" not in code and "venv" not in code  # no isolated venv, the image's torch stays visible
+    # no isolated venv, the image's torch stays visible
+    assert "make install" not in code and "venv" not in code
     installs = [line for line in code.splitlines() if "pip install" in line]
     assert len(installs) == 1 and "--no-index" in installs[0] and "--no-deps" in installs[0], installs
     assert "--target" in installs[0] and "torch" not in installs[0]
@@ -124,7 +148,11 @@ def test_script_runs_five_parts_in_order_each_under_an_interrupting_timeout() ->
     assert parts == [("1", "env", "0"), ("2", "decode", "1"), ("3", "e2e", "2"), ("4", "gpu_tests", "3"),
                      ("5", "parity", "4")]
     # SIGINT first (a Python traceback), KILL after KILL s, given up GRACE s later (stuck in the driver)
-    assert 'timeout --signal=KILL $((limit + KILL + GRACE)) \\\n    timeout --signal=INT --kill-after=$KILL "$limit" "$@"' in code
+    assert (
+        'timeout --signal=KILL $((limit + KILL + GRACE)) \\\n'
+        '    timeout --signal=INT --kill-after=$KILL "$limit" "$@"'
+        in code
+    )
     # files back from $OUT: one log per part, figures.jsonl, summary.txt (the device returns 8 at most)
     assert len(parts) + 2 <= 8 and "figures.jsonl" in code and "summary.txt" in code
     # on a GPU every part runs on the GPU (no CPU fallback), part 1 requires CUDA
@@ -136,7 +164,9 @@ def test_script_runs_five_parts_in_order_each_under_an_interrupting_timeout() ->
     args = "\n".join(x for x in gpu.splitlines() if re.match(r"\s*(STEP|E2E)_ARGS=", x))
     assert not re.search(r"bf16|--dtype|--batch", args), args
     joined = code.replace("\\\n", " ")
-    assert re.search(r"^export .*HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 CUBLAS_WORKSPACE_CONFIG=:4096:8", joined, re.M)
+    assert re.search(
+        r"^export .*HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 CUBLAS_WORKSPACE_CONFIG=:4096:8", joined, re.M
+    )
 
 
 def test_worst_case_of_parts_1_to_4_fits_seven_minutes() -> None:
@@ -149,12 +179,18 @@ def test_worst_case_of_parts_1_to_4_fits_seven_minutes() -> None:
     worst = c["PROBE"] + c["INSTALL"] + c["KILL"] + sum(limits[:4]) + 4 * (c["KILL"] + c["GRACE"])
     assert worst <= c["BUDGET"] <= 420, (worst, c)
     assert limits[0] >= 45 and limits[3] >= 120, limits
-    assert 'PYTAG=$(timeout -k 1 $((PROBE - 1)) "$PY"' in code and 'timeout -k $KILL $INSTALL "$PY" -m pip install' in code
+    assert (
+        'PYTAG=$(timeout -k 1 $((PROBE - 1)) "$PY"' in code
+        and 'timeout -k $KILL $INSTALL "$PY" -m pip install' in code
+    )
     verdict = re.search(r'timeout -k (\d+) (\d+) "\$PY" -m benchmarks.gpu_verdict', code)
-    assert verdict and int(verdict.group(1)) + int(verdict.group(2)) <= c["KILL"] + c["GRACE"]  # inside the margin
-    stated = (f"PROBE {c['PROBE']} + INSTALL {c['INSTALL']} + KILL {c['KILL']} + "
-              f"({' + '.join(map(str, limits[:4]))}) + 4 x (KILL {c['KILL']} + GRACE {c['GRACE']}) = {worst} s "
-              f"<= BUDGET {c['BUDGET']} s")
+    # inside the margin
+    assert verdict and int(verdict.group(1)) + int(verdict.group(2)) <= c["KILL"] + c["GRACE"]
+    stated = (
+        f"PROBE {c['PROBE']} + INSTALL {c['INSTALL']} + KILL {c['KILL']} + "
+        f"({' + '.join(map(str, limits[:4]))}) + 4 x (KILL {c['KILL']} + GRACE {c['GRACE']}) = {worst} s "
+        f"<= BUDGET {c['BUDGET']} s"
+    )
     assert stated in code
     assert [int(x) for x in re.findall(r"\[(\d+) s\]$", code[:code.index("set -uo")], re.M)] == limits
     docs = (ROOT / "docs" / "gpu.md").read_text()
@@ -167,7 +203,9 @@ def test_script_picks_exactly_the_files_holding_gpu_tests() -> None:
     modules that need packages the check does not use)."""
     line = next(x for x in _script().splitlines() if x.startswith("mapfile -t GPU_FILES"))
     cmd = line.split("< <(", 1)[1].rsplit(")", 1)[0]
-    found = subprocess.run(["bash", "-c", cmd], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    found = subprocess.run(
+        ["bash", "-c", cmd], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     want = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
                   if re.search(r"pytest\.mark\.gpu\b", p.read_text()))
     assert found == want and "tests/talker/test_cuda_graphs.py" in found
@@ -202,11 +240,21 @@ def test_dry_run_of_two_parts_prints_the_one_summary_table(tmp_path: Path) -> No
     rc, out, _ = _check(tmp_path, "--dry-run", "--parts", "1,4")
     assert rc == 0, out
     rows = _table(out, "dry run on CPU, tiny sizes")
-    assert [(r[0], r[1], r[2]) for r in rows] == [("1", "env", "PASS"), ("2", "decode", "SKIP"), ("3", "e2e", "SKIP"),
-                                                  ("4", "gpu_tests", "PASS"), ("5", "parity", "SKIP")], rows
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        ("1", "env", "PASS"),
+        ("2", "decode", "SKIP"),
+        ("3", "e2e", "SKIP"),
+        ("4", "gpu_tests", "PASS"),
+        ("5", "parity", "SKIP"),
+    ], rows
     assert "no GPU (CPU only)" in rows[0][4] and re.search(r"\d+/\d+ tests collected", rows[3][4]), rows
     assert out.rstrip().endswith("RESULT: PASS")
-    assert sorted(p.name for p in logs.iterdir()) == ["1_env.log", "4_gpu_tests.log", "figures.jsonl", "summary.txt"]
+    assert sorted(p.name for p in logs.iterdir()) == [
+        "1_env.log",
+        "4_gpu_tests.log",
+        "figures.jsonl",
+        "summary.txt",
+    ]
     assert '"part": "env"' in (logs / "figures.jsonl").read_text()
     assert not list(tmp_path.glob("gpu_check.*"))  # the script removed its work folder
 
@@ -237,7 +285,9 @@ def test_gpu_tests_that_all_skipped_are_a_failure(tmp_path: Path) -> None:
     rc, out, _ = _check(tmp_path, "--parts", "4")
     assert rc != 0 and out.rstrip().endswith("RESULT: FAIL"), out
     row = _table(out, "GPU")[3]
-    assert row[2] == "FAIL" and re.match(r"\d+ skipped, \d+ deselected: \d+ skipped \(a skipped test", row[4]), row
+    assert row[2] == "FAIL" and re.match(
+        r"\d+ skipped, \d+ deselected: \d+ skipped \(a skipped test", row[4]
+    ), row
 
 
 def _stub(tmp_path: Path, cases: str) -> Path:
@@ -292,7 +342,9 @@ def test_synth_rejects_unknown_cuda_graphs_value(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["synth", str(tmp_path / "m.jsonl"), "--load-format", "dummy",
                                    "--cuda-graphs", "yes"])
     text = " ".join(res.output.replace("│", " ").split())  # the usage box wraps lines
-    assert res.exit_code == 2 and "'--cuda-graphs'" in text and "'yes' is not one of 'auto', 'on', 'off'" in text, text
+    assert (
+        res.exit_code == 2 and "'--cuda-graphs'" in text and "'yes' is not one of 'auto', 'on', 'off'" in text
+    ), text
 
 
 def test_e2e_gives_every_row_a_prompt_of_its_own_of_varied_length(tmp_path: Path) -> None:

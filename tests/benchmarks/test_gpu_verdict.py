@@ -31,7 +31,10 @@ def _wav(samples: list[int]) -> bytes:
 def test_token_difference_names_the_first_row_and_step() -> None:
     assert gv.token_difference([[1, 2, 3], [4, 5]], [[1, 2, 3], [4, 5]]) is None
     assert gv.token_difference([[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 9, 6]]) == "row 1 step 1: 5 vs 9"
-    assert gv.token_difference([[1, 2]], [[1, 2, 3]], names=["r7"]) == "row r7: 2 tokens vs 3 (equal up to step 2)"
+    assert (
+        gv.token_difference([[1, 2]], [[1, 2, 3]], names=["r7"])
+        == "row r7: 2 tokens vs 3 (equal up to step 2)"
+    )
     assert gv.token_difference([[1]], [[1], [2]]) == "1 rows vs 2"
 
 
@@ -52,12 +55,21 @@ def test_pytest_verdict_fails_skips_and_empty_runs() -> None:
     assert not ok and "6 skipped" in why
     ok, why = gv.pytest_verdict("===== 5 passed, 1 skipped, 21 deselected in 9.10s =====")
     assert not ok and "1 skipped" in why
-    assert gv.pytest_verdict("5 passed, 1 skipped in 9.10s", allow_skips=True) == (True, "5 passed, 1 skipped")
-    assert gv.pytest_verdict("6 passed, 21 deselected in 75.03s (0:01:15)") == (True, "6 passed, 21 deselected")
+    assert gv.pytest_verdict("5 passed, 1 skipped in 9.10s", allow_skips=True) == (
+        True,
+        "5 passed, 1 skipped",
+    )
+    assert gv.pytest_verdict("6 passed, 21 deselected in 75.03s (0:01:15)") == (
+        True,
+        "6 passed, 21 deselected",
+    )
     assert not gv.pytest_verdict("1 failed, 5 passed in 3.0s")[0]
     assert gv.pytest_verdict("no tests ran in 0.01s") == (False, "no test ran (none selected)")
     assert gv.pytest_verdict("27 deselected in 1.0s") == (False, "no test ran (27 deselected)")
-    assert gv.pytest_verdict("Traceback ... KeyboardInterrupt") == (False, "no pytest summary line in the log")
+    assert gv.pytest_verdict("Traceback ... KeyboardInterrupt") == (
+        False,
+        "no pytest summary line in the log",
+    )
     assert gv.pytest_verdict("6/27 tests collected (21 deselected) in 2.44s", collect_only=True)[0]
     assert not gv.pytest_verdict("no tests collected (27 deselected) in 0.5s", collect_only=True)[0]
 
@@ -105,8 +117,21 @@ def test_two_synth_runs_are_compared_tokens_first(tiny_model_dir: Path, tmp_path
     from tests.engine.test_batch_invariance import _manifest
 
     with talker_tokens() as tokens:
-        res = CliRunner().invoke(app, ["synth", str(_manifest(tmp_path)), "--model-dir", str(tiny_model_dir),
-                                       "--out", str(tmp_path / "out"), "--device", "cpu", "--n-timesteps", "2"])
+        res = CliRunner().invoke(
+            app,
+            [
+                "synth",
+                str(_manifest(tmp_path)),
+                "--model-dir",
+                str(tiny_model_dir),
+                "--out",
+                str(tmp_path / "out"),
+                "--device",
+                "cpu",
+                "--n-timesteps",
+                "2",
+            ],
+        )
     assert res.exit_code == 0, res.output
     wavs = wav_bytes(tmp_path / "out")
     assert tokens and len(tokens) >= len(wavs) > 1
@@ -120,13 +145,15 @@ def test_two_synth_runs_are_compared_tokens_first(tiny_model_dir: Path, tmp_path
     data = bytearray(wavs[name])
     data[-1] ^= 1
     said = run_difference(run, (tokens, {**wavs, name: bytes(data)}))
-    assert said is not None and said.startswith(f"tokens equal, WAV bytes differ: 1 of {len(wavs)} WAVs differ; "
-                                                f"{name}: 1 of {len(data)} bytes differ"), said
+    assert said is not None and said.startswith(
+        f"tokens equal, WAV bytes differ: 1 of {len(wavs)} WAVs differ; {name}: 1 of {len(data)} bytes differ"
+    ), said
     assert run_difference(({}, wavs), run) is not None  # nothing recorded proves nothing
 
 
-def test_no_cuda_is_said_in_the_drivers_words_and_never_falls_back(monkeypatch: pytest.MonkeyPatch,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_no_cuda_is_said_in_the_drivers_words_and_never_falls_back(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A CPU build, and a CUDA build whose driver is missing: each says why; ``--device cuda``
     without a device exits 3 at once (the check's parts never measure the CPU in its place)."""
     import torch
@@ -141,7 +168,9 @@ def test_no_cuda_is_said_in_the_drivers_words_and_never_falls_back(monkeypatch: 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
 
     def init() -> None:
-        raise RuntimeError("Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU\nmore")
+        raise RuntimeError(
+            "Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU\nmore"
+        )
 
     monkeypatch.setattr(torch.cuda, "init", init)
     assert gpu_step.no_cuda_reason() == (f"torch {torch.__version__} (CUDA 13.0) finds no usable GPU, "

@@ -74,4 +74,5 @@ def test_ctrl_c_in_synthesize_rows_drops_the_rows_and_the_model_still_works(tiny
     assert interrupted < 4  # the rows in flight were dropped at once
     assert signal.getsignal(signal.SIGINT) == before
     one = tts.synthesize("hello again.", prompt_audio=prompt, prompt_text="reference words")
-    assert one.ok and one.audio is not None and one.tokens == (400,)  # the engine's session was closed cleanly
+    # the engine's session was closed cleanly
+    assert one.ok and one.audio is not None and one.tokens == (400,)

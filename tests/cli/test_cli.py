@@ -64,9 +64,24 @@ def wav_bytes(out: Path) -> dict[str, bytes]:
 # The fields of a diagnostics line (the record's dataclass, whose table docs/output.md holds), and of each of
 # its per-segment sampler records.
 ROW_FIELDS = {f.name for f in fields(RowRecord)}
-SAMPLER_FIELDS = {"row_id", "seed", "steps", "tokens_emitted", "stop_reason", "nan_steps", "all_nan_steps",
-                  "posinf_steps", "no_finite_steps", "ras_fallbacks", "ras_sole_restores", "min_len_suppressed",
-                  "policy", "draw", "legacy", "error"}
+SAMPLER_FIELDS = {
+    "row_id",
+    "seed",
+    "steps",
+    "tokens_emitted",
+    "stop_reason",
+    "nan_steps",
+    "all_nan_steps",
+    "posinf_steps",
+    "no_finite_steps",
+    "ras_fallbacks",
+    "ras_sole_restores",
+    "min_len_suppressed",
+    "policy",
+    "draw",
+    "legacy",
+    "error",
+}
 STOP_REASONS = {"eos", "max_len", "no_finite_logits", "error"}
 
 
@@ -106,7 +121,12 @@ def test_outputs_are_24k_wavs_of_the_expected_length_with_complete_diagnostics(
         assert all(v >= 0 for v in line["seconds"].values())
         for seg in line["sampler"]:
             assert set(seg) >= SAMPLER_FIELDS, SAMPLER_FIELDS - set(seg)
-            assert seg["row_id"] == rid and seg["steps"] >= 1 and seg["policy"] == "exclude" and not seg["legacy"]
+            assert (
+                seg["row_id"] == rid
+                and seg["steps"] >= 1
+                and seg["policy"] == "exclude"
+                and not seg["legacy"]
+            )
         assert all(0 < t <= MAX_TOKENS for t in line["tokens"])
         assert len(line["segments"]) == len(line["tokens"])  # what the LLM read, per segment
         assert all(seg["text"] and seg["text_ids"] > 0 and seg["prompt_ids"] > 0 for seg in line["segments"])
@@ -119,7 +139,10 @@ def test_outputs_are_24k_wavs_of_the_expected_length_with_complete_diagnostics(
     summary = json.loads((out / "summary.json").read_text())
     assert summary["done"] == 4 and summary["failed"] == 0 and summary["last_run"]["invalid"] == 0
     assert summary["audio_seconds"] == pytest.approx(sum(d["audio_seconds"] for d in lines))
-    assert summary["nan_summary"] == f"{sum(s['steps'] for d in lines for s in d['sampler'])} sampler calls, 0 entirely NaN"
+    assert (
+        summary["nan_summary"]
+        == f"{sum(s['steps'] for d in lines for s in d['sampler'])} sampler calls, 0 entirely NaN"
+    )
     for key in ("versions", "model_yaml_sha256", "options", "throughput_audio_s_per_s", "rtf", "model_hash"):
         assert summary["last_run"][key] is not None
     assert summary["last_run"]["options"]["max_tokens"] == MAX_TOKENS
@@ -158,7 +181,9 @@ def test_resume_after_a_kill_redoes_exactly_the_missing_rows(model_dir: Path, ma
     assert log.read_text() == before
 
 
-def test_reruns_with_the_same_seed_are_byte_identical(model_dir: Path, manifest: Path, tmp_path: Path) -> None:
+def test_reruns_with_the_same_seed_are_byte_identical(
+    model_dir: Path, manifest: Path, tmp_path: Path
+) -> None:
     assert synth(manifest, model_dir, tmp_path / "a", "--seed", "11").exit_code == 0
     first = wav_bytes(tmp_path / "a")
     assert len(first) == 4
@@ -205,7 +230,11 @@ def test_bad_rows_isolated(model_dir: Path, manifest: Path, tmp_path: Path) -> N
     assert sorted(diags(out)) == ["r0", "r1", "r2", "r3"]
     assert not (out / "x.wav").exists() and not (tmp_path / "x.wav").exists()
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["done"] == 4 and summary["last_run"]["invalid"] == 6 and len(summary["last_run"]["invalid_rows"]) == 6
+    assert (
+        summary["done"] == 4
+        and summary["last_run"]["invalid"] == 6
+        and len(summary["last_run"]["invalid_rows"]) == 6
+    )
     assert diags(out)["r1"]["line"] == 2  # the first occurrence of a duplicate id is the one kept
 
     val = runner.invoke(app, ["validate", str(manifest)])
@@ -237,10 +266,24 @@ def test_shards_disjoint_and_covering(model_dir: Path, manifest: Path, tmp_path:
 
 
 def test_speed_and_seed_fields_accepted(model_dir: Path, manifest: Path, tmp_path: Path) -> None:
-    rows = [{"id": "slow", "prompt_audio": "prompts/speaker2.wav", "prompt_text": "I recorded this sentence for you.",
-             "text": "hello there", "speed": 0.8},
-            {"id": "fast", "prompt_audio": "prompts/speaker3.wav", "prompt_text": "", "text": "hello there",
-             "mode": "cross_lingual", "speed": 1.25, "seed": 42}]
+    rows = [
+        {
+            "id": "slow",
+            "prompt_audio": "prompts/speaker2.wav",
+            "prompt_text": "I recorded this sentence for you.",
+            "text": "hello there",
+            "speed": 0.8,
+        },
+        {
+            "id": "fast",
+            "prompt_audio": "prompts/speaker3.wav",
+            "prompt_text": "",
+            "text": "hello there",
+            "mode": "cross_lingual",
+            "speed": 1.25,
+            "seed": 42,
+        },
+    ]
     path = manifest.parent / "speed.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out"
@@ -255,9 +298,27 @@ def test_speed_and_seed_fields_accepted(model_dir: Path, manifest: Path, tmp_pat
 
 def test_example_manifest_with_min_tokens_and_token_budget(model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    res = runner.invoke(app, ["synth", str(ROOT / "manifests" / "example.jsonl"), "--model-dir", str(model_dir),
-                              "--out", str(out), "--device", "cpu", "--max-tokens", "4", "--min-tokens", "4",
-                              "--n-timesteps", "2", "--token-budget", "1"])
+    res = runner.invoke(
+        app,
+        [
+            "synth",
+            str(ROOT / "manifests" / "example.jsonl"),
+            "--model-dir",
+            str(model_dir),
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+            "--max-tokens",
+            "4",
+            "--min-tokens",
+            "4",
+            "--n-timesteps",
+            "2",
+            "--token-budget",
+            "1",
+        ],
+    )
     assert res.exit_code == 0, res.output
     d = diags(out)
     assert sorted(d) == ["crossling", "hello", "instruct", "weather"]
@@ -266,7 +327,10 @@ def test_example_manifest_with_min_tokens_and_token_budget(model_dir: Path, tmp_
         assert all(s["steps"] == 4 for s in line["sampler"]), line  # min = max: exactly 4 tokens sampled
     assert d["weather"]["seed"] == 7
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["last_run"]["options"]["min_tokens"] == 4 and summary["last_run"]["options"]["token_budget"] == 1
+    assert (
+        summary["last_run"]["options"]["min_tokens"] == 4
+        and summary["last_run"]["options"]["token_budget"] == 1
+    )
 
 
 def test_validate_and_dry_run(model_dir: Path, manifest: Path, tmp_path: Path) -> None:

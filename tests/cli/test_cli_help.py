@@ -18,7 +18,9 @@ PANELS = ("Model", "Sampling", "Batching", "Output", "Scale-out")
 
 
 def _help(command: str) -> str:
-    res = CliRunner().invoke(cli.app, [command, "--help"], env={"COLUMNS": "80", "TERM": "dumb"}, terminal_width=80)
+    res = CliRunner().invoke(
+        cli.app, [command, "--help"], env={"COLUMNS": "80", "TERM": "dumb"}, terminal_width=80
+    )
     assert res.exit_code == 0, res.output
     return res.output
 
@@ -67,7 +69,9 @@ def test_a_bound_is_checked_once_for_every_door(tmp_path) -> None:
     from cosyclone.errors import CosycloneError
     from cosyclone.options import RunOptions
 
-    res = CliRunner().invoke(cli.app, ["synth", "missing.jsonl", "--top-k", "0", "--out", str(tmp_path / "o")])
+    res = CliRunner().invoke(
+        cli.app, ["synth", "missing.jsonl", "--top-k", "0", "--out", str(tmp_path / "o")]
+    )
     assert res.exit_code == 2 and "--top-k must be at least 1, not 0" in res.output
     with pytest.raises(CosycloneError, match="--top-k must be at least 1, not 0"):
         RunOptions(top_k=0)

@@ -65,10 +65,21 @@ def test_api_say_and_synth_give_byte_identical_audio(tts, tiny_model_dir: Path, 
     from cosyclone.run.writer import write_audio_atomic
 
     shutil.copytree(ROOT / "manifests" / "prompts", tmp_path / "prompts")
-    rows: list[dict[str, Any]] = [{"id": "seeded", "prompt_audio": "prompts/speaker1.wav", "prompt_text": "reference words",
-             "text": "Hello there, how are you?", "seed": 5},
-            {"id": "derived", "prompt_audio": "prompts/speaker2.wav", "text": "Bonjour tout le monde.",
-             "mode": "cross_lingual"}]
+    rows: list[dict[str, Any]] = [
+        {
+            "id": "seeded",
+            "prompt_audio": "prompts/speaker1.wav",
+            "prompt_text": "reference words",
+            "text": "Hello there, how are you?",
+            "seed": 5,
+        },
+        {
+            "id": "derived",
+            "prompt_audio": "prompts/speaker2.wav",
+            "text": "Bonjour tout le monde.",
+            "mode": "cross_lingual",
+        },
+    ]
     manifest = tmp_path / "m.jsonl"
     manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
     res = runner.invoke(app, ["synth", str(manifest), "--model-dir", str(tiny_model_dir), "--out",
@@ -87,16 +98,29 @@ def test_api_say_and_synth_give_byte_identical_audio(tts, tiny_model_dir: Path, 
     one = tts.synthesize("Hello there, how are you?", prompt_audio=tmp_path / "prompts" / "speaker1.wav",
                          prompt_text="reference words", seed=5, id="seeded")
     assert one.seed == 5 and one.tokens == results[0].tokens
-    write_audio_atomic(tmp_path / "one.wav", one.audio, model_rate=one.sample_rate, output=AudioOutput(encoding="pcm16"))
+    write_audio_atomic(
+        tmp_path / "one.wav", one.audio, model_rate=one.sample_rate, output=AudioOutput(encoding="pcm16")
+    )
     # alone, not in a batch of two: the same tokens, and the batch's float rounding at most
     assert_same_pcm16_up_to_rounding(tmp_path / "one.wav", wav_path(tmp_path / "out", "seeded"))
     # say derives the seed from the output's file stem as synth derives it from the id
-    assert say(tiny_model_dir, tmp_path / "derived.wav", "--mode", "cross_lingual", text="Bonjour tout le monde.",
-               prompt=tmp_path / "prompts" / "speaker2.wav").exit_code == 0  # the row's prompt
+    assert (
+        say(
+            tiny_model_dir,
+            tmp_path / "derived.wav",
+            "--mode",
+            "cross_lingual",
+            text="Bonjour tout le monde.",
+            prompt=tmp_path / "prompts" / "speaker2.wav",
+        ).exit_code
+        == 0
+    )  # the row's prompt
     assert_same_pcm16_up_to_rounding(tmp_path / "derived.wav", wav_path(tmp_path / "out", "derived"))
 
 
-def test_cross_lingual_without_prompt_text_validates_and_runs(tts, tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_cross_lingual_without_prompt_text_validates_and_runs(
+    tts, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     r = tts.synthesize("Bonjour.", prompt_audio=PROMPT, mode="cross_lingual")
     assert r.ok and r.error is None and r.tokens
     res = say(tiny_model_dir, tmp_path / "x.wav", "--mode", "cross_lingual", text="Bonjour.")
@@ -111,7 +135,8 @@ def test_nothing_to_speak_is_refused_with_its_line(tts, tmp_path: Path) -> None:
 
     shutil.copytree(ROOT / "manifests" / "prompts", tmp_path / "prompts")
     rows = [{"id": "ok", "prompt_audio": "prompts/speaker1.wav", "mode": "cross_lingual", "text": "Hello."},
-            {"id": "emoji", "prompt_audio": "prompts/speaker1.wav", "mode": "cross_lingual", "text": "😀🎉😀"},
+            {"id": "emoji", "prompt_audio": "prompts/speaker1.wav", "mode": "cross_lingual",
+             "text": "😀🎉😀"},
             {"id": "dots", "prompt_audio": "prompts/speaker1.wav", "mode": "cross_lingual", "text": "..."}]
     manifest = tmp_path / "m.jsonl"
     manifest.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
@@ -165,8 +190,12 @@ def test_synth_records_sampler_options_and_threads(tiny_model_dir: Path, tmp_pat
 
     shutil.copytree(ROOT / "manifests" / "prompts", tmp_path / "prompts")
     manifest = tmp_path / "m.jsonl"
-    manifest.write_text(json.dumps({"id": "a", "prompt_audio": "prompts/speaker1.wav", "mode": "cross_lingual",
-                                    "text": "Hello."}) + "\n")
+    manifest.write_text(
+        json.dumps(
+            {"id": "a", "prompt_audio": "prompts/speaker1.wav", "mode": "cross_lingual", "text": "Hello."}
+        )
+        + "\n"
+    )
     before = torch.get_num_threads()
     try:
         res = runner.invoke(app, ["synth", str(manifest), "--model-dir", str(tiny_model_dir), "--out",
@@ -184,7 +213,9 @@ def test_synth_records_sampler_options_and_threads(tiny_model_dir: Path, tmp_pat
     opts = json.loads((tmp_path / "out" / "summary.json").read_text())["last_run"]["options"]
     assert (opts["top_k"], opts["top_p"], opts["win_size"], opts["tau_r"]) == (5, 0.5, 4, 0.2)
     assert (opts["min_len_ratio"], opts["max_len_ratio"]) == (0.0, 3.0)
-    res = runner.invoke(app, ["synth", str(manifest), "--dry-run", "--load-format", "dummy", "--threads", "0"])
+    res = runner.invoke(
+        app, ["synth", str(manifest), "--dry-run", "--load-format", "dummy", "--threads", "0"]
+    )
     assert res.exit_code == 2 and "--threads" in res.output
 
 
@@ -204,7 +235,9 @@ def test_threads_reach_the_onnx_sessions(tiny_model_dir: Path) -> None:
 def test_the_api_runs_the_engine_synth_runs(tts) -> None:
     """CosyClone is a facade: its rows go through the one Engine, whose typed results carry the audio
     (and nothing of a folder: the engine knows no file layout)."""
-    rows = tts.validate([{"id": "a", "prompt_audio": str(PROMPT), "mode": "cross_lingual", "text": "Hi there."}])
+    rows = tts.validate(
+        [{"id": "a", "prompt_audio": str(PROMPT), "mode": "cross_lingual", "text": "Hi there."}]
+    )
     results = list(tts.engine.run(rows))
     assert [r.id for r in results] == ["a"] and results[0].audio is not None and results[0].ok
     assert not hasattr(results[0], "file") and not hasattr(results[0], "wav")

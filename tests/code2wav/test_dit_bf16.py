@@ -93,8 +93,15 @@ def test_bf16_rows_in_a_padded_batch_stay_close_to_the_rows_alone() -> None:
     lens, plens = torch.tensor([9, 4]), torch.tensor([4, 2])
     mel, mel_len = flow.inference(tok, lens, pt, plens, feat, emb, n_timesteps=3)
     for r in range(2):
-        alone, _ = flow.inference(tok[r:r + 1, :lens[r]], lens[r:r + 1], pt[r:r + 1, :plens[r]], plens[r:r + 1],
-                                  feat[r:r + 1, :2 * plens[r]], emb[r:r + 1], n_timesteps=3)
+        alone, _ = flow.inference(
+            tok[r : r + 1, : lens[r]],
+            lens[r : r + 1],
+            pt[r : r + 1, : plens[r]],
+            plens[r : r + 1],
+            feat[r : r + 1, : 2 * plens[r]],
+            emb[r : r + 1],
+            n_timesteps=3,
+        )
         n = int(mel_len[r])
         torch.testing.assert_close(mel[r:r + 1, :, :n], alone, rtol=0.05, atol=0.05)
         assert mel[r, :, n:].abs().max().item() == 0.0 if n < mel.shape[2] else True

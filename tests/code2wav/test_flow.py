@@ -106,7 +106,8 @@ def test_batch_equals_rows_alone() -> None:
 
 
 def test_cpu_chunks_equal_one_batch() -> None:
-    """token2wav's flow chunking (length-sorted, at most max_tokens padded positions a call) changes no row."""
+    """token2wav's flow chunking (length-sorted, at most max_tokens padded positions a call) changes no
+    row."""
     from cosyclone.code2wav.token2wav import run_flow
 
     model = build_flow(ModelConfig(flow=TINY), CPU, load_format="dummy")

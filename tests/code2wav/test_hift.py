@@ -74,8 +74,12 @@ def test_pinned_digests_are_the_reference_summary() -> None:
 def test_adapter_legacy_and_prefix() -> None:
     model = CausalHiFTGenerator(SMALL)
     init_dummy(model)
-    legacy = {("generator." + k).replace("parametrizations.weight.original0", "weight_g")
-              .replace("parametrizations.weight.original1", "weight_v"): v for k, v in model.state_dict().items()}
+    legacy = {
+        ("generator." + k)
+        .replace("parametrizations.weight.original0", "weight_g")
+        .replace("parametrizations.weight.original1", "weight_v"): v
+        for k, v in model.state_dict().items()
+    }
     assert CausalHiFTGenerator.adapt_keys(legacy).keys() == model.state_dict().keys()
 
 
@@ -161,7 +165,8 @@ def test_rows_side_by_side_on_cpu_threads_equal_one_padded_batch(monkeypatch) ->
     assert len(side) >= 2 and all(n == 1 for _, n in side) and len(ran) == 2 * len(side), ran
     assert (got - whole).abs().max().item() < 1e-6
     assert torch.equal(got, serial)  # the chunks come from the rows, not from the thread count
-    assert not [t for t in threading.enumerate() if t.name.startswith("cosyclone-hift")]  # none outlives the call
+    # none outlives the call
+    assert not [t for t in threading.enumerate() if t.name.startswith("cosyclone-hift")]
 
 
 def test_padding_garbage_does_not_matter() -> None:

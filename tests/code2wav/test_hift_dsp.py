@@ -64,7 +64,11 @@ def test_polyphase_upsample_is_the_upsampled_conv() -> None:
     """The released (k, up) pairs and one where k < up: same result up to float rounding."""
     gen = torch.Generator().manual_seed(3)
     for k, up in ((16, 8), (11, 5), (7, 3), (3, 4)):
-        w, bias, x = torch.randn(6, 5, k, generator=gen), torch.randn(6, generator=gen), torch.randn(2, 5, 9, generator=gen)
+        w, bias, x = (
+            torch.randn(6, 5, k, generator=gen),
+            torch.randn(6, generator=gen),
+            torch.randn(2, 5, 9, generator=gen),
+        )
         ref = F.conv1d(F.pad(F.interpolate(x, scale_factor=float(up), mode="nearest"), (k - 1, 0)), w, bias)
         poly = polyphase_upsample_weight(w, up)
         taps = poly.shape[-1]

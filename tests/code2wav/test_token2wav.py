@@ -25,7 +25,11 @@ def test_change_speed_per_row_equals_single_row_interpolation() -> None:
     for b, (n, s) in enumerate(zip(lens, speeds, strict=True)):
         m = int(out_len[b])
         if m:
-            ref = mel[b : b + 1, :, :n] if s == 1.0 else F.interpolate(mel[b : b + 1, :, :n], size=m, mode="linear")
+            ref = (
+                mel[b : b + 1, :, :n]
+                if s == 1.0
+                else F.interpolate(mel[b : b + 1, :, :n], size=m, mode="linear")
+            )
             assert torch.equal(out[b, :, :m], ref[0])
         assert torch.all(out[b, :, m:] == 0)
 

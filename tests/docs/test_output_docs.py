@@ -35,8 +35,19 @@ def test_a_text_holding_a_line_separator_keeps_its_record(tmp_path) -> None:
     from cosyclone.run.writer import BackgroundWriter, WriterOptions
 
     text = "first line\u2028second\u2029third"
-    stamp = RowStamp(fingerprint="f", fingerprint_parts={}, run_id="r", text=text, prompt_text="", prompt_audio="p",
-                     mode="cross_lingual", instruct="", speed=1.0, manifest="m", shard=None)
+    stamp = RowStamp(
+        fingerprint="f",
+        fingerprint_parts={},
+        run_id="r",
+        text=text,
+        prompt_text="",
+        prompt_audio="p",
+        mode="cross_lingual",
+        instruct="",
+        speed=1.0,
+        manifest="m",
+        shard=None,
+    )
     writer = BackgroundWriter(WriterOptions(out_dir=tmp_path), runfolder.journal_path(tmp_path, "all"))
     writer.submit(RowResult(id="sep", line=1, seed=0, status="failed", error="x"), stamp)
     writer.close()

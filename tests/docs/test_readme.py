@@ -36,7 +36,9 @@ def test_the_readme_is_a_first_screen_and_links_every_docs_page() -> None:
 
 def test_every_relative_link_resolves() -> None:
     broken = []
-    for where, text, base in [("README.md", README, ROOT)] + [(f"docs/{n}", t, ROOT / "docs") for n, t in DOCS.items()]:
+    for where, text, base in [("README.md", README, ROOT)] + [
+        (f"docs/{n}", t, ROOT / "docs") for n, t in DOCS.items()
+    ]:
         for m in LINK.finditer(text):
             target = m.group("target")
             if "://" in target:

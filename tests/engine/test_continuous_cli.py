@@ -86,7 +86,8 @@ def _synth(tts: Any, monkeypatch: pytest.MonkeyPatch, **opts: Any) -> tuple[dict
     got: dict[str, tuple] = {}
 
     def submit(rec: Any) -> None:
-        got[rec.id] = (replace(rec, seconds={}), b"" if rec.audio is None else rec.audio.tobytes())  # wall times differ
+        # wall times differ
+        got[rec.id] = (replace(rec, seconds={}), b"" if rec.audio is None else rec.audio.tobytes())
 
     engine_run(tts.stages, _rows(tts), replace(tts.options, **opts), submit)
     monkeypatch.undo()
@@ -117,7 +118,8 @@ def test_continuous_across_batches_gives_the_static_bytes(tts: Any, monkeypatch:
         for rid, (diag, wav) in static.items():
             assert cont[rid][0] == diag, (variant, rid)  # tokens, stop reasons, sampler counters, ...
             assert cont[rid][1] == wav, (variant, rid)  # the same float32 audio, bit for bit
-        assert [rid for kind, rid in events if kind == "code2wav"] == batches, variant  # same code2wav batches
+        # same code2wav batches
+        assert [rid for kind, rid in events if kind == "code2wav"] == batches, variant
         first_c2w = [k for k, _ in events].index("code2wav")
         assert [k for k, _ in events[:first_c2w]].count("add") >= 2, (variant, events)  # the talker ran ahead
 

@@ -58,10 +58,14 @@ def test_peak_memory_covers_what_is_resident_and_can_start_afresh() -> None:
 def _inputs(cfg: Any, lens: list[int]) -> dict[str, Any]:
     g = torch.Generator().manual_seed(7)
     b, n, p = len(lens), max(lens), 6
-    return {"token": torch.randint(0, cfg.flow.vocab_size, (b, n), generator=g), "token_len": torch.tensor(lens),
-            "prompt_token": torch.randint(0, cfg.flow.vocab_size, (b, p), generator=g),
-            "prompt_token_len": torch.full((b,), p), "prompt_feat": torch.randn(b, 2 * p, 80, generator=g),
-            "embedding": torch.randn(b, 192, generator=g)}
+    return {
+        "token": torch.randint(0, cfg.flow.vocab_size, (b, n), generator=g),
+        "token_len": torch.tensor(lens),
+        "prompt_token": torch.randint(0, cfg.flow.vocab_size, (b, p), generator=g),
+        "prompt_token_len": torch.full((b,), p),
+        "prompt_feat": torch.randn(b, 2 * p, 80, generator=g),
+        "embedding": torch.randn(b, 192, generator=g),
+    }
 
 
 def test_budgets_given_explicitly_equal_the_cpu_defaults_byte_for_byte(engine: Any) -> None:
@@ -111,9 +115,17 @@ def test_a_sized_run_decodes_with_the_sized_slots_and_hands_code2wav_its_budgets
     from cosyclone.manifest import rows_from_dicts
 
     root = Path(__file__).resolve().parents[2]
-    rows = rows_from_dicts([{"id": f"r{i}", "prompt_audio": str(root / "manifests" / "prompts" / "speaker2.wav"),
-                             "prompt_text": "reference words", "text": t}
-                            for i, t in enumerate(["Hello there.", "Short.", "One more line.", "The end."])]).rows
+    rows = rows_from_dicts(
+        [
+            {
+                "id": f"r{i}",
+                "prompt_audio": str(root / "manifests" / "prompts" / "speaker2.wav"),
+                "prompt_text": "reference words",
+                "text": t,
+            }
+            for i, t in enumerate(["Hello there.", "Short.", "One more line.", "The end."])
+        ]
+    ).rows
     opts = replace(engine.opts, batch_size=2)
     plain = Engine(engine.stages, opts)
     want = list(plain.run(rows))
@@ -129,7 +141,8 @@ def test_a_sized_run_decodes_with_the_sized_slots_and_hands_code2wav_its_budgets
 
     monkeypatch.setattr(T, "token2wav", spy)
     got = list(sized.run(rows))
-    assert sized.facts().talker_slots_used == 3 and plain.facts().talker_slots_used == 2  # CPU: a batch's worth
+    # CPU: a batch's worth
+    assert sized.facts().talker_slots_used == 3 and plain.facts().talker_slots_used == 2
     assert seen and all(s == {"flow_max_tokens": 20, "hift_max_frames": 30} for s in seen)
     for a, b in zip(got, want, strict=True):
         assert a.tokens == b.tokens and a.audio is not None and b.audio is not None

@@ -50,7 +50,8 @@ def test_exclude_aborts_exactly_the_all_nan_rows_at_their_first_nan_step() -> No
     assert [x.no_finite_steps for x in d] == [0, 1, 0, 1]
     assert [x.nan_steps for x in d] == [0, 1, 2, 1]
     assert [x.steps for x in d] == [STEPS, 3, STEPS, 1]
-    assert sum(x.steps for x in d) == 2 * STEPS + 4 and sum(x.all_nan_steps for x in d) == 2  # "sampler calls"
+    # "sampler calls"
+    assert sum(x.steps for x in d) == 2 * STEPS + 4 and sum(x.all_nan_steps for x in d) == 2
 
 
 def test_legacy_zero_reproduces_the_old_failure_with_exact_counts() -> None:

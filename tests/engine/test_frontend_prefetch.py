@@ -50,7 +50,8 @@ def _run(tts: Any, prefetch: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[Ran
     got: list[tuple[str, RowResult, bytes]] = []
 
     def submit(rec: RowResult) -> None:
-        got.append((rec.id, replace(rec, seconds={}), b"" if rec.audio is None else rec.audio.tobytes()))  # wall times differ
+        # wall times differ
+        got.append((rec.id, replace(rec, seconds={}), b"" if rec.audio is None else rec.audio.tobytes()))
 
     engine_run(tts.stages, rows, tts.options, submit, prefetch=prefetch)
     monkeypatch.setattr(type(fe), "prepare", real)

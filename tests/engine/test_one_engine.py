@@ -35,7 +35,8 @@ def test_a_reused_model_gives_a_changed_text_under_a_reused_id_what_a_fresh_one_
     def broken(*args, **kwargs):
         raise RuntimeError("code2wav down")
 
-    with monkeypatch.context() as m:  # the folder run fails after the talker: row a's tokens stay in its folder
+    # the folder run fails after the talker: row a's tokens stay in its folder
+    with monkeypatch.context() as m:
         m.setattr(stages, "_code2wav", broken)
         summary = tts.synth_folder(_manifest(tmp_path, "the first text of row a"), tmp_path / "out")
     assert summary.last_run.failed == 1
@@ -68,10 +69,13 @@ def test_say_the_api_and_synth_record_the_same_resolved_options(tiny_model_dir: 
     say_options = recorded_options(made[0].options, made[0].cfg)  # as a run records them
     loaded = api.CosyClone(tiny_model_dir, device="cpu", max_tokens=6, n_timesteps=2, top_k=7)
     api_options = recorded_options(loaded.options, loaded.cfg)
-    res = CliRunner().invoke(app, ["synth", str(_manifest(tmp_path, "Hello there.")), "--out", str(tmp_path / "o"),
-                                   "--quiet", *flags])
+    res = CliRunner().invoke(
+        app,
+        ["synth", str(_manifest(tmp_path, "Hello there.")), "--out", str(tmp_path / "o"), "--quiet", *flags],
+    )
     assert res.exit_code == 0, res.output
     synth_options = json.loads((tmp_path / "o" / "summary.json").read_text())["last_run"]["options"]
     assert say_options == api_options == synth_options
-    assert synth_options["cuda_graphs"] == "off" and synth_options["device"] == "cpu"  # resolved, never "auto"
+    # resolved, never "auto"
+    assert synth_options["cuda_graphs"] == "off" and synth_options["device"] == "cpu"
     assert synth_options["top_k"] == 7

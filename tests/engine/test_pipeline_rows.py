@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -54,17 +55,23 @@ class MarkingFrontend(Frontend):
         emb[0] = next((v for k, v in MARK.items() if k in text), 0.0)
         out = []
         for r in reqs:
-            r = type(r)(r.row_id, r.segment, r.text_ids, r.target_len, {**r.embed, "embedding": emb}, r.seed, speed)
+            r = type(r)(
+                r.row_id, r.segment, r.text_ids, r.target_len, {**r.embed, "embedding": emb}, r.seed, speed
+            )
             out.append(r)
         return out
 
 
 class MarkedFlow(Flow):
     @override
-    def inference(self, token, token_len, prompt_token, prompt_token_len, prompt_feat, embedding, *, n_timesteps=None):
+    def inference(
+        self, token, token_len, prompt_token, prompt_token_len, prompt_feat, embedding, *, n_timesteps=None
+    ):
         if (embedding[:, 0] == 3.0).any():
             raise IndexError("flow stub: index 99 is out of bounds")
-        mel, mel_len = super().inference(token, token_len, prompt_token, prompt_token_len, prompt_feat, embedding)
+        mel, mel_len = super().inference(
+            token, token_len, prompt_token, prompt_token_len, prompt_feat, embedding
+        )
         return mel + embedding[:, :1, None] * 1000.0, mel_len  # the marker travels to HiFT in the mel
 
 
@@ -79,8 +86,8 @@ class MarkedHift(Hift):
 
 
 def _stages() -> pipeline.Stages:
-    return pipeline.Stages(released_config(), resolve("cpu", "fp32"), MarkingFrontend(), None, MarkedFlow(),
-                           MarkedHift())
+    stand_ins: tuple[Any, ...] = (MarkingFrontend(), None, MarkedFlow(), MarkedHift())  # the stages' shapes
+    return pipeline.Stages(released_config(), resolve("cpu", "fp32"), *stand_ins)
 
 
 def _rows(texts: dict[str, str], **fields: object) -> list[ManifestRow]:
@@ -113,7 +120,11 @@ def test_nonfinite_audio_fails_the_row_by_default_and_counts_it() -> None:
     assert d["ok"].status == "ok" and d["ok"].nonfinite_audio_samples == 0
     assert d["n"].status == "failed" and d["n"].reason == "nonfinite_audio"
     assert d["n"].nonfinite_audio_samples == 24 and "12 NaN" in (d["n"].error or "")  # 12 per segment
-    assert d["i"].reason == "nonfinite_audio" and d["i"].nonfinite_audio_samples == 3 and "3 inf" in (d["i"].error or "")
+    assert (
+        d["i"].reason == "nonfinite_audio"
+        and d["i"].nonfinite_audio_samples == 3
+        and "3 inf" in (d["i"].error or "")
+    )
 
 
 def test_nonfinite_audio_zero_keeps_the_old_output_and_still_counts() -> None:
@@ -147,7 +158,9 @@ def test_a_speed_that_leaves_no_mel_frames_fails_the_row() -> None:
     assert d["fine"].status == "ok" and d["fine"].audio is not None and d["fine"].audio.size == 480  # 1 frame
 
 
-def test_stage_exceptions_fail_their_rows_with_type_message_and_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stage_exceptions_fail_their_rows_with_type_message_and_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     def talker(model, requests, options):
         if any(r.row_id == "t-boom" for r in requests):
             raise RuntimeError("talker stub: shape mismatch")
@@ -165,14 +178,18 @@ def test_stage_exceptions_fail_their_rows_with_type_message_and_traceback(monkey
     assert (c.reason, c.error_type) == ("exception", "IndexError") and "in inference" in (c.traceback or "")
     assert (c.error or "").startswith("code2wav: IndexError: flow stub")
     f = d["f"]
-    assert (f.reason, f.error_type) == ("exception", "ValueError") and "cannot tokenize" in (f.traceback or "")
+    assert (f.reason, f.error_type) == ("exception", "ValueError") and "cannot tokenize" in (
+        f.traceback or ""
+    )
     u = d["u"]  # a user-fixable error: type and message, no traceback
     assert (u.reason, u.error_type, u.traceback) == ("bad_input", "CosycloneError", None)
     assert "not speakable" in (u.error or "")
     assert all(d[k].traceback is None for k in ("a", "b"))
 
 
-def test_talker_out_of_memory_halves_the_batch_and_gives_the_same_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_talker_out_of_memory_halves_the_batch_and_gives_the_same_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     rows = _rows({f"r{i}": f"text{i}|more{i}" for i in range(6)})
     whole = _run(rows, batch_size=8)
     sizes: list[int] = []
@@ -187,7 +204,9 @@ def test_talker_out_of_memory_halves_the_batch_and_gives_the_same_rows(monkeypat
 
     def same(a: dict[str, RowResult], b: dict[str, RowResult]) -> bool:
         """Equal results but for wall seconds (the audio is not compared here: halving keeps tokens)."""
-        return {k: replace(r, seconds={}) for k, r in a.items()} == {k: replace(r, seconds={}) for k, r in b.items()}
+        return {k: replace(r, seconds={}) for k, r in a.items()} == {
+            k: replace(r, seconds={}) for k, r in b.items()
+        }
 
     halved = _run(rows, batch_size=8, schedule="static")
     assert sizes == [12, 6, 3, 3, 6, 3, 3]  # 12 segments -> halves -> quarters, each retried once
@@ -219,11 +238,15 @@ def test_a_bug_outside_the_stage_guards_fails_only_its_row(monkeypatch: pytest.M
     d = _run(_rows({"a": "one", "bug": "two", "b": "three"}), batch_size=8)
     assert d["a"].status == d["b"].status == "ok"
     assert d["bug"].reason == "exception" and d["bug"].error_type == "KeyError"
-    assert (d["bug"].error or "").startswith("pipeline: KeyError") and "in check" in (d["bug"].traceback or "")
+    assert (d["bug"].error or "").startswith("pipeline: KeyError") and "in check" in (
+        d["bug"].traceback or ""
+    )
 
 
 @pytest.mark.parametrize("schedule", ["continuous", "static"])
-def test_a_frontend_bug_outside_the_row_guards_loses_no_row(monkeypatch: pytest.MonkeyPatch, schedule: str) -> None:
+def test_a_frontend_bug_outside_the_row_guards_loses_no_row(
+    monkeypatch: pytest.MonkeyPatch, schedule: str
+) -> None:
     """A batch whose frontend call raises as a whole (not per row) goes through every stage row by
     row; with the talker session busy with other batches, nothing is lost or mixed up."""
     real = pipeline.prepare_batch
@@ -265,4 +288,7 @@ def test_cli_summary_counts_nonfinite_audio_and_failure_reasons(monkeypatch: pyt
     s = json.loads((tmp_path / "zero" / "summary.json").read_text())
     assert s["done"] == 3 and (s["nonfinite_audio_rows"], s["nonfinite_audio_samples"]) == (2, 15)
     assert "--nonfinite-audio zero" in res.output
-    assert CliRunner().invoke(app, [*base, "--out", str(tmp_path / "x"), "--nonfinite-audio", "skip"]).exit_code == 2
+    assert (
+        CliRunner().invoke(app, [*base, "--out", str(tmp_path / "x"), "--nonfinite-audio", "skip"]).exit_code
+        == 2
+    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -66,8 +67,17 @@ def generate(model, requests, options):
         n = min(options.max_len_override or 50, max(options.min_len_override or 0, 2 + r.target_len))
         toks = torch.randint(0, 6561, (n,), generator=g).tolist()
         stop = "no_finite_logits" if r.row_id.startswith("nan") else "max_len"
-        out.append(Res(r.row_id, toks, toks, stop, SamplerRowDiagnostics(row_id=r.row_id, seed=r.seed, steps=n,
-                                                                           all_nan_steps=n if stop != "max_len" else 0)))
+        out.append(
+            Res(
+                r.row_id,
+                toks,
+                toks,
+                stop,
+                SamplerRowDiagnostics(
+                    row_id=r.row_id, seed=r.seed, steps=n, all_nan_steps=n if stop != "max_len" else 0
+                ),
+            )
+        )
     return out
 
 
@@ -98,14 +108,22 @@ class GenerateSession:
         import cosyclone.talker.decode as dec
 
         take, self.queue = self.queue[:self.slots], self.queue[self.slots:]
-        return list(zip([t for t, _ in take], dec.generate(self.model, [r for _, r in take], self.options), strict=True))
+        return list(
+            zip(
+                [t for t, _ in take],
+                dec.generate(self.model, [r for _, r in take], self.options),
+                strict=True,
+            )
+        )
 
     def close(self):
         return []
 
 
 class Flow:
-    def inference(self, token, token_len, prompt_token, prompt_token_len, prompt_feat, embedding, *, n_timesteps=None):
+    def inference(
+        self, token, token_len, prompt_token, prompt_token_len, prompt_feat, embedding, *, n_timesteps=None
+    ):
         mel = token[:, None, :].float().repeat(1, 80, 2) / 6561.0
         return mel, token_len * 2
 
@@ -127,7 +145,7 @@ def stubbed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(dec, "generate", generate)
     monkeypatch.setattr(dec, "TalkerSession", GenerateSession)
     monkeypatch.setattr(pipeline, "load_stages", lambda cfg, policy, fmt, **kw: pipeline.Stages(
-        cfg, policy, Frontend(), None, Flow(), Hift()))
+        cfg, policy, cast(Any, Frontend()), cast(Any, None), cast(Any, Flow()), cast(Any, Hift())))
 
 
 def make_manifest(tmp: Path, texts: dict[str, str]) -> Path:
@@ -140,7 +158,18 @@ def make_manifest(tmp: Path, texts: dict[str, str]) -> Path:
 def test_cli_on_stub_stages(stubbed: None, tmp_path: Path) -> None:
     m = make_manifest(tmp_path, {"a": "one|two", "b": "three", "nan1": "x", "c": "frontend-fail"})
     out = tmp_path / "out"
-    args = ["synth", str(m), "--load-format", "dummy", "--out", str(out), "--device", "cpu", "--max-tokens", "4"]
+    args = [
+        "synth",
+        str(m),
+        "--load-format",
+        "dummy",
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--max-tokens",
+        "4",
+    ]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 3, res.output
     d = {x["id"]: x for x in map(json.loads, (out / "diagnostics.jsonl").read_text().splitlines())}
@@ -174,7 +203,10 @@ def test_min_tokens_reaches_decode_options(stubbed: None, tmp_path: Path) -> Non
     d = {x["id"]: x for x in map(json.loads, (out / "diagnostics.jsonl").read_text().splitlines())}
     assert d["a"]["tokens"] == [9] and d["b"]["tokens"] == [9]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["last_run"]["options"]["min_tokens"] == 9 and summary["last_run"]["options"]["token_budget"] is None
+    assert (
+        summary["last_run"]["options"]["min_tokens"] == 9
+        and summary["last_run"]["options"]["token_budget"] is None
+    )
     bad = CliRunner().invoke(app, [*args[:-4], "--max-tokens", "4", "--min-tokens", "5"])
     assert bad.exit_code == 2 and "--min-tokens 5 is above --max-tokens 4" in bad.output
     assert "--min-tokens" not in CliRunner().invoke(app, ["synth", "--help"]).output  # advanced: hidden
@@ -253,18 +285,37 @@ def test_writer_atomic_float_and_torn_line(tmp_path: Path) -> None:
     from cosyclone.run.row_record import RowStamp
     from cosyclone.run.writer import BackgroundWriter, WriterOptions
 
-    stamp = RowStamp(fingerprint=None, fingerprint_parts=None, run_id="r", text="t", prompt_text="", prompt_audio="p",
-                     mode="zero_shot", instruct="", speed=1.0, manifest="m", shard=None)
+    stamp = RowStamp(
+        fingerprint=None,
+        fingerprint_parts=None,
+        run_id="r",
+        text="t",
+        prompt_text="",
+        prompt_audio="p",
+        mode="zero_shot",
+        instruct="",
+        speed=1.0,
+        manifest="m",
+        shard=None,
+    )
 
     (tmp_path / "diagnostics.jsonl").write_text('{"id": "old", "status": "ok"}\n{"id": "torn", "sta')
     (tmp_path / "wavs").mkdir()
     (tmp_path / "wavs" / "y.wav").write_bytes(b"stale audio of an earlier attempt")  # an earlier version's place
-    w = BackgroundWriter(WriterOptions(out_dir=tmp_path, output=AudioOutput(encoding="float")), journal_path(tmp_path, "all"))
+    w = BackgroundWriter(
+        WriterOptions(out_dir=tmp_path, output=AudioOutput(encoding="float")), journal_path(tmp_path, "all")
+    )
     w.submit(RowResult(id="x", line=1, seed=0, audio=np.full(480, 0.25, np.float32)), stamp)
-    w.submit(RowResult(id="y", line=2, seed=0, status="failed", error="boom", traceback="Traceback..."), stamp)
+    w.submit(
+        RowResult(id="y", line=2, seed=0, status="failed", error="boom", traceback="Traceback..."), stamp
+    )
     w.close()
     data, sr = sf.read(str(wav_path(tmp_path, "x")), dtype="float32")
-    assert sr == 24000 and np.allclose(data, 0.25) and sf.info(str(wav_path(tmp_path, "x"))).subtype == "FLOAT"
+    assert (
+        sr == 24000
+        and np.allclose(data, 0.25)
+        and sf.info(str(wav_path(tmp_path, "x"))).subtype == "FLOAT"
+    )
     assert not list((tmp_path / "wavs").rglob(".*tmp*"))
     records = read_records(tmp_path)
     assert set(records) == {"old", "x", "y"} and records["x"].samples == 480

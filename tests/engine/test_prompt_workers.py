@@ -131,8 +131,17 @@ def test_a_run_with_prompt_workers_writes_what_a_run_without_them_writes(
 
     for k in range(6):  # six files, three contents
         shutil.copy(ROOT / "manifests" / "prompts" / f"speaker{k % 3 + 1}.wav", tmp_path / f"p{k}.wav")
-    rows = rows_from_dicts([{"id": f"r{k}", "prompt_audio": str(tmp_path / f"p{k}.wav"),
-                             "prompt_text": "reference words", "text": f"Line number {k}."} for k in range(6)]).rows
+    rows = rows_from_dicts(
+        [
+            {
+                "id": f"r{k}",
+                "prompt_audio": str(tmp_path / f"p{k}.wav"),
+                "prompt_text": "reference words",
+                "text": f"Line number {k}.",
+            }
+            for k in range(6)
+        ]
+    ).rows
     engine = Engine.load(tiny_model_dir, RunOptions(device="cpu", max_tokens=6, n_timesteps=1, batch_size=2,
                                                     frontend_workers=2, frontend_threads=1))
     where: list[str] = []
@@ -146,7 +155,8 @@ def test_a_run_with_prompt_workers_writes_what_a_run_without_them_writes(
     engine.stages.frontend.prompt_cache._data.clear()
 
     def run(prefetch: bool) -> list[tuple[str, RowResult, bytes]]:
-        return [(r.id, replace(r, seconds={}), b"" if r.audio is None else r.audio.tobytes())  # wall times differ
+        # wall times differ
+        return [(r.id, replace(r, seconds={}), b"" if r.audio is None else r.audio.tobytes())
                 for r in engine.run(rows, prefetch=prefetch)]
 
     ahead = run(True)

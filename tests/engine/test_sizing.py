@@ -27,7 +27,9 @@ def _n(value: int | None) -> int:
     return value
 
 
-def _gpu(backend: str = "cuda", dtype: torch.dtype = torch.float32, flow: torch.dtype | None = torch.bfloat16):
+def _gpu(
+    backend: str = "cuda", dtype: torch.dtype = torch.float32, flow: torch.dtype | None = torch.bfloat16
+):
     """A CUDA/ROCm policy as resolve() makes it on a GPU (no GPU is touched: sizing reads no device)."""
     return DevicePolicy(device=torch.device("cuda"), dtype=dtype, backend=backend, flow_dtype=flow)
 
@@ -69,7 +71,9 @@ def test_on_a_gpu_the_sizes_follow_the_free_memory(free_gib: int) -> None:
     assert s.sized and (s.talker_slots, s.hift_max_frames, s.flow_max_tokens, s.batch_size) == _rule(
         free_gib * GIB, policy, opts)
     assert s.reserve_positions == Z.POSITIONS_PER_SLOT and s.free_bytes == free_gib * GIB
-    slots = _n(s.talker_slots) * (_n(s.reserve_positions) * s.kv_bytes_per_position + 64 * CFG.talker.decoder_size)
+    slots = _n(s.talker_slots) * (
+        _n(s.reserve_positions) * s.kv_bytes_per_position + 64 * CFG.talker.decoder_size
+    )
     c2w = s.hift_max_frames * Z.HIFT_BYTES_PER_FRAME + s.flow_max_tokens * Z.FLOW_BYTES_PER_TOKEN["bf16"]
     if free_gib >= 12:  # above the one-design-row minimums, what is planned fits what was usable
         prefill = _n(s.prefill_tokens) * Z.prefill_bytes_per_position(CFG)
@@ -123,9 +127,11 @@ def test_an_accelerator_needs_a_free_memory_figure() -> None:
 
 def test_prompt_workers_take_the_cores_torch_leaves() -> None:
     opts = RunOptions()
-    assert frontend_plan(opts, gpu=False, cores=2, torch_threads=2) == (1, 1)  # CPU: the models share the cores
+    # CPU: the models share the cores
+    assert frontend_plan(opts, gpu=False, cores=2, torch_threads=2) == (1, 1)
     assert frontend_plan(opts, gpu=False, cores=16, torch_threads=4) == (12, 1)
-    assert frontend_plan(opts, gpu=True, cores=16) == (16 - Z.GPU_HOST_THREADS, 1)  # GPU: torch only queues work
+    # GPU: torch only queues work
+    assert frontend_plan(opts, gpu=True, cores=16) == (16 - Z.GPU_HOST_THREADS, 1)
     assert frontend_plan(replace(opts, threads=6), gpu=True, cores=16) == (10, 1)
     assert frontend_plan(replace(opts, frontend_threads=4), gpu=True, cores=16) == (3, 4)
     assert frontend_plan(replace(opts, frontend_workers=5, frontend_threads=2), gpu=True, cores=16) == (5, 2)
@@ -147,7 +153,9 @@ def test_a_dry_run_subtracts_the_weights_in_each_stages_dtype() -> None:
     assert not Z.dry_run_sizing(CFG, resolve("cpu", "fp32"), RunOptions()).sized  # CPU: no memory read
 
 
-def _fake_gpu_memory(monkeypatch: pytest.MonkeyPatch, free: int, reserved: int = 0, allocated: int = 0) -> None:
+def _fake_gpu_memory(
+    monkeypatch: pytest.MonkeyPatch, free: int, reserved: int = 0, allocated: int = 0
+) -> None:
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 80 * GIB))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: reserved)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: allocated)

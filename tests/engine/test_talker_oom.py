@@ -18,7 +18,12 @@ from cosyclone.options import RunOptions
 from cosyclone.talker.request import prompt_length
 
 ROOT = Path(__file__).resolve().parents[2]
-TEXTS = {"a": "Hi.", "b": "Short.", "long": "One two three four five six seven eight nine ten eleven.", "c": "Yes."}
+TEXTS = {
+    "a": "Hi.",
+    "b": "Short.",
+    "long": "One two three four five six seven eight nine ten eleven.",
+    "c": "Yes.",
+}
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +45,9 @@ def test_an_oom_in_the_talker_frees_the_failed_attempt_and_fails_only_what_canno
     failed: list[weakref.ref[torch.Tensor]] = []  # a tensor each failed attempt held in its frame
     alive_at_retry: list[bool] = []
 
-    def prefill(embeds: torch.Tensor, lengths: torch.Tensor, idx: torch.Tensor, *, cache: Any) -> torch.Tensor:
+    def prefill(
+        embeds: torch.Tensor, lengths: torch.Tensor, idx: torch.Tensor, *, cache: Any
+    ) -> torch.Tensor:
         if len(failed) == 1 and not alive_at_retry:  # the first call after the shared session failed
             alive_at_retry.append(failed[0]() is not None)
         if int(lengths.max()) > fits:  # the long row does not fit the "device"

@@ -26,10 +26,19 @@ from tests.reference import state_dict_manifest, state_dict_summary
 
 CPU = DevicePolicy(torch.device("cpu"), torch.float32, "cpu")
 # what the official constructor opens (spk2info.pt is optional: it falls back to an empty dict)
-OFFICIAL_FILES = ("cosyvoice3.yaml", "llm.pt", "flow.pt", "hift.pt", "campplus.onnx", "speech_tokenizer_v3.onnx",
-                  "CosyVoice-BlankEN/config.json", "CosyVoice-BlankEN/model.safetensors",
-                  "CosyVoice-BlankEN/vocab.json", "CosyVoice-BlankEN/merges.txt",
-                  "CosyVoice-BlankEN/tokenizer_config.json")
+OFFICIAL_FILES = (
+    "cosyvoice3.yaml",
+    "llm.pt",
+    "flow.pt",
+    "hift.pt",
+    "campplus.onnx",
+    "speech_tokenizer_v3.onnx",
+    "CosyVoice-BlankEN/config.json",
+    "CosyVoice-BlankEN/model.safetensors",
+    "CosyVoice-BlankEN/vocab.json",
+    "CosyVoice-BlankEN/merges.txt",
+    "CosyVoice-BlankEN/tokenizer_config.json",
+)
 
 
 @pytest.fixture()
@@ -61,12 +70,17 @@ def test_checkpoint_keys_are_the_released_ones(tiny: Path, component: str) -> No
     assert {_blockless(k) for k in got} == {_blockless(k) for k in ref}  # the same keys, block for block
     assert set(got) <= set(ref), sorted(set(got) - set(ref))[:5]  # and only indices the release has
     for key, tensor in got.items():
-        assert tensor.dim() == len(ref[key]["shape"]) and str(tensor.dtype) == f"torch.{ref[key]['dtype']}", key
+        assert tensor.dim() == len(ref[key]["shape"]) and str(tensor.dtype) == f"torch.{ref[key]['dtype']}", (
+            key
+        )
 
 
 def test_llm_pt_carries_the_tied_head_the_official_strict_load_needs(tiny: Path) -> None:
     summary = state_dict_summary()["loader_checks_with_official_strict_load"]
-    assert summary["llm_without_lm_head_key"].startswith("FAIL") and TIED_LM_HEAD in summary["llm_without_lm_head_key"]
+    assert (
+        summary["llm_without_lm_head_key"].startswith("FAIL")
+        and TIED_LM_HEAD in summary["llm_without_lm_head_key"]
+    )
     state = _official_keys(tiny, "llm.pt")
     assert torch.equal(state[TIED_LM_HEAD], state[TIED_TO])
 

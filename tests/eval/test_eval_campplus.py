@@ -49,7 +49,9 @@ def test_eval_embeds_exactly_what_the_frontend_conditions_on(tiny_dir: Path):
     from cosyclone.frontend.onnx import OnnxModels
 
     wave = _wave("prompts/voice_a.wav")
-    frontend = OnnxModels(tiny_dir, providers=["CPUExecutionProvider"]).speaker_embedding(torch.from_numpy(wave))
+    frontend = OnnxModels(tiny_dir, providers=["CPUExecutionProvider"]).speaker_embedding(
+        torch.from_numpy(wave)
+    )
     ours = CampplusEncoder(tiny_dir / "campplus.onnx", providers=["CPUExecutionProvider"]).embed(wave)
     assert np.array_equal(frontend.numpy(), ours)
 

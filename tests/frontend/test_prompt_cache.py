@@ -50,8 +50,25 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> Counter[tuple[str, int]]:
 
 
 def _run(manifest: Path, model_dir: Path, out: Path) -> dict[str, dict]:
-    res = CliRunner().invoke(app, ["synth", str(manifest), "--model-dir", str(model_dir), "--out", str(out),
-                                   "--device", "cpu", "--n-timesteps", "2", "--batch-size", "4", "--seed", "3"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "synth",
+            str(manifest),
+            "--model-dir",
+            str(model_dir),
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+            "--n-timesteps",
+            "2",
+            "--batch-size",
+            "4",
+            "--seed",
+            "3",
+        ],
+    )
     assert res.exit_code == 0, res.output
     return diags(out)
 
@@ -96,7 +113,11 @@ def test_digest_is_of_content_not_name(tmp_path: Path) -> None:
     src = ROOT / "manifests" / "prompts" / "speaker1.wav"
     copy = tmp_path / "other_name.wav"
     shutil.copy(src, copy)
-    assert audio_digest(src) == audio_digest(copy) != audio_digest(ROOT / "manifests" / "prompts" / "speaker2.wav")
+    assert (
+        audio_digest(src)
+        == audio_digest(copy)
+        != audio_digest(ROOT / "manifests" / "prompts" / "speaker2.wav")
+    )
     wave = torch.randn(1600)
     assert audio_digest((wave, 16000)) == audio_digest((wave.clone(), 16000)) != audio_digest((wave, 24000))
 

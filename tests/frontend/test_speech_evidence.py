@@ -29,16 +29,134 @@ from cosyclone.options import Mode, TextFrontendName
 from tests.text_table import deviations
 
 ROOT = Path(__file__).resolve().parents[2]
-TRICKY = ["Mr.", "St.", "e.g.", "a", "I", "x-y", "3%", "$5", "½", "²", "%", "$$", "…", "😀", "😀 😀.", "...", "-",
-          "#", "@", "&", "Dr. No", "i.e.", "U.S.", "A.", "No. 5", "#1", "1st", "2nd", "3rd", "4th", "100%",
-          "$0.99", "£5", "€10", "¥20", "10:30", "12/25", "1/2", "3.14", "-7", "+1", "1e10", "0x1F", "x", "X", "q",
-          "II", "IV", "XIV", "Chapter XIV.", "www.example.com", "a@b.c", "http://x.y", "C++", "C#", "R&D", "AT&T",
-          "2024年3月15日", "今天是2024年3月15日。", "第3章", "3个", "价格是$5。", "共100%。", "1", "一", "A1", "1A",
-          "mm", "km/h", "5km", "°C", "5°C", "30°", "9" * EVIDENCE_MAX_DIGITS, "a " + "1" * EVIDENCE_MAX_DIGITS,
-          "9" * 33, "9" * 34, "a " + "9" * 40, "1" * 40 + "%", "a " + "1" * 40 + "%", "1" * EVIDENCE_MAX_DIGITS + "%",
-          "a " + "1" * EVIDENCE_MAX_DIGITS + "%", "1e40", "1E+40", "10^40", "$" + "9" * EVIDENCE_MAX_DIGITS, "１２３", "١٢٣", "Ⅻ", "ⅻ", "①", "Ⓐ", "ａｂｃ", "ß", "é", "Ω", "π", "∞",
-          "\t a \n", "a\r\nb", "two  spaces", "x\n\ny", "item #3", "'", '"a"', "(a)", "[1]", "{x}", "<a>", "a|b",
-          "\\", "a\\b", "`a`", "~", "^", "*", "_a_", "a_b", "=", "1=1", "a=b", "?!", "a?", "1?", "Ok!", "ok."]
+TRICKY = [
+    "Mr.",
+    "St.",
+    "e.g.",
+    "a",
+    "I",
+    "x-y",
+    "3%",
+    "$5",
+    "½",
+    "²",
+    "%",
+    "$$",
+    "…",
+    "😀",
+    "😀 😀.",
+    "...",
+    "-",
+    "#",
+    "@",
+    "&",
+    "Dr. No",
+    "i.e.",
+    "U.S.",
+    "A.",
+    "No. 5",
+    "#1",
+    "1st",
+    "2nd",
+    "3rd",
+    "4th",
+    "100%",
+    "$0.99",
+    "£5",
+    "€10",
+    "¥20",
+    "10:30",
+    "12/25",
+    "1/2",
+    "3.14",
+    "-7",
+    "+1",
+    "1e10",
+    "0x1F",
+    "x",
+    "X",
+    "q",
+    "II",
+    "IV",
+    "XIV",
+    "Chapter XIV.",
+    "www.example.com",
+    "a@b.c",
+    "http://x.y",
+    "C++",
+    "C#",
+    "R&D",
+    "AT&T",
+    "2024年3月15日",
+    "今天是2024年3月15日。",
+    "第3章",
+    "3个",
+    "价格是$5。",
+    "共100%。",
+    "1",
+    "一",
+    "A1",
+    "1A",
+    "mm",
+    "km/h",
+    "5km",
+    "°C",
+    "5°C",
+    "30°",
+    "9" * EVIDENCE_MAX_DIGITS,
+    "a " + "1" * EVIDENCE_MAX_DIGITS,
+    "9" * 33,
+    "9" * 34,
+    "a " + "9" * 40,
+    "1" * 40 + "%",
+    "a " + "1" * 40 + "%",
+    "1" * EVIDENCE_MAX_DIGITS + "%",
+    "a " + "1" * EVIDENCE_MAX_DIGITS + "%",
+    "1e40",
+    "1E+40",
+    "10^40",
+    "$" + "9" * EVIDENCE_MAX_DIGITS,
+    "１２３",
+    "١٢٣",
+    "Ⅻ",
+    "ⅻ",
+    "①",
+    "Ⓐ",
+    "ａｂｃ",
+    "ß",
+    "é",
+    "Ω",
+    "π",
+    "∞",
+    "\t a \n",
+    "a\r\nb",
+    "two  spaces",
+    "x\n\ny",
+    "item #3",
+    "'",
+    '"a"',
+    "(a)",
+    "[1]",
+    "{x}",
+    "<a>",
+    "a|b",
+    "\\",
+    "a\\b",
+    "`a`",
+    "~",
+    "^",
+    "*",
+    "_a_",
+    "a_b",
+    "=",
+    "1=1",
+    "a=b",
+    "?!",
+    "a?",
+    "1?",
+    "Ok!",
+    "ok.",
+]
 
 
 def _ascii_texts() -> Iterator[str]:
@@ -66,7 +184,9 @@ def _bench_texts(n: int = 400) -> Iterator[str]:
 
 
 def _local_corpus() -> list[str]:
-    controls = json.loads((ROOT / "tests" / "fixtures" / "text_controls.json").read_text(encoding="utf-8"))["cases"]
+    controls = json.loads((ROOT / "tests" / "fixtures" / "text_controls.json").read_text(encoding="utf-8"))[
+        "cases"
+    ]
     table = [d.input for d in deviations() if d.vector_name is None]
     texts = [*TRICKY, *table, *(c["text"] for c in controls), *_bench_texts(), *_ascii_texts()]
     return list(dict.fromkeys(t for t in texts if isinstance(t, str)))
@@ -81,7 +201,8 @@ def _answer(mode: Mode, text: str, kind: TextFrontendName) -> str | None:
 
 
 def _check(texts: list[str], monkeypatch: pytest.MonkeyPatch, kind: TextFrontendName = "wetext") -> int:
-    """Assert the claim over ``texts`` with the ``kind`` normalizer; returns how many the shortcut answered."""
+    """Assert the claim over ``texts`` with the ``kind`` normalizer; returns how many the shortcut
+    answered."""
     norm = get_normalizer(kind)
     answered = 0
     for text in texts:
@@ -113,7 +234,8 @@ def test_the_shortcut_is_sound_on_the_reference_texts(reference_set, monkeypatch
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("Hello", True), ("3%", True), ("$5", True), ("今天", True), ("a", True), ("9" * EVIDENCE_MAX_DIGITS, True),
+    ("Hello", True), ("3%", True), ("$5", True), ("今天", True), ("a", True),
+    ("9" * EVIDENCE_MAX_DIGITS, True),
     ("%", False), ("$$", False), ("…", False), ("😀", False), ("²", False), ("½", False), ("ａｂｃ", False),
     ("é", False), ("9" * (EVIDENCE_MAX_DIGITS + 1), False), ("a " + "9" * 40, False), ("", False)])
 def test_what_counts_as_evidence(text: str, expected: bool) -> None:
@@ -131,14 +253,19 @@ def test_a_dry_run_of_ordinary_texts_normalizes_nothing(tmp_path: Path, monkeypa
     monkeypatch.setenv("COSYCLONE_CACHE_DIR", str(tmp_path / "cache"))
     seen: list[str] = []
     real = normalize.TextNormalizer._normalize
-    monkeypatch.setattr(normalize.TextNormalizer, "_normalize", lambda self, t: seen.append(t) or real(self, t))  # type: ignore[func-returns-value]
+    monkeypatch.setattr(
+        normalize.TextNormalizer, "_normalize",
+        lambda self, t: seen.append(t) or real(self, t),  # type: ignore[func-returns-value]
+    )
     started: list[int] = []
     monkeypatch.setattr(text_pool.NormalizePool, "_start", lambda self: started.append(1) or None)  # type: ignore[func-returns-value]
     monkeypatch.setattr(text_pool, "MIN_POOL_TEXTS", 3)  # a pool for more than two texts
     get_normalizer("wetext")._memo.clear()
     texts = [f"Row {i} costs ${i}.50, see you at 10:{i % 50 + 10}." for i in range(600)] + ["…", "½"]
     path = write(tmp_path / "m", rows_of(texts))
-    plan = SynthJob.open(path, tmp_path / "out", model_dir=tiny_model_dir, device="cpu", plan_only=True).plan()
+    plan = SynthJob.open(
+        path, tmp_path / "out", model_dir=tiny_model_dir, device="cpu", plan_only=True
+    ).plan()
     assert sorted(seen) == ["½", "…"] and started == []
     assert (plan.valid_rows, plan.rejected) == (601, 1)  # "…" has nothing to speak, "½" is "one half"
     seen.clear()

@@ -34,7 +34,9 @@ def fe(tmp_path_factory: pytest.TempPathFactory) -> TextFrontend:
     return TextFrontend(write_tiny_tokenizer(tmp_path_factory.mktemp("qwen")))
 
 
-def texts(fe: TextFrontend, mode: Mode, text: str, prompt: str | None = PROMPT, instruct: str = "Speak.") -> list[str]:
+def texts(
+    fe: TextFrontend, mode: Mode, text: str, prompt: str | None = PROMPT, instruct: str = "Speak."
+) -> list[str]:
     return [s.text for s in fe.plan(mode, prompt, text, instruct).segments]
 
 
@@ -70,7 +72,8 @@ def test_installed_package_normalizes_numbers_with_wetext() -> None:
     assert wetext.Normalizer  # the class the frontend builds
     norm = get_normalizer("wetext")
     assert norm.version()["wetext"] == "0.1.8" and norm.version()["inflect"] == "7.6.0"
-    # Readings only wetext's grammars make (inflect alone gives "$five.twenty", "ten:thirty", digits in Chinese).
+    # Readings only wetext's grammars make (inflect alone gives "$five.twenty", "ten:thirty", digits in
+    # Chinese).
     assert norm.normalize("It costs $5.20.").text == "It costs five point two dollars."
     assert norm.normalize("Meet at 10:30 pm.").text == "Meet at ten thirty PM."
     assert norm.normalize("今天是2024年3月15日。").text == "今天是二零二四年三月十五日。"
@@ -110,7 +113,9 @@ def test_split_drops_repeated_marks_and_keeps_closing_quotes() -> None:
     def count(s: str) -> int:
         return len(s.split())
 
-    assert split_paragraph("Wait... what did you say? Really?!", "en", count) == ["Wait. what did you say? Really?"]
+    assert split_paragraph("Wait... what did you say? Really?!", "en", count) == [
+        "Wait. what did you say? Really?"
+    ]
     assert split_paragraph("真的吗？！太好了！！！", "zh", count) == ["真的吗？太好了！"]
     assert split_paragraph("She asked, “Are you sure?”", "en", count) == ["She asked, “Are you sure?”"]
     assert split_paragraph("他问：“真的吗？！”", "zh", count) == ["他问：“真的吗？”"]
@@ -132,14 +137,17 @@ def test_whitespace_and_digit_tests_are_the_official_ones() -> None:
     assert drop_blanks("Open AI 的 GPT") == "Open AI的GPT"
     assert drop_blanks("中文\t 中文") == "中文\t中文"  # the space beside 中 goes, the tab stays
     assert drop_blanks("a \tb") == "a \tb"  # a space beside a tab has ASCII neighbours: kept
-    assert spell_numbers("Room １２３.", lambda d: f"<{int(d)}>") == "Room <123>."  # isdigit covers full width
+    # isdigit covers full width
+    assert spell_numbers("Room １２３.", lambda d: f"<{int(d)}>") == "Room <123>."
     assert is_only_punctuation("？！…") and is_only_punctuation("😀👍") and is_only_punctuation("")
     assert not is_only_punctuation("😀 😀")
     assert not has_speech("😀 😀.") and has_speech("[breath]") and not has_speech("<|endofprompt|>")
 
 
 def test_markup_switches_normalization_off(fe: TextFrontend) -> None:
-    assert fe.segments("Some text with <|im_start|> inside 123.") == ["Some text with <|im_start|> inside 123."]
+    assert fe.segments("Some text with <|im_start|> inside 123.") == [
+        "Some text with <|im_start|> inside 123."
+    ]
     assert fe.segments("I have 3 cats") == ["I have three cats."]
     assert fe.segments("你好 世界（测试），") == ["你好世界测试。"]
     assert fe.segments("等一下...再说。") == ["等一下。再说。"]  # "." becomes "。" before splitting
@@ -155,7 +163,9 @@ def test_wetext_escaping_is_undone_exactly() -> None:
 
 
 def test_sentence_chunks_cover_the_text_at_safe_ends() -> None:
-    text = ("Dr. Chen came at 9 a.m. on Monday. The team met, e.g. twice. Nobody ever missed it. " * 12).strip()
+    text = (
+        "Dr. Chen came at 9 a.m. on Monday. The team met, e.g. twice. Nobody ever missed it. " * 12
+    ).strip()
     chunks = sentence_chunks(text, "en", chunk_chars=100)
     assert "".join(chunks) == text and len(chunks) > 3
     assert all(not c.rstrip().endswith(("Dr.", "a.m.", "e.g.")) for c in chunks[:-1])
@@ -178,7 +188,11 @@ def test_normalization_is_memoized() -> None:
 def test_zero_shot_prompt_gets_the_prefix_once_and_verbatim(fe: TextFrontend) -> None:
     with_prefix = fe.plan("zero_shot", SYSTEM_PREFIX + "I paid $2 at 10:30.", "Hello world.")
     without = fe.plan("zero_shot", "I paid $2 at 10:30.", "Hello world.")
-    assert without.prompt_ids == with_prefix.prompt_ids == tuple(fe.encode(SYSTEM_PREFIX + "I paid $2 at 10:30."))
+    assert (
+        without.prompt_ids
+        == with_prefix.prompt_ids
+        == tuple(fe.encode(SYSTEM_PREFIX + "I paid $2 at 10:30."))
+    )
     assert without.prompt_text == SYSTEM_PREFIX + "I paid $2 at 10:30."  # not normalized, as officially
     assert [s.text for s in without.segments] == ["Hello world."]
 
@@ -233,7 +247,9 @@ def test_a_segment_that_cannot_fit_is_refused(fe: TextFrontend) -> None:
 # -- the deviations table ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("row", [r for r in deviations() if r.vector_name is None], ids=lambda r: f"row{r.number}")
+@pytest.mark.parametrize(
+    "row", [r for r in deviations() if r.vector_name is None], ids=lambda r: f"row{r.number}"
+)
 def test_documented_deviation(fe: TextFrontend, row) -> None:
     """Each literal row of docs/text_frontend.md's table gives exactly its cosyclone column."""
     (mode,) = row.modes
@@ -253,11 +269,14 @@ def test_manifest_refuses_texts_with_nothing_to_speak_by_line(tmp_path: Path) ->
 
     from cosyclone.manifest import read_manifest
 
-    rows = [{"id": "ok", "prompt_audio": "p.wav", "mode": "cross_lingual", "text": "Hello."},  # no prompt_text
-            {"id": "emoji", "prompt_audio": "p.wav", "prompt_text": "hi", "text": "😀😀😀"},
-            {"id": "dots", "prompt_audio": "p.wav", "mode": "instruct2", "instruct": "Softly.", "text": "..."},
-            {"id": "twice", "prompt_audio": "p.wav", "prompt_text": "hi", "text": SYSTEM_PREFIX + "Hello."},
-            {"id": "bare", "prompt_audio": "p.wav", "mode": "cross_lingual", "text": SYSTEM_PREFIX + " "}]
+    # no prompt_text
+    rows = [
+        {"id": "ok", "prompt_audio": "p.wav", "mode": "cross_lingual", "text": "Hello."},
+        {"id": "emoji", "prompt_audio": "p.wav", "prompt_text": "hi", "text": "😀😀😀"},
+        {"id": "dots", "prompt_audio": "p.wav", "mode": "instruct2", "instruct": "Softly.", "text": "..."},
+        {"id": "twice", "prompt_audio": "p.wav", "prompt_text": "hi", "text": SYSTEM_PREFIX + "Hello."},
+        {"id": "bare", "prompt_audio": "p.wav", "mode": "cross_lingual", "text": SYSTEM_PREFIX + " "},
+    ]
     path = tmp_path / "m.jsonl"
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     m = read_manifest(path, check_audio=False)

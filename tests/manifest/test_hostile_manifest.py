@@ -34,9 +34,14 @@ GOOD = [{"id": f"good{i}", "prompt_audio": PROMPT, "prompt_text": "reference wor
 GOOD_LINES = [json.dumps(row).encode() for row in GOOD]
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70) | st.floats() | st.text(max_size=20),
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats()
+    | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-    max_leaves=12)
+    max_leaves=12,
+)
 row_like = st.fixed_dictionaries(  # near misses of a row: right keys, arbitrary values
     {"id": st.text(max_size=12) | st.integers(), "prompt_audio": st.just(PROMPT) | st.text(max_size=10),
      "text": st.text(max_size=30) | json_values},
@@ -97,15 +102,18 @@ def _alone(model_dir: str, index: int, folder: str) -> bytes:
     """The WAV bytes of GOOD[index] synthesized on its own."""
     out = Path(folder) / f"alone{index}"
     path = _write(out / "in", [json.dumps(GOOD[index]).encode()])
-    res = CliRunner().invoke(app, ["synth", str(path), "--model-dir", model_dir, "--out", str(out / "out"), *FAST])
+    res = CliRunner().invoke(
+        app, ["synth", str(path), "--model-dir", model_dir, "--out", str(out / "out"), *FAST]
+    )
     assert res.exit_code == 0, res.output
     return wav_path(out / "out", f"good{index}").read_bytes()
 
 
 def _check_synth(body: list[bytes], model_dir: Path, work: Path, cache_dir: Path) -> tuple[int, set[int]]:
     path = _write(work / "in", body)
-    res = CliRunner().invoke(app, ["synth", str(path), "--model-dir", str(model_dir), "--out", str(work / "out"),
-                                   *FAST])
+    res = CliRunner().invoke(
+        app, ["synth", str(path), "--model-dir", str(model_dir), "--out", str(work / "out"), *FAST]
+    )
     _assert_clean_exit(res)
     diag = work / "out" / "diagnostics.jsonl"
     records = [json.loads(x) for x in diag.read_text().splitlines()] if diag.exists() else []
@@ -113,7 +121,8 @@ def _check_synth(body: list[bytes], model_dir: Path, work: Path, cache_dir: Path
     named = _named_lines(res.output)
     assert set(ok) | named == _nonblank(body) and not set(ok) & named, res.output
     for line, rid in ok.items():
-        if body[line - 1] not in GOOD_LINES:  # a generated row that happens to be valid: no lone WAV to compare
+        # a generated row that happens to be valid: no lone WAV to compare
+        if body[line - 1] not in GOOD_LINES:
             continue
         index = GOOD_LINES.index(body[line - 1])
         wav = wav_path(work / "out", rid).read_bytes()
@@ -139,13 +148,21 @@ def test_synth_produces_every_good_row_whatever_surrounds_it(body: list[bytes], 
     _check_synth(body, tiny_model_dir, tmp_path_factory.mktemp("s"), tmp_path_factory.getbasetemp() / "alone")
 
 
-@pytest.mark.parametrize(("args", "expected"), [
-    (["evil \u202etxt"], "TEXT: holds a bidi control"),
-    (["abc\ud800"], "TEXT: holds a lone surrogate"),  # what a non-UTF-8 argv byte decodes to
-    (["fine", "--prompt-text", "a\u0000b"], "--prompt-text: holds a control character"),
-    (["fine", "--prompt-text", "words", "--seed", str(2**64)], "--seed: seed must be an integer in 0..2**64-1"),
-])
-def test_say_refuses_a_hostile_utterance_naming_the_option(args: list[str], expected: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["evil \u202etxt"], "TEXT: holds a bidi control"),
+        (["abc\ud800"], "TEXT: holds a lone surrogate"),  # what a non-UTF-8 argv byte decodes to
+        (["fine", "--prompt-text", "a\u0000b"], "--prompt-text: holds a control character"),
+        (
+            ["fine", "--prompt-text", "words", "--seed", str(2**64)],
+            "--seed: seed must be an integer in 0..2**64-1",
+        ),
+    ],
+)
+def test_say_refuses_a_hostile_utterance_naming_the_option(
+    args: list[str], expected: str, tmp_path: Path
+) -> None:
     text, *rest = args
     res = CliRunner().invoke(app, ["say", text, "--prompt-audio", PROMPT, "--load-format", "dummy",
                                    "-o", str(tmp_path / "x.wav"), *(rest or ["--prompt-text", "words"])])
@@ -165,8 +182,11 @@ def test_the_api_refuses_a_hostile_row_naming_it(tiny_model_dir: Path) -> None:
         tts.synthesize_rows([GOOD[0], {**GOOD[1], "id": "b", "seed": 10**5000}])
 
 
-def test_a_windows_manifest_validates_and_speaks_the_official_segments(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """CRLF line ends in the file and ``\\r\\n``, ``\\r``, tab, VT, FF inside its texts: the official segments.
+def test_a_windows_manifest_validates_and_speaks_the_official_segments(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """CRLF line ends in the file and ``\\r\\n``, ``\\r``, tab, VT, FF inside its texts: the official
+    segments.
 
     The expected segments and ids are the official frontend's (tests/fixtures/text_controls.json,
     see tests/parity/test_text_controls.py); ids are compared where the reference tokenizer is.
@@ -197,7 +217,9 @@ def test_a_windows_manifest_validates_and_speaks_the_official_segments(tiny_mode
     res = CliRunner().invoke(app, ["synth", str(sub), "--model-dir", str(tiny_model_dir), "--out",
                                    str(tmp_path / "out"), *FAST])
     assert res.exit_code == 0, res.output
-    records = {r["id"]: r for r in map(json.loads, (tmp_path / "out" / "diagnostics.jsonl").read_text().splitlines())}
+    records = {
+        r["id"]: r for r in map(json.loads, (tmp_path / "out" / "diagnostics.jsonl").read_text().splitlines())
+    }
     for k in speak:
         rec = records[f"r{k}"]
         assert rec["status"] == "ok" and rec["text"] == CASES[k]["text"], rec

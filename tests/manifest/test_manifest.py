@@ -53,12 +53,23 @@ def test_example_manifest_prompts_are_speech_length_recordings() -> None:
     assert (root / "make_prompts.sh").is_file()
 
 
-@pytest.mark.parametrize(("bad", "field"), [
-    (row("x", extra=1), "extra"), (row("x", text="  "), "text"), (row("x", prompt_audio="nope.wav"), "prompt_audio"),
-    (row("x", prompt_audio="bad.wav"), "prompt_audio"), (row("../x"), "id"), (row("a/b"), "id"),
-    (row("a\tb"), "id"), (row(""), "id"), (row("x", mode="sing"), "mode"), (row("x", mode="instruct2"), "instruct"),
-    (row("x", seed=-1), "seed"), (row("x", speed="fast"), "speed"),
-])
+@pytest.mark.parametrize(
+    ("bad", "field"),
+    [
+        (row("x", extra=1), "extra"),
+        (row("x", text="  "), "text"),
+        (row("x", prompt_audio="nope.wav"), "prompt_audio"),
+        (row("x", prompt_audio="bad.wav"), "prompt_audio"),
+        (row("../x"), "id"),
+        (row("a/b"), "id"),
+        (row("a\tb"), "id"),
+        (row(""), "id"),
+        (row("x", mode="sing"), "mode"),
+        (row("x", mode="instruct2"), "instruct"),
+        (row("x", seed=-1), "seed"),
+        (row("x", speed="fast"), "speed"),
+    ],
+)
 def test_bad_rows_are_isolated_with_line_and_field(folder: Path, bad: dict, field: str) -> None:
     m = read_manifest(write(folder, [row("a"), bad, row("c")]))
     assert [r.id for r in m.rows] == ["a", "c"]
@@ -106,7 +117,9 @@ def test_prompt_rate_and_length_checked_from_the_header(folder: Path) -> None:
     """The frontend's limits (>= 16 kHz, <= 30 s) reject a row at validation, naming line and field."""
     sf.write(str(folder / "phone.wav"), np.zeros(800, np.float32), 8000)
     sf.write(str(folder / "long.wav"), np.zeros(31 * 16000, np.float32), 16000)
-    m = read_manifest(write(folder, [row("a"), row("b", prompt_audio="phone.wav"), row("c", prompt_audio="long.wav")]))
+    m = read_manifest(
+        write(folder, [row("a"), row("b", prompt_audio="phone.wav"), row("c", prompt_audio="long.wav")])
+    )
     assert [r.id for r in m.rows] == ["a"]
     errors = [str(e) for e in m.errors]
     assert "line 2" in errors[0] and "prompt_audio" in errors[0] and "8000 Hz" in errors[0]

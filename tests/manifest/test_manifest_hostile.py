@@ -26,24 +26,46 @@ def good(rid: str, **extra: object) -> str:
 HOSTILE: dict[str, tuple[bytes, str | None, str]] = {
     "lone_surrogate": (good("s", text="abc\ud800def").encode(), "text", "lone surrogate"),
     "deep_nesting": (b'{"id": "d", "instruct": ' + b"[" * 5000 + b"]" * 5000 + b"}", None, "levels deep"),
-    "latin1_byte": (good("l", text="a cafe").encode().replace(b"cafe", b"caf\xe9"), None, "not UTF-8: byte 0xe9"),
+    "latin1_byte": (
+        good("l", text="a cafe").encode().replace(b"cafe", b"caf\xe9"),
+        None,
+        "not UTF-8: byte 0xe9",
+    ),
     "nul": (good("n", text="a\u0000b").encode(), "text", "control character"),
     "c0_bell": (good("b", prompt_text="ring \u0007").encode(), "prompt_text", "control character"),
-    "c1_control": (good("c", instruct="x\u0085y", mode="instruct2").encode(), "instruct", "control character"),
+    "c1_control": (
+        good("c", instruct="x\u0085y", mode="instruct2").encode(),
+        "instruct",
+        "control character",
+    ),
     "bidi_override": (good("o", text="evil \u202etxt.exe").encode(), "text", "bidi control"),
     "bidi_isolate": (good("i", text="a\u2066b\u2069").encode(), "text", "bidi control"),
-    "duplicate_key": (b'{"id": "k", "prompt_audio": "x.wav", "text": "a", "text": "b"}', "text", "duplicate key"),
+    "duplicate_key": (
+        b'{"id": "k", "prompt_audio": "x.wav", "text": "a", "text": "b"}',
+        "text",
+        "duplicate key",
+    ),
     "seed_2_64": (good("e", seed=2**64).encode(), "seed", "0..2**64-1"),
     "seed_5000_digits": (good("f").encode()[:-1] + b', "seed": ' + b"9" * 5000 + b"}", None, "5000 digits"),
     "nan_speed": (good("g").encode()[:-1] + b', "speed": NaN}', None, "NaN is not a JSON number"),
     "id_with_surrogate": (good("x\udc80y").encode(), "id", "lone surrogate"),
-    "raw_surrogate_bytes": (good("r", text="a b").encode().replace(b"a b", b"a \xed\xa0\x80"), None, "not UTF-8"),
+    "raw_surrogate_bytes": (
+        good("r", text="a b").encode().replace(b"a b", b"a \xed\xa0\x80"),
+        None,
+        "not UTF-8",
+    ),
     "id_bidi": (good("a\u202eb").encode(), "id", "bidi control"),
-    "path_surrogate": (json.dumps({"id": "p", "prompt_audio": "a\udfffb.wav", "prompt_text": "w",
-                                   "text": "t"}).encode(), "prompt_audio", "lone surrogate"),
+    "path_surrogate": (
+        json.dumps({"id": "p", "prompt_audio": "a\udfffb.wav", "prompt_text": "w", "text": "t"}).encode(),
+        "prompt_audio",
+        "lone surrogate",
+    ),
     "c0_unit_separator": (good("u", text="a\u001fb").encode(), "text", "control character"),
-    "path_cr": (json.dumps({"id": "q", "prompt_audio": "a\rb.wav", "prompt_text": "w",
-                            "text": "t"}).encode(), "prompt_audio", "control character"),
+    "path_cr": (
+        json.dumps({"id": "q", "prompt_audio": "a\rb.wav", "prompt_text": "w", "text": "t"}).encode(),
+        "prompt_audio",
+        "control character",
+    ),
 }
 
 
@@ -91,16 +113,22 @@ def test_tab_newline_and_the_rtl_marks_are_kept() -> None:
     assert "U+000D" in str(text_field_problem("a\r\nb"))  # a path keeps only tab and newline
     assert text_field_problem("line\r\nnext\rcell\tpage\fvt\v", whitespace=SPOKEN_WHITESPACE) is None
     assert "U+0000" in str(text_field_problem("a\x00b", whitespace=SPOKEN_WHITESPACE))
-    assert text_field_problem("\u05e9\u05dc\u05d5\u05dd\u200f \u0645\u0631\u062d\u0628\u0627\u061c \u200e") is None
+    assert (
+        text_field_problem("\u05e9\u05dc\u05d5\u05dd\u200f \u0645\u0631\u062d\u0628\u0627\u061c \u200e")
+        is None
+    )
     assert text_field_problem("family \U0001f468\u200d\U0001f469") is None  # ZWJ is not a control
     assert "U+202E RIGHT-TO-LEFT OVERRIDE, at character 2" in str(text_field_problem("a\u202e"))
 
 
 def test_spoken_fields_keep_line_ends_tabs_and_page_breaks(tmp_path: Path) -> None:
-    """CR, CRLF, tab, VT and FF in text, prompt_text and instruct are read as officially (docs/text_frontend.md)."""
-    rows = [good("zs", text="Hello there.\r\nHow are you?\tFine.\v\fBye.", prompt_text="Line one\r\nline\ttwo\r"),
-            good("ins", mode="instruct2", instruct="Speak softly.\r\nSlowly.\t\v\f", text="第一行\r\n第二行"),
-            good("xl", mode="cross_lingual", text="Tab\tand\rreturn.")]
+    """CR, CRLF, tab, VT and FF in text, prompt_text and instruct are read as officially
+    (docs/text_frontend.md)."""
+    rows = [
+        good("zs", text="Hello there.\r\nHow are you?\tFine.\v\fBye.", prompt_text="Line one\r\nline\ttwo\r"),
+        good("ins", mode="instruct2", instruct="Speak softly.\r\nSlowly.\t\v\f", text="第一行\r\n第二行"),
+        good("xl", mode="cross_lingual", text="Tab\tand\rreturn."),
+    ]
     m = read_manifest(_manifest(tmp_path, [r.encode() for r in rows]))
     assert not m.errors and [r.id for r in m.rows] == ["zs", "ins", "xl"]
     assert m.rows[0].text == "Hello there.\r\nHow are you?\tFine.\v\fBye."  # handed on as written

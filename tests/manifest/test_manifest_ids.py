@@ -64,5 +64,7 @@ def test_rows_from_dicts_validates_like_a_manifest(tmp_path: Path) -> None:
             {"id": "b", "prompt_audio": "prompts/speaker1.wav", "text": "Hello."},
             "not an object"]
     m = rows_from_dicts(rows, base=tmp_path)
-    assert [r.id for r in m.rows] == ["a"] and m.rows[0].prompt_audio == (tmp_path / "prompts" / "speaker1.wav")
+    assert [r.id for r in m.rows] == ["a"] and m.rows[0].prompt_audio == (
+        tmp_path / "prompts" / "speaker1.wav"
+    )
     assert [(e.line, e.field) for e in m.errors] == [(2, "id"), (3, "prompt_text"), (4, None)]

@@ -61,7 +61,8 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def write(folder: Path, rows: list[dict[str, Any]], raw_lines: dict[int, str] | None = None) -> Path:
-    """``folder/m.jsonl`` of ``rows`` (one per line; ``raw_lines`` puts text verbatim at 0-based positions)."""
+    """``folder/m.jsonl`` of ``rows`` (one per line; ``raw_lines`` puts text verbatim at 0-based
+    positions)."""
     folder.mkdir(parents=True, exist_ok=True)
     if not (folder / "prompts").exists():
         shutil.copytree(ROOT / "manifests" / "prompts", folder / "prompts")
@@ -74,8 +75,15 @@ def write(folder: Path, rows: list[dict[str, Any]], raw_lines: dict[int, str] | 
 
 
 def rows_of(texts: list[str], prefix: str = "r") -> list[dict[str, Any]]:
-    return [{"id": f"{prefix}{i}", "prompt_audio": f"prompts/speaker{i % 3 + 1}.wav", "prompt_text": "reference words",
-             "text": t} for i, t in enumerate(texts)]
+    return [
+        {
+            "id": f"{prefix}{i}",
+            "prompt_audio": f"prompts/speaker{i % 3 + 1}.wav",
+            "prompt_text": "reference words",
+            "text": t,
+        }
+        for i, t in enumerate(texts)
+    ]
 
 
 def summary(m: Any) -> tuple[list[Any], list[tuple[int | None, str | None, str]], int]:
@@ -117,7 +125,8 @@ def test_entries_are_keyed_by_content_not_by_id_or_line(tmp_path: Path, spy: lis
     assert spy == []
     assert [r.id for r in m.rows] == [r["id"] for r in renamed]
     db = sqlite3.connect(tmp_path / "cache" / text_cache.CACHE_NAME)
-    assert db.execute("SELECT count(*) FROM norm").fetchone()[0] == len(TEXTS)  # one entry per text, not per row
+    # one entry per text, not per row
+    assert db.execute("SELECT count(*) FROM norm").fetchone()[0] == len(TEXTS)
 
 
 def test_a_corrupt_entry_is_ignored_and_recomputed(tmp_path: Path, spy: list[str]) -> None:
@@ -160,7 +169,8 @@ def test_errors_name_their_lines_across_chunks(tmp_path: Path, monkeypatch: pyte
     chunked = summary(read_manifest(path))
     assert chunked == whole
     lines = {(line, field) for line, field, _ in chunked[1]}
-    # file lines: 1 r0, 2 r1, 3 bad JSON, 4 r2, 5 blank, 6 r3, 7 r4, 8 duplicate keys, 9 "...", 10 r6, 11 dup id
+    # file lines: 1 r0, 2 r1, 3 bad JSON, 4 r2, 5 blank, 6 r3, 7 r4, 8 duplicate keys, 9 "...", 10 r6, 11 dup
+    # id
     assert lines == {(3, None), (8, "id"), (9, "text"), (11, "id")}
     assert "first used on line 2" in next(msg for line, _, msg in chunked[1] if line == 11)
     assert [r[0] for r in chunked[0]] == [1, 2, 4, 6, 7, 10]
@@ -178,7 +188,9 @@ def check_pool_equals_serial(tmp: str) -> None:
     import os
 
     tmp_path = Path(tmp)
-    texts = [f"{t} Row {i}, {i * 37} items at {i % 12 + 1}:{i % 50 + 10}." for i in range(40) for t in TEXTS[:1]]
+    texts = [
+        f"{t} Row {i}, {i * 37} items at {i % 12 + 1}:{i % 50 + 10}." for i in range(40) for t in TEXTS[:1]
+    ]
     texts += ["今天是2024年3月15日，第1名。", "two  spaces 5", "item #3 and x\n\ny"]
     pool = text_pool.NormalizePool("wetext", workers=2)
     try:
@@ -219,14 +231,23 @@ def test_the_pool_gives_what_one_process_gives(tmp_path: Path) -> None:
     import sys
 
     root = Path(__file__).resolve().parents[2]
-    code = f"from tests.manifest.test_manifest_stream import check_pool_equals_serial; check_pool_equals_serial({str(tmp_path)!r})"
+    code = (
+        "from tests.manifest.test_manifest_stream import check_pool_equals_serial; "
+        f"check_pool_equals_serial({str(tmp_path)!r})"
+    )
     env = {**os.environ, "COSYCLONE_CACHE_DIR": str(tmp_path / "cache")}
-    res = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=900
+    )
     assert res.returncode == 0, res.stdout + res.stderr
 
 
 def test_refused_characters_pattern_matches_the_character_rules() -> None:
     for code in range(0x110000):
-        refused = (0xD800 <= code <= 0xDFFF or (code < 0x20 and chr(code) not in "\t\n") or 0x7F <= code <= 0x9F
-                   or code in BIDI_CONTROLS)
+        refused = (
+            0xD800 <= code <= 0xDFFF
+            or (code < 0x20 and chr(code) not in "\t\n")
+            or 0x7F <= code <= 0x9F
+            or code in BIDI_CONTROLS
+        )
         assert (_REFUSED.search(chr(code)) is not None) == refused, hex(code)

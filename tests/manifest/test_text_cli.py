@@ -53,8 +53,8 @@ def manifest(tmp_path: Path, vectors: dict[str, Any]) -> Path:
         {"id": "zs", "prompt_audio": "prompts/speaker1.wav", "prompt_text": "希望你以后能够做的比我还好呦。",
          "text": zs["text"]},
         {"id": "xl", "prompt_audio": "prompts/speaker1.wav", "mode": "cross_lingual", "text": zs["text"]},
-        {"id": "ins", "prompt_audio": "prompts/speaker1.wav", "mode": "instruct2", "instruct": "请用广东话表达。",
-         "text": zs["text"]},
+        {"id": "ins", "prompt_audio": "prompts/speaker1.wav", "mode": "instruct2",
+         "instruct": "请用广东话表达。", "text": zs["text"]},
         {"id": "emoji", "prompt_audio": "prompts/speaker1.wav", "prompt_text": "hi", "text": "😀😀😀"},
         {"id": "long", "prompt_audio": "prompts/speaker2.wav", "mode": "cross_lingual", "text": long["text"]},
     ]
@@ -65,7 +65,9 @@ def manifest(tmp_path: Path, vectors: dict[str, Any]) -> Path:
 
 def test_validate_json_is_one_object_per_row_with_the_official_ids(manifest: Path, model_dir: Path,
                                                                    vectors: dict[str, Any]) -> None:
-    res = runner.invoke(app, ["validate", str(manifest), "--model-dir", str(model_dir), "--show-text", "--json"])
+    res = runner.invoke(
+        app, ["validate", str(manifest), "--model-dir", str(model_dir), "--show-text", "--json"]
+    )
     assert res.exit_code == 3, res.output  # one row refused
     lines = [json.loads(x) for x in res.stdout.splitlines()]
     assert [x["id"] for x in lines] == ["zs", "xl", "ins", "emoji", "long"]
@@ -80,11 +82,14 @@ def test_validate_json_is_one_object_per_row_with_the_official_ids(manifest: Pat
     ins_official = _case(vectors, "years_large", "instruct2")["official"]
     assert ins["prompt_ids"] == ins_official["prompt_ids"]
     assert [s["ids"] for s in ins["segments"]] == ins_official["segment_ids"]
-    assert set(emoji) == {"id", "error"} and "line 4" in emoji["error"] and "nothing to speak" in emoji["error"]
+    assert (
+        set(emoji) == {"id", "error"} and "line 4" in emoji["error"] and "nothing to speak" in emoji["error"]
+    )
     zero_shot_segments = _case(vectors, "en_5000", "zs_en")["official"]["segments"]
     assert len(long["segments"]) == len(zero_shot_segments) > 1
     assert [s["text"] for s in long["segments"]] == [SYSTEM_PREFIX + s for s in zero_shot_segments]
-    assert all(s["ids"][:7] == xl_official["segment_ids"][0][:7] for s in long["segments"])  # the prefix's ids
+    # the prefix's ids
+    assert all(s["ids"][:7] == xl_official["segment_ids"][0][:7] for s in long["segments"])
     assert "4 valid rows, 1 rejected" in res.stderr
 
 

@@ -92,10 +92,14 @@ def test_geometry_hint_only_for_geometry_errors(tmp_path: Path) -> None:
         "refused file": (lambda s: s.update(extra=argparse.Namespace()), False),
         "missing final norm": (lambda s: s.pop("llm.model.model.norm.weight"), False),
         "extra unrelated key": (lambda s: s.update({"something.else": torch.zeros(1)}), False),
-        "other kv heads": (lambda s: s.update({"llm.model.model.layers.0.self_attn.k_proj.weight": torch.zeros(4, 32)}),
-                           True),
-        "one layer more": (lambda s: s.update({"llm.model.model.layers.2.input_layernorm.weight": torch.zeros(32)}),
-                           True),
+        "other kv heads": (
+            lambda s: s.update({"llm.model.model.layers.0.self_attn.k_proj.weight": torch.zeros(4, 32)}),
+            True,
+        ),
+        "one layer more": (
+            lambda s: s.update({"llm.model.model.layers.2.input_layernorm.weight": torch.zeros(32)}),
+            True,
+        ),
     }
     for name, (edit, hint) in cases.items():
         path = _talker_file(tmp_path, edit)

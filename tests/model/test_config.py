@@ -130,7 +130,8 @@ def test_pt_load_is_weights_only_and_casts_to_run_dtype(tmp_path: Path) -> None:
     torch.save({"x": Evil()}, tmp_path / "evil.pt", _use_new_zipfile_serialization=True)
     with pytest.raises(ModelDirError, match="holds an object of type print, not only tensors") as err:
         read_state_file(tmp_path / "evil.pt")
-    assert "weights_only=False" not in str(err.value).replace(" ", "") and err.value.__cause__ is None  # no unsafe advice
+    # no unsafe advice
+    assert "weights_only=False" not in str(err.value).replace(" ", "") and err.value.__cause__ is None
 
 
 def test_dummy_init_is_seeded_and_leaves_buffers() -> None:

@@ -42,7 +42,9 @@ def test_results_are_bounded(tmp_path: Path) -> None:
         _load(tmp_path, "a: 1e308\nb: !ref <a> * 10\n")  # inf
 
 
-def test_each_key_is_resolved_once_and_cycles_are_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_key_is_resolved_once_and_cycles_are_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     calls = []
     real = hyperyaml._lookup
     monkeypatch.setattr(hyperyaml, "_lookup", lambda doc, key: calls.append(key) or real(doc, key))  # type: ignore[func-returns-value]

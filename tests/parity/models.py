@@ -30,14 +30,29 @@ def small_flow_config(meta: dict[str, Any]) -> FlowConfig:
     cfm = sc["decoder"]["cfm_params"]
     defaults = FlowConfig()
     return FlowConfig(
-        input_size=sc["input_size"], output_size=sc["output_size"], spk_embed_dim=sc["spk_embed_dim"],
-        vocab_size=sc["vocab_size"], token_mel_ratio=sc["token_mel_ratio"],
-        pre_lookahead_len=sc["pre_lookahead_len"], pre_lookahead_channels=sc["pre_lookahead_layer"]["channels"],
-        dit=DiTConfig(dim=est["dim"], depth=est["depth"], heads=est["heads"], dim_head=est["dim_head"],
-                      ff_mult=est["ff_mult"], mel_dim=est["mel_dim"], mu_dim=est["mu_dim"],
-                      spk_dim=est["spk_dim"], out_channels=est["out_channels"]),
-        cfm=type(defaults.cfm)(sigma_min=cfm["sigma_min"], t_scheduler=cfm["t_scheduler"],
-                               inference_cfg_rate=cfm["inference_cfg_rate"]),
+        input_size=sc["input_size"],
+        output_size=sc["output_size"],
+        spk_embed_dim=sc["spk_embed_dim"],
+        vocab_size=sc["vocab_size"],
+        token_mel_ratio=sc["token_mel_ratio"],
+        pre_lookahead_len=sc["pre_lookahead_len"],
+        pre_lookahead_channels=sc["pre_lookahead_layer"]["channels"],
+        dit=DiTConfig(
+            dim=est["dim"],
+            depth=est["depth"],
+            heads=est["heads"],
+            dim_head=est["dim_head"],
+            ff_mult=est["ff_mult"],
+            mel_dim=est["mel_dim"],
+            mu_dim=est["mu_dim"],
+            spk_dim=est["spk_dim"],
+            out_channels=est["out_channels"],
+        ),
+        cfm=type(defaults.cfm)(
+            sigma_min=cfm["sigma_min"],
+            t_scheduler=cfm["t_scheduler"],
+            inference_cfg_rate=cfm["inference_cfg_rate"],
+        ),
     )
 
 
@@ -49,14 +64,18 @@ def small_flow(meta: dict[str, Any], weights: Path | None = None) -> CausalMaske
     return model.eval()
 
 
-def small_hift(meta: dict[str, Any], weights: Path | None = None, *, fft: FFTRule | None = None) -> CausalHiFTGenerator:
+def small_hift(
+    meta: dict[str, Any], weights: Path | None = None, *, fft: FFTRule | None = None
+) -> CausalHiFTGenerator:
     """The reduced HiFT (hift/vectors.json meta) loaded from ``weights`` (default: the meta's
     ``weights_file``), folded, eval mode.
 
     No noise table is installed: callers set the stored ``tables.sine_waves_slice``.
     """
     sc = meta["small_config"]
-    cfg = replace(HiFTConfig(), base_channels=sc["base_channels"], f0_cond_channels=sc["f0_predictor"]["cond_channels"])
+    cfg = replace(
+        HiFTConfig(), base_channels=sc["base_channels"], f0_cond_channels=sc["f0_predictor"]["cond_channels"]
+    )
     model = CausalHiFTGenerator(cfg)
     load_hift_file(model, weights or weights_path(meta), fft=fft)
     return model.eval()

@@ -76,7 +76,9 @@ def test_conditions(flow_set, atol: float) -> None:
     _, v, model = flow_set
     tok, tl, pt, pl = _lens(v)
     with torch.inference_mode():
-        mu, mask, spks, cond, pre = model.conditions(tok, tl, pt, pl, v["inputs.prompt_feat"], v["inputs.embedding"])
+        mu, mask, spks, cond, pre = model.conditions(
+            tok, tl, pt, pl, v["inputs.prompt_feat"], v["inputs.embedding"]
+        )
     for name, got in [("pre_lookahead_out", pre), ("decoder_mu", mu), ("decoder_mask", mask),
                       ("decoder_spks", spks), ("decoder_cond", cond)]:
         assert _maxabs(got, v[f"inference.{name}"]) < atol, name
@@ -115,7 +117,11 @@ def test_euler_trace(flow_set, atol: float, monkeypatch: pytest.MonkeyPatch) -> 
     model.decoder(v["inference.decoder_mu"], v["inference.decoder_mask"], v["inference.decoder_spks"],
                   v["inference.decoder_cond"], n_timesteps=10)
     assert len(times) == 1 and _maxabs(times[0], v["inference.euler_t"]) < 1e-6
-    for ours, ref in [("x_in", "euler_x_in"), ("v_cond", "euler_dphi_cond"), ("v_uncond", "euler_dphi_uncond")]:
+    for ours, ref in [
+        ("x_in", "euler_x_in"),
+        ("v_cond", "euler_dphi_cond"),
+        ("v_uncond", "euler_dphi_uncond"),
+    ]:
         assert _maxabs(torch.cat(trace[ours]), v[f"inference.{ref}"]) < atol, ours
 
 

@@ -75,8 +75,13 @@ def kaldi_bound(wave: torch.Tensor) -> torch.Tensor:
     x = F.pad(x * torch.hann_window(n, periodic=False, dtype=F64).pow(0.85), (0, n_fft - n))
     mel_hi, mel_lo = 1127.0 * math.log(1.0 + 8000.0 / 700.0), 1127.0 * math.log(1.0 + lo / 700.0)
     weight_err = 10.0 * EPS32 * mel_hi / ((mel_hi - mel_lo) / 81)
-    return power_log_bound(torch.fft.rfft(x), dft_bin_error(raw, n_fft), features.kaldi_mel_banks(80, n_fft, 16000.0),
-                           floor=EPS32, bank_weight_error=weight_err)
+    return power_log_bound(
+        torch.fft.rfft(x),
+        dft_bin_error(raw, n_fft),
+        features.kaldi_mel_banks(80, n_fft, 16000.0),
+        floor=EPS32,
+        bank_weight_error=weight_err,
+    )
 
 
 def flow_mel_bound(wave: torch.Tensor) -> torch.Tensor:
@@ -109,10 +114,15 @@ def check_within(name: str, got: torch.Tensor, meta: dict[str, Any], v: dict[str
     limit = bound + output_rounding(ref)
     worst = int((err / limit).argmax())
     assert bool((err <= limit).all()), (
-        f"{name}: element {worst} differs by {err.flatten()[worst]:.3g}, allowed {limit.flatten()[worst]:.3g}")
+        f"{name}: element {worst} differs by {err.flatten()[worst]:.3g}, allowed {limit.flatten()[worst]:.3g}"
+    )
     gap = meta["tolerance_observed"]["fp64_vs_fp32_maxabs"].get(name)
     if isinstance(gap, float):
-        assert err.max().item() <= 2.0 * gap + float(output_rounding(ref).max()), (name, err.max().item(), gap)
+        assert err.max().item() <= 2.0 * gap + float(output_rounding(ref).max()), (
+            name,
+            err.max().item(),
+            gap,
+        )
     return float((err / limit).max())
 
 
@@ -197,7 +207,8 @@ def test_batched_rows_match_single(frontend, bounds) -> None:
     wm, wn = features.whisper_log_mel(batch, lens)
     one, _ = features.whisper_log_mel(short)
     assert int(wn[1]) == one.shape[-1]
-    same: dict[str, Any] = {"rtol": 2 * EPS32, "atol": 1e-7}  # float64 inside: equal up to the final float32 rounding
+    # float64 inside: equal up to the final float32 rounding
+    same: dict[str, Any] = {"rtol": 2 * EPS32, "atol": 1e-7}
     torch.testing.assert_close(wm[1, :, :int(wn[1])], one[0], **same)
     check_within("whisper_log_mel_128", wm[:1], meta, v, bounds["whisper_log_mel_128"])
     fb, fn = features.kaldi_fbank(batch, lens)

@@ -26,7 +26,9 @@ def every_block_conv(channels: int, kernel: int) -> int:
 def test_hift_inference_parity(fft) -> None:
     meta, vec = load_vector_set("hift")
     model = small_hift(meta, fft=fft)
-    assert any(m.fft_spec is not None for m in model.modules() if isinstance(m, CausalConv1d)) == (fft is not None)
+    assert any(m.fft_spec is not None for m in model.modules() if isinstance(m, CausalConv1d)) == (
+        fft is not None
+    )
     model.set_noise_tables(vec["tables.sine_waves_slice"])
     mel = vec["inputs.mel"]
     with torch.inference_mode():

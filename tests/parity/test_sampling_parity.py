@@ -48,7 +48,9 @@ def pearson_chi2(counts: Counter[int], probs: torch.Tensor, n: int, bins: list[i
     obs = [counts.get(i, 0) for i in bins] + [n - sum(counts.get(i, 0) for i in bins)]
     if hypothesis:
         assert min(exp) >= 5, exp
-    terms = [(o - e) ** 2 / e if e > 1e-12 else (math.inf if o else 0.0) for o, e in zip(obs, exp, strict=True)]
+    terms = [
+        (o - e) ** 2 / e if e > 1e-12 else (math.inf if o else 0.0) for o, e in zip(obs, exp, strict=True)
+    ]
     return sum(terms), len(bins)
 
 
@@ -118,7 +120,9 @@ def test_ras_decisions(vec: tuple[dict[str, Any], dict[str, torch.Tensor]]) -> N
         assert int(scores.argmax()) == forced  # top_k=1 forces the nucleus pick to the top candidate
         opts = SamplerOptions(top_p=released["top_p"], top_k=1, win_size=released["win_size"],
                               tau_r=released["tau_r"])
-        sampler = BatchSampler(opts, row_ids=["r"], row_seeds=[11], min_len=[0], speech_token_size=S, device="cpu")
+        sampler = BatchSampler(
+            opts, row_ids=["r"], row_seeds=[11], min_len=[0], speech_token_size=S, device="cpu"
+        )
         step = _prime(sampler, rc["decoded_tokens"], scores.numel())
         tok, aborted = sampler.sample(scores[None, :], torch.tensor([0]), step)
         assert not aborted.any()
@@ -135,7 +139,9 @@ def test_ras_decisions(vec: tuple[dict[str, Any], dict[str, torch.Tensor]]) -> N
             assert int(tok[0]) == rc["returned_id"] == forced
 
 
-def test_ras_fallback_distribution_matches_capture(vec: tuple[dict[str, Any], dict[str, torch.Tensor]]) -> None:
+def test_ras_fallback_distribution_matches_capture(
+    vec: tuple[dict[str, Any], dict[str, torch.Tensor]],
+) -> None:
     """Many rows through the fallback path: token frequencies vs the captured ``fallback_probs``.
 
     Pearson chi-square over the 8 most likely ids plus one bin for all others (df 8). The verdict
@@ -151,8 +157,14 @@ def test_ras_fallback_distribution_matches_capture(vec: tuple[dict[str, Any], di
     scores = t["scores.peaked"]
     forced = rc["nucleus_pick_forced"]
     n = 1500  # >= 50 expected draws in every bin
-    sampler = BatchSampler(SamplerOptions(top_k=1), row_ids=[f"r{i}" for i in range(n)], row_seeds=list(range(n)),
-                           min_len=[0] * n, speech_token_size=S, device="cpu")
+    sampler = BatchSampler(
+        SamplerOptions(top_k=1),
+        row_ids=[f"r{i}" for i in range(n)],
+        row_seeds=list(range(n)),
+        min_len=[0] * n,
+        speech_token_size=S,
+        device="cpu",
+    )
     rows = torch.arange(n)
     for step, tok in enumerate(rc["decoded_tokens"]):
         # history only: a one-hot row just wide enough for the token (the noise cost scales with width)
@@ -199,14 +211,18 @@ def test_ignore_eos_masks_index(vec: tuple[dict[str, Any], dict[str, torch.Tenso
         assert sampler.finish()[0].min_len_suppressed == 1
 
 
-def _legacy_draws(case: str, top_p: float, top_k: int, seeds: list[int], t: dict[str, torch.Tensor]) -> list[int]:
+def _legacy_draws(
+    case: str, top_p: float, top_k: int, seeds: list[int], t: dict[str, torch.Tensor]
+) -> list[int]:
     """One draw per seed by the product's in-step sampler under the LEGACY multinomial draw, each
     seed in its own slot with its own generator (what a session gives a row's first segment)."""
     scores = t[f"scores.{case}"]
     n = len(seeds)
     sampler = legacy_slot_sampler(SamplerOptions(draw="legacy-multinomial", top_p=top_p, top_k=top_k), seeds,
                                   speech_token_size=_speech_token_size(t), vocab=scores.numel())
-    tokens, aborted = sampler(scores.expand(n, -1), torch.ones(n, dtype=torch.bool), torch.zeros(n, dtype=torch.int64))
+    tokens, aborted = sampler(
+        scores.expand(n, -1), torch.ones(n, dtype=torch.bool), torch.zeros(n, dtype=torch.int64)
+    )
     assert not aborted.any()
     return tokens.tolist()
 

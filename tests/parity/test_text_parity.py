@@ -23,8 +23,14 @@ from cosyclone.options import Mode
 from tests.reference import reference_set, reference_tokenizer
 from tests.text_table import VARIANTS, Deviation, deviations
 
-MODE_OF: dict[str, Mode] = {"zs_zh": "zero_shot", "zs_en": "zero_shot", "zs_en_noprefix": "zero_shot", "xl_prefix": "cross_lingual",
-           "xl_noprefix": "cross_lingual", "instruct2": "instruct2"}
+MODE_OF: dict[str, Mode] = {
+    "zs_zh": "zero_shot",
+    "zs_en": "zero_shot",
+    "zs_en_noprefix": "zero_shot",
+    "xl_prefix": "cross_lingual",
+    "xl_noprefix": "cross_lingual",
+    "instruct2": "instruct2",
+}
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +56,11 @@ def _table() -> dict[tuple[str, str], Deviation]:
 def _prefixed(case: dict[str, Any]) -> bool:
     """Whether the case is written as the official README writes it (the system prefix is there)."""
     mode = MODE_OF[case["variant"]]
-    given = {"zero_shot": case["prompt_text"], "cross_lingual": case["text"], "instruct2": case["instruct_text"]}[mode]
+    given = {
+        "zero_shot": case["prompt_text"],
+        "cross_lingual": case["text"],
+        "instruct2": case["instruct_text"],
+    }[mode]
     return ENDOFPROMPT in (given or "")
 
 
@@ -59,12 +69,16 @@ def expected(case: dict[str, Any], cases: list[dict[str, Any]], fe: TextFrontend
     official = case["official"]
     if not _prefixed(case):  # the same row with the prefix: its official ids
         if case["variant"] == "xl_noprefix":
-            sibling = next(c for c in cases if c["text_index"] == case["text_index"] and c["variant"] == "xl_prefix")
+            sibling = next(
+                c for c in cases if c["text_index"] == case["text_index"] and c["variant"] == "xl_prefix"
+            )
             return expected(sibling, cases, fe)
         assert case["variant"] == "zs_en_noprefix", case["variant"]
         # the official code passes a prefixed prompt through untouched (markup), so its ids are the tokens
         prompt = fe.encode(SYSTEM_PREFIX + case["prompt_text"])
-        target = expected({**case, "variant": "zs_en", "prompt_text": SYSTEM_PREFIX + case["prompt_text"]}, cases, fe)
+        target = expected(
+            {**case, "variant": "zs_en", "prompt_text": SYSTEM_PREFIX + case["prompt_text"]}, cases, fe
+        )
         return target if isinstance(target, str) else (prompt, target[1])
     if official["error"] or not official["segments"] or "" in official["segments"]:
         return "error"
@@ -99,7 +113,9 @@ def test_every_case_by_the_rule(vectors: dict[str, Any], fe: TextFrontend) -> No
         if row is not None:
             deviated += 1
             if row.expect == "prefix + zero_shot segments":
-                zs = next(c for c in cases if c["text_index"] == case["text_index"] and c["variant"] == "zs_en")
+                zs = next(
+                    c for c in cases if c["text_index"] == case["text_index"] and c["variant"] == "zs_en"
+                )
                 segments = [SYSTEM_PREFIX + s for s in zs["official"]["segments"]]
                 ok = not isinstance(got, str) and got[2] == segments and got[0] == [] and all(
                     ids == fe.encode(t) for ids, t in zip(got[1], segments, strict=True))
@@ -117,7 +133,9 @@ def test_every_case_by_the_rule(vectors: dict[str, Any], fe: TextFrontend) -> No
             ok = not isinstance(got, str) and (got[0], got[1]) == (want[0], want[1])
         matched += ok
         if not ok:
-            failures.append(f"{key}: expected {str(want)[:200]}, got {str(got)[:300]} (not in the deviations table)")
+            failures.append(
+                f"{key}: expected {str(want)[:200]}, got {str(got)[:300]} (not in the deviations table)"
+            )
     assert not failures, "\n".join(failures)
     assert matched + deviated == len(cases) and deviated == len(table)
 

@@ -56,8 +56,14 @@ def t2w() -> dict[str, Any]:
     flow = small_flow(flow_meta, _weights(meta, component))
     hift = small_hift(hift_meta, _weights(meta, vocoder))
     hift.set_noise_tables(hift_vec["tables.sine_waves_slice"])
-    return {"meta": meta, "outputs": outputs, "inputs": [flow_vec[n] for n in wanted], "flow": flow, "hift": hift,
-            "noise": flow_vec["inputs.rand_noise_slice"]}
+    return {
+        "meta": meta,
+        "outputs": outputs,
+        "inputs": [flow_vec[n] for n in wanted],
+        "flow": flow,
+        "hift": hift,
+        "noise": flow_vec["inputs.rand_noise_slice"],
+    }
 
 
 def _run(t2w: dict[str, Any], speeds: list[float]) -> list[torch.Tensor]:

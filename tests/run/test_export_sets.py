@@ -15,10 +15,12 @@ import soundfile as sf
 from typer.testing import CliRunner
 
 from cosyclone.cli import app
+from cosyclone.cli_options import ALL_GROUPS
 from cosyclone.errors import CosycloneError, Exit
-from cosyclone.options import COMMAND_GROUPS, EXPORT, ExportOptions, flag_of, option_fields
+from cosyclone.options import EXPORT, flag_of, option_fields
 from cosyclone.run.export import export
 from cosyclone.run.export_lock import read_marker
+from cosyclone.run.export_options import ExportOptions
 from cosyclone.run.export_rows import parse_splits, split_of
 from cosyclone.run.export_shards import wds_key
 from tests.run_folders import Row, tone, write
@@ -113,7 +115,7 @@ def test_the_export_options_come_from_the_option_registry() -> None:
     command = next(c.callback for c in cli.app.registered_commands if c.name == "export")
     assert command is not None
     params = inspect.signature(command).parameters
-    offered = [f for _, f in option_fields(*COMMAND_GROUPS) if EXPORT in f.metadata["commands"]]
+    offered = [f for _, f in option_fields(*ALL_GROUPS) if EXPORT in f.metadata["commands"]]
     assert {f.name for f in offered} == {"format", "shard_size", "rows_per_shard", "to", "split",
                                          "include_prompt_audio", "only_passed", "allow_running"}
     for f in offered:

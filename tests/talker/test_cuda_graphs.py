@@ -35,7 +35,9 @@ from tests.talker.test_talker_decode import _model
 SAMPLER = SamplerOptions(top_k=40, top_p=0.9)
 
 
-def _run(model: Any, reqs: list, backend: Any = None, **kw: Any) -> tuple[list, list[tuple[GraphChoice, int]]]:
+def _run(
+    model: Any, reqs: list, backend: Any = None, **kw: Any
+) -> tuple[list, list[tuple[GraphChoice, int]]]:
     """Each row's tokens, stop reason and sampler diagnostics; ``graph_steps`` (what ran as a
     replay, which differs by mode) goes to ``GRAPH_STEPS[-1]`` instead. ``backend``: the process
     captures with it (any device)."""
@@ -119,8 +121,11 @@ def test_session_says_what_really_ran() -> None:
 
     model = _model()
     reqs = _requests(4, 5)
-    for mode, backend, used, error in (("auto", EagerCapture(), True, None), ("off", EagerCapture(), False, None),
-                                       ("auto", _Refuses(), False, "capture failed for key ")):
+    for mode, backend, used, error in (
+        ("auto", EagerCapture(), True, None),
+        ("off", EagerCapture(), False, None),
+        ("auto", _Refuses(), False, "capture failed for key "),
+    ):
         PROCESS.reset()  # each mode in a fresh process (pooled steps keep what an earlier mode captured)
         with captured_with(backend):
             opts = DecodeOptions(sampler=SAMPLER, cuda_graphs=cast(CudaGraphs, mode),
@@ -228,7 +233,9 @@ def test_batch_shapes_agree_up_to_near_ties_on_cuda() -> None:
 
         sampler = GreedySampler([int(2 * r.target_len) for r in reqs], model.cfg.speech_token_size)
         opts = DecodeOptions(slots=slots, max_len_override=24, mechanics=StepMechanics(kv_bucket=8))
-        return [r.raw_tokens for r in host_generate(model, reqs, opts, sampler=sampler, logits_hook=hook)], seen
+        return [
+            r.raw_tokens for r in host_generate(model, reqs, opts, sampler=sampler, logits_hook=hook)
+        ], seen
 
     with torch.inference_mode():
         alone, logits_alone = run(1)
@@ -264,9 +271,25 @@ def test_synth_on_cuda_records_graphs_on_and_matches_off(tiny_model_dir: Any, tm
     for mode in ("off", "auto"):
         out = tmp_path / mode
         with talker_tokens() as tokens:
-            res = CliRunner().invoke(app, ["synth", str(manifest), "--model-dir", str(tiny_model_dir), "--out",
-                                           str(out), "--device", "cuda", "--dtype", "fp32", "--n-timesteps", "2",
-                                           "--cuda-graphs", mode])
+            res = CliRunner().invoke(
+                app,
+                [
+                    "synth",
+                    str(manifest),
+                    "--model-dir",
+                    str(tiny_model_dir),
+                    "--out",
+                    str(out),
+                    "--device",
+                    "cuda",
+                    "--dtype",
+                    "fp32",
+                    "--n-timesteps",
+                    "2",
+                    "--cuda-graphs",
+                    mode,
+                ],
+            )
         assert res.exit_code == 0, res.output
         summary = json.loads((out / "summary.json").read_text())
         assert summary["last_run"]["options"]["cuda_graphs"] == ("on" if mode == "auto" else "off")
@@ -281,19 +304,21 @@ def test_synth_on_cuda_records_graphs_on_and_matches_off(tiny_model_dir: Any, tm
 
 
 def test_cuda_capture_protocol_with_fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    """CudaGraphCapture's calls, checked on CPU against stand-ins (real semantics need a GPU, see
-    the ``gpu`` tests): the ONE side stream it is handed serves every warm-up and capture; it first
-    waits for the current stream and is waited on after; a capture waits only on its own stream (no
-    device-wide synchronize: that would wait for code2wav's stream too), brackets the step with
-    ``capture_begin``/``capture_end`` in thread-local error mode (no ``torch.cuda.graph``: its
-    ``__enter__`` synchronizes and empties the caches every capture), the first graph's pool is shared by later
-    captures, replay is the graph's own, and a step that raises during capture still ends it and
-    its own error propagates. The keyword arguments used exist in this torch's ``capture_begin``."""
+    """CudaGraphCapture's calls, checked on CPU against stand-ins (real semantics need a GPU, see the ``gpu``
+    tests): the ONE side stream it is handed serves every warm-up and capture; it first waits for the current
+    stream and is waited on after; a capture waits only on its own stream (no device-wide synchronize: that
+    would wait for code2wav's stream too), brackets the step with ``capture_begin``/``capture_end`` in
+    thread-local error mode (no ``torch.cuda.graph``: its ``__enter__`` synchronizes and empties the caches
+    every capture), the first graph's pool is shared by later captures, replay is the graph's own, and a step
+    that raises during capture still ends it and its own error propagates. The keyword arguments used exist in
+    this torch's ``capture_begin``."""
     import inspect
 
     from cosyclone.talker.graphs import CudaGraphCapture
 
-    inspect.signature(torch.cuda.CUDAGraph.capture_begin).bind(None, pool=None, capture_error_mode="thread_local")
+    inspect.signature(torch.cuda.CUDAGraph.capture_begin).bind(
+        None, pool=None, capture_error_mode="thread_local"
+    )
     events: list[Any] = []
     made: list[str] = []
 

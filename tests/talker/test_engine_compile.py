@@ -21,7 +21,11 @@ def test_compiled_step_zero_recompiles_and_eager_tokens() -> None:
     model = _model()
     reqs = _requests(10, 3)
     assert len({len(r.text_ids) + len(r.prompt_speech_tokens) for r in reqs}) > 3  # varied prompts
-    opts = DecodeOptions(sampler=SamplerOptions(top_k=40, top_p=0.9), slots=4, mechanics=StepMechanics(kv_bucket=None, capacity=160))
+    opts = DecodeOptions(
+        sampler=SamplerOptions(top_k=40, top_p=0.9),
+        slots=4,
+        mechanics=StepMechanics(kv_bucket=None, capacity=160),
+    )
     eager = _key(generate(model, reqs, opts))
     torch._dynamo.reset()
     counters.clear()

@@ -14,7 +14,7 @@ from cosyclone.talker.sampler import SamplerOptions, nucleus_keep, stream_key
 from cosyclone.talker.slot_sampler import SlotSampler
 from tests.host_session import HostSession, LogitsHook, host_generate
 from tests.reference_decode import reference_generate
-from tests.samplers import BatchSampler, nucleus_keep_sorted
+from tests.samplers import BatchSampler, diag, nucleus_keep_sorted
 from tests.talker.test_talker_decode import _model, _req
 
 S, V = 40, 240
@@ -35,12 +35,19 @@ def _logits(b: int, steps: int, seed: int) -> torch.Tensor:
     return x
 
 
-OPTIONS = [SamplerOptions(), SamplerOptions(top_k=3, top_p=0.5), SamplerOptions(top_k=60, top_p=1.0, win_size=3, tau_r=0.5),
-           SamplerOptions(nonfinite_policy="error"), SamplerOptions(nonfinite_policy="legacy-zero"),
-           SamplerOptions(min_len_rule="official-head", top_k=1)]
+OPTIONS = [
+    SamplerOptions(),
+    SamplerOptions(top_k=3, top_p=0.5),
+    SamplerOptions(top_k=60, top_p=1.0, win_size=3, tau_r=0.5),
+    SamplerOptions(nonfinite_policy="error"),
+    SamplerOptions(nonfinite_policy="legacy-zero"),
+    SamplerOptions(min_len_rule="official-head", top_k=1),
+]
 
 
-@pytest.mark.parametrize("opts", OPTIONS, ids=lambda o: f"{o.nonfinite_policy}-{o.top_k}-{o.top_p}-{o.min_len_rule}")
+@pytest.mark.parametrize(
+    "opts", OPTIONS, ids=lambda o: f"{o.nonfinite_policy}-{o.top_k}-{o.top_p}-{o.min_len_rule}"
+)
 @pytest.mark.parametrize("b,seed", [(1, 0), (3, 1), (8, 2)])
 def test_slot_sampler_equals_batch_sampler(opts: SamplerOptions, b: int, seed: int) -> None:
     """Rows enter at different global steps (continuous batching) and run for their own number of
@@ -75,9 +82,15 @@ def test_slot_sampler_equals_batch_sampler(opts: SamplerOptions, b: int, seed: i
                 break
         assert got[i] == want, i
         ref_counters = ref._counters[:, 0].tolist()
-        ref_err = [int(ref._err_kind[0]), int(ref._err_step[0]), int(ref._err_nan[0]), int(ref._err_posinf[0])]
+        ref_err = [
+            int(ref._err_kind[0]),
+            int(ref._err_step[0]),
+            int(ref._err_nan[0]),
+            int(ref._err_posinf[0]),
+        ]
         assert counters[i] == ref_counters + ref_err, i
-    assert any(a for row in got for _, a in row) or opts.nonfinite_policy == "legacy-zero"  # aborts were exercised
+    # aborts were exercised
+    assert any(a for row in got for _, a in row) or opts.nonfinite_policy == "legacy-zero"
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -126,15 +139,23 @@ def test_generate_equals_todays_loop_for_any_slot_count_and_order(seed: int, n: 
     opts = DecodeOptions(sampler=SamplerOptions(top_k=40, top_p=0.9))
     want = _key(reference_generate(model, reqs, opts, hook))  # type: ignore[arg-type]
     assert len({len(w[1]) for w in want}) > 1 or n == 1  # rows of different lengths
-    for slots, sync, lagged, fused in ((None, 4, False, None), (1, 1, False, True), (2, 3, False, True),
-                                       (3, 4, False, False), (1, 2, True, True), (2, 3, True, False), (2, None, False, None)):
+    for slots, sync, lagged, fused in (
+        (None, 4, False, None),
+        (1, 1, False, True),
+        (2, 3, False, True),
+        (3, 4, False, False),
+        (1, 2, True, True),
+        (2, 3, True, False),
+        (2, None, False, None),
+    ):
         how = replace(opts.mechanics, sync_every=sync, lagged_reads=lagged, fused_admission=fused)
         got = _key(_generate(model, reqs, replace(opts, slots=slots, mechanics=how), hook))  # type: ignore[arg-type]
         assert got == want, (slots, sync, lagged, fused)
     order = list(reversed(range(n)))  # another admission order: the same rows, reversed
 
     def reordered(logits: torch.Tensor, rows: torch.Tensor, step: int) -> torch.Tensor:
-        return _nan_hook(logits, torch.tensor([order[r] for r in rows.tolist()]), step)  # faults follow the row
+        # faults follow the row
+        return _nan_hook(logits, torch.tensor([order[r] for r in rows.tolist()]), step)
 
     got = _key(_generate(model, [reqs[i] for i in order], replace(opts, slots=2),
                          reordered if hook is not None else None))
@@ -144,7 +165,9 @@ def test_generate_equals_todays_loop_for_any_slot_count_and_order(seed: int, n: 
 
 
 @pytest.mark.parametrize("hook", [None, _nan_hook], ids=["clean", "nan"])
-def test_newcomers_riding_in_a_running_step_get_what_a_separate_prefill_gives(hook: object, monkeypatch) -> None:
+def test_newcomers_riding_in_a_running_step_get_what_a_separate_prefill_gives(
+    hook: object, monkeypatch
+) -> None:
     """Fused admission (the CPU default): a newcomer's prompt goes through the pass of a step whose
     other slots keep decoding. Every row gets exactly what it gets prefilled apart, and only the
     first admission (nothing running yet to share a pass with) is a separate prefill."""
@@ -190,7 +213,7 @@ def test_max_len_zero_rows_never_take_a_slot() -> None:
     opts = DecodeOptions(sampler=SamplerOptions(), max_len_override=0)
     res = generate(model, reqs, replace(opts, slots=2))
     assert _key(res) == _key(reference_generate(model, reqs, opts))
-    assert all(r.raw_tokens == [] and r.stop_reason == "max_len" and r.diagnostics.steps == 0 for r in res)
+    assert all(r.raw_tokens == [] and r.stop_reason == "max_len" and diag(r).steps == 0 for r in res)
 
 
 @pytest.mark.parametrize("slots,chunk", [(1, 1), (2, 3), (3, 2)])
@@ -242,7 +265,10 @@ def test_a_decode_on_the_same_model_meanwhile_leaves_an_open_session_intact() ->
     model = _model()
     reqs, other = _requests(5, 6), _requests(3, 7)
     opts = DecodeOptions(sampler=SamplerOptions(top_k=40, top_p=0.9))
-    want, want_other = _key(reference_generate(model, reqs, opts)), _key(reference_generate(model, other, opts))
+    want, want_other = (
+        _key(reference_generate(model, reqs, opts)),
+        _key(reference_generate(model, other, opts)),
+    )
     session = TalkerSession(model, opts, slots=2)
     session.add(reqs)
     got = dict(session.poll())

@@ -35,7 +35,9 @@ class _Refuses(EagerCapture):
 
 def _decode(model: Any, reqs: list, backend: Any, **kw: Any) -> tuple[list, TalkerSession]:
     with captured_with(backend):
-        session = TalkerSession(model, DecodeOptions(sampler=SAMPLER, **kw, mechanics=StepMechanics(kv_bucket=8)), slots=3)
+        session = TalkerSession(
+            model, DecodeOptions(sampler=SAMPLER, **kw, mechanics=StepMechanics(kv_bucket=8)), slots=3
+        )
         session.add(reqs)
         out = sorted(session.drain(), key=lambda tr: tr[0])
         session.close()
@@ -55,12 +57,17 @@ def test_sessions_of_one_shape_share_one_step_and_capture_each_bucket_once() -> 
     eager, _ = _decode(model, reqs, None, cuda_graphs="off")
     runs = [_decode(model, reqs, backend, reserve_positions=160) for _ in range(3)]
     (first, s1), (second, s2), (third, s3) = runs
-    assert s1.engine is s2.engine is s3.engine and s1.runner.graphed is s3.runner.graphed  # one step, one set of graphs
+    # one step, one set of graphs
+    assert s1.engine is s2.engine is s3.engine and s1.runner.graphed is s3.runner.graphed
     assert s3.runner.graphed is not None
     assert backend.captures == len(s3.runner.graphed.replays) >= 2  # no bucket captured twice
     assert s3.graph_report()[1] == 0 and s3.graphs_used  # the third only replays
     assert _without_graph_steps(first) == _without_graph_steps(third) == _without_graph_steps(eager)
-    assert (PROCESS.counts.sessions, PROCESS.counts.reused, PROCESS.counts.captures) == (3, 2, backend.captures)
+    assert (PROCESS.counts.sessions, PROCESS.counts.reused, PROCESS.counts.captures) == (
+        3,
+        2,
+        backend.captures,
+    )
 
 
 def test_without_a_reserve_a_grown_step_settles_after_one_more_session() -> None:
@@ -104,15 +111,23 @@ def test_a_closed_or_dropped_session_frees_what_it_owned_without_a_full_gc() -> 
         del session
         assert ref() is None  # no reference cycle keeps a finished session (and its graphs) alive
         with captured_with(backend):
-            dropped = TalkerSession(model, DecodeOptions(sampler=SAMPLER, mechanics=StepMechanics(kv_bucket=8)), slots=3)
+            dropped = TalkerSession(
+                model, DecodeOptions(sampler=SAMPLER, mechanics=StepMechanics(kv_bucket=8)), slots=3
+            )
             step = dropped.engine
             del dropped  # never closed: its pooled step still goes back
-            again = TalkerSession(model, DecodeOptions(sampler=SAMPLER, mechanics=StepMechanics(kv_bucket=8)), slots=3)
+            again = TalkerSession(
+                model, DecodeOptions(sampler=SAMPLER, mechanics=StepMechanics(kv_bucket=8)), slots=3
+            )
             assert again.engine is step
             again.close()
     finally:
         gc.enable()
-    session = TalkerSession(model, DecodeOptions(sampler=SAMPLER, cuda_graphs="off", mechanics=StepMechanics(kv_bucket=8)), slots=3)
+    session = TalkerSession(
+        model,
+        DecodeOptions(sampler=SAMPLER, cuda_graphs="off", mechanics=StepMechanics(kv_bucket=8)),
+        slots=3,
+    )
     session.add(reqs)
     session.drain()
     session.close()
@@ -122,17 +137,21 @@ def test_a_closed_or_dropped_session_frees_what_it_owned_without_a_full_gc() -> 
 def test_a_failed_capture_turns_graphs_off_for_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
     emptied: list[int] = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
-    assert free_device_cache("cuda") and emptied == [1]  # before any failure, OOM recovery may empty the cache
+    # before any failure, OOM recovery may empty the cache
+    assert free_device_cache("cuda") and emptied == [1]
     model = _model()
     reqs = _requests(5, 3)
     eager, _ = _decode(model, reqs, None, cuda_graphs="off")
     failed, s1 = _decode(model, reqs, _Refuses())
     assert s1.graph_capture_error is not None and PROCESS.disabled == s1.graph_capture_error
     later, s2 = _decode(model, reqs, EagerCapture())  # a capture that would work: not tried again
-    assert not s2.graphs.enabled and s2.graphs.reason.startswith("off for this process since a capture failed")
+    assert not s2.graphs.enabled and s2.graphs.reason.startswith(
+        "off for this process since a capture failed"
+    )
     assert not s2.graphs_used and s2.graph_capture_error is None
     assert _without_graph_steps(failed) == _without_graph_steps(later) == _without_graph_steps(eager)
-    assert not free_device_cache("cuda") and emptied == [1]  # the allocator may still be capturing: no empty_cache
+    # the allocator may still be capturing: no empty_cache
+    assert not free_device_cache("cuda") and emptied == [1]
     assert not free_device_cache("cpu")
 
 
@@ -171,9 +190,17 @@ def test_every_path_of_an_engine_run_records_a_failed_capture(tiny_model_dir: An
     from tests.frontend.test_prompt_cache import ROOT
 
     engine = Engine.load(tiny_model_dir, RunOptions(device="cpu", max_tokens=6, n_timesteps=1, batch_size=2))
-    rows = rows_from_dicts([{"id": f"r{i}", "prompt_audio": str(ROOT / "manifests" / "prompts" / "speaker1.wav"),
-                             "prompt_text": "reference words", "text": t}
-                            for i, t in enumerate(["Hello there.", "Short.", "One more line.", "The end."])]).rows
+    rows = rows_from_dicts(
+        [
+            {
+                "id": f"r{i}",
+                "prompt_audio": str(ROOT / "manifests" / "prompts" / "speaker1.wav"),
+                "prompt_text": "reference words",
+                "text": t,
+            }
+            for i, t in enumerate(["Hello there.", "Short.", "One more line.", "The end."])
+        ]
+    ).rows
     runs = {}
     for schedule in ("static", "continuous"):
         for mode, factory in (("plain", None), ("graphs", EagerCapture), ("refused", _Refuses)):

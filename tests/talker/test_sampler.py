@@ -29,7 +29,9 @@ def make(n: int, *, vocab_s: int = 20, min_len: int = 0, seeds: list[int] | None
 
 def chi2(counts: Counter[int], probs: torch.Tensor, n: int) -> float:
     p = probs.double()
-    return sum((counts.get(i, 0) - n * float(p[i])) ** 2 / (n * float(p[i])) for i in range(len(p)) if p[i] > 0)
+    return sum(
+        (counts.get(i, 0) - n * float(p[i])) ** 2 / (n * float(p[i])) for i in range(len(p)) if p[i] > 0
+    )
 
 
 # --- options / seeds ------------------------------------------------------------------------------

@@ -57,7 +57,11 @@ def test_the_eager_fallback_after_a_failed_capture_reserves_its_cache() -> None:
     PROCESS.disable("a capture failed (test)")
     opts = DecodeOptions(cuda_graphs="on", reserve_positions=256)
     session = TalkerSession(model, opts, slots=3)
-    assert session.runner.graphed is None and session.engine.capacity == 256 and session.engine.token_capacity == 256
+    assert (
+        session.runner.graphed is None
+        and session.engine.capacity == 256
+        and session.engine.token_capacity == 256
+    )
     grown: list[int] = []
     real = session.engine.grow
 

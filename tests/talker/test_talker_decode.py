@@ -87,7 +87,9 @@ def test_max_len_override_and_hook_fault() -> None:
         return out
 
     sampler = GreedySampler([0, 0], CFG.speech_token_size)
-    res = host_generate(model, reqs, DecodeOptions(max_len_override=4), sampler=sampler, logits_hook=force_stop)
+    res = host_generate(
+        model, reqs, DecodeOptions(max_len_override=4), sampler=sampler, logits_hook=force_stop
+    )
     assert res[0].raw_tokens == [0, 0, 0, 0] and res[0].stop_reason == "max_len"
     assert res[1].raw_tokens == [] and res[1].stop_reason == "eos"
 

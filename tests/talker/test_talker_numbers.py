@@ -59,7 +59,9 @@ def test_one_nan_row_of_the_speech_token_head_is_excluded_not_fatal() -> None:
     with torch.no_grad():
         model.llm_decoder.weight[bad] = float("nan")
     reqs = [_req(i, 3 + 2 * i, i, 5) for i in range(3)]
-    res = generate(model, reqs, DecodeOptions(sampler=SamplerOptions(), max_len_override=6, min_len_override=6))
+    res = generate(
+        model, reqs, DecodeOptions(sampler=SamplerOptions(), max_len_override=6, min_len_override=6)
+    )
     for r in res:
         d = diag(r)
         assert r.stop_reason == "max_len" and len(r.raw_tokens) == 6, r.stop_reason
@@ -77,15 +79,21 @@ def test_error_policy_stops_at_the_nan_logit_of_a_corrupted_head() -> None:
     model = _model()
     with torch.no_grad():
         model.llm_decoder.weight[3] = float("nan")
-    (r,) = generate(model, [_req(0, 4, 2, 5)], DecodeOptions(sampler=SamplerOptions(nonfinite_policy="error")))
+    (r,) = generate(
+        model, [_req(0, 4, 2, 5)], DecodeOptions(sampler=SamplerOptions(nonfinite_policy="error"))
+    )
     assert r.stop_reason == "error" and diag(r).nan_steps == 1 and "1 NaN" in str(diag(r).error)
 
 
 def test_speech_token_head_is_fp32_in_bf16_and_fp16_runs(tmp_path: Path) -> None:
     """The head keeps the fp32 weights (not bf16-rounded ones) and multiplies in fp32; the backbone
     and its KV cache run in the run dtype."""
-    cfg = load_model_config(write_tiny_config(tmp_path / "m", TinySizes(text_vocab=300, speech_token_size=60)))
-    ref = build_talker(cfg, DevicePolicy(torch.device("cpu"), torch.float32, "cpu"), load_format="dummy", seed=4)
+    cfg = load_model_config(
+        write_tiny_config(tmp_path / "m", TinySizes(text_vocab=300, speech_token_size=60))
+    )
+    ref = build_talker(
+        cfg, DevicePolicy(torch.device("cpu"), torch.float32, "cpu"), load_format="dummy", seed=4
+    )
     for dtype in (torch.bfloat16, torch.float16):
         m = build_talker(cfg, DevicePolicy(torch.device("cpu"), dtype, "cpu"), load_format="dummy", seed=4)
         assert m.dtype == dtype and m.backbone.layers[0].mlp.down_proj.weight.dtype == dtype  # type: ignore[union-attr]
