@@ -39,12 +39,19 @@ PROMPT = ROOT / "manifests" / "prompts" / "speaker1.wav"
 PROMPT_TEXT = "This is the reference speaker talking."
 TEXT = "Tomorrow will be sunny with a light breeze from the west."
 #: command -> (seconds, MiB) that issue 50 asks for at a million records
-TARGETS: dict[str, tuple[int | None, int | None]] = {"synth 4 rows into an empty folder": (None, None), "synth 4 rows (first)": (120, 2048), "synth 4 rows (second)": (30, None), "report": (60, 1024),
-           "synth --dry-run (resume plan)": (180, 3072)}
+TARGETS: dict[str, tuple[int | None, int | None]] = {
+    "synth 4 rows into an empty folder": (None, None),
+    "synth 4 rows (first)": (120, 2048),
+    "synth 4 rows (second)": (30, None),
+    "report": (60, 1024),
+    "synth --dry-run (resume plan)": (180, 3072),
+}
 
 
 def _row(rid: str, prompt: Path) -> str:
-    return json.dumps({"id": rid, "prompt_audio": str(prompt), "prompt_text": PROMPT_TEXT, "text": TEXT}) + "\n"
+    return (
+        json.dumps({"id": rid, "prompt_audio": str(prompt), "prompt_text": PROMPT_TEXT, "text": TEXT}) + "\n"
+    )
 
 
 def _cli(*args: str) -> list[str]:
@@ -52,7 +59,8 @@ def _cli(*args: str) -> list[str]:
 
 
 def build(work: Path, records: int) -> None:
-    """The folder (``work/out``, ``diagnostics.jsonl`` only) and the manifests, from ``work/seed``'s record."""
+    """The folder (``work/out``, ``diagnostics.jsonl`` only) and the manifests, from ``work/seed``'s
+    record."""
     seed = json.loads((work / "seed" / "diagnostics.jsonl").read_text().splitlines()[0])
     out = work / "out"
     out.mkdir()
@@ -60,7 +68,8 @@ def build(work: Path, records: int) -> None:
             open(work / "all.jsonl", "w", encoding="utf-8") as manifest:
         for i in range(records):
             rid = f"r{i:07d}"
-            line = {**seed, "id": rid, "line": i + 1, "file": f"wavs/{rid}.wav"}  # an earlier version's flat place
+            # an earlier version's flat place
+            line = {**seed, "id": rid, "line": i + 1, "file": f"wavs/{rid}.wav"}
             diag.write(json.dumps(line, ensure_ascii=False, sort_keys=True) + "\n")
             manifest.write(_row(rid, PROMPT))
     for name, first in (("four.jsonl", 0), ("four2.jsonl", 4)):
@@ -69,7 +78,9 @@ def build(work: Path, records: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--records", type=int, default=int(os.environ.get("COSYCLONE_BENCH_FOLDER_RECORDS", 1_000_000)))
+    ap.add_argument(
+        "--records", type=int, default=int(os.environ.get("COSYCLONE_BENCH_FOLDER_RECORDS", 1_000_000))
+    )
     ap.add_argument("--quick", action="store_true", help=f"a folder of {QUICK_RECORDS} records")
     ap.add_argument("--keep", type=Path, default=None, help="work in this folder and keep it")
     ap.add_argument("--build", nargs=2, metavar=("WORK", "RECORDS"), help=argparse.SUPPRESS)  # a child's job
@@ -87,27 +98,47 @@ def main(argv: list[str] | None = None) -> None:
         timed(_cli("synth", str(work / "one.jsonl"), "--model-dir", str(model), "--out", str(work / "seed")))
         built = timed([sys.executable, "-m", "benchmarks.bench_folder", "--build", str(work), str(records)])
         size = (work / "out" / "diagnostics.jsonl").stat().st_size
-        print(f"[folder] {records} records ({size / 1e9:.2f} GB of diagnostics.jsonl, no audio, no index) written in "
-              f"{built['wall_s']:.1f} s; {describe()}; load average {os.getloadavg()[0]:.1f}", flush=True)
+        print(
+            f"[folder] {records} records ({size / 1e9:.2f} GB of diagnostics.jsonl, no audio, no index) "
+            "written in "
+            f"{built['wall_s']:.1f} s; {describe()}; load average {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
         out = str(work / "out")
-        steps = {"synth 4 rows into an empty folder": _cli("synth", str(work / "four.jsonl"), "--model-dir", str(model),
-                                                          "--out", str(work / "empty")),"synth 4 rows (first)": _cli("synth", str(work / "four.jsonl"), "--model-dir", str(model), "--out", out),
-                 "synth 4 rows (second)": _cli("synth", str(work / "four2.jsonl"), "--model-dir", str(model),
-                                               "--out", out),
-                 "report": _cli("report", out),
-                 "synth --dry-run (resume plan)": _cli("synth", str(work / "all.jsonl"), "--model-dir", str(model),
-                                                       "--out", out, "--dry-run")}
+        steps = {
+            "synth 4 rows into an empty folder": _cli(
+                "synth", str(work / "four.jsonl"), "--model-dir", str(model), "--out", str(work / "empty")
+            ),
+            "synth 4 rows (first)": _cli(
+                "synth", str(work / "four.jsonl"), "--model-dir", str(model), "--out", out
+            ),
+            "synth 4 rows (second)": _cli(
+                "synth", str(work / "four2.jsonl"), "--model-dir", str(model), "--out", out
+            ),
+            "report": _cli("report", out),
+            "synth --dry-run (resume plan)": _cli(
+                "synth", str(work / "all.jsonl"), "--model-dir", str(model), "--out", out, "--dry-run"
+            ),
+        }
         control = None
         for name, cmd in steps.items():
             fig = timed(cmd)
             secs, mib = TARGETS[name]
-            target = (f"target at 1M records: <= {secs} s" + (f", <= {mib} MiB" if mib else "")) if secs else "control"
+            target = (
+                (f"target at 1M records: <= {secs} s" + (f", <= {mib} MiB" if mib else ""))
+                if secs
+                else "control"
+            )
             extra = ""
             if control is not None and name.startswith("synth 4"):
                 extra = f", {fig['wall_s'] - control:+.1f} s beside the empty folder"
             control = fig["wall_s"] if control is None else control
-            print(f"[folder] {name}: {fig['wall_s']:.1f} s{extra}, peak RSS {fig['peak_mib']:.0f} MiB ({target}); "
-                  f"load average {os.getloadavg()[0]:.1f}", flush=True)
+            print(
+                f"[folder] {name}: {fig['wall_s']:.1f} s{extra}, "
+                f"peak RSS {fig['peak_mib']:.0f} MiB ({target}); "
+                f"load average {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)

@@ -1,9 +1,9 @@
 """The page's plots: matplotlib (Agg, no display) rendered to SVG and carried as ``data:`` URIs.
 
-Why histograms only: 100,000 rows drawn as points make an SVG of megabytes that a browser chews
-on; their histogram is a few dozen bars, drawn in milliseconds whatever the row count. The
-outlier limits of :mod:`cosyclone.report.outliers` are drawn on the measures they screen, so the
-plot shows why a row is listed. matplotlib is the optional extra ``pip install -e '.[report]'`` (from the checkout).
+Why histograms only: 100,000 rows drawn as points make an SVG of megabytes that a browser chews on; their
+histogram is a few dozen bars, drawn in milliseconds whatever the row count. The outlier limits of
+:mod:`cosyclone.report.outliers` are drawn on the measures they screen, so the plot shows why a row is listed.
+matplotlib is the optional extra ``pip install -e '.[report]'`` (from the checkout).
 """
 
 from __future__ import annotations

@@ -31,7 +31,8 @@ class RunTally:
     """This invocation's rows as they finish: counts and the failed rows (the only rows kept)."""
 
     done: int = 0  # rows written ok
-    failed: list[RowResult] = field(default_factory=list)  # rows written failed, without audio, in arrival order
+    failed: list[RowResult] = field(default_factory=list)
+    # rows written failed, without audio, in arrival order
     audio_seconds: float = 0.0  # audio of the ok rows
     graph_rows: int = 0  # rows with at least one decode step replayed as a CUDA graph
     graph_steps: int = 0  # decode steps replayed as CUDA graphs
@@ -118,20 +119,28 @@ class RunRecord(RunInputs):
     versions: dict[str, str]  # cosyclone, torch, Python and the text normalizers' versions
     devices: tuple[str, ...]  # the GPUs torch saw, or this machine's processor
     algorithm: str  # the audio algorithm version (part of every fingerprint)
-    ray: dict[str, Any] | None  # --ray-actors/--actor-threads as given, the address, the live plan, each actor's node
+    ray: dict[str, Any] | None
+    # --ray-actors/--actor-threads as given, the address, the live plan, each actor's node
     cuda_graphs: GraphsRecord  # what the CUDA graphs really did
-    peak_memory: dict[str, int | None]  # this process's peaks: host_rss_bytes, and on a GPU gpu_allocated_bytes
+    peak_memory: dict[str, int | None]
+    # this process's peaks: host_rss_bytes, and on a GPU gpu_allocated_bytes
     # and gpu_reserved_bytes (a Ray run's actors are other processes: their engine_facts are not here)
     engine_facts: dict[str, Any] | None  # what the local engine chose and measured: sizes (talker slots,
     # code2wav budgets, prompt workers), graphs captured and reused, peak memory, stage seconds; None when no
     # engine ran here
-    stage_seconds: dict[str, Any] | None  # where the time went (a StageSeconds): each stage's busy and waiting
-    # seconds, the talker's idle-with-work seconds and the stage that bounds the run; None when no engine ran here
+    stage_seconds: dict[str, Any] | None
+    # where the time went (a StageSeconds): each stage's busy and waiting
+    # seconds, the talker's idle-with-work seconds and the stage that bounds the run; None when no engine ran
+    # here
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object of ``runs.jsonl`` and ``summary.json``'s ``last_run``."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["argv"], out["invalid_rows"], out["devices"] = list(self.argv), list(self.invalid_rows), list(self.devices)
+        out["argv"], out["invalid_rows"], out["devices"] = (
+            list(self.argv),
+            list(self.invalid_rows),
+            list(self.devices),
+        )
         out["cuda_graphs"] = {f.name: getattr(self.cuda_graphs, f.name) for f in fields(GraphsRecord)}
         out["cuda_graphs"]["capture_errors"] = list(self.cuda_graphs.capture_errors)
         return out
@@ -139,7 +148,8 @@ class RunRecord(RunInputs):
 
 @dataclass(frozen=True)
 class RunFacts(RunInputs):
-    """What the job knows of a run before its rows, with what the record derives from (not recorded as such)."""
+    """What the job knows of a run before its rows, with what the record derives from (not recorded as
+    such)."""
 
     text_frontend: TextFrontendName  # wetext | none (its versions are recorded)
     graphs_resolved: str  # on | off
@@ -160,20 +170,45 @@ def run_record(facts: RunFacts, resume: ResumePlan, tally: RunTally, *, prepared
     todo = len(resume.todo) + prepared_failures
     now = time.time()
     return RunRecord(
-        **{f.name: getattr(facts, f.name) for f in fields(RunInputs)}, finished_at=now, argv=tuple(sys.argv),
-        host=socket.gethostname(), stopped_by=stopped_by, invalid=len(facts.invalid_rows),
-        todo=todo, done=tally.done, failed=len(tally.failed), skipped=len(resume.done), redone=len(redone),
-        redone_by=redone_by, retried=len(resume.retried), not_written=todo - made,
-        failed_rows={r.id: r.error for r in tally.failed}, rows_not_in_manifest=resume.foreign,
-        write_error=write_error, talker_checkpoint_hits=tally.hits, audio_seconds=audio, wall_seconds=wall,
-        total_wall_seconds=now - facts.started_at, rows_per_s=made / wall if wall > 0 and made else 0.0,
-        throughput_audio_s_per_s=audio / wall if wall > 0 else 0.0, rtf=wall / audio if audio > 0 else None,
-        versions=versions(facts.text_frontend), devices=tuple(devices(facts.device)), algorithm=_algorithm(),
-        ray=ray, cuda_graphs=GraphsRecord(resolved=facts.graphs_resolved, used=tally.graph_steps > 0,
-                                          rows_with_graph_steps=tally.graph_rows, graph_steps=tally.graph_steps,
-                                          capture_errors=tuple(dict.fromkeys(graph_errors))),
-        peak_memory=peak_memory, engine_facts=engine_facts,
-        stage_seconds=engine_facts.get("stages") if engine_facts is not None else None)
+        **{f.name: getattr(facts, f.name) for f in fields(RunInputs)},
+        finished_at=now,
+        argv=tuple(sys.argv),
+        host=socket.gethostname(),
+        stopped_by=stopped_by,
+        invalid=len(facts.invalid_rows),
+        todo=todo,
+        done=tally.done,
+        failed=len(tally.failed),
+        skipped=len(resume.done),
+        redone=len(redone),
+        redone_by=redone_by,
+        retried=len(resume.retried),
+        not_written=todo - made,
+        failed_rows={r.id: r.error for r in tally.failed},
+        rows_not_in_manifest=resume.foreign,
+        write_error=write_error,
+        talker_checkpoint_hits=tally.hits,
+        audio_seconds=audio,
+        wall_seconds=wall,
+        total_wall_seconds=now - facts.started_at,
+        rows_per_s=made / wall if wall > 0 and made else 0.0,
+        throughput_audio_s_per_s=audio / wall if wall > 0 else 0.0,
+        rtf=wall / audio if audio > 0 else None,
+        versions=versions(facts.text_frontend),
+        devices=tuple(devices(facts.device)),
+        algorithm=_algorithm(),
+        ray=ray,
+        cuda_graphs=GraphsRecord(
+            resolved=facts.graphs_resolved,
+            used=tally.graph_steps > 0,
+            rows_with_graph_steps=tally.graph_rows,
+            graph_steps=tally.graph_steps,
+            capture_errors=tuple(dict.fromkeys(graph_errors)),
+        ),
+        peak_memory=peak_memory,
+        engine_facts=engine_facts,
+        stage_seconds=engine_facts.get("stages") if engine_facts is not None else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -245,7 +280,12 @@ def versions(text_frontend: TextFrontendName) -> dict[str, str]:
     from cosyclone.frontend.normalize import get_normalizer
 
     normalizer = {k: v for k, v in get_normalizer(text_frontend).version().items() if k != "text_frontend"}
-    return {"cosyclone": __version__, "torch": torch.__version__, "python": platform.python_version(), **normalizer}
+    return {
+        "cosyclone": __version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        **normalizer,
+    }
 
 
 def _algorithm() -> str:

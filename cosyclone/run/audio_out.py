@@ -50,7 +50,8 @@ RESAMPLE_QUALITY = "VHQ"  # libsoxr's very high quality: passband to 95 % of Nyq
 class AudioOutput:
     """How a row's audio is written; every field changes the file, so all of them go into the fingerprint."""
 
-    sample_rate: int = MODEL_RATE  # Hz of the written file (8000-48000); the model's 24000 means no resampling
+    sample_rate: int = MODEL_RATE
+    # Hz of the written file (8000-48000); the model's 24000 means no resampling
     format: AudioFormat = "wav"  # container: wav (RIFF, hand-written) | flac (lossless, about half the size)
     encoding: Encoding = "pcm16"  # samples: pcm16 | pcm24 | float (32-bit IEEE, wav only: FLAC has no float)
     trim_silence: bool = False  # cut leading/trailing silence (TRIM_LEVEL_DB), keeping TRIM_MARGIN_S
@@ -76,9 +77,12 @@ class AudioOutput:
         upgrade), while a rerun at another rate, format, encoding or trim redoes every row.
         """
         values: dict[str, Any] = {"float_wav": self.encoding == "float"}
-        for key, value, default in (("sample_rate", self.sample_rate, MODEL_RATE), ("audio_format", self.format, "wav"),
-                                    ("audio_encoding", self.encoding if self.encoding == "pcm24" else "pcm16", "pcm16"),
-                                    ("trim_silence", self.trim_silence, False)):
+        for key, value, default in (
+            ("sample_rate", self.sample_rate, MODEL_RATE),
+            ("audio_format", self.format, "wav"),
+            ("audio_encoding", self.encoding if self.encoding == "pcm24" else "pcm16", "pcm16"),
+            ("trim_silence", self.trim_silence, False),
+        ):
             if value != default:
                 values[key] = value
         return values
@@ -238,7 +242,8 @@ def encode_wav(wav: np.ndarray, *, sample_rate: int, float_wav: bool = False, pc
     """
     data = _finite(wav)
     if float_wav:
-        body, fmt_tag, width = np.clip(data, -1.0, 1.0).astype("<f4").tobytes(), 3, 4  # WAVE_FORMAT_IEEE_FLOAT
+        # WAVE_FORMAT_IEEE_FLOAT
+        body, fmt_tag, width = np.clip(data, -1.0, 1.0).astype("<f4").tobytes(), 3, 4
         fmt = struct.pack("<HHIIHHH", fmt_tag, 1, sample_rate, sample_rate * width, width, 8 * width, 0)
         extra = b"fact" + struct.pack("<II", 4, data.size)  # non-PCM formats carry a fact chunk
     else:
@@ -281,7 +286,9 @@ def encode_flac(wav: np.ndarray, *, sample_rate: int, pcm_bits: int = 16) -> byt
     return buf.getvalue()
 
 
-def encode(wav: np.ndarray, *, sample_rate: int, fmt: AudioFormat = "wav", encoding: Encoding = "pcm16") -> bytes:
+def encode(
+    wav: np.ndarray, *, sample_rate: int, fmt: AudioFormat = "wav", encoding: Encoding = "pcm16"
+) -> bytes:
     """The bytes of a ``fmt`` file holding ``wav`` (N,) float32 at ``sample_rate`` as ``encoding``."""
     check_output(AudioOutput(sample_rate=MODEL_RATE, format=fmt, encoding=encoding))
     bits = 24 if encoding == "pcm24" else 16

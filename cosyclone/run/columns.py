@@ -1,8 +1,9 @@
 """The columns of an export, declared once: name, type, the record field each is read from, meaning.
 
 Why one table: Parquet's schema (and the ``datasets`` features in its metadata), the WebDataset
-``<key>.json``, the NeMo manifest's lines, the Lhotse supervisions' ``custom`` fields and the run
-folder's own ``metadata.jsonl`` (:func:`metadata_line`) all take their fields from :data:`CORE`, :data:`SAMPLER` and :data:`EVAL` (plus the columns a folder's
+``<key>.json``, the NeMo manifest's lines, the Lhotse supervisions' ``custom`` fields and the run folder's own
+``metadata.jsonl`` (:func:`metadata_line`) all take their fields from :data:`CORE`, :data:`SAMPLER` and
+:data:`EVAL` (plus the columns a folder's
 content adds: a speaker backend's similarity, a flat ``meta`` key), so a column cannot be in one
 format and missing or typed differently in another; docs/output.md lists the same table.
 
@@ -66,7 +67,9 @@ def coerce(kind: ColumnType, value: Any) -> Any:
         return value if isinstance(value, bool) else None
     if kind in ("int64", "uint64"):
         low, high = (-(2**63), 2**63) if kind == "int64" else (0, 2**64)
-        return value if isinstance(value, int) and not isinstance(value, bool) and low <= value < high else None
+        return (
+            value if isinstance(value, int) and not isinstance(value, bool) and low <= value < high else None
+        )
     if kind == "float64":
         return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
     return [v if isinstance(v, str) else str(v) for v in value] if isinstance(value, (list, tuple)) else None
@@ -96,25 +99,62 @@ def meta_json(view: RowView) -> str | None:
 CORE: tuple[Column, ...] = (
     Column("id", "string", "id", "the manifest row's id", _get("id")),
     Column("text", "string", "text", "the manifest's text", _get("text"), stats=False),
-    Column("normalized_text", "string", "normalized_text",
-           "the text the model read, after normalization", normalized_text, stats=False),
-    Column("prompt_text", "string", "prompt_text", "the prompt's transcript", _get("prompt_text"), stats=False),
-    Column("prompt_audio", "string", "prompt_audio", "the prompt recording's path on the synth machine",
-           _get("prompt_audio"), stats=False),
+    Column(
+        "normalized_text",
+        "string",
+        "normalized_text",
+        "the text the model read, after normalization",
+        normalized_text,
+        stats=False,
+    ),
+    Column(
+        "prompt_text", "string", "prompt_text", "the prompt's transcript", _get("prompt_text"), stats=False
+    ),
+    Column(
+        "prompt_audio",
+        "string",
+        "prompt_audio",
+        "the prompt recording's path on the synth machine",
+        _get("prompt_audio"),
+        stats=False,
+    ),
     Column("mode", "string", "mode", "zero_shot | cross_lingual | instruct2", _get("mode")),
     Column("instruct", "string", "instruct", "the instruction (instruct2)", _get("instruct"), stats=False),
     Column("seed", "uint64", "seed", "the row's seed as used (0 .. 2^64-1)", _get("seed")),
     Column("speed", "float64", "speed", "the speaking-rate factor", _get("speed")),
-    Column("duration", "float64", "the file", "seconds of the audio file (samples / sample_rate)",
-           lambda v: v.samples / float(v.sample_rate) if v.sample_rate else None),
+    Column(
+        "duration",
+        "float64",
+        "the file",
+        "seconds of the audio file (samples / sample_rate)",
+        lambda v: v.samples / float(v.sample_rate) if v.sample_rate else None,
+    ),
     Column("sample_rate", "int64", "the file", "the audio file's sample rate (Hz)", lambda v: v.sample_rate),
-    Column("stop_reason", "string", "stop_reason",
-           "why the talker stopped: eos (its stop token), max_len (the token cap), or an abort", stop_reason),
-    Column("stop_reasons", "list<string>", "stop_reasons", "the stop reason per text segment",
-           lambda v: list(v.record.stop_reasons)),
-    Column("speech_tokens", "int64", "tokens", "speech tokens of all segments", lambda v: sum(v.record.tokens)),
-    Column("meta", "string", "meta", "the manifest row's meta object as JSON text (null: none)", meta_json,
-           stats=False),
+    Column(
+        "stop_reason",
+        "string",
+        "stop_reason",
+        "why the talker stopped: eos (its stop token), max_len (the token cap), or an abort",
+        stop_reason,
+    ),
+    Column(
+        "stop_reasons",
+        "list<string>",
+        "stop_reasons",
+        "the stop reason per text segment",
+        lambda v: list(v.record.stop_reasons),
+    ),
+    Column(
+        "speech_tokens", "int64", "tokens", "speech tokens of all segments", lambda v: sum(v.record.tokens)
+    ),
+    Column(
+        "meta",
+        "string",
+        "meta",
+        "the manifest row's meta object as JSON text (null: none)",
+        meta_json,
+        stats=False,
+    ),
 )
 
 

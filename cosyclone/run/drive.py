@@ -80,7 +80,8 @@ class LocalSource:
         return int(getattr(self.tokens, "hits", 0))
 
     def feed(self, batches: Sequence[Sequence[ManifestRow]]) -> Iterator[RowResult]:
-        if not batches or (self.stop is not None and self.stop.requested):  # no model loaded for a stopped run
+        # no model loaded for a stopped run
+        if not batches or (self.stop is not None and self.stop.requested):
             return
         if self.engine is None:
             self.engine = self._load()
@@ -117,8 +118,13 @@ class DriveEnd:
 class Driver:
     """Commits results: the writer, the tally, progress. One per run."""
 
-    def __init__(self, submit: Callable[[RowResult, RowStamp], None], tally: RunTally, sink: ProgressSink | None,
-                 stamp: Callable[[RowResult], RowStamp]) -> None:
+    def __init__(
+        self,
+        submit: Callable[[RowResult, RowStamp], None],
+        tally: RunTally,
+        sink: ProgressSink | None,
+        stamp: Callable[[RowResult], RowStamp],
+    ) -> None:
         self.submit, self.tally, self.sink, self.stamp = submit, tally, sink, stamp
 
     def commit(self, result: RowResult) -> None:

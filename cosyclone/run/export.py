@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -50,24 +49,8 @@ EXPORT_DIR = "export"  # OUT/export/<format>/: the default target
 FORMATS = EXPORT_FORMATS
 DEFAULT_SHARD_SIZE = "500MB"
 DEFAULT_SHARD_BYTES = 500 * 10**6
-_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?(b?)\s*$", re.IGNORECASE)
-
-
 class NothingToExport(CosycloneError):
     """No row of the folders can be exported: the target keeps its earlier export."""
-
-
-def parse_size(text: str) -> int:
-    """Bytes of ``500MB``, ``2GB``, ``100KB``, ``1.5GiB`` or a plain number (KB/MB/GB decimal, KiB/MiB/GiB binary)."""
-    m = _SIZE.match(str(text))
-    if m is None or (m.group(2) is None and m.group(3)):
-        raise CosycloneError(f"--shard-size must be a size such as 500MB, 2GB, 100KB or a number of bytes, "
-                             f"not {text!r}")
-    size = int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
-    if size < 1:
-        raise CosycloneError(f"--shard-size must be at least 1 byte, not {text!r}")
-    return size
 
 
 @dataclass(frozen=True)
@@ -93,9 +76,11 @@ class ExportSummary:
         rate = f" at {self.sample_rate} Hz" if self.sample_rate else ""
         left = ", ".join(f"{k} {v}" for k, v in sorted(self.skipped.items()) if v)
         parts = f" ({', '.join(f'{k} {v}' for k, v in self.splits.items())})" if len(self.splits) > 1 else ""
-        return (f"exported {self.rows} of {self.records} rows{parts}{rate} into {len(self.shards)} {self.format} "
-                f"file{'' if len(self.shards) == 1 else 's'} ({self.bytes} bytes) in {self.to_dir}"
-                + (f"; not exported: {left} (each named in {MARKER})" if left else ""))
+        return (
+            f"exported {self.rows} of {self.records} rows{parts}{rate} into {len(self.shards)} {self.format} "
+            f"file{'' if len(self.shards) == 1 else 's'} ({self.bytes} bytes) in {self.to_dir}"
+            + (f"; not exported: {left} (each named in {MARKER})" if left else "")
+        )
 
 
 class Sink(Protocol):
@@ -158,20 +143,28 @@ def _duplicates(sources: Sequence[Source]) -> None:
     for k in same[:5].tolist():
         i, j = int(order[k]), int(order[k + 1])
         rec = sources[int(owner[i])].index.record_at(int(pos[i]))
-        named.append(f"{rec.id if rec else '?'} ({sources[int(owner[i])].folder} and {sources[int(owner[j])].folder})")
-    raise CosycloneError(f"{same.size} id{'s' if same.size > 1 else ''} in more than one run folder: "
-                         f"{', '.join(named)}{' ...' if same.size > 5 else ''}; export folders of distinct rows "
-                         "(the shards of one manifest), or each folder on its own")
+        named.append(
+            f"{rec.id if rec else '?'} ({sources[int(owner[i])].folder} and {sources[int(owner[j])].folder})"
+        )
+    raise CosycloneError(
+        f"{same.size} id{'s' if same.size > 1 else ''} in more than one run folder: "
+        f"{', '.join(named)}{' ...' if same.size > 5 else ''}; export folders of distinct rows "
+        "(the shards of one manifest), or each folder on its own"
+    )
 
 
 def _check(sources: Sequence[Source], only_passed: bool) -> int | None:
     """The one sample rate of the folders' ok rows (None: no ok row); refuse what cannot be exported."""
     for s in sources:
         if s.index.lines_read == 0:
-            raise CosycloneError(f"{s.folder}: not a run folder (no records in {runfolder.DIAG_NAME} or a journal)")
+            raise CosycloneError(
+                f"{s.folder}: not a run folder (no records in {runfolder.DIAG_NAME} or a journal)"
+            )
         if only_passed and s.evals is None:
-            raise CosycloneError(f"--only-passed keeps the rows eval passed, and {s.folder} has no {EVAL_NAME}: "
-                                 "run cosyclone eval first")
+            raise CosycloneError(
+                f"--only-passed keeps the rows eval passed, and {s.folder} has no {EVAL_NAME}: "
+                "run cosyclone eval first"
+            )
     rates: dict[int, int] = {}
     for s in sources:
         for r, n in s.index.rates().items():
@@ -192,8 +185,10 @@ def _open(folder: Path, meta_keys: MetaKeys, allow_running: bool, stack: context
     writers = live_writers(folder)
     if writers and not allow_running:
         who = ", ".join(f"pid {w.get('pid')} on {w.get('host')}" for w in writers)
-        raise CosycloneError(f"{folder} is being written by a cosyclone synth ({who}): export it when the run "
-                             "ends, or give --allow-running to export the rows finished so far")
+        raise CosycloneError(
+            f"{folder} is being written by a cosyclone synth ({who}): export it when the run "
+            "ends, or give --allow-running to export the rows finished so far"
+        )
     index = RecordIndex(folder, meta_keys)
     stack.callback(index.close)
     evals = EvalIndex(folder) if scores_path(folder).is_file() else None
@@ -202,10 +197,19 @@ def _open(folder: Path, meta_keys: MetaKeys, allow_running: bool, stack: context
     return Source(folder=folder, index=index, evals=evals, writers=len(writers))
 
 
-def export(out_dirs: Path | str | Sequence[Path | str], *, fmt: ExportFormat = "parquet",
-           shard_size_bytes: int = DEFAULT_SHARD_BYTES, to_dir: Path | str | None = None, only_passed: bool = False,
-           rows_per_shard: int | None = None, splits: Sequence[str] | None = None, include_prompt_audio: bool = False,
-           allow_running: bool = False, log: Callable[[str], None] = lambda line: None) -> ExportSummary:
+def export(
+    out_dirs: Path | str | Sequence[Path | str],
+    *,
+    fmt: ExportFormat = "parquet",
+    shard_size_bytes: int = DEFAULT_SHARD_BYTES,
+    to_dir: Path | str | None = None,
+    only_passed: bool = False,
+    rows_per_shard: int | None = None,
+    splits: Sequence[str] | None = None,
+    include_prompt_audio: bool = False,
+    allow_running: bool = False,
+    log: Callable[[str], None] = lambda line: None,
+) -> ExportSummary:
     """Write the ok rows of the run folders ``out_dirs`` as ``fmt``; ``log`` gets a line per file.
 
     Raises :class:`CosycloneError` for unusable input (not a run folder, a bad option, rows at
@@ -225,8 +229,10 @@ def export(out_dirs: Path | str | Sequence[Path | str], *, fmt: ExportFormat = "
     if rows_per_shard is not None and rows_per_shard < 1:
         raise CosycloneError(f"--rows-per-shard must be at least 1, not {rows_per_shard}")
     if include_prompt_audio and fmt not in shards.EXTENSIONS:
-        raise CosycloneError(f"--include-prompt-audio embeds the prompt in Parquet or WebDataset shards; a {fmt} "
-                             "manifest names it by its path (the prompt_audio field)")
+        raise CosycloneError(
+            f"--include-prompt-audio embeds the prompt in Parquet or WebDataset shards; a {fmt} "
+            "manifest names it by its path (the prompt_audio field)"
+        )
     if len({f.resolve() for f in folders}) < len(folders):
         raise CosycloneError("a run folder is given twice")
     parts = parse_splits(list(splits) if splits else None)
@@ -239,15 +245,37 @@ def export(out_dirs: Path | str | Sequence[Path | str], *, fmt: ExportFormat = "
         backends = tuple(sorted({b for s in sources if s.evals is not None for b in s.evals.backends}))
         cols = ColumnSet.build(meta_keys.columns(), backends if with_eval else None)
         with ExportTarget(target) as place:
-            return _write(place, sources, cols, backends if with_eval else None, fmt=fmt, rate=rate or MODEL_RATE,
-                          limit=shard_size_bytes, rows_per_shard=rows_per_shard, parts=parts, only_passed=only_passed,
-                          prompt=include_prompt_audio, log=log)
+            return _write(
+                place,
+                sources,
+                cols,
+                backends if with_eval else None,
+                fmt=fmt,
+                rate=rate or MODEL_RATE,
+                limit=shard_size_bytes,
+                rows_per_shard=rows_per_shard,
+                parts=parts,
+                only_passed=only_passed,
+                prompt=include_prompt_audio,
+                log=log,
+            )
 
 
-def _write(place: ExportTarget, sources: Sequence[Source], cols: ColumnSet, backends: tuple[str, ...] | None, *,
-           fmt: ExportFormat, rate: int, limit: int, rows_per_shard: int | None,
-           parts: tuple[tuple[str, float], ...], only_passed: bool, prompt: bool,
-           log: Callable[[str], None]) -> ExportSummary:
+def _write(
+    place: ExportTarget,
+    sources: Sequence[Source],
+    cols: ColumnSet,
+    backends: tuple[str, ...] | None,
+    *,
+    fmt: ExportFormat,
+    rate: int,
+    limit: int,
+    rows_per_shard: int | None,
+    parts: tuple[tuple[str, float], ...],
+    only_passed: bool,
+    prompt: bool,
+    log: Callable[[str], None],
+) -> ExportSummary:
     staging = place.staging
 
     def sink(split: str) -> Sink:
@@ -271,7 +299,9 @@ def _write(place: ExportTarget, sources: Sequence[Source], cols: ColumnSet, back
             for row_id, reason in src.index.failed():
                 skipped.add(str(src.folder), row_id, "failed", reason)
             done = 0
-            for row in iter_rows(src, cols, backends, only_passed=only_passed, prompt=prompt, skipped=skipped):
+            for row in iter_rows(
+                src, cols, backends, only_passed=only_passed, prompt=prompt, skipped=skipped
+            ):
                 split = split_of(row.row_id, parts)
                 if split not in sinks:
                     sinks[split] = sink(split)
@@ -284,14 +314,23 @@ def _write(place: ExportTarget, sources: Sequence[Source], cols: ColumnSet, back
             per_source.append(done)
         rows = sum(counts.values())
         if rows == 0:
-            raise NothingToExport(f"no row of {' '.join(str(s.folder) for s in sources)} can be exported "
-                                  f"({', '.join(f'{k} {v}' for k, v in skipped.counts.items() if v) or 'no ok row'})"
-                                  f"; {place.target} keeps what it held")
+            raise NothingToExport(
+                f"no row of {' '.join(str(s.folder) for s in sources)} can be exported "
+                f"({', '.join(f'{k} {v}' for k, v in skipped.counts.items() if v) or 'no ok row'})"
+                f"; {place.target} keeps what it held"
+            )
         written = [info for name in names if name in sinks for info in sinks.pop(name).close()]
         if fmt in shards.EXTENSIONS:
-            text = card(cols, fmt, sample_rate=rate, audio_ext=suffixes["audio"], prompt_ext=suffixes.get("prompt"),
-                        splits=[n for n in names if counts[n]], rows={k: v for k, v in counts.items() if v},
-                        sizes={n: sum(i.bytes for i in written if i.split == n) for n in names})
+            text = card(
+                cols,
+                fmt,
+                sample_rate=rate,
+                audio_ext=suffixes["audio"],
+                prompt_ext=suffixes.get("prompt"),
+                splits=[n for n in names if counts[n]],
+                rows={k: v for k, v in counts.items() if v},
+                sizes={n: sum(i.bytes for i in written if i.split == n) for n in names},
+            )
             runfolder.write_bytes_atomic(staging / CARD, text.encode())
     except BaseException as exc:
         for s in sinks.values():
@@ -303,16 +342,39 @@ def _write(place: ExportTarget, sources: Sequence[Source], cols: ColumnSet, back
         raise
     records = sum(s.index.rows for s in sources)
     marker = {
-        "format": fmt, "rows": rows, "records": records, "sample_rate": rate, "created_at": time.time(),
+        "format": fmt,
+        "rows": rows,
+        "records": records,
+        "sample_rate": rate,
+        "created_at": time.time(),
         "splits": {k: v for k, v in counts.items() if v} if parts else {},
-        "shards": [{"file": i.path.name, "split": i.split, "rows": i.rows, "bytes": i.bytes} for i in written],
+        "shards": [
+            {"file": i.path.name, "split": i.split, "rows": i.rows, "bytes": i.bytes} for i in written
+        ],
         "columns": [{"name": c.name, "type": c.type} for c in cols.columns],
-        "sources": [{"folder": str(s.folder.resolve()), "state": "running" if s.writers else "idle",
-                     "records": s.index.rows, "ok": s.index.ok_rows, "exported": n, "eval": s.evals is not None}
-                    for s, n in zip(sources, per_source, strict=True)],
-        "skipped": skipped.rows, "pid": os.getpid()}
+        "sources": [
+            {
+                "folder": str(s.folder.resolve()),
+                "state": "running" if s.writers else "idle",
+                "records": s.index.rows,
+                "ok": s.index.ok_rows,
+                "exported": n,
+                "eval": s.evals is not None,
+            }
+            for s, n in zip(sources, per_source, strict=True)
+        ],
+        "skipped": skipped.rows,
+        "pid": os.getpid(),
+    }
     place.commit(marker)
-    return ExportSummary(format=fmt, to_dir=place.target, sample_rate=rate, records=records, rows=rows,
-                         shards=tuple(ShardInfo(place.target / i.path.name, i.rows, i.bytes, i.split) for i in written),
-                         skipped=dict(skipped.counts), eval_columns=backends is not None,
-                         splits={k: v for k, v in counts.items() if v} if parts else {})
+    return ExportSummary(
+        format=fmt,
+        to_dir=place.target,
+        sample_rate=rate,
+        records=records,
+        rows=rows,
+        shards=tuple(ShardInfo(place.target / i.path.name, i.rows, i.bytes, i.split) for i in written),
+        skipped=dict(skipped.counts),
+        eval_columns=backends is not None,
+        splits={k: v for k, v in counts.items() if v} if parts else {},
+    )

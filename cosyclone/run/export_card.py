@@ -68,9 +68,19 @@ def card(cols: ColumnSet, fmt: ExportFormat, *, sample_rate: int, audio_ext: str
     for split in splits:
         prefix = "data" if split == "data" else split
         lines += [f"  - split: {'train' if split == 'data' else split}", f"    path: \"{prefix}-*{ext}\""]
-    lines += ["---", "", "# cosyclone export", "",
-              f"Written by `cosyclone export --format {fmt}`: rows "
-              + ", ".join(f"{'train' if k == 'data' else k} {v}" for k, v in rows.items())
-              + f", audio at {sample_rate} Hz. `export.json` names the source folders and every row left out.",
-              "", "```python", "import datasets", "ds = datasets.load_dataset(\"path/to/this/folder\")", "```", ""]
+    lines += [
+        "---",
+        "",
+        "# cosyclone export",
+        "",
+        f"Written by `cosyclone export --format {fmt}`: rows "
+        + ", ".join(f"{'train' if k == 'data' else k} {v}" for k, v in rows.items())
+        + f", audio at {sample_rate} Hz. `export.json` names the source folders and every row left out.",
+        "",
+        "```python",
+        "import datasets",
+        'ds = datasets.load_dataset("path/to/this/folder")',
+        "```",
+        "",
+    ]
     return "\n".join(lines)

@@ -19,17 +19,22 @@ from cosyclone.errors import CosycloneError, Exit
 
 
 def export_command(
-    out: list[Path] = typer.Argument(..., help="run folders (synth's --out; a --shard run's folders together)",
-                                     show_default=False, metavar="OUT..."),
+    out: list[Path] = typer.Argument(
+        ...,
+        help="run folders (synth's --out; a --shard run's folders together)",
+        show_default=False,
+        metavar="OUT...",
+    ),
     **options: Any,
 ) -> None:
     """Write the ok rows of OUT... as Parquet, WebDataset, NeMo or Lhotse (OUT itself is only read).
 
-    A line per file, then the totals; the export is swapped in whole, with export.json. Details: docs/output.md.
+    A line per file, then the totals; the export is swapped in whole, with export.json. Details:
+    docs/output.md.
     """
-    from cosyclone.run.export import NothingToExport, export, parse_size
+    from cosyclone.run.export import NothingToExport, export
     from cosyclone.run.export_lock import ExportBusy
-    from cosyclone.run.export_options import ExportOptions
+    from cosyclone.run.export_options import ExportOptions, parse_size
     from cosyclone.run.folder import OutputFolderError
 
     try:

@@ -9,9 +9,9 @@ flat meta keys of those names), JSON-valued the way every JSON output writes the
 decimal string).
 
 NeMo: ``manifest.jsonl`` (``manifest_<split>.jsonl`` with ``--split``), one JSON object a line.
-Lhotse: ``recordings.jsonl.gz`` and ``supervisions.jsonl.gz`` (``..._<split>.jsonl.gz``), written
-with the ``lhotse`` library (the ``lhotse`` extra: ``pip install -e '.[lhotse]'``) so that its own readers load them;
-a recording's and its supervision's id are the row's id.
+Lhotse: ``recordings.jsonl.gz`` and ``supervisions.jsonl.gz`` (``..._<split>.jsonl.gz``), written with the
+``lhotse`` library (the ``lhotse`` extra: ``pip install -e '.[lhotse]'``) so that its own readers load them; a
+recording's and its supervision's id are the row's id.
 """
 
 from __future__ import annotations

@@ -33,7 +33,8 @@ from cosyclone.run.columns import MetaKeys
 from cosyclone.run.row_record import RowRecord
 from cosyclone.run.scores import SCORES_NAME, scores_path
 
-EVAL_NAME = SCORES_NAME  # written by `cosyclone eval` (cosyclone/eval/evaluate.py; older versions: eval.jsonl)
+# written by `cosyclone eval` (cosyclone/eval/evaluate.py; older versions: eval.jsonl)
+EVAL_NAME = SCORES_NAME
 
 
 def id_hash(row_id: str) -> tuple[int, int]:
@@ -169,7 +170,9 @@ class RecordIndex:
 
     def record_at(self, position: int) -> RowRecord | None:
         """The ok record at ``position`` of the manifest order."""
-        return RowRecord.from_json(read_at(self.files[int(self.source[position])], int(self.offset[position])))
+        return RowRecord.from_json(
+            read_at(self.files[int(self.source[position])], int(self.offset[position]))
+        )
 
     def failed(self) -> Iterator[tuple[str, str]]:
         """(id, reason) of every row whose current record is not ok, manifest order."""
@@ -183,7 +186,8 @@ class RecordIndex:
 
 
 class EvalIndex:
-    """``scores.jsonl`` (an older folder's ``eval.jsonl``) by id hash (the last line of an id wins), and the speaker backends it scored."""
+    """``scores.jsonl`` (an older folder's ``eval.jsonl``) by id hash (the last line of an id wins), and the
+    speaker backends it scored."""
 
     def __init__(self, out_dir: Path) -> None:
         self.files = open_sources([scores_path(Path(out_dir))])

@@ -34,8 +34,10 @@ from cosyclone.run import folder as runfolder
 
 MARKER = "export.json"  # what the export holds; written last, so its presence means the export is whole
 # what an export writes: shards, manifests, the marker (anything else in a target is the user's)
-_OURS = re.compile(r"^((data|[a-z][a-z0-9_]*)-\d{5,}(-of-\d{5,})?\.(parquet|tar)|manifest(_[a-z0-9_]+)?\.jsonl|"
-                   r"(recordings|supervisions)(_[a-z0-9_]+)?\.jsonl\.gz|export\.json|README\.md)$")
+_OURS = re.compile(
+    r"^((data|[a-z][a-z0-9_]*)-\d{5,}(-of-\d{5,})?\.(parquet|tar)|manifest(_[a-z0-9_]+)?\.jsonl|"
+    r"(recordings|supervisions)(_[a-z0-9_]+)?\.jsonl\.gz|export\.json|README\.md)$"
+)
 
 
 class ExportBusy(CosycloneError):
@@ -74,14 +76,18 @@ class ExportTarget:
             self.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise runfolder.OutputFolderError(f"cannot create {self.lock_path}: {exc.strerror or exc}") from exc
+            raise runfolder.OutputFolderError(
+                f"cannot create {self.lock_path}: {exc.strerror or exc}"
+            ) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
             os.close(fd)
-            raise ExportBusy(f"{self.target} is being written by another cosyclone export ({holder or 'pid ?'}): "
-                             "wait for it to finish, or give another --to") from None
+            raise ExportBusy(
+                f"{self.target} is being written by another cosyclone export ({holder or 'pid ?'}): "
+                "wait for it to finish, or give another --to"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()}".encode(), 0)
         self._lock_fd = fd
@@ -91,7 +97,9 @@ class ExportTarget:
             self.staging.mkdir()
         except OSError as exc:
             self._release()
-            raise runfolder.OutputFolderError(f"cannot prepare {self.staging}: {exc.strerror or exc}") from exc
+            raise runfolder.OutputFolderError(
+                f"cannot prepare {self.staging}: {exc.strerror or exc}"
+            ) from exc
         except BaseException:
             self._release()
             raise
@@ -115,8 +123,10 @@ class ExportTarget:
         if self.target.is_dir():
             own = [p.name for p in self.target.iterdir() if p.is_dir()]
             if own:
-                raise CosycloneError(f"--to {self.target} holds folders ({', '.join(sorted(own)[:3])}) that no "
-                                     "export wrote: give an empty or new folder, or an earlier export's")
+                raise CosycloneError(
+                    f"--to {self.target} holds folders ({', '.join(sorted(own)[:3])}) that no "
+                    "export wrote: give an empty or new folder, or an earlier export's"
+                )
 
     def foreign(self) -> list[Path]:
         """The old target's files that no export wrote (carried into the new one)."""
@@ -156,7 +166,8 @@ class ExportTarget:
             self._lock_fd = None
 
     def __exit__(self, *exc: object) -> None:
-        shutil.rmtree(self.staging, ignore_errors=True)  # the new export unfinished, or the old one swapped out
+        # the new export unfinished, or the old one swapped out
+        shutil.rmtree(self.staging, ignore_errors=True)
         self._release()
 
 

@@ -6,9 +6,24 @@ panel, so ``--help``, docs/cli.md and the bounds check read one table.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
+from cosyclone.errors import CosycloneError
 from cosyclone.options import EXPORT, SHARDS, SOURCES, ExportFormat, check, opt
+
+_UNITS = {
+    "": 1,
+    "k": 10**3,
+    "m": 10**6,
+    "g": 10**9,
+    "t": 10**12,
+    "ki": 2**10,
+    "mi": 2**20,
+    "gi": 2**30,
+    "ti": 2**40,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?(b?)\s*$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -43,3 +58,16 @@ class ExportOptions:
 
     def __post_init__(self) -> None:
         check(self)
+
+
+def parse_size(text: str) -> int:
+    """Bytes of ``500MB``, ``2GB``, ``100KB``, ``1.5GiB`` or a plain number (KB/MB/GB decimal, KiB/MiB/GiB
+    binary)."""
+    m = _SIZE.match(str(text))
+    if m is None or (m.group(2) is None and m.group(3)):
+        raise CosycloneError(f"--shard-size must be a size such as 500MB, 2GB, 100KB or a number of bytes, "
+                             f"not {text!r}")
+    size = int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+    if size < 1:
+        raise CosycloneError(f"--shard-size must be at least 1 byte, not {text!r}")
+    return size

@@ -27,7 +27,8 @@ from cosyclone.run.export_shards import SHARD_PREFIX, Blob, ExportRow
 # Why a row with a record was not exported (ExportSummary.skipped, export.json's "skipped")
 FAILED = "failed"  # its current record does not say ok
 AUDIO_MISSING = "audio_missing"  # ok, but its audio file is not there (or cannot be read)
-AUDIO_MISMATCH = "audio_mismatch"  # the file is unreadable or holds other samples or another rate than recorded
+# the file is unreadable or holds other samples or another rate than recorded
+AUDIO_MISMATCH = "audio_mismatch"
 NOT_PASSED = "not_passed"  # only_passed, and eval did not pass this very file
 PROMPT_MISSING = "prompt_missing"  # --include-prompt-audio, and its prompt recording cannot be read
 REASONS = (FAILED, AUDIO_MISSING, AUDIO_MISMATCH, NOT_PASSED, PROMPT_MISSING)
@@ -72,7 +73,9 @@ def split_of(row_id: str, splits: tuple[tuple[str, float], ...]) -> str:
     """The split of a row: a hash of its id against the splits' shares (the same on every rerun)."""
     if not splits:
         return SHARD_PREFIX
-    digest = hashlib.blake2b(row_id.encode("utf-8", "surrogatepass"), digest_size=8, person=b"cosyclone-split")
+    digest = hashlib.blake2b(
+        row_id.encode("utf-8", "surrogatepass"), digest_size=8, person=b"cosyclone-split"
+    )
     u, edge = int.from_bytes(digest.digest(), "little") / 2.0**64, 0.0
     for name, share in splits:
         edge += share
@@ -93,8 +96,15 @@ def _float(value: Any) -> float | None:
 
 
 def eval_values(ev: dict[str, Any] | None, audio_sha256: str, backends: tuple[str, ...]) -> dict[str, Any]:
-    """A row's eval columns: its verdict when eval scored this very file, else ``missing``/``stale`` and nulls."""
-    status = "missing" if ev is None else "stale" if ev.get("wav_sha256") != audio_sha256 else str(ev.get("status"))
+    """A row's eval columns: its verdict when eval scored this very file, else ``missing``/``stale`` and
+    nulls."""
+    status = (
+        "missing"
+        if ev is None
+        else "stale"
+        if ev.get("wav_sha256") != audio_sha256
+        else str(ev.get("status"))
+    )
     fresh: dict[str, Any] = ev if ev is not None and status != "stale" else {}
     fails = fresh.get("fails")
     fails = fails if isinstance(fails, dict) else {}
@@ -134,7 +144,8 @@ class Source:
 
 def iter_rows(src: Source, cols: ColumnSet, backends: tuple[str, ...] | None, *, only_passed: bool,
               prompt: bool, skipped: Skipped) -> Iterator[ExportRow]:
-    """The exportable rows of a folder, manifest order, one file read at a time; ``skipped`` gets the others."""
+    """The exportable rows of a folder, manifest order, one file read at a time; ``skipped`` gets the
+    others."""
     name = str(src.folder)
     for rec, raw in src.index.records():
         path = runfolder.audio_path(src.folder, rec)
@@ -147,7 +158,8 @@ def iter_rows(src: Source, cols: ColumnSet, backends: tuple[str, ...] | None, *,
             continue
         facts = _audio_facts(data)
         rate = rec.sample_rate or MODEL_RATE  # records before --sample-rate were all 24 kHz
-        samples = rec.samples if rec.samples is not None else (facts[0] if facts else None)  # none: the file's
+        # none: the file's
+        samples = rec.samples if rec.samples is not None else (facts[0] if facts else None)
         if facts is None or facts[1] != rate or samples != facts[0]:
             skipped.add(name, rec.id, AUDIO_MISMATCH)
             continue
@@ -167,5 +179,10 @@ def iter_rows(src: Source, cols: ColumnSet, backends: tuple[str, ...] | None, *,
                 skipped.add(name, rec.id, PROMPT_MISSING, f"{rec.prompt_audio}: {exc.strerror or exc}")
                 continue
         view = RowView(record=rec, raw=raw, samples=facts[0], sample_rate=rate, folder=name)
-        yield ExportRow(row_id=rec.id, audio=Blob(data=data, name=path.name), columns=cols.values(view, computed),
-                        prompt=blob, file=path.resolve())
+        yield ExportRow(
+            row_id=rec.id,
+            audio=Blob(data=data, name=path.name),
+            columns=cols.values(view, computed),
+            prompt=blob,
+            file=path.resolve(),
+        )

@@ -106,7 +106,8 @@ class Shard(Protocol):
 
     def add(self, row: ExportRow) -> None: ...
 
-    def size_with(self, row: ExportRow) -> int: ...  # the shard's size on disk once closed, with ``row`` added
+    # the shard's size on disk once closed, with ``row`` added
+    def size_with(self, row: ExportRow) -> int: ...
 
     def close(self) -> None: ...  # everything in the file and fsynced
 
@@ -137,7 +138,8 @@ class ParquetShard:
     def _blobs(blobs: list[Blob | None]) -> Any:
         import pyarrow as pa
 
-        return pa.StructArray.from_arrays(  # built from flat arrays: converting dicts costs several times more
+        # built from flat arrays: converting dicts costs several times more
+        return pa.StructArray.from_arrays(
             [pa.array([b.data if b else None for b in blobs], pa.binary()),
              pa.array([b.name if b else None for b in blobs], pa.string())], names=["bytes", "path"],
             mask=pa.array([b is None for b in blobs], pa.bool_()))
@@ -152,7 +154,9 @@ class ParquetShard:
             arrays.append(self._blobs([r.prompt for r in self._buffer]))
         arrays += [pa.array([r.columns.get(c.name) for r in self._buffer], arrow_type(c.type))
                    for c in self.cols.columns]
-        self._writer.write_table(pa.Table.from_arrays(arrays, schema=self.schema), row_group_size=ROW_GROUP_ROWS)
+        self._writer.write_table(
+            pa.Table.from_arrays(arrays, schema=self.schema), row_group_size=ROW_GROUP_ROWS
+        )
         self._buffer, self._buffered = [], 0
 
     def size_with(self, row: ExportRow) -> int:
@@ -218,7 +222,15 @@ class TarShard:
         out = []
         for name, data in members:
             info = tarfile.TarInfo(name)
-            info.size, info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = len(data), 0, 0o644, 0, 0, "", ""
+            info.size, info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = (
+                len(data),
+                0,
+                0o644,
+                0,
+                0,
+                "",
+                "",
+            )
             header = info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
             out += [header, data, b"\0" * (-len(data) % tarfile.BLOCKSIZE)]
         return out
@@ -271,7 +283,9 @@ class ShardWriter:
     def _finish(self) -> None:
         assert self._shard is not None and self._path is not None
         self._shard.close()
-        info = ShardInfo(path=self._path, rows=self._shard.rows, bytes=self._path.stat().st_size, split=self.prefix)
+        info = ShardInfo(
+            path=self._path, rows=self._shard.rows, bytes=self._path.stat().st_size, split=self.prefix
+        )
         self.written.append(info)
         self._shard = self._path = None
         self.log(f"{info.path.name}: {info.rows} rows, {info.bytes} bytes")
@@ -296,7 +310,9 @@ class ShardWriter:
                 named.append(dataclasses.replace(info, path=final))
         except OSError as exc:
             self.abandon()
-            raise runfolder.OutputFolderError(f"cannot write in {self.to_dir}: {exc.strerror or exc}") from exc
+            raise runfolder.OutputFolderError(
+                f"cannot write in {self.to_dir}: {exc.strerror or exc}"
+            ) from exc
         self.written = named
         return named
 

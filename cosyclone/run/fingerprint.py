@@ -1,13 +1,13 @@
 """Row fingerprints: a stable hash of what the user chose for a row, and the file-hash cache.
 
-A row is redone exactly when its fingerprint changes, and what changed is counted by part
-(``text``, ``seed``, ``options``, ...). The fingerprint holds what the user chose (the row's inputs,
-the model, the dtype, the options that change audio), never where the row ran: the device kind, the
-CPU thread count and the library versions change a row's samples in their last bits at most, so a
-resume on another machine (other cores, ``--threads``) keeps every finished row; where each row ran
-is recorded beside it instead (the record's ``device`` and ``threads``, the run record's versions). Hashing a 2 GB model directory on every run is not
-acceptable, so file contents are hashed once per (real path, size, mtime) in :class:`HashCache`,
-the one cache the run folder and ``cosyclone eval`` share.
+A row is redone exactly when its fingerprint changes, and what changed is counted by part (``text``, ``seed``,
+``options``, ...). The fingerprint holds what the user chose (the row's inputs, the model, the dtype, the
+options that change audio), never where the row ran: the device kind, the CPU thread count and the library
+versions change a row's samples in their last bits at most, so a resume on another machine (other cores,
+``--threads``) keeps every finished row; where each row ran is recorded beside it instead (the record's
+``device`` and ``threads``, the run record's versions). Hashing a 2 GB model directory on every run is not
+acceptable, so file contents are hashed once per (real path, size, mtime) in :class:`HashCache`, the one cache
+the run folder and ``cosyclone eval`` share.
 """
 
 from __future__ import annotations
@@ -168,7 +168,8 @@ def _shared_prefix(digest: str) -> str:
     return found
 
 
-_CONTEXT: tuple[RunContext | None, dict[str, str]] = (None, {})  # (the last RunContext, its run-wide parts), read and set whole
+# (the last RunContext, its run-wide parts), read and set whole
+_CONTEXT: tuple[RunContext | None, dict[str, str]] = (None, {})
 
 
 def _context_parts(ctx: RunContext) -> dict[str, str]:
@@ -176,20 +177,33 @@ def _context_parts(ctx: RunContext) -> dict[str, str]:
     global _CONTEXT
     last = _CONTEXT
     if last[0] is not ctx:
-        last = _CONTEXT = (ctx, {"model": ctx.model[:16], "dtype": _digest(ctx.dtype),
-                                 "options": _digest(dict(ctx.options)), "algorithm": _digest(ALGORITHM_VERSION)})
+        last = _CONTEXT = (
+            ctx,
+            {
+                "model": ctx.model[:16],
+                "dtype": _digest(ctx.dtype),
+                "options": _digest(dict(ctx.options)),
+                "algorithm": _digest(ALGORITHM_VERSION),
+            },
+        )
     return dict(last[1])
 
 
-def row_fingerprint(row: ManifestRow, seed: int, ctx: RunContext, hashes: HashCache) -> tuple[str, dict[str, str]]:
+def row_fingerprint(
+    row: ManifestRow, seed: int, ctx: RunContext, hashes: HashCache
+) -> tuple[str, dict[str, str]]:
     """(fingerprint, parts): a stable hash of everything that changes ``row``'s audio.
 
     ``parts`` maps each name of :data:`PARTS` to a short hash, so a changed row can say what changed.
     """
     parts = {
-        "text": _digest(row.text), "prompt_text": _shared_digest(row.prompt_text), "mode": _shared_digest(row.mode),
-        "instruct": _shared_digest(row.instruct), "speed": _shared_digest(float(row.speed)),
-        "prompt_audio": _shared_prefix(hashes.sha256(Path(row.prompt_audio))), "seed": _digest(int(seed)),
+        "text": _digest(row.text),
+        "prompt_text": _shared_digest(row.prompt_text),
+        "mode": _shared_digest(row.mode),
+        "instruct": _shared_digest(row.instruct),
+        "speed": _shared_digest(float(row.speed)),
+        "prompt_audio": _shared_prefix(hashes.sha256(Path(row.prompt_audio))),
+        "seed": _digest(int(seed)),
         **_context_parts(ctx),
     }
     return _digest([parts[k] for k in PARTS]), parts

@@ -235,7 +235,12 @@ def remove_stale_temporaries(out_dir: Path) -> list[Path]:
     """Remove temporary files left by dead processes of this host (a killed run); returns them."""
     host = socket.gethostname()
     removed = []
-    for folder in (Path(out_dir), Path(out_dir) / WAV_DIR, state_dir(out_dir), state_dir(out_dir) / TOKEN_DIR):
+    for folder in (
+        Path(out_dir),
+        Path(out_dir) / WAV_DIR,
+        state_dir(out_dir),
+        state_dir(out_dir) / TOKEN_DIR,
+    ):
         if not folder.is_dir():
             continue
         for path in folder.glob(".*.tmp"):
@@ -289,7 +294,8 @@ class Journal:
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         self.end = os.fstat(self._fd).st_size  # where the next line starts (one writer per journal)
         if self.end and os.pread(self._fd, 1, self.end - 1) != b"\n":
-            self._write(b"\n")  # a killed run cut its last line: start on a fresh one (the torn line never parses)
+            # a killed run cut its last line: start on a fresh one (the torn line never parses)
+            self._write(b"\n")
 
     def _write(self, data: bytes) -> int:
         """``data`` appended and fsynced; the offset it starts at."""
@@ -306,7 +312,9 @@ class Journal:
 
     def append(self, obj: Mapping[str, Any]) -> int:
         """One object as one line; the byte offset the line starts at."""
-        return self.append_line(json.dumps(obj, ensure_ascii=False, sort_keys=True, default=str).encode() + b"\n")
+        return self.append_line(
+            json.dumps(obj, ensure_ascii=False, sort_keys=True, default=str).encode() + b"\n"
+        )
 
     def append_line(self, line: bytes) -> int:
         """A whole line (ending in ``\\n``) as it is; the byte offset it starts at."""

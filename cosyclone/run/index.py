@@ -24,19 +24,17 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from cosyclone.run.index_rows import COLUMNS, SHARE_COLUMNS, IndexedRow, add_share, row_values, share_ddl
+from cosyclone.run.index_reads import IndexReads
+from cosyclone.run.index_rows import COLUMNS, SHARE_COLUMNS, add_share, row_values, share_ddl
 
 INDEX_NAME = "index.sqlite"  # under the folder's .cosyclone/
 SCHEMA = "cosyclone-index-2"
-BATCH = 500  # ids per lookup query (SQLite allows 999 parameters on old builds)
-PAGE = 4096  # rows per query of a streamed read
 ROWS_PER_COMMIT = 2000  # record lines read into the index per transaction (what a build holds at once)
 
 
@@ -46,7 +44,7 @@ def _head(path: Path) -> str:
         return hashlib.blake2b(fh.readline(), digest_size=8).hexdigest()
 
 
-class FolderIndex:
+class FolderIndex(IndexReads):
     """The index of one run folder, opened up to date with its records files (see the module).
 
     ``sources`` are the records files, relative to the folder, that the folder holds now (the caller
@@ -80,7 +78,8 @@ class FolderIndex:
 
     def _open(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=600.0, check_same_thread=False, isolation_level=None)
-        db.execute("PRAGMA page_size=1024")  # small pages: a few rows' index stays a few kB (takes on creation)
+        # small pages: a few rows' index stays a few kB (takes on creation)
+        db.execute("PRAGMA page_size=1024")
         # a rollback journal, not WAL: no 32 kB shared-memory file beside it, so the index needs no more
         # room than its rows (a nearly full disk fails on the audio, as before); readers read a page of
         # rows per query, so a writer never waits long
@@ -104,10 +103,12 @@ class FolderIndex:
             db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
             db.execute("CREATE TABLE sources (name TEXT PRIMARY KEY, inode INTEGER, size INTEGER, head TEXT)")
             shares = ", ".join(share_ddl())  # every share column but ``reason``, declared below
-            db.execute("CREATE TABLE rows (id TEXT PRIMARY KEY, fingerprint TEXT, status TEXT NOT NULL, file TEXT, "
-                       "meta_dir TEXT, samples INTEGER, sample_rate INTEGER, line INTEGER NOT NULL, "
-                       f"finished_at REAL NOT NULL, src TEXT NOT NULL, offset INTEGER NOT NULL, reason TEXT, "
-                       f"{shares}) WITHOUT ROWID")
+            db.execute(
+                "CREATE TABLE rows (id TEXT PRIMARY KEY, fingerprint TEXT, status TEXT NOT NULL, file TEXT, "
+                "meta_dir TEXT, samples INTEGER, sample_rate INTEGER, line INTEGER NOT NULL, "
+                f"finished_at REAL NOT NULL, src TEXT NOT NULL, offset INTEGER NOT NULL, reason TEXT, "
+                f"{shares}) WITHOUT ROWID"
+            )
             db.execute("CREATE TABLE totals (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
             db.execute("INSERT INTO meta VALUES ('schema', 'building')")  # SCHEMA once the build is whole
 
@@ -138,7 +139,11 @@ class FolderIndex:
                     was = known.get(name)
                     if was is None:
                         tails.append((name, 0))
-                    elif was[0] != st.st_ino or st.st_size < was[1] or (was[1] and _head(self.out_dir / name) != was[2]):
+                    elif (
+                        was[0] != st.st_ino
+                        or st.st_size < was[1]
+                        or (was[1] and _head(self.out_dir / name) != was[2])
+                    ):
                         raise _Stale
                     elif st.st_size > was[1]:
                         tails.append((name, was[1]))
@@ -225,7 +230,9 @@ class FolderIndex:
             was = self._put(values) if values is not None else None
             self.db.execute("UPDATE sources SET size = ? WHERE name = ? AND size < ?", (end, src, end))
             if offset == 0:  # the file's first line: what tells it from a rewritten one
-                self.db.execute("UPDATE sources SET head = ? WHERE name = ?", (_head(self.out_dir / src), src))
+                self.db.execute(
+                    "UPDATE sources SET head = ? WHERE name = ?", (_head(self.out_dir / src), src)
+                )
         return was
 
     def track(self, src: str) -> None:
@@ -241,8 +248,9 @@ class FolderIndex:
         """One row's record in, the totals moved by the difference of its share (in a transaction); the
         metadata directory of the row's earlier current record."""
         rid, finished = values[0], values[8]
-        old = self.db.execute(f"SELECT finished_at, meta_dir, {', '.join(SHARE_COLUMNS)} FROM rows WHERE id = ?",
-                              (rid,)).fetchone()
+        old = self.db.execute(
+            f"SELECT finished_at, meta_dir, {', '.join(SHARE_COLUMNS)} FROM rows WHERE id = ?", (rid,)
+        ).fetchone()
         if old is not None and finished < old[0]:
             return None  # an older attempt read late: the current record stays
         self.db.execute(f"INSERT OR REPLACE INTO rows ({', '.join(COLUMNS)}) "
@@ -283,102 +291,6 @@ class FolderIndex:
 
     # ------------------------------------------------------------------ reading
 
-    def totals(self) -> dict[str, int]:
-        """The kept totals: ``rows``, ``done``, ``audio_fx``, ``reason:<r>``, ``sampler:<name>``, ... ."""
-        with self._lock:
-            return {k: int(v) for k, v in self.db.execute("SELECT key, value FROM totals")}
-
-    def count(self) -> int:
-        with self._lock:
-            return int(self.db.execute("SELECT count(*) FROM rows").fetchone()[0])
-
-    def get_many(self, ids: Iterable[str]) -> Iterator[IndexedRow]:
-        """The indexed rows of ``ids`` that the folder has (any order), queried a batch at a time."""
-        it = iter(ids)
-        while True:
-            chunk = [rid for _, rid in zip(range(BATCH), it, strict=False)]
-            if not chunk:
-                return
-            with self._lock:
-                found = self.db.execute(f"SELECT {_BRIEF} FROM rows WHERE id IN ({', '.join('?' * len(chunk))})",
-                                        chunk).fetchall()
-            yield from (IndexedRow(*r) for r in found)
-
-    def count_present(self, ids: Iterable[str]) -> int:
-        """How many of ``ids`` (distinct) the folder has a row of, counted a batch at a time."""
-        it, n = iter(ids), 0
-        while chunk := [rid for _, rid in zip(range(BATCH), it, strict=False)]:
-            with self._lock:
-                n += int(self.db.execute(f"SELECT count(*) FROM rows WHERE id IN ({', '.join('?' * len(chunk))})",
-                                         chunk).fetchone()[0])
-        return n
-
-    def ids(self) -> Iterator[str]:
-        """Every row id of the folder, streamed in id order (a page of ids per query)."""
-        last = ""
-        while True:
-            with self._lock:
-                page = [r[0] for r in self.db.execute("SELECT id FROM rows WHERE id > ? ORDER BY id LIMIT ?",
-                                                      (last, PAGE))]
-            yield from page
-            if len(page) < PAGE:
-                return
-            last = page[-1]
-
-    def ok_rows(self) -> Iterator[IndexedRow]:
-        """The current ``ok`` rows in manifest-line order (ties by id), streamed a page per query."""
-        line, last = -(2**62), ""
-        while True:
-            with self._lock:
-                page = [IndexedRow(*r) for r in self.db.execute(
-                    f"SELECT {_BRIEF} FROM rows WHERE status = 'ok' AND (line > ? OR (line = ? AND id > ?)) "
-                    "ORDER BY line, id LIMIT ?", (line, line, last, PAGE))]
-            yield from page
-            if len(page) < PAGE:
-                return
-            line, last = page[-1].line, page[-1].id
-
-    def in_dir(self, directory: str) -> list[IndexedRow]:
-        """The ``ok`` rows whose audio file ``directory``'s ``metadata.jsonl`` lists, line order (a
-        directory holds a few thousand rows at ten million)."""
-        with self._lock:
-            return [IndexedRow(*r) for r in self.db.execute(
-                f"SELECT {_BRIEF} FROM rows WHERE meta_dir = ? ORDER BY line, id", (directory,))]
-
-    def fingerprint_parts(self, row: IndexedRow) -> dict[str, str] | None:
-        """The ``fingerprint_parts`` of the record an indexed row points at, read from its line without
-        parsing the rest (a plan of a million changed rows reads a million of them); None: none."""
-        raw = self._line(row)
-        m = _PARTS.search(raw) if raw is not None else None
-        try:
-            parts = json.loads(m.group(1)) if m is not None else None
-        except json.JSONDecodeError:
-            parts = None
-        if parts is None and raw is not None:  # not as cosyclone writes it: the whole line
-            obj = self.record(row)
-            parts = obj.get("fingerprint_parts") if obj is not None else None
-        return parts if isinstance(parts, dict) else None
-
-    def _line(self, row: IndexedRow) -> str | None:
-        try:
-            fh = self._files.get(row.src)
-            if fh is None:
-                fh = self._files[row.src] = open(self.out_dir / row.src, "rb")  # noqa: SIM115 (closed by close())
-            with self._lock:
-                fh.seek(row.offset)
-                return fh.readline().decode("utf-8", errors="replace")
-        except OSError:
-            return None
-
-    def record(self, row: IndexedRow) -> dict[str, Any] | None:
-        """The record line an indexed row points at, parsed (None: the file no longer holds it). The
-        record files stay open until :meth:`close` (a plan reads many, in file order)."""
-        try:
-            obj = json.loads(self._line(row) or "null")
-        except json.JSONDecodeError:
-            return None
-        return obj if isinstance(obj, dict) and obj.get("id") == row.id else None
-
     def close(self) -> None:
         with self._lock:
             self.db.close()
@@ -390,11 +302,8 @@ class _Stale(Exception):
     """The index does not describe the records files: it is built again."""
 
 
-# a record's top-level "fingerprint_parts" object, flat (a quote inside a text is escaped, so no text matches)
-_PARTS = re.compile(r'"fingerprint_parts": (\{[^{}]*\})')
 _SECONDARY = ("CREATE INDEX rows_meta ON rows (meta_dir) WHERE meta_dir IS NOT NULL",
               "CREATE INDEX rows_ok ON rows (line, id) WHERE status = 'ok'")
-_BRIEF = "id, fingerprint, status, file, samples, sample_rate, line, finished_at, src, offset"
 _UPSERT = (f"INSERT INTO rows ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))}) "
            "ON CONFLICT(id) DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in COLUMNS[1:])
            + " WHERE excluded.finished_at >= rows.finished_at")

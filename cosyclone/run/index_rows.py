@@ -129,12 +129,22 @@ def share_of(values: Sequence[Any]) -> Sequence[Any]:
 def add_share(delta: dict[str, int], share: Sequence[Any], sign: int) -> None:
     """Add ``sign`` times a row's share to the kept totals ``delta`` (keys as :meth:`FolderIndex.totals`)."""
     audio, nonfinite, reason, *rest = share
-    keys = {"rows": 1, "done": 1 if reason is None else 0, "audio_fx": audio, "nonfinite_audio_samples": nonfinite,
-            "nonfinite_audio_rows": 1 if nonfinite else 0}
+    keys = {
+        "rows": 1,
+        "done": 1 if reason is None else 0,
+        "audio_fx": audio,
+        "nonfinite_audio_samples": nonfinite,
+        "nonfinite_audio_rows": 1 if nonfinite else 0,
+    }
     if reason is not None:
         keys[f"reason:{reason}"] = 1
     n_file, n_ran = len(FILE_SHARES), len(RAN_SHARES)
-    files, ran, run, counts = rest[:n_file], rest[n_file:n_file + n_ran], rest[n_file + n_ran], rest[n_file + n_ran + 1:]
+    files, ran, run, counts = (
+        rest[:n_file],
+        rest[n_file : n_file + n_ran],
+        rest[n_file + n_ran],
+        rest[n_file + n_ran + 1 :],
+    )
     for (_, field), value in zip(FILE_SHARES, files, strict=True):
         if value is not None:
             keys[f"file:{field}:{value}"] = 1

@@ -146,8 +146,11 @@ class SynthJob:
         run_id = uuid.uuid4().hex[:12]
         # stage-0 checkpoint, owned by this run: a row that failed after the talker keeps its tokens
         tokens = TokenStore(runfolder.state_dir(p.out) / runfolder.TOKEN_DIR, {})
-        writer = BackgroundWriter(WriterOptions(out_dir=p.out, output=p.output, model_rate=p.cfg.hift.sampling_rate),
-                                  runfolder.journal_path(p.out, p.tag), index=index)
+        writer = BackgroundWriter(
+            WriterOptions(out_dir=p.out, output=p.output, model_rate=p.cfg.hift.sampling_rate),
+            runfolder.journal_path(p.out, p.tag),
+            index=index,
+        )
         total = ResumeTotals()
         fps: dict[str, tuple[str, dict[str, str]]] = {}
         rows: dict[str, ManifestRow] = {}
@@ -168,7 +171,9 @@ class SynthJob:
         def stamp(result: RowResult) -> RowStamp:
             return _stamp(rows[result.id], fps.get(result.id), run_id, p.manifest_label, p.folder.shard, ctx)
 
-        count = p.lines() if p.streamed else sum(len(prep.resume.todo) + len(prep.failed) for _, prep in prepared)
+        count = (
+            p.lines() if p.streamed else sum(len(prep.resume.todo) + len(prep.failed) for _, prep in prepared)
+        )
         sink = progress(count) if progress is not None else None
         tally = RunTally()
         driver = Driver(writer.submit, tally, sink, stamp)
@@ -195,13 +200,29 @@ class SynthJob:
         self._tidy_tokens(tokens, fps, index)
         facts = self._facts(run_id, ctx)
         engine_facts = self.engine.facts().as_record() if self.engine is not None else None
-        record = run_record(facts, resume, tally, prepared_failures=failed_before, wall=wall,
-                            write_error=write_error, stopped_by=end.stopped_by, graph_errors=source.graph_errors,
-                            ray=self._ray_record, engine_facts=engine_facts,
-                            peak_memory=read_peaks(p.policy.device).as_record(),
-                            written={rid for rid in resume.redone if rid in writer.written_ids})
-        return write_accounts(p.out, record, _kept_totals(index), write_error=write_error, failed=tally.failed,
-                              written=writer.written, rows_total=self._rows_total(end.stopped_by))
+        record = run_record(
+            facts,
+            resume,
+            tally,
+            prepared_failures=failed_before,
+            wall=wall,
+            write_error=write_error,
+            stopped_by=end.stopped_by,
+            graph_errors=source.graph_errors,
+            ray=self._ray_record,
+            engine_facts=engine_facts,
+            peak_memory=read_peaks(p.policy.device).as_record(),
+            written={rid for rid in resume.redone if rid in writer.written_ids},
+        )
+        return write_accounts(
+            p.out,
+            record,
+            _kept_totals(index),
+            write_error=write_error,
+            failed=tally.failed,
+            written=writer.written,
+            rows_total=self._rows_total(end.stopped_by),
+        )
 
     def _rows_total(self, stopped_by: str | None) -> int:
         """The rows the end line counts against: the shard's valid rows, or, when a stop came before a
@@ -235,15 +256,28 @@ class SynthJob:
         from cosyclone.engine.setup import recorded_options
 
         p = self.planned
-        return RunFacts(run_id=run_id, started_at=p.started_at, manifest=p.manifest_label, shard=p.folder.shard,
-                        rows_in_manifest=len(p.rows.rows), invalid_rows=tuple(str(e) for e in p.rows.errors),
-                        model_dir=str(p.model_dir) if p.model_dir else None, model_hash=ctx.model,
-                        model_yaml_sha256=p.cfg.yaml_sha256 or None, load_format=p.opts.load_format,
-                        device=str(p.policy.device), backend=p.policy.backend, dtype=p.policy.dtype_name,
-                        dtype_requested=p.policy.requested_dtype,
-                        options=recorded_options(p.opts, p.cfg), output=p.output.as_record(),
-                        stage_dtypes=p.policy.stage_dtypes,
-                        text_frontend=p.opts.text_frontend, engine=p.folder.engine, graphs_resolved=p.opts.cuda_graphs)
+        return RunFacts(
+            run_id=run_id,
+            started_at=p.started_at,
+            manifest=p.manifest_label,
+            shard=p.folder.shard,
+            rows_in_manifest=len(p.rows.rows),
+            invalid_rows=tuple(str(e) for e in p.rows.errors),
+            model_dir=str(p.model_dir) if p.model_dir else None,
+            model_hash=ctx.model,
+            model_yaml_sha256=p.cfg.yaml_sha256 or None,
+            load_format=p.opts.load_format,
+            device=str(p.policy.device),
+            backend=p.policy.backend,
+            dtype=p.policy.dtype_name,
+            dtype_requested=p.policy.requested_dtype,
+            options=recorded_options(p.opts, p.cfg),
+            output=p.output.as_record(),
+            stage_dtypes=p.policy.stage_dtypes,
+            text_frontend=p.opts.text_frontend,
+            engine=p.folder.engine,
+            graphs_resolved=p.opts.cuda_graphs,
+        )
 
     def _tell_resume(self, preps: Iterable[Prepared], index: FolderIndex) -> None:
         """Log what the resume plan of a manifest read whole says, before any row runs."""
@@ -276,16 +310,30 @@ def _stamp(row: ManifestRow, fp: tuple[str, dict[str, str]] | None, run_id: str,
            shard: str | None, ctx: fingerprint.RunContext) -> RowStamp:
     """What made a row: its manifest fields, its fingerprint (None: it failed before one), the run and
     where the row ran (``ctx``'s device and threads)."""
-    return RowStamp(fingerprint=fp[0] if fp else None, fingerprint_parts=fp[1] if fp else None, run_id=run_id,
-                    text=row.text, prompt_text=row.prompt_text, prompt_audio=str(row.prompt_audio), mode=row.mode,
-                    instruct=row.instruct, speed=row.speed, manifest=manifest, shard=shard, meta=row.meta,
-                    device=ctx.device, threads=ctx.threads)
+    return RowStamp(
+        fingerprint=fp[0] if fp else None,
+        fingerprint_parts=fp[1] if fp else None,
+        run_id=run_id,
+        text=row.text,
+        prompt_text=row.prompt_text,
+        prompt_audio=str(row.prompt_audio),
+        mode=row.mode,
+        instruct=row.instruct,
+        speed=row.speed,
+        manifest=manifest,
+        shard=shard,
+        meta=row.meta,
+        device=ctx.device,
+        threads=ctx.threads,
+    )
 
 
 def _same_inputs(index: FolderIndex, rec: IndexedRow, fp: str, parts: Mapping[str, str]) -> bool:
     """Whether an indexed row was made from the inputs that give ``fp`` (its stored parts read only
     when the fingerprints differ: where a row ran is not an input)."""
-    return rec.fingerprint == fp or fingerprint.same_inputs(rec.fingerprint, index.fingerprint_parts(rec), fp, parts)
+    return rec.fingerprint == fp or fingerprint.same_inputs(
+        rec.fingerprint, index.fingerprint_parts(rec), fp, parts
+    )
 
 
 def _restamp_meta(index: FolderIndex, writer: BackgroundWriter, done: Iterable[str],

@@ -12,7 +12,8 @@ from cosyclone.run.resume import ResumePlan
 
 
 class ProgressSink(Protocol):
-    """What :meth:`SynthJob.run` reports finished rows to (:class:`cosyclone.base.progress.Progress` is one)."""
+    """What :meth:`SynthJob.run` reports finished rows to (:class:`cosyclone.base.progress.Progress` is
+    one)."""
 
     def update(self, result: RowResult) -> None: ...
 

@@ -39,11 +39,23 @@ from cosyclone.run.resume import ResumePlan, plan_resume
 class RunPlan:
     """A manifest (or one shard of it) against an output folder, under resolved options."""
 
-    def __init__(self, manifest: Manifest, out: Path, opts: RunOptions, *, cfg: ModelConfig, policy: DevicePolicy,
-                 model_dir: Path | None, folder: FolderOptions = FolderOptions(), manifest_label: str | None = None,
-                 started_at: float | None = None, stream: Iterator[Manifest] | None = None,
-                 on_rejected: Callable[[ManifestError], None] | None = None) -> None:
-        self._stream = stream  # the manifest's parts still to be read (``manifest`` fills as they are); None: whole
+    def __init__(
+        self,
+        manifest: Manifest,
+        out: Path,
+        opts: RunOptions,
+        *,
+        cfg: ModelConfig,
+        policy: DevicePolicy,
+        model_dir: Path | None,
+        folder: FolderOptions = FolderOptions(),
+        manifest_label: str | None = None,
+        started_at: float | None = None,
+        stream: Iterator[Manifest] | None = None,
+        on_rejected: Callable[[ManifestError], None] | None = None,
+    ) -> None:
+        # the manifest's parts still to be read (``manifest`` fills as they are); None: whole
+        self._stream = stream
         self.streamed = stream is not None
         self.full = manifest  # every row: another shard's rows are not "foreign" to the folder
         self.rows = manifest.shard(Shard.parse(folder.shard)) if folder.shard else manifest  # this shard's
@@ -85,9 +97,19 @@ class RunPlan:
             require_ray()  # before any work: say how to install it
         if not folder.command:
             folder = replace(folder, command=" ".join(sys.argv))
-        return cls(full, Path(out), opts, cfg=cfg, policy=policy,
-                   model_dir=Path(model_dir) if model_dir is not None else None, folder=folder,
-                   manifest_label=str(manifest), started_at=started, stream=stream_or_none, on_rejected=on_rejected)
+        return cls(
+            full,
+            Path(out),
+            opts,
+            cfg=cfg,
+            policy=policy,
+            model_dir=Path(model_dir) if model_dir is not None else None,
+            folder=folder,
+            manifest_label=str(manifest),
+            started_at=started,
+            stream=stream_or_none,
+            on_rejected=on_rejected,
+        )
 
     # ------------------------------------------------------------------ the plan
 
@@ -127,7 +149,8 @@ class RunPlan:
                        refusal=ray.refusal if ray else None)
 
     def ray_plan(self) -> Any:
-        """The Ray actors this run would get on the cluster as it is now (:func:`cosyclone.run.ray_cluster.plan_cluster`),
+        """The Ray actors this run would get on the cluster as it is now
+        (:func:`cosyclone.run.ray_cluster.plan_cluster`),
         read once per job."""
         if self._ray_plan is None:
             from cosyclone.run.ray_cluster import plan_cluster
@@ -166,11 +189,14 @@ class RunPlan:
         """The run-wide fingerprint parts (an unreadable model directory stops the run, as unusable input)."""
         try:
             return fingerprint.RunContext(
-                model=fingerprint.model_content_hash(self.model_dir, hashes,
-                                                   dummy_tag="released" if self.opts.load_format == "dummy" else ""),
-                dtype=self.opts.dtype, device=self.policy.backend,
+                model=fingerprint.model_content_hash(
+                    self.model_dir, hashes, dummy_tag="released" if self.opts.load_format == "dummy" else ""
+                ),
+                dtype=self.opts.dtype,
+                device=self.policy.backend,
                 threads=fingerprint.cpu_threads(self.policy, self.actor_threads()),
-                options={**O.audio_values(self.opts), **self.output.fingerprint_values()})
+                options={**O.audio_values(self.opts), **self.output.fingerprint_values()},
+            )
         except OSError as exc:
             raise CosycloneError(f"cannot hash the inputs: {exc}") from exc
 

@@ -68,8 +68,13 @@ def row_from_dict(d: dict[str, Any]) -> ManifestRow:
 
 def encode_task(batches: list[list[ManifestRow]], keys: Mapping[str, str]) -> str:
     """A task as it travels: its batches' rows and the stage-0 checkpoint keys of those rows."""
-    return json.dumps({"batches": [[row_to_dict(r) for r in b] for b in batches],
-                       "keys": {r.id: keys[r.id] for b in batches for r in b if r.id in keys}}, ensure_ascii=False)
+    return json.dumps(
+        {
+            "batches": [[row_to_dict(r) for r in b] for b in batches],
+            "keys": {r.id: keys[r.id] for b in batches for r in b if r.id in keys},
+        },
+        ensure_ascii=False,
+    )
 
 
 class ShippedPrompts(Mapping[str, bytes]):
@@ -137,13 +142,16 @@ class SynthActor:
         if self.stopped is not None:  # the stop came before this task started
             stop.request(self.stopped)
         self.engine.stages.frontend.prompt_bytes = ShippedPrompts(prompts)
-        try:  # a loop, not ``yield from``: Ray sends values into its generators, which an engine's would refuse
+        # a loop, not ``yield from``: Ray sends values into its generators, which an engine's would refuse
+        try:
             for result in self.engine.run(batches=batches, opts=self.opts, tokens=tokens, stop=stop):  # noqa: UP028
                 yield result
         finally:
             self.engine.stages.frontend.prompt_bytes = {}
             self._stop = None
-        yield TaskEnd(hits=tokens.hits if tokens is not None else 0, graph_errors=tuple(self.engine.graph_errors))
+        yield TaskEnd(
+            hits=tokens.hits if tokens is not None else 0, graph_errors=tuple(self.engine.graph_errors)
+        )
 
     def stop(self, signal_name: str) -> None:
         """The driver's stop request: the running task admits no further batch (runs in :data:`CONTROL`)."""

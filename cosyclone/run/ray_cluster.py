@@ -43,9 +43,16 @@ def read_cluster(ray: Any) -> tuple[NodeShape, ...]:
         if seen[name] > 1:
             name = f"{name}#{seen[name]}"
         gpus = float(res.get("GPU", 0.0))
-        out.append(NodeShape(name=name, cpus=float(res.get("CPU", 0.0)), gpus=gpus,
-                             memory_bytes=int(res.get("memory", 0)), gpu_memory_bytes=gpu_memory if gpus else None,
-                             node_id=str(node.get("NodeID", ""))))
+        out.append(
+            NodeShape(
+                name=name,
+                cpus=float(res.get("CPU", 0.0)),
+                gpus=gpus,
+                memory_bytes=int(res.get("memory", 0)),
+                gpu_memory_bytes=gpu_memory if gpus else None,
+                node_id=str(node.get("NodeID", "")),
+            )
+        )
     return tuple(out)
 
 

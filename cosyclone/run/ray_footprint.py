@@ -55,17 +55,27 @@ class Footprint:
 
     host_bytes: int  # peak resident memory of the actor's process: base + weights + max(load peak, batch)
     gpu_bytes: int  # on its GPU: weights and first batch (0 on a CPU run)
-    weights_bytes: int  # parameters and buffers in the run dtype (head, HiFT: fp32), counted from the geometry
-    base_bytes: int  # the process without weights or batch (BASE_BYTES, the ONNX sessions; GPU: the allowance)
-    load_peak_bytes: int  # the load's transient peak above the loaded process (0 on GPU: it is on the host once)
+    weights_bytes: int
+    # parameters and buffers in the run dtype (head, HiFT: fp32), counted from the geometry
+    base_bytes: int
+    # the process without weights or batch (BASE_BYTES, the ONNX sessions; GPU: the allowance)
+    load_peak_bytes: int
+    # the load's transient peak above the loaded process (0 on GPU: it is on the host once)
     batch_bytes: int  # the first batch's activations at the run's batch size
     batch_size: int  # rows per batch the activations were scaled to
     source: str  # where the figures come from
 
     def as_record(self) -> dict[str, Any]:
-        return {"host_bytes": self.host_bytes, "gpu_bytes": self.gpu_bytes, "weights_bytes": self.weights_bytes,
-                "base_bytes": self.base_bytes, "load_peak_bytes": self.load_peak_bytes,
-                "batch_bytes": self.batch_bytes, "batch_size": self.batch_size, "source": self.source}
+        return {
+            "host_bytes": self.host_bytes,
+            "gpu_bytes": self.gpu_bytes,
+            "weights_bytes": self.weights_bytes,
+            "base_bytes": self.base_bytes,
+            "load_peak_bytes": self.load_peak_bytes,
+            "batch_bytes": self.batch_bytes,
+            "batch_size": self.batch_size,
+            "source": self.source,
+        }
 
 
 def weight_bytes(cfg: ModelConfig, policy: DevicePolicy) -> int:
@@ -106,12 +116,21 @@ def actor_footprint(cfg: ModelConfig, policy: DevicePolicy, batch_size: int) -> 
     base = BASE_BYTES + int(ONNX_RSS_PER_FILE_BYTE * onnx)
     batch = ACTIVATION_BYTES_PER_ROW * batch_size
     if policy.device.type == "cpu":
-        load = max(int(LOAD_PEAK_PER_WEIGHT_BYTE.get(name, 1.0) * weights), int(ONNX_LOAD_PEAK_PER_FILE_BYTE * onnx))
+        load = max(
+            int(LOAD_PEAK_PER_WEIGHT_BYTE.get(name, 1.0) * weights), int(ONNX_LOAD_PEAK_PER_FILE_BYTE * onnx)
+        )
         return Footprint(host_bytes=base + weights + max(load, batch), gpu_bytes=0, weights_bytes=weights,
                          base_bytes=base, load_peak_bytes=load, batch_bytes=batch, batch_size=batch_size,
                          source=FOOTPRINT_SOURCE)
     host = base + GPU_HOST_ALLOWANCE + int(ONNX_LOAD_PEAK_PER_FILE_BYTE * onnx)
-    return Footprint(host_bytes=host, gpu_bytes=weights + batch, weights_bytes=weights, base_bytes=host,
-                     load_peak_bytes=0, batch_bytes=batch, batch_size=batch_size,
-                     source=FOOTPRINT_SOURCE + "; on GPU: the activations as measured on CPU and a host allowance "
-                     "for the CUDA runtime, not measured")
+    return Footprint(
+        host_bytes=host,
+        gpu_bytes=weights + batch,
+        weights_bytes=weights,
+        base_bytes=host,
+        load_peak_bytes=0,
+        batch_bytes=batch,
+        batch_size=batch_size,
+        source=FOOTPRINT_SOURCE + "; on GPU: the activations as measured on CPU and a host allowance "
+        "for the CUDA runtime, not measured",
+    )

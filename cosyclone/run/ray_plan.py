@@ -1,9 +1,10 @@
 """How many ``--engine ray`` actors a cluster holds, with how many threads, and what each asks Ray for.
 
-Owns the sizing rule: the per-actor memory footprint (measured: :mod:`cosyclone.run.ray_footprint`), the shape of the cluster's nodes (:func:`read_cluster`, :func:`local_node`),
-and the plan (:class:`RayPlan`) that ``synth --dry-run --engine ray`` shows, that refuses a run
-that cannot fit before any model loads (:meth:`RayPlan.check`), that ``runs.jsonl`` records
-(:meth:`RayPlan.as_record`) and that :class:`cosyclone.run.ray_pool.ActorPool` places.
+Owns the sizing rule: the per-actor memory footprint (measured: :mod:`cosyclone.run.ray_footprint`), the shape
+of the cluster's nodes (:func:`read_cluster`, :func:`local_node`), and the plan (:class:`RayPlan`) that
+``synth --dry-run --engine ray`` shows, that refuses a run that cannot fit before any model loads
+(:meth:`RayPlan.check`), that ``runs.jsonl`` records (:meth:`RayPlan.as_record`) and that
+:class:`cosyclone.run.ray_pool.ActorPool` places.
 
 Must not: start actors or load a model (planning is arithmetic on node shapes and the model's
 geometry; the only Ray calls are reading a cluster's nodes), or print (``describe()`` returns lines).
@@ -116,17 +117,23 @@ class RayPlan:
         lines = [f"ray plan: {self.actors} actors on {self.device} ({self.dtype}), each {who}; asks Ray for "
                  f"{self.num_cpus:g} CPU{gpu} and {_gb(self.memory_bytes)} GB memory"]
         if self.device == "cpu":
-            lines.append(f"  per actor: {_gb(fp.host_bytes)} GB = {_gb(fp.base_bytes)} base + {_gb(fp.weights_bytes)} "
-                         f"weights + the larger of the load's peak ({_gb(fp.load_peak_bytes)}) and a first batch of "
-                         f"{fp.batch_size} rows ({_gb(fp.batch_bytes)}); {fp.source}")
+            lines.append(
+                f"  per actor: {_gb(fp.host_bytes)} GB = {_gb(fp.base_bytes)} base + {_gb(fp.weights_bytes)} "
+                f"weights + the larger of the load's peak ({_gb(fp.load_peak_bytes)}) and a first batch of "
+                f"{fp.batch_size} rows ({_gb(fp.batch_bytes)}); {fp.source}"
+            )
         else:
-            lines.append(f"  per actor: {_gb(fp.host_bytes)} GB of host memory, {_gb(fp.gpu_bytes)} GB on its GPU = "
-                         f"{_gb(fp.weights_bytes)} weights + {_gb(fp.batch_bytes)} for a first batch of "
-                         f"{fp.batch_size} rows; {fp.source}")
+            lines.append(
+                f"  per actor: {_gb(fp.host_bytes)} GB of host memory, {_gb(fp.gpu_bytes)} GB on its GPU = "
+                f"{_gb(fp.weights_bytes)} weights + {_gb(fp.batch_bytes)} for a first batch of "
+                f"{fp.batch_size} rows; {fp.source}"
+            )
         for n in self.nodes:
             gpus = f", {n.gpus:g} GPUs" if n.gpus else ""
-            lines.append(f"  node {n.name}: {n.cpus:g} CPUs{gpus}, {_gb(n.memory_bytes)} GB memory -> room for "
-                         f"{n.room} ({n.bound}), up to {n.actors} here holding {_gb(self.node_bytes(n))} GB")
+            lines.append(
+                f"  node {n.name}: {n.cpus:g} CPUs{gpus}, {_gb(n.memory_bytes)} GB memory -> room for "
+                f"{n.room} ({n.bound}), up to {n.actors} here holding {_gb(self.node_bytes(n))} GB"
+            )
         lines += [f"  {note}" for note in self.notes]
         if self.refusal is not None:
             lines.append(f"  refused: {self.refusal}")
@@ -134,14 +141,33 @@ class RayPlan:
 
     def as_record(self) -> dict[str, Any]:
         """The plan as JSON-able data (a ``runs.jsonl`` field)."""
-        return {"actors": self.actors, "threads": self.threads, "num_cpus": self.num_cpus,
-                "num_gpus": self.num_gpus, "memory_bytes": self.memory_bytes, "device": self.device,
-                "dtype": self.dtype, "requested_actors": self.requested_actors,
-                "requested_threads": self.requested_threads, "footprint": self.footprint.as_record(),
-                "nodes": [{"name": n.name, "node_id": n.node_id, "cpus": n.cpus, "gpus": n.gpus, "memory_bytes": n.memory_bytes,
-                           "room": n.room, "actors": n.actors, "bound": n.bound,
-                           "expected_bytes": self.node_bytes(n)} for n in self.nodes],
-                "refusal": self.refusal}
+        return {
+            "actors": self.actors,
+            "threads": self.threads,
+            "num_cpus": self.num_cpus,
+            "num_gpus": self.num_gpus,
+            "memory_bytes": self.memory_bytes,
+            "device": self.device,
+            "dtype": self.dtype,
+            "requested_actors": self.requested_actors,
+            "requested_threads": self.requested_threads,
+            "footprint": self.footprint.as_record(),
+            "nodes": [
+                {
+                    "name": n.name,
+                    "node_id": n.node_id,
+                    "cpus": n.cpus,
+                    "gpus": n.gpus,
+                    "memory_bytes": n.memory_bytes,
+                    "room": n.room,
+                    "actors": n.actors,
+                    "bound": n.bound,
+                    "expected_bytes": self.node_bytes(n),
+                }
+                for n in self.nodes
+            ],
+            "refusal": self.refusal,
+        }
 
 
 def _gb(n: int | float) -> str:
@@ -171,8 +197,19 @@ Rooms = Sequence[tuple[NodeShape, tuple[int, str]]]
 
 
 def _nodes(rooms: Rooms, total: int) -> tuple[NodePlan, ...]:
-    return tuple(NodePlan(name=n.name, cpus=n.cpus, gpus=n.gpus, memory_bytes=n.memory_bytes, room=room,
-                          actors=min(room, total), bound=bound, node_id=n.node_id) for n, (room, bound) in rooms)
+    return tuple(
+        NodePlan(
+            name=n.name,
+            cpus=n.cpus,
+            gpus=n.gpus,
+            memory_bytes=n.memory_bytes,
+            room=room,
+            actors=min(room, total),
+            bound=bound,
+            node_id=n.node_id,
+        )
+        for n, (room, bound) in rooms
+    )
 
 
 def _fits(rooms: Rooms) -> str:
@@ -205,13 +242,19 @@ def _plan_cpu(nodes: tuple[NodeShape, ...], policy: DevicePolicy, fp: Footprint,
     refusal = None
     s = "s" if base > 1 else ""
     if capacity == 0:
-        refusal = (f"no node has room for one actor: it needs {_gb(fp.host_bytes)} GB of memory ({_gb(fp.base_bytes)} "
-                   f"base + {_gb(fp.weights_bytes)} weights in {policy.dtype_name} + "
-                   f"{_gb(max(fp.load_peak_bytes, fp.batch_bytes))} for the load's peak or a batch of "
-                   f"{fp.batch_size} rows) and {base} CPU{s} for {base} torch thread{s}; the cluster has "
-                   f"{_fits(rooms)}. "
-                   + ("Try --dtype bf16 (smaller weights) or a smaller --batch-size" if policy.dtype_name == "fp32"
-                      else "Try a smaller --batch-size"))
+        refusal = (
+            f"no node has room for one actor: it needs {_gb(fp.host_bytes)} GB of memory "
+            f"({_gb(fp.base_bytes)} "
+            f"base + {_gb(fp.weights_bytes)} weights in {policy.dtype_name} + "
+            f"{_gb(max(fp.load_peak_bytes, fp.batch_bytes))} for the load's peak or a batch of "
+            f"{fp.batch_size} rows) and {base} CPU{s} for {base} torch thread{s}; the cluster has "
+            f"{_fits(rooms)}. "
+            + (
+                "Try --dtype bf16 (smaller weights) or a smaller --batch-size"
+                if policy.dtype_name == "fp32"
+                else "Try a smaller --batch-size"
+            )
+        )
     elif actors is not None and actors > capacity:
         at_one = sum(_room_cpu(n, 1, fp)[0] for n in nodes)
         refusal = (f"--ray-actors {actors} asks for more actors than fit: {capacity} actors of {base} torch "
@@ -230,27 +273,46 @@ def _plan_cpu(nodes: tuple[NodeShape, ...], policy: DevicePolicy, fp: Footprint,
             rooms = [(n, _room_cpu(n, chosen, fp)) for n in nodes]
     if actors is not None and actors < capacity:
         notes.append(f"--ray-actors {actors}: the cluster has room for {capacity}")
-    return RayPlan(device="cpu", dtype=policy.dtype_name, actors=want, threads=chosen,
-                   num_cpus=CPU_SHARE * chosen, num_gpus=0.0, memory_bytes=fp.host_bytes, footprint=fp,
-                   nodes=_nodes(rooms, want), requested_actors=actors, requested_threads=threads, refusal=refusal,
-                   notes=tuple(notes))
+    return RayPlan(
+        device="cpu",
+        dtype=policy.dtype_name,
+        actors=want,
+        threads=chosen,
+        num_cpus=CPU_SHARE * chosen,
+        num_gpus=0.0,
+        memory_bytes=fp.host_bytes,
+        footprint=fp,
+        nodes=_nodes(rooms, want),
+        requested_actors=actors,
+        requested_threads=threads,
+        refusal=refusal,
+        notes=tuple(notes),
+    )
 
 
-def _per_gpu_refusal(nodes: tuple[NodeShape, ...], fp: Footprint, actors: int, gpus: int, per_gpu: int) -> str | None:
+def _per_gpu_refusal(
+    nodes: tuple[NodeShape, ...], fp: Footprint, actors: int, gpus: int, per_gpu: int
+) -> str | None:
     """Why ``per_gpu`` actors on each GPU do not fit (None: they do). GPU memory is no Ray resource:
     Ray would put ``per_gpu`` on any GPU, so every GPU node must hold them."""
     for n in nodes:
         if not int(n.gpus):
             continue
         if n.gpu_memory_bytes is None:
-            return (f"--ray-actors {actors} asks for {per_gpu} actors per GPU ({gpus} GPUs in the cluster), but the "
-                    f"GPU memory of {n.name} is not known, so only one actor per GPU is planned; ask for at most {gpus}")
+            return (
+                f"--ray-actors {actors} asks for {per_gpu} actors per GPU ({gpus} GPUs in the cluster), "
+                f"but the GPU memory of {n.name} is not known, so only one actor per GPU is planned; "
+                f"ask for at most {gpus}"
+            )
         holds = int(n.gpu_memory_bytes // fp.gpu_bytes) if fp.gpu_bytes else per_gpu
         if holds < per_gpu:
-            return (f"--ray-actors {actors} asks for {per_gpu} actors per GPU ({gpus} GPUs in the cluster); a GPU of "
-                    f"{n.name} has {_gb(n.gpu_memory_bytes)} GB and one actor needs {_gb(fp.gpu_bytes)} GB there "
-                    f"({_gb(fp.weights_bytes)} weights + {_gb(fp.batch_bytes)} first batch): {holds} per GPU fit, "
-                    f"{holds * gpus} actors in all")
+            return (
+                f"--ray-actors {actors} asks for {per_gpu} actors per GPU ({gpus} GPUs in the cluster); "
+                f"a GPU of {n.name} has {_gb(n.gpu_memory_bytes)} GB and one actor needs "
+                f"{_gb(fp.gpu_bytes)} GB there ({_gb(fp.weights_bytes)} weights + "
+                f"{_gb(fp.batch_bytes)} first batch): {holds} per GPU fit, "
+                f"{holds * gpus} actors in all"
+            )
     return None
 
 
@@ -273,19 +335,41 @@ def _plan_gpu(nodes: tuple[NodeShape, ...], policy: DevicePolicy, fp: Footprint,
     capacity = sum(r for _, (r, _) in rooms)
     if refusal is None:
         if not gpus:
-            refusal = (f"the run is planned on {policy.device.type} (resolved by the driver) but the cluster has no "
-                       "GPU; start it from a CPU machine or with --device cpu to run on CPU actors")
+            refusal = (
+                f"the run is planned on {policy.device.type} (resolved by the driver) but the cluster has no "
+                "GPU; start it from a CPU machine or with --device cpu to run on CPU actors"
+            )
         elif capacity == 0 or (actors is not None and actors > capacity):
-            what = "no node has room for one actor" if capacity == 0 else f"--ray-actors {actors} asks for more than fit"
-            refusal = (f"{what}: each needs {_gb(fp.host_bytes)} GB of host memory and {num_cpus:g} CPU beside its "
-                       f"GPU; room: {_fits(rooms)}")
+            what = (
+                "no node has room for one actor"
+                if capacity == 0
+                else f"--ray-actors {actors} asks for more than fit"
+            )
+            refusal = (
+                f"{what}: each needs {_gb(fp.host_bytes)} GB of host memory and {num_cpus:g} CPU beside its "
+                f"GPU; room: {_fits(rooms)}"
+            )
     want = capacity if actors is None else min(actors, capacity)
-    return RayPlan(device=policy.device.type, dtype=policy.dtype_name, actors=want, threads=threads,
-                   num_cpus=num_cpus, num_gpus=1.0 / per_gpu, memory_bytes=fp.host_bytes, footprint=fp, nodes=_nodes(rooms, want),
-                   requested_actors=actors, requested_threads=threads, refusal=refusal, notes=tuple(notes))
+    return RayPlan(
+        device=policy.device.type,
+        dtype=policy.dtype_name,
+        actors=want,
+        threads=threads,
+        num_cpus=num_cpus,
+        num_gpus=1.0 / per_gpu,
+        memory_bytes=fp.host_bytes,
+        footprint=fp,
+        nodes=_nodes(rooms, want),
+        requested_actors=actors,
+        requested_threads=threads,
+        refusal=refusal,
+        notes=tuple(notes),
+    )
 
 
 def plan_run(cfg: ModelConfig, policy: DevicePolicy, batch_size: int, nodes: Sequence[NodeShape], *,
              actors: int | None = None, threads: int | None = None) -> RayPlan:
     """:func:`plan_actors` with this model's footprint (:func:`actor_footprint`) at ``batch_size``."""
-    return plan_actors(nodes, policy, actor_footprint(cfg, policy, batch_size), actors=actors, threads=threads)
+    return plan_actors(
+        nodes, policy, actor_footprint(cfg, policy, batch_size), actors=actors, threads=threads
+    )

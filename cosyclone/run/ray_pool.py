@@ -98,8 +98,13 @@ class ActorPool:
                  on_start: Callable[[list[str]], None] | None = None) -> None:
         self.ray, self.plan, self.opts, self.tokens, self.stop = ray, plan, opts, tokens, stop
         self.on_start = on_start or (lambda nodes: None)
-        self._actor_args = (cfg, policy, replace(opts, threads=plan.threads if plan.threads is not None else opts.threads),
-                            plan.threads, str(tokens.root) if tokens is not None else None)
+        self._actor_args = (
+            cfg,
+            policy,
+            replace(opts, threads=plan.threads if plan.threads is not None else opts.threads),
+            plan.threads,
+            str(tokens.root) if tokens is not None else None,
+        )
         self._remote = _actor_class(ray)
         self._where = placement(plan)
         self.actors: list[Any] = []  # handles, in start order (None: died for good)
@@ -122,7 +127,9 @@ class ActorPool:
         keys = dict(self.tokens.keys) if self.tokens is not None else {}
         for group in task_groups(len(batches), self.plan.actors, self.opts.schedule):
             rows = [list(batches[k]) for k in group]
-            self._queue.append(_Task(spec=encode_task(rows, keys), prompts=self._ship(r for b in rows for r in b)))
+            self._queue.append(
+                _Task(spec=encode_task(rows, keys), prompts=self._ship(r for b in rows for r in b))
+            )
             self.fed.update(r.id for b in rows for r in b)
             self._tasks += 1
         self._grow()
@@ -191,7 +198,8 @@ class ActorPool:
             del self._running[gen]
             self._idle.append(k)
             return
-        except self.ray.exceptions.ActorDiedError:  # gone for good (restarts exhausted): its task goes elsewhere
+        # gone for good (restarts exhausted): its task goes elsewhere
+        except self.ray.exceptions.ActorDiedError:
             del self._running[gen]
             self.actors[k] = None
             self._queue.appendleft(task)
@@ -261,7 +269,8 @@ class RayConnection:
 
 
 class RaySource:
-    """Rows made by a pool of Ray actors (the run's :class:`~cosyclone.run.drive.RowSource` under ``--engine ray``).
+    """Rows made by a pool of Ray actors (the run's :class:`~cosyclone.run.drive.RowSource` under ``--engine
+    ray``).
 
     The pool starts at the first part with rows to do: connected, planned on the live cluster
     (``on_record`` gets the plan and where each actor went, for runs.jsonl; ``log`` its lines) and
@@ -300,8 +309,10 @@ class RaySource:
         yield from self.pool.results(block=True)
         missing = self.pool.missing()
         if missing and not self.pool.stopping:  # never report a partial run as complete
-            raise CosycloneError(f"the Ray run returned no result for {len(missing)} rows ({', '.join(missing[:5])} "
-                                 "...); rerun the command to resume them")
+            raise CosycloneError(
+                f"the Ray run returned no result for {len(missing)} rows ({', '.join(missing[:5])} "
+                "...); rerun the command to resume them"
+            )
 
     def cancel(self) -> None:
         if self.pool is not None:
@@ -321,8 +332,14 @@ class RaySource:
         if self.plan is not None:  # a plan made beforehand (the job's, a dry run's): what it was asked for
             actors, threads = self.plan.requested_actors, self.plan.requested_threads
         assert self.opts.batch_size is not None  # resolve_options sets it
-        live = plan_run(self.cfg, self.policy, self.opts.batch_size, read_cluster(self._conn.ray), actors=actors,
-                        threads=threads)
+        live = plan_run(
+            self.cfg,
+            self.policy,
+            self.opts.batch_size,
+            read_cluster(self._conn.ray),
+            actors=actors,
+            threads=threads,
+        )
         self._record = {"ray_actors": self.folder.ray_actors, "actor_threads": self.folder.actor_threads,
                         "address": self.folder.ray_address, "plan": live.as_record(), "placed": []}
         self.on_record(self._record)
@@ -341,10 +358,19 @@ class RaySource:
         self.on_record(self._record)
 
 
-def run_ray(cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, batches: Sequence[Sequence[ManifestRow]], *,
-            tokens: TokenStore | None = None, address: str | None = None, plan: RayPlan | None = None,
-            num_actors: int | None = None, actor_threads: int | None = None,
-            on_plan: Callable[[RayPlan], Any] | None = None) -> Iterator[RowResult]:
+def run_ray(
+    cfg: ModelConfig,
+    policy: DevicePolicy,
+    opts: RunOptions,
+    batches: Sequence[Sequence[ManifestRow]],
+    *,
+    tokens: TokenStore | None = None,
+    address: str | None = None,
+    plan: RayPlan | None = None,
+    num_actors: int | None = None,
+    actor_threads: int | None = None,
+    on_plan: Callable[[RayPlan], Any] | None = None,
+) -> Iterator[RowResult]:
     """Synthesize planned ``batches`` on Ray, outside a run folder (benchmarks); yields each row once.
 
     ``address``, ``num_actors`` / ``actor_threads`` as ``--ray-address``, ``--ray-actors`` /
@@ -352,7 +378,9 @@ def run_ray(cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, batches: S
     live cluster goes to ``on_plan`` and, if it does not fit, its refusal is raised as a
     :class:`CosycloneError` before any actor starts.
     """
-    folder = FolderOptions(engine="ray", ray_address=address, ray_actors=num_actors, actor_threads=actor_threads)
+    folder = FolderOptions(
+        engine="ray", ray_address=address, ray_actors=num_actors, actor_threads=actor_threads
+    )
     source = RaySource(cfg, policy, opts, folder, tokens, log=lambda line: None, plan=plan,
                        on_record=lambda record: None, on_plan=on_plan)
     try:

@@ -80,7 +80,9 @@ def mixed_files(files: Mapping[str, Mapping[str, int]]) -> list[str]:
     for name, label, unit in FILE_PROPERTIES:
         counts = files.get(name, {})
         if len(counts) > 1:
-            mix = ", ".join(f"{n} rows at {value}{unit}" for value, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+            mix = ", ".join(
+                f"{n} rows at {value}{unit}" for value, n in sorted(counts.items(), key=lambda kv: -kv[1])
+            )
             flags.append(f"mixed {label} among ok rows: {mix}; rerun the synth command whose files you want "
                          "to the end, so that every row is made with its output options")
     return flags
@@ -143,7 +145,8 @@ def merged_totals(folders: Sequence[Path], *, runs: bool = False) -> tuple[dict[
     named later); only the ids the folders share are read, each pair of folders joined in SQLite.
     With ``runs``, the totals carry ``runs`` (rows per ``run_id``) for :func:`versions_mix`.
     """
-    indexes = [open_read(f) for f in folders if runfolder.record_sources(f)]  # a folder without records adds 0
+    # a folder without records adds 0
+    indexes = [open_read(f) for f in folders if runfolder.record_sources(f)]
     folders = [f for f in folders if runfolder.record_sources(f)]
     try:
         kept: dict[str, int] = {}
@@ -158,7 +161,9 @@ def merged_totals(folders: Sequence[Path], *, runs: bool = False) -> tuple[dict[
                     continue
                 for rid, mine, theirs, share in _shared(a, b):
                     if i < j:
-                        warnings.append(f"row {rid!r} is in {folders[i]} and {folders[j]}: the later attempt counts")
+                        warnings.append(
+                            f"row {rid!r} is in {folders[i]} and {folders[j]}: the later attempt counts"
+                        )
                     if theirs > mine or (theirs == mine and j > i):
                         losers[rid] = share
             for share in losers.values():
@@ -185,11 +190,19 @@ def _shared(a: FolderIndex, b: FolderIndex) -> Iterable[tuple[str, float, float,
         db.close()
 
 
-TABLE_ROWS = (("rows", "rows"), ("done", "done"), ("failed", "failed"), ("failed_reasons", "failed by reason"),
-              ("audio_seconds", "audio s (files)"), ("nan_summary", "sampler"))
+TABLE_ROWS = (
+    ("rows", "rows"),
+    ("done", "done"),
+    ("failed", "failed"),
+    ("failed_reasons", "failed by reason"),
+    ("audio_seconds", "audio s (files)"),
+    ("nan_summary", "sampler"),
+)
 
 
-def render(totals: Mapping[str, Any], *, title: str, tty: bool, extra: Mapping[str, Any] | None = None) -> None:
+def render(
+    totals: Mapping[str, Any], *, title: str, tty: bool, extra: Mapping[str, Any] | None = None
+) -> None:
     """A rich table on a terminal; plain ``label: value`` lines otherwise (logs grep well)."""
     lines = [("warning", flag) for flag in totals.get("flags", ())]
     lines += [(label, _fmt(totals.get(key))) for key, label in TABLE_ROWS]

@@ -44,7 +44,9 @@ class ResumePlan:
     def describe(self) -> str:
         bits = []
         if self.redone:
-            counts = ", ".join(f"{k} {v}" for k, v in sorted(self.redone_counts().items(), key=lambda kv: -kv[1]))
+            counts = ", ".join(
+                f"{k} {v}" for k, v in sorted(self.redone_counts().items(), key=lambda kv: -kv[1])
+            )
             bits.append(f"{len(self.redone)} rows redone: {counts}")
         if self.retried:
             bits.append(f"{len(self.retried)} rows retried (failed or incomplete before)")
@@ -53,8 +55,14 @@ class ResumePlan:
         return "; ".join(bits)
 
 
-def plan_resume(out_dir: Path, rows: Iterable[ManifestRow], fingerprints: Mapping[str, tuple[str, dict[str, str]]],
-                *, index: FolderIndex, overwrite: bool = False) -> ResumePlan:
+def plan_resume(
+    out_dir: Path,
+    rows: Iterable[ManifestRow],
+    fingerprints: Mapping[str, tuple[str, dict[str, str]]],
+    *,
+    index: FolderIndex,
+    overwrite: bool = False,
+) -> ResumePlan:
     """Decide per row: skip (complete, same fingerprint) or redo, and why, against the folder's
     ``index`` (only these rows are looked up; a changed row's record is read for its fingerprint
     parts). Foreign rows (in the folder, not in the manifest) are the caller's to count: only it

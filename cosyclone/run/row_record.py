@@ -41,7 +41,8 @@ class RowStamp:
     shard: str | None  # --shard i/N of the run that made it
     meta: Meta | None = None  # the manifest row's meta object as written (speaker, language, ...); None: none
     device: str | None = None  # the backend the row ran on (cpu | cuda | rocm): recorded, not fingerprinted
-    threads: str | None = None  # the CPU intra-op threads it ran with ("-" on a GPU): recorded, not fingerprinted
+    threads: str | None = None
+    # the CPU intra-op threads it ran with ("-" on a GPU): recorded, not fingerprinted
 
 
 @dataclass(frozen=True)

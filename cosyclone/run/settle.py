@@ -26,7 +26,9 @@ from cosyclone.run.row_record import RowRecord
 CHUNK_BYTES = 4 << 20  # journal bytes appended per write
 
 
-def settle(out_dir: Path, tag: str, *, index: FolderIndex | None = None, touched: Iterable[str] = ()) -> set[str]:
+def settle(
+    out_dir: Path, tag: str, *, index: FolderIndex | None = None, touched: Iterable[str] = ()
+) -> set[str]:
     """Append writer ``tag``'s journal to ``diagnostics.jsonl`` and remove it; write the metadata of the
     ``touched`` directories (:func:`~cosyclone.run.index.meta_dir` keys) and of those the journal's rows
     lie in. Returns the directories written. Raises :class:`~cosyclone.run.folder.OutputFolderError`."""

@@ -72,7 +72,8 @@ class TokenStore:
             "min_len": int(getattr(res, "min_len", 0)),
             "diagnostics": {k: v for k, v in (diag or {}).items() if k in _DIAG_FIELDS}}
         with contextlib.suppress(OSError):  # a checkpoint that cannot be written only costs a rerun
-            handoff.save(path, payload, tmp=runfolder.tmp_name(path))  # a killed run's leftovers are recognised
+            # a killed run's leftovers are recognised
+            handoff.save(path, payload, tmp=runfolder.tmp_name(path))
 
     def discard(self, row_id: str) -> None:
         """Remove the row's stored segments (its WAV is written: they are no longer needed)."""

@@ -74,13 +74,16 @@ class BackgroundWriter:
                  max_queue: int = 64) -> None:
         self.options = options
         self._journal = runfolder.Journal(journal)
-        self._own_index = index is None  # without one given, the folder's is opened here and closed by close()
+        # without one given, the folder's is opened here and closed by close()
+        self._own_index = index is None
         self.index = index if index is not None else runfolder.open_index(options.out_dir)
         self._src = journal.relative_to(options.out_dir).as_posix()
         self.index.track(self._src)
         self.touched: set[str] = set()  # metadata directories whose rows this writer changed
         (Path(options.out_dir) / WAV_DIR).mkdir(parents=True, exist_ok=True)
-        self._queue: queue.Queue[tuple[RowResult, RowStamp] | RowRecord | None] = queue.Queue(maxsize=max_queue)
+        self._queue: queue.Queue[tuple[RowResult, RowStamp] | RowRecord | None] = queue.Queue(
+            maxsize=max_queue
+        )
         self._error: BaseException | None = None
         self.written = 0
         self.written_ids: set[str] = set()  # the rows this writer made (a run's own work, not the folder's)
@@ -108,8 +111,9 @@ class BackgroundWriter:
         path = wav_path(out, result.id, output.suffix)
         facts = NO_FILE
         if result.ok and result.audio is not None:
-            written = write_audio_atomic(path, result.audio, model_rate=self.options.model_rate, output=output,
-                                         tmp_dir=out / WAV_DIR)
+            written = write_audio_atomic(
+                path, result.audio, model_rate=self.options.model_rate, output=output, tmp_dir=out / WAV_DIR
+            )
             facts = replace(written, file=str(path.relative_to(out)))
         _remove_other_files(out, result.id, keep=path if facts.file else None)
         note = None
@@ -170,5 +174,7 @@ def _remove_other_files(out: Path, row_id: str, *, keep: Path | None) -> None:
 def write_summary(out_dir: Path, summary: dict[str, Any]) -> Path:
     """``summary.json``, written atomically."""
     path = Path(out_dir) / SUMMARY_NAME
-    runfolder.write_bytes_atomic(path, (json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n").encode())
+    runfolder.write_bytes_atomic(
+        path, (json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n").encode()
+    )
     return path

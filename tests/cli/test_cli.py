@@ -112,7 +112,11 @@ def test_outputs_are_24k_wavs_of_the_expected_length_with_complete_diagnostics(
     for line in lines:
         rid = line["id"]
         assert set(line) == ROW_FIELDS, set(line) ^ ROW_FIELDS
-        assert line["status"] == "ok" and line["error"] is None and line["file"] == wav_path(out, rid).relative_to(out).as_posix()
+        assert (
+            line["status"] == "ok"
+            and line["error"] is None
+            and line["file"] == wav_path(out, rid).relative_to(out).as_posix()
+        )
         assert isinstance(line["line"], int) and isinstance(line["seed"], int)
         n_seg = len(line["stop_reasons"])
         assert n_seg >= 1 and len(line["tokens"]) == n_seg and len(line["sampler"]) == n_seg
@@ -171,7 +175,8 @@ def test_resume_after_a_kill_redoes_exactly_the_missing_rows(model_dir: Path, ma
     assert redone == sorted({torn, gone})
     assert wav_bytes(out) == first  # the redone rows come out byte-identical
     assert all(d["status"] == "ok" for d in diags(out).values()) and len(diags(out)) == 4
-    assert len(diag_lines(out)) == 3 + 2  # appended, never rewritten: the whole first lines, then the redone rows
+    # appended, never rewritten: the whole first lines, then the redone rows
+    assert len(diag_lines(out)) == 3 + 2
 
     # nothing left to do: no model work, the same records
     before = log.read_text()

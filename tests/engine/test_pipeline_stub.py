@@ -301,7 +301,8 @@ def test_writer_atomic_float_and_torn_line(tmp_path: Path) -> None:
 
     (tmp_path / "diagnostics.jsonl").write_text('{"id": "old", "status": "ok"}\n{"id": "torn", "sta')
     (tmp_path / "wavs").mkdir()
-    (tmp_path / "wavs" / "y.wav").write_bytes(b"stale audio of an earlier attempt")  # an earlier version's place
+    # an earlier version's place
+    (tmp_path / "wavs" / "y.wav").write_bytes(b"stale audio of an earlier attempt")
     w = BackgroundWriter(
         WriterOptions(out_dir=tmp_path, output=AudioOutput(encoding="float")), journal_path(tmp_path, "all")
     )
@@ -320,7 +321,8 @@ def test_writer_atomic_float_and_torn_line(tmp_path: Path) -> None:
     records = read_records(tmp_path)
     assert set(records) == {"old", "x", "y"} and records["x"].samples == 480
     assert [r for r in records if is_complete(tmp_path, records[r])] == ["x"]
-    assert not wav_path(tmp_path, "y").exists() and not (tmp_path / "wavs" / "y.wav").exists()  # no stale WAV left
+    # no stale WAV left
+    assert not wav_path(tmp_path, "y").exists() and not (tmp_path / "wavs" / "y.wav").exists()
     errors = [json.loads(x) for x in (tmp_path / "errors.jsonl").read_text().splitlines()]
     assert errors[0]["id"] == "y" and errors[0]["traceback"] == "Traceback..."
     assert records["y"].traceback == "see errors.jsonl"

@@ -59,8 +59,15 @@ def test_the_default_output_is_the_model_audio_encoded_with_nothing_in_between()
     assert resample(x, RATE, RATE) is x  # no filter on the default path
     data, facts = process(x, model_rate=RATE, out=AudioOutput())
     assert hashlib.sha256(data).hexdigest() == PCM16_DIGEST
-    assert facts == FileFacts(file=None, samples=x.size, sample_rate=RATE, audio_format="wav", encoding="pcm16",
-                              trimmed_lead_seconds=0.0, trimmed_trail_seconds=0.0)
+    assert facts == FileFacts(
+        file=None,
+        samples=x.size,
+        sample_rate=RATE,
+        audio_format="wav",
+        encoding="pcm16",
+        trimmed_lead_seconds=0.0,
+        trimmed_trail_seconds=0.0,
+    )
     assert AudioOutput().is_default and not AudioOutput(sample_rate=16000).is_default
 
 
@@ -75,7 +82,9 @@ def test_resampling_keeps_a_tones_frequency_and_level(dst: int) -> None:
     reference = 0.5 * np.sin(2 * np.pi * 1000.0 * np.arange(y.size) / dst)  # the tone sampled at dst itself
     assert rms_db(y[mid] - reference[mid]) - rms_db(reference[mid]) < -120  # measured about -150 dB
     spectrum = np.abs(np.fft.rfft(y[mid] * np.hanning(y[mid].size)))
-    assert np.fft.rfftfreq(y[mid].size, 1 / dst)[spectrum.argmax()] == pytest.approx(1000.0, abs=dst / y[mid].size)
+    assert np.fft.rfftfreq(y[mid].size, 1 / dst)[spectrum.argmax()] == pytest.approx(
+        1000.0, abs=dst / y[mid].size
+    )
     assert abs(rms_db(y[mid]) - rms_db(x)) < 0.01
 
 
@@ -122,7 +131,9 @@ def test_trim_cuts_silence_below_the_level_and_keeps_the_margin() -> None:
     assert lead == pytest.approx(0.83 - audio_out.TRIM_MARGIN_S, abs=0.0101)  # whole 10 ms frames
     assert trail == pytest.approx(0.35 - audio_out.TRIM_MARGIN_S, abs=0.0101)
     assert kept.size == row.size - round((lead + trail) * RATE)
-    assert np.shares_memory(kept, row) and np.array_equal(kept, row[round(lead * RATE): round(lead * RATE) + kept.size])
+    assert np.shares_memory(kept, row) and np.array_equal(
+        kept, row[round(lead * RATE) : round(lead * RATE) + kept.size]
+    )
     measured = check_audio(kept, RATE)  # eval's silence figure on the trimmed row: about the margin
     assert measured.lead_silence_s <= audio_out.TRIM_MARGIN_S + 0.011
     assert measured.trail_silence_s <= audio_out.TRIM_MARGIN_S + 0.011
@@ -155,7 +166,8 @@ def test_trim_runs_at_the_model_rate_before_resampling() -> None:
     out = AudioOutput(sample_rate=16000, format="flac", trim_silence=True)
     data, facts = process(row, model_rate=RATE, out=out)
     kept, lead, trail = trim_silence(row, RATE)
-    assert (facts.trimmed_lead_seconds, facts.trimmed_trail_seconds) == (lead, trail)  # seconds of the model's time base
+    # seconds of the model's time base
+    assert (facts.trimmed_lead_seconds, facts.trimmed_trail_seconds) == (lead, trail)
     assert facts.samples == round(kept.size * 16000 / RATE) == sf.info(io.BytesIO(data)).frames
     assert facts.duration == pytest.approx(kept.size / RATE, abs=1e-4)
 

@@ -35,7 +35,11 @@ def test_a_16k_flac_folder_loads_as_an_audiofolder_and_a_default_rerun_redoes_ev
 
     out = tmp_path / "out"
     first = _synth(tiny_model_dir, out, "--sample-rate", "16000", "--audio-format", "flac")
-    assert first["done"] == 4 and first["output"]["sample_rate"] == 16000 and first["output"]["audio_format"] == "flac"
+    assert (
+        first["done"] == 4
+        and first["output"]["sample_rate"] == 16000
+        and first["output"]["audio_format"] == "flac"
+    )
     recs = _records(out)
     for rid, rec in recs.items():
         path = wav_path(out, rid, ".flac")
@@ -54,7 +58,10 @@ def test_a_16k_flac_folder_loads_as_an_audiofolder_and_a_default_rerun_redoes_ev
     assert again["done"] == 4 and again["skipped"] == 0 and again["redone"] == 4
     assert again["redone_by"] == {"options": 4}
     recs = _records(out)
-    assert all(r["file"] == wav_path(out, rid).relative_to(out).as_posix() and r["sample_rate"] == 24000 for rid, r in recs.items())
+    assert all(
+        r["file"] == wav_path(out, rid).relative_to(out).as_posix() and r["sample_rate"] == 24000
+        for rid, r in recs.items()
+    )
     assert not list((out / "wavs").rglob("*.flac"))  # the FLAC of the earlier output is gone with its record
     assert _synth(tiny_model_dir, out)["skipped"] == 4  # and now it resumes
 

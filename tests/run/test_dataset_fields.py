@@ -25,7 +25,12 @@ QUICK = ["--device", "cpu", "--max-tokens", "6", "--n-timesteps", "1"]
 ZH = "今天天气很好。\n我们去公园吧 🌳"
 ROWS: list[dict[str, Any]] = [
     {"id": "big", "text": "The seed is past two to the sixty third.", "seed": 2**63},
-    {"id": "max", "text": "The largest seed there is.", "seed": 2**64 - 1, "meta": {"speaker": "anna", "n": 2**64 - 1}},
+    {
+        "id": "max",
+        "text": "The largest seed there is.",
+        "seed": 2**64 - 1,
+        "meta": {"speaker": "anna", "n": 2**64 - 1},
+    },
     {"id": "zh", "text": ZH, "mode": "cross_lingual", "meta": {"speaker": "李雷 🎤", "language": "zh"}},
     {"id": "plain", "text": "A plain row."},
 ]
@@ -35,7 +40,9 @@ def _manifest(folder: Path) -> Path:
     shutil.copytree(ROOT / "manifests" / "prompts", folder / "prompts")
     lines = [json.dumps({"prompt_audio": "prompts/speaker1.wav", "prompt_text": "reference words", **r},
                         ensure_ascii=False) for r in ROWS]
-    lines.insert(2, json.dumps({"id": "typo", "prompt_audio": "prompts/speaker1.wav", "text": "x", "speakr": "y"}))
+    lines.insert(
+        2, json.dumps({"id": "typo", "prompt_audio": "prompts/speaker1.wav", "text": "x", "speakr": "y"})
+    )
     path = folder / "m.jsonl"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
@@ -59,14 +66,19 @@ def run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple
 def test_records_carry_the_fields_builders_filter_on(run: tuple[Path, Path, str]) -> None:
     _, out, _ = run
     records = diags(out)
-    assert sorted(records) == ["big", "max", "plain", "zh"] and all(r["status"] == "ok" for r in records.values())
+    assert sorted(records) == ["big", "max", "plain", "zh"] and all(
+        r["status"] == "ok" for r in records.values()
+    )
     for rec in records.values():
-        assert rec["stop_reason"] in STOP_REASONS and rec["stop_reason"] == row_stop_reason(rec["stop_reasons"])
+        assert rec["stop_reason"] in STOP_REASONS and rec["stop_reason"] == row_stop_reason(
+            rec["stop_reasons"]
+        )
         assert rec["normalized_text"] == join_segments([s["text"] for s in rec["segments"]]) != ""
         assert rec["sample_rate"] == 24000 and (rec["device"], rec["threads"]) == ("cpu", "2")
     assert records["max"]["stop_reason"] == "max_len"  # 6 tokens cannot finish a sentence
     assert records["max"]["seed"] == 2**64 - 1 and records["big"]["seed"] == 2**63
-    assert records["zh"]["meta"] == {"speaker": "李雷 🎤", "language": "zh"} and records["plain"]["meta"] is None
+    assert records["zh"]["meta"] == {"speaker": "李雷 🎤", "language": "zh"}
+    assert records["plain"]["meta"] is None
     assert records["max"]["meta"]["n"] == 2**64 - 1
 
 
@@ -77,7 +89,10 @@ def test_metadata_and_totals_count_the_files_durations(run: tuple[Path, Path, st
     total = 0.0
     for rid, m in lines.items():
         info = sf.info(str(out / m["file_name"]))
-        assert m["duration"] == pytest.approx(info.frames / info.samplerate) and m["sample_rate"] == info.samplerate
+        assert (
+            m["duration"] == pytest.approx(info.frames / info.samplerate)
+            and m["sample_rate"] == info.samplerate
+        )
         assert m["seed"] == str(records[rid]["seed"]) and m["stop_reason"] == records[rid]["stop_reason"]
         assert m["normalized_text"] == records[rid]["normalized_text"]
         total += info.frames / info.samplerate
@@ -89,7 +104,10 @@ def test_metadata_and_totals_count_the_files_durations(run: tuple[Path, Path, st
     assert summary["audio_seconds"] == pytest.approx(total, abs=1e-5)
     report = json.loads(CliRunner().invoke(app, ["report", str(out), "--json"]).output)
     assert report["audio_seconds"] == summary["audio_seconds"] and report["flags"] == []
-    assert report["ran_on"] == {"device": {"cpu": 4}, "threads": {"2": 4}} and sum(report["versions"].values()) == 4
+    assert (
+        report["ran_on"] == {"device": {"cpu": 4}, "threads": {"2": 4}}
+        and sum(report["versions"].values()) == 4
+    )
 
 
 def test_the_progress_total_is_the_rows_to_make(run: tuple[Path, Path, str]) -> None:
@@ -130,7 +148,8 @@ def test_the_folder_loads_as_an_audiofolder_with_exact_values_after_eval(run: tu
     manifest, out, _ = run
     folder = tmp_path / "scored"
     shutil.copytree(out, folder)
-    (folder / "eval.jsonl").write_text('{"id": "plain", "status": "ok", "line": 5}\n')  # an older eval's files
+    # an older eval's files
+    (folder / "eval.jsonl").write_text('{"id": "plain", "status": "ok", "line": 5}\n')
     (folder / "eval_summary.json").write_text("{}")
 
     class HeardAll:
@@ -148,7 +167,8 @@ def test_the_folder_loads_as_an_audiofolder_with_exact_values_after_eval(run: tu
     assert (folder / "scores.jsonl").is_file() and (folder / "scores_summary.json").is_file()
     assert not (folder / "eval.jsonl").exists() and not (folder / "eval_summary.json").exists()
     lines = [json.loads(x) for x in (folder / "scores.jsonl").read_text().splitlines()]
-    assert {len(x) for x in lines} == {len(EvalRecord.__dataclass_fields__)}  # one schema: every field, every line
+    # one schema: every field, every line
+    assert {len(x) for x in lines} == {len(EvalRecord.__dataclass_fields__)}
     assert [EvalRecord.from_json(x) for x in lines] == result.records
 
     ds = datasets.load_dataset("audiofolder", data_dir=str(folder), split="train")

@@ -24,7 +24,8 @@ from cosyclone.engine.outcome import RowStatus
 from cosyclone.errors import CosycloneError
 from cosyclone.run import folder as runfolder
 from cosyclone.run.audio_out import AudioOutput
-from cosyclone.run.export import export, parse_size
+from cosyclone.run.export import export
+from cosyclone.run.export_options import parse_size
 from cosyclone.run.export_shards import wds_key
 from cosyclone.run.folder import wav_path
 from cosyclone.run.row_record import RowStamp
@@ -57,12 +58,15 @@ def diag(row_id: str, line: int, *, status: RowStatus, finished_at: float = 1000
 
     from cosyclone.run.row_record import NO_FILE, make_record
 
-    return replace(make_record(result(row_id, line, status), stamp(row_id), NO_FILE), finished_at=finished_at).to_json()
+    return replace(
+        make_record(result(row_id, line, status), stamp(row_id), NO_FILE), finished_at=finished_at
+    ).to_json()
 
 
 def write_rows(out: Path, rows: list[tuple[str, int, RowStatus]], *, settled: bool = True,
                output: AudioOutput = AudioOutput()) -> None:
-    """(id, line, status) rows through the real writer: the file first, then the record; settled like a run's end."""
+    """(id, line, status) rows through the real writer: the file first, then the record; settled like a run's
+    end."""
     writer = BackgroundWriter(WriterOptions(out_dir=out, output=output), runfolder.journal_path(out, "all"))
     try:
         for row_id, line, status in rows:
@@ -81,8 +85,11 @@ def write_processed(out: Path, row_id: str, line: int, spec: AudioOutput) -> Non
 def folder_digest(out: Path) -> dict[str, str]:
     """Every file of the run folder (the export directory and the index, derived from the records, aside)
     with its content hash."""
-    return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.rglob("*"))
-            if p.is_file() and "export" not in p.relative_to(out).parts and not p.name.startswith("index.sqlite")}
+    return {
+        str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(out.rglob("*"))
+        if p.is_file() and "export" not in p.relative_to(out).parts and not p.name.startswith("index.sqlite")
+    }
 
 
 def load_parquet(directory: Path) -> Any:
@@ -168,7 +175,8 @@ def test_the_latest_record_wins_and_a_run_in_progress_exports_what_it_finished(t
     out = tmp_path / "out"
     write_rows(out, [("a", 1, "ok"), ("b", 2, "ok"), ("c", 3, "ok")])
     journal = runfolder.Journal(runfolder.journal_path(out, "shard-0-of-2"))
-    journal.append(diag("a", 1, status="failed", finished_at=time.time() + 60))  # redone after, failed: not exported
+    # redone after, failed: not exported
+    journal.append(diag("a", 1, status="failed", finished_at=time.time() + 60))
     journal.append(diag("b", 2, status="failed", finished_at=1.0))  # older than the ok record: ignored
     journal.close()
     with open(runfolder.journal_path(out, "shard-0-of-2"), "a") as fh:
@@ -178,7 +186,8 @@ def test_the_latest_record_wins_and_a_run_in_progress_exports_what_it_finished(t
 
 
 def test_export_never_changes_the_run_folder(run_folder: Path) -> None:
-    journal = runfolder.Journal(runfolder.journal_path(run_folder, "all"))  # an unsettled journal stays as it is
+    # an unsettled journal stays as it is
+    journal = runfolder.Journal(runfolder.journal_path(run_folder, "all"))
     journal.append(diag("late", 9, status="failed"))
     journal.close()
     before = folder_digest(run_folder)
@@ -237,7 +246,10 @@ def test_eval_verdicts_become_columns_and_only_passed_keeps_the_rows_eval_passed
     assert [by_id[i]["eval_passed"] for i in EXPORTED] == [True, False, False, True, False]
     assert by_id["r1"]["eval_fails"] == ["error_rate"] and by_id["r1"]["eval_wer"] == 0.4
     assert by_id["r5"]["eval_wer"] is None and by_id["r0"]["eval_transcript"] == "text of r0"
-    assert (by_id["r0"]["eval_similarity_resemblyzer"], by_id["a.b c"]["eval_similarity_campplus"]) == (0.9, 0.7)
+    assert (by_id["r0"]["eval_similarity_resemblyzer"], by_id["a.b c"]["eval_similarity_campplus"]) == (
+        0.9,
+        0.7,
+    )
     passed = export(run_folder, fmt="webdataset", only_passed=True)
     assert [json.loads(s["json"])["id"] for s in read_tars(passed.to_dir)] == ["r0", "a.b c"]
     assert passed.skipped["not_passed"] == 3
@@ -270,7 +282,9 @@ def test_a_bad_shard_size_names_the_option(text: str) -> None:
 
 
 def test_the_cli_prints_a_line_per_shard_and_exits_2_on_bad_input(run_folder: Path) -> None:
-    res = CliRunner().invoke(app, ["export", str(run_folder), "--format", "webdataset", "--shard-size", "30KB"])
+    res = CliRunner().invoke(
+        app, ["export", str(run_folder), "--format", "webdataset", "--shard-size", "30KB"]
+    )
     assert res.exit_code == 0, res.output
     shard_lines = [line for line in res.output.splitlines() if line.endswith("bytes") and ".tar:" in line]
     assert len(shard_lines) >= 2 and "exported 5 of 8 rows at 24000 Hz" in res.output
@@ -284,15 +298,21 @@ def test_the_folder_still_loads_as_an_audiofolder_beside_its_exports(run_folder:
     export(run_folder, fmt="parquet")
     export(run_folder, fmt="webdataset")
     ds = datasets.load_dataset("audiofolder", data_dir=str(run_folder), split="train")
-    listed = [json.loads(x)["id"] for m in sorted(run_folder.rglob("metadata.jsonl")) for x in m.read_text().splitlines()]
-    assert sorted(ds["id"]) == sorted(listed) and len(listed) == 7  # the metadata files' rows, no shard taken for a split
+    listed = [
+        json.loads(x)["id"]
+        for m in sorted(run_folder.rglob("metadata.jsonl"))
+        for x in m.read_text().splitlines()
+    ]
+    # the metadata files' rows, no shard taken for a split
+    assert sorted(ds["id"]) == sorted(listed) and len(listed) == 7
 
 
 def test_tar_members_have_fixed_headers_and_long_ids_survive(tmp_path: Path) -> None:
     import tarfile
 
     out = tmp_path / "out"
-    long_id = "é" * 100  # 200 bytes: the longest id a manifest takes; its key is 600 characters (a PAX header)
+    # 200 bytes: the longest id a manifest takes; its key is 600 characters (a PAX header)
+    long_id = "é" * 100
     write_rows(out, [(long_id, 1, "ok"), ("short", 2, "ok")])
     summary = export(out, fmt="webdataset")
     with tarfile.open(summary.shards[0].path) as tar:

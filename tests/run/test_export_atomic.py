@@ -88,7 +88,10 @@ def test_the_marker_names_rows_shards_sources_and_each_row_left_out(folder: Path
     assert [s["rows"] for s in marker["shards"]] == [1, 1]
     assert marker["sources"] == [{"folder": str(folder.resolve()), "state": "idle", "records": 4, "ok": 3,
                                   "exported": 2, "eval": False}]
-    assert sorted((s["id"], s["reason"]) for s in marker["skipped"]) == [("bad", "failed"), ("r2", "audio_missing")]
+    assert sorted((s["id"], s["reason"]) for s in marker["skipped"]) == [
+        ("bad", "failed"),
+        ("r2", "audio_missing"),
+    ]
     assert {c["name"]: c["type"] for c in marker["columns"]}["seed"] == "uint64"
 
 
@@ -136,7 +139,9 @@ def test_a_failed_export_keeps_the_old_one_and_leaves_nothing_behind(folder: Pat
     assert sorted(p.name for p in tmp_path.iterdir()) == [".set.lock", "out", "set"]
 
 
-def test_a_swap_cut_between_its_two_renames_is_put_back_by_the_next_export(folder: Path, tmp_path: Path) -> None:
+def test_a_swap_cut_between_its_two_renames_is_put_back_by_the_next_export(
+    folder: Path, tmp_path: Path
+) -> None:
     target = tmp_path / "set"
     export(folder, fmt="parquet", to_dir=target)
     os.replace(target, tmp_path / ".set.old-999999")  # what a kill between the fallback's renames leaves

@@ -54,7 +54,9 @@ def test_every_format_reads_back_the_exact_seed_text_and_speaker(run: Path, tmp_
 
     for fmt in ("parquet", "webdataset", "nemo", "lhotse"):
         prompt = ["--include-prompt-audio"] if fmt == "parquet" else []
-        res = CliRunner().invoke(app, ["export", str(run), "--format", fmt, "--to", str(tmp_path / fmt), *prompt])
+        res = CliRunner().invoke(
+            app, ["export", str(run), "--format", fmt, "--to", str(tmp_path / fmt), *prompt]
+        )
         assert res.exit_code == 0, res.output
     ds = datasets.load_dataset(str(tmp_path / "parquet"), split="train")
     _same([{k: v for k, v in r.items() if k not in ("audio", "prompt")} for r in ds], seed_text=False)

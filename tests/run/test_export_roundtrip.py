@@ -53,7 +53,9 @@ def _check(rows: list[dict[str, Any]], *, seed_as_text: bool = False) -> None:
 def test_the_column_table_is_the_one_schema_of_every_format() -> None:
     names = [c.name for c in (*CORE, *SAMPLER)]
     assert len(names) == len(set(names))
-    assert {"id", "seed", "text", "normalized_text", "stop_reason", "sample_rate", "duration", "meta"} <= set(names)
+    assert {"id", "seed", "text", "normalized_text", "stop_reason", "sample_rate", "duration", "meta"} <= set(
+        names
+    )
     assert {c.type for c in CORE if c.name == "seed"} == {"uint64"}
     assert "sampler_ras_fallbacks" in names and "sampler_steps" in names
 
@@ -141,7 +143,8 @@ def test_a_record_of_odd_types_exports_with_nulls_not_an_error(tmp_path: Path) -
     summary = export(out, fmt="parquet")
     rows = {r["id"]: r for r in pq.read_table(str(summary.shards[0].path)).to_pylist()}
     assert (rows["odd"]["speed"], rows["odd"]["seed"], rows["odd"]["speaker"]) == (None, None, None)
-    assert rows["odd"]["meta"] == '["a", "list"]' and rows["odd"]["normalized_text"] is None  # no segments either
+    # no segments either
+    assert rows["odd"]["meta"] == '["a", "list"]' and rows["odd"]["normalized_text"] is None
     assert (rows["fine"]["speed"], rows["fine"]["speaker"]) == (1.0, "s")
 
 

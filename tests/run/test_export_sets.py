@@ -42,9 +42,13 @@ def test_splits_keep_their_membership_on_a_rerun_and_as_the_folder_grows(tmp_pat
     assert {p.name for p in (tmp_path / "a").glob("*.parquet")} == {
         "validation-00000-of-00001.parquet", "test-00000-of-00001.parquet", "train-00000-of-00001.parquet"}
     parts = parse_splits(["validation=0.2", "test=0.1"])
-    assert all(split_of(i, parts) == "validation" for i in val) and all(split_of(i, parts) == "test" for i in test)
+    assert all(split_of(i, parts) == "validation" for i in val) and all(
+        split_of(i, parts) == "test" for i in test
+    )
     write(out, [Row(f"new{i}", 100 + i) for i in range(5)])
-    export(out, fmt="webdataset", to_dir=tmp_path / "b", splits=["validation=0.2", "test=0.1"], rows_per_shard=7)
+    export(
+        out, fmt="webdataset", to_dir=tmp_path / "b", splits=["validation=0.2", "test=0.1"], rows_per_shard=7
+    )
     marker = read_marker(tmp_path / "b")
     assert marker is not None and marker["splits"]["validation"] >= len(val)
     import webdataset as wds
@@ -53,7 +57,9 @@ def test_splits_keep_their_membership_on_a_rerun_and_as_the_folder_grows(tmp_pat
     again = [json.loads(s["json"])["id"] for s in wds.WebDataset(urls, shardshuffle=False)]
     assert [i for i in again if i.startswith("row")] == val  # the old rows kept their split
     names = sorted(p.name for p in (tmp_path / "b").glob("train-*.tar"))
-    assert names[0] == f"train-00000-of-{len(names):05d}.tar" and all(s["rows"] <= 7 for s in marker["shards"])
+    assert names[0] == f"train-00000-of-{len(names):05d}.tar" and all(
+        s["rows"] <= 7 for s in marker["shards"]
+    )
 
 
 @pytest.mark.parametrize("spec", ["validation", "train=0.1", "validation=1.5", "Val=0.1", "a=0.6 b=0.5"])
@@ -73,7 +79,9 @@ def test_two_shard_folders_export_as_one_set_and_duplicate_ids_are_named(tmp_pat
     a, b = tmp_path / "shard0", tmp_path / "shard1"
     write(a, [Row(f"r{i}", i) for i in range(1, 4)])
     write(b, [Row(f"r{i}", i) for i in range(4, 7)] + [Row("lost", 7, status="failed")])
-    res = CliRunner().invoke(app, ["export", str(a), str(b), "--to", str(tmp_path / "set"), "--format", "nemo"])
+    res = CliRunner().invoke(
+        app, ["export", str(a), str(b), "--to", str(tmp_path / "set"), "--format", "nemo"]
+    )
     assert res.exit_code == 0, res.output
     lines = [json.loads(x) for x in (tmp_path / "set" / "manifest.jsonl").read_text().splitlines()]
     assert [x["id"] for x in lines] == [f"r{i}" for i in range(1, 7)]
@@ -81,7 +89,9 @@ def test_two_shard_folders_export_as_one_set_and_duplicate_ids_are_named(tmp_pat
     assert marker is not None and [s["exported"] for s in marker["sources"]] == [3, 3]
     assert marker["skipped"] == [{"folder": str(b), "id": "lost", "reason": "failed", "detail": "exception"}]
     write(b, [Row("r2", 9)])
-    with pytest.raises(CosycloneError, match=r"1 id in more than one run folder: r2 \(.*shard0 and .*shard1\)"):
+    with pytest.raises(
+        CosycloneError, match=r"1 id in more than one run folder: r2 \(.*shard0 and .*shard1\)"
+    ):
         export([a, b], to_dir=tmp_path / "set")
     with pytest.raises(CosycloneError, match="give --to"):
         export([a, b])
@@ -93,7 +103,9 @@ def test_the_prompt_recording_is_embedded_when_asked(tmp_path: Path) -> None:
     prompt = tmp_path / "voice.wav"
     sf.write(str(prompt), tone(3, 0.5), 16000)
     out = tmp_path / "out"
-    write(out, [Row("p1", 1, prompt_audio=str(prompt)), Row("p2", 2, prompt_audio=str(tmp_path / "gone.wav"))])
+    write(
+        out, [Row("p1", 1, prompt_audio=str(prompt)), Row("p2", 2, prompt_audio=str(tmp_path / "gone.wav"))]
+    )
     summary = export(out, fmt="parquet", to_dir=tmp_path / "pq", include_prompt_audio=True)
     assert summary.rows == 1 and summary.skipped["prompt_missing"] == 1
     ds = datasets.load_dataset(str(tmp_path / "pq"), split="train")
@@ -129,12 +141,27 @@ def test_the_export_options_come_from_the_option_registry() -> None:
 def test_the_cli_takes_splits_and_rows_per_shard(tmp_path: Path) -> None:
     out = tmp_path / "out"
     write(out, [Row(f"r{i}", i) for i in range(1, 11)])
-    res = CliRunner().invoke(app, ["export", str(out), "--to", str(tmp_path / "t"), "--split", "validation=0.3",
-                                   "--rows-per-shard", "2", "--format", "webdataset"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "export",
+            str(out),
+            "--to",
+            str(tmp_path / "t"),
+            "--split",
+            "validation=0.3",
+            "--rows-per-shard",
+            "2",
+            "--format",
+            "webdataset",
+        ],
+    )
     assert res.exit_code == Exit.OK, res.output
     assert "exported 10 of 10 rows (validation " in res.output
-    nemo = CliRunner().invoke(app, ["export", str(out), "--to", str(tmp_path / "n"), "--split", "validation=0.3",
-                                    "--format", "nemo"])
+    nemo = CliRunner().invoke(
+        app,
+        ["export", str(out), "--to", str(tmp_path / "n"), "--split", "validation=0.3", "--format", "nemo"],
+    )
     assert nemo.exit_code == Exit.OK, nemo.output
     files = {p.name: p for p in (tmp_path / "n").glob("manifest_*.jsonl")}
     assert sorted(files) == ["manifest_train.jsonl", "manifest_validation.jsonl"]

@@ -31,8 +31,20 @@ QUICK = ["--device", "cpu", "--max-tokens", "6", "--n-timesteps", "1", "--batch-
 
 
 def start(manifest: Path, model: Path, out: Path, *args: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "cosyclone.cli", "synth", str(manifest), "--model-dir", str(model), "--out", str(out),
-           "--progress-interval", "1", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cosyclone.cli",
+        "synth",
+        str(manifest),
+        "--model-dir",
+        str(model),
+        "--out",
+        str(out),
+        "--progress-interval",
+        "1",
+        *args,
+    ]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
 
@@ -64,16 +76,21 @@ def assert_folder_whole(out: Path) -> list[dict]:
     assert wavs == sorted(ok)
     for rid, d in ok.items():
         assert sf.info(str(wav_path(out, rid))).frames == d["samples"]  # whole, as recorded
-    metadata = [json.loads(x) for m in (out / "wavs").rglob("metadata.jsonl") for x in m.read_text().splitlines()]
+    metadata = [
+        json.loads(x) for m in (out / "wavs").rglob("metadata.jsonl") for x in m.read_text().splitlines()
+    ]
     assert sorted(m["id"] for m in metadata) == sorted(ok)
     assert not list((out / ".cosyclone").glob("lock-*")) and not list((out / ".cosyclone").glob("journal-*"))
     assert not [p for p in out.rglob("*") if ".tmp" in p.name]
     return records
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize(
+    "sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"]
+)
 def test_a_signal_stops_the_run_with_its_accounts_and_the_rerun_makes_the_rest(
-        tiny_model_dir: Path, tmp_path: Path, sig: signal.Signals, code: int) -> None:
+    tiny_model_dir: Path, tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
     manifest, out = write_manifest(tmp_path, N_ROWS), tmp_path / "out"
     proc = start(manifest, tiny_model_dir, out, *QUICK, "--grace", f"{GRACE:g}")
     seconds, _, stderr = signal_after(proc, out, 4, sig)
@@ -86,9 +103,14 @@ def test_a_signal_stops_the_run_with_its_accounts_and_the_rerun_makes_the_rest(
     summary = json.loads((out / "summary.json").read_text())
     assert summary["done"] == len(done) and summary["last_run"]["stopped_by"] == sig.name
     runs = [json.loads(x) for x in (out / "runs.jsonl").read_text().splitlines()]
-    assert len(runs) == 1 and runs[0]["stopped_by"] == sig.name and runs[0]["not_written"] == N_ROWS - len(done)
+    assert (
+        len(runs) == 1 and runs[0]["stopped_by"] == sig.name and runs[0]["not_written"] == N_ROWS - len(done)
+    )
     last = stderr.strip().splitlines()[-1]
-    assert last == f"interrupted by {sig.name}: {len(done)} of {N_ROWS} rows done; rerun the same command to resume"
+    assert (
+        last
+        == f"interrupted by {sig.name}: {len(done)} of {N_ROWS} rows done; rerun the same command to resume"
+    )
     assert f"{sig.name}: stopping; no new rows start, rows in flight get {GRACE:g} s" in stderr
 
     again = start(manifest, tiny_model_dir, out, *QUICK)
@@ -125,7 +147,9 @@ def test_a_second_signal_drops_the_rows_in_flight_at_once_and_tears_nothing(tiny
 
 
 def test_say_stopped_by_ctrl_c_exits_130_and_writes_no_file(tiny_model_dir: Path, tmp_path: Path) -> None:
-    text = " ".join(f"Sentence number {k} of a long text that keeps the talker busy for a while." for k in range(80))
+    text = " ".join(
+        f"Sentence number {k} of a long text that keeps the talker busy for a while." for k in range(80)
+    )
     wav = tmp_path / "said.wav"
     cmd = [sys.executable, "-m", "cosyclone.cli", "say", text, "--prompt-audio",
            str(ROOT / "manifests" / "prompts" / "speaker1.wav"), "--prompt-text", "reference words",

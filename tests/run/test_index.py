@@ -20,12 +20,22 @@ def record(rid: str, line: int, *, status: str = "ok", finished_at: float = 1000
            nan: int = 0, reason: str | None = None, file: str | None = None) -> dict[str, Any]:
     """A row record line as a run writes it (the fields the index and the totals read)."""
     ok = status == "ok"
-    return {"id": rid, "line": line, "status": status, "reason": None if ok else (reason or "exception"),
-            "fingerprint": f"fp-{rid}", "fingerprint_parts": {"text": "t"},
-            "file": (file or f"wavs/{runfolder.shard_of(rid)}/{rid}.wav") if ok else None,
-            "samples": round(seconds * 24000) if ok else None, "sample_rate": 24000 if ok else None,
-            "audio_seconds": seconds if ok else 0.0, "nonfinite_audio_samples": 0, "finished_at": finished_at,
-            "sampler": [{"steps": 7, "nan_steps": nan, "all_nan_steps": 1 if nan > 2 else 0}], "text": f"t {rid}"}
+    return {
+        "id": rid,
+        "line": line,
+        "status": status,
+        "reason": None if ok else (reason or "exception"),
+        "fingerprint": f"fp-{rid}",
+        "fingerprint_parts": {"text": "t"},
+        "file": (file or f"wavs/{runfolder.shard_of(rid)}/{rid}.wav") if ok else None,
+        "samples": round(seconds * 24000) if ok else None,
+        "sample_rate": 24000 if ok else None,
+        "audio_seconds": seconds if ok else 0.0,
+        "nonfinite_audio_samples": 0,
+        "finished_at": finished_at,
+        "sampler": [{"steps": 7, "nan_steps": nan, "all_nan_steps": 1 if nan > 2 else 0}],
+        "text": f"t {rid}",
+    }
 
 
 def write_lines(path: Path, lines: list[dict[str, Any]], mode: str = "w") -> None:
@@ -56,7 +66,8 @@ def many(n: int, seed: int) -> list[dict[str, Any]]:
 
 def test_a_folder_of_an_earlier_version_is_indexed_once_from_its_records(tmp_path: Path) -> None:
     lines = many(300, 1)
-    lines.append({**lines[5], "status": "failed", "reason": "no_finite_logits", "finished_at": 5000.0})  # redone
+    # redone
+    lines.append({**lines[5], "status": "failed", "reason": "no_finite_logits", "finished_at": 5000.0})
     lines.append({**lines[6], "finished_at": 1.0, "status": "failed"})  # an older attempt read later: ignored
     write_lines(tmp_path / "diagnostics.jsonl", lines)
     with open(tmp_path / "diagnostics.jsonl", "a") as fh:
@@ -68,8 +79,13 @@ def test_a_folder_of_an_earlier_version_is_indexed_once_from_its_records(tmp_pat
     again = runfolder.open_index(tmp_path)  # up to date: not built again
     assert not again.rebuilt
     current = runfolder.read_records(tmp_path)
-    assert [r.id for r in again.ok_rows()] == [r.id for r in sorted(current.values(), key=lambda r: r.line) if r.ok]
-    assert {r.id: r.status for r in again.get_many(["r5", "r6", "nope"])} == {"r5": "failed", "r6": lines[6]["status"]}
+    assert [r.id for r in again.ok_rows()] == [
+        r.id for r in sorted(current.values(), key=lambda r: r.line) if r.ok
+    ]
+    assert {r.id: r.status for r in again.get_many(["r5", "r6", "nope"])} == {
+        "r5": "failed",
+        "r6": lines[6]["status"],
+    }
     again.close()
 
 
@@ -77,7 +93,9 @@ def test_the_index_reads_what_grew_and_is_built_again_when_a_file_was_rewritten(
     diag = tmp_path / "diagnostics.jsonl"
     write_lines(diag, many(50, 2))
     runfolder.open_index(tmp_path).close()
-    write_lines(diag, [record("late", 51, seconds=2.5), record("r3", 4, status="failed", finished_at=9e9)], "a")
+    write_lines(
+        diag, [record("late", 51, seconds=2.5), record("r3", 4, status="failed", finished_at=9e9)], "a"
+    )
     index = runfolder.open_index(tmp_path)  # another process appended: read from where the index stopped
     assert not index.rebuilt and index.count() == 51
     index.close()
@@ -95,9 +113,14 @@ def test_the_index_reads_what_grew_and_is_built_again_when_a_file_was_rewritten(
 
 def test_kept_totals_are_the_same_bits_whatever_order_rows_arrive_in(tmp_path: Path) -> None:
     lines = many(400, 4)
-    redos = [{**x, "finished_at": x["finished_at"] + 100, "audio_seconds": x["audio_seconds"] / 3} for x in lines[:50]]
+    redos = [
+        {**x, "finished_at": x["finished_at"] + 100, "audio_seconds": x["audio_seconds"] / 3}
+        for x in lines[:50]
+    ]
     want = None
-    for k, order in enumerate((lines + redos, list(reversed(redos + lines)), random.Random(5).sample(lines + redos, 450))):
+    for k, order in enumerate(
+        (lines + redos, list(reversed(redos + lines)), random.Random(5).sample(lines + redos, 450))
+    ):
         out = tmp_path / f"f{k}"
         out.mkdir()
         index = runfolder.open_index(out)  # empty: rows arrive one by one, as a run writes them
@@ -115,9 +138,18 @@ def test_kept_totals_are_the_same_bits_whatever_order_rows_arrive_in(tmp_path: P
 
 def test_report_merges_shard_folders_the_later_attempt_counting(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
-    write_lines(a / "diagnostics.jsonl", [record("x", 1, seconds=1.0), record("y", 2, status="failed", finished_at=9.0)])
-    write_lines(b / "diagnostics.jsonl", [record("y", 2, seconds=3.0, finished_at=10.0), record("z", 3, seconds=0.5),
-                                          record("x", 1, nan=3, finished_at=1.0)])
+    write_lines(
+        a / "diagnostics.jsonl",
+        [record("x", 1, seconds=1.0), record("y", 2, status="failed", finished_at=9.0)],
+    )
+    write_lines(
+        b / "diagnostics.jsonl",
+        [
+            record("y", 2, seconds=3.0, finished_at=10.0),
+            record("z", 3, seconds=0.5),
+            record("x", 1, nan=3, finished_at=1.0),
+        ],
+    )
     totals, warnings = merged_totals([a, b])
     merged = {**runfolder.read_records(b), **{k: v for k, v in runfolder.read_records(a).items() if k == "x"}}
     assert totals == folder_totals(merged.values())

@@ -1,10 +1,10 @@
 """``--engine ray`` on a local 2-CPU Ray cluster, through the real CLI on the tiny model.
 
-The local engine's output is the reference (at the actors' thread count, see ``local_out``): the
-same manifest gives the same audio bits (float WAVs, so every sample bit counts; compared as
-samples, since libsndfile stamps the write time into a float WAV's PEAK chunk) and the same diagnostics and totals; a worker killed mid-batch costs
-nothing (each row written exactly once, same bytes); a rerun redoes only what is missing.
-One Ray session serves the module (its start is the slow part); each run builds its own actor pool.
+The local engine's output is the reference (at the actors' thread count, see ``local_out``): the same manifest
+gives the same audio bits (float WAVs, so every sample bit counts; compared as samples, since libsndfile
+stamps the write time into a float WAV's PEAK chunk) and the same diagnostics and totals; a worker killed
+mid-batch costs nothing (each row written exactly once, same bytes); a rerun redoes only what is missing. One
+Ray session serves the module (its start is the slow part); each run builds its own actor pool.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def ray_pid_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     pid_file = tmp_path_factory.mktemp("ray") / "pids.txt"
     old = os.environ.get(PID_FILE_ENV)
     os.environ[PID_FILE_ENV] = str(pid_file)  # before ray.init: the workers inherit the environment
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # tests.*
+    # tests.*
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"worker_process_setup_hook": "tests.ray_hooks.record_task_starts"})
     try:
@@ -78,9 +79,30 @@ def manifest(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _synth(manifest: Path, model_dir: Path, out: Path, engine: str) -> str:
-    res = CliRunner().invoke(app, ["synth", str(manifest), "--model-dir", str(model_dir), "--out", str(out),
-                                   "--device", "cpu", "--max-tokens", "6", "--n-timesteps", "2", "--float-wav",
-                                   "--batch-size", str(BATCH), "--seed", "3", "--engine", engine])
+    res = CliRunner().invoke(
+        app,
+        [
+            "synth",
+            str(manifest),
+            "--model-dir",
+            str(model_dir),
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+            "--max-tokens",
+            "6",
+            "--n-timesteps",
+            "2",
+            "--float-wav",
+            "--batch-size",
+            str(BATCH),
+            "--seed",
+            "3",
+            "--engine",
+            engine,
+        ],
+    )
     assert res.exit_code == 0, res.output
     return res.output
 
@@ -277,7 +299,9 @@ def test_a_model_that_does_not_load_in_the_actors_stops_the_run_as_locally(ray_p
     shutil.copytree(tiny_model_dir, bad)
     (bad / "flow.pt").write_bytes(b"not a checkpoint")
     one = tmp_path / "one.jsonl"
-    one.write_text(manifest.read_text().splitlines()[0].replace('"prompts/', f'"{manifest.parent}/prompts/') + "\n")
+    one.write_text(
+        manifest.read_text().splitlines()[0].replace('"prompts/', f'"{manifest.parent}/prompts/') + "\n"
+    )
     res = CliRunner().invoke(app, ["synth", str(one), "--model-dir", str(bad), "--out", str(tmp_path / "out"),
                                    "--device", "cpu", "--engine", "ray"])
     assert res.exit_code == 2, res.output
@@ -295,9 +319,14 @@ def test_print_is_still_the_builtin_after_the_ray_runs(ray_out: Path) -> None:
     assert builtins.print.__module__ == "builtins", builtins.print.__module__
 
 
-def test_ray_actors_read_and_keep_the_folders_token_checkpoint(ray_pid_file: Path, local_out: Path, manifest: Path,
-                                                             tiny_model_dir: Path, tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ray_actors_read_and_keep_the_folders_token_checkpoint(
+    ray_pid_file: Path,
+    local_out: Path,
+    manifest: Path,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A local run whose code2wav failed leaves every row's tokens in OUT/.cosyclone/tokens; the Ray rerun's
     actors (continuous schedule) take them from there instead of decoding again, and write the local bytes.
     The local run is at the actors' torch threads: the count changes a CPU row's last bits."""
@@ -315,9 +344,28 @@ def test_ray_actors_read_and_keep_the_folders_token_checkpoint(ray_pid_file: Pat
     try:
         with monkeypatch.context() as m:
             m.setattr(stages, "_code2wav", broken)
-            res = CliRunner().invoke(app, ["synth", str(manifest), "--model-dir", str(tiny_model_dir), "--out",
-                                           str(out), "--device", "cpu", "--max-tokens", "6", "--n-timesteps", "2",
-                                           "--float-wav", "--batch-size", str(BATCH), "--seed", "3"])
+            res = CliRunner().invoke(
+                app,
+                [
+                    "synth",
+                    str(manifest),
+                    "--model-dir",
+                    str(tiny_model_dir),
+                    "--out",
+                    str(out),
+                    "--device",
+                    "cpu",
+                    "--max-tokens",
+                    "6",
+                    "--n-timesteps",
+                    "2",
+                    "--float-wav",
+                    "--batch-size",
+                    str(BATCH),
+                    "--seed",
+                    "3",
+                ],
+            )
     finally:
         torch.set_num_threads(threads)
     assert res.exit_code == 3, res.output

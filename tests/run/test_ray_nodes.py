@@ -34,8 +34,19 @@ from tests.run.test_ray_engine import TIMING, wav_bits
 pytestmark = pytest.mark.ray
 
 N_ROWS, BATCH = 8, 2
-ARGS = ["--device", "cpu", "--max-tokens", "6", "--n-timesteps", "2", "--float-wav", "--batch-size", str(BATCH),
-        "--seed", "5"]
+ARGS = [
+    "--device",
+    "cpu",
+    "--max-tokens",
+    "6",
+    "--n-timesteps",
+    "2",
+    "--float-wav",
+    "--batch-size",
+    str(BATCH),
+    "--seed",
+    "5",
+]
 
 
 @pytest.fixture(scope="module")
@@ -69,19 +80,29 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Pat
 def write_rows(folder: Path, n: int) -> Path:
     shutil.copytree(ROOT / "manifests" / "prompts", folder / "prompts")
     texts = ("hi there", "a longer sentence, with a comma in it", "medium text", "one more of another size")
-    rows = [{"id": f"n{i:02d}", "prompt_audio": f"prompts/speaker{i % 3 + 1}.wav", "prompt_text": "reference words",
-             "text": texts[i % len(texts)] + f" number {i}"} for i in range(n)]
+    rows = [
+        {
+            "id": f"n{i:02d}",
+            "prompt_audio": f"prompts/speaker{i % 3 + 1}.wav",
+            "prompt_text": "reference words",
+            "text": texts[i % len(texts)] + f" number {i}",
+        }
+        for i in range(n)
+    ]
     (folder / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return folder / "m.jsonl"
 
 
 def synth(manifest: Path, model: Path, out: Path, *extra: str) -> None:
-    res = CliRunner().invoke(app, ["synth", str(manifest), "--model-dir", str(model), "--out", str(out), *ARGS, *extra])
+    res = CliRunner().invoke(
+        app, ["synth", str(manifest), "--model-dir", str(model), "--out", str(out), *ARGS, *extra]
+    )
     assert res.exit_code == 0, res.output
 
 
 def test_actors_on_both_nodes_write_a_local_runs_bytes_without_the_prompt_files(
-        cluster: tuple[Any, Path], tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster: tuple[Any, Path], tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import ray
 
     from cosyclone.run import ray_pool
@@ -120,11 +141,14 @@ def test_actors_on_both_nodes_write_a_local_runs_bytes_without_the_prompt_files(
     assert all(d["status"] == "ok" for d in lines)
     assert wav_bits(tmp_path / "ray") == wav_bits(tmp_path / "local")
     same = {k: {f: v for f, v in d.items() if f not in TIMING} for k, d in diags(tmp_path / "local").items()}
-    assert {k: {f: v for f, v in d.items() if f not in TIMING} for k, d in diags(tmp_path / "ray").items()} == same
+    assert {
+        k: {f: v for f, v in d.items() if f not in TIMING} for k, d in diags(tmp_path / "ray").items()
+    } == same
 
 
-def test_sigterm_stops_a_ray_run_and_its_actors_and_the_rerun_completes(cluster: tuple[Any, Path],
-                                                                       tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_sigterm_stops_a_ray_run_and_its_actors_and_the_rerun_completes(
+    cluster: tuple[Any, Path], tiny_model_dir: Path, tmp_path: Path
+) -> None:
     import ray
 
     nodes, _ = cluster

@@ -52,7 +52,8 @@ def assert_fits(plan: RayPlan, nodes: list[NodeShape]) -> None:
         assert n.actors <= n.room and plan.node_bytes(n) <= shape.memory_bytes
         assert n.room * plan.num_cpus <= shape.cpus  # Ray can place every actor the node has room for
         if plan.device == "cpu":
-            assert plan.threads is not None and n.room * plan.threads <= shape.cpus  # no more torch threads than cores
+            # no more torch threads than cores
+            assert plan.threads is not None and n.room * plan.threads <= shape.cpus
         else:
             assert n.room * plan.num_gpus <= shape.gpus
             if shape.gpu_memory_bytes is not None:
@@ -91,7 +92,8 @@ def test_the_issues_nodes_get_the_rules_figures() -> None:
     assert big.actors == int(128 * GB // fp.host_bytes) < 64 and big.nodes[0].bound == "memory"
     assert big.threads == 64 // big.actors >= 2  # the cores the actors get
     small = plan_actors([node(2, 64)], p, fp)
-    assert (small.actors, small.threads, small.num_cpus) == (2, 1, 0.5)  # cores bind: 2 x 1 thread, half a CPU
+    # cores bind: 2 x 1 thread, half a CPU
+    assert (small.actors, small.threads, small.num_cpus) == (2, 1, 0.5)
     assert plan_actors([node(2, 9)], p, fp).actors == 1  # one fp32 actor fits 9 GB, two do not
     # bf16 ones fit two to 9.7 GB (9 GB before HiFT's CPU FFT spectra added 0.29 GB to an actor)
     assert plan_actors([node(2, 9.7)], *released("cpu", "bf16")).actors == 2
@@ -141,7 +143,9 @@ def test_actors_are_placed_round_robin_over_the_nodes_each_within_its_room() -> 
     assert placement(full) == ["id0", "id1", "id2", "id0", "id2", "id0", "id0"]
     two = plan_actors(nodes, p, fp, actors=2, threads=1)
     assert placement(two) == ["id0", "id1"]
-    assert [n.node_id for n in two.nodes] == ["id0", "id1", "id2"] and two.as_record()["nodes"][1]["node_id"] == "id1"
+    assert [n.node_id for n in two.nodes] == ["id0", "id1", "id2"] and two.as_record()["nodes"][1][
+        "node_id"
+    ] == "id1"
 
 
 def test_heterogeneous_nodes_share_one_thread_count_and_each_fits() -> None:
@@ -175,7 +179,9 @@ def test_describe_and_record_carry_the_plans_figures() -> None:
     p, fp = released("cpu", "fp32")
     plan = plan_actors([node(16, 64, name="a"), node(16, 64, name="b")], p, fp)
     lines = plan.describe()
-    assert lines[0].startswith(f"ray plan: {plan.actors} actors on cpu (fp32), each {plan.threads} torch thread")
+    assert lines[0].startswith(
+        f"ray plan: {plan.actors} actors on cpu (fp32), each {plan.threads} torch thread"
+    )
     assert any(line.startswith("  node a: 16 CPUs, 64.0 GB memory -> room for") for line in lines)
     rec = json.loads(json.dumps(plan.as_record()))
     assert rec["actors"] == plan.actors and rec["threads"] == plan.threads and rec["refusal"] is None
@@ -208,8 +214,15 @@ def test_a_faked_node_is_read_as_that_shape_and_planned() -> None:
 
     from cosyclone.run.ray_cluster import cluster_nodes, read_cluster
 
-    ray.init(num_cpus=16, num_gpus=8, resources={"custom": 2.0}, _memory=64 * GB, object_store_memory=100 * 2**20,
-             include_dashboard=False, log_to_driver=False)
+    ray.init(
+        num_cpus=16,
+        num_gpus=8,
+        resources={"custom": 2.0},
+        _memory=64 * GB,
+        object_store_memory=100 * 2**20,
+        include_dashboard=False,
+        log_to_driver=False,
+    )
     try:
         (shape,) = read_cluster(ray)
         assert (shape.cpus, shape.gpus, shape.memory_bytes) == (16.0, 8.0, 64 * GB)
@@ -243,10 +256,19 @@ def test_a_run_that_cannot_fit_is_refused_before_any_actor_starts(tiny_model_dir
         assert (shape.cpus, shape.gpus, shape.memory_bytes) == (2.0, 0.0, int(0.3 * GB))
         seen: list[RayPlan] = []
         row = ManifestRow(id="r", prompt_audio=Path("p.wav"), prompt_text="a", text="b", line=1)
-        with pytest.raises(CosycloneError, match=r"no node has room for one actor: it needs \d+\.\d GB") as err:
+        with pytest.raises(
+            CosycloneError, match=r"no node has room for one actor: it needs \d+\.\d GB"
+        ) as err:
             # run_ray takes resolved options (resolve_options sets the batch size: 8 on CPU)
-            list(run_ray(load_model_config(tiny_model_dir), policy("cpu", "fp32"), RunOptions(batch_size=8), [[row]],
-                         on_plan=seen.append))
+            list(
+                run_ray(
+                    load_model_config(tiny_model_dir),
+                    policy("cpu", "fp32"),
+                    RunOptions(batch_size=8),
+                    [[row]],
+                    on_plan=seen.append,
+                )
+            )
         assert "0.3 GB" in str(err.value)
         assert len(seen) == 1 and seen[0].actors == 0 and seen[0].refusal == str(err.value)
     finally:

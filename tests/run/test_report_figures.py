@@ -22,9 +22,21 @@ from tests.run_folders import metadata_lines
 
 
 def _stamp(run_id: str, threads: str) -> RowStamp:
-    return RowStamp(fingerprint="f", fingerprint_parts={}, run_id=run_id, text="t", prompt_text="", prompt_audio="p",
-                    mode="cross_lingual", instruct="", speed=1.0, manifest="m", shard=None, device="cpu",
-                    threads=threads)
+    return RowStamp(
+        fingerprint="f",
+        fingerprint_parts={},
+        run_id=run_id,
+        text="t",
+        prompt_text="",
+        prompt_audio="p",
+        mode="cross_lingual",
+        instruct="",
+        speed=1.0,
+        manifest="m",
+        shard=None,
+        device="cpu",
+        threads=threads,
+    )
 
 
 def _write(out: Path, ids: list[str], output: AudioOutput, run_id: str, threads: str,
@@ -67,7 +79,9 @@ def test_report_flags_a_running_writer_and_not_a_dead_one(tmp_path: Path) -> Non
     _write(out, ["a"], AudioOutput(), "run1", "2")
     assert _report(out)["flags"] == []
     lock = runfolder.state_dir(out) / "lock-all.json"
-    lock.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": 0, "shard": "all"}))
+    lock.write_text(
+        json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": 0, "shard": "all"})
+    )
     (flag,) = _report(out)["flags"]
     assert f"{out} is being written by a running synth (pid {os.getpid()}" in flag
     dead = 2**22 + 12345  # above any pid_max a test machine uses
@@ -79,7 +93,8 @@ def test_summary_json_counts_the_files_not_the_models_audio(tmp_path: Path) -> N
     from cosyclone.run.report import folder_totals
 
     out = tmp_path / "out"
-    _write(out, ["a"], AudioOutput(sample_rate=8000), "run1", "2", model_seconds=5.0)  # as if trimmed to 0.1 s
+    # as if trimmed to 0.1 s
+    _write(out, ["a"], AudioOutput(sample_rate=8000), "run1", "2", model_seconds=5.0)
     (rec,) = runfolder.read_records(out).values()
     assert rec.samples == 800 and rec.audio_seconds == 5.0
     assert folder_totals([rec])["audio_seconds"] == 0.1

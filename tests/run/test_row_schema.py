@@ -40,10 +40,24 @@ def test_a_record_holds_every_core_value_of_its_result(tmp_path: Path) -> None:
     assert result.stop_reasons == ("eos", "max_len") and result.stop_reason == "max_len"
     assert result.normalized_text == "Hello there. How are you?" and result.seconds == {"talker": 0.75}
     assert result.audio_seconds == 0.2 and result.nonfinite_audio_samples == 2
-    stamp = RowStamp(fingerprint="f", fingerprint_parts={}, run_id="x", text="t", prompt_text="", prompt_audio="p",
-                     mode="zero_shot", instruct="", speed=1.0, manifest="m", shard=None, meta={"speaker": "anna"})
+    stamp = RowStamp(
+        fingerprint="f",
+        fingerprint_parts={},
+        run_id="x",
+        text="t",
+        prompt_text="",
+        prompt_audio="p",
+        mode="zero_shot",
+        instruct="",
+        speed=1.0,
+        manifest="m",
+        shard=None,
+        meta={"speaker": "anna"},
+    )
     record = make_record(result, stamp, NO_FILE)
-    assert {k: getattr(record, k) for k in _names(RowCore)} == {k: getattr(result, k) for k in _names(RowCore)}
+    assert {k: getattr(record, k) for k in _names(RowCore)} == {
+        k: getattr(result, k) for k in _names(RowCore)
+    }
     back = RowRecord.from_json(json.loads(json.dumps(record.to_json())))
     assert back == record
 
@@ -84,4 +98,6 @@ def test_where_a_row_ran_is_not_in_its_fingerprint_and_older_records_still_match
     older = {**parts, "device": "d", "threads": "t"}  # an older version fingerprinted where the row ran
     assert fingerprint.same_inputs("old", older, fp, parts)
     assert not fingerprint.same_inputs("old", {**older, "seed": "other"}, fp, parts)
-    assert not fingerprint.same_inputs("old", None, fp, parts) and fingerprint.same_inputs(fp, None, fp, parts)
+    assert not fingerprint.same_inputs("old", None, fp, parts) and fingerprint.same_inputs(
+        fp, None, fp, parts
+    )

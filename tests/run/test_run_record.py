@@ -9,8 +9,12 @@ from cosyclone.talker.diagnostics import SamplerRowDiagnostics
 
 
 def _row(rid: str, *steps: int) -> RowResult:
-    return RowResult(id=rid, line=1, seed=0, sampler=tuple(SamplerRowDiagnostics(row_id=rid, seed=0, graph_steps=n)
-                                                           for n in steps))
+    return RowResult(
+        id=rid,
+        line=1,
+        seed=0,
+        sampler=tuple(SamplerRowDiagnostics(row_id=rid, seed=0, graph_steps=n) for n in steps),
+    )
 
 
 def test_graphs_used_only_when_some_row_replayed_a_graph() -> None:
@@ -42,11 +46,17 @@ def test_a_tiny_cpu_run_records_graphs_peak_memory_stage_dtypes_and_sizes(tiny_m
     (line,) = [json.loads(x) for x in (tmp_path / "o" / "runs.jsonl").read_text().splitlines()]
     assert line == json.loads((tmp_path / "o" / "summary.json").read_text())["last_run"]
     assert line["options"]["cuda_graphs"] == "off"  # resolved once: CPU has no graphs
-    assert line["cuda_graphs"] == {"resolved": "off", "used": False, "rows_with_graph_steps": 0, "graph_steps": 0,
-                                   "capture_errors": []}
+    assert line["cuda_graphs"] == {
+        "resolved": "off",
+        "used": False,
+        "rows_with_graph_steps": 0,
+        "graph_steps": 0,
+        "capture_errors": [],
+    }
     assert line["stage_dtypes"] == {"talker": "fp32", "flow": "fp32", "hift": "fp32"}
     peak = line["peak_memory"]
-    assert peak["host_rss_bytes"] > 50 * 2**20 and peak["gpu_allocated_bytes"] is None  # a CPU run: no GPU peak
+    # a CPU run: no GPU peak
+    assert peak["host_rss_bytes"] > 50 * 2**20 and peak["gpu_allocated_bytes"] is None
     facts = line["engine_facts"]
     assert facts["stage_dtypes"] == line["stage_dtypes"] and facts["peak_memory"]["host_rss_bytes"] > 0
     assert facts["sizing"]["batch_size"] == 8 and facts["sizing"]["sized"] is False  # CPU keeps its defaults

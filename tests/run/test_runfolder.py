@@ -38,7 +38,9 @@ def write_manifest(folder: Path, n: int, *, name: str = "m.jsonl", long_every: i
     for i in range(n):
         text = f"row number {i} says hello."
         if long_every and i % long_every == long_every - 1:
-            text = " ".join(f"Sentence {k} of a long row, long enough to be its own segment." for k in range(4))
+            text = " ".join(
+                f"Sentence {k} of a long row, long enough to be its own segment." for k in range(4)
+            )
         rows.append({"id": f"r{i:02d}", "prompt_audio": f"prompts/speaker{i % 3 + 1}.wav",
                      "prompt_text": "reference words", "text": text})
     path = folder / name
@@ -83,7 +85,9 @@ def recount(out: Path) -> dict:
                                                for x in ok))}
 
 
-def test_kill_9_mid_run_then_resume_gives_every_row_exactly_once(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_kill_9_mid_run_then_resume_gives_every_row_exactly_once(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     m = write_manifest(tmp_path, 8, long_every=3)
     out = tmp_path / "out"
     proc = spawn(m, tiny_model_dir, out, "--batch-size", "1")
@@ -100,7 +104,10 @@ def test_kill_9_mid_run_then_resume_gives_every_row_exactly_once(tiny_model_dir:
         assert sr == 24000 and len(data) == x["samples"] == sum(x["tokens"]) * per_token
     summary = json.loads((out / "summary.json").read_text())
     assert {k: summary[k] for k in ("rows", "done", "failed", "audio_seconds")} == recount(out)
-    assert summary["last_run"]["skipped"] >= 3 and summary["last_run"]["done"] + summary["last_run"]["skipped"] == 8
+    assert (
+        summary["last_run"]["skipped"] >= 3
+        and summary["last_run"]["done"] + summary["last_run"]["skipped"] == 8
+    )
     assert not list(out.rglob("*.tmp")) and not list((out / ".cosyclone").glob("journal-*"))
     assert not (out / ".cosyclone" / "lock-all.json").exists()  # the stale lock was taken over, then released
     runs = [json.loads(x) for x in (out / "runs.jsonl").read_text().splitlines()]
@@ -178,10 +185,13 @@ def test_nan_totals_are_the_same_for_one_run_a_resumed_run_and_four_shards(nan_m
     totals = report_totals(one)
     s = totals["sampler"]
     assert s["rows_with_nan"] == 8 and s["calls_with_nan"] == s["sampler_calls"] > 0  # the NaN logit
-    assert s["rows_all_nan"] >= 1 and totals["failed_reasons"].get("no_finite_logits", 0) >= 1  # the NaN embeddings
+    # the NaN embeddings
+    assert s["rows_all_nan"] >= 1 and totals["failed_reasons"].get("no_finite_logits", 0) >= 1
     summary = json.loads((one / "summary.json").read_text())
     own = ("eval", "versions")  # report's own: eval's summary, the library versions read from runs.jsonl
-    assert {k: summary[k] for k in totals if k not in own} == {k: v for k, v in totals.items() if k not in own}
+    assert {k: summary[k] for k in totals if k not in own} == {
+        k: v for k, v in totals.items() if k not in own
+    }
 
     resumed = tmp_path / "resumed"
     proc = spawn(m, nan_model, resumed, "--batch-size", "1")
@@ -239,7 +249,9 @@ def test_a_full_disk_is_a_clear_error_with_no_torn_file_and_the_rerun_completes(
     proc = spawn(m, tiny_model_dir, out, "--batch-size", "1", preexec=small_disk)
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 4, stderr
-    assert "error: cannot write" in stderr and "File too large" in stderr and "rerun the same command" in stderr
+    assert (
+        "error: cannot write" in stderr and "File too large" in stderr and "rerun the same command" in stderr
+    )
     assert "Traceback" not in stderr and len(stderr.splitlines()) < 15
     assert not list(out.rglob("*.tmp"))  # no torn temporary WAV
     for x in diag_lines(out):
@@ -299,8 +311,9 @@ def test_progress_prints_a_line_per_interval_in_a_log_and_nothing_with_quiet(tin
     assert "cosyclone synth" in quiet.output  # the end summary only
 
 
-def test_a_row_that_failed_after_the_talker_reuses_its_tokens_on_the_rerun(tiny_model_dir: Path, tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_row_that_failed_after_the_talker_reuses_its_tokens_on_the_rerun(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The stage-0 checkpoint (.cosyclone/tokens, handoff format): code2wav fails for one row, the
     rerun decodes only what it must and the row gets the tokens a fresh run gives it."""
     import cosyclone.talker.decode as dec

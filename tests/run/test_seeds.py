@@ -21,8 +21,15 @@ from tests.pcm16 import assert_same_pcm16_up_to_rounding
 TWO_SEGMENTS = "Hello there. This is a test of the splitter. " * 4
 PINNED = {"id": "pinned", "prompt_audio": "prompts/speaker1.wav", "prompt_text": "reference words",
           "text": TWO_SEGMENTS, "seed": 123}
-OTHERS = [{"id": f"o{i}", "prompt_audio": f"prompts/speaker{i % 3 + 1}.wav", "prompt_text": "other words " * (i + 1),
-           "text": "another text " * (i + 1)} for i in range(3)]
+OTHERS = [
+    {
+        "id": f"o{i}",
+        "prompt_audio": f"prompts/speaker{i % 3 + 1}.wav",
+        "prompt_text": "other words " * (i + 1),
+        "text": "another text " * (i + 1),
+    }
+    for i in range(3)
+]
 
 
 def _synth(folder: Path, model_dir: Path, rows: list[dict], name: str, batch: int) -> Path:
@@ -36,7 +43,9 @@ def _synth(folder: Path, model_dir: Path, rows: list[dict], name: str, batch: in
     return out
 
 
-def test_manifest_seed_is_reported_and_reproduces_alone_and_in_a_batch(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_manifest_seed_is_reported_and_reproduces_alone_and_in_a_batch(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     shutil.copytree(ROOT / "manifests" / "prompts", tmp_path / "prompts")
     alone = _synth(tmp_path, tiny_model_dir, [PINNED], "alone", 1)
     batch = _synth(tmp_path, tiny_model_dir, [OTHERS[0], PINNED, *OTHERS[1:]], "batch", 4)

@@ -25,9 +25,19 @@ from .test_index import record, write_lines
 
 
 def stamp(rid: str) -> RowStamp:
-    return RowStamp(fingerprint=f"fp-{rid}", fingerprint_parts={"text": "t"}, run_id="run", text=f"t {rid}",
-                    prompt_text="p", prompt_audio="p.wav", mode="zero_shot", instruct="", speed=1.0, manifest="m",
-                    shard=None)
+    return RowStamp(
+        fingerprint=f"fp-{rid}",
+        fingerprint_parts={"text": "t"},
+        run_id="run",
+        text=f"t {rid}",
+        prompt_text="p",
+        prompt_audio="p.wav",
+        mode="zero_shot",
+        instruct="",
+        speed=1.0,
+        manifest="m",
+        shard=None,
+    )
 
 
 def write(out: Path, rows: list[tuple[str, int, bool]]) -> set[str]:
@@ -36,8 +46,17 @@ def write(out: Path, rows: list[tuple[str, int, bool]]) -> set[str]:
     try:
         for rid, line, ok in rows:
             audio = np.full(2400, 0.1, np.float32) if ok else None
-            writer.write_now(RowResult(id=rid, line=line, seed=1, status="ok" if ok else "failed", audio=audio,
-                                       audio_seconds=0.1 if ok else 0.0), stamp(rid))
+            writer.write_now(
+                RowResult(
+                    id=rid,
+                    line=line,
+                    seed=1,
+                    status="ok" if ok else "failed",
+                    audio=audio,
+                    audio_seconds=0.1 if ok else 0.0,
+                ),
+                stamp(rid),
+            )
     finally:
         writer.close()
     return writer.touched
@@ -98,7 +117,9 @@ def test_a_flat_folder_still_reads_and_a_redone_flat_row_leaves_the_root_metadat
 
     for rid in ("a", "b"):
         sf.write(tmp_path / "wavs" / f"{rid}.wav", np.zeros(2400, np.float32), 24000)
-    write_lines(tmp_path / "metadata.jsonl", [{"file_name": f"wavs/{rid}.wav", "id": rid} for rid in ("a", "b")])
+    write_lines(
+        tmp_path / "metadata.jsonl", [{"file_name": f"wavs/{rid}.wav", "id": rid} for rid in ("a", "b")]
+    )
     index = runfolder.open_index(tmp_path)
     flat = {r.id: runfolder.is_complete(tmp_path, r) for r in index.get_many(["a", "b"])}
     index.close()
@@ -115,7 +136,8 @@ def test_no_directory_of_wavs_gets_more_than_its_share() -> None:
     for i in range(200_000):
         shard = runfolder.shard_of(f"utt_{i:08d}")
         counts[shard] = counts.get(shard, 0) + 1
-    assert len(counts) == 4096 and max(counts.values()) < 2 * 200_000 / 4096  # ten million: ~2,500 a directory
+    # ten million: ~2,500 a directory
+    assert len(counts) == 4096 and max(counts.values()) < 2 * 200_000 / 4096
 
 
 def test_building_the_index_holds_a_batch_of_rows_not_the_folder(tmp_path: Path) -> None:

@@ -18,8 +18,9 @@ from cosyclone.talker import TalkerResult
 
 
 def _dead_pid() -> int:
-    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     return int(proc.stdout)
 
 
@@ -30,8 +31,11 @@ def test_stale_temporaries_of_dead_writers_are_removed_everywhere(tmp_path: Path
     store.put("a", 0, TalkerResult(row_id="a", tokens=[1, 2], raw_tokens=[1, 2], stop_reason="eos"))
     written = tokens / "f00d-0.cch"
     assert written.is_file() and not list(tokens.glob("*.tmp"))  # the put renamed its temporary
-    stale = [tmp_path / "wavs" / f".a.wav.{host}.{dead}.tmp", runfolder.state_dir(tmp_path) / f".j.{host}.{dead}.tmp",
-             tokens / f".f00d-1.cch.{host}.{dead}.tmp"]
+    stale = [
+        tmp_path / "wavs" / f".a.wav.{host}.{dead}.tmp",
+        runfolder.state_dir(tmp_path) / f".j.{host}.{dead}.tmp",
+        tokens / f".f00d-1.cch.{host}.{dead}.tmp",
+    ]
     live = tokens / f".f00d-2.cch.{host}.{os.getpid()}.tmp"  # this process is still writing it
     for p in [*stale, live]:
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -40,4 +44,8 @@ def test_stale_temporaries_of_dead_writers_are_removed_everywhere(tmp_path: Path
     assert sorted(removed) == sorted(stale)
     assert live.exists() and written.is_file()
     got = store.get("a", 0)
-    assert got is not None and got.tokens == [1, 2] and torch.equal(torch.tensor(got.raw_tokens), torch.tensor([1, 2]))
+    assert (
+        got is not None
+        and got.tokens == [1, 2]
+        and torch.equal(torch.tensor(got.raw_tokens), torch.tensor([1, 2]))
+    )

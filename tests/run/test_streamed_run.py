@@ -17,15 +17,35 @@ from cosyclone.manifest.rows import parse_row
 from cosyclone.run.drive import Driver
 from tests.cli.test_cli import ROOT
 
-FAST = ["--max-tokens", "4", "--n-timesteps", "1", "--device", "cpu", "--quiet", "--batch-size", "2", "--float-wav"]
+FAST = [
+    "--max-tokens",
+    "4",
+    "--n-timesteps",
+    "1",
+    "--device",
+    "cpu",
+    "--quiet",
+    "--batch-size",
+    "2",
+    "--float-wav",
+]
 ROWS = 6
 
 
 def _manifest(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     prompt = ROOT / "manifests" / "prompts" / "speaker1.wav"
-    lines = [json.dumps({"id": f"r{i}", "prompt_audio": str(prompt), "prompt_text": "reference words",
-                         "text": "a short line" + " and more" * (i % 3) + f" number {i}."}) for i in range(ROWS)]
+    lines = [
+        json.dumps(
+            {
+                "id": f"r{i}",
+                "prompt_audio": str(prompt),
+                "prompt_text": "reference words",
+                "text": "a short line" + " and more" * (i % 3) + f" number {i}.",
+            }
+        )
+        for i in range(ROWS)
+    ]
     lines.insert(3, "{not json")  # a rejected line in the middle: told as it is read, the run goes on
     path = folder / "m.jsonl"
     path.write_text("\n".join(lines) + "\n")

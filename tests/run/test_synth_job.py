@@ -22,9 +22,23 @@ MANIFEST = ROOT / "manifests" / "example.jsonl"
 FAST: dict[str, Any] = {"max_tokens": 6, "n_timesteps": 2}
 FAST_ARGS = ["--max-tokens", "6", "--n-timesteps", "2", "--device", "cpu", "--quiet"]
 #: Fields that say when or by which invocation something was made; everything else must match.
-VOLATILE = {"run_id", "finished_at", "started_at", "seconds", "wall_seconds", "total_wall_seconds", "rows_per_s",
-            "throughput_audio_s_per_s", "rtf", "argv", "out_dir", "time", "stage_seconds", "stages",
-            "peak_memory"}  # a process's peak RSS depends on what ran in it before
+VOLATILE = {
+    "run_id",
+    "finished_at",
+    "started_at",
+    "seconds",
+    "wall_seconds",
+    "total_wall_seconds",
+    "rows_per_s",
+    "throughput_audio_s_per_s",
+    "rtf",
+    "argv",
+    "out_dir",
+    "time",
+    "stage_seconds",
+    "stages",
+    "peak_memory",
+}  # a process's peak RSS depends on what ran in it before
 
 
 def _strip(value: Any) -> Any:
@@ -58,10 +72,13 @@ def tts(tiny_model_dir: Path):
     return CosyClone(tiny_model_dir, device="cpu", **FAST)
 
 
-def test_synth_folder_writes_the_folder_cosyclone_synth_writes(tiny_model_dir: Path, tts, tmp_path: Path) -> None:
+def test_synth_folder_writes_the_folder_cosyclone_synth_writes(
+    tiny_model_dir: Path, tts, tmp_path: Path
+) -> None:
     cli_out, api_out = tmp_path / "cli", tmp_path / "api"
-    res = CliRunner().invoke(app, ["synth", str(MANIFEST), "--model-dir", str(tiny_model_dir), "--out", str(cli_out),
-                                   *FAST_ARGS])
+    res = CliRunner().invoke(
+        app, ["synth", str(MANIFEST), "--model-dir", str(tiny_model_dir), "--out", str(cli_out), *FAST_ARGS]
+    )
     assert res.exit_code == 0, res.output
     summary = tts.synth_folder(MANIFEST, api_out)
     assert summary.exit_code == 0 and summary.last_run.done == 4 and not summary.failed
@@ -84,8 +101,19 @@ def test_synth_folder_resumes_and_plans_like_the_cli(tiny_model_dir: Path, tts, 
     assert (dry.valid_rows, dry.done, dry.todo, dry.rejected, dry.batches) == (4, 1, 3, 0, plan.batches)
     again = tts.synth_folder(MANIFEST, out)  # the original seed: the folder's rows are still done
     assert again.last_run.skipped == 4 and again.last_run.todo == 0
-    res = CliRunner().invoke(app, ["synth", str(MANIFEST), "--model-dir", str(tiny_model_dir), "--out", str(out),
-                                   *FAST_ARGS, "--dry-run"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "synth",
+            str(MANIFEST),
+            "--model-dir",
+            str(tiny_model_dir),
+            "--out",
+            str(out),
+            *FAST_ARGS,
+            "--dry-run",
+        ],
+    )
     assert res.exit_code == 0 and "4 already done, 0 to synthesize in 0 batches" in res.output, res.output
 
 
@@ -140,7 +168,10 @@ def test_a_prompt_that_changes_after_validation_fails_its_row_alone(tiny_model_d
                 "turns_to_garbage": ("bad_input", "frontend: AudioError")}[change]
     error = failed.error or ""
     assert (failed.reason, error.split(":", 2)[0] + ":" + error.split(":", 2)[1]) == expected
-    records = {json.loads(x)["id"]: json.loads(x) for x in (tmp_path / "out" / "diagnostics.jsonl").read_text().splitlines()}
+    records = {
+        json.loads(x)["id"]: json.loads(x)
+        for x in (tmp_path / "out" / "diagnostics.jsonl").read_text().splitlines()
+    }
     assert records["stays"]["status"] == "ok" and wav_path(tmp_path / "out", "stays").is_file()
     assert records["moved"]["status"] == "failed" and not wav_path(tmp_path / "out", "moved").exists()
     errors_file = tmp_path / "out" / "errors.jsonl"  # tracebacks of non-user errors only
@@ -160,10 +191,13 @@ def test_ray_options_are_planned_shown_refused_and_recorded(tiny_model_dir: Path
         base = ["synth", str(MANIFEST), "--model-dir", str(tiny_model_dir), "--out", str(tmp_path / "o"),
                 *FAST_ARGS, "--engine", "ray"]
         dry = CliRunner().invoke(app, [*base, "--ray-actors", "1", "--actor-threads", "1", "--dry-run"])
-        assert dry.exit_code == 0 and "ray plan: 1 actors on cpu (fp32), each 1 torch thread" in dry.output, dry.output
+        assert dry.exit_code == 0 and "ray plan: 1 actors on cpu (fp32), each 1 torch thread" in dry.output, (
+            dry.output
+        )
         too_many = CliRunner().invoke(app, [*base, "--ray-actors", "500", "--dry-run"])
         assert too_many.exit_code == 2 and "--ray-actors 500 asks for more actors than fit" in too_many.output
-        refused = CliRunner().invoke(app, [*base, "--ray-actors", "500"])  # the run itself: before any model loads
+        # the run itself: before any model loads
+        refused = CliRunner().invoke(app, [*base, "--ray-actors", "500"])
         assert refused.exit_code == 2 and not (tmp_path / "o" / "runs.jsonl").exists(), refused.output
         res = CliRunner().invoke(app, [*base, "--ray-actors", "1", "--actor-threads", "1"])
         assert res.exit_code == 0, res.output
@@ -180,4 +214,7 @@ def test_ray_options_are_planned_shown_refused_and_recorded(tiny_model_dir: Path
 def test_ray_options_without_the_ray_engine_are_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["synth", str(MANIFEST), "--model-dir", str(tiny_model_dir), "--out",
                                    str(tmp_path / "o"), *FAST_ARGS, "--ray-actors", "2"])
-    assert res.exit_code == 2 and "--ray-actors sizes the Ray actor pool: give it with --engine ray" in res.output
+    assert (
+        res.exit_code == 2
+        and "--ray-actors sizes the Ray actor pool: give it with --engine ray" in res.output
+    )
