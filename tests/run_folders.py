@@ -1,5 +1,5 @@
-"""Run folders made without the model, for the export tests: records and audio files as a run leaves
-them (through the real writer), with the row fields a test chooses (seed, text, meta, stop reasons)."""
+"""Run folders for the tests: made without the model (records and audio files as a run leaves them,
+through the real writer, with the row fields a test chooses), and read back as a test checks them."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from cosyclone.run.writer import BackgroundWriter, WriterOptions
 from cosyclone.talker.diagnostics import StopReason
 
 RATE = 24000
+ROOT = Path(__file__).resolve().parents[1]  # the repository
 
 
 @dataclass(frozen=True)
@@ -96,3 +97,33 @@ def metadata_lines(out: Path) -> dict[str, dict[str, Any]]:
             line["file_name"] = (path.parent / line["file_name"]).relative_to(out).as_posix()
             found[line["id"]] = line
     return found
+
+
+def diag_lines(out: Path) -> list[dict]:
+    """Every diagnostics line that parses (a torn line from a kill is skipped, as resume does)."""
+    found = []
+    for raw in (out / "diagnostics.jsonl").read_text().splitlines():
+        try:
+            found.append(json.loads(raw))
+        except json.JSONDecodeError:
+            continue
+    return found
+
+
+def diags(out: Path) -> dict[str, dict]:
+    return {d["id"]: d for d in diag_lines(out)}
+
+
+def wav_bytes(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((out / "wavs").rglob("*.wav"))}
+
+
+def samples_per_token(model_dir: Path) -> int:
+    """Audio samples one speech token becomes: token_mel_ratio mel frames x HiFT's samples per frame."""
+    from cosyclone.model.config import load_model_config
+
+    cfg = load_model_config(model_dir)
+    hop = 1
+    for r in cfg.hift.upsample_rates:
+        hop *= int(r)
+    return cfg.flow.token_mel_ratio * hop * cfg.hift.hop_len

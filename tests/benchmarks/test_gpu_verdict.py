@@ -113,8 +113,8 @@ def test_e2e_keeps_what_runs_jsonl_says_of_sizing_memory_and_graphs() -> None:
 def test_two_synth_runs_are_compared_tokens_first(tiny_model_dir: Path, tmp_path: Path) -> None:
     """The helper the gpu tests compare runs with: it sees each segment's token ids in a real run
     (the stage-0 checkpoint seam), names where tokens part, and sizes a byte difference."""
-    from tests.cli.test_cli import wav_bytes
     from tests.engine.test_batch_invariance import _manifest
+    from tests.run_folders import wav_bytes
 
     with talker_tokens() as tokens:
         res = CliRunner().invoke(

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from cosyclone.cli import app
 from cosyclone.run.folder import wav_path
-from tests.cli.test_cli import ROOT, diags
+from tests.run_folders import ROOT, diags
 
 # no --max-tokens: each row runs to its own max_len (20 x its text ids), so lengths differ
 TEXTS = ("hi", "a longer sentence, with a comma", "medium text", "one more of another size")

@@ -22,9 +22,9 @@ from cosyclone.cli import app
 from cosyclone.engine import stages as pipeline
 from cosyclone.run.folder import wav_path
 from cosyclone.talker import decode
-from tests.cli.test_cli import ROOT, diags, wav_bytes
 from tests.engine.test_batch_invariance import _manifest
 from tests.engine_run import run as engine_run
+from tests.run_folders import ROOT, diags, wav_bytes
 
 TEXTS = ["Hi.", "A much longer sentence, with a comma and a few more words in it.", "Short one.",
          "Numbers like 42 and 7 get read out.", "The end.", "Another line of middling size here.",

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from cosyclone.cli import app
 from cosyclone.engine.setup import recorded_options
-from tests.cli.test_cli import ROOT
+from tests.run_folders import ROOT
 
 PROMPT = ROOT / "manifests" / "prompts" / "speaker1.wav"
 FAST = ["--max-tokens", "6", "--n-timesteps", "2", "--device", "cpu"]

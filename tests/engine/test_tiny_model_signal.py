@@ -25,8 +25,8 @@ from cosyclone.code2wav.hift import build_hift
 from cosyclone.code2wav.token2wav import token2wav
 from cosyclone.model.config import load_model_config
 from cosyclone.run.folder import wav_path
-from tests.cli.test_cli import ROOT, diags
 from tests.pcm16 import assert_same_pcm16_up_to_rounding
+from tests.run_folders import ROOT, diags
 
 CPU = DevicePolicy(torch.device("cpu"), torch.float32, "cpu")
 ROW = {"id": "r", "prompt_audio": "prompts/speaker1.wav", "prompt_text": "reference words",

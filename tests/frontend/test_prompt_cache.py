@@ -16,7 +16,7 @@ from cosyclone.cli import app
 from cosyclone.frontend import prompt_cache
 from cosyclone.frontend.onnx import OnnxModels
 from cosyclone.frontend.prompt_cache import LRUCache, audio_digest
-from tests.cli.test_cli import diags, wav_bytes
+from tests.run_folders import diags, wav_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXTS = ["Hello there.", "A longer sentence, with a comma in it.", "Short.", "One more line to speak.",

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from cosyclone.cli import app
 from cosyclone.run.folder import wav_path
-from tests.cli.test_cli import ROOT
+from tests.run_folders import ROOT
 
 FAST = ["--max-tokens", "12", "--n-timesteps", "2", "--device", "cpu", "--quiet"]
 MANIFEST = ROOT / "manifests" / "example.jsonl"

@@ -18,8 +18,7 @@ from typer.testing import CliRunner
 from cosyclone.cli import app
 from cosyclone.engine.outcome import join_segments
 from cosyclone.talker.diagnostics import STOP_REASONS, row_stop_reason
-from tests.cli.test_cli import ROOT, diags
-from tests.run_folders import metadata_lines
+from tests.run_folders import ROOT, diags, metadata_lines
 
 QUICK = ["--device", "cpu", "--max-tokens", "6", "--n-timesteps", "1"]
 ZH = "今天天气很好。\n我们去公园吧 🌳"

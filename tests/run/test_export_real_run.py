@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from cosyclone.cli import app
 from cosyclone.manifest.rows import KNOWN
-from tests.cli.test_cli import ROOT
+from tests.run_folders import ROOT
 
 FAST = ["--max-tokens", "8", "--n-timesteps", "2", "--device", "cpu", "--quiet"]
 PROMPT = str(ROOT / "manifests" / "prompts" / "speaker1.wav")

@@ -149,7 +149,7 @@ def test_a_record_of_odd_types_exports_with_nulls_not_an_error(tmp_path: Path) -
 
 
 def test_docs_output_names_every_column_of_the_table() -> None:
-    from tests.cli.test_cli import ROOT
+    from tests.run_folders import ROOT
 
     doc = (ROOT / "docs" / "output.md").read_text(encoding="utf-8")
     section = doc[doc.index("## Shards for training"):]

@@ -22,8 +22,8 @@ import pytest
 import soundfile as sf
 
 from cosyclone.run.folder import wav_path
-from tests.cli.test_cli import ROOT, diag_lines
 from tests.run.test_runfolder import journal_lines, write_manifest
+from tests.run_folders import ROOT, diag_lines
 
 N_ROWS = 40
 GRACE = 10.0

@@ -27,8 +27,8 @@ from typer.testing import CliRunner
 
 from cosyclone.cli import app
 from cosyclone.run.folder import wav_path
-from tests.cli.test_cli import ROOT, diag_lines, diags
 from tests.ray_hooks import PID_FILE_ENV, task_starts
+from tests.run_folders import ROOT, diag_lines, diags
 
 pytestmark = pytest.mark.ray
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from cosyclone.cli import app
 from cosyclone.run.folder import wav_path
-from tests.cli.test_cli import ROOT, diags
+from tests.run_folders import ROOT, diags
 
 
 def test_stage_failure_names_the_manifest_line(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from cosyclone.engine import stages as pipeline
 from cosyclone.engine.batches import plan_batches
 from cosyclone.manifest import read_manifest
 from cosyclone.run.folder import wav_path
-from tests.cli.test_cli import ROOT, diag_lines, diags, samples_per_token
+from tests.run_folders import ROOT, diag_lines, diags, samples_per_token
 
 MAX_TOKENS = 6
 BASE = ["--device", "cpu", "--max-tokens", str(MAX_TOKENS), "--n-timesteps", "2"]

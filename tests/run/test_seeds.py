@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 from cosyclone.cli import app
 from cosyclone.run.folder import wav_path
 from cosyclone.talker.sampler import row_seed
-from tests.cli.test_cli import ROOT, diags
 from tests.pcm16 import assert_same_pcm16_up_to_rounding
+from tests.run_folders import ROOT, diags
 
 # two sentences long enough for the tiny frontend to cut the text into two segments
 TWO_SEGMENTS = "Hello there. This is a test of the splitter. " * 4

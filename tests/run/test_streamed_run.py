@@ -15,7 +15,7 @@ from cosyclone.manifest import reader as manifest_mod
 from cosyclone.manifest import stream as manifest_stream
 from cosyclone.manifest.rows import parse_row
 from cosyclone.run.drive import Driver
-from tests.cli.test_cli import ROOT
+from tests.run_folders import ROOT
 
 FAST = [
     "--max-tokens",

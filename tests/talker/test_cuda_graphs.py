@@ -261,8 +261,8 @@ def test_synth_on_cuda_records_graphs_on_and_matches_off(tiny_model_dir: Any, tm
     from typer.testing import CliRunner
 
     from cosyclone.cli import app
-    from tests.cli.test_cli import diags, wav_bytes
     from tests.engine.test_batch_invariance import _manifest
+    from tests.run_folders import diags, wav_bytes
     from tests.run_tokens import run_difference, talker_tokens
 
     assert resolve_cuda_graphs("auto", "cuda").enabled

@@ -15,10 +15,10 @@ from typer.testing import CliRunner, Result
 from cosyclone.cli import app
 from cosyclone.run.folder import wav_path
 from cosyclone.run.row_record import RowRecord
+from tests.run_folders import ROOT, diag_lines, diags, samples_per_token, wav_bytes
 
 runner = CliRunner()
 MAX_TOKENS = 6
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture()
@@ -40,25 +40,6 @@ def synth(manifest: Path, model_dir: Path, out: Path, *extra: str) -> Result:
     return runner.invoke(app, ["synth", str(manifest), "--model-dir", str(model_dir), "--out", str(out),
                                "--device", "cpu", "--max-tokens", str(MAX_TOKENS), "--n-timesteps", "2",
                                "--batch-size", "2", *extra])
-
-
-def diag_lines(out: Path) -> list[dict]:
-    """Every diagnostics line that parses (a torn line from a kill is skipped, as resume does)."""
-    found = []
-    for raw in (out / "diagnostics.jsonl").read_text().splitlines():
-        try:
-            found.append(json.loads(raw))
-        except json.JSONDecodeError:
-            continue
-    return found
-
-
-def diags(out: Path) -> dict[str, dict]:
-    return {d["id"]: d for d in diag_lines(out)}
-
-
-def wav_bytes(out: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted((out / "wavs").rglob("*.wav"))}
 
 
 # The fields of a diagnostics line (the record's dataclass, whose table docs/output.md holds), and of each of
@@ -83,17 +64,6 @@ SAMPLER_FIELDS = {
     "error",
 }
 STOP_REASONS = {"eos", "max_len", "no_finite_logits", "error"}
-
-
-def samples_per_token(model_dir: Path) -> int:
-    """Audio samples one speech token becomes: token_mel_ratio mel frames x HiFT's samples per frame."""
-    from cosyclone.model.config import load_model_config
-
-    cfg = load_model_config(model_dir)
-    hop = 1
-    for r in cfg.hift.upsample_rates:
-        hop *= int(r)
-    return cfg.flow.token_mel_ratio * hop * cfg.hift.hop_len
 
 
 def test_outputs_are_24k_wavs_of_the_expected_length_with_complete_diagnostics(
