@@ -10,6 +10,7 @@ made (its prompt vanished) becomes a failed result here and the others go on.
 from __future__ import annotations
 
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
@@ -117,8 +118,13 @@ class RunPlan:
         """What a run would do if started now (the folder is read, not locked or written)."""
         runfolder.check_creatable(self.out)  # a plan writes nothing, not even the folder
         hashes = fingerprint.HashCache()
-        with runfolder.settle_lock(self.out):
-            index = runfolder.open_index(self.out)
+        aside: tempfile.TemporaryDirectory[str] | None = None
+        if self.out.exists():
+            with runfolder.settle_lock(self.out):
+                index = runfolder.open_index(self.out)
+        else:  # no records to read: an empty index aside, so that the folder is not made
+            aside = tempfile.TemporaryDirectory(prefix="cosyclone-plan-")
+            index = FolderIndex(Path(aside.name), [], state=".")
         try:
             ctx = self.context(hashes)
             total, failed, todo_parts = ResumeTotals(), 0, []
@@ -131,6 +137,8 @@ class RunPlan:
             resume = self.finish_resume(total, index)
         finally:
             index.close()
+            if aside is not None:
+                aside.cleanup()
         if resume.describe():
             log(resume.describe())
         ray = self.ray_plan() if self.folder.engine == "ray" else None
