@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from cosyclone.options import MODEL, OUTPUT, SAMPLING, SAY, SYNTH, TRACE, Mode, check, opt
+from cosyclone.options import MODEL, OUTPUT, SAMPLING, SAY, SYNTH, Mode, check, opt
 
 MODEL_DIR_ENV = "COSYCLONE_MODEL_DIR"  # the default --model-dir of synth and say
 INPUT, RUN = "Input", "Run"
@@ -20,12 +20,11 @@ MAKE_TINY_MODEL = "make-tiny-model"
 
 @dataclass(frozen=True)
 class ModelDirOptions:
-    """Where the model is read from (synth, say, trace; the environment variable saves typing it)."""
+    """Where the model is read from (synth and say; the environment variable saves typing it)."""
 
-    # the model directory as downloaded (None: $COSYCLONE_MODEL_DIR; else synth and say take the built-in
-    # tiny assets, trace the model its run recorded)
+    # the model directory as downloaded (None: $COSYCLONE_MODEL_DIR, else the built-in tiny assets)
     model_dir: Path | None = opt(None, f"the model folder (or ${MODEL_DIR_ENV})", panel=MODEL, metavar="DIR",
-                                 envvar=MODEL_DIR_ENV, commands=(SYNTH, SAY, TRACE))
+                                 envvar=MODEL_DIR_ENV, commands=(SYNTH, SAY))
 
     def __post_init__(self) -> None:
         check(self)

@@ -10,6 +10,7 @@ not reproduce the record (the trace is written all the same); 2 = unusable input
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -19,6 +20,7 @@ from cosyclone.errors import CosycloneError, Exit
 from cosyclone.options import RunOptions, build
 from cosyclone.trace.options import TraceOptions
 
+MODEL_DIR_ENV = "COSYCLONE_MODEL_DIR"  # the manifest form's default model, as synth's
 _TRACE_FIELDS = frozenset(f.name for f in dataclasses.fields(TraceOptions))
 #: Run options that say where a folder's row is replayed, not what made it: taken from the command line.
 _WHERE = ("device", "threads")
@@ -43,7 +45,6 @@ def trace_command(
         typer.echo(f"error: {msg}", err=True)
         raise typer.Exit(Exit.USAGE)
 
-    model_dir: Path | None = options.pop("model_dir", None)  # the doors' --model-dir (default: the run's)
     trace_values = {k: v for k, v in options.items() if k in _TRACE_FIELDS}
     run_values = {k: v for k, v in options.items() if k not in _TRACE_FIELDS}
     try:
@@ -57,7 +58,7 @@ def trace_command(
                 typer.echo(f"warning: --{name.replace('_', '-')} is ignored: a folder's row is replayed "
                            "under its run's options (use --dtype / --nonfinite-policy to compare)", err=True)
             where = {k: run_values[k] for k in _WHERE if run_values.get(k) not in (None, "auto")}
-            found = run_trace(source, row_id, topts, model_dir=model_dir, where=where, echo=typer.echo)
+            found = run_trace(source, row_id, topts, model_dir=topts.model_dir, where=where, echo=typer.echo)
         else:
             if topts.id is None:
                 fail(f"{source} is a manifest: name the row with --id ROW_ID")
@@ -65,6 +66,8 @@ def trace_command(
                 fail(f"a manifest's row is named with --id, not as a second argument ({row_id!r})")
             opts = build(RunOptions, {**run_values, "dtype": topts.dtype or "auto",
                                       "nonfinite_policy": topts.nonfinite_policy or "exclude"})
+            env = os.environ.get(MODEL_DIR_ENV)
+            model_dir = topts.model_dir or (Path(env) if env else None)
             found = run_trace(source, topts.id, topts, model_dir=model_dir, manifest_opts=opts,
                               echo=typer.echo)
     except CosycloneError as exc:

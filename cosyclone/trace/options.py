@@ -9,6 +9,7 @@ not here: from a folder they come from its record, from a manifest they are the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from cosyclone.options import TRACE, DtypeName, NonfinitePolicy, check, opt
 
@@ -19,6 +20,10 @@ TRACING = "Trace"  # trace's --help group
 class TraceOptions:
     """What ``cosyclone trace`` shows and compares (the row's own options come from its record)."""
 
+    # the model, where it has moved (None: the run's recorded model; a manifest: $COSYCLONE_MODEL_DIR).
+    # No environment default from a folder: the run's model is what made the row.
+    model_dir: Path | None = opt(None, "the model folder (default: the run's)", panel=TRACING, metavar="DIR",
+                                 commands=(TRACE,))
     # the manifest row to replay (the manifest form: trace MANIFEST --id ID)
     id: str | None = opt(None, "the row to trace (with a manifest)", panel=TRACING, metavar="ID",
                          commands=(TRACE,))
