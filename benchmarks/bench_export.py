@@ -107,7 +107,7 @@ def build_folder(out: Path, rows: int) -> float:
     scratch)."""
     import numpy as np
 
-    from cosyclone.run.audio_out import encode_wav
+    from cosyclone.folder.audio_out import encode_wav
 
     (out / "wavs").mkdir(parents=True, exist_ok=True)
     pool = _pool()

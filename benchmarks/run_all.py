@@ -204,7 +204,7 @@ def synth_args(cfg: E2EConfig, manifest: Path, out: Path) -> list[str]:
 
 def summarize(cfg: E2EConfig, out: Path) -> dict:
     """The figures of a finished run from ``summary.json`` and ``diagnostics.jsonl``."""
-    from cosyclone.run.folder import read_records
+    from cosyclone.folder.layout import read_records
 
     summary = json.loads((out / "summary.json").read_text())
     lines = list(read_records(out).values())

@@ -15,8 +15,8 @@ from pathlib import Path
 from cosyclone.base.fieldtable import field_docs, markdown_table
 from cosyclone.engine.facts import StageSeconds, StageTime
 from cosyclone.eval.record import EvalRecord
+from cosyclone.folder.row_record import RowRecord
 from cosyclone.run.account import GraphsRecord, RunRecord
-from cosyclone.run.row_record import RowRecord
 from cosyclone.talker.diagnostics import SamplerRowDiagnostics
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,11 +12,11 @@ import numpy as np
 
 from cosyclone.engine import RowResult
 from cosyclone.engine.outcome import RowStatus
-from cosyclone.run import folder as runfolder
-from cosyclone.run.audio_out import AudioOutput
-from cosyclone.run.row_record import RowStamp
-from cosyclone.run.settle import settle
-from cosyclone.run.writer import BackgroundWriter, WriterOptions
+from cosyclone.folder import layout as runfolder
+from cosyclone.folder.audio_out import AudioOutput
+from cosyclone.folder.row_record import RowStamp
+from cosyclone.folder.settle import settle
+from cosyclone.folder.writer import BackgroundWriter, WriterOptions
 from cosyclone.talker.diagnostics import StopReason
 
 RATE = 24000

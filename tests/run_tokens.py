@@ -3,7 +3,7 @@
 Why: diagnostics.jsonl holds token counts, not ids, and two runs that part at one sampled token
 differ in every WAV byte after it; a bare ``wavs_a == wavs_b`` then says "bytes differ" and nothing
 about where. :func:`talker_tokens` records each segment's speech token ids as the talker hands
-them to the run folder's stage-0 checkpoint (:class:`cosyclone.run.token_store.TokenStore`);
+them to the run folder's stage-0 checkpoint (:class:`cosyclone.folder.token_store.TokenStore`);
 :func:`run_difference` compares those first (the first differing row, segment and step), and only
 where they agree the WAV files (how many bytes and samples differ, and the largest sample
 difference: a numeric difference, not a sampling one).
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from benchmarks.gpu_verdict import files_difference, token_difference
-from cosyclone.run.token_store import TokenStore
+from cosyclone.folder.token_store import TokenStore
 
 Tokens = dict[tuple[str, int], list[int]]
 

@@ -17,16 +17,17 @@ PKG = ROOT / "cosyclone"
 #: layer's rank or lower, never higher. Doors: the commands and the Python facade; base: what every
 #: layer may use.
 LAYERS: dict[str, int] = {
-    "cosyclone": 9, "cosyclone.cli": 9, "cosyclone.cli_options": 9, "cosyclone.api": 9,  # doors
-    "cosyclone.commands": 9,  # the doors' own commands (synth, say, validate, inspect, make-tiny-model)
-    "cosyclone.eval": 8,  # scoring a finished folder (cosyclone eval)
-    "cosyclone.report": 8,  # a folder's totals and its HTML page (cosyclone report; reads eval's records)
-    "cosyclone.trace": 8,  # one row of a folder replayed eagerly with hooks (cosyclone trace)
-    "cosyclone.run": 7,  # a run into a folder: plan, drive, account, writer, Ray
-    "cosyclone.engine": 6,  # rows in, results out on a loaded model
-    "cosyclone.manifest": 5,  # lines in, validated rows out (asks the frontend's normalizer)
-    "cosyclone.frontend": 4, "cosyclone.talker": 4, "cosyclone.code2wav": 4,  # the stages
-    "cosyclone.model": 3,  # configuration, checkpoints, the fused projections
+    "cosyclone": 11, "cosyclone.cli": 11, "cosyclone.cli_options": 11, "cosyclone.api": 11,  # doors
+    "cosyclone.commands": 11,  # the doors' own commands (synth, say, validate, inspect, make-tiny-model)
+    "cosyclone.eval": 9,  # scoring a finished folder (cosyclone eval)
+    "cosyclone.report": 9,  # a folder's totals and its HTML page (cosyclone report; reads eval's records)
+    "cosyclone.trace": 9,  # one row of a folder replayed eagerly with hooks (cosyclone trace)
+    "cosyclone.run": 8,  # a run into a folder: plan, resume, the one driver loop, account
+    "cosyclone.folder": 6,  # the run folder as a store: layout, records, index, writer, lock, totals
+    "cosyclone.engine": 5,  # rows in, results out on a loaded model
+    "cosyclone.manifest": 4,  # lines in, validated rows out (asks the frontend's normalizer)
+    "cosyclone.frontend": 3, "cosyclone.talker": 3, "cosyclone.code2wav": 3,  # the stages
+    "cosyclone.model": 2,  # configuration, checkpoints, the fused projections
     "cosyclone.options": 1, "cosyclone.errors": 0, "cosyclone.base": 1,  # the base
 }
 TOP_LEVEL = {"__init__.py", "api.py", "cli.py", "cli_options.py", "options.py", "errors.py"}

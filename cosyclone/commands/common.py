@@ -20,8 +20,8 @@ def fail(msg: str) -> NoReturn:
 @contextmanager
 def folder_errors() -> Iterator[None]:
     """The exit code of each way a run can stop before it finishes: 5 busy, 4 unwritable, 2 unusable input."""
-    from cosyclone.run.folder import OutputFolderError
-    from cosyclone.run.lock import FolderBusy
+    from cosyclone.folder.layout import OutputFolderError
+    from cosyclone.folder.lock import FolderBusy
 
     try:
         yield

@@ -29,10 +29,10 @@ def say_command(
     from cosyclone.api import CosyClone, utterance, validate_rows
     from cosyclone.base.stop import Interrupted, StopRequest, catch_signals
     from cosyclone.errors import ManifestError
+    from cosyclone.folder.audio_out import AudioOutput
+    from cosyclone.folder.writer import write_audio_atomic
     from cosyclone.manifest import check_id
     from cosyclone.options import FolderOptions
-    from cosyclone.run.audio_out import AudioOutput
-    from cosyclone.run.writer import write_audio_atomic
 
     try:
         where = build(ModelDirOptions, {"model_dir": options.pop("model_dir")})

@@ -84,7 +84,7 @@ def _announce(job: SynthJob, say: Callable[[str], None]) -> None:
 
 def _print_summary(job: SynthJob, summary: JobSummary) -> None:
     """After the run: the rows that failed (stderr, by manifest line), the totals table, the exit code."""
-    from cosyclone.run import report as totals_mod
+    from cosyclone.folder import totals as totals_mod
 
     # the rows that failed after validation, by manifest line (details in diagnostics)
     for r in summary.failed:

@@ -17,7 +17,7 @@ from cosyclone.errors import CosycloneError
 
 TEXT_NORMALIZERS = ("wetext", "inflect")  # what the official frontend normalizes with when ttsfrd is absent
 #: The modules a run imports beyond the models (a broken one must fail inspect, not a run's first row).
-RUN_MODULES = ("cosyclone.frontend", "cosyclone.engine", "cosyclone.run.job", "cosyclone.run.writer")
+RUN_MODULES = ("cosyclone.frontend", "cosyclone.engine", "cosyclone.run.job", "cosyclone.folder.writer")
 _IMPORT_NAMES = {"pyyaml": "yaml"}  # declared distributions whose module has another name
 
 

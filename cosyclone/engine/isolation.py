@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # annotations only (the stage modules load when the engine bu
 
 
 class TokenCheckpoint(Protocol):
-    """The stage-0 checkpoint a run keeps (:class:`cosyclone.run.token_store.TokenStore` is one)."""
+    """The stage-0 checkpoint a run keeps (:class:`cosyclone.folder.token_store.TokenStore` is one)."""
 
     def get(self, row_id: str, segment: int) -> TalkerResult | None: ...
 

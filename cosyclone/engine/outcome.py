@@ -5,7 +5,7 @@ go (a frontend failure, a sampler abort, seconds per stage) through :class:`RowO
 the engine, which holds a :class:`RowCore` and replaces it at each mark; what leaves the engine is
 :class:`RowResult` (the core and the audio), built in one place (:meth:`RowOutcome.result`). The API
 hands it to the user as it is; the run folder's record adds what made it (fingerprint, the row's
-fields, the run) and the file it wrote (:class:`cosyclone.run.row_record.RowRecord`, also a
+fields, the run) and the file it wrote (:class:`cosyclone.folder.row_record.RowRecord`, also a
 :class:`RowCore`). The engine knows nothing of folders.
 """
 
@@ -105,7 +105,7 @@ def _wide(ch: str) -> bool:
 @dataclass(frozen=True, kw_only=True)
 class RowCore:
     """The fields every form of a finished row carries: the engine's :class:`RowResult` and the run
-    folder's record (:class:`cosyclone.run.row_record.RowRecord`) both derive from it, so a field is
+    folder's record (:class:`cosyclone.folder.row_record.RowRecord`) both derive from it, so a field is
     declared once, here, with its comment (docs/output.md's table is generated from it)."""
 
     id: str  # the manifest row's id (the file's stem)

@@ -7,7 +7,7 @@ and judge the row against the thresholds. A row that cannot be scored (unreadabl
 backend error) gets an ``error`` record and the others go on; rows the folder has no audio for
 get a ``skipped`` record naming why (each an :class:`~cosyclone.eval.record.EvalRecord`). Nothing is
 downloaded and nothing in the folder but ``scores.jsonl``, ``scores_summary.json`` and (with
-thresholds) ``redo.jsonl`` is written (names :mod:`cosyclone.run.scores` chooses so that the folder
+thresholds) ``redo.jsonl`` is written (names :mod:`cosyclone.folder.scores` chooses so that the folder
 still loads as an audiofolder dataset; an older ``eval.jsonl`` is read, then replaced).
 
 Transcripts are reused from the folder's previous scores when the WAV's sha256 and the ASR
@@ -39,8 +39,8 @@ from cosyclone.eval.redo import REDO_NAME, current_seed, redo_seed, write_redo
 from cosyclone.eval.speaker import SpeakerEncoder, build_encoder, cosine
 from cosyclone.eval.summary import summarize, write_summary
 from cosyclone.eval.thresholds import Thresholds, failures
-from cosyclone.run.folder import iter_jsonl
-from cosyclone.run.scores import SCORES_NAME, remove_legacy, scores_path
+from cosyclone.folder.layout import iter_jsonl
+from cosyclone.folder.scores import SCORES_NAME, remove_legacy, scores_path
 
 EVAL_NAME = SCORES_NAME  # the records' file (docs and scripts name it; an older folder's is eval.jsonl)
 ASR_RATE = 16000

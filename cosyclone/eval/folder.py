@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from cosyclone.errors import CosycloneError, ManifestError
-from cosyclone.manifest import ManifestRow, read_manifest
-from cosyclone.run.folder import (
+from cosyclone.folder.index import FolderIndex
+from cosyclone.folder.layout import (
     audio_path,
     flat_path,
     open_index,
@@ -27,8 +27,8 @@ from cosyclone.run.folder import (
     settle_lock,
     wav_path,
 )
-from cosyclone.run.index import FolderIndex
-from cosyclone.run.row_record import RowRecord
+from cosyclone.folder.row_record import RowRecord
+from cosyclone.manifest import ManifestRow, read_manifest
 
 # Why a manifest row is not scored.
 NOT_SYNTHESIZED = "not_synthesized"  # no diagnostics line for the id

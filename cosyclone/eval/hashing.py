@@ -2,7 +2,7 @@
 
 A large-v3 conversion is 3 GB: hashing it on every nightly eval would cost more than scoring a
 small folder. Hashes come from the run folder's own file-hash cache
-(:class:`cosyclone.run.fingerprint.HashCache`, one cache for synth and eval), keyed by (real
+(:class:`cosyclone.folder.fingerprint.HashCache`, one cache for synth and eval), keyed by (real
 path, size, mtime in ns) under ``$COSYCLONE_CACHE_DIR`` (default ``~/.cache/cosyclone``). A file
 that changes in place gets a new mtime and is hashed again; an unwritable cache only costs the
 re-hash.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from cosyclone.run.fingerprint import HashCache
+from cosyclone.folder.fingerprint import HashCache
 
 _LOCK = threading.Lock()
 _CACHE: HashCache | None = None

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from cosyclone.eval.thresholds import REFERENCE_ERROR_RATE, Thresholds
-from cosyclone.run.scores import SCORES_SUMMARY_NAME, scores_path
+from cosyclone.folder.scores import SCORES_SUMMARY_NAME, scores_path
 
 SUMMARY_NAME = SCORES_SUMMARY_NAME  # scores_summary.json (an older folder's: eval_summary.json, still read)
 FORMAT = 1  # bumped when a field changes meaning

@@ -19,15 +19,15 @@ from typing import Any
 
 from cosyclone.base.version import __version__
 from cosyclone.eval.summary import load_eval_summary
+from cosyclone.folder import layout as runfolder
+from cosyclone.folder import totals as totals_mod
+from cosyclone.folder.row_record import RowRecord
 from cosyclone.report import page as html_page
 from cosyclone.report.audio import sources
 from cosyclone.report.figures import Figures, measure, normalized_text, read_eval, stop_reason
 from cosyclone.report.history import read_history
 from cosyclone.report.listing import Listed, select
 from cosyclone.report.outliers import find_outliers, redo_path_for, write_redo
-from cosyclone.run import folder as runfolder
-from cosyclone.run import report as totals_mod
-from cosyclone.run.row_record import RowRecord
 
 FAILED_SHOWN = 200  # failed rows the page lists by name (the totals count them all)
 

@@ -30,9 +30,9 @@ def report_command(
     With --html PAGE, also one self-contained page: plots, outliers, the rows to listen to (docs/output.md).
     """
     from cosyclone.eval.summary import load_eval_summary
+    from cosyclone.folder import totals as totals_mod
     from cosyclone.options import build
     from cosyclone.report.options import ReportOptions
-    from cosyclone.run import report as totals_mod
 
     for path in folders:
         if not path.is_dir():

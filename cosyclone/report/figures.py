@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from cosyclone.run.folder import iter_jsonl
-from cosyclone.run.row_record import RowRecord
-from cosyclone.run.scores import scores_path
+from cosyclone.folder.layout import iter_jsonl
+from cosyclone.folder.row_record import RowRecord
+from cosyclone.folder.scores import scores_path
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cosyclone.run.folder import RUNS_NAME, iter_jsonl
+from cosyclone.folder.layout import RUNS_NAME, iter_jsonl
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from cosyclone.eval.redo import redo_seed
+from cosyclone.folder.row_record import RowRecord
 from cosyclone.report.figures import Figures, FloatArray
-from cosyclone.run.row_record import RowRecord
 
 Z_LIMIT = 3.5  # modified z-score past which a row is an outlier (Iglewicz and Hoaglin's cut)
 MIN_ROWS = 8  # fewer rows with a figure than this: no distribution to stand out from

@@ -20,9 +20,9 @@ from typing import Any
 
 from cosyclone.engine import RowResult
 from cosyclone.errors import Exit
+from cosyclone.folder import layout as runfolder
+from cosyclone.folder import totals as report
 from cosyclone.options import LoadFormat, TextFrontendName
-from cosyclone.run import folder as runfolder
-from cosyclone.run import report
 from cosyclone.run.resume import ResumePlan
 
 
@@ -248,7 +248,7 @@ def write_accounts(out: Path, record: RunRecord, kept: Mapping[str, int], *, wri
     of ``runs.jsonl``."""
     from dataclasses import replace
 
-    from cosyclone.run.writer import write_summary
+    from cosyclone.folder.writer import write_summary
 
     totals = report.totals_of(kept)
     try:
@@ -289,6 +289,6 @@ def versions(text_frontend: TextFrontendName) -> dict[str, str]:
 
 
 def _algorithm() -> str:
-    from cosyclone.run.fingerprint import ALGORITHM_VERSION
+    from cosyclone.folder.fingerprint import ALGORITHM_VERSION
 
     return ALGORITHM_VERSION

@@ -22,13 +22,13 @@ from cosyclone.base.stop import StopRequest
 from cosyclone.engine import Engine, RowResult
 from cosyclone.engine.isolation import TokenCheckpoint
 from cosyclone.engine.schedule import StageSchedule
+from cosyclone.folder import layout as runfolder
+from cosyclone.folder.row_record import RowStamp
 from cosyclone.manifest import Manifest, ManifestRow
 from cosyclone.options import RunOptions
-from cosyclone.run import folder as runfolder
 from cosyclone.run.account import RunTally
 from cosyclone.run.job_types import Prepared, ProgressSink
 from cosyclone.run.parts import plan_parts
-from cosyclone.run.row_record import RowStamp
 
 
 class RowSource(Protocol):

@@ -4,7 +4,7 @@ NeMo or Lhotse).
 The run folders stay the source of truth: export only reads them (records, audio files,
 scores.jsonl) and writes elsewhere (by default ``OUT/export/<format>/``, which nothing else reads).
 Which rows go and what columns they carry: :mod:`cosyclone.run.export_rows` and
-:mod:`cosyclone.run.columns`. Rows go in folder order, each folder's in manifest-line order;
+:mod:`cosyclone.folder.columns`. Rows go in folder order, each folder's in manifest-line order;
 ``--split NAME=F`` sends a share of them, chosen by a hash of the id, to split NAME.
 
 An export is whole or absent (:mod:`cosyclone.run.export_lock`): it is built beside the target and
@@ -31,19 +31,19 @@ from typing import Protocol
 import numpy as np
 
 from cosyclone.errors import CosycloneError
+from cosyclone.folder import layout as runfolder
+from cosyclone.folder.audio_out import MODEL_RATE
+from cosyclone.folder.columns import RESERVED, ColumnSet, MetaKeys
+from cosyclone.folder.lock import live_writers
+from cosyclone.folder.scores import scores_path
 from cosyclone.options import EXPORT_FORMATS, ExportFormat
 from cosyclone.run import export_shards as shards
-from cosyclone.run import folder as runfolder
-from cosyclone.run.audio_out import MODEL_RATE
-from cosyclone.run.columns import RESERVED, ColumnSet, MetaKeys
 from cosyclone.run.export_card import CARD, card
 from cosyclone.run.export_formats import LhotseManifests, NemoManifest
 from cosyclone.run.export_index import EVAL_NAME, EvalIndex, RecordIndex
 from cosyclone.run.export_lock import MARKER, ExportTarget
 from cosyclone.run.export_rows import Skipped, Source, iter_rows, parse_splits, split_of
 from cosyclone.run.export_shards import ExportRow, ShardInfo
-from cosyclone.run.lock import live_writers
-from cosyclone.run.scores import scores_path
 
 EXPORT_DIR = "export"  # OUT/export/<format>/: the default target
 FORMATS = EXPORT_FORMATS
@@ -216,7 +216,7 @@ def export(
     several sample rates, duplicate ids, ``only_passed`` without scores.jsonl, a folder being
     written), :class:`NothingToExport` when no row qualifies,
     :class:`~cosyclone.run.export_lock.ExportBusy` when another export holds the target and
-    :class:`~cosyclone.run.folder.OutputFolderError` when the export cannot be written. In every
+    :class:`~cosyclone.folder.layout.OutputFolderError` when the export cannot be written. In every
     one of these cases the target keeps what it held.
     """
     folders = [Path(out_dirs)] if isinstance(out_dirs, (str, Path)) else [Path(p) for p in out_dirs]

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from cosyclone.folder.columns import Column, ColumnSet
 from cosyclone.options import ExportFormat
-from cosyclone.run.columns import Column, ColumnSet
 
 CARD = "README.md"
 

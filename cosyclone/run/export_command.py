@@ -32,10 +32,10 @@ def export_command(
     A line per file, then the totals; the export is swapped in whole, with export.json. Details:
     docs/output.md.
     """
+    from cosyclone.folder.layout import OutputFolderError
     from cosyclone.run.export import NothingToExport, export
     from cosyclone.run.export_lock import ExportBusy
     from cosyclone.run.export_options import ExportOptions, parse_size
-    from cosyclone.run.folder import OutputFolderError
 
     try:
         opts = ExportOptions(**options)

@@ -3,7 +3,7 @@
 Unlike the shards (cosyclone/run/export_shards.py), these hold no audio: each line points at the
 run folder's file by its absolute path, as NeMo's and Lhotse's own data preparation do, so the run
 folders must stay where they are for the manifests to load. Every column of
-:mod:`cosyclone.run.columns` travels along (NeMo: beside ``audio_filepath``, ``duration`` and
+:mod:`cosyclone.folder.columns` travels along (NeMo: beside ``audio_filepath``, ``duration`` and
 ``text``; Lhotse: in each supervision's ``custom``, ``speaker`` and ``language`` taken from the
 flat meta keys of those names), JSON-valued the way every JSON output writes them (a seed as a
 decimal string).
@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from cosyclone.errors import CosycloneError
-from cosyclone.run import folder as runfolder
-from cosyclone.run.columns import ColumnSet
+from cosyclone.folder import layout as runfolder
+from cosyclone.folder.columns import ColumnSet
 from cosyclone.run.export_shards import SHARD_PREFIX, ExportRow, ShardInfo
 
 

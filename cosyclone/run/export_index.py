@@ -1,7 +1,7 @@
 """Where each row's current record lies in a run folder, in memory that grows by a few bytes a row.
 
 ``export`` reads a folder of any size: its records are never held, only where they lie. One pass
-over ``diagnostics.jsonl`` and every journal (the sources :func:`cosyclone.run.folder.read_records`
+over ``diagnostics.jsonl`` and every journal (the sources :func:`cosyclone.folder.layout.read_records`
 reads, in its order) notes per line a 128-bit hash of the id, ``finished_at``, the source and byte
 offset, the manifest line, whether it says ``ok`` and its sample rate: 46 bytes a line in flat arrays
 (about twice that for a moment while they are sorted). The
@@ -27,11 +27,11 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from cosyclone.run import folder as runfolder
-from cosyclone.run.audio_out import MODEL_RATE
-from cosyclone.run.columns import MetaKeys
-from cosyclone.run.row_record import RowRecord
-from cosyclone.run.scores import SCORES_NAME, scores_path
+from cosyclone.folder import layout as runfolder
+from cosyclone.folder.audio_out import MODEL_RATE
+from cosyclone.folder.columns import MetaKeys
+from cosyclone.folder.row_record import RowRecord
+from cosyclone.folder.scores import SCORES_NAME, scores_path
 
 # written by `cosyclone eval` (cosyclone/eval/evaluate.py; older versions: eval.jsonl)
 EVAL_NAME = SCORES_NAME

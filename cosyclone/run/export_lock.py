@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from cosyclone.errors import CosycloneError
-from cosyclone.run import folder as runfolder
+from cosyclone.folder import layout as runfolder
 
 MARKER = "export.json"  # what the export holds; written last, so its presence means the export is whole
 # what an export writes: shards, manifests, the marker (anything else in a target is the user's)

@@ -2,7 +2,7 @@
 
 A row is exported when its current record (:mod:`cosyclone.run.export_index`) says ``ok`` and its
 audio file exists with the recorded samples and rate (read from the file itself). Its columns are
-read through :mod:`cosyclone.run.columns`; where ``scores.jsonl`` exists its verdicts join them, and
+read through :mod:`cosyclone.folder.columns`; where ``scores.jsonl`` exists its verdicts join them, and
 a verdict counts only for the very file it scored (``wav_sha256``): a row redone after eval reads
 ``eval_status`` ``stale`` and has no scores.
 """
@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from cosyclone.errors import CosycloneError
-from cosyclone.run import folder as runfolder
-from cosyclone.run.audio_out import MODEL_RATE
-from cosyclone.run.columns import ColumnSet, RowView, similarity_column
+from cosyclone.folder import layout as runfolder
+from cosyclone.folder.audio_out import MODEL_RATE
+from cosyclone.folder.columns import ColumnSet, RowView, similarity_column
 from cosyclone.run.export_index import EvalIndex, RecordIndex
 from cosyclone.run.export_shards import SHARD_PREFIX, Blob, ExportRow
 

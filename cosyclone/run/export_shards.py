@@ -11,7 +11,7 @@ that split, and the default export directory lies inside the run folder, which
 
 Parquet: an ``audio`` column of struct {bytes, path} (the file as the folder holds it, and its
 name; ``prompt`` the same for the prompt recording with ``--include-prompt-audio``) plus the
-columns of :mod:`cosyclone.run.columns`, in row groups of 100 rows (what ``datasets`` itself
+columns of :mod:`cosyclone.folder.columns`, in row groups of 100 rows (what ``datasets`` itself
 writes for audio, so the Hub's viewer and streaming read a row group cheaply), snappy-compressed.
 Dictionary encoding for the scalar columns only (no two rows' audio are alike) and min/max
 statistics only for those a reader filters on: the footer, held in memory until a shard closes,
@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from cosyclone.folder import layout as runfolder
+from cosyclone.folder.columns import ColumnSet, ColumnType
 from cosyclone.options import ExportFormat
-from cosyclone.run import folder as runfolder
-from cosyclone.run.columns import ColumnSet, ColumnType
 
 EXTENSIONS: dict[str, str] = {"parquet": ".parquet", "webdataset": ".tar"}  # the sharded formats
 SHARD_PREFIX = "data"  # without --split

@@ -5,7 +5,7 @@ Split by responsibility: :class:`~cosyclone.run.plan.RunPlan` plans (manifest, o
 fingerprints, the resume per row), :class:`~cosyclone.run.drive.Driver` executes (rows from a
 source, written and counted) and :mod:`cosyclone.run.account` accounts (``summary.json``,
 ``runs.jsonl``). This class holds the folder's side between them: the lock, the folder's index, the
-writer, the stage-0 checkpoint, the run's end (:mod:`~cosyclone.run.settle`), and the choice of row
+writer, the stage-0 checkpoint, the run's end (:mod:`~cosyclone.folder.settle`), and the choice of row
 source (this process or a Ray actor pool).
 
 Must not: parse command lines or print (messages go to the ``log`` callable and the totals come
@@ -29,20 +29,20 @@ from cosyclone.base.memory import read_peaks
 from cosyclone.base.stop import StopRequest
 from cosyclone.engine import Engine, RowResult
 from cosyclone.errors import ManifestError
+from cosyclone.folder import fingerprint, lock
+from cosyclone.folder import layout as runfolder
+from cosyclone.folder.index import FolderIndex
+from cosyclone.folder.index_rows import IndexedRow
+from cosyclone.folder.row_record import RowRecord, RowStamp
+from cosyclone.folder.settle import settle
+from cosyclone.folder.token_store import TokenStore
+from cosyclone.folder.writer import BackgroundWriter, WriterOptions
 from cosyclone.manifest import Manifest, ManifestRow
-from cosyclone.run import fingerprint, lock
-from cosyclone.run import folder as runfolder
 from cosyclone.run.account import JobSummary, RunFacts, RunTally, run_record, write_accounts
 from cosyclone.run.drive import Driver, LocalSource, RowSource
-from cosyclone.run.index import FolderIndex
-from cosyclone.run.index_rows import IndexedRow
 from cosyclone.run.job_types import JobPlan, Prepared, ProgressFactory
 from cosyclone.run.parts import ResumeTotals
 from cosyclone.run.plan import RunPlan
-from cosyclone.run.row_record import RowRecord, RowStamp
-from cosyclone.run.settle import settle
-from cosyclone.run.token_store import TokenStore
-from cosyclone.run.writer import BackgroundWriter, WriterOptions
 
 
 class SynthJob:
@@ -109,8 +109,8 @@ class SynthJob:
     def run(self, progress: ProgressFactory | None = None) -> JobSummary:
         """Synthesize the rows to do into the folder and return the totals.
 
-        Holds the folder's lock throughout (:class:`~cosyclone.run.lock.FolderBusy` when another
-        writer has it). Raises :class:`~cosyclone.run.folder.OutputFolderError` when the folder cannot
+        Holds the folder's lock throughout (:class:`~cosyclone.folder.lock.FolderBusy` when another
+        writer has it). Raises :class:`~cosyclone.folder.layout.OutputFolderError` when the folder cannot
         be written before any model loads; a write that fails later ends the run with the rows
         finished before kept (``JobSummary.write_error``). ``progress`` is called once with the
         number of rows to do and gets every finished row. A :attr:`stop` request ends it early with

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from cosyclone.engine import RowResult
-from cosyclone.run import fingerprint
+from cosyclone.folder import fingerprint
 from cosyclone.run.resume import ResumePlan
 
 

@@ -24,14 +24,14 @@ from cosyclone.engine import Engine, RowResult, model_config, resolve_options
 from cosyclone.engine.outcome import failed_result
 from cosyclone.engine.stages import row_seed_of
 from cosyclone.errors import CosycloneError, ManifestError
+from cosyclone.folder import fingerprint
+from cosyclone.folder import layout as runfolder
+from cosyclone.folder.audio_out import AudioOutput
+from cosyclone.folder.index import FolderIndex
 from cosyclone.manifest import Manifest, ManifestRow, iter_manifest
 from cosyclone.manifest import stream as manifest_stream
 from cosyclone.model.config import ModelConfig
 from cosyclone.options import FolderOptions, RunOptions
-from cosyclone.run import fingerprint
-from cosyclone.run import folder as runfolder
-from cosyclone.run.audio_out import AudioOutput
-from cosyclone.run.index import FolderIndex
 from cosyclone.run.job_types import JobPlan, Prepared
 from cosyclone.run.parts import ResumeTotals, plan_parts, split_parts
 from cosyclone.run.resume import ResumePlan, plan_resume

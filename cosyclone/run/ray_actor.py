@@ -30,10 +30,10 @@ from cosyclone.base.device import DevicePolicy
 from cosyclone.base.stop import StopRequest
 from cosyclone.engine import Engine, RowResult
 from cosyclone.errors import CosycloneError
+from cosyclone.folder.token_store import TokenStore
 from cosyclone.manifest import ManifestRow
 from cosyclone.model.config import ModelConfig
 from cosyclone.options import RunOptions
-from cosyclone.run.token_store import TokenStore
 
 #: The actor's concurrency group for :meth:`SynthActor.stop`: a task runs in the default group (one
 #: at a time), the stop in this one, so it reaches the task while it runs.

@@ -34,6 +34,7 @@ from cosyclone.base.device import DevicePolicy
 from cosyclone.base.stop import StopRequest
 from cosyclone.engine import RowResult
 from cosyclone.errors import CosycloneError
+from cosyclone.folder.token_store import TokenStore
 from cosyclone.manifest import ManifestRow
 from cosyclone.model.config import ModelConfig
 from cosyclone.options import FolderOptions, RunOptions
@@ -48,7 +49,6 @@ from cosyclone.run.ray_actor import (
 )
 from cosyclone.run.ray_cluster import init, read_cluster, require_ray
 from cosyclone.run.ray_plan import RayPlan, plan_run
-from cosyclone.run.token_store import TokenStore
 
 __all__ = ["ActorPool", "RaySource", "placement", "row_from_dict", "row_to_dict", "run_ray", "task_groups"]
 

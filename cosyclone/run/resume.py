@@ -4,7 +4,7 @@ A row is skipped when the folder's index has an ``ok`` record of it whose audio 
 recorded samples and whose inputs are the ones the current run gives (the same fingerprint, or the
 same parts of it that the user chose: where a row ran never redoes it); anything else is
 made again, and a row that was complete but changed is counted by the fingerprint parts that
-changed. Only the manifest's own rows are looked up (:meth:`~cosyclone.run.index.FolderIndex.get_many`),
+changed. Only the manifest's own rows are looked up (:meth:`~cosyclone.folder.index.FolderIndex.get_many`),
 so planning a few rows against a folder of millions costs a few rows.
 """
 
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cosyclone.run.fingerprint import changed_parts, same_inputs
-from cosyclone.run.folder import is_complete
-from cosyclone.run.index import FolderIndex
+from cosyclone.folder.fingerprint import changed_parts, same_inputs
+from cosyclone.folder.index import FolderIndex
+from cosyclone.folder.layout import is_complete
 
 if TYPE_CHECKING:  # annotations only: planning against a folder loads neither torch nor the frontend
     from cosyclone.manifest import ManifestRow

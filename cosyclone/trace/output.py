@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from cosyclone.run.folder import write_bytes_atomic
+from cosyclone.folder.layout import write_bytes_atomic
 from cosyclone.trace.probes import LayerFacts, StepFacts
 from cosyclone.trace.replay import Replay
 from cosyclone.trace.verdict import Divergence, Verdict

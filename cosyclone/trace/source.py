@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from cosyclone.errors import CosycloneError
+from cosyclone.folder import layout as runfolder
+from cosyclone.folder.audio_out import AudioOutput
+from cosyclone.folder.row_record import RowRecord
 from cosyclone.manifest import ManifestRow, read_manifest
 from cosyclone.options import FolderOptions, RunOptions, build
-from cosyclone.run import folder as runfolder
-from cosyclone.run.audio_out import AudioOutput
-from cosyclone.run.row_record import RowRecord
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from cosyclone.engine.outcome import NONFINITE_AUDIO
-from cosyclone.run.audio_out import AudioOutput, process
-from cosyclone.run.row_record import RowRecord
+from cosyclone.folder.audio_out import AudioOutput, process
+from cosyclone.folder.row_record import RowRecord
 from cosyclone.talker.diagnostics import SamplerRowDiagnostics
 from cosyclone.trace.probes import LayerFacts, StepFacts
 from cosyclone.trace.replay import Replay, SegmentTrace, part_at

@@ -13,8 +13,8 @@ import soundfile as sf
 from typer.testing import CliRunner, Result
 
 from cosyclone.cli import app
-from cosyclone.run.folder import wav_path
-from cosyclone.run.row_record import RowRecord
+from cosyclone.folder.layout import wav_path
+from cosyclone.folder.row_record import RowRecord
 from tests.run_folders import ROOT, diag_lines, diags, samples_per_token, wav_bytes
 
 runner = CliRunner()

@@ -19,7 +19,7 @@ from typer.testing import CliRunner, Result
 
 from cosyclone import __version__
 from cosyclone.cli import app
-from cosyclone.run.folder import wav_path
+from cosyclone.folder.layout import wav_path
 from tests.pcm16 import assert_same_pcm16_up_to_rounding
 
 runner = CliRunner()
@@ -61,8 +61,8 @@ def test_say_writes_a_24k_wav_and_prints_its_diagnostics(tiny_model_dir: Path, t
 
 
 def test_api_say_and_synth_give_byte_identical_audio(tts, tiny_model_dir: Path, tmp_path: Path) -> None:
-    from cosyclone.run.audio_out import AudioOutput
-    from cosyclone.run.writer import write_audio_atomic
+    from cosyclone.folder.audio_out import AudioOutput
+    from cosyclone.folder.writer import write_audio_atomic
 
     shutil.copytree(ROOT / "manifests" / "prompts", tmp_path / "prompts")
     rows: list[dict[str, Any]] = [

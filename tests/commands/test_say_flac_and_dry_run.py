@@ -47,7 +47,7 @@ def test_dry_run_refuses_a_folder_it_could_not_make(tiny_model_dir: Path, tmp_pa
 
 
 def test_a_folder_under_a_file_cannot_be_made(tmp_path: Path) -> None:
-    from cosyclone.run.folder import OutputFolderError, check_creatable
+    from cosyclone.folder.layout import OutputFolderError, check_creatable
 
     (tmp_path / "file").write_text("x")
     with pytest.raises(OutputFolderError, match=r"cannot be made: .*file is not a folder"):

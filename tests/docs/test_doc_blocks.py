@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cosyclone.run.folder import wav_path
+from cosyclone.folder.layout import wav_path
 from tests import doc_pages
 
 PAGES = doc_pages.pages()

@@ -21,8 +21,8 @@ import typer.main
 from typer.testing import CliRunner
 
 from cosyclone.cli import app
+from cosyclone.folder.row_record import RowRecord
 from cosyclone.run.account import GraphsRecord, RunRecord
-from cosyclone.run.row_record import RowRecord
 from cosyclone.talker.diagnostics import SamplerRowDiagnostics
 from tests import doc_pages
 

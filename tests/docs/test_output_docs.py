@@ -29,10 +29,10 @@ def test_a_text_holding_a_line_separator_keeps_its_record(tmp_path) -> None:
     """U+2028 and U+2029 are valid in a manifest text and written raw (ensure_ascii=False); the folder's
     reader splits lines at \\n only, so such a row's record reads back (it used to be redone forever)."""
     from cosyclone.engine import RowResult
-    from cosyclone.run import folder as runfolder
-    from cosyclone.run.row_record import RowStamp
-    from cosyclone.run.settle import settle
-    from cosyclone.run.writer import BackgroundWriter, WriterOptions
+    from cosyclone.folder import layout as runfolder
+    from cosyclone.folder.row_record import RowStamp
+    from cosyclone.folder.settle import settle
+    from cosyclone.folder.writer import BackgroundWriter, WriterOptions
 
     text = "first line\u2028second\u2029third"
     stamp = RowStamp(

@@ -13,7 +13,7 @@ import soundfile as sf
 from typer.testing import CliRunner
 
 from cosyclone.cli import app
-from cosyclone.run.folder import wav_path
+from cosyclone.folder.layout import wav_path
 from tests.run_folders import ROOT, diags
 
 # no --max-tokens: each row runs to its own max_len (20 x its text ids), so lengths differ

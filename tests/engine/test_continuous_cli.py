@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from cosyclone.cli import app
 from cosyclone.engine import stages as pipeline
-from cosyclone.run.folder import wav_path
+from cosyclone.folder.layout import wav_path
 from cosyclone.talker import decode
 from tests.engine.test_batch_invariance import _manifest
 from tests.engine_run import run as engine_run

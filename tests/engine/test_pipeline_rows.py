@@ -20,11 +20,11 @@ from cosyclone.cli import app
 from cosyclone.engine import RowResult
 from cosyclone.engine import stages as pipeline
 from cosyclone.errors import CosycloneError
+from cosyclone.folder.audio_out import AudioOutput
+from cosyclone.folder.writer import write_audio_atomic
 from cosyclone.manifest import ManifestRow
 from cosyclone.model.config import released_config
 from cosyclone.options import RunOptions
-from cosyclone.run.audio_out import AudioOutput
-from cosyclone.run.writer import write_audio_atomic
 from cosyclone.talker.sampler import row_seed
 from tests.engine.test_pipeline_stub import Flow, Frontend, GenerateSession, Hift, generate, make_manifest
 from tests.engine_run import run as engine_run

@@ -21,8 +21,8 @@ from cosyclone.base.device import resolve
 from cosyclone.cli import app
 from cosyclone.engine import stages as pipeline
 from cosyclone.engine.batches import plan_batches, row_cost
+from cosyclone.folder.layout import wav_path
 from cosyclone.model.config import released_config
-from cosyclone.run.folder import wav_path
 from cosyclone.talker.diagnostics import SamplerRowDiagnostics
 
 
@@ -280,10 +280,10 @@ def test_released_config_loads_without_dir() -> None:
 
 def test_writer_atomic_float_and_torn_line(tmp_path: Path) -> None:
     from cosyclone.engine import RowResult
-    from cosyclone.run.audio_out import AudioOutput
-    from cosyclone.run.folder import is_complete, journal_path, read_records
-    from cosyclone.run.row_record import RowStamp
-    from cosyclone.run.writer import BackgroundWriter, WriterOptions
+    from cosyclone.folder.audio_out import AudioOutput
+    from cosyclone.folder.layout import is_complete, journal_path, read_records
+    from cosyclone.folder.row_record import RowStamp
+    from cosyclone.folder.writer import BackgroundWriter, WriterOptions
 
     stamp = RowStamp(
         fingerprint=None,

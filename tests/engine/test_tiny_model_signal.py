@@ -23,8 +23,8 @@ from cosyclone.cli import app
 from cosyclone.code2wav.flow import build_flow
 from cosyclone.code2wav.hift import build_hift
 from cosyclone.code2wav.token2wav import token2wav
+from cosyclone.folder.layout import wav_path
 from cosyclone.model.config import load_model_config
-from cosyclone.run.folder import wav_path
 from tests.pcm16 import assert_same_pcm16_up_to_rounding
 from tests.run_folders import ROOT, diags
 

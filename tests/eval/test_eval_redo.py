@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from cosyclone.cli import app
 from cosyclone.eval.folder import read_folder
 from cosyclone.eval.redo import redo_seed, write_redo
-from cosyclone.run.folder import wav_path
+from cosyclone.folder.layout import wav_path
 
 ROOT = Path(__file__).resolve().parents[2]
 

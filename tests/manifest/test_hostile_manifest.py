@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from cosyclone.cli import app
-from cosyclone.run.folder import wav_path
+from cosyclone.folder.layout import wav_path
 from tests.manifest.test_manifest_hostile import HOSTILE, PROMPT
 
 SCALE = int(os.environ.get("COSYCLONE_PROPERTY_EXAMPLES", "1"))

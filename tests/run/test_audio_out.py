@@ -18,9 +18,9 @@ import soundfile as sf
 
 from cosyclone.errors import CosycloneError
 from cosyclone.eval.audio_checks import check_audio
-from cosyclone.run import audio_out
-from cosyclone.run.audio_out import AudioOutput, encode, process, resample, trim_silence
-from cosyclone.run.row_record import FileFacts
+from cosyclone.folder import audio_out
+from cosyclone.folder.audio_out import AudioOutput, encode, process, resample, trim_silence
+from cosyclone.folder.row_record import FileFacts
 
 RATE = 24000
 
@@ -101,7 +101,7 @@ def test_resampled_length_is_the_rounded_ratio(n: int, dst: int) -> None:
     assert resample(x, RATE, dst).size == round(n * dst / RATE)
 
 
-RESAMPLE_DIGEST_SNIPPET = ("import hashlib, numpy as np; from cosyclone.run.audio_out import resample; "
+RESAMPLE_DIGEST_SNIPPET = ("import hashlib, numpy as np; from cosyclone.folder.audio_out import resample; "
                            "x = (np.random.default_rng(7).standard_normal(30011) * 0.2).astype(np.float32); "
                            "print(hashlib.sha256(resample(x, 24000, 16000).tobytes()).hexdigest())")
 
@@ -246,8 +246,8 @@ def test_float_wav_is_the_float_encoding_of_wav() -> None:
 
 
 def test_a_records_file_gives_only_the_suffix_of_its_audio_path(tmp_path: Path) -> None:
-    from cosyclone.run.folder import audio_path
-    from cosyclone.run.row_record import RowRecord
+    from cosyclone.folder.layout import audio_path
+    from cosyclone.folder.row_record import RowRecord
 
     def path(**fields: object) -> Path | None:
         rec = RowRecord.from_json({"id": "a", "status": "ok", **fields})

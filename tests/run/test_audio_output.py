@@ -11,7 +11,7 @@ import soundfile as sf
 from typer.testing import CliRunner
 
 from cosyclone.cli import app
-from cosyclone.run.folder import wav_path
+from cosyclone.folder.layout import wav_path
 from tests.run_folders import ROOT
 
 FAST = ["--max-tokens", "12", "--n-timesteps", "2", "--device", "cpu", "--quiet"]

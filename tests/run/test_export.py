@@ -22,15 +22,15 @@ from cosyclone.cli import app
 from cosyclone.engine import RowResult
 from cosyclone.engine.outcome import RowStatus
 from cosyclone.errors import CosycloneError
-from cosyclone.run import folder as runfolder
-from cosyclone.run.audio_out import AudioOutput
+from cosyclone.folder import layout as runfolder
+from cosyclone.folder.audio_out import AudioOutput
+from cosyclone.folder.layout import wav_path
+from cosyclone.folder.row_record import RowStamp
+from cosyclone.folder.settle import settle
+from cosyclone.folder.writer import BackgroundWriter, WriterOptions
 from cosyclone.run.export import export
 from cosyclone.run.export_options import parse_size
 from cosyclone.run.export_shards import wds_key
-from cosyclone.run.folder import wav_path
-from cosyclone.run.row_record import RowStamp
-from cosyclone.run.settle import settle
-from cosyclone.run.writer import BackgroundWriter, WriterOptions
 
 RATE = 24000
 
@@ -56,7 +56,7 @@ def diag(row_id: str, line: int, *, status: RowStatus, finished_at: float = 1000
     """A record line as a journal holds it (written by hand: a later attempt with a chosen time)."""
     from dataclasses import replace
 
-    from cosyclone.run.row_record import NO_FILE, make_record
+    from cosyclone.folder.row_record import NO_FILE, make_record
 
     return replace(
         make_record(result(row_id, line, status), stamp(row_id), NO_FILE), finished_at=finished_at

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from cosyclone.cli import app
 from cosyclone.errors import CosycloneError, Exit
-from cosyclone.run import folder as runfolder
+from cosyclone.folder import layout as runfolder
 from cosyclone.run.export import NothingToExport, export
 from cosyclone.run.export_lock import ExportBusy, ExportTarget, read_marker
 from tests.run_folders import Row, write

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from cosyclone.run.columns import CORE, SAMPLER
+from cosyclone.folder.columns import CORE, SAMPLER
 from cosyclone.run.export import export
 from tests.run_folders import RATE, Row, write
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import soundfile as sf
 
-from cosyclone.run.folder import wav_path
+from cosyclone.folder.layout import wav_path
 from tests.run.test_runfolder import journal_lines, write_manifest
 from tests.run_folders import ROOT, diag_lines
 

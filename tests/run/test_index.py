@@ -12,8 +12,8 @@ import random
 from pathlib import Path
 from typing import Any
 
-from cosyclone.run import folder as runfolder
-from cosyclone.run.report import folder_totals, merged_totals, totals_of
+from cosyclone.folder import layout as runfolder
+from cosyclone.folder.totals import folder_totals, merged_totals, totals_of
 
 
 def record(rid: str, line: int, *, status: str = "ok", finished_at: float = 1000.0, seconds: float = 0.1,

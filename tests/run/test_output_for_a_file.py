@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from cosyclone.errors import CosycloneError
+from cosyclone.folder.audio_out import AudioOutput
 from cosyclone.options import FolderOptions
-from cosyclone.run.audio_out import AudioOutput
 
 
 def test_the_file_name_picks_flac_over_the_default_container() -> None:

@@ -26,7 +26,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cosyclone.cli import app
-from cosyclone.run.folder import wav_path
+from cosyclone.folder.layout import wav_path
 from tests.ray_hooks import PID_FILE_ENV, task_starts
 from tests.run_folders import ROOT, diag_lines, diags
 
@@ -306,7 +306,7 @@ def test_a_model_that_does_not_load_in_the_actors_stops_the_run_as_locally(ray_p
                                    "--device", "cpu", "--engine", "ray"])
     assert res.exit_code == 2, res.output
     assert "flow.pt: cannot read as a torch checkpoint" in res.output
-    from cosyclone.run.folder import read_records
+    from cosyclone.folder.layout import read_records
 
     assert read_records(tmp_path / "out") == {}  # no row written (journal or diagnostics)
 

@@ -13,11 +13,11 @@ from typer.testing import CliRunner
 
 from cosyclone.cli import app
 from cosyclone.engine import RowResult
-from cosyclone.run import folder as runfolder
-from cosyclone.run.audio_out import AudioOutput
-from cosyclone.run.row_record import RowStamp
-from cosyclone.run.settle import settle
-from cosyclone.run.writer import BackgroundWriter, WriterOptions
+from cosyclone.folder import layout as runfolder
+from cosyclone.folder.audio_out import AudioOutput
+from cosyclone.folder.row_record import RowStamp
+from cosyclone.folder.settle import settle
+from cosyclone.folder.writer import BackgroundWriter, WriterOptions
 from tests.run_folders import metadata_lines
 
 
@@ -90,7 +90,7 @@ def test_report_flags_a_running_writer_and_not_a_dead_one(tmp_path: Path) -> Non
 
 
 def test_summary_json_counts_the_files_not_the_models_audio(tmp_path: Path) -> None:
-    from cosyclone.run.report import folder_totals
+    from cosyclone.folder.totals import folder_totals
 
     out = tmp_path / "out"
     # as if trimmed to 0.1 s

@@ -10,7 +10,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from cosyclone.cli import app
-from cosyclone.run.folder import wav_path
+from cosyclone.folder.layout import wav_path
 from tests.run_folders import ROOT, diags
 
 

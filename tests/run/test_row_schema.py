@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from cosyclone.engine.outcome import RowCore, RowOutcome, RowResult, SegmentText, join_segments
-from cosyclone.run import fingerprint
-from cosyclone.run.row_record import NO_FILE, RowRecord, RowStamp, make_record
+from cosyclone.folder import fingerprint
+from cosyclone.folder.row_record import NO_FILE, RowRecord, RowStamp, make_record
 from cosyclone.talker.diagnostics import STOP_REASONS, SamplerRowDiagnostics, row_stop_reason
 
 

@@ -23,8 +23,8 @@ from cosyclone.base import cpu_gemm
 from cosyclone.cli import app
 from cosyclone.engine import stages as pipeline
 from cosyclone.engine.batches import plan_batches
+from cosyclone.folder.layout import wav_path
 from cosyclone.manifest import read_manifest
-from cosyclone.run.folder import wav_path
 from tests.run_folders import ROOT, diag_lines, diags, samples_per_token
 
 MAX_TOKENS = 6
@@ -341,7 +341,7 @@ def test_a_row_that_failed_after_the_talker_reuses_its_tokens_on_the_rerun(
     assert sorted(decoded) == ["r00", "r01", "r02"]  # the spy sees what the talker decodes
     assert diags(out)["r01"]["status"] == "failed" and "MemoryError" in diags(out)["r01"]["error"]
     kept = list((out / ".cosyclone" / "tokens").glob("*.cch"))
-    from cosyclone.run.fingerprint import token_key
+    from cosyclone.folder.fingerprint import token_key
 
     # only the failed row's, keyed by its fingerprint without the thread count (tokens do not depend on it)
     assert [p.name.rsplit("-", 1)[0] for p in kept] == [token_key(diags(out)["r01"]["fingerprint_parts"])]

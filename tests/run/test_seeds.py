@@ -12,7 +12,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from cosyclone.cli import app
-from cosyclone.run.folder import wav_path
+from cosyclone.folder.layout import wav_path
 from cosyclone.talker.sampler import row_seed
 from tests.pcm16 import assert_same_pcm16_up_to_rounding
 from tests.run_folders import ROOT, diags

@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 
 from cosyclone.engine import RowResult
-from cosyclone.run import folder as runfolder
-from cosyclone.run.report import totals_of
+from cosyclone.folder import layout as runfolder
+from cosyclone.folder.row_record import RowStamp
+from cosyclone.folder.settle import settle
+from cosyclone.folder.totals import totals_of
+from cosyclone.folder.writer import BackgroundWriter, WriterOptions
 from cosyclone.run.resume import plan_resume
-from cosyclone.run.row_record import RowStamp
-from cosyclone.run.settle import settle
-from cosyclone.run.writer import BackgroundWriter, WriterOptions
 
 from .test_index import record, write_lines
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from cosyclone.run import folder as runfolder
-from cosyclone.run.token_store import TokenStore
+from cosyclone.folder import layout as runfolder
+from cosyclone.folder.token_store import TokenStore
 from cosyclone.talker import TalkerResult
 
 

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cosyclone.cli import app
-from cosyclone.run.folder import wav_path
+from cosyclone.folder.layout import wav_path
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = ROOT / "manifests" / "example.jsonl"

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
+from cosyclone.folder.row_record import RowRecord
+from cosyclone.folder.totals import folder_totals
 from cosyclone.model.config import SamplingConfig
-from cosyclone.run.report import folder_totals
-from cosyclone.run.row_record import RowRecord
 from cosyclone.talker.diagnostics import SamplerRowDiagnostics
 from cosyclone.talker.sampler import COUNTER_NAMES, SamplerOptions, row_seed
 from tests.samplers import BatchSampler, legacy_slot_sampler

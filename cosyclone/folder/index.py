@@ -13,7 +13,7 @@ of it (inode, size, a hash of its first line): a file that grew is read from whe
 stopped (a run killed between the two writes, another shard's journal); a file that shrank or was
 replaced, or an index that is missing, unreadable or of another schema, makes the index be built
 again from every records file, streaming. The current record of an id is the one with the latest
-``finished_at``, a later line winning a tie (as :func:`cosyclone.run.folder.read_records`). Totals
+``finished_at``, a later line winning a tie (as :func:`cosyclone.folder.layout.read_records`). Totals
 are exact in any order rows arrive in (a resume, shards, a row redone): counts are integers, and
 audio seconds are summed as integers of 2^-40 s.
 """
@@ -30,8 +30,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from cosyclone.run.index_reads import IndexReads
-from cosyclone.run.index_rows import COLUMNS, SHARE_COLUMNS, add_share, row_values, share_ddl
+from cosyclone.folder.index_reads import IndexReads
+from cosyclone.folder.index_rows import COLUMNS, SHARE_COLUMNS, add_share, row_values, share_ddl
 
 INDEX_NAME = "index.sqlite"  # under the folder's .cosyclone/
 SCHEMA = "cosyclone-index-2"

@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cosyclone.errors import CosycloneError
-from cosyclone.run.audio_out import SUFFIXES
-from cosyclone.run.index import FolderIndex
-from cosyclone.run.row_record import RowRecord
+from cosyclone.folder.audio_out import SUFFIXES
+from cosyclone.folder.index import FolderIndex
+from cosyclone.folder.row_record import RowRecord
 
 DIAG_NAME = "diagnostics.jsonl"
 METADATA_NAME = "metadata.jsonl"

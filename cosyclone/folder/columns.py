@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-from cosyclone.run.row_record import RowRecord
+from cosyclone.folder.row_record import RowRecord
 from cosyclone.talker.diagnostics import SamplerRowDiagnostics
 
 ColumnType = Literal["string", "int64", "uint64", "float64", "bool", "list<string>"]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from cosyclone.errors import CosycloneError
-from cosyclone.run.folder import pid_alive, state_dir
+from cosyclone.folder.layout import pid_alive, state_dir
 
 
 class FolderBusy(CosycloneError):

@@ -29,9 +29,9 @@ from typing import Any, get_args
 import numpy as np
 
 from cosyclone.errors import CosycloneError
+from cosyclone.folder.row_record import FileFacts
 from cosyclone.options import AudioEncoding as Encoding
 from cosyclone.options import AudioFormat, FolderOptions
-from cosyclone.run.row_record import FileFacts
 
 MODEL_RATE = 24000  # CosyVoice3's HiFT writes 24 kHz: the default, written without resampling
 MIN_RATE, MAX_RATE = 8000, 48000  # telephone band to studio rate; outside it nothing sensible is asked

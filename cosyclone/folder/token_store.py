@@ -20,7 +20,7 @@ from typing import Any, cast
 import torch
 
 from cosyclone.base import handoff
-from cosyclone.run import folder as runfolder
+from cosyclone.folder import layout as runfolder
 from cosyclone.talker import TalkerResult
 from cosyclone.talker.diagnostics import STOP_REASONS, SamplerRowDiagnostics, StopReason
 

@@ -17,11 +17,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from cosyclone.run import folder as runfolder
-from cosyclone.run.columns import metadata_line
-from cosyclone.run.index import FolderIndex
-from cosyclone.run.index_rows import meta_dir
-from cosyclone.run.row_record import RowRecord
+from cosyclone.folder import layout as runfolder
+from cosyclone.folder.columns import metadata_line
+from cosyclone.folder.index import FolderIndex
+from cosyclone.folder.index_rows import meta_dir
+from cosyclone.folder.row_record import RowRecord
 
 CHUNK_BYTES = 4 << 20  # journal bytes appended per write
 
@@ -30,8 +30,8 @@ def settle(
     out_dir: Path, tag: str, *, index: FolderIndex | None = None, touched: Iterable[str] = ()
 ) -> set[str]:
     """Append writer ``tag``'s journal to ``diagnostics.jsonl`` and remove it; write the metadata of the
-    ``touched`` directories (:func:`~cosyclone.run.index.meta_dir` keys) and of those the journal's rows
-    lie in. Returns the directories written. Raises :class:`~cosyclone.run.folder.OutputFolderError`."""
+    ``touched`` directories (:func:`~cosyclone.folder.index.meta_dir` keys) and of those the journal's rows
+    lie in. Returns the directories written. Raises :class:`~cosyclone.folder.layout.OutputFolderError`."""
     out_dir = Path(out_dir)
     own = index is None
     with runfolder.settle_lock(out_dir):

@@ -1,5 +1,5 @@
 """The index's reads: a folder's kept totals, its rows by id, streamed, by metadata directory, and the
-record line a row points at (:class:`cosyclone.run.index.FolderIndex` adds opening and writing).
+record line a row points at (:class:`cosyclone.folder.index.FolderIndex` adds opening and writing).
 
 Why apart: a run, ``report``, ``eval`` and ``export`` read a folder many ways, and each read is a
 bounded query (a batch of ids, a page of rows) so its memory is the query's, not the folder's.
@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from cosyclone.run.index_rows import IndexedRow
+from cosyclone.folder.index_rows import IndexedRow
 
 BATCH = 500  # ids per lookup query (SQLite allows 999 parameters on old builds)
 PAGE = 4096  # rows per query of a streamed read

@@ -1,12 +1,12 @@
-"""Output files of a run: ``wavs/<shard>/<id>.wav`` and the row records (see :mod:`cosyclone.run.folder`).
+"""Output files of a run: ``wavs/<shard>/<id>.wav`` and the row records (see :mod:`cosyclone.folder.layout`).
 
 Crash safety is by construction: a WAV is encoded in memory, written to a temporary name in the
 same folder, fsynced and renamed (atomic on POSIX), the directory fsynced, and only *then* is the
 row's record appended whole to this writer's journal and fsynced. A row therefore counts as done
 exactly when its record says ``ok`` and its WAV holds the recorded samples; the folder's index hears
-of the row after its record is down (:mod:`cosyclone.run.index`). A write that fails
+of the row after its record is down (:mod:`cosyclone.folder.index`). A write that fails
 (disk full, permission) removes its temporary file and stops the run with
-:class:`~cosyclone.run.folder.OutputFolderError`.
+:class:`~cosyclone.folder.layout.OutputFolderError`.
 
 :class:`BackgroundWriter` runs the file work on its own thread so the model never waits on disk.
 """
@@ -25,11 +25,11 @@ from typing import Any
 import numpy as np
 
 from cosyclone.engine import RowResult
-from cosyclone.run import folder as runfolder
-from cosyclone.run.audio_out import SUFFIXES, AudioOutput, process
-from cosyclone.run.index import FolderIndex
-from cosyclone.run.index_rows import meta_dir
-from cosyclone.run.row_record import NO_FILE, FileFacts, RowRecord, RowStamp, make_record
+from cosyclone.folder import layout as runfolder
+from cosyclone.folder.audio_out import SUFFIXES, AudioOutput, process
+from cosyclone.folder.index import FolderIndex
+from cosyclone.folder.index_rows import meta_dir
+from cosyclone.folder.row_record import NO_FILE, FileFacts, RowRecord, RowStamp, make_record
 
 SAMPLE_RATE = 24000
 SUMMARY_NAME = "summary.json"

@@ -2,7 +2,7 @@
 
 The totals depend only on the current record of each row, never on how many invocations made
 them: one run, a run killed and resumed five times, or four shards merged give the same numbers.
-The index (:mod:`cosyclone.run.index`) keeps them as rows are written, so reading them costs the
+The index (:mod:`cosyclone.folder.index`) keeps them as rows are written, so reading them costs the
 same for four rows or ten million. Sampler counts are "row-steps" as in
 :mod:`cosyclone.talker.diagnostics`: a ``calls_*`` total sums a counter over every segment of every
 row, a ``rows_*`` total counts rows where it was non-zero.
@@ -22,9 +22,9 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from cosyclone.run import folder as runfolder
-from cosyclone.run.index import FolderIndex
-from cosyclone.run.index_rows import (
+from cosyclone.folder import layout as runfolder
+from cosyclone.folder.index import FolderIndex
+from cosyclone.folder.index_rows import (
     AUDIO_SCALE,
     FILE_SHARES,
     RAN_SHARES,
@@ -34,7 +34,7 @@ from cosyclone.run.index_rows import (
     row_values,
     share_of,
 )
-from cosyclone.run.row_record import RowRecord
+from cosyclone.folder.row_record import RowRecord
 
 #: A file property that must be one value among the ok rows for the folder to be one dataset:
 #: (record field, its name in a flag, the unit its values are shown with)
@@ -91,7 +91,7 @@ def mixed_files(files: Mapping[str, Mapping[str, int]]) -> list[str]:
 def running_writers(folders: Sequence[Path]) -> list[str]:
     """One line per live ``synth`` writing one of ``folders`` (its lock held by a live process): the
     folder's figures are a moment of a run in progress."""
-    from cosyclone.run.lock import live_writers
+    from cosyclone.folder.lock import live_writers
 
     flags = []
     for folder in folders:
