@@ -1,5 +1,5 @@
 """What one ``--engine ray`` actor holds in memory: the measurement behind
-``cosyclone/run/ray_footprint.py``'s constants.
+``cosyclone/ray/footprint.py``'s constants.
 
 Usage: ``python -m benchmarks.actor_footprint [--cases dummy-fp32,dummy-bf16,dir-fp32,dir-bf16,onnx]
 [--rows 8] [--tokens 100] [--threads 2]``.
@@ -135,7 +135,7 @@ def child(case: str, model_dir: Path | None, rows: int, tokens: int, threads: in
     from cosyclone.frontend.tiny_assets import builtin_assets_dir
     from cosyclone.model.config import load_model_config, released_config
     from cosyclone.options import DtypeName, LoadFormat, RunOptions
-    from cosyclone.run.ray_footprint import weight_bytes
+    from cosyclone.ray.footprint import weight_bytes
 
     kind, dtype_word = case.split("-")
     dtype = cast(DtypeName, dtype_word)

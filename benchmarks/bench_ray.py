@@ -13,7 +13,7 @@ their actors, which load at the same time); the Ray cluster's own start is timed
 is rows over the batches' stage seconds (``diagnostics.jsonl``'s ``seconds``, a batch's time shared
 among its rows) per actor running at once: the rate once every actor has loaded, without Ray's
 streaming (results come back in bursts, so arrival times say little on a few batches). It is the
-figure the sizing rule of ``cosyclone/run/ray_plan.py`` (``DEFAULT_CPU_THREADS``) is chosen from: on a
+figure the sizing rule of ``cosyclone/ray/plan.py`` (``DEFAULT_CPU_THREADS``) is chosen from: on a
 long run the start is amortized and the compute rate is what a node delivers.
 """
 
@@ -92,8 +92,8 @@ def main(argv: list[str] | None = None) -> None:
     from cosyclone.frontend.tiny_assets import builtin_assets_dir
     from cosyclone.model.config import released_config
     from cosyclone.options import RunOptions
-    from cosyclone.run.ray_plan import RayPlan
-    from cosyclone.run.ray_pool import run_ray
+    from cosyclone.ray.plan import RayPlan
+    from cosyclone.ray.pool import run_ray
 
     cores = os.cpu_count() or 1
     tmp = Path(tempfile.mkdtemp(prefix="cosyclone-bench-ray-"))

@@ -28,7 +28,7 @@ def task_starts(path: Any) -> list[tuple[int, str]]:
 
 def record_task_starts() -> None:
     """Wrap the actor's task so that each task writes this worker's pid and node first."""
-    from cosyclone.run import ray_actor
+    from cosyclone.ray import actor as ray_actor
 
     real = ray_actor.SynthActor.run
     if getattr(real, "_records_pid", False):

@@ -23,6 +23,7 @@ LAYERS: dict[str, int] = {
     "cosyclone.report": 9,  # a folder's totals and its HTML page (cosyclone report; reads eval's records)
     "cosyclone.trace": 9,  # one row of a folder replayed eagerly with hooks (cosyclone trace)
     "cosyclone.run": 8,  # a run into a folder: plan, resume, the one driver loop, account
+    "cosyclone.ray": 7,  # Ray as a row source for a run: the sizing rule, the actor pool, its actors
     "cosyclone.folder": 6,  # the run folder as a store: layout, records, index, writer, lock, totals
     "cosyclone.engine": 5,  # rows in, results out on a loaded model
     "cosyclone.manifest": 4,  # lines in, validated rows out (asks the frontend's normalizer)

@@ -3,7 +3,7 @@
 Why one loop: the local engine and the Ray actor pool used to have a loop each (stamping, the
 writer, progress, the records kept), near copies that drifted. Here a :class:`RowSource` is the
 only thing that differs: this process's engine (:class:`LocalSource`) or Ray's actors
-(:class:`cosyclone.run.ray_pool.RaySource`). The loop takes the run's parts as they are read,
+(:class:`cosyclone.ray.pool.RaySource`). The loop takes the run's parts as they are read,
 hands each part's planned batches to the source and commits every result that comes back: the
 row's stamp (what made it), the writer (file, then record), the tally (this run's figures) and
 the progress sink. A stop request ends the feeding; what the source already holds is drained

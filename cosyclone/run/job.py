@@ -236,7 +236,7 @@ class SynthJob:
         """Where this run's rows are made: this process's engine, or a Ray actor pool."""
         p = self.planned
         if p.folder.engine == "ray":
-            from cosyclone.run.ray_pool import RaySource
+            from cosyclone.ray.pool import RaySource
 
             return RaySource(p.cfg, p.policy, p.opts, p.folder, tokens, log=self.log, on_record=self._on_ray,
                              plan=p.ray_plan(), stop=self.stop)

@@ -93,7 +93,7 @@ class RunPlan:
             policy = loaded.policy  # as the model was loaded (what was requested included)
         cfg = loaded.cfg if loaded is not None else model_config(model_dir, opts.load_format)
         if folder.engine == "ray":
-            from cosyclone.run.ray_cluster import require_ray
+            from cosyclone.ray.cluster import require_ray
 
             require_ray()  # before any work: say how to install it
         if not folder.command:
@@ -158,10 +158,10 @@ class RunPlan:
 
     def ray_plan(self) -> Any:
         """The Ray actors this run would get on the cluster as it is now
-        (:func:`cosyclone.run.ray_cluster.plan_cluster`),
+        (:func:`cosyclone.ray.cluster.plan_cluster`),
         read once per job."""
         if self._ray_plan is None:
-            from cosyclone.run.ray_cluster import plan_cluster
+            from cosyclone.ray.cluster import plan_cluster
 
             self._ray_plan = plan_cluster(self.cfg, self.policy, self.batch_size,
                                           address=self.folder.ray_address, actors=self.folder.ray_actors,

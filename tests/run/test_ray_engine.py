@@ -134,8 +134,8 @@ def planned_threads(model_dir: Path) -> int:
 
     from cosyclone.base.device import DevicePolicy
     from cosyclone.model.config import load_model_config
-    from cosyclone.run.ray_cluster import read_cluster
-    from cosyclone.run.ray_plan import plan_run
+    from cosyclone.ray.cluster import read_cluster
+    from cosyclone.ray.plan import plan_run
 
     cpu = DevicePolicy(device=torch.device("cpu"), dtype=torch.float32, backend="cpu")
     plan = plan_run(load_model_config(model_dir), cpu, BATCH, read_cluster(ray))
@@ -256,7 +256,7 @@ def test_without_ray_installed_engine_ray_says_how_to_install_it(manifest: Path,
 
 def test_rows_travel_as_plain_json_data_and_come_back_equal(manifest: Path) -> None:
     from cosyclone.manifest import read_manifest
-    from cosyclone.run.ray_pool import row_from_dict, row_to_dict
+    from cosyclone.ray.pool import row_from_dict, row_to_dict
 
     rows = read_manifest(manifest).rows
     rows += [replace(rows[0], id="seeded", seed=7, speed=1.25)]
@@ -269,8 +269,8 @@ def test_the_runs_actors_follow_the_plan(ray_pid_file: Path, tiny_model_dir: Pat
     half a CPU per thread asked, the footprint asked as Ray memory."""
     import ray
 
-    from cosyclone.run.ray_cluster import read_cluster
-    from cosyclone.run.ray_plan import CPU_SHARE, DEFAULT_CPU_THREADS
+    from cosyclone.ray.cluster import read_cluster
+    from cosyclone.ray.plan import CPU_SHARE, DEFAULT_CPU_THREADS
 
     threads = planned_threads(tiny_model_dir)
     (node,) = read_cluster(ray)
@@ -284,7 +284,7 @@ def test_an_actor_switches_tf32_off_in_its_own_process(monkeypatch: pytest.Monke
 
     from cosyclone.engine import Engine
     from cosyclone.options import RunOptions
-    from cosyclone.run import ray_actor
+    from cosyclone.ray import actor as ray_actor
 
     monkeypatch.setattr(Engine, "load", lambda *a, **k: None)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)  # a fresh process's default
@@ -379,7 +379,7 @@ def test_ray_actors_read_and_keep_the_folders_token_checkpoint(
 
 
 def test_ray_tasks_follow_the_schedule() -> None:
-    from cosyclone.run.ray_pool import task_groups
+    from cosyclone.ray.pool import task_groups
 
     assert task_groups(5, 2, "static") == [[0], [1], [2], [3], [4]]
     assert task_groups(9, 2, "continuous") == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]

@@ -105,7 +105,7 @@ def test_actors_on_both_nodes_write_a_local_runs_bytes_without_the_prompt_files(
 ) -> None:
     import ray
 
-    from cosyclone.run import ray_pool
+    from cosyclone.ray import pool as ray_pool
 
     _, pid_file = cluster
     manifest = write_rows(tmp_path, N_ROWS)

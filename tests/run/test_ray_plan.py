@@ -1,4 +1,4 @@
-"""The Ray sizing rule (cosyclone/run/ray_plan.py) on faked node shapes.
+"""The Ray sizing rule (cosyclone/ray/plan.py) on faked node shapes.
 
 The pure planner runs over the issue's whole grid (2/16/64 cores x 8/64/256 GB x 0/1/8 GPUs, fp32
 and bf16, the rule's defaults and explicit asks): every plan that is not refused fits each node's
@@ -19,8 +19,8 @@ import torch
 from cosyclone.base.device import DevicePolicy
 from cosyclone.errors import CosycloneError
 from cosyclone.model.config import load_model_config, released_config
-from cosyclone.run.ray_footprint import Footprint, actor_footprint, weight_bytes
-from cosyclone.run.ray_plan import CPU_SHARE, DEFAULT_CPU_THREADS, NodeShape, RayPlan, plan_actors, plan_run
+from cosyclone.ray.footprint import Footprint, actor_footprint, weight_bytes
+from cosyclone.ray.plan import CPU_SHARE, DEFAULT_CPU_THREADS, NodeShape, RayPlan, plan_actors, plan_run
 
 GB = 10**9
 CORES, MEMORY, GPUS = (2, 16, 64), (8, 64, 256), (0, 1, 8)
@@ -134,7 +134,7 @@ def test_an_explicit_actor_count_gets_the_cores_there_are() -> None:
 def test_actors_are_placed_round_robin_over_the_nodes_each_within_its_room() -> None:
     """The pool pins actor k to placement(plan)[k]: a short run (few actors) still uses every node, and no
     node gets more than the plan's room there."""
-    from cosyclone.run.ray_pool import placement
+    from cosyclone.ray.pool import placement
 
     p, fp = released("cpu", "fp32")
     nodes = [NodeShape(name=f"n{i}", cpus=c, gpus=0, memory_bytes=256 * GB, node_id=f"id{i}")
@@ -212,7 +212,7 @@ def test_a_faked_node_is_read_as_that_shape_and_planned() -> None:
     """ray.init(num_cpus=16, num_gpus=8, _memory=64 GB): the reader sees that node; plans follow it."""
     import ray
 
-    from cosyclone.run.ray_cluster import cluster_nodes, read_cluster
+    from cosyclone.ray.cluster import cluster_nodes, read_cluster
 
     ray.init(
         num_cpus=16,
@@ -243,9 +243,9 @@ def test_a_run_that_cannot_fit_is_refused_before_any_actor_starts(tiny_model_dir
 
     from cosyclone.manifest import ManifestRow
     from cosyclone.options import RunOptions
-    from cosyclone.run import ray_pool
-    from cosyclone.run.ray_cluster import read_cluster
-    from cosyclone.run.ray_pool import run_ray
+    from cosyclone.ray import pool as ray_pool
+    from cosyclone.ray.cluster import read_cluster
+    from cosyclone.ray.pool import run_ray
 
     # actors are started by ray_pool.ActorPool: building one would mean actors could start
     monkeypatch.setattr(ray_pool, "ActorPool", lambda *a, **k: pytest.fail("an actor pool was built"))

@@ -1,6 +1,6 @@
 """What one ``--engine ray`` actor holds in memory, from measured figures and the model's geometry.
 
-The figures behind the sizing rule of :mod:`cosyclone.run.ray_plan`: a process's base, the weights
+The figures behind the sizing rule of :mod:`cosyclone.ray.plan`: a process's base, the weights
 counted from the geometry in the run dtype, the load's transient peak and a batch's activations.
 """
 

@@ -1,10 +1,10 @@
 """How many ``--engine ray`` actors a cluster holds, with how many threads, and what each asks Ray for.
 
-Owns the sizing rule: the per-actor memory footprint (measured: :mod:`cosyclone.run.ray_footprint`), the shape
+Owns the sizing rule: the per-actor memory footprint (measured: :mod:`cosyclone.ray.footprint`), the shape
 of the cluster's nodes (:func:`read_cluster`, :func:`local_node`), and the plan (:class:`RayPlan`) that
 ``synth --dry-run --engine ray`` shows, that refuses a run that cannot fit before any model loads
 (:meth:`RayPlan.check`), that ``runs.jsonl`` records (:meth:`RayPlan.as_record`) and that
-:class:`cosyclone.run.ray_pool.ActorPool` places.
+:class:`cosyclone.ray.pool.ActorPool` places.
 
 Must not: start actors or load a model (planning is arithmetic on node shapes and the model's
 geometry; the only Ray calls are reading a cluster's nodes), or print (``describe()`` returns lines).
@@ -33,7 +33,7 @@ from typing import Any
 from cosyclone.base.device import DevicePolicy
 from cosyclone.errors import CosycloneError
 from cosyclone.model.config import ModelConfig
-from cosyclone.run.ray_footprint import Footprint, actor_footprint
+from cosyclone.ray.footprint import Footprint, actor_footprint
 
 #: torch threads per CPU actor when ``--actor-threads`` is not given: on the 2-core AMD EPYC (Zen 4)
 #: ``benchmarks/bench_ray.py`` measured, once loaded, 2 actors x 1 thread at 1.20x the rows/s of

@@ -1,6 +1,6 @@
 """The model replica of ``--engine ray``: the code that runs inside Ray's worker processes.
 
-Why a module of its own: the driver's pool (:mod:`cosyclone.run.ray_pool`) decides what runs where
+Why a module of its own: the driver's pool (:mod:`cosyclone.ray.pool`) decides what runs where
 and when; this is what each actor does with a task, and all it needs is here. :class:`SynthActor`
 loads one :class:`~cosyclone.engine.Engine` and runs each task (consecutive planned batches) through
 it under the run's ``--schedule`` and stage-0 token checkpoint, so there is no second pipeline; it

@@ -9,12 +9,12 @@ the rest: a killed actor is restarted and its task re-run (``max_restarts`` / ``
 
 The work is the local engine's batch plan, part by part, grouped into tasks of consecutive
 batches (:func:`task_groups`), so a row is computed in exactly the batch it would be computed in
-locally and its audio is byte-identical; :class:`~cosyclone.run.ray_actor.SynthActor` runs them.
+locally and its audio is byte-identical; :class:`~cosyclone.ray.actor.SynthActor` runs them.
 The driver hands each row to the writer once: a task re-run after a kill can only repeat rows
 already received, and those are dropped by id.
 
 Resources: how many actors, with how many torch threads, on which node, and what each asks Ray
-for (CPUs, GPUs, ``memory=`` its measured footprint) is :mod:`cosyclone.run.ray_plan`'s: the pool
+for (CPUs, GPUs, ``memory=`` its measured footprint) is :mod:`cosyclone.ray.plan`'s: the pool
 plans on the live cluster's nodes after connecting and refuses a run that cannot fit before any
 actor starts; each actor is pinned (softly: elsewhere if its node dies) to its planned node.
 """
@@ -38,7 +38,7 @@ from cosyclone.folder.token_store import TokenStore
 from cosyclone.manifest import ManifestRow
 from cosyclone.model.config import ModelConfig
 from cosyclone.options import FolderOptions, RunOptions
-from cosyclone.run.ray_actor import (
+from cosyclone.ray.actor import (
     CONTROL,
     LoadFailed,
     SynthActor,
@@ -47,8 +47,8 @@ from cosyclone.run.ray_actor import (
     row_from_dict,
     row_to_dict,
 )
-from cosyclone.run.ray_cluster import init, read_cluster, require_ray
-from cosyclone.run.ray_plan import RayPlan, plan_run
+from cosyclone.ray.cluster import init, read_cluster, require_ray
+from cosyclone.ray.plan import RayPlan, plan_run
 
 __all__ = ["ActorPool", "RaySource", "placement", "row_from_dict", "row_to_dict", "run_ray", "task_groups"]
 
@@ -248,7 +248,7 @@ def _actor_class(ray: Any) -> Any:
 class RayConnection:
     """The driver's Ray session: joined or started here (then left, or stopped, at :meth:`close`).
 
-    The run's SIGTERM handler survives ``ray.init`` (:func:`~cosyclone.run.ray_cluster.init`). Ray's
+    The run's SIGTERM handler survives ``ray.init`` (:func:`~cosyclone.ray.cluster.init`). Ray's
     distributed tqdm replaces ``builtins.print`` process-wide when the first worker log line reaches
     the driver; ours is put back at the end."""
 

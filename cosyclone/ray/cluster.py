@@ -1,7 +1,7 @@
 """The Ray cluster as a run sees it: its nodes' shapes (cores, GPUs, memory), read from a live
 cluster or predicted for the local Ray a run would start, and the plan made on them.
 
-Split from :mod:`.ray_plan` (the sizing rule, pure arithmetic on node shapes) because this part
+Split from :mod:`.plan` (the sizing rule, pure arithmetic on node shapes) because this part
 talks to Ray: connecting, reading the nodes, disconnecting.
 """
 
@@ -18,7 +18,7 @@ import torch
 from cosyclone.base.device import DevicePolicy
 from cosyclone.errors import CosycloneError
 from cosyclone.model.config import ModelConfig
-from cosyclone.run.ray_plan import NodeShape, RayPlan, plan_run
+from cosyclone.ray.plan import NodeShape, RayPlan, plan_run
 
 #: Ray's default share of a node's available memory for its object store (the rest is the logical
 #: ``memory`` resource actors reserve from); used only to predict a local Ray that is not started yet.
@@ -106,7 +106,7 @@ def cluster_nodes(address: str | None = None) -> tuple[tuple[NodeShape, ...], st
 def plan_cluster(cfg: ModelConfig, policy: DevicePolicy, batch_size: int, *, address: str | None = None,
                  actors: int | None = None, threads: int | None = None) -> RayPlan:
     """The plan a run would get now (:func:`cluster_nodes`), for a dry run and the refusal before any
-    work; the run itself plans again on the live cluster (:class:`cosyclone.run.ray_pool.RaySource`)."""
+    work; the run itself plans again on the live cluster (:class:`cosyclone.ray.pool.RaySource`)."""
     from dataclasses import replace
 
     nodes, where = cluster_nodes(address)
