@@ -167,7 +167,7 @@ def timed_export(out: Path, fmt: str, shard_size: str, to: Path) -> dict[str, An
 
 
 # the Parquet path's imports
-IMPORTS = "import cosyclone.cli, cosyclone.run.export, pyarrow.parquet, soundfile"
+IMPORTS = "import cosyclone.cli, cosyclone.export.build, pyarrow.parquet, soundfile"
 
 
 def main(argv: list[str] | None = None) -> None:

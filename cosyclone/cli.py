@@ -22,9 +22,9 @@ from cosyclone.commands.synth import synth_command
 from cosyclone.commands.validate import validate_command
 from cosyclone.errors import Exit
 from cosyclone.eval.command import eval_command
+from cosyclone.export.command import export_command
 from cosyclone.options import EVAL, EXPORT, INSPECT, REPORT, SAY, SYNTH, TRACE, VALIDATE
 from cosyclone.report.command import report_command
-from cosyclone.run.export_command import export_command
 from cosyclone.trace.command import trace_command
 
 app = typer.Typer(add_completion=False, help="Offline batched CosyVoice3 voice cloning.")
@@ -49,7 +49,7 @@ COMMANDS = (
     (SAY, say_command),  # cosyclone/commands/say.py
     (EVAL, eval_command),  # cosyclone/eval/command.py (models from the optional eval extra)
     (REPORT, report_command),  # cosyclone/report/command.py (totals, --html)
-    (EXPORT, export_command),  # cosyclone/run/export_command.py (shards of a run folder)
+    (EXPORT, export_command),  # cosyclone/export/command.py (shards of a run folder)
     (TRACE, trace_command),  # cosyclone/trace/command.py (one row replayed)
     (MAKE_TINY_MODEL, make_tiny_model_command),  # cosyclone/commands/model.py
     (INSPECT, inspect_command),  # cosyclone/commands/model.py

@@ -19,10 +19,10 @@ import typer
 
 from cosyclone.commands.options import DOOR_GROUPS
 from cosyclone.eval.options import ScoringOptions
+from cosyclone.export.options import ExportOptions
 from cosyclone.manifest.options import ValidateOptions
 from cosyclone.options import GROUPS, choices_of, flag_of, hints_of, option_fields
 from cosyclone.report.options import ReportOptions
-from cosyclone.run.export_options import ExportOptions
 from cosyclone.trace.options import TraceOptions
 
 #: Every option group a command takes its options from: a run's, export's, the doors', validate's, eval's

@@ -19,6 +19,7 @@ PKG = ROOT / "cosyclone"
 LAYERS: dict[str, int] = {
     "cosyclone": 11, "cosyclone.cli": 11, "cosyclone.cli_options": 11, "cosyclone.api": 11,  # doors
     "cosyclone.commands": 11,  # the doors' own commands (synth, say, validate, inspect, make-tiny-model)
+    "cosyclone.export": 10,  # run folders' good rows as a training set (cosyclone export; above eval)
     "cosyclone.eval": 9,  # scoring a finished folder (cosyclone eval)
     "cosyclone.report": 9,  # a folder's totals and its HTML page (cosyclone report; reads eval's records)
     "cosyclone.trace": 9,  # one row of a folder replayed eagerly with hooks (cosyclone trace)

@@ -83,7 +83,7 @@ def test_export_reads_back_a_real_runs_rows(tiny_model_dir: Path, tmp_path: Path
     import datasets
     import webdataset as wds
 
-    from cosyclone.run.export import export
+    from cosyclone.export.build import export
 
     out = tmp_path / "out"
     _synth(tiny_model_dir, out, "--sample-rate", "16000", "--audio-format", "flac")

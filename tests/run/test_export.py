@@ -22,15 +22,15 @@ from cosyclone.cli import app
 from cosyclone.engine import RowResult
 from cosyclone.engine.outcome import RowStatus
 from cosyclone.errors import CosycloneError
+from cosyclone.export.build import export
+from cosyclone.export.options import parse_size
+from cosyclone.export.shards import wds_key
 from cosyclone.folder import layout as runfolder
 from cosyclone.folder.audio_out import AudioOutput
 from cosyclone.folder.layout import wav_path
 from cosyclone.folder.row_record import RowStamp
 from cosyclone.folder.settle import settle
 from cosyclone.folder.writer import BackgroundWriter, WriterOptions
-from cosyclone.run.export import export
-from cosyclone.run.export_options import parse_size
-from cosyclone.run.export_shards import wds_key
 
 RATE = 24000
 

@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 
 from cosyclone.cli import app
 from cosyclone.errors import CosycloneError, Exit
+from cosyclone.export.build import NothingToExport, export
+from cosyclone.export.lock import ExportBusy, ExportTarget, read_marker
 from cosyclone.folder import layout as runfolder
-from cosyclone.run.export import NothingToExport, export
-from cosyclone.run.export_lock import ExportBusy, ExportTarget, read_marker
 from tests.run_folders import Row, write
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 CHILD = """
 import sys, time
 from pathlib import Path
-from cosyclone.run.export import export
+from cosyclone.export.build import export
 def log(line):
     Path(sys.argv[3]).write_text(line)
     time.sleep(120)

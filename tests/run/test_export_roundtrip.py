@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from cosyclone.export.build import export
 from cosyclone.folder.columns import CORE, SAMPLER
-from cosyclone.run.export import export
 from tests.run_folders import RATE, Row, write
 
 TEXT = "你好，\n世界 🎉"

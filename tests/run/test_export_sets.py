@@ -17,12 +17,12 @@ from typer.testing import CliRunner
 from cosyclone.cli import app
 from cosyclone.cli_options import ALL_GROUPS
 from cosyclone.errors import CosycloneError, Exit
+from cosyclone.export.build import export
+from cosyclone.export.lock import read_marker
+from cosyclone.export.options import ExportOptions
+from cosyclone.export.rows import parse_splits, split_of
+from cosyclone.export.shards import wds_key
 from cosyclone.options import EXPORT, flag_of, option_fields
-from cosyclone.run.export import export
-from cosyclone.run.export_lock import read_marker
-from cosyclone.run.export_options import ExportOptions
-from cosyclone.run.export_rows import parse_splits, split_of
-from cosyclone.run.export_shards import wds_key
 from tests.run_folders import Row, tone, write
 
 

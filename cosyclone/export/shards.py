@@ -1,6 +1,6 @@
 """Shards of an export: Parquet files ``datasets`` reads with an Audio column, or WebDataset tars.
 
-Shards are written into the export's private staging folder (cosyclone/run/export_lock.py swaps
+Shards are written into the export's private staging folder (cosyclone/export/lock.py swaps
 it in whole), one at a time. A shard is closed before the row that would carry it past the size
 limit or ``--rows-per-shard`` (a row larger than the limit gets a shard of its own). Names follow
 the Hub's convention, ``<prefix>-00000-of-00012.parquet`` (``.tar`` for WebDataset), the count

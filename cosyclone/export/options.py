@@ -28,7 +28,7 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?(b?)\s*$", re.IGNORECASE)
 
 @dataclass(frozen=True)
 class ExportOptions:
-    """What ``cosyclone export`` writes and from what (cosyclone/run/export.py; none changes a row)."""
+    """What ``cosyclone export`` writes and from what (cosyclone/export/build.py; none changes a row)."""
 
     # parquet | webdataset shards (the audio inside), nemo | lhotse manifests (pointing at the folders' files)
     format: ExportFormat = opt("parquet", "parquet | webdataset | nemo | lhotse", panel=SHARDS, metavar="FMT",

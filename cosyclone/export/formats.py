@@ -1,6 +1,6 @@
 """The manifest formats of ``cosyclone export``: a NeMo manifest and Lhotse manifests.
 
-Unlike the shards (cosyclone/run/export_shards.py), these hold no audio: each line points at the
+Unlike the shards (cosyclone/export/shards.py), these hold no audio: each line points at the
 run folder's file by its absolute path, as NeMo's and Lhotse's own data preparation do, so the run
 folders must stay where they are for the manifests to load. Every column of
 :mod:`cosyclone.folder.columns` travels along (NeMo: beside ``audio_filepath``, ``duration`` and
@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from cosyclone.errors import CosycloneError
+from cosyclone.export.shards import SHARD_PREFIX, ExportRow, ShardInfo
 from cosyclone.folder import layout as runfolder
 from cosyclone.folder.columns import ColumnSet
-from cosyclone.run.export_shards import SHARD_PREFIX, ExportRow, ShardInfo
 
 
 def _suffix(split: str) -> str:

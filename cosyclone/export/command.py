@@ -1,6 +1,6 @@
 """The ``cosyclone export`` command (registered in cosyclone/cli.py; the work is in export.py).
 
-Its options are :class:`cosyclone.run.export_options.ExportOptions`' fields, given to it as ``**options`` by
+Its options are :class:`cosyclone.export.options.ExportOptions`' fields, given to it as ``**options`` by
 ``cli_options.with_options`` where cosyclone/cli.py registers it. Exit codes are
 :class:`cosyclone.errors.Exit`'s: 0 the export is in place; 2 unusable input (not a run folder, a bad
 option, rows at several sample rates, duplicate ids, ``--only-passed`` without scores.jsonl, a folder
@@ -32,10 +32,10 @@ def export_command(
     A line per file, then the totals; the export is swapped in whole, with export.json. Details:
     docs/output.md.
     """
+    from cosyclone.export.build import NothingToExport, export
+    from cosyclone.export.lock import ExportBusy
+    from cosyclone.export.options import ExportOptions, parse_size
     from cosyclone.folder.layout import OutputFolderError
-    from cosyclone.run.export import NothingToExport, export
-    from cosyclone.run.export_lock import ExportBusy
-    from cosyclone.run.export_options import ExportOptions, parse_size
 
     try:
         opts = ExportOptions(**options)

@@ -3,11 +3,11 @@ NeMo or Lhotse).
 
 The run folders stay the source of truth: export only reads them (records, audio files,
 scores.jsonl) and writes elsewhere (by default ``OUT/export/<format>/``, which nothing else reads).
-Which rows go and what columns they carry: :mod:`cosyclone.run.export_rows` and
+Which rows go and what columns they carry: :mod:`cosyclone.export.rows` and
 :mod:`cosyclone.folder.columns`. Rows go in folder order, each folder's in manifest-line order;
 ``--split NAME=F`` sends a share of them, chosen by a hash of the id, to split NAME.
 
-An export is whole or absent (:mod:`cosyclone.run.export_lock`): it is built beside the target and
+An export is whole or absent (:mod:`cosyclone.export.lock`): it is built beside the target and
 swapped in with its marker ``export.json`` (rows, shards, source folders and their state, each
 skipped row's id and reason) only when complete; one export per target at a time; a folder a live
 ``synth`` is writing is refused unless ``allow_running``; zero rows is an error that keeps the old
@@ -31,19 +31,19 @@ from typing import Protocol
 import numpy as np
 
 from cosyclone.errors import CosycloneError
+from cosyclone.export import shards
+from cosyclone.export.card import CARD, card
+from cosyclone.export.formats import LhotseManifests, NemoManifest
+from cosyclone.export.index import EVAL_NAME, EvalIndex, RecordIndex
+from cosyclone.export.lock import MARKER, ExportTarget
+from cosyclone.export.rows import Skipped, Source, iter_rows, parse_splits, split_of
+from cosyclone.export.shards import ExportRow, ShardInfo
 from cosyclone.folder import layout as runfolder
 from cosyclone.folder.audio_out import MODEL_RATE
 from cosyclone.folder.columns import RESERVED, ColumnSet, MetaKeys
 from cosyclone.folder.lock import live_writers
 from cosyclone.folder.scores import scores_path
 from cosyclone.options import EXPORT_FORMATS, ExportFormat
-from cosyclone.run import export_shards as shards
-from cosyclone.run.export_card import CARD, card
-from cosyclone.run.export_formats import LhotseManifests, NemoManifest
-from cosyclone.run.export_index import EVAL_NAME, EvalIndex, RecordIndex
-from cosyclone.run.export_lock import MARKER, ExportTarget
-from cosyclone.run.export_rows import Skipped, Source, iter_rows, parse_splits, split_of
-from cosyclone.run.export_shards import ExportRow, ShardInfo
 
 EXPORT_DIR = "export"  # OUT/export/<format>/: the default target
 FORMATS = EXPORT_FORMATS
@@ -215,7 +215,7 @@ def export(
     Raises :class:`CosycloneError` for unusable input (not a run folder, a bad option, rows at
     several sample rates, duplicate ids, ``only_passed`` without scores.jsonl, a folder being
     written), :class:`NothingToExport` when no row qualifies,
-    :class:`~cosyclone.run.export_lock.ExportBusy` when another export holds the target and
+    :class:`~cosyclone.export.lock.ExportBusy` when another export holds the target and
     :class:`~cosyclone.folder.layout.OutputFolderError` when the export cannot be written. In every
     one of these cases the target keeps what it held.
     """
