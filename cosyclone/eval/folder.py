@@ -123,8 +123,8 @@ def _records_of(out_dir: Path, ids: list[str]) -> dict[str, RowRecord]:
         return found
     with _index(out_dir) as index:
         for row in index.get_many(ids):
-            obj = index.record(row)
-            rec = RowRecord.from_json(obj) if obj is not None else None
+            line = index.record(row)
+            rec = RowRecord.from_json(line) if line is not None else None
             if rec is not None:
                 found[rec.id] = rec
     return found

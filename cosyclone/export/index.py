@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -30,6 +29,7 @@ import numpy as np
 from cosyclone.folder import layout as runfolder
 from cosyclone.folder.audio_out import MODEL_RATE
 from cosyclone.folder.columns import MetaKeys
+from cosyclone.folder.record_line import RecordLine, parse_record
 from cosyclone.folder.row_record import RowRecord
 from cosyclone.folder.scores import SCORES_NAME, scores_path
 
@@ -73,34 +73,50 @@ def iter_lines(fh: BinaryIO) -> Iterator[tuple[int, dict[str, Any]]]:
             yield here, obj
 
 
-def _number(value: Any, default: float) -> float:
-    """``value`` as a finite float, else ``default`` (a record is data: it may say anything)."""
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        return default
-    return x if math.isfinite(x) else default
+def iter_records(fh: BinaryIO) -> Iterator[tuple[int, RecordLine]]:
+    """(byte offset, record) of each line of an open records file that is a row's record, streamed
+    (:func:`~cosyclone.folder.record_line.parse_record` decides which are)."""
+    fh.seek(0)
+    offset = 0
+    for raw in fh:
+        here, offset = offset, offset + len(raw)
+        rec = parse_record(raw)
+        if rec is not None:
+            yield here, rec
 
 
 def read_at(fh: BinaryIO, offset: int) -> dict[str, Any]:
-    """The JSON object of the line at ``offset`` (indexed before, so it parses)."""
+    """The JSON object of the eval line at ``offset`` (indexed before, so it parses)."""
     fh.seek(offset)
     obj = json.loads(fh.readline().decode("utf-8", errors="replace"))
     assert isinstance(obj, dict)
     return obj
 
 
+def record_at(fh: BinaryIO, offset: int) -> RecordLine:
+    """The record of the line at ``offset`` (indexed before, so it is one)."""
+    fh.seek(offset)
+    rec = parse_record(fh.readline())
+    assert rec is not None
+    return rec
+
+
+def _key(row_id: str, hi: array[int], lo: array[int]) -> None:
+    """Append an id's hash to the index arrays: the one way both indexes key a line."""
+    h = id_hash(row_id)
+    hi.append(h[0])
+    lo.append(h[1])
+
+
 def _keyed(lines: Iterator[tuple[int, dict[str, Any]]], hi: array[int], lo: array[int],
            off: array[int]) -> Iterator[tuple[int, dict[str, Any]]]:
-    """The lines that are a row's (a string ``id``), each one's id hash and offset appended to the
-    index arrays as it passes: the one way both indexes key a line."""
+    """The eval lines that are a row's (a string ``id``), each one's id hash and offset appended to
+    the index arrays as it passes."""
     for offset, obj in lines:
         rid = obj.get("id")
         if not isinstance(rid, str):
             continue
-        h = id_hash(rid)
-        hi.append(h[0])
-        lo.append(h[1])
+        _key(rid, hi, lo)
         off.append(offset)
         yield offset, obj
 
@@ -119,14 +135,15 @@ class RecordIndex:
         hi, lo, src, off, line = array("Q"), array("Q"), array("H"), array("q"), array("q")
         finished, rate = array("d"), array("i")  # rate 0: the line is not an ok record
         for s, fh in enumerate(self.files):
-            for _, obj in _keyed(iter_lines(fh), hi, lo, off):
+            for offset, rec in iter_records(fh):
+                _key(rec.id, hi, lo)
+                off.append(offset)
                 src.append(s)
-                line.append(int(_number(obj.get("line"), 0.0)))
-                finished.append(_number(obj.get("finished_at"), 0.0))
-                ok = obj.get("status") == "ok"
-                rate.append(int(_number(obj.get("sample_rate"), MODEL_RATE)) if ok else 0)
+                line.append(rec.line)
+                finished.append(rec.finished_at)
+                rate.append((rec.sample_rate or MODEL_RATE) if rec.ok else 0)
                 if meta_keys is not None:
-                    meta_keys.add(obj.get("meta"))
+                    meta_keys.add(rec.obj.get("meta"))
         self.lines_read = len(hi)
         h_hi, h_lo = np.frombuffer(hi, np.uint64), np.frombuffer(lo, np.uint64)
         arrival = np.arange(len(hi))
@@ -157,28 +174,28 @@ class RecordIndex:
         values, counts = np.unique(self.rate, return_counts=True)
         return {int(v): int(c) for v, c in zip(values, counts, strict=True)}
 
-    def records(self) -> Iterator[tuple[RowRecord, dict[str, Any]]]:
+    def records(self) -> Iterator[tuple[RowRecord, Mapping[str, Any]]]:
         """The current ``ok`` records, manifest order, read one at a time (as the folder reads them),
         each with its line as written (fields this cosyclone does not type are read from it)."""
         for start in range(0, self.offset.size, 4096):  # Python ints a chunk at a time, not a list per row
             chunk = slice(start, start + 4096)
             for s, o in zip(self.source[chunk].tolist(), self.offset[chunk].tolist(), strict=True):
-                raw = read_at(self.files[s], o)
-                rec = RowRecord.from_json(raw)
+                line = record_at(self.files[s], o)
+                rec = RowRecord.from_json(line)
                 if rec is not None:
-                    yield rec, raw
+                    yield rec, line.obj
 
     def record_at(self, position: int) -> RowRecord | None:
         """The ok record at ``position`` of the manifest order."""
         return RowRecord.from_json(
-            read_at(self.files[int(self.source[position])], int(self.offset[position]))
+            record_at(self.files[int(self.source[position])], int(self.offset[position]))
         )
 
     def failed(self) -> Iterator[tuple[str, str]]:
         """(id, reason) of every row whose current record is not ok, manifest order."""
         for s, o in zip(self._failed[0].tolist(), self._failed[1].tolist(), strict=True):
-            obj = read_at(self.files[s], o)
-            yield str(obj.get("id")), str(obj.get("reason") or obj.get("status") or "failed")
+            rec = record_at(self.files[s], o)
+            yield rec.id, str(rec.obj.get("reason") or rec.status or "failed")
 
     def close(self) -> None:
         for fh in self.files:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import sqlite3
 import threading
@@ -32,6 +31,7 @@ from typing import Any, BinaryIO
 
 from cosyclone.folder.index_reads import IndexReads
 from cosyclone.folder.index_rows import COLUMNS, SHARE_COLUMNS, add_share, row_values, share_ddl
+from cosyclone.folder.record_line import parse_record
 
 INDEX_NAME = "index.sqlite"  # under the folder's .cosyclone/
 SCHEMA = "cosyclone-index-2"
@@ -195,13 +195,9 @@ class FolderIndex(IndexReads):
                 if not raw.endswith(b"\n"):
                     break  # a line still being written (or torn): read again next time
                 end = pos
-                try:
-                    obj = json.loads(raw.decode("utf-8", errors="replace"))
-                except json.JSONDecodeError:
-                    continue
-                values = row_values(obj, name, here) if isinstance(obj, dict) else None
-                if values is not None:
-                    batch.append(values)
+                rec = parse_record(raw)
+                if rec is not None:
+                    batch.append(row_values(rec, name, here))
                 if len(batch) >= ROWS_PER_COMMIT:
                     self._put_batch(batch, bulk=bulk)
                     batch = []
@@ -225,9 +221,9 @@ class FolderIndex(IndexReads):
     def put(self, obj: Mapping[str, Any], src: str, offset: int, end: int) -> str | None:
         """A record line just written at ``offset`` of records file ``src`` (which now ends at ``end``);
         the metadata directory of the row's earlier file (None: it had none)."""
-        values = row_values(obj, src, offset)
+        rec = parse_record(obj)
         with self._tx():
-            was = self._put(values) if values is not None else None
+            was = self._put(row_values(rec, src, offset)) if rec is not None else None
             self.db.execute("UPDATE sources SET size = ? WHERE name = ? AND size < ?", (end, src, end))
             if offset == 0:  # the file's first line: what tells it from a rewritten one
                 self.db.execute(

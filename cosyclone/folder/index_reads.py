@@ -7,20 +7,17 @@ bounded query (a batch of ids, a page of rows) so its memory is the query's, not
 
 from __future__ import annotations
 
-import json
-import re
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from cosyclone.folder.index_rows import IndexedRow
+from cosyclone.folder.record_line import RecordLine, fingerprint_parts, parse_record
 
 BATCH = 500  # ids per lookup query (SQLite allows 999 parameters on old builds)
 PAGE = 4096  # rows per query of a streamed read
-# a record's top-level "fingerprint_parts" object, flat (a quote inside a text is escaped, so no text matches)
-_PARTS = re.compile(r'"fingerprint_parts": (\{[^{}]*\})')
 _BRIEF = "id, fingerprint, status, file, samples, sample_rate, line, finished_at, src, offset"
 
 
@@ -101,17 +98,9 @@ class IndexReads:
 
     def fingerprint_parts(self, row: IndexedRow) -> dict[str, str] | None:
         """The ``fingerprint_parts`` of the record an indexed row points at, read from its line without
-        parsing the rest (a plan of a million changed rows reads a million of them); None: none."""
+        parsing the rest (:func:`~cosyclone.folder.record_line.fingerprint_parts`); None: none."""
         raw = self._line(row)
-        m = _PARTS.search(raw) if raw is not None else None
-        try:
-            parts = json.loads(m.group(1)) if m is not None else None
-        except json.JSONDecodeError:
-            parts = None
-        if parts is None and raw is not None:  # not as cosyclone writes it: the whole line
-            obj = self.record(row)
-            parts = obj.get("fingerprint_parts") if obj is not None else None
-        return parts if isinstance(parts, dict) else None
+        return fingerprint_parts(raw) if raw is not None else None
 
     def _line(self, row: IndexedRow) -> str | None:
         try:
@@ -124,11 +113,9 @@ class IndexReads:
         except OSError:
             return None
 
-    def record(self, row: IndexedRow) -> dict[str, Any] | None:
-        """The record line an indexed row points at, parsed (None: the file no longer holds it). The
+    def record(self, row: IndexedRow) -> RecordLine | None:
+        """The record line an indexed row points at, read (None: the file no longer holds it). The
         record files stay open until :meth:`close` (a plan reads many, in file order)."""
-        try:
-            obj = json.loads(self._line(row) or "null")
-        except json.JSONDecodeError:
-            return None
-        return obj if isinstance(obj, dict) and obj.get("id") == row.id else None
+        raw = self._line(row)
+        rec = parse_record(raw) if raw is not None else None
+        return rec if rec is not None and rec.id == row.id else None

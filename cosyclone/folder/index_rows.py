@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cosyclone.folder.record_line import RecordLine
+
 AUDIO_SCALE = 2**40  # audio seconds are summed as integers of 2^-40 s (exact in any order)
 
 #: sampler counter -> (calls total name, rows total name), as report.py reads them
@@ -80,30 +82,20 @@ def meta_dir(file: str | None) -> str | None:
     return "" if parent in ("", "wavs") else parent
 
 
-def row_values(obj: Mapping[str, Any], src: str, offset: int) -> tuple[Any, ...] | None:
-    """The index row of a record line's object (columns in :data:`COLUMNS` order); None: not a record."""
-    rid = obj.get("id")
-    if not isinstance(rid, str):
-        return None
-    status = obj.get("status") if isinstance(obj.get("status"), str) else "failed"
-    ok = status == "ok"
-    file = obj.get("file") or obj.get("wav")
-    file = str(file) if file else None
+def row_values(rec: RecordLine, src: str, offset: int) -> tuple[Any, ...]:
+    """The index row of a record line (columns in :data:`COLUMNS` order)."""
+    obj, ok, file = rec.obj, rec.ok, rec.file
     sampler = obj.get("sampler")
     segs = [s for s in sampler if isinstance(s, dict)] if isinstance(sampler, list) else []
     counts = [sum(_int(s.get(c)) for s in segs) for c in _COUNTERS]
     audio = round(file_seconds(obj) * AUDIO_SCALE) if ok else 0
     reason = None if ok else str(obj.get("reason") or "unknown")
-    props = {**obj, "audio_format": obj.get("audio_format") or ("wav" if file else None)}  # older lines: WAVs
-    files = [str(props.get(field)) if ok else None for _, field in FILE_SHARES]
+    files = [str(rec.audio_format if field == "audio_format" else obj.get(field)) if ok else None
+             for _, field in FILE_SHARES]
     ran = [None if obj.get(field) is None else str(obj.get(field)) for _, field in RAN_SHARES]
     run = obj.get("run_id")
-    fp = obj.get("fingerprint")
-    line = obj.get("line")
-    return (rid, fp if isinstance(fp, str) else None, status, file, meta_dir(file) if ok else None,
-            obj.get("samples") if isinstance(obj.get("samples"), int) else None,
-            obj.get("sample_rate") if isinstance(obj.get("sample_rate"), int) else None,
-            line if isinstance(line, int) else 0, _float(obj.get("finished_at")), src, offset,
+    return (rec.id, rec.fingerprint, rec.status, file, meta_dir(file) if ok else None, rec.samples,
+            rec.sample_rate, rec.line, rec.finished_at, src, offset,
             audio, _int(obj.get("nonfinite_audio_samples")), reason, *files, *ran,
             run if isinstance(run, str) else None, *counts)
 

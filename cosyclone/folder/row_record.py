@@ -7,8 +7,8 @@ read in one place (:meth:`RowRecord.from_json`), and docs/output.md's field tabl
 from the comments below (tests/docs/test_output_docs.py keeps them equal).
 
 Reading is tolerant: a line written by an older cosyclone lacks newer fields (they take their
-defaults) and may hold fields since dropped (ignored); lines are never rewritten. A line without a
-string ``id`` is not a record.
+defaults) and may hold fields since dropped (ignored); lines are never rewritten. Which line is a
+record, and the fields every reader keys on, are :func:`cosyclone.folder.record_line.parse_record`'s.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from cosyclone.engine.outcome import RowCore, RowResult, SegmentText, core_values, join_segments
+from cosyclone.folder.record_line import RecordLine, parse_record
 from cosyclone.manifest.rows import Meta
 from cosyclone.options import Mode
 from cosyclone.talker.diagnostics import STOP_REASONS, SamplerRowDiagnostics, row_stop_reason
@@ -80,16 +81,17 @@ class RowRecord(RowCore, RowStamp, FileFacts):
         return out
 
     @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> RowRecord | None:
-        """A record read back (older lines included); None when ``obj`` is not a row record."""
-        rid = obj.get("id")
-        if not isinstance(rid, str):
+    def from_json(cls, line: Mapping[str, Any] | RecordLine) -> RowRecord | None:
+        """A record read back (older lines included: :func:`~cosyclone.folder.record_line.parse_record`
+        reads the fields every reader keys on); None when ``line`` is not a row record."""
+        head = line if isinstance(line, RecordLine) else parse_record(line)
+        if head is None:
             return None
+        obj, rid = head.obj, head.id
         values = {f.name: obj.get(f.name, _DEFAULTS.get(f.name)) for f in fields(cls)}
-        if values["file"] is None and obj.get("wav"):  # written before audio formats: the WAV's path
-            values["file"] = obj["wav"]
-        if values["file"] is not None and values["audio_format"] is None:
-            values["audio_format"] = "wav"
+        values.update(id=rid, status=head.status, file=head.file, audio_format=head.audio_format,
+                      line=head.line, finished_at=head.finished_at, samples=head.samples,
+                      sample_rate=head.sample_rate, fingerprint=head.fingerprint)
         for name, default in _DEFAULTS.items():
             if values[name] is None:
                 values[name] = default

@@ -15,12 +15,12 @@ import json
 import sqlite3
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from cosyclone.folder import layout as runfolder
 from cosyclone.folder.columns import metadata_line
 from cosyclone.folder.index import FolderIndex
 from cosyclone.folder.index_rows import meta_dir
+from cosyclone.folder.record_line import RecordLine, parse_record
 from cosyclone.folder.row_record import RowRecord
 
 CHUNK_BYTES = 4 << 20  # journal bytes appended per write
@@ -66,12 +66,12 @@ def _append_journal(out_dir: Path, tag: str, index: FolderIndex) -> set[str]:
             offset = 0
             for raw in fh:
                 here, offset = offset, offset + len(raw)
-                obj = _record(raw)
-                if obj is None:
+                rec = _record(raw)
+                if rec is None:
                     continue
-                moved.append((obj["id"], here, where))
+                moved.append((rec.id, here, where))
                 where += len(raw)
-                d = meta_dir(obj.get("file")) if obj.get("status") == "ok" else None
+                d = meta_dir(rec.file) if rec.ok else None
                 if d is not None:
                     dirs.add(d)
                 chunk.append(raw)
@@ -91,15 +91,9 @@ def _append_journal(out_dir: Path, tag: str, index: FolderIndex) -> set[str]:
     return dirs
 
 
-def _record(raw: bytes) -> dict[str, Any] | None:
-    """A whole journal line's record object, None for a torn or foreign line."""
-    if not raw.endswith(b"\n"):
-        return None
-    try:
-        obj = json.loads(raw.decode("utf-8", errors="replace"))
-    except json.JSONDecodeError:
-        return None
-    return obj if isinstance(obj, dict) and isinstance(obj.get("id"), str) else None
+def _record(raw: bytes) -> RecordLine | None:
+    """A whole journal line's record, None for a torn or foreign line."""
+    return parse_record(raw) if raw.endswith(b"\n") else None
 
 
 def write_metadata(out_dir: Path, index: FolderIndex, directory: str) -> None:
@@ -108,8 +102,8 @@ def write_metadata(out_dir: Path, index: FolderIndex, directory: str) -> None:
     base = out_dir / directory if directory else out_dir
     lines = []
     for row in index.in_dir(directory):
-        obj = index.record(row)
-        rec = RowRecord.from_json(obj) if obj is not None else None
+        held = index.record(row)
+        rec = RowRecord.from_json(held) if held is not None else None
         path = runfolder.audio_path(out_dir, row)
         if rec is None or path is None:
             continue

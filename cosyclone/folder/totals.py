@@ -34,6 +34,7 @@ from cosyclone.folder.index_rows import (
     row_values,
     share_of,
 )
+from cosyclone.folder.record_line import parse_record
 from cosyclone.folder.row_record import RowRecord
 
 #: A file property that must be one value among the ok rows for the folder to be one dataset:
@@ -126,9 +127,9 @@ def folder_totals(records: Iterable[RowRecord]) -> dict[str, Any]:
     """Totals over row records given one by one (the same sums the index keeps)."""
     kept: dict[str, int] = {}
     for rec in records:
-        values = row_values(rec.to_json(), "", 0)
-        if values is not None:
-            add_share(kept, share_of(values), +1)
+        line = parse_record(rec.to_json())
+        if line is not None:
+            add_share(kept, share_of(row_values(line, "", 0)), +1)
     return totals_of(kept)
 
 

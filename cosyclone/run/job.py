@@ -341,8 +341,8 @@ def _restamp_meta(index: FolderIndex, writer: BackgroundWriter, done: Iterable[s
     """Meta never redoes a row: a done row whose manifest ``meta`` changed has its record committed
     again with the new one (its file untouched)."""
     for found in index.get_many(done):
-        obj = index.record(found)
-        rec = RowRecord.from_json(obj) if obj is not None else None
+        line = index.record(found)
+        rec = RowRecord.from_json(line) if line is not None else None
         row = rows[found.id]
         if rec is not None and rec.meta != row.meta:
             writer.restamp(replace(rec, meta=row.meta, finished_at=time.time()))
