@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import struct
-import tempfile
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any
 
 import torch
 
+from cosyclone.base.atomic import write_atomic
 from cosyclone.errors import CosycloneError
 
 MAGIC = b"CCHANDOF"
@@ -216,29 +216,14 @@ def _read_tensor(ent: dict[str, Any], payload: memoryview) -> torch.Tensor:
     return raw.clone().view(dtype).reshape(shape)
 
 
-def save(path: str | os.PathLike[str], nested: Mapping[str, Any], *,
-         tmp: str | os.PathLike[str] | None = None) -> Path:
-    """Write atomically (temp file in the same dir + fsync + rename): readers never see halves.
-
-    ``tmp`` names the temporary file (the caller's convention, e.g. one a later run can recognise
-    as left by a killed process); default a fresh unique name beside ``path``.
-    """
+def save(path: str | os.PathLike[str], nested: Mapping[str, Any]) -> Path:
+    """Write atomically (:func:`cosyclone.base.atomic.write_atomic`, its temporary named for this host
+    and process so a later run can recognise a killed one's leftover): readers never see halves. The
+    directory is not fsynced: a checkpoint whose rename a crash loses only costs its rerun."""
     path = Path(path)
     data = dumps(nested)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if tmp is None:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    else:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, data, sync_dir=False)
     return path
 
 

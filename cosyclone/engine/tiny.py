@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cosyclone.base.atomic import write_atomic
 from cosyclone.model.config import CHECKPOINTS, QWEN_DIR, YAML_NAME
 
 if TYPE_CHECKING:
@@ -221,14 +222,12 @@ def qwen_pretrained_state(llm_state: dict[str, torch.Tensor]) -> dict[str, torch
 
 def write_qwen_pretrained(qwen_dir: Path, llm_state: dict[str, torch.Tensor]) -> Path:
     """Write ``model.safetensors`` (metadata ``format: pt``, as transformers writes it)."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     path = qwen_dir / "model.safetensors"
-    tmp = qwen_dir / ".model.safetensors.tmp"
-    save_file(qwen_pretrained_state(llm_state), str(tmp), metadata={"format": "pt"})
+    write_atomic(path, save(qwen_pretrained_state(llm_state), metadata={"format": "pt"}))
     if (qwen_dir / "config.json").is_file():
-        shutil.copymode(qwen_dir / "config.json", tmp)  # safetensors writes 0600; match the other files
-    tmp.replace(path)
+        shutil.copymode(qwen_dir / "config.json", path)  # the other files' mode
     return path
 
 
@@ -307,6 +306,6 @@ def make_tiny_model(root: str | Path, sizes: TinySizes | None = None, seed: int 
             write_qwen_pretrained(root / QWEN_DIR, state)
             state = _released_llm_keys(state)
         tmp = root / f".{name}.tmp"
-        torch.save(state, tmp)
+        torch.save(state, tmp)  # torch names its archive after the file: written where it is named
         tmp.replace(root / name)
     return root

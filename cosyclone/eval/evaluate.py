@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from cosyclone.base.atomic import write_atomic
 from cosyclone.base.version import __version__
 from cosyclone.errors import CosycloneError
 from cosyclone.eval.asr import AsrOptions, Transcript, WhisperASR
@@ -276,11 +276,8 @@ def _finish(out_dir: Path, folder: Folder, records: list[dict[str, Any]], option
                 redo_rows.append(frow)
     typed = [_typed(rec) for rec in records]
     path = out_dir / SCORES_NAME
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for one in typed:
-            fh.write(json.dumps(one.to_json(), ensure_ascii=False, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    lines = (json.dumps(one.to_json(), ensure_ascii=False, sort_keys=True) + "\n" for one in typed)
+    write_atomic(path, (line.encode("utf-8") for line in lines))
     redo_path = write_redo(out_dir, redo_rows) if t.any else None
     extra = {"out_dir": str(out_dir), "manifest": str(folder.manifest), "invalid_rows": len(folder.invalid),
              "not_in_manifest": len(folder.unknown_ids), "transcripts_reused": scorer.reused,

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from cosyclone.base.atomic import write_atomic
 from cosyclone.eval.folder import FolderRow
 
 REDO_NAME = "redo.jsonl"
@@ -57,9 +57,6 @@ def redo_line(frow: FolderRow) -> dict[str, Any]:
 def write_redo(out_dir: Path, rows: Iterable[FolderRow]) -> Path:
     """Write ``OUT/redo.jsonl`` (atomically; an empty file when no row fails) and return its path."""
     path = Path(out_dir) / REDO_NAME
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for frow in rows:
-            fh.write(json.dumps(redo_line(frow), ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    lines = (json.dumps(redo_line(frow), ensure_ascii=False) + "\n" for frow in rows)
+    write_atomic(path, (line.encode("utf-8") for line in lines))
     return path

@@ -8,13 +8,13 @@ uses to show the eval beside the synthesis totals; ``render_eval_summary`` print
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from cosyclone.base.atomic import write_atomic
 from cosyclone.eval.thresholds import REFERENCE_ERROR_RATE, Thresholds
 from cosyclone.folder.scores import SCORES_SUMMARY_NAME, scores_path
 
@@ -107,11 +107,8 @@ def summarize(records: list[dict[str, Any]], *, thresholds: Thresholds, backend:
 def write_summary(out_dir: Path, summary: dict[str, Any]) -> Path:
     """Write ``OUT/scores_summary.json`` atomically."""
     path = Path(out_dir) / SUMMARY_NAME
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(
-        json.dumps(summary, indent=2, ensure_ascii=False, sort_keys=False) + "\n", encoding="utf-8"
-    )
-    os.replace(tmp, path)
+    text = json.dumps(summary, indent=2, ensure_ascii=False, sort_keys=False) + "\n"
+    write_atomic(path, text.encode("utf-8"))
     return path
 
 

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from cosyclone.base.atomic import fsync_dir
 from cosyclone.errors import CosycloneError
 from cosyclone.folder import layout as runfolder
 
@@ -146,7 +147,7 @@ class ExportTarget:
                     shutil.copy2(path, self.staging / path.name)
             runfolder.write_bytes_atomic(self.staging / MARKER, (json.dumps(
                 marker, ensure_ascii=False, indent=1) + "\n").encode())
-            runfolder.fsync_dir(self.staging)
+            fsync_dir(self.staging)
             if not self.target.exists():
                 os.replace(self.staging, self.target)
             elif not _exchange(self.staging, self.target):
@@ -154,7 +155,7 @@ class ExportTarget:
                 os.replace(self.target, parked)
                 os.replace(self.staging, self.target)
                 self.staging = parked
-            runfolder.fsync_dir(self.parent)
+            fsync_dir(self.parent)
         except OSError as exc:
             raise runfolder.OutputFolderError(f"cannot put the export in place at {self.target}: "
                                               f"{exc.strerror or exc}") from exc

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from cosyclone.base.atomic import fsync_dir
 from cosyclone.folder import layout as runfolder
 from cosyclone.folder.columns import ColumnSet, ColumnType
 from cosyclone.options import ExportFormat
@@ -166,7 +167,7 @@ class ParquetShard:
     def close(self) -> None:
         self._flush()
         self._writer.close()
-        runfolder.fsync_dir(self.path)
+        fsync_dir(self.path)
 
 
 def arrow_type(name: ColumnType) -> Any:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cosyclone.base.atomic import write_atomic
 from cosyclone.base.user_cache import cache_dir
 
 if TYPE_CHECKING:  # annotations only: reading a folder's records loads neither torch nor the frontend
@@ -95,9 +96,7 @@ class HashCache:
             return
         with contextlib.suppress(OSError):  # a read-only home only costs re-hashing next time
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(self._entries))
-            os.replace(tmp, self.path)
+            write_atomic(self.path, json.dumps(self._entries).encode("utf-8"))
             self._dirty = False
 
 

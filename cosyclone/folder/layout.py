@@ -37,6 +37,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from cosyclone.base.atomic import tmp_name, write_atomic
 from cosyclone.errors import CosycloneError
 from cosyclone.folder.audio_out import SUFFIXES
 from cosyclone.folder.index import FolderIndex
@@ -190,44 +191,17 @@ def pid_alive(pid: int) -> bool:
 
 # ----------------------------------------------------------------------------- durability
 
-def fsync_dir(path: Path) -> None:
-    """Make a rename or unlink in the folder ``path`` durable (or a file's written bytes: any path opens)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def tmp_name(path: Path) -> Path:
-    """A temporary sibling of ``path`` naming this host and process (so a later run can clean it)."""
-    return path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
-
-
 def write_bytes_atomic(path: Path, data: bytes, *, tmp_dir: Path | None = None) -> None:
-    """``data`` to a temporary file, fsync, rename over ``path``, fsync the directory. The temporary
-    lies beside ``path``, or in ``tmp_dir`` (on the same filesystem: the ``wavs/`` shards keep theirs in
-    ``wavs/`` itself, so that a killed run's leftovers are found without listing every shard).
+    """``data`` written over ``path`` atomically (:func:`cosyclone.base.atomic.write_atomic`), its
+    temporary beside ``path``, or in ``tmp_dir`` (on the same filesystem: the ``wavs/`` shards keep theirs
+    in ``wavs/`` itself, so that a killed run's leftovers are found without listing every shard).
 
-    On any error the temporary file is removed and :class:`OutputFolderError` names the file and the
-    system's reason (``No space left on device``, ``File too large``, ...): nothing torn is left.
+    On any error :class:`OutputFolderError` names the file and the system's reason (``No space left on
+    device``, ``File too large``, ...): nothing torn is left.
     """
-    tmp = tmp_name(tmp_dir / path.name if tmp_dir is not None else path)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
+        write_atomic(path, data, tmp=tmp_name(tmp_dir / path.name if tmp_dir is not None else path))
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         raise OutputFolderError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 

@@ -16,6 +16,7 @@ import sqlite3
 from collections.abc import Iterable
 from pathlib import Path
 
+from cosyclone.base.atomic import fsync_dir
 from cosyclone.folder import layout as runfolder
 from cosyclone.folder.columns import metadata_line
 from cosyclone.folder.index import FolderIndex
@@ -87,7 +88,7 @@ def _append_journal(out_dir: Path, tag: str, index: FolderIndex) -> set[str]:
     index.moved(src, runfolder.DIAG_NAME, moved, end)
     with contextlib.suppress(FileNotFoundError):
         journal.unlink()
-        runfolder.fsync_dir(journal.parent)
+        fsync_dir(journal.parent)
     return dirs
 
 
@@ -115,4 +116,4 @@ def write_metadata(out_dir: Path, index: FolderIndex, directory: str) -> None:
                                      tmp_dir=out_dir / runfolder.WAV_DIR if directory else None)
     elif target.exists():
         target.unlink()
-        runfolder.fsync_dir(base)
+        fsync_dir(base)

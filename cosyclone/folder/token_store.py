@@ -20,7 +20,6 @@ from typing import Any, cast
 import torch
 
 from cosyclone.base import handoff
-from cosyclone.folder import layout as runfolder
 from cosyclone.talker import TalkerResult
 from cosyclone.talker.diagnostics import STOP_REASONS, SamplerRowDiagnostics, StopReason
 
@@ -72,8 +71,7 @@ class TokenStore:
             "min_len": int(getattr(res, "min_len", 0)),
             "diagnostics": {k: v for k, v in (diag or {}).items() if k in _DIAG_FIELDS}}
         with contextlib.suppress(OSError):  # a checkpoint that cannot be written only costs a rerun
-            # a killed run's leftovers are recognised
-            handoff.save(path, payload, tmp=runfolder.tmp_name(path))
+            handoff.save(path, payload)  # its temporary names this process: a killed run's is recognised
 
     def discard(self, row_id: str) -> None:
         """Remove the row's stored segments (its WAV is written: they are no longer needed)."""

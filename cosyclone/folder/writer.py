@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from cosyclone.base.atomic import fsync_dir
 from cosyclone.engine import RowResult
 from cosyclone.folder import layout as runfolder
 from cosyclone.folder.audio_out import SUFFIXES, AudioOutput, process
@@ -168,7 +169,7 @@ def _remove_other_files(out: Path, row_id: str, *, keep: Path | None) -> None:
         for stale in (wav_path(out, row_id, suffix), runfolder.flat_path(out, row_id, suffix)):
             if stale != keep and stale.exists():
                 stale.unlink()
-                runfolder.fsync_dir(stale.parent)
+                fsync_dir(stale.parent)
 
 
 def write_summary(out_dir: Path, summary: dict[str, Any]) -> Path:

@@ -10,13 +10,13 @@ the only files written.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cosyclone.base.atomic import write_atomic
 from cosyclone.base.version import __version__
 from cosyclone.eval.summary import load_eval_summary
 from cosyclone.folder import layout as runfolder
@@ -196,9 +196,7 @@ def write_html_report(folders: Sequence[Path], page: Path, *, link_audio: bool =
         f"audio {'linked relative to this page' if link_audio else 'embedded (Ogg Vorbis, 16 kHz)'}",
     )
     data = text.encode("utf-8")
-    tmp = page.with_name(f".{page.name}.tmp{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, page)
+    write_atomic(page, data)
     return HtmlReport(
         path=page,
         bytes=len(data),

@@ -15,13 +15,13 @@ row's manifest fields from its record, the prompt's path absolute, the next seed
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from cosyclone.base.atomic import write_atomic
 from cosyclone.eval.redo import redo_seed
 from cosyclone.folder.row_record import RowRecord
 from cosyclone.report.figures import Figures, FloatArray
@@ -134,12 +134,11 @@ def redo_path_for(page: Path) -> Path:
 
 def write_redo(path: Path, records: list[RowRecord]) -> Path:
     """Write the redo manifest of ``records`` (each id once, in order) atomically; empty when none."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     seen: set[str] = set()
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for rec in records:
-            if rec.id not in seen:
-                seen.add(rec.id)
-                fh.write(json.dumps(redo_line(rec), ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    lines = []
+    for rec in records:
+        if rec.id not in seen:
+            seen.add(rec.id)
+            lines.append(json.dumps(redo_line(rec), ensure_ascii=False) + "\n")
+    write_atomic(path, "".join(lines).encode("utf-8"))
     return path

@@ -71,7 +71,7 @@ def test_every_line_shape_reads_by_the_one_rule() -> None:
 
 def test_every_reader_of_a_folder_takes_the_same_lines_as_records(tmp_path: Path) -> None:
     (tmp_path / runfolder.DIAG_NAME).write_bytes(b"\n".join(raw for raw, _ in SHAPES) + b"\n")
-    records = {want[0]: want for _, want in SHAPES if want is not None}
+    records = {str(want[0]): want for _, want in SHAPES if want is not None}
     whole = runfolder.read_records(tmp_path)
     assert {rid: _keyed(rec) for rid, rec in whole.items()} == records
     index = runfolder.open_index(tmp_path)
