@@ -32,6 +32,7 @@ from typing import Any, BinaryIO
 from cosyclone.folder.index_reads import IndexReads
 from cosyclone.folder.index_rows import COLUMNS, SHARE_COLUMNS, add_share, row_values, share_ddl
 from cosyclone.folder.record_line import parse_record
+from cosyclone.folder.version import FOLDER_FORMAT
 
 INDEX_NAME = "index.sqlite"  # under the folder's .cosyclone/
 SCHEMA = "cosyclone-index-2"
@@ -111,6 +112,7 @@ class FolderIndex(IndexReads):
             )
             db.execute("CREATE TABLE totals (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
             db.execute("INSERT INTO meta VALUES ('schema', 'building')")  # SCHEMA once the build is whole
+            db.execute("INSERT INTO meta VALUES ('folder_format', ?)", (str(FOLDER_FORMAT),))
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[None]:

@@ -35,6 +35,12 @@ class IndexReads:
         with self._lock:
             return {k: int(v) for k, v in self.db.execute("SELECT key, value FROM totals")}
 
+    def folder_format(self) -> int | None:
+        """The folder format version the index was built under (None: an index built before it said)."""
+        with self._lock:
+            row = self.db.execute("SELECT value FROM meta WHERE key = 'folder_format'").fetchone()
+        return int(row[0]) if row is not None else None
+
     def count(self) -> int:
         with self._lock:
             return int(self.db.execute("SELECT count(*) FROM rows").fetchone()[0])

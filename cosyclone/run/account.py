@@ -22,6 +22,7 @@ from cosyclone.engine import RowResult
 from cosyclone.errors import Exit
 from cosyclone.folder import layout as runfolder
 from cosyclone.folder import totals as report
+from cosyclone.folder.version import FOLDER_FORMAT
 from cosyclone.options import LoadFormat, TextFrontendName
 from cosyclone.run.resume import ResumePlan
 
@@ -252,7 +253,8 @@ def write_accounts(out: Path, record: RunRecord, kept: Mapping[str, int], *, wri
 
     totals = report.totals_of(kept)
     try:
-        write_summary(out, {**totals, "out_dir": str(out), "last_run": record.to_json()})
+        write_summary(out, {"folder_format": FOLDER_FORMAT, **totals, "out_dir": str(out),
+                            "last_run": record.to_json()})
         runfolder.append_jsonl(out / runfolder.RUNS_NAME, record.to_json())
     except runfolder.OutputFolderError as exc:
         write_error = write_error or str(exc)
