@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from cosyclone.engine import stages as S
+from cosyclone.engine import stages as stage_calls
 from cosyclone.engine.outcome import Failure, RowOutcome, RowResult, failed_result, is_out_of_memory
 from cosyclone.engine.stages import PreparedBatch, Stages, row_seed_of
 from cosyclone.manifest import ManifestRow
@@ -95,7 +95,8 @@ def generate_isolated(stages: Stages, segments: Sequence[tuple[str, Request]], d
 
     def attempt(idx: list[int]) -> tuple[dict[int, TalkerResult], Failure | None]:
         try:
-            outs = decode.generate(stages.talker, [S.to_talker_request(segments[i][1]) for i in idx], dec)
+            requests = [stage_calls.to_talker_request(segments[i][1]) for i in idx]
+            outs = decode.generate(stages.talker, requests, dec)
         except Exception as exc:  # only what the records need leaves the handler: no frame, no tensor
             return {}, Failure.of(exc)
         return dict(zip(idx, outs, strict=True)), None
@@ -144,18 +145,18 @@ def synthesize_batch(
     talker), so an exception fails only the rows that raise it alone.
     """
     if prepared is None:
-        prepared = S.prepare_batch(stages, rows, opts)
+        prepared = stage_calls.prepare_batch(stages, rows, opts)
     outcomes, segments = prepared.outcomes, prepared.segments
     results: dict[int, TalkerResult] = {}
     if segments:
         t0 = time.perf_counter()
         results = talker_with_checkpoint(
-            stages, segments, S.decode_options(stages.cfg, opts), outcomes, tokens
+            stages, segments, stage_calls.decode_options(stages.cfg, opts), outcomes, tokens
         )
         share = (time.perf_counter() - t0) / max(1, len(segments))
         for rid, _ in segments:
             outcomes[rid].took("talker", share)
-    return S.finish_batch(stages, prepared, results, opts)
+    return stage_calls.finish_batch(stages, prepared, results, opts)
 
 
 def rows_alone(stages: Stages, batch: Sequence[ManifestRow], opts: RunOptions, exc: BaseException | Failure,

@@ -15,7 +15,7 @@ from pathlib import Path
 from cosyclone.base.device import DevicePolicy
 from cosyclone.base.memory import read_peaks, reset_peaks
 from cosyclone.base.stop import StopRequest
-from cosyclone.engine import stages as S
+from cosyclone.engine import stages as stage_calls
 from cosyclone.engine.batches import plan_batches
 from cosyclone.engine.clock import StageClock
 from cosyclone.engine.facts import EngineFacts, GraphFacts, StageSeconds
@@ -58,7 +58,8 @@ class Engine:
         on an accelerator the sizes come from the memory free once they are loaded."""
         opts, policy = resolve_options(opts, cfg=cfg)
         cfg = cfg if cfg is not None else model_config(model_dir, opts.load_format)
-        return cls(S.load_stages(cfg, policy, opts.load_format, text_frontend=opts.text_frontend), opts)
+        loaded = stage_calls.load_stages(cfg, policy, opts.load_format, text_frontend=opts.text_frontend)
+        return cls(loaded, opts)
 
     @property
     def cfg(self) -> ModelConfig:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from cosyclone.engine import isolation as I
-from cosyclone.engine import stages as S
+from cosyclone.engine import isolation
+from cosyclone.engine import stages as stage_calls
 from cosyclone.engine.outcome import Failure, RowOutcome, RowResult
 from cosyclone.engine.stages import PreparedBatch, Stages
 from cosyclone.manifest import ManifestRow
@@ -75,16 +75,16 @@ class RealOps:
     """The loaded stages' calls."""
 
     def __init__(self, stages: Stages, opts: RunOptions, dec: DecodeOptions,
-                 tokens: I.TokenCheckpoint | None) -> None:
+                 tokens: isolation.TokenCheckpoint | None) -> None:
         self.stages, self.opts, self.dec, self.tokens = stages, opts, dec, tokens
 
     def prepare(self, rows: Sequence[ManifestRow], prompts: PromptAhead | None) -> PreparedBatch:
         if prompts is None:
-            return S.prepare_batch(self.stages, rows, self.opts)
-        return S.prepare_batch(self.stages, rows, self.opts, prompts=prompts)
+            return stage_calls.prepare_batch(self.stages, rows, self.opts)
+        return stage_calls.prepare_batch(self.stages, rows, self.opts, prompts=prompts)
 
     def request(self, segment: Request) -> TalkerRequest:
-        return S.to_talker_request(segment)
+        return stage_calls.to_talker_request(segment)
 
     def session(self, slots: int) -> TalkerSessionLike:
         from cosyclone.talker import decode
@@ -94,10 +94,10 @@ class RealOps:
     def retry(
         self, segments: Sequence[tuple[str, Request]], outcomes: dict[str, RowOutcome]
     ) -> dict[int, TalkerResult]:
-        return I.generate_isolated(self.stages, segments, self.dec, outcomes)
+        return isolation.generate_isolated(self.stages, segments, self.dec, outcomes)
 
     def finish(self, prepared: PreparedBatch, results: dict[int, TalkerResult]) -> list[RowResult]:
-        return S.finish_batch(self.stages, prepared, results, self.opts)
+        return stage_calls.finish_batch(self.stages, prepared, results, self.opts)
 
     def rows_alone(self, rows: Sequence[ManifestRow], exc: Failure) -> list[RowResult]:
-        return I.rows_alone(self.stages, rows, self.opts, exc, self.tokens)
+        return isolation.rows_alone(self.stages, rows, self.opts, exc, self.tokens)

@@ -1,6 +1,6 @@
 """The ``cosyclone eval`` command (registered in cosyclone/cli.py; the work is in evaluate.py).
 
-Its options are :class:`cosyclone.base.command_options.ScoringOptions`' fields, given as ``**options``
+Its options are :class:`cosyclone.eval.options.ScoringOptions`' fields, given as ``**options``
 by ``cli_options.with_options`` where cosyclone/cli.py registers it.
 
 Exit codes follow ``synth``: 0 = every scored row passes the thresholds (or none were given);

@@ -1,4 +1,4 @@
-"""The ``cosyclone export`` command (registered in cosyclone/cli.py; the work is in export.py).
+"""The ``cosyclone export`` command (registered in cosyclone/cli.py; the work is in build.py).
 
 Its options are :class:`cosyclone.export.options.ExportOptions`' fields, given to it as ``**options`` by
 ``cli_options.with_options`` where cosyclone/cli.py registers it. Exit codes are

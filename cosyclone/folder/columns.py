@@ -169,7 +169,7 @@ SAMPLER: tuple[Column, ...] = tuple(
     for f in fields(SamplerRowDiagnostics)
     if f.type in ("int", int) and f.name not in ("seed", "segment"))
 
-# scores.jsonl's verdict of the row's very file (values from cosyclone.export.build.eval_columns)
+# scores.jsonl's verdict of the row's very file (values from :func:`eval_columns`)
 EVAL: tuple[tuple[str, ColumnType, str], ...] = (
     ("eval_status", "string", "ok / error / skipped; stale: eval scored an earlier file; missing: no line"),
     ("eval_passed", "bool", "eval scored this very file and it failed none of eval's thresholds"),

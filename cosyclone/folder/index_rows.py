@@ -16,7 +16,7 @@ from cosyclone.folder.record_line import RecordLine
 
 AUDIO_SCALE = 2**40  # audio seconds are summed as integers of 2^-40 s (exact in any order)
 
-#: sampler counter -> (calls total name, rows total name), as report.py reads them
+#: sampler counter -> (calls total name, rows total name), as totals.py reads them
 SAMPLER_COUNTERS: dict[str, tuple[str, str | None]] = {
     "steps": ("sampler_calls", None),
     "nan_steps": ("calls_with_nan", "rows_with_nan"),

@@ -31,8 +31,9 @@ def settle(
     out_dir: Path, tag: str, *, index: FolderIndex | None = None, touched: Iterable[str] = ()
 ) -> set[str]:
     """Append writer ``tag``'s journal to ``diagnostics.jsonl`` and remove it; write the metadata of the
-    ``touched`` directories (:func:`~cosyclone.folder.index.meta_dir` keys) and of those the journal's rows
-    lie in. Returns the directories written. Raises :class:`~cosyclone.folder.layout.OutputFolderError`."""
+    ``touched`` directories (:func:`~cosyclone.folder.index_rows.meta_dir` keys) and of those the
+    journal's rows lie in. Returns the directories written. Raises
+    :class:`~cosyclone.folder.layout.OutputFolderError`."""
     out_dir = Path(out_dir)
     own = index is None
     with runfolder.settle_lock(out_dir):

@@ -6,7 +6,7 @@ read line by line (:func:`iter_lines`) and validated in chunks of :data:`CHUNK_L
 (:func:`warmed_chunks`): while one chunk is checked in this process, the texts of the next are
 looked up in the content cache (:mod:`cosyclone.manifest.text_cache`) and the ones missing are normalized
 by a process pool (:mod:`cosyclone.manifest.text_pool`). The checks themselves are unchanged
-(:func:`cosyclone.manifest.parse_row` runs on every row as before): the normalizer just finds the
+(:func:`cosyclone.manifest.rows.parse_row` runs on every row as before): the normalizer just finds the
 chunk's results ready (``TextNormalizer.overlay``), so every error, row and message is what the
 one-by-one pass gives, naming the same manifest line. When only validity is wanted (a dry run)
 the warmer takes only the texts validation cannot judge unnormalized (``every=False``): for

@@ -17,7 +17,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from cosyclone import options as O
 from cosyclone.base.device import DevicePolicy
 from cosyclone.base.shard import Shard
 from cosyclone.engine import Engine, RowResult, model_config, resolve_options
@@ -31,7 +30,7 @@ from cosyclone.folder.index import FolderIndex
 from cosyclone.manifest import Manifest, ManifestRow, iter_manifest
 from cosyclone.manifest import stream as manifest_stream
 from cosyclone.model.config import ModelConfig
-from cosyclone.options import FolderOptions, RunOptions
+from cosyclone.options import MODEL_FIELDS, FolderOptions, RunOptions, audio_values, check, split
 from cosyclone.run.job_types import JobPlan, Prepared
 from cosyclone.run.parts import ResumeTotals, plan_parts, split_parts
 from cosyclone.run.resume import ResumePlan, plan_resume
@@ -68,7 +67,7 @@ class RunPlan:
         self.tag = runfolder.shard_tag(folder.shard)
         self.started_at = time.time() if started_at is None else started_at
         self._ray_plan: Any = None
-        O.check(opts, folder)
+        check(opts, folder)
 
     @classmethod
     def open(cls, manifest: str | Path, out: str | Path, *, model_dir: str | Path | None = None,
@@ -79,9 +78,9 @@ class RunPlan:
         See :meth:`cosyclone.run.job.SynthJob.open`, which this serves.
         """
         started = time.time()
-        opts, folder = O.split(options)  # checked before devices are resolved or the model read
+        opts, folder = split(options)  # checked before devices are resolved or the model read
         if loaded is not None:
-            opts = replace(opts, **{k: getattr(loaded.opts, k) for k in O.MODEL_FIELDS})
+            opts = replace(opts, **{k: getattr(loaded.opts, k) for k in MODEL_FIELDS})
         full, stream = iter_manifest(manifest, text_frontend=opts.text_frontend, normalize_all=not plan_only)
         stream_or_none: Iterator[Manifest] | None = stream
         if folder.shard or folder.engine != "local":
@@ -203,7 +202,7 @@ class RunPlan:
                 dtype=self.opts.dtype,
                 device=self.policy.backend,
                 threads=fingerprint.cpu_threads(self.policy, self.actor_threads()),
-                options={**O.audio_values(self.opts), **self.output.fingerprint_values()},
+                options={**audio_values(self.opts), **self.output.fingerprint_values()},
             )
         except OSError as exc:
             raise CosycloneError(f"cannot hash the inputs: {exc}") from exc

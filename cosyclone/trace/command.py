@@ -1,5 +1,5 @@
 """The ``cosyclone trace`` command (registered in cosyclone/cli.py, which adds the option registry's
-options: the run's for a manifest line, and :class:`~cosyclone.options.TraceOptions`).
+options: the run's for a manifest line, and :class:`~cosyclone.trace.options.TraceOptions`).
 
 Two forms: ``trace OUT ROW_ID`` replays a row of a run folder under what its record and its run's
 line say made it; ``trace MANIFEST --id ROW_ID --model-dir DIR`` replays a manifest line under the

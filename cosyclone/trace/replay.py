@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from torch import Tensor
 
-from cosyclone.engine import stages as S
+from cosyclone.engine import stages as stage_calls
 from cosyclone.engine.outcome import RowResult
 from cosyclone.engine.runner import Engine
 from cosyclone.manifest import ManifestRow
@@ -69,14 +69,14 @@ def load_engine(model_dir: str | None, opts: RunOptions) -> Engine:
 def replay_row(engine: Engine, row: ManifestRow, *, layers: bool, top: int = 5) -> Replay:
     """Replay ``row`` on ``engine`` (its options) with the step probe (``layers``: the layer probes too)."""
     stages, opts = engine.stages, engine.opts
-    prepared = S.prepare_batch(stages, [row], opts)
-    dec = replace(S.decode_options(stages.cfg, opts), slots=1, cuda_graphs="off",
+    prepared = stage_calls.prepare_batch(stages, [row], opts)
+    dec = replace(stage_calls.decode_options(stages.cfg, opts), slots=1, cuda_graphs="off",
                   mechanics=StepMechanics(fused_admission=False, sync_every=1, lagged_reads=False))
     speech_size = stages.cfg.talker.speech_token_size
     segments: list[SegmentTrace] = []
     results: dict[int, TalkerResult] = {}
     for i, (_, req) in enumerate(prepared.segments):
-        treq = S.to_talker_request(req)
+        treq = stage_calls.to_talker_request(req)
         steps = StepProbe(speech_token_size=speech_size, top=top)
         probe = LayerProbe("talker", talker_modules(stages.talker.backbone) if layers else ())
         with steps.attached(), probe.attached():
@@ -95,7 +95,7 @@ def replay_row(engine: Engine, row: ManifestRow, *, layers: bool, top: int = 5) 
         if layers:
             flow = stack.enter_context(LayerProbe("flow", flow_modules(stages.flow)).attached())
             hift = stack.enter_context(LayerProbe("hift", hift_modules(stages.hift)).attached())
-        result = S.finish_batch(stages, prepared, results, opts)[0]
+        result = stage_calls.finish_batch(stages, prepared, results, opts)[0]
     if layers:
         c2w = [*flow.calls, *hift.calls]
     return Replay(opts=opts, stage_dtypes=dict(stages.policy.stage_dtypes), segments=tuple(segments),

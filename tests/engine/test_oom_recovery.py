@@ -20,7 +20,7 @@ from typing_extensions import override
 
 import cosyclone.talker.decode as dec
 from cosyclone.base.device import resolve
-from cosyclone.engine import isolation as I
+from cosyclone.engine import isolation
 from cosyclone.engine import stages as pipeline
 from cosyclone.engine.outcome import Failure
 from cosyclone.manifest import ManifestRow
@@ -80,7 +80,7 @@ def test_talker_oom_frees_the_failed_attempt_before_halving_and_fails_only_what_
 
     monkeypatch.setattr(dec, "generate", small_device)
     rows = _rows(["a", "b", "huge", "c", "d", "e"])
-    out = {r.id: r for r in I.synthesize_batch(_stages(), rows, RunOptions(max_tokens=4))}
+    out = {r.id: r for r in isolation.synthesize_batch(_stages(), rows, RunOptions(max_tokens=4))}
     assert spy.sizes == [6, 3, 1, 2, 1, 1, 3, 1, 2]  # halves until what fits; "huge" alone still fails
     assert spy.alive_at_call == [0] * len(spy.sizes)  # every retry started with the failed tensors freed
     assert spy.failed and all(r() is None for r in spy.failed)
@@ -109,7 +109,7 @@ def test_code2wav_oom_frees_the_failed_call_and_fails_only_the_row_that_cannot_f
     spy = Spy()
     rows = _rows(["a", "bb", "ccc", "dddd"])  # segments of 2 + len("text " + id) tokens: 8, 9, 10, 11
     stages = _stages(OomFlow(spy, huge=10))
-    out = {r.id: r for r in I.synthesize_batch(stages, rows, RunOptions(max_tokens=50))}
+    out = {r.id: r for r in isolation.synthesize_batch(stages, rows, RunOptions(max_tokens=50))}
     assert spy.sizes == [4, 1, 1, 1, 1]
     assert spy.alive_at_call == [0, 0, 0, 0, 0]
     assert [k for k, r in out.items() if r.status == "failed"] == ["ccc"]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from cosyclone.engine import Engine
-from cosyclone.engine import stages as S
+from cosyclone.engine import stages as stage_calls
 from cosyclone.manifest import rows_from_dicts
 from cosyclone.options import RunOptions
 from cosyclone.talker.request import prompt_length
@@ -34,8 +34,8 @@ def engine(tiny_model_dir: Path) -> Engine:
 def test_an_oom_in_the_talker_frees_the_failed_attempt_and_fails_only_what_cannot_fit(engine: Engine) -> None:
     rows = rows_from_dicts([{"id": k, "prompt_audio": str(ROOT / "manifests" / "prompts" / "speaker1.wav"),
                              "prompt_text": "reference words", "text": t} for k, t in TEXTS.items()]).rows
-    prepared = S.prepare_batch(engine.stages, rows, engine.opts)
-    lengths = {rid: prompt_length(S.to_talker_request(req)) for rid, req in prepared.segments}
+    prepared = stage_calls.prepare_batch(engine.stages, rows, engine.opts)
+    lengths = {rid: prompt_length(stage_calls.to_talker_request(req)) for rid, req in prepared.segments}
     assert len(lengths) == len(prepared.segments) == 4  # one segment per row
     fits = max(n for rid, n in lengths.items() if rid != "long")
     assert lengths["long"] > fits

@@ -11,27 +11,27 @@ import numpy as np
 import pytest
 import torch
 
-from cosyclone.frontend import onnx as O
+from cosyclone.frontend import onnx
 
 
 def test_the_cuda_provider_searches_heuristically_within_a_capped_arena() -> None:
-    opts = O.provider_options("CUDAExecutionProvider", "speech_tokenizer_v3.onnx")
+    opts = onnx.provider_options("CUDAExecutionProvider", "speech_tokenizer_v3.onnx")
     assert opts["cudnn_conv_algo_search"] == "HEURISTIC"  # no exhaustive search per new prompt length
-    assert int(opts["gpu_mem_limit"]) == O.GPU_ARENA_BYTES["speech_tokenizer_v3.onnx"]
+    assert int(opts["gpu_mem_limit"]) == onnx.GPU_ARENA_BYTES["speech_tokenizer_v3.onnx"]
     assert opts["arena_extend_strategy"] == "kSameAsRequested" and opts["device_id"].isdigit()
-    assert int(O.provider_options("CUDAExecutionProvider", "campplus.onnx")["gpu_mem_limit"]) == \
-        O.GPU_ARENA_BYTES["campplus.onnx"]
-    rocm = O.provider_options("ROCMExecutionProvider", "other.onnx")
-    assert int(rocm["gpu_mem_limit"]) == O.GPU_ARENA_DEFAULT
-    assert O.provider_options("CPUExecutionProvider", "campplus.onnx") == {}
+    assert int(onnx.provider_options("CUDAExecutionProvider", "campplus.onnx")["gpu_mem_limit"]) == \
+        onnx.GPU_ARENA_BYTES["campplus.onnx"]
+    rocm = onnx.provider_options("ROCMExecutionProvider", "other.onnx")
+    assert int(rocm["gpu_mem_limit"]) == onnx.GPU_ARENA_DEFAULT
+    assert onnx.provider_options("CPUExecutionProvider", "campplus.onnx") == {}
 
 
 def test_the_sizing_holds_back_the_arenas_only_where_the_sessions_are_on_the_gpu() -> None:
-    assert O.frontend_device_bytes("cpu") == 0
+    assert onnx.frontend_device_bytes("cpu") == 0
     import onnxruntime as ort
 
     gpu = "CUDAExecutionProvider" in ort.get_available_providers()
-    assert O.frontend_device_bytes("cuda") == (sum(O.GPU_ARENA_BYTES.values()) if gpu else 0)
+    assert onnx.frontend_device_bytes("cuda") == (sum(onnx.GPU_ARENA_BYTES.values()) if gpu else 0)
 
 
 class FakeSession:
@@ -44,15 +44,15 @@ class FakeSession:
 
 def test_a_gpu_session_runs_one_call_at_a_time_and_a_cpu_session_is_not_held() -> None:
     gpu, other = FakeSession("CUDAExecutionProvider"), FakeSession("CUDAExecutionProvider")
-    lock = O.run_lock(gpu)
-    assert isinstance(lock, type(threading.Lock())) and O.run_lock(gpu) is lock
-    assert O.run_lock(other) is not lock
+    lock = onnx.run_lock(gpu)
+    assert isinstance(lock, type(threading.Lock())) and onnx.run_lock(gpu) is lock
+    assert onnx.run_lock(other) is not lock
     cpu = FakeSession("CPUExecutionProvider")
-    assert not isinstance(O.run_lock(cpu), type(threading.Lock()))
+    assert not isinstance(onnx.run_lock(cpu), type(threading.Lock()))
 
 
 def test_cpu_sessions_still_build_and_run(tiny_model_dir: Path) -> None:
-    models = O.OnnxModels(tiny_model_dir, ["CPUExecutionProvider"])
+    models = onnx.OnnxModels(tiny_model_dir, ["CPUExecutionProvider"])
     wave = torch.sin(torch.arange(16000) / 40.0)
     assert models.speech_tokens(wave).numel() > 0 and models.speaker_embedding(wave).shape == (192,)
 
@@ -68,13 +68,13 @@ def test_the_frontend_on_the_gpu_provider_agrees_with_the_cpu(tiny_model_dir: Pa
     from cosyclone.frontend.audio import load_audio, resample
 
     if "CUDAExecutionProvider" not in ort.get_available_providers():
-        assert O.default_providers("cuda") == ["CPUExecutionProvider"]
-        assert O.frontend_device_bytes("cuda") == 0
+        assert onnx.default_providers("cuda") == ["CPUExecutionProvider"]
+        assert onnx.frontend_device_bytes("cuda") == 0
         print(f"onnxruntime {ort.__version__} offers no CUDA provider: the frontend runs on the CPU here; "
               "no token agreement to measure")
         return
-    cpu = O.OnnxModels(tiny_model_dir, ["CPUExecutionProvider"])
-    gpu = O.OnnxModels(tiny_model_dir, O.default_providers("cuda"))
+    cpu = onnx.OnnxModels(tiny_model_dir, ["CPUExecutionProvider"])
+    gpu = onnx.OnnxModels(tiny_model_dir, onnx.default_providers("cuda"))
     assert gpu._tok.get_providers()[0] == "CUDAExecutionProvider"
     same = total = 0
     cosines = []
