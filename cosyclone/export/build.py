@@ -34,7 +34,7 @@ from cosyclone.errors import CosycloneError
 from cosyclone.export import shards
 from cosyclone.export.card import CARD, card
 from cosyclone.export.formats import LhotseManifests, NemoManifest
-from cosyclone.export.index import EVAL_NAME, EvalIndex, RecordIndex
+from cosyclone.export.index import EVAL_NAME, EvalIndex
 from cosyclone.export.lock import MARKER, ExportTarget
 from cosyclone.export.rows import Skipped, Source, iter_rows, parse_splits, split_of
 from cosyclone.export.shards import ExportRow, ShardInfo
@@ -42,6 +42,7 @@ from cosyclone.folder import layout as runfolder
 from cosyclone.folder.audio_out import MODEL_RATE
 from cosyclone.folder.columns import RESERVED, ColumnSet, MetaKeys
 from cosyclone.folder.lock import live_writers
+from cosyclone.folder.record_scan import RecordIndex
 from cosyclone.folder.scores import scores_path
 from cosyclone.options import EXPORT_FORMATS, ExportFormat
 

@@ -1,6 +1,6 @@
 """The rows an export takes from a run folder, one file read at a time, and why the others stay out.
 
-A row is exported when its current record (:mod:`cosyclone.export.index`) says ``ok`` and its
+A row is exported when its current record (:mod:`cosyclone.folder.record_scan`) says ``ok`` and its
 audio file exists with the recorded samples and rate (read from the file itself). Its columns are
 read through :mod:`cosyclone.folder.columns`; where ``scores.jsonl`` exists its verdicts join them, and
 a verdict counts only for the very file it scored (``wav_sha256``): a row redone after eval reads
@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from cosyclone.errors import CosycloneError
-from cosyclone.export.index import EvalIndex, RecordIndex
+from cosyclone.export.index import EvalIndex
 from cosyclone.export.shards import SHARD_PREFIX, Blob, ExportRow
 from cosyclone.folder import layout as runfolder
 from cosyclone.folder.audio_out import MODEL_RATE
 from cosyclone.folder.columns import ColumnSet, RowView, similarity_column
+from cosyclone.folder.record_scan import RecordIndex
 
 # Why a row with a record was not exported (ExportSummary.skipped, export.json's "skipped")
 FAILED = "failed"  # its current record does not say ok

@@ -41,7 +41,7 @@ def from_folder(out: Path, row_id: str, *, model_dir: Path | None, device: str |
     """The row ``row_id`` of run folder ``out``, under its run's options and the CPU threads its record
     says it ran with (``device``/``threads``: where this replay runs, when not the recorded device;
     ``model_dir``: the model, when it has moved)."""
-    if not (out / runfolder.DIAG_NAME).is_file() and not runfolder.state_dir(out).is_dir():
+    if not runfolder.record_sources(out) and not runfolder.state_dir(out).is_dir():
         raise CosycloneError(f"{out}: not a run folder (no {runfolder.DIAG_NAME})")
     records = runfolder.read_records(out)
     rec = records.get(row_id)

@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cosyclone.export.index import RecordIndex
 from cosyclone.folder import layout as runfolder
 from cosyclone.folder.index_rows import COLUMNS, row_values
 from cosyclone.folder.record_line import RecordLine, fingerprint_parts, parse_record
+from cosyclone.folder.record_scan import RecordIndex
 from cosyclone.folder.row_record import RowRecord
 
 KEYED = ("id", "status", "file", "audio_format", "line", "finished_at", "samples", "sample_rate",
