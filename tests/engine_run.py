@@ -12,10 +12,11 @@ from cosyclone.options import RunOptions
 
 
 def run(stages: Any, rows: Sequence[ManifestRow], opts: RunOptions, submit: Callable[[RowResult], Any], *,
-        prefetch: bool = True, tokens: Any = None) -> list[RowResult]:
-    """Every result of the run, in the order the engine yields them (each also given to ``submit``)."""
+        prefetch: bool = True, tokens: Any = None, ops: Any = None) -> list[RowResult]:
+    """Every result of the run, in the order the engine yields them (each also given to ``submit``);
+    ``ops``: the stage calls that stand in for the stubbed stages (``StubOps``)."""
     out = []
-    for rec in Engine(stages, opts).run(rows, prefetch=prefetch, tokens=tokens):
+    for rec in Engine(stages, opts).run(rows, prefetch=prefetch, tokens=tokens, ops=ops):
         submit(rec)
         out.append(rec)
     return out

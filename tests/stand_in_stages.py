@@ -141,6 +141,9 @@ class StandInOps:
         self.sessions.append(FakeSession(slots, self.costs, self.on_poll))
         return self.sessions[-1]
 
+    def talk(self, requests: Sequence[Any], dec: Any) -> list[Any]:
+        raise AssertionError("the stand-in talker decodes in its session only")
+
     def retry(self, segments: Sequence[tuple[str, Any]], outcomes: dict[str, RowOutcome]) -> dict[int, Any]:
         raise AssertionError("the stand-in talker never fails")
 

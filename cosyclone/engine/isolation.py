@@ -22,8 +22,9 @@ from cosyclone.options import RunOptions
 from cosyclone.talker.graph_pool import free_device_cache
 
 if TYPE_CHECKING:  # annotations only (the stage modules load when the engine builds them)
+    from cosyclone.engine.prefetch import PromptAhead
     from cosyclone.frontend.conditioning import Request
-    from cosyclone.talker.request import DecodeOptions
+    from cosyclone.talker.request import DecodeOptions, TalkerRequest
     from cosyclone.talker.results import TalkerResult
 
 
@@ -35,21 +36,35 @@ class TokenCheckpoint(Protocol):
     def put(self, row_id: str, segment: int, result: TalkerResult) -> None: ...
 
 
-__all__ = ["TokenCheckpoint", "generate_isolated", "is_out_of_memory", "rows_alone", "stored_results",
-           "store_result", "synthesize_batch", "talker_with_checkpoint"]
+class BatchCalls(Protocol):
+    """The stage calls a batch makes (what :class:`~cosyclone.engine.stage_ops.StageOps` gives): the
+    functions here decide what to call again after a failure, never how a stage runs."""
+
+    def prepare(self, rows: Sequence[ManifestRow], prompts: PromptAhead | None) -> PreparedBatch: ...
+
+    def request(self, segment: Request) -> TalkerRequest: ...
+
+    def talk(self, requests: Sequence[TalkerRequest], dec: DecodeOptions) -> list[TalkerResult]: ...
+
+    def finish(self, prepared: PreparedBatch, results: dict[int, TalkerResult]) -> list[RowResult]: ...
+
+
+__all__ = ["BatchCalls", "TokenCheckpoint", "generate_isolated", "is_out_of_memory", "rows_alone",
+           "stored_results", "store_result", "synthesize_batch", "talker_with_checkpoint"]
 
 
 def talker_with_checkpoint(
-    stages: Stages,
+    calls: BatchCalls,
     segments: Sequence[tuple[str, Request]],
     dec: DecodeOptions,
     outcomes: dict[str, RowOutcome],
     tokens: TokenCheckpoint | None,
+    device: torch.device,
 ) -> dict[int, TalkerResult]:
     """:func:`generate_isolated`, skipping segments whose talker result the stage-0 checkpoint holds
     (``tokens``) and storing the fresh ones, so a row that fails later keeps its tokens."""
     results, todo = stored_results(tokens, segments, range(len(segments)))
-    fresh = generate_isolated(stages, [segments[i] for i in todo], dec, outcomes)
+    fresh = generate_isolated(calls, [segments[i] for i in todo], dec, outcomes, device)
     for j, res in fresh.items():
         results[todo[j]] = res
         store_result(tokens, segments[todo[j]], res)
@@ -77,8 +92,8 @@ def store_result(tokens: TokenCheckpoint | None, segment: tuple[str, Request], r
         tokens.put(segment[0], segment[1].segment, result)
 
 
-def generate_isolated(stages: Stages, segments: Sequence[tuple[str, Request]], dec: DecodeOptions,
-                      outcomes: dict[str, RowOutcome]) -> dict[int, TalkerResult]:
+def generate_isolated(calls: BatchCalls, segments: Sequence[tuple[str, Request]], dec: DecodeOptions,
+                      outcomes: dict[str, RowOutcome], device: torch.device) -> dict[int, TalkerResult]:
     """The talker over ``segments`` -> {segment index: result}, with failures confined.
 
     Out of memory halves the batch and retries each half (down to one segment, which then fails
@@ -89,14 +104,9 @@ def generate_isolated(stages: Stages, segments: Sequence[tuple[str, Request]], d
     after an out-of-memory error, after :func:`free_device_cache`: the failed attempt's tensors are
     gone before the next attempt allocates its own.
     """
-    from cosyclone.talker import decode
-
-    device = stages.policy.device
-
     def attempt(idx: list[int]) -> tuple[dict[int, TalkerResult], Failure | None]:
         try:
-            requests = [stage_calls.to_talker_request(segments[i][1]) for i in idx]
-            outs = decode.generate(stages.talker, requests, dec)
+            outs = calls.talk([calls.request(segments[i][1]) for i in idx], dec)
         except Exception as exc:  # only what the records need leaves the handler: no frame, no tensor
             return {}, Failure.of(exc)
         return dict(zip(idx, outs, strict=True)), None
@@ -133,6 +143,7 @@ def generate_isolated(stages: Stages, segments: Sequence[tuple[str, Request]], d
 
 @torch.inference_mode()
 def synthesize_batch(
+    calls: BatchCalls,
     stages: Stages,
     rows: Sequence[ManifestRow],
     opts: RunOptions,
@@ -145,22 +156,21 @@ def synthesize_batch(
     talker), so an exception fails only the rows that raise it alone.
     """
     if prepared is None:
-        prepared = stage_calls.prepare_batch(stages, rows, opts)
+        prepared = calls.prepare(rows, None)
     outcomes, segments = prepared.outcomes, prepared.segments
     results: dict[int, TalkerResult] = {}
     if segments:
         t0 = time.perf_counter()
-        results = talker_with_checkpoint(
-            stages, segments, stage_calls.decode_options(stages.cfg, opts), outcomes, tokens
-        )
+        dec = stage_calls.decode_options(stages.cfg, opts)
+        results = talker_with_checkpoint(calls, segments, dec, outcomes, tokens, stages.policy.device)
         share = (time.perf_counter() - t0) / max(1, len(segments))
         for rid, _ in segments:
             outcomes[rid].took("talker", share)
-    return stage_calls.finish_batch(stages, prepared, results, opts)
+    return calls.finish(prepared, results)
 
 
-def rows_alone(stages: Stages, batch: Sequence[ManifestRow], opts: RunOptions, exc: BaseException | Failure,
-               tokens: TokenCheckpoint | None = None) -> list[RowResult]:
+def rows_alone(calls: BatchCalls, stages: Stages, batch: Sequence[ManifestRow], opts: RunOptions,
+               exc: BaseException | Failure, tokens: TokenCheckpoint | None = None) -> list[RowResult]:
     """Each row of a batch that raised, through every stage alone; a row that still raises is a
     failed result with its traceback. ``exc``: what the batch raised (named in each failed row)."""
     batch_failure = exc if isinstance(exc, Failure) else Failure.of(exc)
@@ -168,7 +178,7 @@ def rows_alone(stages: Stages, batch: Sequence[ManifestRow], opts: RunOptions, e
     for row in batch:
         failure = None
         try:
-            records.extend(synthesize_batch(stages, [row], opts, tokens))
+            records.extend(synthesize_batch(calls, stages, [row], opts, tokens))
         except Exception as exc_row:
             failure = Failure.of(exc_row)
         if failure is not None:  # after the handler: the row's frames are gone before the next row runs

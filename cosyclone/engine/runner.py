@@ -75,16 +75,18 @@ class Engine:
 
     def run(self, rows: Sequence[ManifestRow] = (), *, batches: Sequence[Sequence[ManifestRow]] | None = None,
             opts: RunOptions | None = None, tokens: TokenCheckpoint | None = None,
-            prefetch: bool = True, stop: StopRequest | None = None) -> Iterator[RowResult]:
+            prefetch: bool = True, stop: StopRequest | None = None, ops: StageOps | None = None,
+            ) -> Iterator[RowResult]:
         """Synthesize ``rows`` (planned into batches here) or the given planned ``batches``; yields each
         row's result (audio included) in batch order, as soon as its batch is done.
 
         ``opts``: this run's options (default: the engine's; model fields must match the loaded
         model). ``tokens``: the run's stage-0 checkpoint (talker results reused and kept by segment).
         ``stop``: once requested no further batch starts (the rows in flight finish); once
-        immediate, the rows still in flight are dropped.
+        immediate, the rows still in flight are dropped. ``ops``: the stage calls (default: the loaded
+        stages'; :meth:`pipeline`).
         """
-        pipeline = self.pipeline(opts=opts, tokens=tokens, prefetch=prefetch, stop=stop)
+        pipeline = self.pipeline(opts=opts, tokens=tokens, prefetch=prefetch, stop=stop, ops=ops)
         if batches is None:
             batches = plan_batches(rows, pipeline.opts.batch_size or self.sizing.batch_size,
                                    pipeline.opts.token_budget)

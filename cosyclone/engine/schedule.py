@@ -201,7 +201,8 @@ class StageSchedule:
             failure: Failure | None = None
             with torch.inference_mode():
                 try:
-                    records = I.synthesize_batch(self.stages, batch, self.opts, self.tokens, prepared)
+                    records = I.synthesize_batch(self.ops, self.stages, batch, self.opts, self.tokens,
+                                                 prepared)
                 except Exception as exc:  # a bug outside the stages' own guards: each row alone, after this
                     failure = Failure.of(exc)
                 if failure is not None:

@@ -52,6 +52,10 @@ class StageOps(Protocol):
         """A segment's talker request."""
         ...
 
+    def talk(self, requests: Sequence[TalkerRequest], dec: DecodeOptions) -> list[TalkerResult]:
+        """The talker over ``requests`` at once (no failure confined: :mod:`.isolation` does that)."""
+        ...
+
     def session(self, slots: int) -> TalkerSessionLike:
         """A talker session of ``slots`` slots."""
         ...
@@ -86,6 +90,11 @@ class RealOps:
     def request(self, segment: Request) -> TalkerRequest:
         return stage_calls.to_talker_request(segment)
 
+    def talk(self, requests: Sequence[TalkerRequest], dec: DecodeOptions) -> list[TalkerResult]:
+        from cosyclone.talker import decode
+
+        return decode.generate(self.stages.talker, list(requests), dec)
+
     def session(self, slots: int) -> TalkerSessionLike:
         from cosyclone.talker import decode
 
@@ -94,10 +103,10 @@ class RealOps:
     def retry(
         self, segments: Sequence[tuple[str, Request]], outcomes: dict[str, RowOutcome]
     ) -> dict[int, TalkerResult]:
-        return isolation.generate_isolated(self.stages, segments, self.dec, outcomes)
+        return isolation.generate_isolated(self, segments, self.dec, outcomes, self.stages.policy.device)
 
     def finish(self, prepared: PreparedBatch, results: dict[int, TalkerResult]) -> list[RowResult]:
         return stage_calls.finish_batch(self.stages, prepared, results, self.opts)
 
     def rows_alone(self, rows: Sequence[ManifestRow], exc: Failure) -> list[RowResult]:
-        return isolation.rows_alone(self.stages, rows, self.opts, exc, self.tokens)
+        return isolation.rows_alone(self, self.stages, rows, self.opts, exc, self.tokens)

@@ -14,11 +14,9 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 from typing_extensions import override
 
-import cosyclone.talker.decode as dec
 from cosyclone.base.device import resolve
 from cosyclone.engine import isolation
 from cosyclone.engine import stages as pipeline
@@ -26,7 +24,7 @@ from cosyclone.engine.outcome import Failure
 from cosyclone.manifest import ManifestRow
 from cosyclone.model.config import released_config
 from cosyclone.options import RunOptions
-from tests.engine.test_pipeline_stub import Flow, Frontend, GenerateSession, Hift, generate
+from tests.engine.test_pipeline_stub import Flow, Frontend, Hift, StubOps, generate
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,27 +47,24 @@ class Spy:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
 
-@pytest.fixture(autouse=True)
-def stubbed(monkeypatch: pytest.MonkeyPatch) -> None:
-    import cosyclone.engine.stages as cond
-
-    monkeypatch.setattr(cond, "to_talker_request", lambda r: r)
-    monkeypatch.setattr(dec, "generate", generate)
-    monkeypatch.setattr(dec, "TalkerSession", GenerateSession)
-
-
 def _rows(ids: list[str]) -> list[ManifestRow]:
     return [ManifestRow(i + 1, rid, Path("p.wav"), "ref", f"text {rid}") for i, rid in enumerate(ids)]
 
 
 def _stages(flow: Flow | None = None) -> pipeline.Stages:
-    """Stub stages (the talker is ``decode.generate``, stubbed); the stubs stand in for the models."""
+    """Stub stages (the talker is a :class:`StubOps`' talker); the stubs stand in for the models."""
     stubs: Any = (Frontend(), None, flow or Flow(), Hift())
     return pipeline.Stages(released_config(), resolve("cpu", "fp32"), *stubs)
 
 
-def test_talker_oom_frees_the_failed_attempt_before_halving_and_fails_only_what_cannot_fit(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def _batch(stages: pipeline.Stages, rows: list[ManifestRow], opts: RunOptions,
+           talker: Any = None) -> dict[str, Any]:
+    """One batch through every stage at once, failures confined, on the stub stages' calls."""
+    calls = StubOps(stages, opts, talker=talker)
+    return {r.id: r for r in isolation.synthesize_batch(calls, stages, rows, opts)}
+
+
+def test_talker_oom_frees_the_failed_attempt_before_halving_and_fails_only_what_cannot_fit() -> None:
     spy = Spy()
 
     def small_device(model: object, requests: list, options: object) -> list:
@@ -78,9 +73,8 @@ def test_talker_oom_frees_the_failed_attempt_before_halving_and_fails_only_what_
             spy.oom()
         return generate(model, requests, options)
 
-    monkeypatch.setattr(dec, "generate", small_device)
     rows = _rows(["a", "b", "huge", "c", "d", "e"])
-    out = {r.id: r for r in isolation.synthesize_batch(_stages(), rows, RunOptions(max_tokens=4))}
+    out = _batch(_stages(), rows, RunOptions(max_tokens=4), talker=small_device)
     assert spy.sizes == [6, 3, 1, 2, 1, 1, 3, 1, 2]  # halves until what fits; "huge" alone still fails
     assert spy.alive_at_call == [0] * len(spy.sizes)  # every retry started with the failed tensors freed
     assert spy.failed and all(r() is None for r in spy.failed)
@@ -109,7 +103,7 @@ def test_code2wav_oom_frees_the_failed_call_and_fails_only_the_row_that_cannot_f
     spy = Spy()
     rows = _rows(["a", "bb", "ccc", "dddd"])  # segments of 2 + len("text " + id) tokens: 8, 9, 10, 11
     stages = _stages(OomFlow(spy, huge=10))
-    out = {r.id: r for r in isolation.synthesize_batch(stages, rows, RunOptions(max_tokens=50))}
+    out = _batch(stages, rows, RunOptions(max_tokens=50))
     assert spy.sizes == [4, 1, 1, 1, 1]
     assert spy.alive_at_call == [0, 0, 0, 0, 0]
     assert [k for k, r in out.items() if r.status == "failed"] == ["ccc"]

@@ -26,19 +26,16 @@ from cosyclone.manifest import ManifestRow
 from cosyclone.model.config import released_config
 from cosyclone.options import RunOptions
 from cosyclone.talker.sampler import row_seed
-from tests.engine.test_pipeline_stub import Flow, Frontend, GenerateSession, Hift, generate, make_manifest
+from tests.engine.test_pipeline_stub import (
+    Flow,
+    Frontend,
+    GenerateSession,
+    Hift,
+    StubOps,
+    generate,
+    make_manifest,
+)
 from tests.engine_run import run as engine_run
-
-
-@pytest.fixture(autouse=True)
-def stubbed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The talker and conditioning stubbed on the real modules (no model work in these tests)."""
-    import cosyclone.engine.stages as cond
-
-    monkeypatch.setattr(cond, "to_talker_request", lambda r: r)
-    monkeypatch.setattr(dec, "generate", generate)
-    monkeypatch.setattr(dec, "TalkerSession", GenerateSession)
-
 
 MARK = {"nanwav": 1.0, "infwav": 2.0, "c2w-boom": 3.0}  # text word -> embedding[0] marker the stubs read
 
@@ -95,12 +92,20 @@ def _rows(texts: dict[str, str], **fields: object) -> list[ManifestRow]:
             for i, (rid, text) in enumerate(texts.items())]
 
 
-def _run(rows: list[ManifestRow], **opts: object) -> dict[str, RowResult]:
-    recs = engine_run(_stages(), rows, RunOptions(max_tokens=4, **opts), lambda rec: None)  # type: ignore[arg-type]
+def _ops(opts: RunOptions, talker: Any = None) -> StubOps:
+    """The stage calls over :func:`_stages`, the talker ``talker`` (default: the stub ``generate``)."""
+    return StubOps(_stages(), opts, talker=talker)
+
+
+def _run(rows: list[ManifestRow], ops_type: type[StubOps] = StubOps, talker: Any = None,
+         **opts: object) -> dict[str, RowResult]:
+    run_opts = RunOptions(max_tokens=4, **opts)  # type: ignore[arg-type]
+    stages = _stages()
+    recs = engine_run(stages, rows, run_opts, lambda rec: None, ops=ops_type(stages, run_opts, talker=talker))
     return {r.id: r for r in recs}
 
 
-def test_row_seed_is_derived_once_and_reported_as_used(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_row_seed_is_derived_once_and_reported_as_used() -> None:
     seen: dict[str, set[int]] = {}
 
     def spy(model, requests, options):
@@ -108,8 +113,7 @@ def test_row_seed_is_derived_once_and_reported_as_used(monkeypatch: pytest.Monke
             seen.setdefault(r.row_id, set()).add(r.seed)
         return generate(model, requests, options)
 
-    monkeypatch.setattr(dec, "generate", spy)
-    d = _run(_rows({"given": "one|two", "derived": "three"}, given={"seed": 123}), seed=9)
+    d = _run(_rows({"given": "one|two", "derived": "three"}, given={"seed": 123}), talker=spy, seed=9)
     assert d["given"].seed == 123 and seen["given"] == {123}  # every segment, as the manifest gave it
     assert d["derived"].seed == row_seed(9, "derived") and seen["derived"] == {row_seed(9, "derived")}
     assert [s.seed for s in d["given"].sampler] == [123, 123]
@@ -129,8 +133,8 @@ def test_nonfinite_audio_fails_the_row_by_default_and_counts_it() -> None:
 
 def test_nonfinite_audio_zero_keeps_the_old_output_and_still_counts() -> None:
     written: list = []
-    engine_run(_stages(), _rows({"n": "nanwav", "i": "infwav"}),
-                 RunOptions(max_tokens=4, nonfinite_audio="zero"), written.append)
+    opts = RunOptions(max_tokens=4, nonfinite_audio="zero")
+    engine_run(_stages(), _rows({"n": "nanwav", "i": "infwav"}), opts, written.append, ops=_ops(opts))
     d = {r.id: r for r in written}
     wav = {r.id: r.audio for r in written}
     assert d["n"].status == d["i"].status == "ok"
@@ -150,25 +154,23 @@ def test_the_writer_refuses_nonfinite_samples_instead_of_zeroing_them(tmp_path: 
 def test_a_speed_that_leaves_no_mel_frames_fails_the_row() -> None:
     """1 token = 2 mel frames; at speed 3, int(2 / 3) = 0 frames: an error, not an empty ok WAV."""
     written: list = []
-    engine_run(_stages(), _rows({"fast": "x", "fine": "y"}, fast={"speed": 3.0}, fine={"speed": 2.0}),
-                 RunOptions(max_tokens=1), written.append)
+    opts = RunOptions(max_tokens=1)
+    engine_run(_stages(), _rows({"fast": "x", "fine": "y"}, fast={"speed": 3.0}, fine={"speed": 2.0}), opts,
+               written.append, ops=_ops(opts))
     d = {r.id: r for r in written}
     assert d["fast"].status == "failed" and d["fast"].audio is None
     assert d["fast"].reason == "empty_after_speed" and "speed 3" in (d["fast"].error or "")
     assert d["fine"].status == "ok" and d["fine"].audio is not None and d["fine"].audio.size == 480  # 1 frame
 
 
-def test_stage_exceptions_fail_their_rows_with_type_message_and_traceback(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_stage_exceptions_fail_their_rows_with_type_message_and_traceback() -> None:
     def talker(model, requests, options):
         if any(r.row_id == "t-boom" for r in requests):
             raise RuntimeError("talker stub: shape mismatch")
         return generate(model, requests, options)
 
-    monkeypatch.setattr(dec, "generate", talker)
     d = _run(_rows({"a": "one|two", "t-boom": "x", "c": "c2w-boom", "f": "frontend-fail", "u": "user-error",
-                    "b": "three"}), batch_size=8)
+                    "b": "three"}), talker=talker, batch_size=8)
     assert d["a"].status == d["b"].status == "ok"  # the batch's other rows are produced
     t = d["t-boom"]
     assert (t.status, t.reason, t.error_type) == ("failed", "exception", "RuntimeError")
@@ -187,9 +189,7 @@ def test_stage_exceptions_fail_their_rows_with_type_message_and_traceback(
     assert all(d[k].traceback is None for k in ("a", "b"))
 
 
-def test_talker_out_of_memory_halves_the_batch_and_gives_the_same_rows(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_talker_out_of_memory_halves_the_batch_and_gives_the_same_rows() -> None:
     rows = _rows({f"r{i}": f"text{i}|more{i}" for i in range(6)})
     whole = _run(rows, batch_size=8)
     sizes: list[int] = []
@@ -200,19 +200,17 @@ def test_talker_out_of_memory_halves_the_batch_and_gives_the_same_rows(
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return generate(model, requests, options)
 
-    monkeypatch.setattr(dec, "generate", small_device)
-
     def same(a: dict[str, RowResult], b: dict[str, RowResult]) -> bool:
         """Equal results but for wall seconds (the audio is not compared here: halving keeps tokens)."""
         return {k: replace(r, seconds={}) for k, r in a.items()} == {
             k: replace(r, seconds={}) for k, r in b.items()
         }
 
-    halved = _run(rows, batch_size=8, schedule="static")
+    halved = _run(rows, talker=small_device, batch_size=8, schedule="static")
     assert sizes == [12, 6, 3, 3, 6, 3, 3]  # 12 segments -> halves -> quarters, each retried once
     assert same(halved, whole)
     sizes.clear()
-    halved = _run(rows, batch_size=8, schedule="continuous")
+    halved = _run(rows, talker=small_device, batch_size=8, schedule="continuous")
     # the shared session's first window (a slot per segment of the first batch) fails: what it held
     # is decoded the static way
     assert sizes == [12, 12, 6, 3, 3, 6, 3, 3]
@@ -221,21 +219,24 @@ def test_talker_out_of_memory_halves_the_batch_and_gives_the_same_rows(
     def always_oom(model, requests, options):
         raise torch.OutOfMemoryError("CUDA out of memory")
 
-    monkeypatch.setattr(dec, "generate", always_oom)
-    d = _run(rows[:2], batch_size=8)
+    d = _run(rows[:2], talker=always_oom, batch_size=8)
     assert all(x.status == "failed" and x.error_type == "OutOfMemoryError" for x in d.values())
 
 
-def test_a_bug_outside_the_stage_guards_fails_only_its_row(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = pipeline._check_audio
-
-    def check(oc, wav, policy):
-        if oc.row_id == "bug":
+def test_a_bug_outside_the_stage_guards_fails_only_its_row() -> None:
+    def check(prepared: pipeline.PreparedBatch) -> None:
+        if any(row.id == "bug" for row in prepared.rows):
             raise KeyError("bookkeeping bug")
-        return real(oc, wav, policy)
 
-    monkeypatch.setattr(pipeline, "_check_audio", check)
-    d = _run(_rows({"a": "one", "bug": "two", "b": "three"}), batch_size=8)
+    class BugOps(StubOps):
+        """code2wav's bookkeeping raises for any batch holding the row ``bug``."""
+
+        @override
+        def finish(self, prepared: pipeline.PreparedBatch, results: dict[int, Any]) -> list[RowResult]:
+            check(prepared)
+            return super().finish(prepared, results)
+
+    d = _run(_rows({"a": "one", "bug": "two", "b": "three"}), ops_type=BugOps, batch_size=8)
     assert d["a"].status == d["b"].status == "ok"
     assert d["bug"].reason == "exception" and d["bug"].error_type == "KeyError"
     assert (d["bug"].error or "").startswith("pipeline: KeyError") and "in check" in (
@@ -244,26 +245,25 @@ def test_a_bug_outside_the_stage_guards_fails_only_its_row(monkeypatch: pytest.M
 
 
 @pytest.mark.parametrize("schedule", ["continuous", "static"])
-def test_a_frontend_bug_outside_the_row_guards_loses_no_row(
-    monkeypatch: pytest.MonkeyPatch, schedule: str
-) -> None:
+def test_a_frontend_bug_outside_the_row_guards_loses_no_row(schedule: str) -> None:
     """A batch whose frontend call raises as a whole (not per row) goes through every stage row by
     row; with the talker session busy with other batches, nothing is lost or mixed up."""
-    real = pipeline.prepare_batch
     calls: list[list[str]] = []
 
-    def prepare(stages, rows, opts):
-        calls.append([r.id for r in rows])
-        if len(rows) > 1 and any(r.id == "bug" for r in rows):
-            raise KeyError("batch bookkeeping bug")
-        return real(stages, rows, opts)
+    class BugOps(StubOps):
+        """The frontend's batch bookkeeping raises for a batch of several rows holding ``bug``."""
 
-    monkeypatch.setattr(pipeline, "prepare_batch", prepare)
+        @override
+        def prepare(self, rows: Any, prompts: Any) -> pipeline.PreparedBatch:
+            calls.append([r.id for r in rows])
+            if len(rows) > 1 and any(r.id == "bug" for r in rows):
+                raise KeyError("batch bookkeeping bug")
+            return super().prepare(rows, prompts)
+
     texts = {f"r{i}": f"text number {i}|more" for i in range(5)}
     texts["bug"] = "text number x|more"
     rows = _rows(texts)
-    d = _run(rows, batch_size=2, schedule=schedule)
-    monkeypatch.setattr(pipeline, "prepare_batch", real)
+    d = _run(rows, ops_type=BugOps, batch_size=2, schedule=schedule)
     clean = _run(rows, batch_size=2, schedule=schedule)
     assert d.keys() == clean.keys() == texts.keys()
     for rid in texts:
@@ -273,6 +273,10 @@ def test_a_frontend_bug_outside_the_row_guards_loses_no_row(
 
 def test_cli_summary_counts_nonfinite_audio_and_failure_reasons(monkeypatch: pytest.MonkeyPatch,
                                                                 tmp_path: Path) -> None:
+    """Through the command, which loads its own stages: the stubs stand in on the real modules."""
+    monkeypatch.setattr(pipeline, "to_talker_request", lambda r: r)
+    monkeypatch.setattr(dec, "generate", generate)
+    monkeypatch.setattr(dec, "TalkerSession", GenerateSession)
     monkeypatch.setattr(pipeline, "load_stages", lambda cfg, policy, fmt, **kw: _stages())
     m = make_manifest(tmp_path, {"a": "fine", "n": "nanwav", "i": "infwav"})
     base = ["synth", str(m), "--load-format", "dummy", "--device", "cpu", "--max-tokens", "4"]

@@ -16,13 +16,16 @@ import pytest
 import soundfile as sf
 import torch
 from typer.testing import CliRunner
+from typing_extensions import override
 
 from cosyclone.base.device import resolve
 from cosyclone.cli import app
 from cosyclone.engine import stages as pipeline
 from cosyclone.engine.batches import plan_batches, row_cost
+from cosyclone.engine.stage_ops import RealOps
 from cosyclone.folder.layout import wav_path
 from cosyclone.model.config import released_config
+from cosyclone.options import RunOptions
 from cosyclone.talker.diagnostics import SamplerRowDiagnostics
 
 
@@ -82,11 +85,11 @@ def generate(model, requests, options):
 
 
 class GenerateSession:
-    """A stand-in for TalkerSession over whatever ``decode.generate`` is now (the stub, or a test's
-    spy): each poll decodes the next ``slots`` waiting requests with one generate call."""
+    """A stand-in for TalkerSession over ``talk`` (a :class:`StubOps`' talker), else over whatever
+    ``decode.generate`` is now: each poll decodes the next ``slots`` waiting requests with one call."""
 
-    def __init__(self, model, options, *, slots, **kw):
-        self.model, self.options, self.slots = model, options, slots
+    def __init__(self, model, options, *, slots, talk=None, **kw):
+        self.model, self.options, self.slots, self.talk = model, options, slots, talk
         self.queue: list = []
         self.n = 0
 
@@ -108,16 +111,36 @@ class GenerateSession:
         import cosyclone.talker.decode as dec
 
         take, self.queue = self.queue[:self.slots], self.queue[self.slots:]
-        return list(
-            zip(
-                [t for t, _ in take],
-                dec.generate(self.model, [r for _, r in take], self.options),
-                strict=True,
-            )
-        )
+        requests = [r for _, r in take]
+        talk = self.talk or (lambda reqs, options: dec.generate(self.model, reqs, options))
+        found = talk(requests, self.options)
+        return list(zip([t for t, _ in take], found, strict=True))
 
     def close(self):
         return []
+
+
+class StubOps(RealOps):
+    """The pipeline's stage calls over stub stages (:meth:`stages`): frontend, flow and HiFT are the
+    stubs' real calls, the talker is ``talker`` (``generate``'s signature; a test's spy or failure)
+    and a segment is its own talker request. Given to the engine (``Engine.run(ops=...)``), so no
+    module is patched."""
+
+    def __init__(self, stages: pipeline.Stages, opts: RunOptions, *, talker: Any = None, tokens: Any = None):
+        super().__init__(stages, opts, pipeline.decode_options(stages.cfg, opts), tokens)
+        self.talker = talker if talker is not None else generate
+
+    @override
+    def request(self, segment: Any) -> Any:
+        return segment
+
+    @override
+    def talk(self, requests: Any, dec: Any) -> list[Any]:
+        return list(self.talker(None, list(requests), dec))
+
+    @override
+    def session(self, slots: int) -> Any:
+        return GenerateSession(None, self.dec, slots=slots, talk=self.talk)
 
 
 class Flow:
