@@ -42,8 +42,14 @@ class TinySizes:
 
 
 def render_yaml(sizes: TinySizes) -> str:
-    """The released ``cosyvoice3.yaml`` structure with the sizes of ``sizes`` (inference entries)."""
+    """The released ``cosyvoice3.yaml`` structure with the sizes of ``sizes`` (inference entries), section
+    by section as the release orders them."""
     s = sizes
+    return _head_yaml(s) + _llm_yaml(s) + _flow_yaml(s) + _hift_yaml(s) + _frontend_yaml()
+
+
+def _head_yaml(s: TinySizes) -> str:
+    """The seeds and the shared sizes."""
     return f"""# cosyclone tiny model: the released cosyvoice3.yaml layout at tiny size.
 __set_seed1: !apply:random.seed [1986]
 __set_seed2: !apply:numpy.random.seed [1986]
@@ -60,7 +66,12 @@ token_mel_ratio: 2
 chunk_size: 25
 num_decoding_left_chunks: -1
 
-llm: !new:cosyvoice.llm.llm.CosyVoice3LM
+"""
+
+
+def _llm_yaml(s: TinySizes) -> str:
+    """The talker: CosyVoice3LM around Qwen2, its RAS sampling."""
+    return f"""llm: !new:cosyvoice.llm.llm.CosyVoice3LM
     llm_input_size: !ref <llm_input_size>
     llm_output_size: !ref <llm_output_size>
     speech_token_size: {s.speech_token_size}
@@ -75,7 +86,12 @@ llm: !new:cosyvoice.llm.llm.CosyVoice3LM
         win_size: 10
         tau_r: 0.1
 
-flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithDiT
+"""
+
+
+def _flow_yaml(s: TinySizes) -> str:
+    """The flow: the pre-lookahead layer, the CFM and its DiT estimator."""
+    return f"""flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithDiT
     input_size: 80
     output_size: 80
     spk_embed_dim: !ref <spk_embed_dim>
@@ -114,7 +130,12 @@ flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithDiT
             static_chunk_size: !ref <chunk_size> * <token_mel_ratio>
             num_decoding_left_chunks: !ref <num_decoding_left_chunks>
 
-hift: !new:cosyvoice.hifigan.generator.CausalHiFTGenerator
+"""
+
+
+def _hift_yaml(s: TinySizes) -> str:
+    """The causal HiFT vocoder and its F0 predictor."""
+    return f"""hift: !new:cosyvoice.hifigan.generator.CausalHiFTGenerator
     in_channels: 80
     base_channels: {s.hift_base_channels}
     nb_harmonics: 8
@@ -139,7 +160,12 @@ hift: !new:cosyvoice.hifigan.generator.CausalHiFTGenerator
         in_channels: 80
         cond_channels: {s.f0_cond_channels}
 
-feat_extractor: !name:matcha.utils.audio.mel_spectrogram
+"""
+
+
+def _frontend_yaml() -> str:
+    """The mel extractor and the tokenizer."""
+    return """feat_extractor: !name:matcha.utils.audio.mel_spectrogram
     n_fft: 1920
     num_mels: 80
     sampling_rate: !ref <sample_rate>
