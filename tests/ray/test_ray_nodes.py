@@ -26,9 +26,9 @@ import torch
 from typer.testing import CliRunner
 
 from cosyclone.cli import app
+from tests.ray.test_ray_engine import TIMING, wav_bits
 from tests.ray_hooks import PID_FILE_ENV, task_starts
 from tests.run.test_graceful_stop import assert_folder_whole, signal_after
-from tests.run.test_ray_engine import TIMING, wav_bits
 from tests.run_folders import ROOT, diag_lines, diags
 
 pytestmark = pytest.mark.ray
