@@ -31,24 +31,30 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_atomic(path: Path, data: bytes | bytearray | memoryview | Iterable[bytes], *,
-                 tmp: Path | None = None, sync_dir: bool = True) -> None:
+                 tmp: Path | None = None, sync_dir: bool = True, durable: bool = True,
+                 exclusive: bool = False) -> None:
     """``data`` (bytes, or chunks written as they come, so a large file is never held whole) to ``tmp``
     (default :func:`tmp_name` of ``path``; on the same filesystem), fsync, rename over ``path``, fsync
     the directory unless ``sync_dir`` is False (a checkpoint that a lost rename only costs a rerun).
+    ``durable`` False: no fsync at all (a file whose checksum catches a torn write after a crash; the
+    rename still keeps a reader from seeing half of it).
+    ``exclusive``: the temporary must not exist (a link planted at its name is never written through).
 
     On any error the temporary is removed and the error raised as it came (an ``OSError`` names the
     system's reason: ``No space left on device``, ``File too large``, ...).
     """
     tmp = tmp if tmp is not None else tmp_name(path)
+    once = os.O_EXCL | getattr(os, "O_CLOEXEC", 0) if exclusive else os.O_TRUNC
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | once, 0o644)  # a temporary not made here is never removed
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             for chunk in (data,) if isinstance(data, (bytes, bytearray, memoryview)) else data:
                 view = memoryview(chunk)
                 while view:
                     n = os.write(fd, view)
                     view = view[n:]
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
@@ -56,5 +62,5 @@ def write_atomic(path: Path, data: bytes | bytearray | memoryview | Iterable[byt
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
-    if sync_dir:
+    if sync_dir and durable:
         fsync_dir(path.parent)

@@ -16,6 +16,7 @@ import numpy as np
 
 from cosyclone.folder.record_scan import append_hash, id_hash, open_sources
 from cosyclone.folder.scores import SCORES_NAME, scores_path
+from cosyclone.manifest.rows import check_id
 
 # written by `cosyclone eval` (cosyclone/eval/evaluate.py; older versions: eval.jsonl)
 EVAL_NAME = SCORES_NAME
@@ -49,7 +50,7 @@ def _keyed(lines: Iterator[tuple[int, dict[str, Any]]], hi: array[int], lo: arra
     the index arrays as it passes."""
     for offset, obj in lines:
         rid = obj.get("id")
-        if not isinstance(rid, str):
+        if not isinstance(rid, str) or check_id(rid) is not None:  # an id the manifest would take
             continue
         append_hash(rid, hi, lo)
         off.append(offset)

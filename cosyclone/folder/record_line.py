@@ -7,7 +7,9 @@ that one of them takes as a row's record is one that every other takes, with the
 manifest line and commit time.
 
 The rule is tolerant, as a folder's memory must be: a line is data written by some version of cosyclone
-(or torn by a kill). A line that is not a JSON object with a string ``id`` is not a record. The fields
+(or torn by a kill), or received from someone else. A line that is not a JSON object with a string
+``id`` the manifest would take (:func:`cosyclone.manifest.rows.check_id`: ids become file names) is not
+a record (:func:`why_not_a_record` says which). The fields
 every reader keys on are read as their type or their default (a count that is not an int reads None, a
 time that is not a finite number 0.0); the object as written stays beside them, so a reader takes any
 other field (and fields a newer cosyclone added) from it. Lines end at ``\\n`` only: a text holding
@@ -27,6 +29,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from cosyclone.manifest.rows import check_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +68,7 @@ def parse_record(line: bytes | str | Mapping[str, Any]) -> RecordLine | None:
         if not isinstance(obj, dict):
             return None
     rid = obj.get("id")
-    if not isinstance(rid, str):
+    if not isinstance(rid, str) or check_id(rid) is not None:  # ids become paths: the manifest's rule
         return None
     status = obj.get("status")
     file = obj.get("file") or obj.get("wav")  # written before audio formats: the WAV's path
@@ -83,6 +87,15 @@ def parse_record(line: bytes | str | Mapping[str, Any]) -> RecordLine | None:
         fingerprint=fp if isinstance(fp, str) else None,
         obj=obj,
     )
+
+
+def why_not_a_record(line: bytes | str) -> str:
+    """Why a line :func:`parse_record` refused is not a record: ``not JSON`` or ``no valid id``."""
+    try:
+        json.loads(line.decode("utf-8", errors="replace") if isinstance(line, bytes) else line)
+    except json.JSONDecodeError:
+        return "not JSON"
+    return "no valid id"
 
 
 def _int(value: Any) -> int | None:

@@ -33,3 +33,18 @@ def test_a_write_that_fails_midway_keeps_the_old_file_and_leaves_no_temporary(tm
         write_atomic(target, chunks())
     assert target.read_bytes() == b"old\n"
     assert not tmp_name(target).exists() and sorted(p.name for p in tmp_path.iterdir()) == ["f.jsonl"]
+
+
+def test_an_exclusive_write_neither_follows_nor_removes_what_lies_at_its_temporary(tmp_path: Path) -> None:
+    target, private = tmp_path / "page.html", tmp_path / "private"
+    private.write_bytes(b"secret")
+    tmp_name(target).symlink_to(private)  # planted where the temporary would go
+    with pytest.raises(FileExistsError):
+        write_atomic(target, b"page", exclusive=True)
+    assert private.read_bytes() == b"secret" and tmp_name(target).is_symlink() and not target.exists()
+
+
+def test_a_write_that_is_not_durable_still_replaces_whole(tmp_path: Path) -> None:
+    target = tmp_path / "seg.cch"
+    write_atomic(target, [b"a", b"b"], durable=False)
+    assert target.read_bytes() == b"ab" and sorted(p.name for p in tmp_path.iterdir()) == ["seg.cch"]

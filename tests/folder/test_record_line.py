@@ -10,7 +10,7 @@ from pathlib import Path
 
 from cosyclone.folder import layout as runfolder
 from cosyclone.folder.index_rows import COLUMNS, row_values
-from cosyclone.folder.record_line import RecordLine, fingerprint_parts, parse_record
+from cosyclone.folder.record_line import RecordLine, fingerprint_parts, parse_record, why_not_a_record
 from cosyclone.folder.record_scan import RecordIndex
 from cosyclone.folder.row_record import RowRecord
 
@@ -43,6 +43,7 @@ SHAPES: list[tuple[bytes, tuple[object, ...] | None]] = [
     (b"[1, 2]", None),
     (b'{"id": 5, "status": "ok"}', None),
     (b'{"status": "ok"}', None),
+    (b'{"id": "../escape", "status": "ok", "file": "wavs/x.wav"}', None),  # an id the manifest refuses
     (b'\xff\xfe{"id"', None),
     (b"", None),
 ]
@@ -94,6 +95,11 @@ def test_every_reader_of_a_folder_takes_the_same_lines_as_records(tmp_path: Path
         assert {rid for rid, _ in exported.failed()} == set(records) - ok
     finally:
         exported.close()
+
+
+def test_a_line_that_is_not_a_record_says_why() -> None:
+    assert why_not_a_record(b'{"id": "torn", "status": "o') == "not JSON"
+    assert why_not_a_record('{"id": "../escape"}') == why_not_a_record(b"[1]") == "no valid id"
 
 
 def test_fingerprint_parts_are_read_from_the_line_or_from_the_whole_line() -> None:
