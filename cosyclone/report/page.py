@@ -150,13 +150,14 @@ def outlier_table(outliers: Sequence[Outlier], ids: Sequence[str], redo_name: st
     if not outliers:
         return f"<p>No row lies outside the folder's spread ({esc(redo_name)} is empty).</p>"
     rows = [
-        (ids[o.index], o.label, f"{o.value:.3g}", f"{o.z:+.1f}", o.meaning) for o in outliers[:OUTLIERS_SHOWN]
+        (ids[o.index], o.label, f"{o.value:.3g}", f"{o.excess:+.1f}", o.meaning)
+        for o in outliers[:OUTLIERS_SHOWN]
     ]
     more = f" The {OUTLIERS_SHOWN} most extreme:" if len(outliers) > OUTLIERS_SHOWN else ""
     return (
         f"<p>{len(outliers)} flagged ({len(set(ids[o.index] for o in outliers))} rows), all written as a "
         f"redo manifest: <code>cosyclone synth {esc(redo_name)} --out OUT</code>.{more}</p>"
-        + table(("id", "measure", "value", "robust z", "suggests"), rows, numeric={2, 3})
+        + table(("id", "measure", "value", "IQRs past the fence", "suggests"), rows, numeric={2, 3})
     )
 
 
