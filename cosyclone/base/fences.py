@@ -62,7 +62,8 @@ class Fences:
     def outside(self, values: FloatArray) -> npt.NDArray[np.bool_]:
         """True where a (finite) value lies outside the fences."""
         with np.errstate(invalid="ignore"):
-            return np.nan_to_num(self.excess(values), nan=0.0) != 0.0
+            found: npt.NDArray[np.bool_] = np.nan_to_num(self.excess(values), nan=0.0) != 0.0
+        return found
 
 
 def fences(values: FloatArray) -> Fences:

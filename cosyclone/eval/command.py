@@ -5,7 +5,8 @@ by ``cli_options.with_options`` where cosyclone/cli.py registers it.
 
 Exit codes follow ``synth``: 0 = every scored row passes the thresholds (or none were given);
 3 = some rows fail a threshold (they are in redo.jsonl) or could not be scored; 2 = unusable input
-(folder, manifest or model missing, the eval extra not installed, bad options). A nightly job can
+(folder, manifest or model missing, the eval extra not installed, bad options). Without
+``--asr-model`` everything but WER/CER is scored (it says so once). A nightly job can
 therefore loop ``synth -> eval -> synth OUT/redo.jsonl`` until eval exits 0.
 """
 
@@ -25,7 +26,8 @@ def eval_command(
                                show_default=False),
     **options: Any,
 ) -> None:
-    """Score every synthesized row of OUT (ASR WER/CER, speaker similarity, silence, clipping).
+    """Score every synthesized row of OUT (WER/CER with --asr-model, DNSMOS, speaking rate, speaker
+    similarity, silence, clipping).
 
     Writes OUT/scores.jsonl (one line per row), OUT/scores_summary.json and, with a threshold,
     OUT/redo.jsonl: the failing rows with new seeds, for `cosyclone synth OUT/redo.jsonl --out OUT`.
@@ -46,10 +48,10 @@ def eval_command(
         fail(str(exc))
     if opts.manifest is None:
         fail("give --manifest FILE: the manifest OUT was synthesized from (its texts are the references)")
-    if not opts.asr_model:
-        fail("give --asr-model DIR: a local CTranslate2 Whisper directory (see docs/eval.md); "
-             "nothing is downloaded unless --asr-download is given")
     manifest = opts.manifest
+    if opts.max_wer is not None and not opts.asr_model:
+        fail("--max-wer needs --asr-model DIR: a local CTranslate2 Whisper directory (see docs/eval.md); "
+             "nothing is downloaded unless --asr-download is given")
     options_ = EvalOptions(
         asr=AsrOptions(
             model=str(opts.asr_model),
@@ -59,7 +61,7 @@ def eval_command(
             beam_size=opts.beam_size,
             batch_size=opts.asr_batch_size,
             language=opts.language,
-        ),
+        ) if opts.asr_model else None,
         speaker_models=opts.speakers,
         model_dir=opts.model_dir,
         thresholds=Thresholds(
@@ -67,10 +69,17 @@ def eval_command(
             min_similarity=opts.min_similarity,
             max_silence_s=opts.max_silence,
             max_clipped_fraction=opts.max_clipping,
+            min_dnsmos=opts.min_dnsmos,
+            rate_outliers=opts.rate_outliers,
         ),
         redo_unsynthesized=opts.redo_unsynthesized,
         reuse_transcripts=opts.reuse_transcripts,
+        dnsmos=opts.dnsmos,
+        language=opts.language,
     )
+    if options_.asr is None:
+        typer.echo("no --asr-model: WER/CER skipped (DNSMOS, speaking rate, silence, clipping and speaker "
+                   "similarity are scored)", err=True)
     from tqdm import tqdm
 
     bar = None

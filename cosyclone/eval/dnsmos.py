@@ -134,7 +134,8 @@ def p808_features(window: FloatArray) -> FloatArray:
     mel = power @ mel_filters().T  # (frames, 120)
     db = 10.0 * np.log10(np.maximum(AMIN, mel)) - 10.0 * np.log10(max(AMIN, float(mel.max())))
     db = np.maximum(db, db.max() - TOP_DB)
-    return ((db + 40.0) / 40.0).astype(np.float32)
+    scaled: FloatArray = ((db + 40.0) / 40.0).astype(np.float32)
+    return scaled
 
 
 def providers() -> list[str]:
@@ -185,5 +186,6 @@ class Dnsmos:
             span = slice(at, at + len(c))
             at += len(c)
             out.append(DnsmosScore(sig=float(sig[span].mean()), bak=float(bak[span].mean()),
-                                   ovrl=float(ovrl[span].mean()), p808=float(p808[span].mean()), windows=len(c)))
+                                   ovrl=float(ovrl[span].mean()), p808=float(p808[span].mean()),
+                                   windows=len(c)))
         return out

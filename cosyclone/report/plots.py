@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from cosyclone.base.fences import Fences
 from cosyclone.errors import CosycloneError
 from cosyclone.report.figures import SAMPLER_EVENTS, Figures, FloatArray
-from cosyclone.base.fences import Fences
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from cosyclone.cli import app
 from cosyclone.eval.asr import AsrOptions, Transcript
-from cosyclone.eval.evaluate import EvalOptions, evaluate
+from cosyclone.eval.evaluate import EvalOptions, Models, evaluate
 from cosyclone.eval.thresholds import Thresholds
 from tests.browser import open_page, require_chromium
 
@@ -76,8 +76,7 @@ def evaluated(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
             speaker_models=("loudness",),
             thresholds=Thresholds(max_wer=0.1),
         ),
-        asr=HeardEverything(texts),  # type: ignore[arg-type]  # evaluate names the class, not a protocol
-        encoders=[Loudness()],
+        models=Models(asr=HeardEverything(texts), encoders=[Loudness()]),  # type: ignore[arg-type]
     )
     assert (out / "scores.jsonl").is_file() and (out / "scores_summary.json").is_file()
     return out
