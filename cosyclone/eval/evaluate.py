@@ -8,9 +8,10 @@ with each speaker backend; then flag the speaking rates against each language's 
 (:mod:`cosyclone.eval.rate`) and judge every row against the thresholds. A row that cannot be
 scored (unreadable WAV, a backend error) gets an ``error`` record and the others go on; rows the
 folder has no audio for get a ``skipped`` record naming why (each an
-:class:`~cosyclone.eval.record.EvalRecord`). Nothing is downloaded and nothing in the folder but ``scores.jsonl``, ``scores_summary.json`` and (with
-thresholds) ``redo.jsonl`` is written (names :mod:`cosyclone.run.scores` chooses so that the folder
-still loads as an audiofolder dataset; an older ``eval.jsonl`` is read, then replaced).
+:class:`~cosyclone.eval.record.EvalRecord`). Nothing is downloaded and nothing in the folder but
+``scores.jsonl``, ``scores_summary.json`` and (with thresholds) ``redo.jsonl`` is written (names
+:mod:`cosyclone.run.scores` chooses so that the folder still loads as an audiofolder dataset; an
+older ``eval.jsonl`` is read, then replaced).
 
 Transcripts are reused from the folder's previous scores when the WAV's sha256 and the ASR
 key (model hashes, decoding options, language hint) are unchanged: in a nightly
