@@ -67,11 +67,12 @@ def summarize(records: list[dict[str, Any]], *, thresholds: Thresholds, backend:
                 if (r.get("speaker_similarity") or {}).get(b) is not None
             ]
         )
-    words = sum(int(r.get("ref_words", 0)) for r in scored if r.get("metric") == "wer")
-    chars = sum(int(r.get("ref_chars", 0)) for r in scored)
-    pooled = {"wer": sum(int(r.get("word_edits", 0)) for r in scored if r.get("metric") == "wer") / words
+    transcribed = [r for r in scored if r.get("metric") is not None]  # none without --asr-model
+    words = sum(int(r.get("ref_words", 0)) for r in transcribed if r.get("metric") == "wer")
+    chars = sum(int(r.get("ref_chars", 0)) for r in transcribed)
+    pooled = {"wer": sum(int(r.get("word_edits", 0)) for r in transcribed if r.get("metric") == "wer") / words
               if words else None,
-              "cer": sum(int(r.get("char_edits", 0)) for r in scored) / chars if chars else None}
+              "cer": sum(int(r.get("char_edits", 0)) for r in transcribed) / chars if chars else None}
     t = thresholds
     labels = {
         "error_rate": (t.max_wer, f"error_rate > {t.max_wer:g}" if t.max_wer is not None else ""),
@@ -92,7 +93,6 @@ def summarize(records: list[dict[str, Any]], *, thresholds: Thresholds, backend:
     }
     over = {label: sum(1 for r in scored if check in (r.get("fails") or {}))
             for check, (limit, label) in labels.items() if limit is not None}
-    transcribed = [r for r in scored if r.get("metric") is not None]  # none without --asr-model
     high_rate = f"error_rate > {REFERENCE_ERROR_RATE:g}"
     flags = {high_rate: sum(1 for r in transcribed if (r.get("error_rate") or 0.0) > REFERENCE_ERROR_RATE),
              "transcript not exact (similarity_ratio < 1)": sum(1 for r in transcribed

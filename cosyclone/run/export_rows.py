@@ -113,8 +113,10 @@ def eval_values(ev: dict[str, Any] | None, audio_sha256: str, backends: tuple[st
     out: dict[str, Any] = {
         "eval_status": status, "eval_passed": status == "ok" and not fails,
         "eval_fails": sorted(fails) if fresh else None, "eval_metric": _text(fresh.get("metric")),
-        "eval_transcript": _text(fresh.get("transcript"))}
-    for name in ("error_rate", "wer", "cer", "lead_silence_s", "trail_silence_s", "clipped_fraction"):
+        "eval_transcript": _text(fresh.get("transcript")),
+        "eval_rate_outlier": _text(fresh.get("rate_outlier"))}
+    for name in ("error_rate", "wer", "cer", "lead_silence_s", "trail_silence_s", "clipped_fraction",
+                 "dnsmos_ovrl", "dnsmos_sig", "dnsmos_bak", "dnsmos_p808", "s_per_char"):
         out[f"eval_{name}"] = _float(fresh.get(name))
     for b in backends:
         out[similarity_column(b)] = _float(sims.get(b))
