@@ -87,6 +87,7 @@ def _figures_of(figures: Figures, i: int) -> tuple[tuple[str, str], ...]:
             ("WER", _fmt(scored.wer)),
             ("CER", _fmt(scored.cer)),
             ("similarity", _fmt(scored.similarity)),
+            ("DNSMOS OVRL", _fmt(scored.dnsmos)),
         ]
         if scored.fails:
             pairs.append(("eval fails", "; ".join(scored.fails)))

@@ -184,6 +184,7 @@ def all_plots(figures: Figures, spreads: dict[str, Fences]) -> list[Plot]:
             "cosine similarity",
             figures.similarity[ok],
         ),
+        histogram("dnsmos", "DNSMOS OVRL (eval)", "DNSMOS P.835 overall (1..5)", figures.dnsmos[ok]),
         sampler_plot(figures),
     )
     return [p for p in made if p is not None]

@@ -15,7 +15,8 @@ import pytest
 import soundfile as sf
 
 pytest.importorskip("speechmos", reason="DNSMOS's models come with speechmos (the eval extra)")
-speechmos_dnsmos = pytest.importorskip("speechmos.dnsmos", reason="speechmos's own code needs librosa and requests")
+speechmos_dnsmos = pytest.importorskip("speechmos.dnsmos",
+                                       reason="speechmos's own code needs librosa and requests")
 
 from cosyclone.eval.dnsmos import WINDOW, Dnsmos, p808_features, windows  # noqa: E402
 

@@ -89,7 +89,8 @@ def test_eval_without_asr_flags_the_noise_row_by_dnsmos_and_redoes_it(speech_and
     speech = [lines[name] for name in SAID]
     assert all(x["status"] == "ok" and x["wer"] is None and x["transcript"] is None for x in lines.values())
     assert min(x["dnsmos_ovrl"] for x in speech) > 2.3 and lines["noise"]["dnsmos_ovrl"] < 1.5
-    assert all(1.0 <= x[k] <= 5.0 for x in lines.values() for k in ("dnsmos_sig", "dnsmos_bak", "dnsmos_p808"))
+    assert all(1.0 <= x[k] <= 5.0 for x in lines.values() for k in ("dnsmos_sig", "dnsmos_bak",
+                                                                     "dnsmos_p808"))
     assert set(lines["noise"]["fails"]) == {"dnsmos"} and not any(x["fails"] for x in speech)
     # speaker similarity needs no ASR either: each recording is its own row's prompt
     assert all(x["speaker_similarity"]["resemblyzer"] > 0.99 for x in speech)
@@ -108,7 +109,8 @@ def test_dnsmos_columns_load_in_datasets_from_a_parquet_export(speech_and_noise)
     summary = export(out, fmt="parquet")
     files = sorted(str(p) for p in summary.to_dir.glob("*.parquet"))
     ds = datasets.load_dataset("parquet", data_files=files, split="train").select_columns(
-        ["id", "eval_dnsmos_ovrl", "eval_dnsmos_sig", "eval_dnsmos_bak", "eval_dnsmos_p808", "eval_s_per_char"])
+        ["id", "eval_dnsmos_ovrl", "eval_dnsmos_sig", "eval_dnsmos_bak", "eval_dnsmos_p808",
+         "eval_s_per_char"])
     by_id = {row["id"]: row for row in ds}
     scores = {x["id"]: x for x in map(json.loads, (out / "scores.jsonl").read_text().splitlines())}
     assert set(by_id) == set(scores)

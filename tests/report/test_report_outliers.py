@@ -68,7 +68,9 @@ def test_the_planted_rows_and_only_they_lie_outside_the_spread(planted: Path) ->
     listed = {figures.records[item.index].id: item.why for item in select(figures, outliers)}
     assert "cut at the token cap" in listed["babble"] and "sampler events" in listed["nan"]
     assert "highest WER/CER" in listed["ok05"] and "lowest speaker similarity" in listed["ok05"]
-    assert len(listed) <= 8 * 6 + 12
+    ok05 = figures.records.index(records["ok05"])
+    assert "lowest DNSMOS" in listed["ok05"] and figures.dnsmos[ok05] == pytest.approx(2.4)
+    assert len(listed) <= 8 * 7 + 12
 
 
 def test_a_spread_of_equal_values_flags_nothing_and_a_few_rows_are_not_judged() -> None:
@@ -153,3 +155,4 @@ def test_eval_records_are_read_under_either_name(planted: Path) -> None:
     after = read_eval([planted], records)
     assert len(after.rows) == len(before.rows) == 43 and after.backend == "resemblyzer"
     assert after.rows["ok05"].error_rate == 0.6 and after.rows["ok05"].similarity == 0.3
+    assert after.rows["ok05"].dnsmos == pytest.approx(2.4)
