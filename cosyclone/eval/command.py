@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
 from cosyclone.errors import CosycloneError, Exit
+
+if TYPE_CHECKING:
+    from cosyclone.eval.evaluate import EvalOptions
+    from cosyclone.eval.options import ScoringOptions
 
 
 def eval_command(
@@ -32,11 +36,9 @@ def eval_command(
     Writes OUT/scores.jsonl (one line per row), OUT/scores_summary.json and, with a threshold,
     OUT/redo.jsonl: the failing rows with new seeds, for `cosyclone synth OUT/redo.jsonl --out OUT`.
     """
-    from cosyclone.eval.asr import AsrOptions
-    from cosyclone.eval.evaluate import EvalOptions, evaluate
+    from cosyclone.eval.evaluate import evaluate
     from cosyclone.eval.options import ScoringOptions
     from cosyclone.eval.summary import render_eval_summary
-    from cosyclone.eval.thresholds import Thresholds
 
     def fail(msg: str) -> NoReturn:
         typer.echo(f"error: {msg}", err=True)
@@ -52,31 +54,7 @@ def eval_command(
     if opts.max_wer is not None and not opts.asr_model:
         fail("--max-wer needs --asr-model DIR: a local CTranslate2 Whisper directory (see docs/eval.md); "
              "nothing is downloaded unless --asr-download is given")
-    options_ = EvalOptions(
-        asr=AsrOptions(
-            model=str(opts.asr_model),
-            download=opts.asr_download,
-            device=opts.asr_device,
-            compute_type=opts.compute_type,
-            beam_size=opts.beam_size,
-            batch_size=opts.asr_batch_size,
-            language=opts.language,
-        ) if opts.asr_model else None,
-        speaker_models=opts.speakers,
-        model_dir=opts.model_dir,
-        thresholds=Thresholds(
-            max_wer=opts.max_wer,
-            min_similarity=opts.min_similarity,
-            max_silence_s=opts.max_silence,
-            max_clipped_fraction=opts.max_clipping,
-            min_dnsmos=opts.min_dnsmos,
-            rate_outliers=opts.rate_outliers,
-        ),
-        redo_unsynthesized=opts.redo_unsynthesized,
-        reuse_transcripts=opts.reuse_transcripts,
-        dnsmos=opts.dnsmos,
-        language=opts.language,
-    )
+    options_ = _eval_options(opts)
     if options_.asr is None:
         typer.echo("no --asr-model: WER/CER skipped (DNSMOS, speaking rate, silence, clipping and speaker "
                    "similarity are scored)", err=True)
@@ -105,3 +83,31 @@ def eval_command(
         typer.echo(f"{len(result.redo_ids)} rows to redo: cosyclone synth {result.redo_path} --out {out}")
     bad = result.summary["failing"] or result.summary["errors"]
     raise typer.Exit(Exit.ROWS_FAILED if bad else Exit.OK)
+
+
+def _eval_options(opts: ScoringOptions) -> EvalOptions:
+    """What evaluate() takes, from the command's options (no ASR options without --asr-model)."""
+    from cosyclone.eval.asr import AsrOptions
+    from cosyclone.eval.evaluate import EvalOptions
+    from cosyclone.eval.thresholds import Thresholds
+
+    asr = AsrOptions(model=str(opts.asr_model), download=opts.asr_download, device=opts.asr_device,
+                     compute_type=opts.compute_type, beam_size=opts.beam_size, batch_size=opts.asr_batch_size,
+                     language=opts.language)
+    return EvalOptions(
+        asr=asr if opts.asr_model else None,
+        speaker_models=opts.speakers,
+        model_dir=opts.model_dir,
+        thresholds=Thresholds(
+            max_wer=opts.max_wer,
+            min_similarity=opts.min_similarity,
+            max_silence_s=opts.max_silence,
+            max_clipped_fraction=opts.max_clipping,
+            min_dnsmos=opts.min_dnsmos,
+            rate_outliers=opts.rate_outliers,
+        ),
+        redo_unsynthesized=opts.redo_unsynthesized,
+        reuse_transcripts=opts.reuse_transcripts,
+        dnsmos=opts.dnsmos,
+        language=opts.language,
+    )

@@ -153,3 +153,12 @@ def test_a_row_five_times_slower_per_character_is_flagged_without_asr(tmp_path: 
     assert res.exit_code == 3, res.output  # now a threshold: the row fails and is redone
     assert [r.id for r in read_manifest(out / REDO_NAME).rows] == ["slow"]
     assert "speaking_rate" in json.loads((out / "scores.jsonl").read_text().splitlines()[-1])["fails"]
+
+
+def test_thresholds_without_their_model_are_refused_naming_the_option(speech_and_noise) -> None:
+    out, manifest = speech_and_noise
+    base = ["eval", str(out), "--manifest", str(manifest), "--speaker-model", "none"]
+    res = CliRunner().invoke(app, [*base, "--max-wer", "0.2"])
+    assert res.exit_code == 2 and "--max-wer needs --asr-model" in res.output
+    res = CliRunner().invoke(app, [*base, "--no-dnsmos", "--min-dnsmos", "3"])
+    assert res.exit_code == 2 and "--min-dnsmos needs DNSMOS" in res.output
