@@ -17,6 +17,9 @@ The models are the ONNX files the ``speechmos`` wheel (MIT, part of the ``eval``
   its maximum floored 80 dB below it, then ``(dB + 40) / 40``;
 * a clip's score is the mean over its windows.
 
+The 16 kHz wave is the one eval scores everything on (the frontend's resampler); speechmos given a
+file path resamples with librosa instead, so the comparison test feeds both the same array.
+
 Windows of many rows are scored in one ONNX call (the batch dimension is free); onnxruntime runs
 on the CPU's cores, or on CUDA's provider when the installed onnxruntime has it.
 """
