@@ -50,6 +50,9 @@ class ScoringOptions:
     # the CosyVoice3 model directory (campplus.onnx, for --speaker-model campplus)
     model_dir: Path | None = opt(None, "model folder (campplus.onnx for --speaker-model campplus)",
                                  panel=SPEAKER, metavar="DIR", commands=(EVAL,))
+    # score DNSMOS (the speechmos wheel's ONNX models)
+    dnsmos: bool = opt(True, "score DNSMOS (P.835, P.808)", panel=QUALITY, flag="--dnsmos/--no-dnsmos",
+                       commands=(EVAL,))
     # rows above this error rate (WER; CER for zh/ja) fail
     max_wer: float | None = opt(None, "rows above this WER (CER for zh/ja) fail", panel=THRESHOLDS, low=0.0,
                                 metavar="X", commands=(EVAL,))
@@ -68,9 +71,6 @@ class ScoringOptions:
     # rows whose seconds per character lie outside their language's IQR fences fail
     rate_outliers: bool = opt(False, "rows with a speaking rate outside their language's fences fail",
                               panel=THRESHOLDS, commands=(EVAL,))
-    # score DNSMOS (the speechmos wheel's ONNX models)
-    dnsmos: bool = opt(True, "score DNSMOS (P.835, P.808)", panel=QUALITY, flag="--dnsmos/--no-dnsmos",
-                       commands=(EVAL,))
     # also put the rows that failed or are missing in redo.jsonl
     redo_unsynthesized: bool = opt(False, "also redo failed / missing rows", panel=REDO, commands=(EVAL,))
     # reuse the previous eval's transcript of a WAV whose bytes did not change
