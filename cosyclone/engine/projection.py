@@ -8,12 +8,20 @@ each stage's rows per second, the bound and the time for N rows. ``--dry-run`` p
 ``make bench`` prints it for 10,000 distinct-prompt rows of 10 s on an H100; the real scheduler,
 run over stand-in stages of set costs, is bound where this projects.
 
-Every figure in a table says where it comes from; an estimate says so.
+On one device the talker and code2wav share the SMs (the cores): a row costs the device its decode
+steps plus its flow and HiFT, so the device's rows per second is the two stages' together (the
+harmonic sum, :func:`project` with ``shared_device``), and the run is bound by the frontend or by
+that device, never by the talker alone. Counting them as two devices projected a pace one card
+cannot keep. (Kernels of the two can overlap a little on a GPU; the sum is the safe side.)
+
+Every figure in a table says where it comes from; an estimate says so, a measurement names its machine.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from cosyclone.engine.facts import DEVICE
 
 #: Speech tokens per second of audio (25 Hz FSQ tokens).
 TOKENS_PER_SECOND = 25
@@ -68,7 +76,7 @@ class Projection:
     rows: int  # rows projected
     row_seconds: float  # audio seconds per row
     rows_per_s: dict[str, float]  # stage -> rows per second it can take
-    bound_by: str  # the slowest stage
+    bound_by: str  # the slowest stage ("device": talker and code2wav together on their one device)
 
     @property
     def run_rows_per_s(self) -> float:
@@ -87,16 +95,23 @@ class Projection:
 
 
 def project(costs: StageCosts, *, rows: int, row_seconds: float, slots: int, prompt_workers: int,
-            distinct_prompts: float = 1.0, tokens_per_row: float | None = None) -> Projection:
+            distinct_prompts: float = 1.0, tokens_per_row: float | None = None,
+            shared_device: bool = True) -> Projection:
     """Rows per second per stage: the frontend's prompt workers and batch thread work side by side
     (``distinct_prompts``: the share of rows with a prompt of their own), the talker decodes
     ``slots`` rows per step for ``tokens_per_row`` steps each (default: 25 per audio second),
-    code2wav takes each row's audio seconds."""
+    code2wav takes each row's audio seconds. ``shared_device``: the talker and code2wav run on one
+    device (every real run), whose rows per second (``"device"``) is theirs together and may bound
+    the run; False: two devices (or stand-in stages that only wait), each stage its own bound."""
     tokens = TOKENS_PER_SECOND * row_seconds if tokens_per_row is None else tokens_per_row
     prompts = max(distinct_prompts, 1e-9) * costs.prompt_s / max(1, prompt_workers)
     frontend = 1.0 / max(prompts, costs.text_s, 1e-12)
     talker = max(1, slots) / max(tokens * costs.step_s, 1e-12)
     code2wav = 1.0 / max(row_seconds * costs.code2wav_s, 1e-12)
     per = {"frontend": frontend, "talker": talker, "code2wav": code2wav}
+    bounds = ["frontend", "talker", "code2wav"]
+    if shared_device:  # one device's seconds per row: the talker's and code2wav's, added
+        per[DEVICE] = 1.0 / (1.0 / talker + 1.0 / code2wav)
+        bounds = ["frontend", DEVICE]
     return Projection(costs=costs, rows=rows, row_seconds=row_seconds, rows_per_s=per,
-                      bound_by=min(per, key=lambda k: per[k]))
+                      bound_by=min(bounds, key=lambda k: per[k]))
