@@ -321,7 +321,7 @@ def test_a_hanging_part_is_interrupted_or_killed_and_the_next_still_runs(tmp_pat
     """The script with short limits (a copy: 2 s parts, KILL 1 s): a part that ignores SIGINT is
     KILLED after limit + KILL, one that dies of it is TIMEOUT, each within its margin."""
     code = _script()
-    for old, new in (("LIMITS=(45 70 117 120 50)", "LIMITS=(45 2 2 120 50)"), ("\nKILL=5 ", "\nKILL=1 ")):
+    for old, new in (("LIMITS=(45 55 132 120 50)", "LIMITS=(45 2 2 120 50)"), ("\nKILL=5 ", "\nKILL=1 ")):
         assert old in code, old
         code = code.replace(old, new)
     copy = tmp_path / "repo" / "benchmarks" / "gpu_check.sh"
