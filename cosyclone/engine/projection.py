@@ -45,12 +45,25 @@ class StageCosts:
                           self.code2wav_s * factor, self.sources)
 
 
+#: What one distinct 10 s prompt costs the frontend on one CPU core: MEASURED, not estimated, by
+#: ``python -m benchmarks.released_frontend`` over the frontend of the released geometry (the v3 speech
+#: tokenizer, 242M weights, and CAM++, 6.8M, random weights: cost follows the geometry) through the
+#: product's own ``Frontend.prompt_features`` (resampling, whisper and kaldi features, both ONNX sessions
+#: at one intra-op thread, the flow's prompt mel): the median of 6 distinct prompts.
+MEASURED_PROMPT_S = 2.88
+MEASURED_PROMPT_SOURCE = (
+    "prompt_s 2.88 s: MEASURED (benchmarks/released_frontend.py, the released geometry with random weights, "
+    "one worker on one core, CPU provider, 10 s prompts, median of 6) on AMD EPYC (Zen 5, AVX-512, no AMX), "
+    "2 cores shared with other work under load (best prompt 1.40 s)")
+
 #: One H100 (80 GB), 16 host cores (14 prompt workers), fp32 talker at 256 slots with CUDA graphs,
-#: the frontend on CPU workers. ESTIMATES until a GPU run measures them (none has yet).
+#: the frontend on CPU workers at the measured per-core cost above (the device image's onnxruntime
+#: build is the CPU one; the GPU check measures whichever provider it offers). Talker and code2wav:
+#: ESTIMATES until a GPU run measures them (none has yet).
 H100 = StageCosts(
-    device="H100 (estimated)", prompt_s=1.4, text_s=0.005, step_s=0.041, code2wav_s=0.005,
-    sources=("prompt_s 1.4 s: ESTIMATE, 0.5-2 s per distinct prompt on one core (the ONNX speech tokenizer "
-             "and CAM++ on CPU, issue 46), i.e. 10 prompts/s on 14 workers",
+    device="H100 (talker and code2wav estimated)", prompt_s=MEASURED_PROMPT_S, text_s=0.005, step_s=0.041,
+    code2wav_s=0.005,
+    sources=(MEASURED_PROMPT_SOURCE + "; the H100 host's cores stand in as this one's",
              "text_s 5 ms: ESTIMATE, wetext normalization and the tokenizer of a short row",
              "step_s 41 ms: ESTIMATE, 256 slots x 250 tokens per 10 s row at 25 rows/s (issue 46: talker and "
              "code2wav est. 17-25 rows/s of 10 s)",
@@ -58,11 +71,11 @@ H100 = StageCosts(
 
 #: A CPU of two cores. The talker and code2wav figures are the OFFICIAL code's per request
 #: (BASELINE_CPU.md: 10.96 s talker and 13.98 s flow + HiFT for 4.0 s of audio, batch 1), an upper
-#: bound for cosyclone's batched stages; the prompt figure is an ESTIMATE as above.
+#: bound for cosyclone's batched stages; the prompt figure is the measurement above.
 CPU = StageCosts(
-    device="CPU (official per-request figures, an upper bound)", prompt_s=1.0, text_s=0.005, step_s=0.11,
-    code2wav_s=3.5,
-    sources=("prompt_s 1 s: ESTIMATE, 0.5-2 s per distinct prompt on one core",
+    device="CPU (official per-request figures, an upper bound)", prompt_s=MEASURED_PROMPT_S, text_s=0.005,
+    step_s=0.11, code2wav_s=3.5,
+    sources=(MEASURED_PROMPT_SOURCE,
              "text_s 5 ms: ESTIMATE",
              "step_s 0.11 s: the official talker's 10.96 s for 100 tokens at batch 1 (BASELINE_CPU.md)",
              "code2wav_s 3.5 s per audio second: the official 13.98 s for 4.0 s (BASELINE_CPU.md)"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from cosyclone.engine.facts import StageSeconds, StageTime
-from cosyclone.engine.projection import H100, StageCosts, project
+from cosyclone.engine.projection import CPU, H100, MEASURED_PROMPT_S, StageCosts, project
 from tests.stand_in_stages import Costs, StandInOps, rows, stand_in_engine
 
 SLOTS, WORKERS, TOKENS, ROWS = 4, 2, 5, 24
@@ -52,8 +52,18 @@ def test_the_h100_table_projects_ten_thousand_distinct_prompt_rows() -> None:
     p = project(H100, rows=10_000, row_seconds=10.0, slots=256, prompt_workers=14)
     assert p.bound_by == "frontend" and p.rows_per_s["talker"] > p.run_rows_per_s
     assert "bound by frontend" in p.describe() and all(
-        "ESTIMATE" in s for s in H100.sources if "OFFICIAL" not in s
+        "ESTIMATE" in s or "MEASURED" in s for s in H100.sources
     )
+
+
+def test_the_frontend_figure_is_the_released_geometrys_measurement_with_its_machine() -> None:
+    """Both tables take the prompt cost measured on the frontend of the released geometry
+    (benchmarks/released_frontend.py), and say so with the machine it was measured on."""
+    for table in (H100, CPU):
+        assert table.prompt_s == MEASURED_PROMPT_S
+        (line,) = [s for s in table.sources if s.startswith("prompt_s")]
+        assert "MEASURED" in line and "released_frontend" in line and "AMD EPYC" in line
+        assert "ESTIMATE" not in line
 
 
 def test_one_device_adds_the_talker_and_code2wav_up() -> None:
