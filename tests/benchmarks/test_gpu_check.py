@@ -314,7 +314,7 @@ def _stub(tmp_path: Path, cases: str) -> Path:
 
 
 E2E_NO_GRAPHS = ('{"part": "e2e", "rows": 48, "ok": 48, "graph_steps": 0, "decode_steps": 9600, '
-                 '"capture_errors": []}')
+                 '"capture_errors": [], "frontend_prompts_per_s": 5.2}')
 
 
 @pytest.mark.parametrize("figures,why", [
