@@ -137,11 +137,12 @@ def released_frontend(tts: Any, folder: Path, args: argparse.Namespace, backend:
     second on the run's providers, and put its sessions under ``tts``'s frontend (the run's prompt
     workers then pay what a real night pays). Its figures, ``frontend_*``."""
     from benchmarks.released_frontend import build, measure
-    from cosyclone.frontend.onnx import OnnxModels, default_providers
+    from cosyclone.frontend.onnx import OnnxModels, default_providers, set_intra_op_threads
 
     built = build(folder, layers=args.frontend_layers)
     provs = default_providers(backend)
-    m = measure(folder, prompts=args.frontend_prompts, seconds=10.0, providers=provs)
+    m = measure(folder, prompts=args.frontend_prompts, seconds=10.0, providers=provs)  # at one thread
+    set_intra_op_threads(tts.engine.sizing.frontend_threads)  # the run's sessions: the sized threads
     frontend = tts.engine.stages.frontend
     frontend.onnx = OnnxModels(folder, provs)
     return {"frontend": f"released geometry ({built['tokenizer_weights'] / 1e6:.0f}M tokenizer weights, "
