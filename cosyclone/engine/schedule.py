@@ -91,7 +91,8 @@ class StageSchedule:
             self.dec = replace(self.dec, prefill_tokens=sizing.prefill_tokens)
         self.ops: StageOps = ops if ops is not None else RealOps(stages, opts, self.dec, tokens)
         workers = sizing.frontend_workers if sizing is not None else 1
-        self.clock = clock if clock is not None else StageClock(frontend_workers=workers)
+        self.clock = clock if clock is not None else StageClock(frontend_workers=workers,
+                                                                 shared_device=self.ops.shared_device)
         self.batches: list[list[ManifestRow]] = []  # every batch fed so far (grows part by part)
         self.slots = 0  # talker slots, set at the first feed
         self.session: TalkerSessionLike | None = None
