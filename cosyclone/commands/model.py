@@ -20,7 +20,7 @@ def make_tiny_model_command(
 
     if directory.exists() and any(directory.iterdir()) and not options["force"]:
         fail(f"{directory} exists and is not empty (use --force)")
-    make_tiny_model(directory)
+    make_tiny_model(directory, rl_talker=options["rl_talker"])
     typer.echo(f"tiny model written to {directory}")
 
 
