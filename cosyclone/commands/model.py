@@ -39,6 +39,7 @@ def inspect_command(model_dir: Path = typer.Argument(...), **options: Any) -> No
         fail(str(exc))
     for line in model_check.geometry_lines(model_dir, cfg, policy):
         typer.echo(line)
+    typer.echo(model_check.talker_line(model_dir, options["llm"]))
     bad = False
     for line, ok in model_check.environment_checks():
         typer.echo(line)
@@ -47,7 +48,7 @@ def inspect_command(model_dir: Path = typer.Argument(...), **options: Any) -> No
     if broken:  # a stage that does not import is a broken install, not a pass
         typer.echo(f"stage modules: NOT importable ({broken})")
         raise typer.Exit(Exit.USAGE)
-    for line, ok in model_check.checkpoint_checks(model_dir, cfg):
+    for line, ok in model_check.checkpoint_checks(model_dir, cfg, options["llm"]):
         typer.echo(line)
         bad = bad or not ok
     raise typer.Exit(Exit.USAGE if bad else Exit.OK)
