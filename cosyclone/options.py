@@ -37,6 +37,7 @@ SHARDS, SOURCES = "Shards", "Sources"  # export's --help groups
 
 LoadFormat = Literal["auto", "dummy"]
 DEFAULT_LLM = "llm.pt"  # the released talker checkpoint (--llm's default)
+DUMMY_TALKER = "dummy"  # what a --load-format dummy run records as its talker: random weights, no file read
 TextFrontendName = Literal["wetext", "none"]  # wetext: the official normalizer; none: no normalizer
 #: How a row's prompt conditions the model: a transcribed prompt, an untranscribed one, an instruction.
 Mode = Literal["zero_shot", "cross_lingual", "instruct2"]

@@ -222,7 +222,7 @@ class RunPlan:
                 device=self.policy.backend,
                 threads=fingerprint.cpu_threads(self.policy, self.actor_threads()),
                 options={**O.audio_values(self.opts), **self.output.fingerprint_values()},
-                llm=None if self.opts.load_format == "dummy" else self.opts.llm,
+                llm=self.provenance.llm,
             )
         except OSError as exc:
             raise CosycloneError(f"cannot hash the inputs: {exc}") from exc

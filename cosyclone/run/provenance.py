@@ -20,7 +20,7 @@ from typing import Any
 
 from cosyclone.base.version import __version__
 from cosyclone.model.config import ONNX_MODELS, YAML_NAME, ModelConfig
-from cosyclone.options import RunOptions
+from cosyclone.options import DUMMY_TALKER, RunOptions
 from cosyclone.run.audio_out import SOFTWARE
 from cosyclone.run.fingerprint import HashCache
 
@@ -56,7 +56,7 @@ class Provenance:
     """What made a run's audio: a run record's ``provenance``, copied into every export's card."""
 
     cosyclone: str  # cosyclone's version
-    llm: str | None  # the talker file (--llm: llm.pt, llm.rl.pt); None: dummy weights
+    llm: str  # the talker file (--llm: llm.pt, llm.rl.pt); dummy: random weights (--load-format dummy)
     model_files: tuple[ModelFile, ...]  # the files read, with sizes and SHA-256 (empty: dummy weights)
     licence: Licence | None  # the model folder's licence file (None: the folder holds none)
     tagged: bool  # whether every audio file carries the statement (off: --no-provenance-tag)
@@ -68,7 +68,7 @@ class Provenance:
         else:
             model = "the CosyVoice3 model files (sha256) " + ", ".join(
                 f"{f.file} {f.sha256}" for f in self.model_files)
-        talker = f"; talker {self.llm}" if self.llm else ""
+        talker = f"; talker {self.llm}" if self.model_files else ""
         return f"synthetic speech made by {SOFTWARE} with {model}{talker}"
 
     def tag(self) -> str | None:
@@ -112,7 +112,8 @@ def of_model(cfg: ModelConfig, opts: RunOptions, hashes: HashCache, *, tagged: b
     """The provenance of audio made by ``cfg``'s model folder under ``opts`` (its ``--llm``); a dummy load
     reads no file and states so. Raises ``OSError`` when a file cannot be read."""
     if opts.load_format == "dummy" or cfg.model_dir is None:
-        return Provenance(cosyclone=__version__, llm=None, model_files=(), licence=None, tagged=tagged)
+        return Provenance(cosyclone=__version__, llm=DUMMY_TALKER, model_files=(), licence=None,
+                          tagged=tagged)
     root = cfg.model_dir
     names = (USED_FILES[0], opts.llm, *USED_FILES[1:])
     files = tuple(ModelFile(file=n, bytes=(root / n).stat().st_size, sha256=hashes.sha256(root / n))

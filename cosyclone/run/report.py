@@ -22,6 +22,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from cosyclone.options import DUMMY_TALKER
 from cosyclone.run import folder as runfolder
 from cosyclone.run.index import FolderIndex
 from cosyclone.run.index_rows import (
@@ -115,9 +116,9 @@ def versions_mix(folders: Sequence[Path], totals: Mapping[str, Any]) -> dict[str
 
 def talker_of(run: Mapping[str, Any]) -> str:
     """The talker a ``runs.jsonl`` line says made its rows: its ``llm`` (a run recorded before ``--llm``
-    existed read ``llm.pt``), or ``dummy weights``."""
+    existed read ``llm.pt``), or ``dummy`` (random weights)."""
     if run.get("load_format") == "dummy":
-        return "dummy weights"
+        return DUMMY_TALKER
     return str(run.get("llm") or "llm.pt")
 
 

@@ -44,8 +44,8 @@ class RowStamp:
     threads: str | None = None
     # the CPU intra-op threads it ran with ("-" on a GPU): recorded, not fingerprinted
     llm: str | None = None
-    # the talker file that made it (--llm: llm.pt, llm.rl.pt; part of the fingerprint); None: dummy weights,
-    # or a record written before cosyclone named its talker
+    # the talker file that made it (--llm: llm.pt, llm.rl.pt; part of the fingerprint); dummy: random weights
+    # (--load-format dummy); None: a record written before cosyclone named its talker
 
 
 @dataclass(frozen=True)
