@@ -57,7 +57,8 @@ def test_the_rl_talker_has_the_released_keys_and_other_weights(rl_model: Path) -
     assert a.keys() == b.keys() and all(a[k].shape == b[k].shape for k in a)
     assert any(not torch.equal(a[k], b[k]) for k in a)
     res = CliRunner().invoke(app, ["inspect", str(rl_model), "--llm", "llm.rl.pt", "--device", "cpu"])
-    assert "talker file: llm.rl.pt (also here: llm.pt" in res.output and "llm.rl.pt: " in res.output, res.output
+    assert "talker file: llm.rl.pt (also here: llm.pt" in res.output, res.output
+    assert "llm.rl.pt: " in res.output and "keys ok" in res.output
 
 
 def test_the_rl_talker_gives_other_tokens_and_a_rerun_with_it_redoes_every_row(rl_model: Path,
@@ -90,8 +91,8 @@ def test_the_rl_talker_gives_other_tokens_and_a_rerun_with_it_redoes_every_row(r
 def test_a_missing_talker_file_or_one_of_another_shape_is_refused_before_any_row(rl_model: Path,
                                                                                    tmp_path: Path) -> None:
     m = _manifest(tmp_path)
-    res = CliRunner().invoke(app, ["synth", str(m), "--model-dir", str(rl_model), "--out", str(tmp_path / "a"),
-                                   "--llm", "llm.sft.pt", *FAST])
+    res = CliRunner().invoke(app, ["synth", str(m), "--model-dir", str(rl_model), "--out",
+                                   str(tmp_path / "a"), "--llm", "llm.sft.pt", *FAST])
     assert res.exit_code == 2, res.output
     assert "--llm llm.sft.pt: no such file" in res.output and "llm.pt, llm.rl.pt" in res.output
     assert not (tmp_path / "a" / "diagnostics.jsonl").exists()
