@@ -130,7 +130,9 @@ def test_exports_keep_the_tag_and_their_card_states_the_provenance(
         assert "**synthetic speech**" in card and "- synthetic-speech" in card and "talker: `llm.pt`" in card
         for f in last["provenance"]["model_files"]:
             assert f"| `{f['file']}` | {f['bytes']} | `{f['sha256']}` |" in card
-    ds = datasets.load_dataset(str(tmp_path / "parquet"), split="train")
+    # a cache of its own: datasets keys an export's cache by its path and sizes, which a rerun of this test
+    # at a reused tmp path matches with other run ids
+    ds = datasets.load_dataset(str(tmp_path / "parquet"), split="train", cache_dir=str(tmp_path / "hf"))
     assert set(ds["llm"]) == {"llm.pt"} and set(ds["run_id"]) == {last["run_id"]}
     for row in ds.cast_column("audio", datasets.Audio(decode=False)):
         _assert_states_the_model(row["audio"]["bytes"], tiny_model_dir)
