@@ -85,7 +85,7 @@ class ModelOptions:
                                           audio=True, metavar="NAME", commands=(*ROW, VALIDATE))
     # the talker checkpoint, a file of the model directory: llm.pt (released default) | llm.rl.pt (the
     # RL-tuned talker of the same architecture, where the folder holds it) | another file of its shape
-    llm: str = opt(DEFAULT_LLM, "talker file in the model folder: llm.pt | llm.rl.pt", panel=MODEL,
+    llm: str = opt(DEFAULT_LLM, "talker file: llm.pt | llm.rl.pt", panel=MODEL,
                    audio=True, metavar="FILE", commands=(*ROW, INSPECT), fingerprint_default=False)
     # the device the stages run on; "auto" until resolved (a run records the resolved type)
     device: DeviceName = opt("auto", "auto | cuda | rocm | cpu", panel=MODEL, metavar="DEV",
@@ -208,7 +208,7 @@ class FolderOptions:
     # redo every row of the manifest (default: resume, skipping finished rows)
     overwrite: bool = opt(False, "redo every row (default: resume)", panel=OUTPUT, commands=(SYNTH,))
     # 32-bit float WAVs instead of PCM16: the same as --audio-encoding float (part of the fingerprint)
-    float_wav: bool = opt(False, "32-bit float WAV (= --audio-encoding float)", panel=OUTPUT)
+    float_wav: bool = opt(False, "float32 WAV (= --audio-encoding float)", panel=OUTPUT)
     # Hz of the written files (8000-48000); 24000, the model's, writes its samples as they are
     sample_rate: int = opt(24000, "output Hz, 8000-48000 (default 24000)", panel=OUTPUT, low=8000,
                            high=48000, metavar="HZ")
@@ -220,7 +220,7 @@ class FolderOptions:
     )
     # cut leading and trailing silence below -40 dBFS, keeping 0.1 s beside the speech (off: as the model made
     # it)
-    trim_silence: bool = opt(False, "cut leading/trailing silence (kept: 0.1 s)", panel=OUTPUT)
+    trim_silence: bool = opt(False, "cut silence at both ends (keeps 0.1 s)", panel=OUTPUT)
     # write the files without the provenance tag (by default every audio file states that it is synthetic
     # speech made by cosyclone with these model files: WAV INFO chunk, FLAC Vorbis comment, no time in it);
     # recorded (output.provenance_tag) and part of the fingerprint
