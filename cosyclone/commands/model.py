@@ -31,8 +31,10 @@ def inspect_command(model_dir: Path = typer.Argument(...), **options: Any) -> No
     from cosyclone.base.device import resolve
     from cosyclone.engine import inspect as model_check
     from cosyclone.model.config import load_model_config
+    from cosyclone.options import ModelOptions, check
 
     try:
+        check(ModelOptions(llm=options["llm"]))  # a file inside the folder, as a run takes it
         cfg = load_model_config(model_dir)
         policy = resolve(options["device"], options["dtype"])
     except CosycloneError as exc:
