@@ -173,3 +173,11 @@ def test_the_licence_is_a_licence_file_or_the_hub_readme_s_front_matter(tmp_path
     found = find_licence(model, hashes)
     assert found is not None and found.file == "LICENSE" and found.text == "Apache License\nVersion 2.0\n"
     assert found.sha256 == hashlib.sha256(b"Apache License\nVersion 2.0\n").hexdigest()
+
+
+def test_trace_replays_a_row_with_the_talker_and_the_tag_its_run_recorded(run: tuple[Path, dict]) -> None:
+    from cosyclone.trace.source import from_folder
+
+    out, last = run
+    got = from_folder(out, "r0", model_dir=None, device="cpu", threads=None)
+    assert got.opts.llm == last["llm"] and got.output.tag == last["provenance"]["statement"]
