@@ -58,7 +58,8 @@ class Engine:
         on an accelerator the sizes come from the memory free once they are loaded."""
         opts, policy = resolve_options(opts, cfg=cfg)
         cfg = cfg if cfg is not None else model_config(model_dir, opts.load_format)
-        return cls(S.load_stages(cfg, policy, opts.load_format, text_frontend=opts.text_frontend), opts)
+        return cls(S.load_stages(cfg, policy, opts.load_format, text_frontend=opts.text_frontend,
+                                 llm=opts.llm), opts)
 
     @property
     def cfg(self) -> ModelConfig:

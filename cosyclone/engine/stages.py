@@ -33,7 +33,7 @@ from cosyclone.engine.outcome import (
 from cosyclone.frontend.conditioning import Request
 from cosyclone.manifest import ManifestRow
 from cosyclone.model.config import ModelConfig
-from cosyclone.options import LoadFormat, RunOptions, TextFrontendName
+from cosyclone.options import DEFAULT_LLM, LoadFormat, RunOptions, TextFrontendName
 from cosyclone.talker.request import TalkerRequest
 
 if TYPE_CHECKING:  # annotations only (the stage modules load when the engine builds them)
@@ -61,8 +61,9 @@ class Stages:
 
 
 def load_stages(cfg: ModelConfig, policy: DevicePolicy, load_format: LoadFormat, *,
-                text_frontend: TextFrontendName = "wetext") -> Stages:
-    """Build frontend and the three models (``load_format`` dummy reads no weight file)."""
+                text_frontend: TextFrontendName = "wetext", llm: str = DEFAULT_LLM) -> Stages:
+    """Build frontend and the three models (``load_format`` dummy reads no weight file; ``llm``: the
+    talker file, ``--llm``)."""
     from dataclasses import replace
 
     from cosyclone.code2wav.flow import build_flow
@@ -71,7 +72,7 @@ def load_stages(cfg: ModelConfig, policy: DevicePolicy, load_format: LoadFormat,
     from cosyclone.frontend.onnx import default_providers
     from cosyclone.talker.model import build_talker
 
-    talker = build_talker(cfg, policy, load_format=load_format)
+    talker = build_talker(cfg, policy, load_format=load_format, llm=llm)
     flow = build_flow(cfg, policy, load_format=load_format)
     hift = build_hift(cfg, policy, load_format=load_format)
     for m in (talker, flow, hift):

@@ -49,7 +49,8 @@ def report_command(
         _fail(str(exc))
     totals["flags"] = totals_mod.running_writers(folders) + totals["flags"]
     totals["versions"] = totals_mod.versions_mix(folders, totals)
-    totals.pop("runs", None)  # rows per run: read above as the versions' mix
+    totals["talkers"] = totals_mod.talkers_mix(folders, totals)
+    totals.pop("runs", None)  # rows per run: read above as the versions' and talkers' mixes
     evals = {str(f): e for f in folders if (e := load_eval_summary(f)) is not None}
     for w in warnings:
         typer.echo(f"warning: {w}", err=True)

@@ -86,6 +86,11 @@ class RunInputs:
     output: dict[str, Any]  # how the audio files are written (format, encoding, rate, trimming)
     stage_dtypes: dict[str, str]  # each stage's compute dtype: talker (its backbone), flow (the DiT), hift
     engine: str  # local | ray
+    llm: str  # the talker file (--llm: llm.pt, llm.rl.pt); dummy: random weights (--load-format dummy)
+    provenance: dict[str, Any]
+    # what made the audio, as the exports' cards state it: cosyclone's version, the talker, model_files (each
+    # file read: file, bytes, sha256), the folder's licence (file, sha256, id, text; null: none), whether
+    # the files are tagged, and the statement they carry
 
 
 @dataclass(frozen=True)

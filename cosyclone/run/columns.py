@@ -123,6 +123,16 @@ CORE: tuple[Column, ...] = (
     Column("seed", "uint64", "seed", "the row's seed as used (0 .. 2^64-1)", _get("seed")),
     Column("speed", "float64", "speed", "the speaking-rate factor", _get("speed")),
     Column(
+        "llm",
+        "string",
+        "llm",
+        "the talker file that made it (llm.pt, llm.rl.pt; dummy: random weights; unrecorded: a row made "
+        "before cosyclone recorded its talker)",
+        lambda v: v.record.llm or "unrecorded",
+    ),
+    Column("run_id", "string", "run_id", "the run that made it (the card's provenance, runs.jsonl)",
+           _get("run_id")),
+    Column(
         "duration",
         "float64",
         "the file",

@@ -36,7 +36,7 @@ from cosyclone.run import export_shards as shards
 from cosyclone.run import folder as runfolder
 from cosyclone.run.audio_out import MODEL_RATE
 from cosyclone.run.columns import RESERVED, ColumnSet, MetaKeys
-from cosyclone.run.export_card import CARD, card
+from cosyclone.run.export_card import CARD, card, made_by
 from cosyclone.run.export_formats import LhotseManifests, NemoManifest
 from cosyclone.run.export_index import EVAL_NAME, EvalIndex, RecordIndex
 from cosyclone.run.export_lock import MARKER, ExportTarget
@@ -294,6 +294,7 @@ def _write(
     sinks: dict[str, Sink] = {}
     skipped, per_source, counts = Skipped(), [], dict.fromkeys(names, 0)
     suffixes: dict[str, str] = {}  # the first row's audio and prompt suffixes (the card's member names)
+    runs_of: dict[Path, set[str | None]] = {}  # folder -> the runs that made its exported rows (provenance)
     try:
         for src in sources:
             for row_id, reason in src.index.failed():
@@ -311,6 +312,7 @@ def _write(
                     suffixes.setdefault("prompt", row.prompt.suffix)
                 counts[split] += 1
                 done += 1
+                runs_of.setdefault(src.folder, set()).add(row.columns.get("run_id"))
             per_source.append(done)
         rows = sum(counts.values())
         if rows == 0:
@@ -320,6 +322,7 @@ def _write(
                 f"; {place.target} keeps what it held"
             )
         written = [info for name in names if name in sinks for info in sinks.pop(name).close()]
+        makers = made_by(runs_of)
         if fmt in shards.EXTENSIONS:
             text = card(
                 cols,
@@ -330,6 +333,7 @@ def _write(
                 splits=[n for n in names if counts[n]],
                 rows={k: v for k, v in counts.items() if v},
                 sizes={n: sum(i.bytes for i in written if i.split == n) for n in names},
+                makers=makers,
             )
             runfolder.write_bytes_atomic(staging / CARD, text.encode())
     except BaseException as exc:
@@ -364,6 +368,7 @@ def _write(
             for s, n in zip(sources, per_source, strict=True)
         ],
         "skipped": skipped.rows,
+        "made_by": makers,  # what made the rows (the card's provenance; NeMo and Lhotse have no card)
         "pid": os.getpid(),
     }
     place.commit(marker)

@@ -17,11 +17,12 @@ CPU threads, library versions) is shown as a mix: it never redoes a row, so a fo
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from cosyclone.options import DUMMY_TALKER
 from cosyclone.run import folder as runfolder
 from cosyclone.run.index import FolderIndex
 from cosyclone.run.index_rows import (
@@ -105,12 +106,38 @@ def versions_mix(folders: Sequence[Path], totals: Mapping[str, Any]) -> dict[str
     """Rows by the library versions of the run that made them (``runs.jsonl`` by ``run_id``), as
     ``cosyclone 0.4, torch 2.5.1, ...`` -> rows, from the kept rows per run (``totals["runs"]``); rows
     of a run no ``runs.jsonl`` line names, or of no run, count under ``unknown``."""
+
+    def label(run: Mapping[str, Any]) -> str | None:
+        found = run.get("versions")
+        return ", ".join(f"{k} {v}" for k, v in sorted(found.items())) if isinstance(found, dict) else None
+
+    return _rows_by_run(folders, totals, label)
+
+
+def talker_of(run: Mapping[str, Any]) -> str:
+    """The talker a ``runs.jsonl`` line says made its rows: its ``llm`` (a run recorded before ``--llm``
+    existed read ``llm.pt``), or ``dummy`` (random weights)."""
+    if run.get("load_format") == "dummy":
+        return DUMMY_TALKER
+    return str(run.get("llm") or "llm.pt")
+
+
+def talkers_mix(folders: Sequence[Path], totals: Mapping[str, Any]) -> dict[str, int]:
+    """Rows by the talker file of the run that made them (``llm.pt``, ``llm.rl.pt``, ``dummy weights``):
+    which talker a published figure used."""
+    return _rows_by_run(folders, totals, talker_of)
+
+
+def _rows_by_run(folders: Sequence[Path], totals: Mapping[str, Any],
+                 label: Callable[[Mapping[str, Any]], str | None]) -> dict[str, int]:
+    """The kept rows per run (``totals["runs"]``) summed by ``label`` of each run's ``runs.jsonl`` line;
+    rows of a run no line names (or ``label`` gives None for), or of no run, count under ``unknown``."""
     versions: dict[str, str] = {}
     for folder in folders:
         for run in runfolder.iter_jsonl(Path(folder) / runfolder.RUNS_NAME):
-            found = run.get("versions")
-            if isinstance(run.get("run_id"), str) and isinstance(found, dict):
-                versions[run["run_id"]] = ", ".join(f"{k} {v}" for k, v in sorted(found.items()))
+            found = label(run)
+            if isinstance(run.get("run_id"), str) and found is not None:
+                versions[run["run_id"]] = found
     runs: Mapping[str, int] = totals.get("runs", {})
     mix: dict[str, int] = {}
     for run_id, n in runs.items():
@@ -208,6 +235,8 @@ def render(
     lines += [(label, _fmt(totals.get(key))) for key, label in TABLE_ROWS]
     for group in ("files", "ran_on"):
         lines += [(k.replace("_", " "), _fmt(v)) for k, v in totals.get(group, {}).items() if len(v) > 1]
+    if totals.get("talkers"):  # which talker made the rows: asked of every published figure
+        lines.append(("talkers", "; ".join(f"{n} rows: {v}" for v, n in totals["talkers"].items())))
     if len(totals.get("versions") or {}) > 1:  # one set is the usual case: shown by --json only
         lines.append(("versions", "; ".join(f"{n} rows: {v}" for v, n in totals["versions"].items())))
     lines += [(k.replace("_", " "), _fmt(v)) for k, v in totals.get("sampler", {}).items()

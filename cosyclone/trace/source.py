@@ -57,7 +57,9 @@ def from_folder(out: Path, row_id: str, *, model_dir: Path | None, device: str |
         values["threads"] = int(rec.threads)
     opts = build(RunOptions, values)
     folder_values = {k: v for k, v in run.get("output", {}).items() if k in _FOLDER_FIELDS}
-    output = AudioOutput.of(build(FolderOptions, folder_values))
+    tagged = run.get("output", {}).get("provenance_tag", False)  # the statement its files carry, if any
+    statement = (run.get("provenance") or {}).get("statement") if tagged else None
+    output = AudioOutput.of(build(FolderOptions, folder_values), statement)
     model = str(model_dir) if model_dir is not None else run.get("model_dir")
     row = ManifestRow(line=rec.line, id=rec.id, prompt_audio=Path(rec.prompt_audio),
                       prompt_text=rec.prompt_text, text=rec.text, mode=rec.mode, instruct=rec.instruct,
