@@ -7,7 +7,7 @@ and over, each capture a stall. Here the step (with its buffers and its graphs) 
 process: a session borrows an idle pooled step of its shape (talker, slot count, sampler
 options), resets its slot state in place (the addresses the graphs read stay),
 and gives it back when it closes; the next session of that shape replays the graphs already
-captured. One capture per (slots, ``kv_len`` bucket) per process, as long as the step's cache
+captured. One capture per (slots, slot bucket, ``kv_len`` bucket) per process, as long as the step's cache
 needs no growth (the engine reserves the cache a slot is sized for up front on a GPU).
 
 A failed capture turns graphs off for the process (:meth:`ProcessGraphs.disable`): torch 2.11's
@@ -16,14 +16,13 @@ nothing may capture again, and nothing may call ``torch.cuda.empty_cache()`` (th
 :func:`free_device_cache` asks first). The reason is kept (:attr:`ProcessGraphs.disabled`) so every
 path (static, continuous, isolation retries) records it.
 
-The pool holds no session: a session's graphs are keyed on its step's ``_kv_len`` attribute, not
-on a closure over the session, so a closed (or dropped) session frees what it owned at once, and
+The pool holds no session: a session's graphs are keyed on its step's shape
+(:meth:`SlotStep.shape_key`: the slot bucket and ``kv_len`` the runner set), not on a closure over the session, so a closed (or dropped) session frees what it owned at once, and
 an idle pooled step is dropped after :data:`MAX_IDLE` others (or by :func:`free_device_cache`).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import weakref
@@ -69,7 +68,7 @@ class PooledStep:
     def _wrap(self, reason: str | None) -> GraphedStep:
         graphed = GraphedStep(
             self.step.step,
-            key=functools.partial(getattr, self.step, "_kv_len"),
+            key=self.step.shape_key,
             backend=self._backend(),
             counts=self._owner.counts,
             on_failure=self._owner.disable,
@@ -87,7 +86,7 @@ class PooledStep:
         their addresses; stale cache cells are hidden by the lengths, as in any reused slot)."""
         for buf in (*self.step.state.buffers(), self.step.cache.get_buffer("lengths")):
             buf.zero_()
-        self.step._kv_len = None
+        self.step._kv_len = self.step._bucket = None
 
 
 class ProcessGraphs:

@@ -24,6 +24,7 @@ from torch import Tensor
 from cosyclone.talker.graph_pool import PROCESS, PooledStep
 from cosyclone.talker.graphs import GraphChoice, GraphedStep, resolve_cuda_graphs
 from cosyclone.talker.model import CosyVoice3LM
+from cosyclone.talker.occupancy import PROCESS_OCCUPANCY
 from cosyclone.talker.request import DecodeOptions, TalkerRequest, prompt_batch
 from cosyclone.talker.sampler import SamplerOptions
 from cosyclone.talker.slot_sampler import SlotSampler, legacy_generator
@@ -166,12 +167,24 @@ class StepRunner:
             for s, key, (seed, segment) in zip(slots, keys, seeds, strict=True):
                 sampler.generators[s] = legacy_generator(seed, segment, key, dev)
 
+    def move(self, moves: Sequence[tuple[int, int]]) -> None:
+        """Rows go on in lower free slots ((from, to) pairs, the scheduler's :meth:`compact`)."""
+        for src, dst in moves:
+            self.engine.move(src, dst)
+        if moves:
+            PROCESS_OCCUPANCY.moved(len(moves))
+
     def window(
-        self, admit: Admit | None, kv_len: int | None, on_admitted: Callable[[Admit], None]
+        self, admit: Admit | None, kv_len: int | None, on_admitted: Callable[[Admit], None], *,
+        bucket: int | None = None, live: int = 0
     ) -> tuple[float, int]:
-        """``sync_every`` steps (the first carrying ``admit``); returns (seconds, steps replayed)."""
+        """``sync_every`` steps (the first carrying ``admit``) over the first ``bucket`` slots (None:
+        all; every running row and newcomer is below it); ``live``: rows running, for the tally.
+        Returns (seconds, steps replayed)."""
         t0 = time.perf_counter()
         self.engine._kv_len = kv_len
+        self.engine._bucket = bucket
+        PROCESS_OCCUPANCY.add(steps=self.sync_every, live=live, bucket=min(bucket or self.n_slots, self.n_slots))
         replayed = 0
         for _ in range(self.sync_every):
             if admit is not None:
@@ -212,4 +225,4 @@ class StepRunner:
         if self.pooled is not None:
             self._release()  # once: the finalizer does nothing after this
         else:
-            self.engine.cache = self.model.new_cache(self.n_slots, 1)  # the cells go; a closed runner is done
+            self.engine.free_cells()  # the cells go; a closed runner is done
