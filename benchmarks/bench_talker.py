@@ -6,10 +6,18 @@ so ``step_time >= weight_bytes / bandwidth``. Bandwidth is measured in the same 
 tensor copy. Official CosyVoice3 decodes at about 9.7 tok/s (BASELINE_CPU.md).
 
 Run: ``python benchmarks/bench_talker.py`` (a few minutes on 2 cores).
+
+``python -m benchmarks.bench_talker --occupancy --json``: a decode step's cost follows the live rows
+(:meth:`~cosyclone.talker.step.SlotStep.bucket_view`): one step at 16 live rows of 256 slots, one of a
+16-slot session, one at 256 live; the last line is JSON with ``step_ms_live16_of256``,
+``step_ms_slots16`` and ``step_ms_live256``.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -22,6 +30,10 @@ from cosyclone.base.device import DevicePolicy
 from cosyclone.model.config import released_config
 from cosyclone.talker import DecodeOptions, TalkerRequest
 from cosyclone.talker.model import CosyVoice3LM, build_talker
+from cosyclone.talker.sampler import SamplerOptions
+from cosyclone.talker.scheduler import bucket_for, decode_buckets
+from cosyclone.talker.slot_sampler import SlotSampler
+from cosyclone.talker.step import SlotStep
 
 
 def _tests():
@@ -110,8 +122,66 @@ def run(report: Callable[[str], None] = print, batches: tuple[int, ...] = (1, 4,
     return out
 
 
+def _occupied_step(model: CosyVoice3LM, slots: int, live: int, cells: int) -> SlotStep:
+    """A slot step of ``slots`` slots whose first ``live`` rows run with ``cells`` cache cells each (zero
+    K/V: the arithmetic of a step does not depend on the values), stop ids blocked, the bucket set as a
+    session sets it (the smallest that holds every running row)."""
+    cfg = model.cfg
+    sampler = SlotSampler(SamplerOptions.from_config(cfg.sampling), slots=slots, vocab=cfg.decoder_size,
+                          speech_token_size=cfg.speech_token_size, device=model.device)
+    step = SlotStep(model, slots=slots, capacity=cells + 64, token_capacity=64, sampler=sampler)
+    idx = torch.arange(live)
+    step.cache.lengths[idx] = cells
+    step._start(idx, [1 << 30] * live)
+    sampler.reset(idx, idx + 1, torch.full((live,), 1 << 30))
+    step._bucket = bucket_for(live, decode_buckets(slots))
+    step._kv_len = cells + 64
+    return step
+
+
+def step_seconds(step: SlotStep) -> float:
+    """Seconds of one decode step."""
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        step.step()
+        return time.perf_counter() - t0
+
+
+def occupancy(report: Callable[[str], None] = print, *, rounds: int = 5, cells: int = 128) -> dict[str, float]:
+    """A decode step's cost at 16 live rows of 256 slots against a 16-slot session's and at 256 live:
+    the released talker geometry, dummy weights, fp32 (the default run dtype), the step a session runs
+    (its bucket chosen as the session chooses it). The three steps alternate, ``rounds`` times after
+    one untimed round, and each figure is its median: on a shared machine the load drifts."""
+    torch.set_num_threads(2)
+    policy = DevicePolicy(torch.device("cpu"), torch.float32, "cpu", cpu_gemm="onednn")  # a run's default
+    model = build_talker(released_config(), policy, load_format="dummy")
+    shapes = {"step_ms_slots16": (16, 16), "step_ms_live16_of256": (256, 16), "step_ms_live256": (256, 256)}
+    steps = {name: _occupied_step(model, slots, live, cells) for name, (slots, live) in shapes.items()}
+    times: dict[str, list[float]] = {name: [] for name in shapes}
+    for r in range(rounds + 1):
+        for name, step in steps.items():
+            took = step_seconds(step)
+            if r:
+                times[name].append(took)
+    out: dict[str, float] = {name: round(1e3 * statistics.median(t), 2) for name, t in times.items()}
+    for name, (slots, live) in shapes.items():
+        report(f"  {name}: {out[name]:.1f} ms per step ({live} live of {slots} slots, bucket "
+               f"{steps[name]._bucket}, {cells} cached cells per row)")
+    out["ratio_live16_of256_to_slots16"] = round(out["step_ms_live16_of256"] / out["step_ms_slots16"], 3)
+    report(f"on {cpu_name()}, {torch.get_num_threads()} threads, released talker geometry, dummy weights, "
+           f"fp32; medians of {rounds} alternated rounds")
+    return out
+
+
 def main() -> None:
-    run()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--occupancy", action="store_true",
+                        help="a decode step at 16 live rows of 256 slots, of a 16-slot session and at 256 live")
+    parser.add_argument("--json", action="store_true", help="print the numbers as JSON on the last line")
+    args = parser.parse_args()
+    numbers = occupancy() if args.occupancy else run()
+    if args.json:
+        print(json.dumps(numbers))
 
 
 if __name__ == "__main__":

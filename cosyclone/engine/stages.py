@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from cosyclone.base.capture_guard import CAPTURE_GUARD
 from cosyclone.base.device import DevicePolicy
 from cosyclone.engine.outcome import (
     ABORTS,
@@ -311,9 +312,10 @@ def _code2wav(stages: Stages, live: _Live, results: dict[int, TalkerResult], opt
     pfeat = pfeat.to(stages.policy.dit_dtype)
     emb = torch.stack([torch.as_tensor(_embed(r, "embedding")).reshape(-1) for r, _ in items])
     emb = emb.to(dev, dtype=stages.policy.dit_dtype)
-    res = token2wav(stages.flow, stages.hift, tok, tok_len, ptok, ptok_len, pfeat, emb,
-                    speed=[float(r.speed) for r, _ in items], n_timesteps=opts.n_timesteps,
-                    **code2wav_budgets(stages.sizing))
+    with CAPTURE_GUARD.device_work():  # a decode-step capture waits for this call (module capture_guard)
+        res = token2wav(stages.flow, stages.hift, tok, tok_len, ptok, ptok_len, pfeat, emb,
+                        speed=[float(r.speed) for r, _ in items], n_timesteps=opts.n_timesteps,
+                        **code2wav_budgets(stages.sizing))
     for _, rid, _ in live:
         outcomes[rid].took("flow", res.flow_seconds / len(items))
         outcomes[rid].took("hift", res.hift_seconds / len(items))

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cosyclone.base.capture_guard import CAPTURE_GUARD
 from cosyclone.talker.graphs import CaptureBackend, CudaGraphCapture, GraphedStep
 from cosyclone.talker.step import SlotStep
 
@@ -194,9 +195,19 @@ PROCESS = ProcessGraphs()
 def free_device_cache(device: torch.device | str) -> bool:
     """After an out-of-memory error: forget idle pooled steps and, unless a capture failed in this
     process, return the caching allocator's free blocks (``torch.cuda.empty_cache``). Returns
-    whether ``empty_cache`` ran. Every OOM recovery must call this, never ``empty_cache`` itself."""
-    PROCESS.drop_idle()
-    if torch.device(device).type != "cuda" or not PROCESS.may_empty_cache():
-        return False
-    torch.cuda.empty_cache()
-    return True
+    whether ``empty_cache`` ran. Every OOM recovery must call this, never ``empty_cache`` itself.
+
+    It waits while a capture is under way or waiting (:data:`CAPTURE_GUARD`: torch refuses a free
+    during a capture with an assert that would end the run), and it never raises: it runs in
+    recovery paths, where a second error would turn one failed row into a failed run."""
+    try:
+        with CAPTURE_GUARD.device_work():
+            PROCESS.drop_idle()
+            if torch.device(device).type != "cuda" or not PROCESS.may_empty_cache():
+                return False
+            torch.cuda.empty_cache()
+            return True
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+    log.warning("freeing the device cache failed (%s); the run goes on without it", reason)
+    return False
