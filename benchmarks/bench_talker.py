@@ -147,7 +147,8 @@ def step_seconds(step: SlotStep) -> float:
         return time.perf_counter() - t0
 
 
-def occupancy(report: Callable[[str], None] = print, *, rounds: int = 5, cells: int = 128) -> dict[str, float]:
+def occupancy(report: Callable[[str], None] = print, *, rounds: int = 5,
+              cells: int = 128) -> dict[str, float]:
     """A decode step's cost at 16 live rows of 256 slots against a 16-slot session's and at 256 live:
     the released talker geometry, dummy weights, fp32 (the default run dtype), the step a session runs
     (its bucket chosen as the session chooses it). The three steps alternate, ``rounds`` times after
@@ -176,7 +177,7 @@ def occupancy(report: Callable[[str], None] = print, *, rounds: int = 5, cells: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--occupancy", action="store_true",
-                        help="a decode step at 16 live rows of 256 slots, of a 16-slot session and at 256 live")
+                        help="a decode step at 16 live rows of 256 slots, of a 16-slot session, at 256 live")
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON on the last line")
     args = parser.parse_args()
     numbers = occupancy() if args.occupancy else run()

@@ -17,8 +17,9 @@ nothing may capture again, and nothing may call ``torch.cuda.empty_cache()`` (th
 path (static, continuous, isolation retries) records it.
 
 The pool holds no session: a session's graphs are keyed on its step's shape
-(:meth:`SlotStep.shape_key`: the slot bucket and ``kv_len`` the runner set), not on a closure over the session, so a closed (or dropped) session frees what it owned at once, and
-an idle pooled step is dropped after :data:`MAX_IDLE` others (or by :func:`free_device_cache`).
+(:meth:`SlotStep.shape_key`: the slot bucket and ``kv_len`` the runner set), not on a closure over
+the session, so a closed (or dropped) session frees what it owned at once, and an idle pooled step
+is dropped after :data:`MAX_IDLE` others (or by :func:`free_device_cache`).
 """
 
 from __future__ import annotations

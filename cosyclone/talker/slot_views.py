@@ -23,7 +23,7 @@ M = TypeVar("M", bound=nn.Module)
 
 def slot_dims(module: nn.Module) -> dict[str, int]:
     """``module``'s per-slot buffers and their slot dimension."""
-    dims: dict[str, int] = getattr(type(module), "SLOT_DIMS")
+    dims: dict[str, int] = vars(type(module))["SLOT_DIMS"]
     return dims
 
 

@@ -12,8 +12,9 @@ the previous forward left in :attr:`SlotState.logits` (:class:`SlotSampler`), ap
 rules (stop id, sampler abort, max length) and record the token, then feed every slot's token
 through the model at its own position and keep the new logits. The step runs over the first
 ``_bucket`` slots (the smallest bucket that holds every running row, :meth:`SlotStep.bucket_view`);
-slots inside it that are not running compute too (fixed shape) but change nothing that is read. The host reads ``running`` every few
-steps and, when a slot has finished, its tokens and counters, in one read.
+slots inside it that are not running compute too (fixed shape) but change nothing that is read.
+The host reads ``running`` every few steps and, when a slot has finished, its tokens and counters,
+in one read.
 """
 
 from __future__ import annotations

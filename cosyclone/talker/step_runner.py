@@ -184,7 +184,8 @@ class StepRunner:
         t0 = time.perf_counter()
         self.engine._kv_len = kv_len
         self.engine._bucket = bucket
-        PROCESS_OCCUPANCY.add(steps=self.sync_every, live=live, bucket=min(bucket or self.n_slots, self.n_slots))
+        PROCESS_OCCUPANCY.add(steps=self.sync_every, live=live,
+                              bucket=min(bucket or self.n_slots, self.n_slots))
         replayed = 0
         for _ in range(self.sync_every):
             if admit is not None:
