@@ -172,14 +172,20 @@ def prepare_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptions,
 
 
 
-def decode_options(cfg: ModelConfig, opts: RunOptions) -> DecodeOptions:
-    """The talker's :class:`~cosyclone.talker.decode.DecodeOptions` for a run."""
+def decode_options(cfg: ModelConfig, opts: RunOptions, sizing: Sizing | None) -> DecodeOptions:
+    """The talker's :class:`~cosyclone.talker.decode.DecodeOptions` for a run, with the sizing rule's
+    caps on a GPU (the cache a slot is sized for, allocated up front; the prefill budget). Every path
+    builds its options here (the continuous session, static batches, rows alone, isolation retries),
+    so none decodes without the caps: a path without the reserve grows the cache mid-run."""
     from cosyclone.talker import DecodeOptions
 
+    sized = sizing is not None and sizing.sized
     return DecodeOptions(sampler=_sampler_options(cfg, opts), max_len_override=opts.max_tokens,
                          min_len_override=opts.min_tokens, min_len_ratio=opts.min_len_ratio,
                          max_len_ratio=opts.max_len_ratio, slots=opts.talker_slots,
-                         cuda_graphs=opts.cuda_graphs)  # resolved once per run (engine.setup): on | off
+                         cuda_graphs=opts.cuda_graphs,  # resolved once per run (engine.setup): on | off
+                         reserve_positions=sizing.reserve_positions if sized and sizing else None,
+                         prefill_tokens=sizing.prefill_tokens if sized and sizing else None)
 
 
 @torch.inference_mode()
