@@ -182,6 +182,8 @@ class StepRunner:
         all; every running row and newcomer is below it); ``live``: rows running, for the tally.
         Returns (seconds, steps replayed)."""
         t0 = time.perf_counter()
+        if self.options.mechanics.compile:  # one compiled shape: every slot, whatever runs
+            bucket = None
         self.engine._kv_len = kv_len
         self.engine._bucket = bucket
         PROCESS_OCCUPANCY.add(steps=self.sync_every, live=live,
