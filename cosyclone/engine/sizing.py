@@ -1,8 +1,10 @@
 """How big a run's batches, talker slots and code2wav calls are, from the device's free memory.
 
-Why: on a GPU a decode step costs about the same at 8 slots and at 128 (launches and the weight
-read dominate), and code2wav's activations grow with rows x length; a fixed ``--batch-size 8``
-leaves most of an 80 GB card idle, and HiFT over a whole 256-row batch would need ~90 GB. So on
+Why: a talker slot costs memory, not time: a decode step runs over the smallest bucket of slots
+that holds its live rows (:mod:`cosyclone.talker.scheduler`), so many slots give the frontend's
+rows room to join without making each step compute idle slots; code2wav's activations grow with
+rows x length; a fixed ``--batch-size 8`` leaves most of an 80 GB card idle, and HiFT over a whole
+256-row batch would need ~90 GB. So on
 CUDA/ROCm the sizes come from the memory free after the models are loaded; on CPU the measured
 CPU defaults stay (8 rows, a batch's worth of slots, HiFT 200 frames and the flow 1400 token
 positions per call), byte for byte as before. :func:`plan_sizing` is pure (a free-memory figure
