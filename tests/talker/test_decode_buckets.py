@@ -53,13 +53,16 @@ def _rows() -> list:
     return [replace(_req(40 + i, 4, 2, 1 if i < 7 else 9), row_id=f"row{i}", seed=7 + i) for i in range(8)]
 
 
-@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
-def test_a_long_row_in_a_high_slot_moves_down_and_every_token_stays(graphs: bool) -> None:
+@pytest.mark.parametrize("graphs,draw", [(False, "race"), (True, "race"), (False, "legacy-multinomial")],
+                         ids=["eager", "graphs", "legacy-draw"])
+def test_a_long_row_in_a_high_slot_moves_down_and_every_token_stays(graphs: bool, draw: str) -> None:
+    """The move takes the row's cache, state, sampler counters and (LEGACY draw) its generator along."""
     model, reqs = _model(), _rows()
-    alone = [_key(generate(model, [r], replace(OPTS, cuda_graphs="off")))[0] for r in reqs]
+    opts = replace(OPTS, sampler=replace(SamplerOptions(top_k=40, top_p=0.9), draw=draw))
+    alone = [_key(generate(model, [r], replace(opts, cuda_graphs="off")))[0] for r in reqs]
     before = PROCESS_OCCUPANCY.figures()
     with captured_with(EagerCapture() if graphs else None):
-        session = TalkerSession(model, OPTS if graphs else replace(OPTS, cuda_graphs="off"), slots=8)
+        session = TalkerSession(model, opts if graphs else replace(opts, cuda_graphs="off"), slots=8)
         session.add(reqs)
         got = [r for _, r in sorted(session.drain(), key=lambda tr: tr[0])]
         session.close()
