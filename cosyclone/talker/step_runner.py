@@ -3,7 +3,9 @@
 Why apart from the scheduler (:mod:`.scheduler`): everything that touches the device is here
 (cache sizing and growth, prefill, the fixed-shape step as a CUDA graph, a compiled function or
 eager, the finished flags on their way to the host), everything that decides is there. The
-runner knows slots, not requests: the session hands it prompts and slot numbers.
+runner knows slots, not requests: the session hands it prompts, slot numbers, the bucket of slots
+each window steps over and the rows to move down (the scheduler's :meth:`compact`); it tallies the
+steps' occupancy for the run record (:mod:`.occupancy`).
 
 Cache: with CUDA graphs the step is the process's pooled one (:mod:`.graph_pool`), otherwise its
 own; either way the cells a slot is sized for (``DecodeOptions.reserve_positions``, the sizing
