@@ -4,6 +4,7 @@ running row, a long row left alone in a high slot is moved down, and none of it 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Literal
 
 import pytest
 
@@ -55,7 +56,9 @@ def _rows() -> list:
 
 @pytest.mark.parametrize("graphs,draw", [(False, "race"), (True, "race"), (False, "legacy-multinomial")],
                          ids=["eager", "graphs", "legacy-draw"])
-def test_a_long_row_in_a_high_slot_moves_down_and_every_token_stays(graphs: bool, draw: str) -> None:
+def test_a_long_row_in_a_high_slot_moves_down_and_every_token_stays(
+    graphs: bool, draw: Literal["race", "legacy-multinomial"]
+) -> None:
     """The move takes the row's cache, state, sampler counters and (LEGACY draw) its generator along."""
     model, reqs = _model(), _rows()
     opts = replace(OPTS, sampler=replace(SamplerOptions(top_k=40, top_p=0.9), draw=draw))
