@@ -14,6 +14,7 @@ from typing import Any
 
 from cosyclone.base.memory import PeakMemory
 from cosyclone.engine.sizing import Sizing
+from cosyclone.talker.occupancy import OccupancyFigures
 
 
 @dataclass(frozen=True)
@@ -131,13 +132,16 @@ class EngineFacts:
     graphs: GraphFacts  # CUDA graphs: resolved, captured, reused, disabled and why
     peak: PeakMemory  # host RSS peak; on a GPU max allocated and reserved (None on CPU)
     stages: StageSeconds = StageSeconds.empty()  # where the last pipeline's time went (busy, waiting, bound)
+    occupancy: OccupancyFigures = OccupancyFigures()
+    # the last pipeline's decode steps: live rows per step (mean_live_slots), steps per slot bucket
 
     def as_record(self) -> dict[str, Any]:
         """JSON form for ``runs.jsonl`` / ``summary.json`` (a ``engine`` field)."""
         return {"device": self.device, "backend": self.backend, "dtype": self.dtype,
                 "stage_dtypes": dict(self.stage_dtypes), "sizing": self.sizing.as_record(),
                 "talker_slots_used": self.talker_slots_used, "graphs": self.graphs.as_record(),
-                "peak_memory": self.peak.as_record(), "stages": self.stages.as_record()}
+                "peak_memory": self.peak.as_record(), "stages": self.stages.as_record(),
+                **self.occupancy.as_record()}
 
     def describe(self) -> list[str]:
         """Printed lines: dtypes, sizes, graphs, peak memory."""
@@ -150,4 +154,12 @@ class EngineFacts:
         if g.disabled:
             graphs += f"; off for the process since: {g.disabled}"
         return [f"engine: {self.backend} {self.dtype} ({dtypes})", *self.sizing.describe(), graphs,
-                self.peak.describe(), self.stages.describe()]
+                self.peak.describe(), self.stages.describe(), self._describe_occupancy()]
+
+    def _describe_occupancy(self) -> str:
+        occ = self.occupancy
+        if occ.mean_live_slots is None:
+            return "decode: no step yet"
+        buckets = ", ".join(f"{b} slots x {n}" for b, n in sorted(occ.buckets.items()))
+        return (f"decode: {occ.steps} steps, {occ.mean_live_slots:.1f} live slots per step on average; "
+                f"steps per bucket: {buckets}; {occ.moves} rows moved down")

@@ -150,7 +150,7 @@ def synthesize_batch(
     if segments:
         t0 = time.perf_counter()
         results = talker_with_checkpoint(
-            stages, segments, S.decode_options(stages.cfg, opts), outcomes, tokens
+            stages, segments, S.decode_options(stages.cfg, opts, stages.sizing), outcomes, tokens
         )
         share = (time.perf_counter() - t0) / max(1, len(segments))
         for rid, _ in segments:
