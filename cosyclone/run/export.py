@@ -37,7 +37,7 @@ from cosyclone.run import folder as runfolder
 from cosyclone.run.audio_out import MODEL_RATE
 from cosyclone.run.columns import RESERVED, ColumnSet, MetaKeys
 from cosyclone.run.export_card import CARD, card
-from cosyclone.run.export_formats import LhotseManifests, NemoManifest
+from cosyclone.run.export_formats import NEMO_LOADER_KEYS, LhotseManifests, NemoManifest
 from cosyclone.run.export_index import EVAL_NAME, EvalIndex, RecordIndex
 from cosyclone.run.export_lock import MARKER, ExportTarget
 from cosyclone.run.export_rows import Skipped, Source, iter_rows, parse_splits, split_of
@@ -237,13 +237,16 @@ def export(
         raise CosycloneError("a run folder is given twice")
     parts = parse_splits(list(splits) if splits else None)
     target = _target(folders, fmt, Path(to_dir) if to_dir is not None else None, bool(parts))
-    meta_keys = MetaKeys(RESERVED)
+    meta_keys = MetaKeys(RESERVED | NEMO_LOADER_KEYS if fmt == "nemo" else RESERVED)
     with contextlib.ExitStack() as stack:
         sources = [_open(f, meta_keys, allow_running, stack) for f in folders]
         rate = _check(sources, only_passed)
         with_eval = any(s.evals is not None for s in sources)
         backends = tuple(sorted({b for s in sources if s.evals is not None for b in s.evals.backends}))
         cols = ColumnSet.build(meta_keys.columns(), backends if with_eval else None)
+        if to_dir is None:  # OUT/export/: the one folder an export makes beside its own
+            with contextlib.suppress(OSError):
+                target.parent.mkdir(exist_ok=True)
         with ExportTarget(target) as place:
             return _write(
                 place,
