@@ -11,6 +11,7 @@ therefore loop ``synth -> eval -> synth OUT/redo.jsonl`` until eval exits 0.
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -93,6 +94,7 @@ def eval_command(
             typer.echo(f"{manifest}: line {rec.line}, row {rec.id!r}: {rec.error}", err=True)
     render_eval_summary(result.summary)
     if result.redo_path is not None:
-        typer.echo(f"{len(result.redo_ids)} rows to redo: cosyclone synth {result.redo_path} --out {out}")
+        redo, folder = shlex.quote(str(result.redo_path)), shlex.quote(str(out))
+        typer.echo(f"{len(result.redo_ids)} rows to redo: cosyclone synth {redo} --out {folder}")
     bad = result.summary["failing"] or result.summary["errors"]
     raise typer.Exit(Exit.ROWS_FAILED if bad else Exit.OK)

@@ -4,13 +4,16 @@ The folders are merged as ``report`` merges them (shards of one dataset: the lat
 wins), so the page's totals are the table's.
 Only the listed rows' audio is read; every other figure comes from the row records, eval's
 records and ``runs.jsonl``. The folders are only read: the page and ``<page>.redo.jsonl`` are
-the only files written.
+the only files written, where :mod:`cosyclone.report.target` allows (never inside a run folder, never
+over a file report did not write).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shlex
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,7 +27,8 @@ from cosyclone.report.audio import sources
 from cosyclone.report.figures import Figures, measure, normalized_text, read_eval, stop_reason
 from cosyclone.report.history import read_history
 from cosyclone.report.listing import Listed, select
-from cosyclone.report.outliers import find_outliers, redo_path_for, write_redo
+from cosyclone.report.outliers import find_outliers, redo_bytes, redo_path_for
+from cosyclone.report.target import check_page, write_new
 from cosyclone.run import folder as runfolder
 from cosyclone.run import report as totals_mod
 from cosyclone.run.row_record import RowRecord
@@ -52,8 +56,9 @@ class HtmlReport:
         return [
             f"wrote {self.path}: {self.bytes / 1e6:.1f} MB, {self.rows} rows, {self.plots} plots, "
             f"{self.listed} rows to listen to, in {self.seconds:.1f} s",
-            f"wrote {self.redo_path}: {self.outliers} outlier rows (cosyclone synth {self.redo_path} --out "
-            f"{self.folders[0] if len(self.folders) == 1 else 'OUT'} redoes them)",
+            f"wrote {self.redo_path}: {self.outliers} outlier rows (cosyclone synth "
+            f"{shlex.quote(str(self.redo_path))} --out "
+            f"{shlex.quote(str(self.folders[0])) if len(self.folders) == 1 else 'OUT'} redoes them)",
         ]
 
 
@@ -164,6 +169,19 @@ def _failed_table(records: Sequence[RowRecord]) -> str:
     )
 
 
+def _write_both(page: Path, data: bytes, redo_path: Path, redo: bytes) -> None:
+    """The redo manifest, then the page; a new redo manifest is taken back when the page cannot be written."""
+    existed = os.path.lexists(redo_path)
+    write_new(redo_path, redo)
+    try:
+        write_new(page, data)
+    except BaseException:
+        if not existed:
+            with contextlib.suppress(OSError):
+                os.unlink(redo_path)
+        raise
+
+
 def write_html_report(folders: Sequence[Path], page: Path, *, link_audio: bool = False) -> HtmlReport:
     """Write ``page`` (and ``<page stem>.redo.jsonl`` beside it) for the merged ``folders``."""
     from cosyclone.report.plots import all_plots  # matplotlib: only when a page is asked for
@@ -171,15 +189,15 @@ def write_html_report(folders: Sequence[Path], page: Path, *, link_audio: bool =
     t0 = time.perf_counter()
     folders = [Path(f) for f in folders]
     page = Path(page)
+    redo_path = redo_path_for(page)
+    check_page(page, redo_path, folders)
     records, where, warnings = merge_records(folders)
     totals = totals_mod.folder_totals(records.values())
     figures = measure(records.values(), read_eval(folders, records))
     outliers, spreads = find_outliers(figures)
     plots = all_plots(figures, spreads)
     listed = select(figures, outliers)
-    page.parent.mkdir(parents=True, exist_ok=True)
     cards = _cards(figures, listed, where, page.parent, link_audio=link_audio)
-    redo_path = write_redo(redo_path_for(page), [figures.records[o.index] for o in outliers])
     evals = {str(f): e for f in folders if (e := load_eval_summary(f)) is not None}
     ids = [r.id for r in figures.records]
     title = "cosyclone report: " + ", ".join(str(f) for f in folders)
@@ -196,9 +214,7 @@ def write_html_report(folders: Sequence[Path], page: Path, *, link_audio: bool =
         f"audio {'linked relative to this page' if link_audio else 'embedded (Ogg Vorbis, 16 kHz)'}",
     )
     data = text.encode("utf-8")
-    tmp = page.with_name(f".{page.name}.tmp{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, page)
+    _write_both(page, data, redo_path, redo_bytes([figures.records[o.index] for o in outliers]))
     return HtmlReport(
         path=page,
         bytes=len(data),

@@ -31,7 +31,8 @@ def read_checked(path: Path, cap: int, *, follow: bool = False) -> bytes:
         fd = os.open(path, flags)
     except OSError as exc:
         if not follow and os.path.islink(path):
-            raise NotARegularFile(exc.errno or 0, "a symlink, not the file the run wrote", str(path)) from None
+            raise NotARegularFile(exc.errno or 0, "a symlink, not the file the run wrote",
+                                  str(path)) from None
         raise
     try:
         st = os.fstat(fd)
@@ -56,8 +57,9 @@ def read_checked(path: Path, cap: int, *, follow: bool = False) -> bytes:
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder")):
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
+    for test, name in kinds:
         if test(mode):
             return name
     return "a special file"

@@ -27,7 +27,6 @@ from cosyclone.run import folder as runfolder
 from cosyclone.run.columns import ColumnSet
 from cosyclone.run.export_shards import SHARD_PREFIX, ExportRow, ShardInfo
 
-
 #: Keys NeMo's manifest parser reads from a line's top level (a file to load, where in it, its language...):
 #: a ``meta`` key of one of these names stays inside ``meta``, or NeMo would load what the key names.
 NEMO_LOADER_KEYS = frozenset({
