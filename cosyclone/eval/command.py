@@ -45,6 +45,12 @@ def eval_command(
         opts = ScoringOptions(**options)
     except CosycloneError as exc:
         fail(str(exc))
+    from cosyclone.run import folder as runfolder
+
+    if out.is_dir() and not runfolder.writable(out):
+        typer.echo(f"error: {out} cannot be written (a read-only folder or mount): eval writes its scores "
+                   "there; report and export read such a folder as it is", err=True)
+        raise typer.Exit(Exit.WRITE)
     if opts.manifest is None:
         fail("give --manifest FILE: the manifest OUT was synthesized from (its texts are the references)")
     if not opts.asr_model:
@@ -94,7 +100,7 @@ def eval_command(
             typer.echo(f"{manifest}: line {rec.line}, row {rec.id!r}: {rec.error}", err=True)
     render_eval_summary(result.summary)
     if result.redo_path is not None:
-        redo, folder = shlex.quote(str(result.redo_path)), shlex.quote(str(out))
-        typer.echo(f"{len(result.redo_ids)} rows to redo: cosyclone synth {redo} --out {folder}")
+        redo, here = shlex.quote(str(result.redo_path)), shlex.quote(str(out))
+        typer.echo(f"{len(result.redo_ids)} rows to redo: cosyclone synth {redo} --out {here}")
     bad = result.summary["failing"] or result.summary["errors"]
     raise typer.Exit(Exit.ROWS_FAILED if bad else Exit.OK)

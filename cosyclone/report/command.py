@@ -32,9 +32,8 @@ def report_command(
     from cosyclone.eval.summary import load_eval_summary
     from cosyclone.options import build
     from cosyclone.report.options import ReportOptions
-    from cosyclone.run import report as totals_mod
-
     from cosyclone.run import folder as runfolder
+    from cosyclone.run import report as totals_mod
 
     for path in folders:
         if not path.is_dir():

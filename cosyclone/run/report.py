@@ -216,7 +216,9 @@ def streamed_totals(folders: Sequence[Path], *, runs: bool = False) -> tuple[dic
                     mine[values[0]] = (values[8], share_of(values))
         for rid, (finished, share) in mine.items():
             if rid in best:
-                warnings.append(f"row {rid!r} is in {folders[owner[rid]]} and {folder}: the later attempt counts")
+                warnings.append(
+                    f"row {rid!r} is in {folders[owner[rid]]} and {folder}: the later attempt counts"
+                )
                 if finished < best[rid][0]:
                     continue
             best[rid], owner[rid] = (finished, share), i

@@ -10,7 +10,6 @@ the command's.
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,18 +77,7 @@ def folder_trace_dir(out: Path) -> Path:
     """Where a folder's traces go: ``OUT/traces/``, or the current directory's ``traces/`` when the folder
     cannot be written (a read-only mount, another user's folder: a trace only reads the folder)."""
     own = out / "traces"
-    probe = own if own.is_dir() else out
-    if os.access(probe, os.W_OK | os.X_OK) and _mount_rw(probe):
-        return own
-    return Path("traces") / out.resolve().name
-
-
-def _mount_rw(path: Path) -> bool:
-    """False on a read-only mount (where root's access() still says writable)."""
-    try:
-        return not os.statvfs(path).f_flag & os.ST_RDONLY
-    except OSError:
-        return False
+    return own if runfolder.writable(own if own.is_dir() else out) else Path("traces") / out.resolve().name
 
 
 def from_manifest(manifest: Path, row_id: str, *, model_dir: Path | None, opts: RunOptions,
