@@ -40,7 +40,7 @@ from cosyclone.run.export_card import CARD, card
 from cosyclone.run.export_formats import NEMO_LOADER_KEYS, LhotseManifests, NemoManifest
 from cosyclone.run.export_index import EVAL_NAME, EvalIndex, RecordIndex
 from cosyclone.run.export_lock import MARKER, ExportTarget
-from cosyclone.run.export_rows import Skipped, Source, iter_rows, parse_splits, split_of
+from cosyclone.run.export_rows import CORRUPT_RECORD, Skipped, Source, iter_rows, parse_splits, split_of
 from cosyclone.run.export_shards import ExportRow, ShardInfo
 from cosyclone.run.lock import live_writers
 from cosyclone.run.scores import scores_path
@@ -66,6 +66,7 @@ class ExportSummary:
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> rows not exported
     eval_columns: bool = False  # scores.jsonl's verdicts are columns
     splits: dict[str, int] = field(default_factory=dict)  # split -> rows
+    corrupt: tuple[str, ...] = ()  # each records line that is not a record, by file, line and byte offset
 
     @property
     def bytes(self) -> int:
@@ -299,6 +300,8 @@ def _write(
     suffixes: dict[str, str] = {}  # the first row's audio and prompt suffixes (the card's member names)
     try:
         for src in sources:
+            for where in src.index.corrupt:
+                skipped.add(str(src.folder), "", CORRUPT_RECORD, where)
             for row_id, reason in src.index.failed():
                 skipped.add(str(src.folder), row_id, "failed", reason)
             done = 0
@@ -380,4 +383,5 @@ def _write(
         skipped=dict(skipped.counts),
         eval_columns=backends is not None,
         splits={k: v for k, v in counts.items() if v} if parts else {},
+        corrupt=tuple(line for s in sources for line in s.index.corrupt),
     )

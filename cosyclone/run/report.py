@@ -179,26 +179,32 @@ def merged_totals(folders: Sequence[Path], *, runs: bool = False) -> tuple[dict[
         totals = totals_of(kept)
         if runs:
             totals["runs"] = _counts(kept, "run:")
-        return totals, warnings
+        return totals, [line for idx in indexes for line in idx.corrupt_lines()] + warnings
     finally:
         for idx in indexes:
             idx.close()
 
 
-def _lines(path: Path) -> Iterable[dict[str, Any]]:
-    """The JSON objects of a records file, a line at a time (a line that does not parse is no record)."""
+def _lines(path: Path, corrupt: list[str]) -> Iterable[dict[str, Any]]:
+    """The JSON objects of a records file, a line at a time; each whole line that is not an object is
+    named in ``corrupt`` (a torn last line, from a kill, is not)."""
     try:
         fh = open(path, "rb")  # noqa: SIM115 (closed below, the generator's whole life)
     except FileNotFoundError:
         return
     with fh:
-        for raw in fh:
+        offset = 0
+        for number, raw in enumerate(fh, 1):
+            here, offset = offset, offset + len(raw)
             try:
                 obj = json.loads(raw.decode("utf-8", errors="replace"))
             except json.JSONDecodeError:
-                continue
+                obj = None
             if isinstance(obj, dict):
                 yield obj
+            elif raw.endswith(b"\n") and raw.strip():
+                corrupt.append(f"{path} line {number} (byte {here}): not JSON, not a record; that row is "
+                               "left out until it is fixed")
 
 
 def streamed_totals(folders: Sequence[Path], *, runs: bool = False) -> tuple[dict[str, Any], list[str]]:
@@ -207,10 +213,11 @@ def streamed_totals(folders: Sequence[Path], *, runs: bool = False) -> tuple[dic
     best: dict[str, tuple[float, Sequence[Any]]] = {}
     owner: dict[str, int] = {}
     warnings: list[str] = []
+    corrupt: list[str] = []
     for i, folder in enumerate(folders):
         mine: dict[str, tuple[float, Sequence[Any]]] = {}
         for name in runfolder.record_sources(folder):
-            for obj in _lines(Path(folder) / name):
+            for obj in _lines(Path(folder) / name, corrupt):
                 values = row_values(obj, name, 0)
                 if values is not None and (values[0] not in mine or values[8] >= mine[values[0]][0]):
                     mine[values[0]] = (values[8], share_of(values))
@@ -228,7 +235,7 @@ def streamed_totals(folders: Sequence[Path], *, runs: bool = False) -> tuple[dic
     totals = totals_of(kept)
     if runs:
         totals["runs"] = _counts(kept, "run:")
-    return totals, warnings
+    return totals, corrupt + warnings
 
 
 def _shared(a: FolderIndex, b: FolderIndex) -> Iterable[tuple[str, float, float, Sequence[Any]]]:
