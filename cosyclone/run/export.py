@@ -67,6 +67,7 @@ class ExportSummary:
     eval_columns: bool = False  # scores.jsonl's verdicts are columns
     splits: dict[str, int] = field(default_factory=dict)  # split -> rows
     corrupt: tuple[str, ...] = ()  # each records line that is not a record, by file, line and byte offset
+    empty_splits: tuple[str, ...] = ()  # --split names that no row fell into (too few rows for the fraction)
 
     @property
     def bytes(self) -> int:
@@ -77,10 +78,14 @@ class ExportSummary:
         rate = f" at {self.sample_rate} Hz" if self.sample_rate else ""
         left = ", ".join(f"{k} {v}" for k, v in sorted(self.skipped.items()) if v)
         parts = f" ({', '.join(f'{k} {v}' for k, v in self.splits.items())})" if len(self.splits) > 1 else ""
+        empty = (f"; no row fell into split{'s' if len(self.empty_splits) > 1 else ''} "
+                 f"{', '.join(self.empty_splits)} ({self.rows} rows are too few for its fraction: give a "
+                 "larger one)" if self.empty_splits else "")
         return (
             f"exported {self.rows} of {self.records} rows{parts}{rate} into {len(self.shards)} {self.format} "
             f"file{'' if len(self.shards) == 1 else 's'} ({self.bytes} bytes) in {self.to_dir}"
             + (f"; not exported: {left} (each named in {MARKER})" if left else "")
+            + empty
         )
 
 
@@ -384,4 +389,5 @@ def _write(
         eval_columns=backends is not None,
         splits={k: v for k, v in counts.items() if v} if parts else {},
         corrupt=tuple(line for s in sources for line in s.index.corrupt),
+        empty_splits=tuple(k for k, v in counts.items() if parts and not v),
     )
