@@ -28,7 +28,7 @@ from cosyclone.report.figures import Figures, measure, normalized_text, read_eva
 from cosyclone.report.history import read_history
 from cosyclone.report.listing import Listed, select
 from cosyclone.report.outliers import find_outliers, redo_bytes, redo_path_for
-from cosyclone.report.target import check_page, write_new
+from cosyclone.report.target import check_page, check_redo, write_new
 from cosyclone.run import folder as runfolder
 from cosyclone.run import report as totals_mod
 from cosyclone.run.row_record import RowRecord
@@ -189,8 +189,9 @@ def write_html_report(folders: Sequence[Path], page: Path, *, link_audio: bool =
     t0 = time.perf_counter()
     folders = [Path(f) for f in folders]
     page = Path(page)
+    check_page(page, folders)
     redo_path = redo_path_for(page)
-    check_page(page, redo_path, folders)
+    check_redo(page, redo_path)
     records, where, warnings = merge_records(folders)
     totals = totals_mod.folder_totals(records.values())
     figures = measure(records.values(), read_eval(folders, records))

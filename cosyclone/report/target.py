@@ -31,12 +31,12 @@ def _is_our_page(path: Path) -> bool:
         return False
 
 
-def check_page(page: Path, redo: Path, folders: Sequence[Path]) -> None:
+def check_page(page: Path, folders: Sequence[Path]) -> None:
     """Refuse a page path that would write over what the report does not own (see the module)."""
     text = os.fspath(page)
     if not text.strip():
         raise CosycloneError("--html needs a file name for the page (such as report.html)")
-    if text.endswith(os.sep) or page.is_dir():
+    if text.endswith(os.sep) or page.is_dir() or not page.name:
         raise CosycloneError(f"--html {page} is a folder: give the page's file name (such as report.html)")
     parent = page.parent if str(page.parent) else Path(".")
     if not parent.is_dir():
@@ -50,6 +50,10 @@ def check_page(page: Path, redo: Path, folders: Sequence[Path]) -> None:
     if os.path.lexists(page) and not _is_our_page(page):
         raise CosycloneError(f"--html {page} exists and is not a page cosyclone report wrote: it is left as "
                              "it is; give a new file name")
+
+
+def check_redo(page: Path, redo: Path) -> None:
+    """Refuse a redo manifest path holding a file not written with the page there (see the module)."""
     if os.path.lexists(redo) and not (_is_our_page(page) and redo.is_file() and not redo.is_symlink()):
         raise CosycloneError(f"{redo} exists and was not written with a page of cosyclone report: it is "
                              "left as it is; give another page name")
