@@ -60,12 +60,14 @@ def test_a_page_replaces_its_own_page_only(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("target", ["{tmp}/missing/page.html", "{tmp}/adir", "{tmp}/adir/", "", "/"])
-def test_a_page_path_that_cannot_be_a_page_is_one_line_and_leaves_nothing(target: str, tmp_path: Path) -> None:
+def test_a_page_path_that_cannot_be_a_page_is_one_line_and_leaves_nothing(target: str,
+                                                                         tmp_path: Path) -> None:
     out = _folder(tmp_path / "out")
     (tmp_path / "adir").mkdir()
     before = sorted(p.name for p in tmp_path.rglob("*"))
     res = _report(str(out), "--html", target.format(tmp=tmp_path))
-    assert res.exit_code == 2 and "Traceback" not in res.output and res.output.count("error:") == 1, res.output
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert res.output.count("error:") == 1, res.output
     assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no folder made, no temporary page left
 
 
@@ -112,7 +114,8 @@ def test_report_reads_a_folder_the_user_cannot_write_and_eval_refuses_in_one_lin
     res = run_unprivileged(["report", str(out), "--json"], cwd=open_tmp)
     assert res.returncode == 0, res.stderr
     got = json.loads(res.stdout)
-    assert {k: got[k] for k in ("rows", "done", "failed")} == {k: expected[k] for k in ("rows", "done", "failed")}
+    keys = ("rows", "done", "failed")
+    assert {k: got[k] for k in keys} == {k: expected[k] for k in keys}
     res = run_unprivileged(["report", str(out), "--html", str(open_tmp / "page.html")], cwd=open_tmp)
     assert res.returncode == 0 and (open_tmp / "page.html").stat().st_size > 0, res.stderr
     res = run_unprivileged(["eval", str(out)], cwd=open_tmp)
