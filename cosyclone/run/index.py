@@ -323,8 +323,8 @@ def _changed(path: Path, inode: int, size: int, head: str, mtime: int | None, ta
     st = os.stat(path)
     if st.st_ino != inode or st.st_size < size or mtime is None:
         return True
-    if st.st_size == size:
-        return st.st_mtime_ns != mtime  # written in place at the same size
+    if st.st_size == size and st.st_mtime_ns != mtime:
+        return True  # written in place at the same size
     return bool(size) and (_head(path) != head or _tail(path, size) != tail)
 
 

@@ -58,8 +58,11 @@ def make_read_only(folder: Path) -> None:
         pytest.skip("this user can still write a read-only folder: no way to test as an unprivileged user")
 
 
-def run_unprivileged(args: list[str], *, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """``cosyclone ARGS`` as an unprivileged user (nobody, where this is root), in ``cwd``."""
+def run_unprivileged(args: list[str], *, cwd: Path, timeout: float = 600,
+                     code: str = "import sys; from cosyclone.cli import app; sys.argv[0] = 'cosyclone'; app()"
+                     ) -> subprocess.CompletedProcess[str]:
+    """``cosyclone ARGS`` (or Python ``code`` with ARGS) as an unprivileged user (nobody, where this is
+    root), in ``cwd``."""
     prefix: list[str] = []
     if os.geteuid() == 0:
         if shutil.which("setpriv") is None:
@@ -71,6 +74,5 @@ def run_unprivileged(args: list[str], *, cwd: Path, timeout: float = 600) -> sub
     home.chmod(0o1777)
     env = {**os.environ, "HOME": str(home), "XDG_CACHE_HOME": str(home / "cache"),
            "MPLCONFIGDIR": str(home / "mpl"), "PYTHONPATH": str(ROOT)}
-    code = "import sys; from cosyclone.cli import app; sys.argv[0] = 'cosyclone'; app()"
     return subprocess.run([*prefix, sys.executable, "-c", code, *args], cwd=cwd, env=env, text=True,
                           capture_output=True, timeout=timeout)
