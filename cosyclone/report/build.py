@@ -11,6 +11,7 @@ over a file report did not write).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shlex
@@ -23,7 +24,7 @@ from typing import Any
 from cosyclone.base.version import __version__
 from cosyclone.eval.summary import load_eval_summary
 from cosyclone.report import page as html_page
-from cosyclone.report.audio import sources
+from cosyclone.report.audio import Reader, sources
 from cosyclone.report.figures import Figures, measure, normalized_text, read_eval, stop_reason
 from cosyclone.report.history import read_history
 from cosyclone.report.listing import Listed, select
@@ -31,6 +32,8 @@ from cosyclone.report.outliers import find_outliers, redo_bytes, redo_path_for
 from cosyclone.report.target import check_page, check_redo, write_new
 from cosyclone.run import folder as runfolder
 from cosyclone.run import report as totals_mod
+from cosyclone.run.checked_read import audio_cap, read_checked
+from cosyclone.run.export_rows import prompt_blob
 from cosyclone.run.row_record import RowRecord
 
 FAILED_SHOWN = 200  # failed rows the page lists by name (the totals count them all)
@@ -116,8 +119,8 @@ def _cards(
     figures: Figures, listed: Sequence[Listed], where: Mapping[str, Path], page_dir: Path, *, link_audio: bool
 ) -> list[html_page.Card]:
     recs = [figures.records[item.index] for item in listed]
-    outputs = [runfolder.audio_path(where[rec.id], rec) for rec in recs]
-    prompts = [Path(rec.prompt_audio) if rec.prompt_audio else None for rec in recs]
+    outputs = [(runfolder.audio_path(where[rec.id], rec), _audio_reader(rec.samples)) for rec in recs]
+    prompts = [(Path(rec.prompt_audio) if rec.prompt_audio else None, _prompt_reader(rec)) for rec in recs]
     audio = sources(outputs + prompts, page_dir, link_audio=link_audio)
     cards = []
     for k, (item, rec) in enumerate(zip(listed, recs, strict=True)):
@@ -138,6 +141,29 @@ def _cards(
             )
         )
     return cards
+
+
+@functools.cache
+def _audio_reader(samples: int | None) -> Reader:
+    """A row's audio as its record allows: a regular file, no symlink, at most its samples' bytes."""
+    return functools.partial(_read_audio, cap=audio_cap(samples))
+
+
+def _read_audio(path: Path, *, cap: int) -> bytes:
+    return read_checked(path, cap)
+
+
+def _prompt_reader(rec: RowRecord) -> Reader:
+    """The row's prompt, only when its bytes are the prompt the row was made from (its recorded hash)."""
+    parts = rec.fingerprint_parts
+
+    def read(path: Path) -> bytes:
+        got = prompt_blob(str(path), parts)
+        if isinstance(got, tuple):
+            raise OSError(0, got[1].removeprefix(f"{path}: "), str(path))
+        return got.data
+
+    return read
 
 
 def _totals_table(totals: Mapping[str, Any]) -> str:

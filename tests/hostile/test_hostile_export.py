@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import soundfile as sf
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from cosyclone.cli import app
 from cosyclone.errors import CosycloneError
@@ -38,7 +38,7 @@ def _audio(out: Path, row_id: str) -> Path:
     return path
 
 
-def _export(*args: str) -> object:
+def _export(*args: str) -> Result:
     return CliRunner().invoke(app, ["export", *args])
 
 
@@ -132,10 +132,10 @@ def test_a_prompt_swapped_for_a_special_file_is_refused_by_kind(tmp_path: Path) 
 
     fifo = tmp_path / "fifo.wav"
     os.mkfifo(fifo)
-    reason, detail = prompt_blob(str(fifo), {"prompt_audio": "0" * 16})  # no hang: opened without blocking
-    assert reason == "prompt_mismatch" and "a FIFO" in detail
-    reason, detail = prompt_blob("/dev/zero", {"prompt_audio": "0" * 16})
-    assert reason == "prompt_mismatch" and "character device" in detail
+    got = prompt_blob(str(fifo), {"prompt_audio": "0" * 16})  # no hang: opened without blocking
+    assert isinstance(got, tuple) and got[0] == "prompt_mismatch" and "a FIFO" in got[1]
+    got = prompt_blob("/dev/zero", {"prompt_audio": "0" * 16})
+    assert isinstance(got, tuple) and got[0] == "prompt_mismatch" and "character device" in got[1]
 
 
 def test_a_fifo_a_device_and_a_link_in_wavs_cost_one_skipped_row_each(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from cosyclone.cli import app
 from tests.hostile.users import make_read_only, open_tmp, run_unprivileged
@@ -26,7 +26,7 @@ def _folder(out: Path) -> Path:
     return out
 
 
-def _report(*args: str) -> object:
+def _report(*args: str) -> Result:
     return CliRunner().invoke(app, ["report", *args])
 
 
@@ -124,3 +124,35 @@ def test_report_reads_a_folder_the_user_cannot_write_and_eval_refuses_in_one_lin
         f"error: {out} cannot be written (a read-only folder or mount): eval writes its scores there; "
         "report and export read such a folder as it is"]
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_the_page_plays_only_checked_files(tmp_path: Path) -> None:
+    import hashlib
+
+    import soundfile as sf
+
+    from cosyclone.report.audio import source
+    from cosyclone.report.build import _audio_reader, _prompt_reader
+    from cosyclone.run.folder import audio_path, read_records
+    from tests.run_folders import tone
+
+    prompt, secret = tmp_path / "voice.wav", tmp_path / "secret.wav"
+    sf.write(str(prompt), tone(1, 0.5), 16000)
+    sf.write(str(secret), tone(7, 0.5), 16000)
+    parts = {"fingerprint_parts": {"prompt_audio": hashlib.sha256(prompt.read_bytes()).hexdigest()[:16]}}
+    out = tmp_path / "out"
+    write(out, [Row("a", 1, prompt_audio=str(prompt), extra=parts), Row("b", 2)])
+    recs = read_records(out)
+    a, b = recs["a"], recs["b"]
+    wav_a, wav_b = audio_path(out, a), audio_path(out, b)
+    assert wav_a is not None and wav_b is not None
+    assert source(prompt, tmp_path, link_audio=False, read=_prompt_reader(a)).src is not None
+    assert source(wav_a, tmp_path, link_audio=False, read=_audio_reader(a.samples)).src is not None
+    prompt.unlink()
+    prompt.symlink_to(secret)
+    got = source(prompt, tmp_path, link_audio=False, read=_prompt_reader(a))
+    assert got.src is None and "not the file the row was made from" in got.note
+    wav_a.unlink()
+    wav_a.symlink_to(wav_b)  # another row's file of the same length
+    got = source(wav_a, tmp_path, link_audio=True, read=_audio_reader(a.samples))
+    assert got.src is None and "symlink" in got.note
