@@ -1,7 +1,7 @@
 """Commands run as an unprivileged user, for the hostile cases where a permission is the point.
 
 As root (CI): the child process drops to ``nobody`` (uid/gid 65534, no groups; the user made with
-``useradd`` when the system has none) before it runs, in
+``useradd`` when the system has none) before it runs (``setpriv``, else subprocess's ``user``), in
 folders made world-readable under ``/tmp`` (pytest's own ``tmp_path`` is root's alone). As another user:
 that user is already unprivileged, and a folder is made read-only with ``chmod``. Skipped only where
 neither works (no root, and ``chmod`` does not stop this user).
@@ -65,13 +65,17 @@ def run_unprivileged(args: list[str], *, cwd: Path, timeout: float = 600,
     """``cosyclone ARGS`` (or Python ``code`` with ARGS) as an unprivileged user (nobody, where this is
     root), in ``cwd``."""
     who: dict[str, object] = {}
-    if os.geteuid() == 0:  # the child drops to nobody before it runs (setgroups, setgid, setuid)
+    prefix: list[str] = []
+    if os.geteuid() == 0:  # the child drops to nobody before it runs: setpriv, else subprocess's own
         _ensure_nobody()
-        who = {"user": NOBODY, "group": NOBODY, "extra_groups": []}
+        if shutil.which("setpriv"):
+            prefix = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+        else:
+            who = {"user": NOBODY, "group": NOBODY, "extra_groups": []}
     home = cwd / "home"
     home.mkdir(exist_ok=True)
     home.chmod(0o1777)
     env = {**os.environ, "HOME": str(home), "XDG_CACHE_HOME": str(home / "cache"),
            "MPLCONFIGDIR": str(home / "mpl"), "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=env, text=True,
+    return subprocess.run([*prefix, sys.executable, "-c", code, *args], cwd=cwd, env=env, text=True,
                           capture_output=True, timeout=timeout, **who)  # type: ignore[call-overload]
