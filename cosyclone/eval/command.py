@@ -45,12 +45,7 @@ def eval_command(
         opts = ScoringOptions(**options)
     except CosycloneError as exc:
         fail(str(exc))
-    from cosyclone.run import folder as runfolder
-
-    if out.is_dir() and not runfolder.writable(out):
-        typer.echo(f"error: {out} cannot be written (a read-only folder or mount): eval writes its scores "
-                   "there; report and export read such a folder as it is", err=True)
-        raise typer.Exit(Exit.WRITE)
+    _refuse_read_only(out)
     if opts.manifest is None:
         fail("give --manifest FILE: the manifest OUT was synthesized from (its texts are the references)")
     if not opts.asr_model:
@@ -104,3 +99,13 @@ def eval_command(
         typer.echo(f"{len(result.redo_ids)} rows to redo: cosyclone synth {redo} --out {here}")
     bad = result.summary["failing"] or result.summary["errors"]
     raise typer.Exit(Exit.ROWS_FAILED if bad else Exit.OK)
+
+
+def _refuse_read_only(out: Path) -> None:
+    """One line, before any model loads, for a folder eval cannot write its scores into."""
+    from cosyclone.run import folder as runfolder
+
+    if out.is_dir() and not runfolder.writable(out):
+        typer.echo(f"error: {out} cannot be written (a read-only folder or mount): eval writes its scores "
+                   "there; report and export read such a folder as it is", err=True)
+        raise typer.Exit(Exit.WRITE)
