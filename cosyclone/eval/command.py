@@ -12,6 +12,7 @@ therefore loop ``synth -> eval -> synth OUT/redo.jsonl`` until eval exits 0.
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -48,6 +49,7 @@ def eval_command(
         opts = ScoringOptions(**options)
     except CosycloneError as exc:
         fail(str(exc))
+    _refuse_read_only(out)
     if opts.manifest is None:
         fail("give --manifest FILE: the manifest OUT was synthesized from (its texts are the references)")
     manifest = opts.manifest
@@ -80,7 +82,8 @@ def eval_command(
             typer.echo(f"{manifest}: line {rec.line}, row {rec.id!r}: {rec.error}", err=True)
     render_eval_summary(result.summary)
     if result.redo_path is not None:
-        typer.echo(f"{len(result.redo_ids)} rows to redo: cosyclone synth {result.redo_path} --out {out}")
+        redo, here = shlex.quote(str(result.redo_path)), shlex.quote(str(out))
+        typer.echo(f"{len(result.redo_ids)} rows to redo: cosyclone synth {redo} --out {here}")
     bad = result.summary["failing"] or result.summary["errors"]
     raise typer.Exit(Exit.ROWS_FAILED if bad else Exit.OK)
 
@@ -111,3 +114,13 @@ def _eval_options(opts: ScoringOptions) -> EvalOptions:
         dnsmos=opts.dnsmos,
         language=opts.language,
     )
+
+
+def _refuse_read_only(out: Path) -> None:
+    """One line, before any model loads, for a folder eval cannot write its scores into."""
+    from cosyclone.run import folder as runfolder
+
+    if out.is_dir() and not runfolder.writable(out):
+        typer.echo(f"error: {out} cannot be written (a read-only folder or mount): eval writes its scores "
+                   "there; report and export read such a folder as it is", err=True)
+        raise typer.Exit(Exit.WRITE)

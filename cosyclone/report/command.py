@@ -32,11 +32,15 @@ def report_command(
     from cosyclone.eval.summary import load_eval_summary
     from cosyclone.options import build
     from cosyclone.report.options import ReportOptions
+    from cosyclone.run import folder as runfolder
     from cosyclone.run import report as totals_mod
 
     for path in folders:
         if not path.is_dir():
             _fail(f"{path}: not a folder")
+        if not (runfolder.record_sources(path) or (path / runfolder.RUNS_NAME).is_file()
+                or runfolder.state_dir(path).is_dir()):
+            _fail(f"{path}: not a run folder (no {runfolder.DIAG_NAME}, journal or {runfolder.RUNS_NAME})")
     try:
         page: ReportOptions = build(ReportOptions, options)
     except CosycloneError as exc:

@@ -13,7 +13,6 @@ row's manifest fields from its record, the prompt's path absolute, the next seed
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,6 +83,8 @@ def redo_line(rec: RowRecord) -> dict[str, Any]:
         obj["instruct"] = rec.instruct
     if rec.speed != 1.0:
         obj["speed"] = rec.speed
+    if rec.meta is not None:  # the row's meta goes with it, as into eval's redo.jsonl: a redo keeps it
+        obj["meta"] = rec.meta
     obj["seed"] = redo_seed(rec.id, rec.seed if rec.seed >= 0 else _derived_seed(rec.id))
     return obj
 
@@ -100,14 +101,12 @@ def redo_path_for(page: Path) -> Path:
     return page.with_name(page.stem + ".redo.jsonl")
 
 
-def write_redo(path: Path, records: list[RowRecord]) -> Path:
-    """Write the redo manifest of ``records`` (each id once, in order) atomically; empty when none."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+def redo_bytes(records: list[RowRecord]) -> bytes:
+    """The redo manifest of ``records`` (each id once, in order); empty when none."""
     seen: set[str] = set()
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for rec in records:
-            if rec.id not in seen:
-                seen.add(rec.id)
-                fh.write(json.dumps(redo_line(rec), ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-    return path
+    lines = []
+    for rec in records:
+        if rec.id not in seen:
+            seen.add(rec.id)
+            lines.append(json.dumps(redo_line(rec), ensure_ascii=False) + "\n")
+    return "".join(lines).encode("utf-8")

@@ -9,6 +9,7 @@ fetched).
 from __future__ import annotations
 
 import html
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ from cosyclone.report.audio import AudioSource
 from cosyclone.report.history import RunLine
 from cosyclone.report.outliers import Outlier
 from cosyclone.report.plots import Plot
+from cosyclone.report.target import GENERATOR
 
 STYLE = """
 body{font:14px/1.45 system-ui,sans-serif;margin:0 auto;max-width:1320px;padding:16px 24px;color:#222}
@@ -158,7 +160,7 @@ def outlier_table(outliers: Sequence[Outlier], ids: Sequence[str], redo_name: st
     more = f" The {OUTLIERS_SHOWN} most extreme:" if len(outliers) > OUTLIERS_SHOWN else ""
     return (
         f"<p>{len(outliers)} flagged ({len(set(ids[o.index] for o in outliers))} rows), all written as a "
-        f"redo manifest: <code>cosyclone synth {esc(redo_name)} --out OUT</code>.{more}</p>"
+        f"redo manifest: <code>cosyclone synth {esc(shlex.quote(redo_name))} --out OUT</code>.{more}</p>"
         + table(("id", "measure", "value", "IQRs past the fence", "suggests"), rows, numeric={2, 3})
     )
 
@@ -207,6 +209,7 @@ def render(
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
+{GENERATOR}
 <link rel="icon" href="data:,"><style>{STYLE}</style></head>
 <body><h1>{esc(title)}</h1>
 <h2 id="totals">Totals</h2>{totals}{evals}

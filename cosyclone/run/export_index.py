@@ -27,6 +27,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from cosyclone.manifest.rows import check_id
 from cosyclone.run import folder as runfolder
 from cosyclone.run.audio_out import MODEL_RATE
 from cosyclone.run.columns import MetaKeys
@@ -59,18 +60,24 @@ def open_sources(paths: list[Path]) -> list[BinaryIO]:
     return files
 
 
-def iter_lines(fh: BinaryIO) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(byte offset, object) of each JSON-object line of an open file, streamed; torn lines skipped."""
+def iter_lines(fh: BinaryIO, corrupt: list[str] | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(byte offset, object) of each record line of an open file (an object with an id the manifest would
+    take), streamed; a torn last line is skipped, any other line that is not a record named in ``corrupt``
+    (file, line, byte offset)."""
     fh.seek(0)
     offset = 0
-    for raw in fh:
+    for number, raw in enumerate(fh, 1):
         here, offset = offset, offset + len(raw)
         try:
             obj = json.loads(raw.decode("utf-8", errors="replace"))
         except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict):
+            obj = None
+        rid = obj.get("id") if isinstance(obj, dict) else None
+        if isinstance(obj, dict) and isinstance(rid, str) and check_id(rid) is None:
             yield here, obj
+        elif corrupt is not None and raw.endswith(b"\n") and raw.strip():
+            why = "not JSON" if obj is None else "no valid id"
+            corrupt.append(f"{getattr(fh, 'name', '?')} line {number} (byte {here}): {why}, not a record")
 
 
 def _number(value: Any, default: float) -> float:
@@ -118,8 +125,9 @@ class RecordIndex:
                                    *sorted(runfolder.state_dir(out_dir).glob("journal-*.jsonl"))])
         hi, lo, src, off, line = array("Q"), array("Q"), array("H"), array("q"), array("q")
         finished, rate = array("d"), array("i")  # rate 0: the line is not an ok record
+        self.corrupt: list[str] = []  # the lines that are not records, each named by file, line and byte
         for s, fh in enumerate(self.files):
-            for _, obj in _keyed(iter_lines(fh), hi, lo, off):
+            for _, obj in _keyed(iter_lines(fh, self.corrupt), hi, lo, off):
                 src.append(s)
                 line.append(int(_number(obj.get("line"), 0.0)))
                 finished.append(_number(obj.get("finished_at"), 0.0))

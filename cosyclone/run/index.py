@@ -9,10 +9,13 @@ the record file and byte offset of its current record, and its share of the tota
 
 The index follows the files, never the other way round: a record line is written (and fsynced)
 before the index hears of it. Opening the index checks each records file against what was indexed
-of it (inode, size, a hash of its first line): a file that grew is read from where the index
-stopped (a run killed between the two writes, another shard's journal); a file that shrank or was
-replaced, or an index that is missing, unreadable or of another schema, makes the index be built
-again from every records file, streaming. The current record of an id is the one with the latest
+of it (inode, size, modification time, a hash of its first line and of the bytes before where the index
+stopped): a file that grew with those bytes unchanged is read from where the index stopped (a run killed
+between the two writes, another shard's journal); a file that shrank, was replaced or was changed in
+place (even at the same size: its modification time moved while its size did not), or an index that is
+missing, unreadable or of another schema, makes the index be built again from every records file,
+streaming. A whole line that is not a record (not JSON, no valid id) is kept in a ``corrupt`` table by
+file and byte offset, so ``report`` names it. The current record of an id is the one with the latest
 ``finished_at``, a later line winning a tie (as :func:`cosyclone.run.folder.read_records`). Totals
 are exact in any order rows arrive in (a resume, shards, a row redone): counts are integers, and
 audio seconds are summed as integers of 2^-40 s.
@@ -34,7 +37,7 @@ from cosyclone.run.index_reads import IndexReads
 from cosyclone.run.index_rows import COLUMNS, SHARE_COLUMNS, add_share, row_values, share_ddl
 
 INDEX_NAME = "index.sqlite"  # under the folder's .cosyclone/
-SCHEMA = "cosyclone-index-2"
+SCHEMA = "cosyclone-index-3"  # 3: sources keep mtime and tail, corrupt lines kept
 ROWS_PER_COMMIT = 2000  # record lines read into the index per transaction (what a build holds at once)
 
 
@@ -42,6 +45,16 @@ def _head(path: Path) -> str:
     """A hash of a file's first line: tells a rewritten file from one that only grew."""
     with open(path, "rb") as fh:
         return hashlib.blake2b(fh.readline(), digest_size=8).hexdigest()
+
+
+TAIL_BYTES = 4096  # the bytes before the indexed end whose hash tells a file that only grew
+
+
+def _tail(path: Path, end: int) -> str:
+    """A hash of the ``TAIL_BYTES`` before byte ``end`` (what an append leaves as it was)."""
+    with open(path, "rb") as fh:
+        fh.seek(max(0, end - TAIL_BYTES))
+        return hashlib.blake2b(fh.read(min(end, TAIL_BYTES)), digest_size=8).hexdigest()
 
 
 class FolderIndex(IndexReads):
@@ -98,10 +111,13 @@ class FolderIndex(IndexReads):
         """A fresh, empty index (any earlier one is dropped)."""
         db = self.db
         with self._tx():
-            for table in ("meta", "sources", "rows", "totals"):
+            for table in ("meta", "sources", "rows", "totals", "corrupt"):
                 db.execute(f"DROP TABLE IF EXISTS {table}")
             db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
-            db.execute("CREATE TABLE sources (name TEXT PRIMARY KEY, inode INTEGER, size INTEGER, head TEXT)")
+            db.execute("CREATE TABLE sources (name TEXT PRIMARY KEY, inode INTEGER, size INTEGER, head TEXT, "
+                       "mtime INTEGER, tail TEXT)")
+            db.execute("CREATE TABLE corrupt (src TEXT NOT NULL, offset INTEGER NOT NULL, why TEXT NOT NULL, "
+                       "PRIMARY KEY (src, offset)) WITHOUT ROWID")
             shares = ", ".join(share_ddl())  # every share column but ``reason``, declared below
             db.execute(
                 "CREATE TABLE rows (id TEXT PRIMARY KEY, fingerprint TEXT, status TEXT NOT NULL, file TEXT, "
@@ -129,23 +145,18 @@ class FolderIndex(IndexReads):
             try:
                 if not self._schema_ok():
                     raise _Stale
-                known = {name: (inode, size, head) for name, inode, size, head
-                         in self.db.execute("SELECT name, inode, size, head FROM sources")}
+                known = {row[0]: row[1:] for row
+                         in self.db.execute("SELECT name, inode, size, head, mtime, tail FROM sources")}
                 if set(known) - set(sources):  # a file the index points into is gone
                     raise _Stale
                 tails: list[tuple[str, int]] = []
                 for name in sources:
-                    st = os.stat(self.out_dir / name)
                     was = known.get(name)
                     if was is None:
                         tails.append((name, 0))
-                    elif (
-                        was[0] != st.st_ino
-                        or st.st_size < was[1]
-                        or (was[1] and _head(self.out_dir / name) != was[2])
-                    ):
+                    elif _changed(self.out_dir / name, *was):
                         raise _Stale
-                    elif st.st_size > was[1]:
+                    elif os.stat(self.out_dir / name).st_size > was[1]:
                         tails.append((name, was[1]))
                 for name, start in tails:
                     self._read_source(name, start)
@@ -186,6 +197,7 @@ class FolderIndex(IndexReads):
         path = self.out_dir / name
         st = os.stat(path)
         batch: list[tuple[Any, ...]] = []
+        bad: list[tuple[str, int, str]] = []
         end = start
         with open(path, "rb") as fh:
             fh.seek(start)
@@ -198,17 +210,21 @@ class FolderIndex(IndexReads):
                 try:
                     obj = json.loads(raw.decode("utf-8", errors="replace"))
                 except json.JSONDecodeError:
-                    continue
+                    obj = None
                 values = row_values(obj, name, here) if isinstance(obj, dict) else None
                 if values is not None:
                     batch.append(values)
+                elif raw.strip():
+                    bad.append((name, here, "not JSON" if obj is None else "no valid id"))
                 if len(batch) >= ROWS_PER_COMMIT:
                     self._put_batch(batch, bulk=bulk)
                     batch = []
         self._put_batch(batch, bulk=bulk)
         with contextlib.nullcontext() if bulk else self._tx():
-            self.db.execute("INSERT OR REPLACE INTO sources VALUES (?, ?, ?, ?)",
-                            (name, st.st_ino, end, _head(path) if end else ""))
+            self.db.executemany("INSERT OR REPLACE INTO corrupt VALUES (?, ?, ?)", bad)
+            self.db.execute("INSERT OR REPLACE INTO sources VALUES (?, ?, ?, ?, ?, ?)",
+                            (name, st.st_ino, end, _head(path) if end else "", os.stat(path).st_mtime_ns,
+                             _tail(path, end)))
 
     def _put_batch(self, batch: list[tuple[Any, ...]], *, bulk: bool) -> None:
         if not batch:
@@ -228,7 +244,9 @@ class FolderIndex(IndexReads):
         values = row_values(obj, src, offset)
         with self._tx():
             was = self._put(values) if values is not None else None
-            self.db.execute("UPDATE sources SET size = ? WHERE name = ? AND size < ?", (end, src, end))
+            path = self.out_dir / src
+            self.db.execute("UPDATE sources SET size = ?, mtime = ?, tail = ? WHERE name = ? AND size < ?",
+                            (end, os.stat(path).st_mtime_ns, _tail(path, end), src, end))
             if offset == 0:  # the file's first line: what tells it from a rewritten one
                 self.db.execute(
                     "UPDATE sources SET head = ? WHERE name = ?", (_head(self.out_dir / src), src)
@@ -285,9 +303,11 @@ class FolderIndex(IndexReads):
             self.db.executemany("UPDATE rows SET src = ?, offset = ? WHERE id = ? AND src = ? AND offset = ?",
                                 ((dst, new, rid, src, old) for rid, old, new in lines))
             self.db.execute("DELETE FROM sources WHERE name = ?", (src,))
+            self.db.execute("DELETE FROM corrupt WHERE src = ?", (src,))
             path = self.out_dir / dst
-            self.db.execute("INSERT OR REPLACE INTO sources VALUES (?, ?, ?, ?)",
-                            (dst, os.stat(path).st_ino, dst_end, _head(path)))
+            st = os.stat(path)
+            self.db.execute("INSERT OR REPLACE INTO sources VALUES (?, ?, ?, ?, ?, ?)",
+                            (dst, st.st_ino, dst_end, _head(path), st.st_mtime_ns, _tail(path, dst_end)))
 
     # ------------------------------------------------------------------ reading
 
@@ -296,6 +316,16 @@ class FolderIndex(IndexReads):
             self.db.close()
             while self._files:
                 self._files.popitem()[1].close()
+
+
+def _changed(path: Path, inode: int, size: int, head: str, mtime: int | None, tail: str | None) -> bool:
+    """Whether a records file is no longer what the index read of it (anything but an append)."""
+    st = os.stat(path)
+    if st.st_ino != inode or st.st_size < size or mtime is None:
+        return True
+    if st.st_size == size and st.st_mtime_ns != mtime:
+        return True  # written in place at the same size
+    return bool(size) and (_head(path) != head or _tail(path, size) != tail)
 
 
 class _Stale(Exception):

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cosyclone.manifest.rows import check_id
+
 AUDIO_SCALE = 2**40  # audio seconds are summed as integers of 2^-40 s (exact in any order)
 
 #: sampler counter -> (calls total name, rows total name), as report.py reads them
@@ -83,7 +85,7 @@ def meta_dir(file: str | None) -> str | None:
 def row_values(obj: Mapping[str, Any], src: str, offset: int) -> tuple[Any, ...] | None:
     """The index row of a record line's object (columns in :data:`COLUMNS` order); None: not a record."""
     rid = obj.get("id")
-    if not isinstance(rid, str):
+    if not isinstance(rid, str) or check_id(rid) is not None:  # ids become paths: the manifest's rule
         return None
     status = obj.get("status") if isinstance(obj.get("status"), str) else "failed"
     ok = status == "ok"

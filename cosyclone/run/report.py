@@ -16,6 +16,7 @@ CPU threads, library versions) is shown as a mix: it never redoes a row, so a fo
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from fractions import Fraction
@@ -173,8 +174,15 @@ def merged_totals(folders: Sequence[Path], *, runs: bool = False) -> tuple[dict[
     With ``runs``, the totals carry ``runs`` (rows per ``run_id``) for :func:`versions_mix`.
     """
     # a folder without records adds 0
-    indexes = [open_read(f) for f in folders if runfolder.record_sources(f)]
     folders = [f for f in folders if runfolder.record_sources(f)]
+    indexes: list[FolderIndex] = []
+    try:
+        for f in folders:
+            indexes.append(open_read(f))
+    except (OSError, sqlite3.Error):  # OutputFolderError included: a folder this user cannot write
+        for idx in indexes:
+            idx.close()
+        return streamed_totals(folders, runs=runs)
     try:
         kept: dict[str, int] = {}
         for idx in indexes:
@@ -198,10 +206,63 @@ def merged_totals(folders: Sequence[Path], *, runs: bool = False) -> tuple[dict[
         totals = totals_of(kept)
         if runs:
             totals["runs"] = _counts(kept, "run:")
-        return totals, warnings
+        return totals, [line for idx in indexes for line in idx.corrupt_lines()] + warnings
     finally:
         for idx in indexes:
             idx.close()
+
+
+def _lines(path: Path, corrupt: list[str]) -> Iterable[dict[str, Any]]:
+    """The JSON objects of a records file, a line at a time; each whole line that is not an object is
+    named in ``corrupt`` (a torn last line, from a kill, is not)."""
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 (closed below, the generator's whole life)
+    except FileNotFoundError:
+        return
+    with fh:
+        offset = 0
+        for number, raw in enumerate(fh, 1):
+            here, offset = offset, offset + len(raw)
+            try:
+                obj = json.loads(raw.decode("utf-8", errors="replace"))
+            except json.JSONDecodeError:
+                obj = None
+            if isinstance(obj, dict):
+                yield obj
+            elif raw.endswith(b"\n") and raw.strip():
+                corrupt.append(f"{path} line {number} (byte {here}): not JSON, not a record; that row is "
+                               "left out until it is fixed")
+
+
+def streamed_totals(folders: Sequence[Path], *, runs: bool = False) -> tuple[dict[str, Any], list[str]]:
+    """:func:`merged_totals` without an index: one streaming pass over each folder's records files, for a
+    folder that cannot be written (a read-only mount, another user's); holds a row's share per id."""
+    best: dict[str, tuple[float, Sequence[Any]]] = {}
+    owner: dict[str, int] = {}
+    warnings: list[str] = []
+    corrupt: list[str] = []
+    for i, folder in enumerate(folders):
+        mine: dict[str, tuple[float, Sequence[Any]]] = {}
+        for name in runfolder.record_sources(folder):
+            for obj in _lines(Path(folder) / name, corrupt):
+                values = row_values(obj, name, 0)
+                if values is not None and (values[0] not in mine or values[8] >= mine[values[0]][0]):
+                    mine[values[0]] = (values[8], share_of(values))
+        for rid, (finished, share) in mine.items():
+            if rid in best:
+                warnings.append(
+                    f"row {rid!r} is in {folders[owner[rid]]} and {folder}: the later attempt counts"
+                )
+                if finished < best[rid][0]:
+                    continue
+            best[rid], owner[rid] = (finished, share), i
+    kept: dict[str, int] = {}
+    for _, share in best.values():
+        add_share(kept, share, +1)
+    totals = totals_of(kept)
+    if runs:
+        totals["runs"] = _counts(kept, "run:")
+    return totals, corrupt + warnings
 
 
 def _shared(a: FolderIndex, b: FolderIndex) -> Iterable[tuple[str, float, float, Sequence[Any]]]:

@@ -8,7 +8,8 @@ from the comments below (tests/docs/test_output_docs.py keeps them equal).
 
 Reading is tolerant: a line written by an older cosyclone lacks newer fields (they take their
 defaults) and may hold fields since dropped (ignored); lines are never rewritten. A line without a
-string ``id`` is not a record.
+string ``id`` that the manifest would take (:func:`cosyclone.manifest.rows.check_id`: ids become file
+names) is not a record: a folder received from someone else is read like a manifest.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from cosyclone.engine.outcome import RowCore, RowResult, SegmentText, core_values, join_segments
-from cosyclone.manifest.rows import Meta
+from cosyclone.manifest.rows import Meta, check_id
 from cosyclone.options import Mode
 from cosyclone.talker.diagnostics import STOP_REASONS, SamplerRowDiagnostics, row_stop_reason
 
@@ -86,7 +87,7 @@ class RowRecord(RowCore, RowStamp, FileFacts):
     def from_json(cls, obj: Mapping[str, Any]) -> RowRecord | None:
         """A record read back (older lines included); None when ``obj`` is not a row record."""
         rid = obj.get("id")
-        if not isinstance(rid, str):
+        if not isinstance(rid, str) or check_id(rid) is not None:
             return None
         values = {f.name: obj.get(f.name, _DEFAULTS.get(f.name)) for f in fields(cls)}
         if values["file"] is None and obj.get("wav"):  # written before audio formats: the WAV's path

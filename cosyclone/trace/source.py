@@ -16,6 +16,7 @@ from typing import Any
 
 from cosyclone.errors import CosycloneError
 from cosyclone.manifest import ManifestRow, read_manifest
+from cosyclone.manifest.rows import check_id
 from cosyclone.options import FolderOptions, RunOptions, build
 from cosyclone.run import folder as runfolder
 from cosyclone.run.audio_out import AudioOutput
@@ -43,6 +44,9 @@ def from_folder(out: Path, row_id: str, *, model_dir: Path | None, device: str |
     ``model_dir``: the model, when it has moved)."""
     if not (out / runfolder.DIAG_NAME).is_file() and not runfolder.state_dir(out).is_dir():
         raise CosycloneError(f"{out}: not a run folder (no {runfolder.DIAG_NAME})")
+    bad = check_id(row_id)
+    if bad is not None:  # the id names the trace's file: a manifest's rule
+        raise CosycloneError(f"row id {row_id!r} {bad}: no row of a run folder has it")
     records = runfolder.read_records(out)
     rec = records.get(row_id)
     if rec is None:
@@ -68,7 +72,14 @@ def from_folder(out: Path, row_id: str, *, model_dir: Path | None, device: str |
         raise CosycloneError(f"row {row_id!r}: its prompt recording {row.prompt_audio} is gone")
     return TraceInput(row=row, opts=opts, model_dir=model, record=rec, output=output,
                       audio_file=runfolder.audio_path(out, rec), records=tuple(records.values()),
-                      trace_path=out / "traces" / f"{row_id}.jsonl")
+                      trace_path=folder_trace_dir(out) / f"{row_id}.jsonl")
+
+
+def folder_trace_dir(out: Path) -> Path:
+    """Where a folder's traces go: ``OUT/traces/``, or the current directory's ``traces/`` when the folder
+    cannot be written (a read-only mount, another user's folder: a trace only reads the folder)."""
+    own = out / "traces"
+    return own if runfolder.writable(own if own.is_dir() else out) else Path("traces") / out.resolve().name
 
 
 def from_manifest(manifest: Path, row_id: str, *, model_dir: Path | None, opts: RunOptions,

@@ -84,6 +84,7 @@ def test_a_spread_of_equal_values_flags_nothing_and_a_few_rows_are_not_judged() 
 
 def test_the_cli_lists_the_outliers_and_writes_their_redo_manifest(planted: Path, tmp_path: Path) -> None:
     page = tmp_path / "pages" / "night.html"
+    page.parent.mkdir()
     res = CliRunner().invoke(app, ["report", str(planted), "--html", str(page), "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout.splitlines()[0])["rows"] == 43  # stdout keeps the JSON
@@ -140,9 +141,12 @@ def test_speech_rate_counts_what_the_audio_says_not_the_instruction_before_it(tm
     assert figures.chars_per_s[0] == pytest.approx(19 / 2.0)
 
 
-def test_an_empty_folder_still_gets_its_page(tmp_path: Path) -> None:
+def test_a_run_folder_without_rows_still_gets_its_page_and_a_plain_folder_is_refused(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     page = tmp_path / "empty.html"
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "empty"), "--html", str(page)])
+    assert res.exit_code == 2 and "not a run folder" in res.output and not page.exists(), res.output
+    (tmp_path / "empty" / "diagnostics.jsonl").write_text("")
     res = CliRunner().invoke(app, ["report", str(tmp_path / "empty"), "--html", str(page)])
     assert res.exit_code == 0, res.output
     assert "No ok row to listen to" in page.read_text(encoding="utf-8")

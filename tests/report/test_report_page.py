@@ -92,6 +92,7 @@ def test_the_page_of_an_evaluated_folder_renders_offline_with_every_plot_and_pla
     evaluated: Path, tmp_path: Path
 ) -> None:
     page = tmp_path / "laptop" / "night.html"
+    page.parent.mkdir()
     res = _report([str(evaluated), "--html", str(page)])
     assert f"wrote {page}" in res.output and "rows to listen to" in res.output
     text = page.read_text(encoding="utf-8")
