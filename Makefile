@@ -11,6 +11,10 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 STAMP := $(VENV)/.installed
+# benchmarks/released_frontend.py (the frontend of the released geometry, random weights): the torch modules
+# of the v3 speech tokenizer and of CAM++, without their requirements (torchaudio has no build for torch 2.13;
+# the hub clients are never used). The same pins travel to the GPU machine in benchmarks/gpu_bundle_pins.txt.
+RELEASED_FRONTEND := s3tokenizer==0.3.0 speakerlab-slim==0.1.0
 
 .PHONY: install test test-gpu lint bench demo clean gpu-bundle gpu-check gpu-rehearsal
 
@@ -19,6 +23,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--no-deps --index-url "$(TORCH_INDEX)") "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q -e ".[dev,eval,ray,lhotse,report]"
+	$(BIN)/python -m pip install -q --no-deps $(RELEASED_FRONTEND)
 	touch $(STAMP)
 
 install: $(STAMP)

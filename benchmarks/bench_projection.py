@@ -1,8 +1,10 @@
 """The projection ``make bench`` prints: 10,000 distinct-prompt rows of 10 s on one H100, from the
-documented cost table (cosyclone/engine/projection.py: every figure an ESTIMATE until a GPU run
-measures it), with the rows per second of each stage and the one that bounds the run. No model
-runs: this is arithmetic over the table, which tests/engine/test_projection.py checks against the
-real scheduler driven by stand-in stages of set costs."""
+documented cost table (cosyclone/engine/projection.py: the frontend's figure MEASURED on the frontend
+of the released geometry, benchmarks/released_frontend.py, its machine named; the talker's and
+code2wav's ESTIMATES until a GPU run measures them), with the rows per second of each stage, of the
+one device the talker and code2wav share, and what bounds the run. No model runs: this is
+arithmetic over the table, which tests/engine/test_projection.py checks against the real scheduler
+driven by stand-in stages of set costs."""
 
 from __future__ import annotations
 

@@ -123,6 +123,7 @@ def eval_line(row: Row, *, wer: float, similarity: float) -> dict[str, Any]:
         "cer": wer / 2,
         "error_rate": wer,
         "speaker_similarity": {"resemblyzer": similarity},
+        "dnsmos_ovrl": 3.6 - 2.0 * wer,  # a worse row sounds worse too
         "fails": {},
     }
 

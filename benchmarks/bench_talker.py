@@ -6,10 +6,18 @@ so ``step_time >= weight_bytes / bandwidth``. Bandwidth is measured in the same 
 tensor copy. Official CosyVoice3 decodes at about 9.7 tok/s (BASELINE_CPU.md).
 
 Run: ``python benchmarks/bench_talker.py`` (a few minutes on 2 cores).
+
+``python -m benchmarks.bench_talker --occupancy --json``: a decode step's cost follows the live rows
+(:meth:`~cosyclone.talker.step.SlotStep.bucket_view`): one step at 16 live rows of 256 slots, one of a
+16-slot session, one at 256 live; the last line is JSON with ``step_ms_live16_of256``,
+``step_ms_slots16`` and ``step_ms_live256``.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -19,9 +27,14 @@ import torch
 
 from benchmarks.machine import cpu_name
 from cosyclone.base.device import DevicePolicy
-from cosyclone.model.config import released_config
+from cosyclone.model.config import ModelConfig, released_config
 from cosyclone.talker import DecodeOptions, TalkerRequest
+from cosyclone.talker.graphs import CudaGraphCapture, GraphedStep
 from cosyclone.talker.model import CosyVoice3LM, build_talker
+from cosyclone.talker.sampler import SamplerOptions
+from cosyclone.talker.scheduler import bucket_for, decode_buckets
+from cosyclone.talker.slot_sampler import SlotSampler
+from cosyclone.talker.step import SlotStep
 
 
 def _tests():
@@ -110,8 +123,98 @@ def run(report: Callable[[str], None] = print, batches: tuple[int, ...] = (1, 4,
     return out
 
 
+def _occupied_step(model: CosyVoice3LM, slots: int, live: int, cells: int) -> SlotStep:
+    """A slot step of ``slots`` slots whose first ``live`` rows run with ``cells`` cache cells each (zero
+    K/V: the arithmetic of a step does not depend on the values), stop ids blocked, the bucket set as a
+    session sets it (the smallest that holds every running row)."""
+    cfg = model.cfg
+    sampler = SlotSampler(SamplerOptions.from_config(cfg.sampling), slots=slots, vocab=cfg.decoder_size,
+                          speech_token_size=cfg.speech_token_size, device=model.device)
+    step = SlotStep(model, slots=slots, capacity=cells + 64, token_capacity=64, sampler=sampler)
+    idx = torch.arange(live, device=model.device)
+    step.cache.lengths[idx] = cells
+    step._start(idx, [1 << 30] * live)
+    sampler.reset(idx, idx + 1, torch.full((live,), 1 << 30))
+    step._bucket = bucket_for(live, decode_buckets(slots))
+    step._kv_len = cells + 64
+    return step
+
+
+def step_seconds(step: Callable[[], object], device: torch.device, repeat: int = 1) -> float:
+    """Seconds of one decode step (the mean of ``repeat`` in a row; a GPU is synchronized around them)."""
+    cuda = device.type == "cuda"
+    with torch.inference_mode():
+        if cuda:
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            step()
+        if cuda:
+            torch.cuda.synchronize(device)
+        return (time.perf_counter() - t0) / repeat
+
+
+def _timed_call(step: SlotStep) -> Callable[[], object]:
+    """What a run calls per step: on CUDA the step as captured graphs (one per shape), else eager."""
+    if step.model.device.type != "cuda":
+        return step.step
+    return GraphedStep(step.step, key=step.shape_key, backend=CudaGraphCapture(step.model.device))
+
+
+def occupancy(report: Callable[[str], None] = print, *, rounds: int = 5, cells: int = 128,
+              device: str = "cpu", dtype: str = "fp32", tf32: bool = False,
+              cfg: ModelConfig | None = None) -> dict[str, float]:
+    """A decode step's cost at 16 live rows of 256 slots against a 16-slot session's and at 256 live:
+    the released talker geometry, dummy weights, the step a session runs (its bucket chosen as the
+    session chooses it; captured as a CUDA graph on a GPU, UNVERIFIED there). The three steps
+    alternate, ``rounds`` times after an untimed warm-up, each first in turn, and each figure is its
+    median: on a shared machine the load drifts. ``dtype``: the backbone's (fp32, the run default, or
+    bf16); ``tf32``: TF32 matmuls on CUDA (a run switches them off); ``cfg``: another geometry (tests)."""
+    dev = torch.device(device)
+    cpu = dev.type == "cpu"
+    if cpu:
+        torch.set_num_threads(2)
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    policy = DevicePolicy(dev, torch.float32 if dtype == "fp32" else torch.bfloat16, dev.type,
+                          cpu_gemm="onednn" if cpu else "aten")  # onednn: a CPU run's default
+    model = build_talker(cfg or released_config(), policy, load_format="dummy")
+    shapes = {"step_ms_slots16": (16, 16), "step_ms_live16_of256": (256, 16), "step_ms_live256": (256, 256)}
+    steps = {name: _occupied_step(model, slots, live, cells) for name, (slots, live) in shapes.items()}
+    calls = {name: _timed_call(step) for name, step in steps.items()}
+    repeat = 1 if cpu else 20
+    for call in calls.values():  # warm-up (and, on CUDA, the captures)
+        step_seconds(call, dev, 1 if cpu else 3)
+    times: dict[str, list[float]] = {name: [] for name in shapes}
+    names = list(steps)
+    for r in range(rounds):
+        for name in names[r % 3:] + names[:r % 3]:  # each goes first in turn (caches, load drift)
+            times[name].append(step_seconds(calls[name], dev, repeat))
+    out: dict[str, float] = {name: round(1e3 * statistics.median(t), 2) for name, t in times.items()}
+    for name, (slots, live) in shapes.items():
+        report(f"  {name}: {out[name]:.1f} ms per step ({live} live of {slots} slots, bucket "
+               f"{steps[name]._bucket}, {cells} cached cells per row)")
+    out["ratio_live16_of256_to_slots16"] = round(out["step_ms_live16_of256"] / out["step_ms_slots16"], 3)
+    where = cpu_name() if cpu else torch.cuda.get_device_name(dev)
+    report(f"on {where}, {torch.get_num_threads()} threads, released talker geometry, dummy weights, "
+           f"{dtype}{' with TF32' if tf32 else ''}; medians of {rounds} alternated rounds")
+    return out
+
+
 def main() -> None:
-    run()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--occupancy", action="store_true",
+                        help="a decode step at 16 live rows of 256 slots, of a 16-slot session, at 256 live")
+    parser.add_argument("--json", action="store_true", help="print the numbers as JSON on the last line")
+    parser.add_argument("--device", default="cpu", help="--occupancy: cpu or cuda")
+    parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"),
+                        help="--occupancy: the backbone's")
+    parser.add_argument("--tf32", action="store_true", help="--occupancy on CUDA: TF32 matmuls")
+    parser.add_argument("--rounds", type=int, default=5, help="--occupancy: timed rounds")
+    args = parser.parse_args()
+    numbers = (occupancy(rounds=args.rounds, device=args.device, dtype=args.dtype, tf32=args.tf32)
+               if args.occupancy else run())
+    if args.json:
+        print(json.dumps(numbers))
 
 
 if __name__ == "__main__":

@@ -48,6 +48,13 @@ LIMIT_MB = 20.0
 REFERENCE_PARTS = ("vectors", "tokenizer", "state_dicts")
 #: What the gpu check needs beyond cosyclone's own dependencies (its test parts).
 CHECK_NEEDS = ("pytest", "hypothesis")
+#: Requirements of bundled wheels that nothing the check runs imports, so neither bundled nor
+#: required: the name and why (``check`` and ``installed`` pass over them, saying so).
+UNUSED = {
+    "pre-commit": "s3tokenizer lists its own development hooks",
+    "modelscope": "speakerlab-slim's hub downloads; the check builds CAM++ with random weights",
+    "torchaudio": "s3tokenizer's audio loader, never called (on the image; none is built for torch 2.13)",
+}
 #: Platforms of the device's x86-64 Linux (pip matches each manylinux tag exactly).
 PLATFORMS = (
     "manylinux_2_28_x86_64",
@@ -168,6 +175,8 @@ def check(wheels: list[Wheel], pins: dict[str, str | None], image: dict[str, str
 
     def meets(req: Requirement, who: str) -> None:
         name = canonical(req.name)
+        if name in UNUSED and who != "cosyclone":
+            return
         if name in by_name:
             have: str | None = by_name[name].version
         elif name in image:
@@ -257,6 +266,8 @@ def installed(args: argparse.Namespace) -> int:
     bad: list[str] = []
     seen: dict[str, str] = {}
     for who, req in reqs:
+        if canonical(req.name) in UNUSED and who != "cosyclone":
+            continue
         try:
             have = seen.setdefault(req.name, metadata.version(req.name))
         except metadata.PackageNotFoundError:

@@ -15,25 +15,28 @@
 #                requirement's version; FAIL without a CUDA device                           [45 s]
 #   2 decode     ms per decode step at the default precision (an fp32 talker) at 1 and 64 slots
 #                and at the slots a run is sized for, eager and CUDA graphs, tokens compared
-#                first, peak memory allocated/reserved per batch                             [70 s]
-#   3 e2e        warm end-to-end through a run folder as a user runs it (default precision,
-#                the sized batch and slots, a distinct prompt per row, 3-15 s) on full-size
-#                dummy weights: loaded once, warmed up at the same shape, two batches timed
-#                (RTF, rows/s, peak memory against the sizing plan, seconds per stage, graph
-#                steps, what runs.jsonl says of sizing and memory)                          [117 s]
+#                first, peak memory allocated/reserved per batch                             [55 s]
+#   3 e2e        the night, end to end through a run folder as a user runs it (default
+#                precision, the sized batch and slots) on full-size dummy weights, with the
+#                frontend of the released geometry (benchmarks/released_frontend.py: built
+#                here, offline; its prompts/s on the run's providers measured first): a
+#                distinct prompt per row, 5-29 s, targets of 375 tokens (rows of about 30 s:
+#                code2wav's budgets); loaded once, warmed up at the timed shape, one sized
+#                batch timed (RTF, rows/s, frontend prompts/s, mean live slots, peak memory
+#                against the sizing plan, each stage's share of the wall, graph steps)     [132 s]
 #   4 gpu_tests  the tests marked gpu, only the files that hold them; a skip is a FAIL       [120 s]
 #   5 parity     tests/parity -m "not slow" (reference: .gpu-bundle/reference): optional,
 #                run when asked (--parts) or when parts 1-4 passed and its worst case still
 #                fits the budget                                                             [50 s]
 # Worst case of parts 1-4, every part interrupted at its limit, then killed KILL s later, then
 # given up GRACE s later (stuck in the driver), the install and the version probe timed out:
-#   PROBE 5 + INSTALL 30 + KILL 5 + (45 + 70 + 117 + 120) + 4 x (KILL 5 + GRACE 2) = 420 s <= BUDGET 420 s
+#   PROBE 5 + INSTALL 30 + KILL 5 + (45 + 55 + 132 + 120) + 4 x (KILL 5 + GRACE 2) = 420 s <= BUDGET 420 s
 # (a part's verdict, at most 5 s, runs only after the part exited within its limit: inside its
 # KILL + GRACE). A CPU machine, a CPU-only torch or no driver: FAIL in seconds (parts 2-4 not run).
 # Why these limits: part 1's own bounded commands (nvidia-smi twice at 8 s, pip freeze at 20 s) can
 # take 36 s before torch starts, so 30 s could interrupt a healthy machine; the gpu tests build a
-# tiny model, start CUDA and capture graphs in several files; parts 2 and 3 share what is left of
-# seven minutes. No GPU has run the check yet: its first run's times are what to set them from.
+# tiny model, start CUDA and capture graphs in several files; part 3 builds a 240M-weight ONNX file
+# (tens of seconds on the host's CPU) before its night, so it takes the largest share of seven minutes. No GPU has run the check yet: its first run's times are what to set them from.
 # Logs and figures go to $OUT when set (7 files at most: N_part.log, figures.jsonl, summary.txt), else
 # to $GPU_CHECK_LOGS (default out/gpu_check); each part's log is printed when the part ends.
 # Usage, from the repo root:
@@ -83,7 +86,9 @@ if [ "$DRY" = 1 ]; then
   LIMITS=(120 240 300 240 300)
   ENV_FLAG=
   STEP_ARGS=(--tiny --device cpu --dtype fp32 --batches 1,3,sized)
-  E2E_ARGS=(--tiny --device cpu --dtype fp32 --rows 6 --batch 3 --n-timesteps 2 --max-tokens 8)
+  # the released frontend's structure at one block (the packages and the plumbing; 12 blocks take a minute)
+  E2E_ARGS=(--tiny --device cpu --dtype fp32 --rows 3 --batch 3 --n-timesteps 2 --max-tokens 8 --frontend-layers 1
+            --frontend-prompts 1)
   GPU_TEST_ARGS=(--collect-only)  # on CPU: the files import and the marker selects their tests
   E2E_VERDICT=(e2e "$GPU_CHECK_FIGURES")  # no CUDA graph on a CPU
   TEST_VERDICT=(pytest "$LOGS/4_gpu_tests.log" --collect-only)  # at least one test selected
@@ -91,10 +96,10 @@ if [ "$DRY" = 1 ]; then
 else
   MODE="GPU"
   DEFAULT_PARTS=1,2,3,4  # parity (5) too when 1-4 passed and it still fits the budget
-  LIMITS=(45 70 117 120 50)
+  LIMITS=(45 55 132 120 50)
   ENV_FLAG=--require-cuda
   STEP_ARGS=(--device cuda)  # the default precision; batches 1, 64 and the sized slots
-  E2E_ARGS=(--device cuda --max-tokens 200)  # the sized batch; random weights never stop: 8 s a row
+  E2E_ARGS=(--device cuda --max-tokens 375)  # the sized batch; random weights never stop: 15 s targets
   GPU_TEST_ARGS=()
   E2E_VERDICT=(e2e "$GPU_CHECK_FIGURES" --require-graphs)
   TEST_VERDICT=(pytest "$LOGS/4_gpu_tests.log")  # tests ran, none failed, none skipped

@@ -6,7 +6,9 @@
 #      machine's disk, for CPython 3.11: so the venv is the base Python's version, 3.11 here),
 #      transformers 5.17.0 and onnxruntime 1.30.0 as on the image (else the nearest that installs),
 #      numpy, pyyaml, regex, rich, typer, tqdm, safetensors, pytest, hypothesis, onnx (make-tiny-model
-#      exports its ONNX stand-ins with it); every package in
+#      exports its ONNX stand-ins with it), einops and scipy (s3tokenizer's modules, speakerlab-slim's
+#      requirement; the image's torchaudio has no build for torch 2.13: benchmarks/released_frontend.py
+#      imports s3tokenizer without it); every package in
 #      it must be on benchmarks/gpu_image_packages.txt;
 #   2. the bundle built by that venv's Python for its own version (.gpu-bundle/pyXY);
 #   3. gpu_check.sh --dry-run with PY=the venv's python: the bundle installed with --no-index
@@ -31,7 +33,7 @@ if ! "$V" -m pip install -q --no-deps --no-index --find-links /opt/wheels torch=
 fi
 # typer<0.29: from 0.29 it needs pydantic, which the image lacks (it holds click, shellingham and
 # annotated-doc: an older typer); the check below refuses any package the image does not list
-IMAGE_SET=(numpy pyyaml regex rich "typer<0.29" tqdm safetensors pytest hypothesis packaging onnx pyarrow)
+IMAGE_SET=(numpy pyyaml regex rich "typer<0.29" tqdm safetensors pytest hypothesis packaging onnx pyarrow einops scipy)
 "$V" -m pip install -q torch==2.13.0 "transformers==5.17.0" "onnxruntime==1.30.0" "${IMAGE_SET[@]}" \
   || "$V" -m pip install -q torch==2.13.0 "transformers>=5.17,<5.25" "onnxruntime>=1.30" "${IMAGE_SET[@]}"
 "$V" - <<'EOF'

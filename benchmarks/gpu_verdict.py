@@ -200,14 +200,17 @@ def decode_verdict(fig: Mapping[str, Any] | None, require_graphs: bool = True) -
 
 
 def e2e_verdict(fig: Mapping[str, Any] | None, require_graphs: bool = True) -> Verdict:
-    """The end-to-end part passes when every row came out, the peak GPU memory stayed within the
-    sizing plan (where measured: ``peak_vs_plan`` at most 1) and (where graphs are required) some
-    decode steps replayed a CUDA graph and no capture failed."""
+    """The end-to-end part passes when every row came out, the frontend of the released geometry
+    ran (its prompts/s measured: the night paid for the real frontend), the peak GPU memory stayed
+    within the sizing plan (where measured: ``peak_vs_plan`` at most 1) and (where graphs are
+    required) some decode steps replayed a CUDA graph and no capture failed."""
     if not fig:
         return False, "the e2e part left no figures"
     bad = []
     if not fig.get("rows") or fig.get("ok") != fig.get("rows"):
         bad.append(f"{fig.get('ok')}/{fig.get('rows')} rows ok {fig.get('errors') or ''}".strip())
+    if not fig.get("frontend_prompts_per_s"):
+        bad.append("the frontend of the released geometry did not run (no frontend prompts/s)")
     ratio = fig.get("peak_vs_plan")
     if ratio is not None and float(ratio) > 1.0:
         bad.append(f"peak GPU memory {fig.get('peak_reserved_gib')} GiB reserved is {float(ratio):.2f} "
@@ -220,7 +223,8 @@ def e2e_verdict(fig: Mapping[str, Any] | None, require_graphs: bool = True) -> V
     if bad:
         return False, "; ".join(bad)
     plan = f", peak {float(ratio):.2f} of the plan" if ratio is not None else ""
-    return True, f"{fig['ok']}/{fig['rows']} rows, graph steps {steps}/{total}{plan}"
+    return True, (f"{fig['ok']}/{fig['rows']} rows, graph steps {steps}/{total}, "
+                  f"frontend {fig['frontend_prompts_per_s']} prompts/s{plan}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,6 +36,8 @@ MODEL, SAMPLING, BATCHING, OUTPUT, SCALE_OUT = "Model", "Sampling", "Batching", 
 SHARDS, SOURCES = "Shards", "Sources"  # export's --help groups
 
 LoadFormat = Literal["auto", "dummy"]
+DEFAULT_LLM = "llm.pt"  # the released talker checkpoint (--llm's default)
+DUMMY_TALKER = "dummy"  # what a --load-format dummy run records as its talker: random weights, no file read
 TextFrontendName = Literal["wetext", "none"]  # wetext: the official normalizer; none: no normalizer
 #: How a row's prompt conditions the model: a transcribed prompt, an untranscribed one, an instruction.
 Mode = Literal["zero_shot", "cross_lingual", "instruct2"]
@@ -60,13 +62,15 @@ EXPORT_FORMATS: tuple[ExportFormat, ...] = get_args(ExportFormat)
 def opt(default: Any, help: str, *, panel: str, audio: bool = False, commands: tuple[str, ...] = BOTH,
         low: float | None = None, high: float | None = None, metavar: str | None = None,
         flag: str | None = None, hidden: bool = False, envvar: str | None = None, short: str | None = None,
-        required: bool = False) -> Any:
+        required: bool = False, fingerprint_default: bool = True) -> Any:
     """A dataclass field carrying what every door needs to know about one option (``short``: a
-    one-letter alias such as ``-o``; ``required``: the command line must give it)."""
+    one-letter alias such as ``-o``; ``required``: the command line must give it;
+    ``fingerprint_default=False``: an audio option added after folders were written, fingerprinted only
+    away from its default, so those folders keep their fingerprints and no row is redone by an upgrade)."""
     return field(default=default, metadata={
         "help": help, "panel": panel, "audio": audio, "commands": commands, "low": low, "high": high,
         "metavar": metavar, "flag": flag, "hidden": hidden, "envvar": envvar, "short": short,
-        "required": required})
+        "required": required, "fingerprint_default": fingerprint_default})
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,10 @@ class ModelOptions:
     # wetext: the official normalizer (numbers, dates, units spelled out); none: inflect digits only
     text_frontend: TextFrontendName = opt("wetext", "wetext (official normalizer) | none", panel=MODEL,
                                           audio=True, metavar="NAME", commands=(*ROW, VALIDATE))
+    # the talker checkpoint, a file of the model directory: llm.pt (released default) | llm.rl.pt (the
+    # RL-tuned talker of the same architecture, where the folder holds it) | another file of its shape
+    llm: str = opt(DEFAULT_LLM, "talker file: llm.pt | llm.rl.pt", panel=MODEL,
+                   audio=True, metavar="FILE", commands=(*ROW, INSPECT), fingerprint_default=False)
     # the device the stages run on; "auto" until resolved (a run records the resolved type)
     device: DeviceName = opt("auto", "auto | cuda | rocm | cpu", panel=MODEL, metavar="DEV",
                              commands=(*ROW, INSPECT))
@@ -200,7 +208,7 @@ class FolderOptions:
     # redo every row of the manifest (default: resume, skipping finished rows)
     overwrite: bool = opt(False, "redo every row (default: resume)", panel=OUTPUT, commands=(SYNTH,))
     # 32-bit float WAVs instead of PCM16: the same as --audio-encoding float (part of the fingerprint)
-    float_wav: bool = opt(False, "32-bit float WAV (= --audio-encoding float)", panel=OUTPUT)
+    float_wav: bool = opt(False, "float32 WAV (= --audio-encoding float)", panel=OUTPUT)
     # Hz of the written files (8000-48000); 24000, the model's, writes its samples as they are
     sample_rate: int = opt(24000, "output Hz, 8000-48000 (default 24000)", panel=OUTPUT, low=8000,
                            high=48000, metavar="HZ")
@@ -212,7 +220,11 @@ class FolderOptions:
     )
     # cut leading and trailing silence below -40 dBFS, keeping 0.1 s beside the speech (off: as the model made
     # it)
-    trim_silence: bool = opt(False, "cut leading/trailing silence (kept: 0.1 s)", panel=OUTPUT)
+    trim_silence: bool = opt(False, "cut silence at both ends (keeps 0.1 s)", panel=OUTPUT)
+    # write the files without the provenance tag (by default every audio file states that it is synthetic
+    # speech made by cosyclone with these model files: WAV INFO chunk, FLAC Vorbis comment, no time in it);
+    # recorded (output.provenance_tag) and part of the fingerprint
+    no_provenance_tag: bool = opt(False, "files without the synthetic-speech tag", panel=OUTPUT)
     # local: this process; ray: a pool of Ray actors (the ray extra: pip install -e '.[ray]')
     engine: Engine = opt("local", "local | ray (needs: pip install -e '.\\[ray]')", panel=SCALE_OUT,
                          metavar="E", commands=(SYNTH,))
@@ -275,8 +287,16 @@ def audio_fields() -> tuple[str, ...]:
 
 
 def audio_values(opts: RunOptions) -> dict[str, Any]:
-    """The fingerprint's option values of a run."""
-    return {name: getattr(opts, name) for name in audio_fields()}
+    """The fingerprint's option values of a run (a field marked ``fingerprint_default=False`` only when it
+    is away from its default: see :func:`opt`)."""
+    out: dict[str, Any] = {}
+    for _, f in option_fields(ModelOptions, SamplingOptions):
+        if not f.metadata["audio"]:
+            continue
+        value = getattr(opts, f.name)
+        if f.metadata.get("fingerprint_default", True) or value != f.default:
+            out[f.name] = value
+    return out
 
 
 def check(*objs: Any) -> None:
@@ -300,6 +320,8 @@ def check(*objs: Any) -> None:
             if high is not None and value > high:
                 raise CosycloneError(f"{flag_of(f)} must be at most {high:g}, not {value}")
     for obj in objs:
+        if isinstance(obj, ModelOptions):
+            check_llm(obj)
         if isinstance(obj, SamplingOptions) and obj.min_tokens is not None and obj.max_tokens is not None \
                 and obj.min_tokens > obj.max_tokens:
             raise CosycloneError(f"--min-tokens {obj.min_tokens} is above --max-tokens {obj.max_tokens}")
@@ -317,6 +339,20 @@ def check(*objs: Any) -> None:
             if obj.audio_format == "flac" and (obj.float_wav or obj.audio_encoding == "float"):
                 raise CosycloneError("--audio-format flac stores integer samples only: give --audio-encoding "
                                      "pcm16 or pcm24 (float needs --audio-format wav)")
+
+
+def check_llm(opts: ModelOptions) -> None:
+    """``--llm`` names a file inside the model directory (its hash is then part of the model's identity),
+    and only weights that are read can come from it."""
+    from pathlib import PurePosixPath
+
+    name = opts.llm
+    if not name or PurePosixPath(name).is_absolute() or ".." in PurePosixPath(name).parts or "\\" in name:
+        raise CosycloneError(f"--llm names a talker file inside the model folder (llm.pt, llm.rl.pt), "
+                             f"not {name!r}")
+    if opts.load_format == "dummy" and name != DEFAULT_LLM:
+        raise CosycloneError(f"--llm {name} reads a talker file; --load-format dummy reads none: "
+                             "give one of them")
 
 
 def build(cls: type, values: dict[str, Any]) -> Any:

@@ -119,8 +119,10 @@ class StandInOps:
     """The pipeline's stage calls (:class:`cosyclone.engine.stage_ops.StageOps`) at set costs."""
 
     def __init__(self, costs: Costs, *, on_prepare: Callable[[Sequence[ManifestRow]], None] | None = None,
-                 on_poll: Callable[[FakeSession], None] | None = None) -> None:
+                 on_poll: Callable[[FakeSession], None] | None = None, shared_device: bool = False) -> None:
         self.costs, self.on_prepare, self.on_poll = costs, on_prepare, on_poll
+        # stand-in stages only sleep, side by side: two devices unless a test says they share one
+        self.shared_device = shared_device
         self.sessions: list[FakeSession] = []
 
     def prepare(self, rows: Sequence[ManifestRow], prompts: PromptAhead | None) -> PreparedBatch:

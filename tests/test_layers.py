@@ -21,7 +21,8 @@ LAYERS: dict[str, int] = {
     "cosyclone.commands": 11,  # the doors' own commands (synth, say, validate, inspect, make-tiny-model)
     "cosyclone.export": 10,  # run folders' good rows as a training set (cosyclone export; above eval)
     "cosyclone.eval": 9,  # scoring a finished folder (cosyclone eval)
-    "cosyclone.report": 9,  # a folder's totals and its HTML page (cosyclone report; reads eval's records)
+    "cosyclone.report": 10,  # a folder's totals and its HTML page (cosyclone report; reads eval's records,
+    # embeds a row's prompt as export does)
     "cosyclone.trace": 9,  # one row of a folder replayed eagerly with hooks (cosyclone trace)
     "cosyclone.run": 8,  # a run into a folder: plan, resume, the one driver loop, account
     "cosyclone.ray": 7,  # Ray as a row source for a run: the sizing rule, the actor pool, its actors

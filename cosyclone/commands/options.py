@@ -89,6 +89,9 @@ class TinyModelOptions:
 
     # replace the files of a folder that is not empty
     force: bool = opt(False, "replace an existing folder's files", panel=OUTPUT, commands=(MAKE_TINY_MODEL,))
+    # also write llm.rl.pt beside llm.pt, as the release has it: the talker's shape, other weights (--llm)
+    rl_talker: bool = opt(False, "also write llm.rl.pt (other talker weights)", panel=OUTPUT,
+                          commands=(MAKE_TINY_MODEL,))
 
 
 #: The doors' own option groups.

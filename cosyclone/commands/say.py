@@ -4,7 +4,7 @@ manifest)."""
 from __future__ import annotations
 
 import time
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 import typer
@@ -15,7 +15,8 @@ from cosyclone.errors import CosycloneError, Exit
 from cosyclone.options import build
 
 UTTERANCE_FIELDS = tuple(f.name for f in fields(UtteranceOptions))
-OUTPUT_FIELDS = ("float_wav", "sample_rate", "audio_format", "audio_encoding", "trim_silence")  # say's file
+OUTPUT_FIELDS = ("float_wav", "sample_rate", "audio_format", "audio_encoding", "trim_silence",
+                 "no_provenance_tag")  # say's file
 
 
 def say_command(
@@ -30,6 +31,8 @@ def say_command(
     from cosyclone.base.stop import Interrupted, StopRequest, catch_signals
     from cosyclone.errors import ManifestError
     from cosyclone.folder.audio_out import AudioOutput
+    from cosyclone.folder.fingerprint import HashCache
+    from cosyclone.folder.provenance import of_model
     from cosyclone.folder.writer import write_audio_atomic
     from cosyclone.manifest import check_id
     from cosyclone.options import FolderOptions
@@ -51,10 +54,15 @@ def say_command(
             row = utterance(text, said.prompt_audio.expanduser().resolve(), said.prompt_text, mode=mode,
                             instruct=said.instruct, seed=said.seed, speed=said.speed, id=row_id)
             given = {k: options.pop(k) for k in OUTPUT_FIELDS if k in options}
-            output = AudioOutput.for_file(out, build(FolderOptions, given))  # -o x.flac writes FLAC
+            folder = build(FolderOptions, given)
+            output = AudioOutput.for_file(out, folder)  # -o x.flac writes FLAC
             # fail in seconds, not minutes
             validate_rows([row], text_frontend=options.get("text_frontend", "wetext"))
             tts = CosyClone(model_dir, **options)
+            if not folder.no_provenance_tag:  # the statement names the model files the engine read
+                hashes = HashCache()  # the cache synth shares: a model file is hashed once
+                output = replace(output, tag=of_model(tts.engine.cfg, tts.engine.opts, hashes).statement())
+                hashes.save()
             for warning in tts.warnings:
                 typer.echo(f"warning: {warning}", err=True)
             if stop.signal_name is None:  # (a signal during the load: no synthesis)

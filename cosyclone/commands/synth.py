@@ -95,8 +95,9 @@ def _print_summary(job: SynthJob, summary: JobSummary) -> None:
              "this run audio-s/s": run.throughput_audio_s_per_s, "outputs": str(job.out)}
     stages = run.stage_seconds or {}
     if stages.get("bound_by"):  # the stage that set the pace, and the talker's time with rows but no step
-        extra["bound by"] = (f"{stages['bound_by']} (talker idle with rows in its slots "
-                             f"{stages['talker_idle_with_work']:.1f} s of {stages['wall']:.1f} s)")
+        shares = ", ".join(f"{k} {float(v):.0%}" for k, v in (stages.get("shares") or {}).items())
+        extra["bound by"] = (f"{stages['bound_by']} (busy of the wall: {shares}; talker idle with rows in "
+                             f"its slots {stages['talker_idle_with_work']:.1f} s of {stages['wall']:.1f} s)")
     totals_mod.render(
         summary.totals, title=f"cosyclone synth: {job.out}", tty=sys.stdout.isatty(), extra=extra
     )

@@ -5,7 +5,8 @@ costliest waste there is. The scheduler marks the talker's state as it changes (
 its slots but not stepping, ``idle_with_work``; nothing to decode, ``waiting``) and each interval
 goes to the state it was in; the frontend's and code2wav's workers add the seconds each batch took
 them. :meth:`StageClock.seconds` turns that into :class:`~cosyclone.engine.facts.StageSeconds`,
-whose ``bound_by`` names the stage that set the run's pace. The clock is injectable (stand-in
+whose ``bound_by`` names the stage that set the run's pace (the device, when the talker and code2wav
+share one: their busy seconds add up there). The clock is injectable (stand-in
 stages may run on a simulated one).
 """
 
@@ -25,9 +26,11 @@ TalkerState = Literal["busy", "idle_with_work", "waiting"]
 class StageClock:
     """Accumulates the stages' seconds as the run goes (thread-safe: the workers add theirs)."""
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter, *, frontend_workers: int = 1) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter, *, frontend_workers: int = 1,
+                 shared_device: bool = True) -> None:
         self.clock = clock
         self.frontend_workers = max(1, frontend_workers)  # prompt workers: the frontend's parallel width
+        self.shared_device = shared_device  # talker and code2wav on one device (their seconds add up)
         self.t0: float | None = None
         self.last = 0.0
         self.state: TalkerState = "waiting"
@@ -80,4 +83,4 @@ class StageClock:
             frontend=StageTime(busy=front, waiting=max(0.0, wall - front)),
             talker=StageTime(busy=t["busy"], waiting=t["waiting"]),
             code2wav=StageTime(busy=self.code2wav_busy, waiting=max(0.0, wall - self.code2wav_busy)),
-            talker_idle_with_work=t["idle_with_work"])
+            talker_idle_with_work=t["idle_with_work"], shared_device=self.shared_device)

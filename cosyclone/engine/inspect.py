@@ -112,8 +112,16 @@ def stage_import_error() -> str | None:
     return None
 
 
-def checkpoint_checks(model_dir: Path, cfg: Any) -> Iterator[tuple[str, bool]]:
-    """(line, ok) per checkpoint file: parameter count and the key check against its stage."""
+def talker_line(model_dir: Path, llm: str) -> str:
+    """Which talker file a run with ``--llm llm`` reads, and the other talker files the folder holds."""
+    others = sorted(p.name for p in Path(model_dir).glob("llm*.pt") if p.name != llm)
+    also = f" (also here: {', '.join(others)}; pick one with --llm)" if others else ""
+    return f"talker file: {llm}{also}"
+
+
+def checkpoint_checks(model_dir: Path, cfg: Any, llm: str = "llm.pt") -> Iterator[tuple[str, bool]]:
+    """(line, ok) per checkpoint file: parameter count and the key check against its stage (the talker's
+    is ``llm``, ``--llm``'s file: a missing one or another shape fails the check)."""
     import torch
 
     from cosyclone.code2wav.flow import CausalMaskedDiffWithDiT
@@ -122,7 +130,7 @@ def checkpoint_checks(model_dir: Path, cfg: Any) -> Iterator[tuple[str, bool]]:
     from cosyclone.talker.model import TIED_LM_HEAD, TIED_TO, CosyVoice3LM
 
     checks: tuple[tuple[str, Callable[[], Any], Any, dict[str, str]], ...] = (
-        ("llm.pt", lambda: CosyVoice3LM(cfg.talker), None, {TIED_LM_HEAD: TIED_TO}),
+        (llm, lambda: CosyVoice3LM(cfg.talker), None, {TIED_LM_HEAD: TIED_TO}),
         ("flow.pt", lambda: CausalMaskedDiffWithDiT(cfg.flow), None, {}),
         ("hift.pt", lambda: CausalHiFTGenerator(cfg.hift), CausalHiFTGenerator.adapt_keys, {}),
     )

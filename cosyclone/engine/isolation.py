@@ -161,7 +161,7 @@ def synthesize_batch(
     results: dict[int, TalkerResult] = {}
     if segments:
         t0 = time.perf_counter()
-        dec = stage_calls.decode_options(stages.cfg, opts)
+        dec = stage_calls.decode_options(stages.cfg, opts, stages.sizing)
         results = talker_with_checkpoint(calls, segments, dec, outcomes, tokens, stages.policy.device)
         share = (time.perf_counter() - t0) / max(1, len(segments))
         for rid, _ in segments:

@@ -30,6 +30,7 @@ from cosyclone.manifest import ManifestRow
 from cosyclone.model.config import ModelConfig
 from cosyclone.options import MODEL_FIELDS, CudaGraphs, RunOptions
 from cosyclone.talker.graph_pool import PROCESS
+from cosyclone.talker.occupancy import PROCESS_OCCUPANCY
 
 
 class Engine:
@@ -49,6 +50,7 @@ class Engine:
         stages.sizing = self.sizing  # code2wav's budgets (the stages read it per call)
         # the last run's pipeline (its talker slots, its stage seconds)
         self._last: StageSchedule | None = None
+        self._occupancy0 = PROCESS_OCCUPANCY.figures()  # the tally when the last pipeline started
 
     @classmethod
     def load(
@@ -58,7 +60,8 @@ class Engine:
         on an accelerator the sizes come from the memory free once they are loaded."""
         opts, policy = resolve_options(opts, cfg=cfg)
         cfg = cfg if cfg is not None else model_config(model_dir, opts.load_format)
-        loaded = stage_calls.load_stages(cfg, policy, opts.load_format, text_frontend=opts.text_frontend)
+        loaded = stage_calls.load_stages(cfg, policy, opts.load_format, text_frontend=opts.text_frontend,
+                                         llm=opts.llm)
         return cls(loaded, opts)
 
     @property
@@ -112,6 +115,7 @@ class Engine:
         run_opts = (
             replace(run_opts, batch_size=sizing.batch_size) if run_opts.batch_size is None else run_opts
         )
+        self._occupancy0 = PROCESS_OCCUPANCY.figures()  # this run's decode steps are what comes after
         self._last = StageSchedule(self.stages, run_opts, tokens=tokens, prefetch=prefetch,
                                    graph_errors=self.graph_errors, stop=stop, ops=ops, clock=clock)
         return self._last
@@ -140,6 +144,7 @@ class Engine:
             graphs=graphs,
             peak=read_peaks(policy.device),
             stages=stages,
+            occupancy=PROCESS_OCCUPANCY.figures().since(self._occupancy0),
         )
 
     def reset_peaks(self) -> None:

@@ -27,7 +27,7 @@ import functools
 import logging
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -84,14 +84,11 @@ class StageSchedule:
         self.stop = stop  # a stop request: no batch starts after it; an immediate one ends the run
         self.graph_errors = graph_errors if graph_errors is not None else []  # failed CUDA graph captures
         sizing = stages.sizing
-        self.dec = S.decode_options(stages.cfg, opts)
-        if sizing is not None and sizing.reserve_positions:  # GPU: the cache a slot is sized for, up front
-            self.dec = replace(self.dec, reserve_positions=sizing.reserve_positions)
-        if sizing is not None and sizing.prefill_tokens:  # GPU: newcomers per prefill within the budget
-            self.dec = replace(self.dec, prefill_tokens=sizing.prefill_tokens)
+        self.dec = S.decode_options(stages.cfg, opts, sizing)  # on a GPU with the sizing rule's caps
         self.ops: StageOps = ops if ops is not None else RealOps(stages, opts, self.dec, tokens)
         workers = sizing.frontend_workers if sizing is not None else 1
-        self.clock = clock if clock is not None else StageClock(frontend_workers=workers)
+        self.clock = clock if clock is not None else StageClock(frontend_workers=workers,
+                                                                 shared_device=self.ops.shared_device)
         self.batches: list[list[ManifestRow]] = []  # every batch fed so far (grows part by part)
         self.slots = 0  # talker slots, set at the first feed
         self.session: TalkerSessionLike | None = None

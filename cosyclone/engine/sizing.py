@@ -1,8 +1,10 @@
 """How big a run's batches, talker slots and code2wav calls are, from the device's free memory.
 
-Why: on a GPU a decode step costs about the same at 8 slots and at 128 (launches and the weight
-read dominate), and code2wav's activations grow with rows x length; a fixed ``--batch-size 8``
-leaves most of an 80 GB card idle, and HiFT over a whole 256-row batch would need ~90 GB. So on
+Why: a talker slot costs memory, not time: a decode step runs over the smallest bucket of slots
+that holds its live rows (:mod:`cosyclone.talker.scheduler`), so many slots give the frontend's
+rows room to join without making each step compute idle slots; code2wav's activations grow with
+rows x length; a fixed ``--batch-size 8`` leaves most of an 80 GB card idle, and HiFT over a whole
+256-row batch would need ~90 GB. So on
 CUDA/ROCm the sizes come from the memory free after the models are loaded; on CPU the measured
 CPU defaults stay (8 rows, a batch's worth of slots, HiFT 200 frames and the flow 1400 token
 positions per call), byte for byte as before. :func:`plan_sizing` is pure (a free-memory figure
@@ -17,7 +19,8 @@ The rule on an accelerator (every constant below says whether it was measured or
 2. Prefill: ``PREFILL_SHARE`` of ``usable`` (at least one planned prompt) is held for one prefill's
    activations (:func:`prefill_bytes_per_position`); ``prefill_tokens`` padded positions per prefill
    (the scheduler caps each admission by it; one newcomer always goes). Steps 3-4 share the rest.
-3. Talker: a slot holds ``POSITIONS_PER_SLOT`` cache positions of ``kv_bytes_per_position`` (layers
+3. Talker: a slot holds :func:`slot_positions` cache positions (the longest prompt the run accepts plus
+   its longest segment: 2,560 at the released config) of ``kv_bytes_per_position`` (layers
    x KV heads x head dim x 2 (K and V) x the talker dtype's bytes: 24 KiB fp32, 12 KiB bf16 at the
    released geometry) plus ``SLOT_STEP_BYTES`` of per-step temporaries; slots = as many as
    ``TALKER_SHARE`` of the rest holds, 1 to ``MAX_SLOTS``.
@@ -54,14 +57,18 @@ GPU_MEMORY_FRACTION = 0.9
 #: Held back from planning: cuBLAS/cuDNN workspaces, the CUDA graph pool, allocator fragmentation.
 #: DERIVED (a guess to be corrected by the first GPU run's peak reserved bytes), not measured.
 RESERVE_BYTES = 2 * GIB
-#: Cache positions a slot is planned for: a 30 s prompt (750 speech tokens) + text ids + ~1000 tokens.
-POSITIONS_PER_SLOT = 2048
+#: Prompt transcript text ids per second of prompt speech that a slot is planned for: fast speech is
+#: about 3.5 words (English) or 5 characters (Mandarin) a second, about 4 Qwen2 text ids. DERIVED, not
+#: measured.
+PROMPT_TEXT_IDS_PER_SECOND = 4
+#: Cache positions per slot are planned in multiples of this (the decode step's default ``kv_bucket``).
+POSITION_BUCKET = 64
 #: Per-slot step temporaries: the sampler's (slots, vocab) arrays, about eight of 8 bytes per entry.
 #: DERIVED from the config (``decoder_size x 64``), not measured.
 SLOT_STEP_BYTES_PER_VOCAB = 64
 MAX_SLOTS = 256
 #: Share of ``usable`` held for one prefill's activations (the first admission of a run would otherwise
-#: prefill every slot at once), at least one prompt of ``POSITIONS_PER_SLOT``. DERIVED (a guess
+#: prefill every slot at once), at least one slot of :func:`slot_positions`. DERIVED (a guess
 #: bounding the prefill's transient memory), not measured.
 PREFILL_SHARE = 0.05
 #: At most this share of ``usable`` goes to the talker's cache; code2wav gets the rest.
@@ -164,6 +171,25 @@ def _gib(n: int | None) -> str:
     return "?" if n is None else f"{n / GIB:.1f} GiB"
 
 
+def slot_positions(cfg: ModelConfig, opts: RunOptions) -> int:
+    """Cache positions a slot is planned for (and allocated up front on a GPU): the longest prompt the
+    run accepts (``max_prompt_seconds``: its speech tokens and its transcript's text ids) with its
+    longest segment (the splitter's packing bound of text ids) and every token that segment may
+    generate (``--max-tokens``, else ``max_len_ratio`` x its text ids), plus sos and the task id;
+    rounded up to :data:`POSITION_BUCKET`. 2 + 750 + 120 + 80 + 1600 = 2552 -> 2560 at the released
+    config. Why this figure: a row that fits it never grows the cache mid-run (a growth holds the old
+    and the new cache at once, outside this rule, and every decode graph is captured again)."""
+    from cosyclone.frontend.text_rules import TOKEN_MAX_N
+
+    fe = cfg.frontend
+    prompt = int(fe.max_prompt_seconds * fe.token_frame_rate) + int(fe.max_prompt_seconds
+                                                                    * PROMPT_TEXT_IDS_PER_SECOND)
+    ratio = cfg.talker.max_len_ratio if opts.max_len_ratio is None else float(opts.max_len_ratio)
+    generated = int(opts.max_tokens) if opts.max_tokens is not None else int(ratio * TOKEN_MAX_N)
+    need = 2 + prompt + TOKEN_MAX_N + generated
+    return -(-need // POSITION_BUCKET) * POSITION_BUCKET
+
+
 def kv_bytes_per_position(cfg: ModelConfig, dtype: torch.dtype) -> int:
     """One slot's K and V for one position in every layer: layers x KV heads x head dim x 2 x bytes."""
     q = cfg.talker.qwen
@@ -245,9 +271,10 @@ def plan_sizing(cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, *, fre
         frontend_bytes = frontend_device_bytes(policy.backend)
     fraction = GPU_MEMORY_FRACTION if opts.gpu_memory_fraction is None else float(opts.gpu_memory_fraction)
     usable = max(0, int(free_bytes * fraction) - RESERVE_BYTES - frontend_bytes)
-    per_slot = POSITIONS_PER_SLOT * kv + SLOT_STEP_BYTES_PER_VOCAB * cfg.talker.decoder_size
+    positions = slot_positions(cfg, opts)
+    per_slot = positions * kv + SLOT_STEP_BYTES_PER_VOCAB * cfg.talker.decoder_size
     prefill_bytes = prefill_bytes_per_position(cfg)  # the prefill's room comes first
-    prefill = max(POSITIONS_PER_SLOT, int(usable * PREFILL_SHARE) // prefill_bytes)
+    prefill = max(positions, int(usable * PREFILL_SHARE) // prefill_bytes)
     rest = max(0, usable - prefill * prefill_bytes)
     slots = max(1, min(MAX_SLOTS, int(rest * TALKER_SHARE) // per_slot))
     if opts.talker_slots:
@@ -268,7 +295,7 @@ def plan_sizing(cfg: ModelConfig, policy: DevicePolicy, opts: RunOptions, *, fre
         flow_max_tokens=flow_tokens,
         hift_bucket=ROCM_HIFT_BUCKET if rocm else 0,
         flow_bucket=ROCM_FLOW_BUCKET if rocm else 0,
-        reserve_positions=POSITIONS_PER_SLOT,
+        reserve_positions=positions,
         frontend_workers=workers,
         frontend_threads=threads,
         kv_bytes_per_position=kv,

@@ -44,6 +44,10 @@ class TalkerSessionLike(Protocol):
 class StageOps(Protocol):
     """The stage calls the pipeline makes."""
 
+    #: True when the talker and code2wav run on one device (the loaded stages: one torch device), so
+    #: the run's accounting adds their busy seconds up (:class:`~cosyclone.engine.facts.StageSeconds`).
+    shared_device: bool
+
     def prepare(self, rows: Sequence[ManifestRow], prompts: PromptAhead | None) -> PreparedBatch:
         """A batch's frontend (a bad row fails alone, in its outcome)."""
         ...
@@ -77,6 +81,8 @@ class StageOps(Protocol):
 
 class RealOps:
     """The loaded stages' calls."""
+
+    shared_device = True  # the talker and code2wav run on the stages' one torch device
 
     def __init__(self, stages: Stages, opts: RunOptions, dec: DecodeOptions,
                  tokens: isolation.TokenCheckpoint | None) -> None:

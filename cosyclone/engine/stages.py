@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from cosyclone.base.capture_guard import CAPTURE_GUARD
 from cosyclone.base.device import DevicePolicy
 from cosyclone.engine.outcome import (
     ABORTS,
@@ -33,7 +34,7 @@ from cosyclone.engine.outcome import (
 from cosyclone.frontend.conditioning import Request
 from cosyclone.manifest import ManifestRow
 from cosyclone.model.config import ModelConfig
-from cosyclone.options import LoadFormat, RunOptions, TextFrontendName
+from cosyclone.options import DEFAULT_LLM, LoadFormat, RunOptions, TextFrontendName
 from cosyclone.talker.request import TalkerRequest
 
 if TYPE_CHECKING:  # annotations only (the stage modules load when the engine builds them)
@@ -61,8 +62,9 @@ class Stages:
 
 
 def load_stages(cfg: ModelConfig, policy: DevicePolicy, load_format: LoadFormat, *,
-                text_frontend: TextFrontendName = "wetext") -> Stages:
-    """Build frontend and the three models (``load_format`` dummy reads no weight file)."""
+                text_frontend: TextFrontendName = "wetext", llm: str = DEFAULT_LLM) -> Stages:
+    """Build frontend and the three models (``load_format`` dummy reads no weight file; ``llm``: the
+    talker file, ``--llm``)."""
     from dataclasses import replace
 
     from cosyclone.code2wav.flow import build_flow
@@ -71,7 +73,7 @@ def load_stages(cfg: ModelConfig, policy: DevicePolicy, load_format: LoadFormat,
     from cosyclone.frontend.onnx import default_providers
     from cosyclone.talker.model import build_talker
 
-    talker = build_talker(cfg, policy, load_format=load_format)
+    talker = build_talker(cfg, policy, load_format=load_format, llm=llm)
     flow = build_flow(cfg, policy, load_format=load_format)
     hift = build_hift(cfg, policy, load_format=load_format)
     for m in (talker, flow, hift):
@@ -171,14 +173,20 @@ def prepare_batch(stages: Stages, rows: Sequence[ManifestRow], opts: RunOptions,
 
 
 
-def decode_options(cfg: ModelConfig, opts: RunOptions) -> DecodeOptions:
-    """The talker's :class:`~cosyclone.talker.decode.DecodeOptions` for a run."""
+def decode_options(cfg: ModelConfig, opts: RunOptions, sizing: Sizing | None) -> DecodeOptions:
+    """The talker's :class:`~cosyclone.talker.decode.DecodeOptions` for a run, with the sizing rule's
+    caps on a GPU (the cache a slot is sized for, allocated up front; the prefill budget). Every path
+    builds its options here (the continuous session, static batches, rows alone, isolation retries),
+    so none decodes without the caps: a path without the reserve grows the cache mid-run."""
     from cosyclone.talker import DecodeOptions
 
+    sized = sizing is not None and sizing.sized
     return DecodeOptions(sampler=_sampler_options(cfg, opts), max_len_override=opts.max_tokens,
                          min_len_override=opts.min_tokens, min_len_ratio=opts.min_len_ratio,
                          max_len_ratio=opts.max_len_ratio, slots=opts.talker_slots,
-                         cuda_graphs=opts.cuda_graphs)  # resolved once per run (engine.setup): on | off
+                         cuda_graphs=opts.cuda_graphs,  # resolved once per run (engine.setup): on | off
+                         reserve_positions=sizing.reserve_positions if sized and sizing else None,
+                         prefill_tokens=sizing.prefill_tokens if sized and sizing else None)
 
 
 @torch.inference_mode()
@@ -311,9 +319,10 @@ def _code2wav(stages: Stages, live: _Live, results: dict[int, TalkerResult], opt
     pfeat = pfeat.to(stages.policy.dit_dtype)
     emb = torch.stack([torch.as_tensor(_embed(r, "embedding")).reshape(-1) for r, _ in items])
     emb = emb.to(dev, dtype=stages.policy.dit_dtype)
-    res = token2wav(stages.flow, stages.hift, tok, tok_len, ptok, ptok_len, pfeat, emb,
-                    speed=[float(r.speed) for r, _ in items], n_timesteps=opts.n_timesteps,
-                    **code2wav_budgets(stages.sizing))
+    with CAPTURE_GUARD.device_work():  # a decode-step capture waits for this call (module capture_guard)
+        res = token2wav(stages.flow, stages.hift, tok, tok_len, ptok, ptok_len, pfeat, emb,
+                        speed=[float(r.speed) for r, _ in items], n_timesteps=opts.n_timesteps,
+                        **code2wav_budgets(stages.sizing))
     for _, rid, _ in live:
         outcomes[rid].took("flow", res.flow_seconds / len(items))
         outcomes[rid].took("hift", res.hift_seconds / len(items))

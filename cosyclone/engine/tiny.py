@@ -286,7 +286,11 @@ def audible_init(module: nn.Module, seed: int) -> None:
                 sub.weight.copy_(values.to(sub.weight.dtype))
 
 
-def make_tiny_model(root: str | Path, sizes: TinySizes | None = None, seed: int = 0) -> Path:
+RL_TALKER = "llm.rl.pt"  # the release's second talker file: the same architecture, RL-tuned weights
+
+
+def make_tiny_model(root: str | Path, sizes: TinySizes | None = None, seed: int = 0, *,
+                    rl_talker: bool = False) -> Path:
     """Write a complete tiny model directory in the released layout (weights dummy-initialized).
 
     yaml + ``CosyVoice-BlankEN`` (config, tokenizer and the Qwen2 weights as ``model.safetensors``),
@@ -296,7 +300,9 @@ def make_tiny_model(root: str | Path, sizes: TinySizes | None = None, seed: int 
     both cosyclone's loaders and the official strict loads read them back. The flow and HiFT are
     re-filled by :func:`audible_init`, so the audio depends on the speech tokens (tests compare
     wav bytes to catch wrong tokens); the talker keeps the dummy scale, whose near-uniform logits
-    make every seed sample different tokens.
+    make every seed sample different tokens. ``rl_talker`` also writes ``llm.rl.pt`` as the release has
+    it beside ``llm.pt``: the same keys and shapes, other weights (a talker drawn from another seed), so
+    ``--llm llm.rl.pt`` gives other tokens.
     """
     import torch
 
@@ -331,7 +337,19 @@ def make_tiny_model(root: str | Path, sizes: TinySizes | None = None, seed: int 
         if name == "llm.pt":
             write_qwen_pretrained(root / QWEN_DIR, state)
             state = _released_llm_keys(state)
-        tmp = root / f".{name}.tmp"
-        torch.save(state, tmp)  # torch names its archive after the file: written where it is named
-        tmp.replace(root / name)
+        _save_state(state, root / name)
+    if rl_talker:
+        torch.manual_seed(seed + 7919)
+        module = build_talker(cfg, policy, load_format="dummy", seed=seed + 7919)
+        state = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
+        _save_state(_released_llm_keys(state), root / RL_TALKER)
     return root
+
+
+def _save_state(state: dict[str, Any], path: Path) -> None:
+    """``torch.save`` of ``state`` to ``path`` by way of a temporary name (never a torn checkpoint)."""
+    import torch
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)

@@ -17,7 +17,7 @@ from cosyclone.errors import CosycloneError
 EXTRA_HINT = "from the cosyclone checkout: pip install -e '.[eval]'"
 # import name -> the distribution that provides it (what the message tells the user to install)
 PACKAGES = {"faster_whisper": "faster-whisper", "jiwer": "jiwer", "inflect": "inflect",
-            "resemblyzer": "resemblyzer"}
+            "resemblyzer": "resemblyzer", "speechmos": "speechmos"}
 
 
 class EvalDependencyError(CosycloneError):

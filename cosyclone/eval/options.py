@@ -12,7 +12,7 @@ from typing import Literal
 
 from cosyclone.options import EVAL, check, opt
 
-ASR, SPEAKER, THRESHOLDS, REDO = "ASR", "Speaker similarity", "Thresholds", "Redo"
+ASR, SPEAKER, QUALITY, THRESHOLDS, REDO = "ASR", "Speaker similarity", "Quality", "Thresholds", "Redo"
 
 AsrDevice = Literal["auto", "cpu", "cuda"]  # where CTranslate2 runs the ASR model
 
@@ -24,8 +24,10 @@ class ScoringOptions:
     # the manifest the folder was synthesized from (its texts are the references)
     manifest: Path | None = opt(None, "the manifest the folder was synthesized from", panel=ASR,
                                 metavar="FILE", commands=(EVAL,))
-    # a local CTranslate2 Whisper directory (e.g. a large-v3 conversion); nothing is downloaded by default
-    asr_model: str | None = opt(None, "local CTranslate2 Whisper directory", panel=ASR, metavar="DIR",
+    # a local CTranslate2 Whisper directory (e.g. a large-v3 conversion; none: no WER/CER, the rest is
+    # scored); nothing is downloaded by default
+    asr_model: str | None = opt(None, "local CTranslate2 Whisper directory (none: no WER/CER)", panel=ASR,
+                                metavar="DIR",
                                 envvar="COSYCLONE_ASR_MODEL", commands=(EVAL,))
     # let --asr-model name a model that faster-whisper downloads
     asr_download: bool = opt(False, "allow --asr-model to name a model faster-whisper downloads", panel=ASR,
@@ -48,6 +50,9 @@ class ScoringOptions:
     # the CosyVoice3 model directory (campplus.onnx, for --speaker-model campplus)
     model_dir: Path | None = opt(None, "model folder (campplus.onnx for --speaker-model campplus)",
                                  panel=SPEAKER, metavar="DIR", commands=(EVAL,))
+    # score DNSMOS (the speechmos wheel's ONNX models)
+    dnsmos: bool = opt(True, "score DNSMOS (P.835, P.808)", panel=QUALITY, flag="--dnsmos/--no-dnsmos",
+                       commands=(EVAL,))
     # rows above this error rate (WER; CER for zh/ja) fail
     max_wer: float | None = opt(None, "rows above this WER (CER for zh/ja) fail", panel=THRESHOLDS, low=0.0,
                                 metavar="X", commands=(EVAL,))
@@ -60,6 +65,12 @@ class ScoringOptions:
     # rows with a larger fraction of clipped samples fail
     max_clipping: float | None = opt(None, "rows with a larger clipped fraction fail", panel=THRESHOLDS,
                                      low=0.0, high=1.0, metavar="F", commands=(EVAL,))
+    # rows below this DNSMOS OVRL fail (Emilia-Pipe keeps 3.0 and above)
+    min_dnsmos: float | None = opt(None, "rows below this DNSMOS OVRL fail", panel=THRESHOLDS, low=1.0,
+                                   high=5.0, metavar="X", commands=(EVAL,))
+    # rows whose seconds per character lie outside their language's IQR fences fail
+    rate_outliers: bool = opt(False, "rows with a speaking rate outside their language's fences fail",
+                              panel=THRESHOLDS, commands=(EVAL,))
     # also put the rows that failed or are missing in redo.jsonl
     redo_unsynthesized: bool = opt(False, "also redo failed / missing rows", panel=REDO, commands=(EVAL,))
     # reuse the previous eval's transcript of a WAV whose bytes did not change

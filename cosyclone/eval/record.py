@@ -65,6 +65,16 @@ class EvalRecord:
     char_edits: int | None = None  # character edits from reference to transcript
     speaker_similarity: dict[str, float] = field(default_factory=dict)  # backend -> cosine of the prompt's
     # and the output's speaker embeddings
+    dnsmos_sig: float | None = None  # DNSMOS P.835 speech signal quality (1..5)
+    dnsmos_bak: float | None = None  # DNSMOS P.835 background noise (1..5, higher: less noise)
+    dnsmos_ovrl: float | None = None  # DNSMOS P.835 overall quality (1..5): what --min-dnsmos judges
+    dnsmos_p808: float | None = None  # DNSMOS P.808 overall MOS (1..5)
+    rate_chars: int | None = None  # characters the speaking rate counts (the normalized text, no spaces)
+    s_per_char: float | None = None  # seconds of speech (duration less edge silence) per character
+    rate_group: str | None = None  # the rows its rate is judged against: its language (unknown: none known)
+    rate_fences: list[float] | None = None  # [low, high] s_per_char of its group (Q1 - 1.5 IQR, Q3 + 1.5
+    # IQR; None: too few rows or no spread)
+    rate_outlier: str | None = None  # slow | fast: s_per_char outside rate_fences (None: inside, not judged)
     fails: dict[str, str] = field(default_factory=dict)  # check -> why, for every threshold the row fails
     redo_seed: int | None = None  # the seed redo.jsonl gives the row (rows it lists)
     models: dict[str, Any] | None = None  # the ASR and speaker models that scored it: paths, versions, hashes

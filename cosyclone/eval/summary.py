@@ -31,6 +31,11 @@ METRICS = {
     "lead_silence_s": "lead_silence_s",
     "trail_silence_s": "trail_silence_s",
     "clipped_fraction": "clipped_fraction",
+    "dnsmos_ovrl": "dnsmos_ovrl",
+    "dnsmos_sig": "dnsmos_sig",
+    "dnsmos_bak": "dnsmos_bak",
+    "dnsmos_p808": "dnsmos_p808",
+    "s_per_char": "s_per_char",
 }
 
 
@@ -62,11 +67,12 @@ def summarize(records: list[dict[str, Any]], *, thresholds: Thresholds, backend:
                 if (r.get("speaker_similarity") or {}).get(b) is not None
             ]
         )
-    words = sum(int(r.get("ref_words", 0)) for r in scored if r.get("metric") == "wer")
-    chars = sum(int(r.get("ref_chars", 0)) for r in scored)
-    pooled = {"wer": sum(int(r.get("word_edits", 0)) for r in scored if r.get("metric") == "wer") / words
+    transcribed = [r for r in scored if r.get("metric") is not None]  # none without --asr-model
+    words = sum(int(r.get("ref_words", 0)) for r in transcribed if r.get("metric") == "wer")
+    chars = sum(int(r.get("ref_chars", 0)) for r in transcribed)
+    pooled = {"wer": sum(int(r.get("word_edits", 0)) for r in transcribed if r.get("metric") == "wer") / words
               if words else None,
-              "cer": sum(int(r.get("char_edits", 0)) for r in scored) / chars if chars else None}
+              "cer": sum(int(r.get("char_edits", 0)) for r in transcribed) / chars if chars else None}
     t = thresholds
     labels = {
         "error_rate": (t.max_wer, f"error_rate > {t.max_wer:g}" if t.max_wer is not None else ""),
@@ -82,15 +88,20 @@ def summarize(records: list[dict[str, Any]], *, thresholds: Thresholds, backend:
             t.max_clipped_fraction,
             f"clipped_fraction > {t.max_clipped_fraction:g}" if t.max_clipped_fraction is not None else "",
         ),
+        "dnsmos": (t.min_dnsmos, f"dnsmos_ovrl < {t.min_dnsmos:g}" if t.min_dnsmos is not None else ""),
+        "speaking_rate": (True if t.rate_outliers else None, "s_per_char outside its language's fences"),
     }
     over = {label: sum(1 for r in scored if check in (r.get("fails") or {}))
             for check, (limit, label) in labels.items() if limit is not None}
-    flags = {f"error_rate > {REFERENCE_ERROR_RATE:g}": sum(1 for r in scored if (r.get("error_rate") or 0.0)
-                                                          > REFERENCE_ERROR_RATE),
-             "transcript not exact (similarity_ratio < 1)": sum(1 for r in scored
+    high_rate = f"error_rate > {REFERENCE_ERROR_RATE:g}"
+    flags = {high_rate: sum(1 for r in transcribed if (r.get("error_rate") or 0.0) > REFERENCE_ERROR_RATE),
+             "transcript not exact (similarity_ratio < 1)": sum(1 for r in transcribed
                                                                 if (r.get("similarity_ratio") or 0.0) < 1.0),
              "all silent": sum(1 for r in scored if r.get("all_silent")),
-             "any clipped sample": sum(1 for r in scored if int(r.get("clipped_samples", 0)) > 0)}
+             "any clipped sample": sum(1 for r in scored if int(r.get("clipped_samples", 0)) > 0),
+             "speaking rate outside its language's fences": sum(1 for r in scored if r.get("rate_outlier"))}
+    if not transcribed:
+        del flags[high_rate], flags["transcript not exact (similarity_ratio < 1)"]
     skipped = Counter(str(r.get("skip_reason")) for r in records if r.get("status") == "skipped")
     return {
         "format": FORMAT,

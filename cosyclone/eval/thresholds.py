@@ -23,17 +23,23 @@ class Thresholds:
     similarity_backend: str | None = None  # backend min_similarity reads (None = the first one scored)
     max_silence_s: float | None = None  # longest leading or trailing silence of a good row
     max_clipped_fraction: float | None = None  # largest fraction of clipped samples of a good row
+    min_dnsmos: float | None = None  # lowest DNSMOS OVRL of a good row
+    rate_outliers: bool = False  # a good row's seconds per character lies inside its language's fences
 
     @property
     def any(self) -> bool:
-        return any(v is not None for v in (self.max_wer, self.min_similarity, self.max_silence_s,
-                                           self.max_clipped_fraction))
+        return self.rate_outliers or any(
+            v is not None
+            for v in (self.max_wer, self.min_similarity, self.max_silence_s, self.max_clipped_fraction,
+                      self.min_dnsmos)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-CHECKS = ("error_rate", "speaker_similarity", "silence", "clipping")  # the keys failures() reports
+#: the keys failures() reports
+CHECKS = ("error_rate", "speaker_similarity", "silence", "clipping", "dnsmos", "speaking_rate")
 
 
 def failures(record: dict[str, Any], t: Thresholds, backend: str | None) -> dict[str, str]:
@@ -60,6 +66,14 @@ def failures(record: dict[str, Any], t: Thresholds, backend: str | None) -> dict
         clip = float(record.get("clipped_fraction", 0.0))
         if clip > t.max_clipped_fraction:
             out["clipping"] = f"clipped fraction {clip:.4f} > {t.max_clipped_fraction:g}"
+    if t.min_dnsmos is not None:
+        ovrl = record.get("dnsmos_ovrl")
+        if ovrl is None or ovrl < t.min_dnsmos:
+            out["dnsmos"] = f"DNSMOS OVRL {_fmt(ovrl)} < {t.min_dnsmos:g}"
+    if t.rate_outliers and record.get("rate_outlier"):
+        low, high = record.get("rate_fences") or (float("nan"), float("nan"))
+        out["speaking_rate"] = (f"{record['rate_outlier']}: {_fmt(record.get('s_per_char'))} s per character "
+                                f"outside {low:.3f}..{high:.3f} ({record.get('rate_group')})")
     return out
 
 

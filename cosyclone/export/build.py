@@ -32,11 +32,11 @@ import numpy as np
 
 from cosyclone.errors import CosycloneError
 from cosyclone.export import shards
-from cosyclone.export.card import CARD, card
-from cosyclone.export.formats import LhotseManifests, NemoManifest
+from cosyclone.export.card import CARD, card, made_by
+from cosyclone.export.formats import NEMO_LOADER_KEYS, LhotseManifests, NemoManifest
 from cosyclone.export.index import EVAL_NAME, EvalIndex
 from cosyclone.export.lock import MARKER, ExportTarget
-from cosyclone.export.rows import Skipped, Source, iter_rows, parse_splits, split_of
+from cosyclone.export.rows import CORRUPT_RECORD, Skipped, Source, iter_rows, parse_splits, split_of
 from cosyclone.export.shards import ExportRow, ShardInfo
 from cosyclone.folder import layout as runfolder
 from cosyclone.folder.audio_out import MODEL_RATE
@@ -67,6 +67,8 @@ class ExportSummary:
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> rows not exported
     eval_columns: bool = False  # scores.jsonl's verdicts are columns
     splits: dict[str, int] = field(default_factory=dict)  # split -> rows
+    corrupt: tuple[str, ...] = ()  # each records line that is not a record, by file, line and byte offset
+    empty_splits: tuple[str, ...] = ()  # --split names that no row fell into (too few rows for the fraction)
 
     @property
     def bytes(self) -> int:
@@ -77,10 +79,14 @@ class ExportSummary:
         rate = f" at {self.sample_rate} Hz" if self.sample_rate else ""
         left = ", ".join(f"{k} {v}" for k, v in sorted(self.skipped.items()) if v)
         parts = f" ({', '.join(f'{k} {v}' for k, v in self.splits.items())})" if len(self.splits) > 1 else ""
+        empty = (f"; no row fell into split{'s' if len(self.empty_splits) > 1 else ''} "
+                 f"{', '.join(self.empty_splits)} ({self.rows} rows are too few for its fraction: give a "
+                 "larger one)" if self.empty_splits else "")
         return (
             f"exported {self.rows} of {self.records} rows{parts}{rate} into {len(self.shards)} {self.format} "
             f"file{'' if len(self.shards) == 1 else 's'} ({self.bytes} bytes) in {self.to_dir}"
             + (f"; not exported: {left} (each named in {MARKER})" if left else "")
+            + empty
         )
 
 
@@ -238,13 +244,16 @@ def export(
         raise CosycloneError("a run folder is given twice")
     parts = parse_splits(list(splits) if splits else None)
     target = _target(folders, fmt, Path(to_dir) if to_dir is not None else None, bool(parts))
-    meta_keys = MetaKeys(RESERVED)
+    meta_keys = MetaKeys(RESERVED | NEMO_LOADER_KEYS if fmt == "nemo" else RESERVED)
     with contextlib.ExitStack() as stack:
         sources = [_open(f, meta_keys, allow_running, stack) for f in folders]
         rate = _check(sources, only_passed)
         with_eval = any(s.evals is not None for s in sources)
         backends = tuple(sorted({b for s in sources if s.evals is not None for b in s.evals.backends}))
         cols = ColumnSet.build(meta_keys.columns(), backends if with_eval else None)
+        if to_dir is None:  # OUT/export/: the one folder an export makes beside its own
+            with contextlib.suppress(OSError):
+                target.parent.mkdir(exist_ok=True)
         with ExportTarget(target) as place:
             return _write(
                 place,
@@ -295,8 +304,11 @@ def _write(
     sinks: dict[str, Sink] = {}
     skipped, per_source, counts = Skipped(), [], dict.fromkeys(names, 0)
     suffixes: dict[str, str] = {}  # the first row's audio and prompt suffixes (the card's member names)
+    runs_of: dict[Path, set[str | None]] = {}  # folder -> the runs that made its exported rows (provenance)
     try:
         for src in sources:
+            for where in src.index.corrupt:
+                skipped.add(str(src.folder), "", CORRUPT_RECORD, where)
             for row_id, reason in src.index.failed():
                 skipped.add(str(src.folder), row_id, "failed", reason)
             done = 0
@@ -312,6 +324,7 @@ def _write(
                     suffixes.setdefault("prompt", row.prompt.suffix)
                 counts[split] += 1
                 done += 1
+                runs_of.setdefault(src.folder, set()).add(row.columns.get("run_id"))
             per_source.append(done)
         rows = sum(counts.values())
         if rows == 0:
@@ -321,6 +334,7 @@ def _write(
                 f"; {place.target} keeps what it held"
             )
         written = [info for name in names if name in sinks for info in sinks.pop(name).close()]
+        makers = made_by(runs_of)
         if fmt in shards.EXTENSIONS:
             text = card(
                 cols,
@@ -331,6 +345,7 @@ def _write(
                 splits=[n for n in names if counts[n]],
                 rows={k: v for k, v in counts.items() if v},
                 sizes={n: sum(i.bytes for i in written if i.split == n) for n in names},
+                makers=makers,
             )
             runfolder.write_bytes_atomic(staging / CARD, text.encode())
     except BaseException as exc:
@@ -365,6 +380,7 @@ def _write(
             for s, n in zip(sources, per_source, strict=True)
         ],
         "skipped": skipped.rows,
+        "made_by": makers,  # what made the rows (the card's provenance; NeMo and Lhotse have no card)
         "pid": os.getpid(),
     }
     place.commit(marker)
@@ -378,4 +394,6 @@ def _write(
         skipped=dict(skipped.counts),
         eval_columns=backends is not None,
         splits={k: v for k, v in counts.items() if v} if parts else {},
+        corrupt=tuple(line for s in sources for line in s.index.corrupt),
+        empty_splits=tuple(k for k, v in counts.items() if parts and not v),
     )

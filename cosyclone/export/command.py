@@ -48,5 +48,7 @@ def export_command(
         code = (Exit.BUSY if isinstance(exc, ExportBusy) else Exit.WRITE if isinstance(exc, OutputFolderError)
                 else Exit.ROWS_FAILED if isinstance(exc, NothingToExport) else Exit.USAGE)
         raise typer.Exit(code) from None
+    for line in summary.corrupt:
+        typer.echo(f"warning: {line}", err=True)
     typer.echo(summary.describe())
     raise typer.Exit(Exit.OK)

@@ -27,6 +27,21 @@ from cosyclone.export.shards import SHARD_PREFIX, ExportRow, ShardInfo
 from cosyclone.folder import layout as runfolder
 from cosyclone.folder.columns import ColumnSet
 
+#: Keys NeMo's manifest parser reads from a line's top level (a file to load, where in it, its language...):
+#: a ``meta`` key of one of these names stays inside ``meta``, or NeMo would load what the key names.
+NEMO_LOADER_KEYS = frozenset({
+    "audio_filepath", "audio_filename", "audio_file", "offset", "duration", "orig_sample_rate", "orig_sr",
+    "lang", "token_labels", "text_filepath", "text", "normalized_text", "answer", "context", "question",
+})
+
+
+def scalar_label(value: Any) -> str | None:
+    """A speaker or language label from a row's meta: a string or a number as text (LibriTTS speaker ids are
+    numbers), None for anything else (a list, an object, a bool)."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        return None
+    return value if isinstance(value, str) else str(value)
+
 
 def _suffix(split: str) -> str:
     return "" if split == SHARD_PREFIX else f"_{split}"
@@ -88,11 +103,12 @@ class LhotseManifests:
             sampling_rate=rate, num_samples=round(duration * rate), duration=duration)
         custom = {k: v for k, v in self.cols.json_values(values).items()
                   if k not in ("id", "text", "duration", "speaker", "language")}
-        speaker, language = values.get("speaker"), values.get("language")
+        meta = json.loads(values["meta"]) if isinstance(values.get("meta"), str) else None
+        meta = meta if isinstance(meta, dict) else {}
         supervision = self.lhotse.SupervisionSegment(
             id=row.row_id, recording_id=row.row_id, start=0.0, duration=duration, channel=0,
-            text=values.get("text"), speaker=speaker if isinstance(speaker, str) else None,
-            language=language if isinstance(language, str) else None, custom=custom)
+            text=values.get("text"), speaker=scalar_label(meta.get("speaker")),
+            language=scalar_label(meta.get("language")), custom=custom)
         self._recordings.write(recording)
         self._supervisions.write(supervision)
         self.rows += 1

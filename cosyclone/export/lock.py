@@ -10,9 +10,13 @@ export should a kill fall in that gap. A failed or killed export leaves the old 
 its staging folder is removed by the next export of that target (which holds the lock, so no live
 export owns it).
 
-Files in the old target that no export wrote (notes of one's own) are carried into the new one
-(hard links, else copies); the dataset card ``README.md`` is an export's own and is rewritten. A
-target holding folders of its own is refused, as not an export's.
+A target is accepted before anything is touched, the lock included: it is new (its parent must
+exist), empty, or an earlier export of cosyclone (its marker present). Anything else (a folder of the
+user's holding a ``README.md`` or a ``manifest.jsonl``, a file, ``/``) is refused, so an export never
+removes a file it did not write. Files in an earlier export that its marker does not list (notes of
+one's own, whatever their names) are carried into the new one (hard links, else copies); one whose
+name the new export writes itself refuses the export. A target holding folders is refused, as not an
+export's.
 """
 
 from __future__ import annotations
@@ -34,11 +38,7 @@ from cosyclone.errors import CosycloneError
 from cosyclone.folder import layout as runfolder
 
 MARKER = "export.json"  # what the export holds; written last, so its presence means the export is whole
-# what an export writes: shards, manifests, the marker (anything else in a target is the user's)
-_OURS = re.compile(
-    r"^((data|[a-z][a-z0-9_]*)-\d{5,}(-of-\d{5,})?\.(parquet|tar)|manifest(_[a-z0-9_]+)?\.jsonl|"
-    r"(recordings|supervisions)(_[a-z0-9_]+)?\.jsonl\.gz|export\.json|README\.md)$"
-)
+CARD_NAME = "README.md"  # the dataset card a Parquet or WebDataset export writes (listed in no marker)
 
 
 class ExportBusy(CosycloneError):
@@ -73,8 +73,8 @@ class ExportTarget:
         self._committed = False
 
     def __enter__(self) -> ExportTarget:
+        accept(self.target)  # before the lock: a refused target leaves nothing behind
         try:
-            self.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
             raise runfolder.OutputFolderError(
@@ -119,32 +119,23 @@ class ExportTarget:
                 shutil.rmtree(path, ignore_errors=True)
 
     def _check_target(self) -> None:
-        if self.target.exists() and not self.target.is_dir():
-            raise CosycloneError(f"--to {self.target} is a file: give a folder for the export")
-        if self.target.is_dir():
-            own = [p.name for p in self.target.iterdir() if p.is_dir()]
-            if own:
-                raise CosycloneError(
-                    f"--to {self.target} holds folders ({', '.join(sorted(own)[:3])}) that no "
-                    "export wrote: give an empty or new folder, or an earlier export's"
-                )
+        accept(self.target)  # again under the lock: another process may have changed it meanwhile
 
     def foreign(self) -> list[Path]:
-        """The old target's files that no export wrote (carried into the new one)."""
+        """The old target's entries that its export did not write (carried into the new one)."""
         if not self.target.is_dir():
             return []
-        return [p for p in sorted(self.target.iterdir()) if p.is_file() and not _OURS.match(p.name)]
+        marker = read_marker(self.target) or {}
+        ours = {MARKER, *_listed(marker)}
+        if marker.get("format") in ("parquet", "webdataset"):
+            ours.add(CARD_NAME)
+        return [p for p in sorted(self.target.iterdir()) if p.name not in ours]
 
     def commit(self, marker: Mapping[str, Any]) -> None:
         """Carry the user's files over, write the marker, and swap the staging folder in."""
         try:
             for path in self.foreign():
-                if (self.staging / path.name).exists():
-                    continue
-                try:
-                    os.link(path, self.staging / path.name)
-                except OSError:
-                    shutil.copy2(path, self.staging / path.name)
+                _carry(path, self.staging / path.name)
             runfolder.write_bytes_atomic(self.staging / MARKER, (json.dumps(
                 marker, ensure_ascii=False, indent=1) + "\n").encode())
             fsync_dir(self.staging)
@@ -156,6 +147,11 @@ class ExportTarget:
                 os.replace(self.staging, self.target)
                 self.staging = parked
             fsync_dir(self.parent)
+        except FileExistsError as exc:
+            raise CosycloneError(
+                f"{self.target}: your file {Path(exc.filename or '').name} has the name of a file this "
+                "export writes; move it aside and export again (the earlier export is kept)"
+            ) from None
         except OSError as exc:
             raise runfolder.OutputFolderError(f"cannot put the export in place at {self.target}: "
                                               f"{exc.strerror or exc}") from exc
@@ -179,3 +175,53 @@ def read_marker(target: Path) -> dict[str, Any] | None:
         if isinstance(obj, dict):
             return obj
     return None
+
+
+def _listed(marker: Mapping[str, Any]) -> set[str]:
+    """The file names an export's marker lists as its own."""
+    shards = marker.get("shards")
+    return {str(s["file"]) for s in shards if isinstance(s, dict) and "file" in s} if isinstance(
+        shards, list) else set()
+
+
+def accept(target: Path) -> None:
+    """Refuse a target an export may not write: it must be new (its parent existing), empty, or an earlier
+    export (its marker present), and hold no folders."""
+    if not target.exists() and not target.is_symlink():
+        if not target.parent.is_dir():
+            raise CosycloneError(f"--to {target}: its parent folder {target.parent} does not exist; make it "
+                                 "first (an export makes no folders but its own)")
+        return
+    if target.is_symlink() or not target.is_dir():
+        raise CosycloneError(f"--to {target} is not a folder: give a new or empty folder, or an earlier "
+                             "export's")
+    try:
+        entries = sorted(p.name for p in target.iterdir())
+    except OSError as exc:
+        raise CosycloneError(f"--to {target}: cannot list it ({exc.strerror or exc})") from None
+    if not entries:
+        return
+    if read_marker(target) is None:
+        raise CosycloneError(
+            f"--to {target} holds files ({', '.join(entries[:3])}{' ...' if len(entries) > 3 else ''}) and "
+            f"no {MARKER}: it is not an earlier export, and an export writes over nothing it did not write; "
+            "give a new or empty folder"
+        )
+    folders = [n for n in entries if (target / n).is_dir() and not (target / n).is_symlink()]
+    if folders:
+        raise CosycloneError(f"--to {target} holds folders ({', '.join(folders[:3])}) that no export wrote: "
+                             "give an empty or new folder, or an earlier export's")
+
+
+def _carry(path: Path, dst: Path) -> None:
+    """One of the user's entries into the new export: a hard link (a link or a FIFO as itself), else a copy;
+    FileExistsError when the new export wrote a file of that name."""
+    if os.path.lexists(dst):
+        raise FileExistsError(errno.EEXIST, "exists", str(path))
+    try:
+        os.link(path, dst, follow_symlinks=False)
+    except OSError:
+        if path.is_symlink():
+            os.symlink(os.readlink(path), dst)
+        else:
+            shutil.copy2(path, dst, follow_symlinks=False)

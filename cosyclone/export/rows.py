@@ -22,6 +22,7 @@ from cosyclone.export.index import EvalIndex
 from cosyclone.export.shards import SHARD_PREFIX, Blob, ExportRow
 from cosyclone.folder import layout as runfolder
 from cosyclone.folder.audio_out import MODEL_RATE
+from cosyclone.folder.checked_read import PROMPT_CAP, NotARegularFile, audio_cap, read_checked
 from cosyclone.folder.columns import ColumnSet, RowView, similarity_column
 from cosyclone.folder.record_scan import RecordIndex
 
@@ -32,7 +33,11 @@ AUDIO_MISSING = "audio_missing"  # ok, but its audio file is not there (or canno
 AUDIO_MISMATCH = "audio_mismatch"
 NOT_PASSED = "not_passed"  # only_passed, and eval did not pass this very file
 PROMPT_MISSING = "prompt_missing"  # --include-prompt-audio, and its prompt recording cannot be read
-REASONS = (FAILED, AUDIO_MISSING, AUDIO_MISMATCH, NOT_PASSED, PROMPT_MISSING)
+# --include-prompt-audio, and the prompt file is not the one the row was made from (its hash differs from the
+# fingerprint's, none was recorded, or it is not a regular file)
+PROMPT_MISMATCH = "prompt_mismatch"
+CORRUPT_RECORD = "corrupt_record"  # a line of diagnostics.jsonl that is not a record (named by line and byte)
+REASONS = (FAILED, AUDIO_MISSING, AUDIO_MISMATCH, NOT_PASSED, PROMPT_MISSING, PROMPT_MISMATCH, CORRUPT_RECORD)
 
 _SPLIT = re.compile(r"^([a-z][a-z0-9_]{0,31})=([0-9]*\.?[0-9]+)$")
 
@@ -114,8 +119,10 @@ def eval_values(ev: dict[str, Any] | None, audio_sha256: str, backends: tuple[st
     out: dict[str, Any] = {
         "eval_status": status, "eval_passed": status == "ok" and not fails,
         "eval_fails": sorted(fails) if fresh else None, "eval_metric": _text(fresh.get("metric")),
-        "eval_transcript": _text(fresh.get("transcript"))}
-    for name in ("error_rate", "wer", "cer", "lead_silence_s", "trail_silence_s", "clipped_fraction"):
+        "eval_transcript": _text(fresh.get("transcript")),
+        "eval_rate_outlier": _text(fresh.get("rate_outlier"))}
+    for name in ("error_rate", "wer", "cer", "lead_silence_s", "trail_silence_s", "clipped_fraction",
+                 "dnsmos_ovrl", "dnsmos_sig", "dnsmos_bak", "dnsmos_p808", "s_per_char"):
         out[f"eval_{name}"] = _float(fresh.get(name))
     for b in backends:
         out[similarity_column(b)] = _float(sims.get(b))
@@ -153,7 +160,10 @@ def iter_rows(src: Source, cols: ColumnSet, backends: tuple[str, ...] | None, *,
         try:
             if path is None:
                 raise FileNotFoundError(rec.id)
-            data = path.read_bytes()
+            data = read_checked(path, audio_cap(rec.samples))
+        except NotARegularFile as exc:  # a FIFO, a device, a link: never read as this row's audio
+            skipped.add(name, rec.id, AUDIO_MISMATCH, f"{path}: {exc.strerror}")
+            continue
         except OSError:  # not there (or not readable): the row is not done
             skipped.add(name, rec.id, AUDIO_MISSING)
             continue
@@ -173,12 +183,11 @@ def iter_rows(src: Source, cols: ColumnSet, backends: tuple[str, ...] | None, *,
                 continue
         blob = None
         if prompt:
-            try:
-                where = Path(rec.prompt_audio)
-                blob = Blob(data=where.read_bytes(), name=where.name)
-            except OSError as exc:
-                skipped.add(name, rec.id, PROMPT_MISSING, f"{rec.prompt_audio}: {exc.strerror or exc}")
+            got = prompt_blob(rec.prompt_audio, rec.fingerprint_parts)
+            if isinstance(got, tuple):
+                skipped.add(name, rec.id, *got)
                 continue
+            blob = got
         view = RowView(record=rec, raw=raw, samples=facts[0], sample_rate=rate, folder=name)
         yield ExportRow(
             row_id=rec.id,
@@ -187,3 +196,24 @@ def iter_rows(src: Source, cols: ColumnSet, backends: tuple[str, ...] | None, *,
             prompt=blob,
             file=path.resolve(),
         )
+
+
+def prompt_blob(recorded: str, parts: dict[str, str] | None) -> Blob | tuple[str, str]:
+    """The prompt recording a row was made from, or (reason, detail) why it is not embedded.
+
+    Why the hash: the path is the one the run read, but the file there now may be another (swapped, or a
+    link to a private file in a folder received from someone else); the row's fingerprint holds the
+    prompt file's sha256 prefix, and only a file with that prefix is the row's prompt."""
+    want = (parts or {}).get("prompt_audio")
+    where = Path(recorded)
+    try:
+        data = read_checked(where, PROMPT_CAP, follow=True)
+    except NotARegularFile as exc:
+        return PROMPT_MISMATCH, f"{recorded}: {exc.strerror}"
+    except OSError as exc:
+        return PROMPT_MISSING, f"{recorded}: {exc.strerror or exc}"
+    if not isinstance(want, str) or not want:
+        return PROMPT_MISMATCH, f"{recorded}: the record holds no prompt hash to check the file against"
+    if not hashlib.sha256(data).hexdigest().startswith(want):
+        return PROMPT_MISMATCH, f"{recorded}: not the file the row was made from (its sha256 differs)"
+    return Blob(data=data, name=where.name)

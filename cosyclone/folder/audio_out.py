@@ -28,11 +28,13 @@ from typing import Any, get_args
 
 import numpy as np
 
+from cosyclone.base.version import __version__
 from cosyclone.errors import CosycloneError
 from cosyclone.folder.row_record import FileFacts
 from cosyclone.options import AudioEncoding as Encoding
 from cosyclone.options import AudioFormat, FolderOptions
 
+SOFTWARE = f"cosyclone {__version__}"  # the software a tagged file names (WAV ISFT, FLAC's software comment)
 MODEL_RATE = 24000  # CosyVoice3's HiFT writes 24 kHz: the default, written without resampling
 MIN_RATE, MAX_RATE = 8000, 48000  # telephone band to studio rate; outside it nothing sensible is asked
 SUFFIXES: dict[str, str] = {"wav": ".wav", "flac": ".flac"}  # the one definition of a format's file suffix
@@ -55,6 +57,8 @@ class AudioOutput:
     format: AudioFormat = "wav"  # container: wav (RIFF, hand-written) | flac (lossless, about half the size)
     encoding: Encoding = "pcm16"  # samples: pcm16 | pcm24 | float (32-bit IEEE, wav only: FLAC has no float)
     trim_silence: bool = False  # cut leading/trailing silence (TRIM_LEVEL_DB), keeping TRIM_MARGIN_S
+    tag: str | None = None  # the provenance statement each file carries (WAV INFO ICMT, FLAC COMMENT); None:
+    # no tag (--no-provenance-tag, or a caller that states none)
 
     def __post_init__(self) -> None:
         check_output(self)
@@ -66,15 +70,18 @@ class AudioOutput:
 
     @property
     def is_default(self) -> bool:
-        """True for the output cosyclone always wrote (24 kHz PCM16 WAV, untrimmed)."""
-        return self == AudioOutput()
+        """True for the output cosyclone always wrote (24 kHz PCM16 WAV, untrimmed; the tag aside)."""
+        return replace(self, tag=None) == AudioOutput()
 
     def fingerprint_values(self) -> dict[str, Any]:
         """This output's entries in a row fingerprint's ``options`` part.
 
         ``float_wav`` as runs have always recorded it, and each other field only where it differs from
         the default: a folder written before these options keeps its fingerprints (no row redone by an
-        upgrade), while a rerun at another rate, format, encoding or trim redoes every row.
+        upgrade), while a rerun at another rate, format, encoding or trim redoes every row. A run without
+        the provenance tag (``--no-provenance-tag``) adds ``provenance_tag: false``: its files' bytes differ,
+        so switching the tag off (or on again) redoes every row; the statement's text itself is made of
+        the model files' hashes and the talker, which the fingerprint holds already.
         """
         values: dict[str, Any] = {"float_wav": self.encoding == "float"}
         for key, value, default in (
@@ -85,17 +92,20 @@ class AudioOutput:
         ):
             if value != default:
                 values[key] = value
+        if self.tag is None:
+            values["provenance_tag"] = False
         return values
 
     @classmethod
-    def of(cls, folder: FolderOptions) -> AudioOutput:
-        """The output a run's folder options ask for (``--float-wav`` is ``--audio-encoding float``)."""
+    def of(cls, folder: FolderOptions, tag: str | None = None) -> AudioOutput:
+        """The output a run's folder options ask for (``--float-wav`` is ``--audio-encoding float``), its
+        files tagged with ``tag`` unless ``--no-provenance-tag``."""
         encoding: Encoding = "float" if folder.float_wav else folder.audio_encoding
         return cls(sample_rate=folder.sample_rate, format=folder.audio_format, encoding=encoding,
-                   trim_silence=folder.trim_silence)
+                   trim_silence=folder.trim_silence, tag=None if folder.no_provenance_tag else tag)
 
     @classmethod
-    def for_file(cls, path: Path, folder: FolderOptions) -> AudioOutput:
+    def for_file(cls, path: Path, folder: FolderOptions, tag: str | None = None) -> AudioOutput:
         """The output for one named file (``say -o``): a ``.flac`` name writes FLAC, and a name whose
         suffix says another container than ``--audio-format`` is refused, so a file's bytes are
         always what its name says (a ``.flac`` file holding WAV bytes fools players and datasets)."""
@@ -105,17 +115,18 @@ class AudioOutput:
             if folder.float_wav or folder.audio_encoding == "float":
                 raise CosycloneError(f"-o {path.name} names a FLAC file, which stores integer samples only: "
                                      f"give {FLAGS['encoding']} pcm16 or pcm24, or name a .wav file")
-            return cls.of(replace(folder, audio_format="flac"))
+            return cls.of(replace(folder, audio_format="flac"), tag)
         if named is not None and named != folder.audio_format:
             raise CosycloneError(f"-o {path.name} names a {named.upper()} file, but {FLAGS['format']} "
                                  f"{folder.audio_format} writes {folder.audio_format.upper()}: name it "
                                  f"{path.stem}{SUFFIXES[folder.audio_format]}")
-        return cls.of(folder)
+        return cls.of(folder, tag)
 
     def as_record(self) -> dict[str, Any]:
         """What a run records of its output (runs.jsonl ``output``)."""
         return {"sample_rate": self.sample_rate, "audio_format": self.format, "audio_encoding": self.encoding,
-                "trim_silence": self.trim_silence, "float_wav": self.encoding == "float"}
+                "trim_silence": self.trim_silence, "float_wav": self.encoding == "float",
+                "provenance_tag": self.tag is not None}
 
 
 def check_output(out: AudioOutput) -> None:
@@ -230,7 +241,22 @@ def _finite(wav: np.ndarray) -> np.ndarray:
     return data
 
 
-def encode_wav(wav: np.ndarray, *, sample_rate: int, float_wav: bool = False, pcm_bits: int = 16) -> bytes:
+def info_chunk(tag: str) -> bytes:
+    """A RIFF ``LIST``/``INFO`` chunk stating ``tag`` (``ICMT``, the comment) and the software (``ISFT``):
+    what libsndfile (``soundfile``'s ``comment`` and ``software``), ffprobe and most editors show.
+
+    Each value is NUL-terminated and word-aligned as RIFF asks; UTF-8 (the INFO fields have no declared
+    encoding; libsndfile hands the bytes through). No date field: equal runs write equal bytes.
+    """
+    body = b"INFO"
+    for key, value in ((b"ICMT", tag), (b"ISFT", SOFTWARE)):
+        data = value.encode("utf-8", "replace") + b"\x00"
+        body += key + struct.pack("<I", len(data)) + data + (b"\x00" if len(data) % 2 else b"")
+    return b"LIST" + struct.pack("<I", len(body)) + body
+
+
+def encode_wav(wav: np.ndarray, *, sample_rate: int, float_wav: bool = False, pcm_bits: int = 16,
+               tag: str | None = None) -> bytes:
     """The WAV file's bytes: mono PCM16 (``round(x * 32767)``), PCM24 (``round(x * 8388607)``) or IEEE
     float32, samples clipped to [-1, 1].
 
@@ -238,7 +264,9 @@ def encode_wav(wav: np.ndarray, *, sample_rate: int, float_wav: bool = False, pc
     time of writing, so the same audio gave different bytes on every run. A non-finite sample is
     refused, never silently zeroed: the pipeline decides what NaN/inf audio means
     (``--nonfinite-audio``) and counts it per row. PCM16 and float bytes are those cosyclone has
-    always written (tests pin their digests).
+    always written (tests pin their digests). ``tag`` (the provenance statement) goes in a ``LIST``/``INFO``
+    chunk after the samples (:func:`info_chunk`), where readers that expect the samples at byte 44 still
+    find them.
     """
     data = _finite(wav)
     if float_wav:
@@ -262,16 +290,19 @@ def encode_wav(wav: np.ndarray, *, sample_rate: int, float_wav: bool = False, pc
     else:
         body_chunk = b"data" + struct.pack("<I", len(body)) + body
     chunks = b"fmt " + struct.pack("<I", len(fmt)) + fmt + extra + body_chunk
+    if tag is not None:
+        chunks += info_chunk(tag)
     riff: bytes = b"RIFF" + struct.pack("<I", 4 + len(chunks)) + b"WAVE" + chunks
     return riff
 
 
-def encode_flac(wav: np.ndarray, *, sample_rate: int, pcm_bits: int = 16) -> bytes:
+def encode_flac(wav: np.ndarray, *, sample_rate: int, pcm_bits: int = 16, tag: str | None = None) -> bytes:
     """The FLAC file's bytes (libsndfile/libFLAC), holding exactly the integers the WAV would hold.
 
     Quantized here, not by libsndfile, so a FLAC and a WAV of the same audio decode to the same
     samples. Deterministic: libFLAC's STREAMINFO carries the audio's MD5 and its vendor comment the
-    library version, never a time.
+    library version, never a time. ``tag`` (the provenance statement) becomes the Vorbis comment
+    ``COMMENT`` beside the software's name, which ``soundfile`` reads back as ``comment`` and ``software``.
     """
     import soundfile as sf
 
@@ -279,22 +310,25 @@ def encode_flac(wav: np.ndarray, *, sample_rate: int, pcm_bits: int = 16) -> byt
         raise ValueError(f"FLAC files hold 16 or 24 bits per sample here, not {pcm_bits}")
     ints = pcm_ints(_finite(wav), pcm_bits)
     buf = io.BytesIO()
-    if pcm_bits == 16:
-        sf.write(buf, ints, sample_rate, format="FLAC", subtype="PCM_16")
-    else:  # libsndfile reads an int32 sample's top 24 bits for PCM_24
-        sf.write(buf, ints.astype(np.int32) << 8, sample_rate, format="FLAC", subtype="PCM_24")
+    with sf.SoundFile(buf, "w", sample_rate, 1, format="FLAC", subtype=f"PCM_{pcm_bits}") as fh:
+        if tag is not None:  # before the samples: libFLAC writes its metadata blocks first
+            fh.comment, fh.software = tag, SOFTWARE
+        # libsndfile reads an int32 sample's top 24 bits for PCM_24
+        fh.write(ints if pcm_bits == 16 else ints.astype(np.int32) << 8)
     return buf.getvalue()
 
 
 def encode(
-    wav: np.ndarray, *, sample_rate: int, fmt: AudioFormat = "wav", encoding: Encoding = "pcm16"
+    wav: np.ndarray, *, sample_rate: int, fmt: AudioFormat = "wav", encoding: Encoding = "pcm16",
+    tag: str | None = None,
 ) -> bytes:
-    """The bytes of a ``fmt`` file holding ``wav`` (N,) float32 at ``sample_rate`` as ``encoding``."""
+    """The bytes of a ``fmt`` file holding ``wav`` (N,) float32 at ``sample_rate`` as ``encoding``, stating
+    ``tag`` (None: no tag)."""
     check_output(AudioOutput(sample_rate=MODEL_RATE, format=fmt, encoding=encoding))
     bits = 24 if encoding == "pcm24" else 16
     if fmt == "flac":
-        return encode_flac(wav, sample_rate=sample_rate, pcm_bits=bits)
-    return encode_wav(wav, sample_rate=sample_rate, float_wav=encoding == "float", pcm_bits=bits)
+        return encode_flac(wav, sample_rate=sample_rate, pcm_bits=bits, tag=tag)
+    return encode_wav(wav, sample_rate=sample_rate, float_wav=encoding == "float", pcm_bits=bits, tag=tag)
 
 
 def process(wav: np.ndarray, *, model_rate: int, out: AudioOutput) -> tuple[bytes, FileFacts]:
@@ -309,7 +343,7 @@ def process(wav: np.ndarray, *, model_rate: int, out: AudioOutput) -> tuple[byte
     if out.trim_silence:
         x, lead, trail = trim_silence(x, model_rate)
     y = resample(x, model_rate, out.sample_rate)
-    data = encode(y, sample_rate=out.sample_rate, fmt=out.format, encoding=out.encoding)
+    data = encode(y, sample_rate=out.sample_rate, fmt=out.format, encoding=out.encoding, tag=out.tag)
     facts = FileFacts(file=None, samples=int(y.size), sample_rate=out.sample_rate, audio_format=out.format,
                       encoding=out.encoding, trimmed_lead_seconds=lead, trimmed_trail_seconds=trail)
     return data, facts

@@ -123,6 +123,16 @@ CORE: tuple[Column, ...] = (
     Column("seed", "uint64", "seed", "the row's seed as used (0 .. 2^64-1)", _get("seed")),
     Column("speed", "float64", "speed", "the speaking-rate factor", _get("speed")),
     Column(
+        "llm",
+        "string",
+        "llm",
+        "the talker file that made it (llm.pt, llm.rl.pt; dummy: random weights; unrecorded: a row made "
+        "before cosyclone recorded its talker)",
+        lambda v: v.record.llm or "unrecorded",
+    ),
+    Column("run_id", "string", "run_id", "the run that made it (the card's provenance, runs.jsonl)",
+           _get("run_id")),
+    Column(
         "duration",
         "float64",
         "the file",
@@ -182,6 +192,12 @@ EVAL: tuple[tuple[str, ColumnType, str], ...] = (
     ("eval_lead_silence_s", "float64", "leading silence (s)"),
     ("eval_trail_silence_s", "float64", "trailing silence (s)"),
     ("eval_clipped_fraction", "float64", "share of clipped samples"),
+    ("eval_dnsmos_ovrl", "float64", "DNSMOS P.835 overall quality (1..5)"),
+    ("eval_dnsmos_sig", "float64", "DNSMOS P.835 speech signal quality (1..5)"),
+    ("eval_dnsmos_bak", "float64", "DNSMOS P.835 background noise (1..5, higher: less noise)"),
+    ("eval_dnsmos_p808", "float64", "DNSMOS P.808 overall MOS (1..5)"),
+    ("eval_s_per_char", "float64", "seconds of speech per character"),
+    ("eval_rate_outlier", "string", "slow / fast: the speaking rate lies outside its language's fences"),
 )
 FREE_TEXT = frozenset({"eval_transcript"})
 

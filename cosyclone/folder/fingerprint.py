@@ -130,6 +130,8 @@ class RunContext:
     options: Mapping[str, Any]  # sampler / code2wav / non-finite / text-frontend options that change audio
     device: str = "cpu"  # the backend (cpu | cuda | rocm): recorded per row, not fingerprinted
     threads: str = "-"  # CPU intra-op threads ("-" on a GPU): recorded per row, not fingerprinted
+    llm: str | None = None  # the talker file (--llm; "dummy": random weights): recorded per row,
+    # fingerprinted through the options part
 
 
 def _digest(value: Any) -> str:

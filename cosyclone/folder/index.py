@@ -9,11 +9,15 @@ the record file and byte offset of its current record, and its share of the tota
 
 The index follows the files, never the other way round: a record line is written (and fsynced)
 before the index hears of it. Opening the index checks each records file against what was indexed
-of it (inode, size, a hash of its first line): a file that grew is read from where the index
-stopped (a run killed between the two writes, another shard's journal); a file that shrank or was
-replaced, or an index that is missing, unreadable or of another schema, makes the index be built
-again from every records file, streaming. The current record of an id is the one with the latest
-``finished_at``, a later line winning a tie (as :func:`cosyclone.folder.layout.read_records`). Totals
+of it (inode, size, modification time, a hash of its first line and of the bytes before where the index
+stopped): a file that grew with those bytes unchanged is read from where the index stopped (a run killed
+between the two writes, another shard's journal); a file that shrank, was replaced or was changed in
+place (even at the same size: its modification time moved while its size did not), or an index that is
+missing, unreadable or of another schema, makes the index be built again from every records file,
+streaming. A whole line that is not a record (:func:`~cosyclone.folder.record_line.parse_record`) is
+kept in a ``corrupt`` table by file and byte offset, so ``report`` names it. The current record of an id
+is the one with the latest ``finished_at``, a later line winning a tie (as
+:func:`cosyclone.folder.layout.read_records`). Totals
 are exact in any order rows arrive in (a resume, shards, a row redone): counts are integers, and
 audio seconds are summed as integers of 2^-40 s.
 """
@@ -31,11 +35,11 @@ from typing import Any, BinaryIO
 
 from cosyclone.folder.index_reads import IndexReads
 from cosyclone.folder.index_rows import COLUMNS, SHARE_COLUMNS, add_share, row_values, share_ddl
-from cosyclone.folder.record_line import parse_record
+from cosyclone.folder.record_line import parse_record, why_not_a_record
 from cosyclone.folder.version import FOLDER_FORMAT
 
 INDEX_NAME = "index.sqlite"  # under the folder's .cosyclone/
-SCHEMA = "cosyclone-index-2"
+SCHEMA = "cosyclone-index-3"  # 3: sources keep mtime and tail, corrupt lines kept
 ROWS_PER_COMMIT = 2000  # record lines read into the index per transaction (what a build holds at once)
 
 
@@ -43,6 +47,16 @@ def _head(path: Path) -> str:
     """A hash of a file's first line: tells a rewritten file from one that only grew."""
     with open(path, "rb") as fh:
         return hashlib.blake2b(fh.readline(), digest_size=8).hexdigest()
+
+
+TAIL_BYTES = 4096  # the bytes before the indexed end whose hash tells a file that only grew
+
+
+def _tail(path: Path, end: int) -> str:
+    """A hash of the ``TAIL_BYTES`` before byte ``end`` (what an append leaves as it was)."""
+    with open(path, "rb") as fh:
+        fh.seek(max(0, end - TAIL_BYTES))
+        return hashlib.blake2b(fh.read(min(end, TAIL_BYTES)), digest_size=8).hexdigest()
 
 
 class FolderIndex(IndexReads):
@@ -99,10 +113,13 @@ class FolderIndex(IndexReads):
         """A fresh, empty index (any earlier one is dropped)."""
         db = self.db
         with self._tx():
-            for table in ("meta", "sources", "rows", "totals"):
+            for table in ("meta", "sources", "rows", "totals", "corrupt"):
                 db.execute(f"DROP TABLE IF EXISTS {table}")
             db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
-            db.execute("CREATE TABLE sources (name TEXT PRIMARY KEY, inode INTEGER, size INTEGER, head TEXT)")
+            db.execute("CREATE TABLE sources (name TEXT PRIMARY KEY, inode INTEGER, size INTEGER, head TEXT, "
+                       "mtime INTEGER, tail TEXT)")
+            db.execute("CREATE TABLE corrupt (src TEXT NOT NULL, offset INTEGER NOT NULL, why TEXT NOT NULL, "
+                       "PRIMARY KEY (src, offset)) WITHOUT ROWID")
             shares = ", ".join(share_ddl())  # every share column but ``reason``, declared below
             db.execute(
                 "CREATE TABLE rows (id TEXT PRIMARY KEY, fingerprint TEXT, status TEXT NOT NULL, file TEXT, "
@@ -131,23 +148,18 @@ class FolderIndex(IndexReads):
             try:
                 if not self._schema_ok():
                     raise _Stale
-                known = {name: (inode, size, head) for name, inode, size, head
-                         in self.db.execute("SELECT name, inode, size, head FROM sources")}
+                known = {row[0]: row[1:] for row
+                         in self.db.execute("SELECT name, inode, size, head, mtime, tail FROM sources")}
                 if set(known) - set(sources):  # a file the index points into is gone
                     raise _Stale
                 tails: list[tuple[str, int]] = []
                 for name in sources:
-                    st = os.stat(self.out_dir / name)
                     was = known.get(name)
                     if was is None:
                         tails.append((name, 0))
-                    elif (
-                        was[0] != st.st_ino
-                        or st.st_size < was[1]
-                        or (was[1] and _head(self.out_dir / name) != was[2])
-                    ):
+                    elif _changed(self.out_dir / name, *was):
                         raise _Stale
-                    elif st.st_size > was[1]:
+                    elif os.stat(self.out_dir / name).st_size > was[1]:
                         tails.append((name, was[1]))
                 for name, start in tails:
                     self._read_source(name, start)
@@ -188,6 +200,7 @@ class FolderIndex(IndexReads):
         path = self.out_dir / name
         st = os.stat(path)
         batch: list[tuple[Any, ...]] = []
+        bad: list[tuple[str, int, str]] = []
         end = start
         with open(path, "rb") as fh:
             fh.seek(start)
@@ -200,13 +213,17 @@ class FolderIndex(IndexReads):
                 rec = parse_record(raw)
                 if rec is not None:
                     batch.append(row_values(rec, name, here))
+                elif raw.strip():
+                    bad.append((name, here, why_not_a_record(raw)))
                 if len(batch) >= ROWS_PER_COMMIT:
                     self._put_batch(batch, bulk=bulk)
                     batch = []
         self._put_batch(batch, bulk=bulk)
         with contextlib.nullcontext() if bulk else self._tx():
-            self.db.execute("INSERT OR REPLACE INTO sources VALUES (?, ?, ?, ?)",
-                            (name, st.st_ino, end, _head(path) if end else ""))
+            self.db.executemany("INSERT OR REPLACE INTO corrupt VALUES (?, ?, ?)", bad)
+            self.db.execute("INSERT OR REPLACE INTO sources VALUES (?, ?, ?, ?, ?, ?)",
+                            (name, st.st_ino, end, _head(path) if end else "", os.stat(path).st_mtime_ns,
+                             _tail(path, end)))
 
     def _put_batch(self, batch: list[tuple[Any, ...]], *, bulk: bool) -> None:
         if not batch:
@@ -226,7 +243,9 @@ class FolderIndex(IndexReads):
         rec = parse_record(obj)
         with self._tx():
             was = self._put(row_values(rec, src, offset)) if rec is not None else None
-            self.db.execute("UPDATE sources SET size = ? WHERE name = ? AND size < ?", (end, src, end))
+            path = self.out_dir / src
+            self.db.execute("UPDATE sources SET size = ?, mtime = ?, tail = ? WHERE name = ? AND size < ?",
+                            (end, os.stat(path).st_mtime_ns, _tail(path, end), src, end))
             if offset == 0:  # the file's first line: what tells it from a rewritten one
                 self.db.execute(
                     "UPDATE sources SET head = ? WHERE name = ?", (_head(self.out_dir / src), src)
@@ -283,9 +302,11 @@ class FolderIndex(IndexReads):
             self.db.executemany("UPDATE rows SET src = ?, offset = ? WHERE id = ? AND src = ? AND offset = ?",
                                 ((dst, new, rid, src, old) for rid, old, new in lines))
             self.db.execute("DELETE FROM sources WHERE name = ?", (src,))
+            self.db.execute("DELETE FROM corrupt WHERE src = ?", (src,))
             path = self.out_dir / dst
-            self.db.execute("INSERT OR REPLACE INTO sources VALUES (?, ?, ?, ?)",
-                            (dst, os.stat(path).st_ino, dst_end, _head(path)))
+            st = os.stat(path)
+            self.db.execute("INSERT OR REPLACE INTO sources VALUES (?, ?, ?, ?, ?, ?)",
+                            (dst, st.st_ino, dst_end, _head(path), st.st_mtime_ns, _tail(path, dst_end)))
 
     # ------------------------------------------------------------------ reading
 
@@ -294,6 +315,16 @@ class FolderIndex(IndexReads):
             self.db.close()
             while self._files:
                 self._files.popitem()[1].close()
+
+
+def _changed(path: Path, inode: int, size: int, head: str, mtime: int | None, tail: str | None) -> bool:
+    """Whether a records file is no longer what the index read of it (anything but an append)."""
+    st = os.stat(path)
+    if st.st_ino != inode or st.st_size < size or mtime is None:
+        return True
+    if st.st_size == size and st.st_mtime_ns != mtime:
+        return True  # written in place at the same size
+    return bool(size) and (_head(path) != head or _tail(path, size) != tail)
 
 
 class _Stale(Exception):

@@ -41,6 +41,14 @@ class IndexReads:
             row = self.db.execute("SELECT value FROM meta WHERE key = 'folder_format'").fetchone()
         return int(row[0]) if row is not None else None
 
+    def corrupt_lines(self) -> list[str]:
+        """Each whole line of the records files that is not a record, named by file, line and byte offset
+        (the line's number counted from the file's start: only read when there is such a line)."""
+        with self._lock:
+            found = self.db.execute("SELECT src, offset, why FROM corrupt ORDER BY src, offset").fetchall()
+        return [f"{self.out_dir / src} line {line_number(self.out_dir / src, off)} (byte {off}): {why}, "
+                "not a record; that row is left out until it is fixed" for src, off, why in found]
+
     def count(self) -> int:
         with self._lock:
             return int(self.db.execute("SELECT count(*) FROM rows").fetchone()[0])
@@ -125,3 +133,19 @@ class IndexReads:
         raw = self._line(row)
         rec = parse_record(raw) if raw is not None else None
         return rec if rec is not None and rec.id == row.id else None
+
+
+def line_number(path: Path, offset: int) -> int:
+    """The 1-based number of the line starting at byte ``offset`` (newlines before it, plus one)."""
+    n, left = 1, offset
+    try:
+        with open(path, "rb") as fh:
+            while left > 0:
+                block = fh.read(min(left, 1 << 20))
+                if not block:
+                    break
+                n += block.count(b"\n")
+                left -= len(block)
+    except OSError:
+        return 0
+    return n

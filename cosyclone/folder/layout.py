@@ -240,6 +240,15 @@ def check_writable(out_dir: Path) -> None:
         raise OutputFolderError(f"output folder {out_dir} is not writable: {exc.strerror or exc}") from exc
 
 
+def writable(path: Path) -> bool:
+    """Whether this process may write into folder ``path``: its permissions (``access``) and its mount (a
+    read-only mount, where root's ``access`` still says yes)."""
+    try:
+        return os.access(path, os.W_OK | os.X_OK) and not os.statvfs(path).f_flag & os.ST_RDONLY
+    except OSError:
+        return False
+
+
 def check_creatable(out_dir: Path) -> None:
     """Refuse an output folder that could not be written, creating nothing (``--dry-run``).
 

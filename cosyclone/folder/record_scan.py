@@ -30,7 +30,7 @@ import numpy as np
 from cosyclone.folder import layout as runfolder
 from cosyclone.folder.audio_out import MODEL_RATE
 from cosyclone.folder.columns import MetaKeys
-from cosyclone.folder.record_line import RecordLine, parse_record
+from cosyclone.folder.record_line import RecordLine, parse_record, why_not_a_record
 from cosyclone.folder.row_record import RowRecord
 
 
@@ -56,16 +56,20 @@ def open_sources(paths: list[Path]) -> list[BinaryIO]:
     return files
 
 
-def iter_records(fh: BinaryIO) -> Iterator[tuple[int, RecordLine]]:
-    """(byte offset, record) of each line of an open records file that is a row's record, streamed
-    (:func:`~cosyclone.folder.record_line.parse_record` decides which are)."""
+def iter_records(fh: BinaryIO, corrupt: list[str] | None = None) -> Iterator[tuple[int, RecordLine]]:
+    """(byte offset, record) of each line of an open records file that is a row's record
+    (:func:`~cosyclone.folder.record_line.parse_record` decides which are), streamed; a torn last line is
+    skipped, any other line that is not a record named in ``corrupt`` (file, line, byte offset)."""
     fh.seek(0)
     offset = 0
-    for raw in fh:
+    for number, raw in enumerate(fh, 1):
         here, offset = offset, offset + len(raw)
         rec = parse_record(raw)
         if rec is not None:
             yield here, rec
+        elif corrupt is not None and raw.endswith(b"\n") and raw.strip():
+            why = why_not_a_record(raw)
+            corrupt.append(f"{getattr(fh, 'name', '?')} line {number} (byte {here}): {why}, not a record")
 
 
 def record_at(fh: BinaryIO, offset: int) -> RecordLine:
@@ -96,8 +100,9 @@ class RecordIndex:
                                    *sorted(runfolder.state_dir(out_dir).glob("journal-*.jsonl"))])
         hi, lo, src, off, line = array("Q"), array("Q"), array("H"), array("q"), array("q")
         finished, rate = array("d"), array("i")  # rate 0: the line is not an ok record
+        self.corrupt: list[str] = []  # the lines that are not records, each named by file, line and byte
         for s, fh in enumerate(self.files):
-            for offset, rec in iter_records(fh):
+            for offset, rec in iter_records(fh, self.corrupt):
                 append_hash(rec.id, hi, lo)
                 off.append(offset)
                 src.append(s)

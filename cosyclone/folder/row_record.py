@@ -44,6 +44,9 @@ class RowStamp:
     device: str | None = None  # the backend the row ran on (cpu | cuda | rocm): recorded, not fingerprinted
     threads: str | None = None
     # the CPU intra-op threads it ran with ("-" on a GPU): recorded, not fingerprinted
+    llm: str | None = None
+    # the talker file that made it (--llm: llm.pt, llm.rl.pt; part of the fingerprint); dummy: random weights
+    # (--load-format dummy); None: a record written before cosyclone named its talker
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ CPU threads, library versions) is shown as a mix: it never redoes a row, so a fo
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -34,8 +34,9 @@ from cosyclone.folder.index_rows import (
     row_values,
     share_of,
 )
-from cosyclone.folder.record_line import parse_record
+from cosyclone.folder.record_line import RecordLine, parse_record, why_not_a_record
 from cosyclone.folder.row_record import RowRecord
+from cosyclone.options import DUMMY_TALKER
 
 #: A file property that must be one value among the ok rows for the folder to be one dataset:
 #: (record field, its name in a flag, the unit its values are shown with)
@@ -106,12 +107,38 @@ def versions_mix(folders: Sequence[Path], totals: Mapping[str, Any]) -> dict[str
     """Rows by the library versions of the run that made them (``runs.jsonl`` by ``run_id``), as
     ``cosyclone 0.4, torch 2.5.1, ...`` -> rows, from the kept rows per run (``totals["runs"]``); rows
     of a run no ``runs.jsonl`` line names, or of no run, count under ``unknown``."""
+
+    def label(run: Mapping[str, Any]) -> str | None:
+        found = run.get("versions")
+        return ", ".join(f"{k} {v}" for k, v in sorted(found.items())) if isinstance(found, dict) else None
+
+    return _rows_by_run(folders, totals, label)
+
+
+def talker_of(run: Mapping[str, Any]) -> str:
+    """The talker a ``runs.jsonl`` line says made its rows: its ``llm`` (a run recorded before ``--llm``
+    existed read ``llm.pt``), or ``dummy`` (random weights)."""
+    if run.get("load_format") == "dummy":
+        return DUMMY_TALKER
+    return str(run.get("llm") or "llm.pt")
+
+
+def talkers_mix(folders: Sequence[Path], totals: Mapping[str, Any]) -> dict[str, int]:
+    """Rows by the talker file of the run that made them (``llm.pt``, ``llm.rl.pt``, ``dummy weights``):
+    which talker a published figure used."""
+    return _rows_by_run(folders, totals, talker_of)
+
+
+def _rows_by_run(folders: Sequence[Path], totals: Mapping[str, Any],
+                 label: Callable[[Mapping[str, Any]], str | None]) -> dict[str, int]:
+    """The kept rows per run (``totals["runs"]``) summed by ``label`` of each run's ``runs.jsonl`` line;
+    rows of a run no line names (or ``label`` gives None for), or of no run, count under ``unknown``."""
     versions: dict[str, str] = {}
     for folder in folders:
         for run in runfolder.iter_jsonl(Path(folder) / runfolder.RUNS_NAME):
-            found = run.get("versions")
-            if isinstance(run.get("run_id"), str) and isinstance(found, dict):
-                versions[run["run_id"]] = ", ".join(f"{k} {v}" for k, v in sorted(found.items()))
+            found = label(run)
+            if isinstance(run.get("run_id"), str) and found is not None:
+                versions[run["run_id"]] = found
     runs: Mapping[str, int] = totals.get("runs", {})
     mix: dict[str, int] = {}
     for run_id, n in runs.items():
@@ -147,8 +174,15 @@ def merged_totals(folders: Sequence[Path], *, runs: bool = False) -> tuple[dict[
     With ``runs``, the totals carry ``runs`` (rows per ``run_id``) for :func:`versions_mix`.
     """
     # a folder without records adds 0
-    indexes = [open_read(f) for f in folders if runfolder.record_sources(f)]
     folders = [f for f in folders if runfolder.record_sources(f)]
+    indexes: list[FolderIndex] = []
+    try:
+        for f in folders:
+            indexes.append(open_read(f))
+    except (OSError, sqlite3.Error):  # OutputFolderError included: a folder this user cannot write
+        for idx in indexes:
+            idx.close()
+        return streamed_totals(folders, runs=runs)
     try:
         kept: dict[str, int] = {}
         for idx in indexes:
@@ -172,10 +206,60 @@ def merged_totals(folders: Sequence[Path], *, runs: bool = False) -> tuple[dict[
         totals = totals_of(kept)
         if runs:
             totals["runs"] = _counts(kept, "run:")
-        return totals, warnings
+        return totals, [line for idx in indexes for line in idx.corrupt_lines()] + warnings
     finally:
         for idx in indexes:
             idx.close()
+
+
+def _lines(path: Path, corrupt: list[str]) -> Iterable[RecordLine]:
+    """The records of a records file, a line at a time (:func:`parse_record`); each whole line that is not
+    a record is named in ``corrupt`` (a torn last line, from a kill, is not)."""
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 (closed below, the generator's whole life)
+    except FileNotFoundError:
+        return
+    with fh:
+        offset = 0
+        for number, raw in enumerate(fh, 1):
+            here, offset = offset, offset + len(raw)
+            rec = parse_record(raw)
+            if rec is not None:
+                yield rec
+            elif raw.endswith(b"\n") and raw.strip():
+                corrupt.append(f"{path} line {number} (byte {here}): {why_not_a_record(raw)}, not a record; "
+                               "that row is left out until it is fixed")
+
+
+def streamed_totals(folders: Sequence[Path], *, runs: bool = False) -> tuple[dict[str, Any], list[str]]:
+    """:func:`merged_totals` without an index: one streaming pass over each folder's records files, for a
+    folder that cannot be written (a read-only mount, another user's); holds a row's share per id."""
+    best: dict[str, tuple[float, Sequence[Any]]] = {}
+    owner: dict[str, int] = {}
+    warnings: list[str] = []
+    corrupt: list[str] = []
+    for i, folder in enumerate(folders):
+        mine: dict[str, tuple[float, Sequence[Any]]] = {}
+        for name in runfolder.record_sources(folder):
+            for rec in _lines(Path(folder) / name, corrupt):
+                values = row_values(rec, name, 0)
+                if values[0] not in mine or values[8] >= mine[values[0]][0]:
+                    mine[values[0]] = (values[8], share_of(values))
+        for rid, (finished, share) in mine.items():
+            if rid in best:
+                warnings.append(
+                    f"row {rid!r} is in {folders[owner[rid]]} and {folder}: the later attempt counts"
+                )
+                if finished < best[rid][0]:
+                    continue
+            best[rid], owner[rid] = (finished, share), i
+    kept: dict[str, int] = {}
+    for _, share in best.values():
+        add_share(kept, share, +1)
+    totals = totals_of(kept)
+    if runs:
+        totals["runs"] = _counts(kept, "run:")
+    return totals, corrupt + warnings
 
 
 def _shared(a: FolderIndex, b: FolderIndex) -> Iterable[tuple[str, float, float, Sequence[Any]]]:
@@ -209,6 +293,8 @@ def render(
     lines += [(label, _fmt(totals.get(key))) for key, label in TABLE_ROWS]
     for group in ("files", "ran_on"):
         lines += [(k.replace("_", " "), _fmt(v)) for k, v in totals.get(group, {}).items() if len(v) > 1]
+    if totals.get("talkers"):  # which talker made the rows: asked of every published figure
+        lines.append(("talkers", "; ".join(f"{n} rows: {v}" for v, n in totals["talkers"].items())))
     if len(totals.get("versions") or {}) > 1:  # one set is the usual case: shown by --json only
         lines.append(("versions", "; ".join(f"{n} rows: {v}" for v, n in totals["versions"].items())))
     lines += [(k.replace("_", " "), _fmt(v)) for k, v in totals.get("sampler", {}).items()

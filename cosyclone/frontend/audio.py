@@ -21,6 +21,10 @@ from cosyclone.errors import CosycloneError
 
 MIN_SAMPLE_RATE = 16000
 MAX_PROMPT_SECONDS = 30.0
+# the shortest prompt the frontend takes: its 24 kHz mel reflect-pads 720 samples a side and the speech
+# tokenizer needs a few 40 ms frames; shorter files fail deep in a feature extractor, so both validate and
+# synth refuse them at the row
+MIN_PROMPT_SECONDS = 0.1
 
 
 class AudioError(CosycloneError):
@@ -71,6 +75,9 @@ def check_prompt(wave: torch.Tensor, sr: int, *, path: str = "<array>", row_id: 
     if wave.numel() == 0:
         raise AudioError(f"{where}prompt audio {path} is empty")
     seconds = wave.numel() / sr
+    if seconds < MIN_PROMPT_SECONDS:
+        raise AudioError(f"{where}prompt audio {path} is {wave.numel()} samples ({seconds:.3f} s); the "
+                         f"frontend needs at least {MIN_PROMPT_SECONDS:g} s of speech")
     if seconds > max_seconds:
         raise AudioError(f"{where}prompt audio {path} is {seconds:.2f} s; the speech tokenizer "
                          f"accepts at most {max_seconds:g} s — trim the prompt")

@@ -176,11 +176,18 @@ def _check_audio(path: Path) -> tuple[str | None, float]:
         return f"cannot use {str(path)[:200]!r} as prompt audio: {type(exc).__name__}: {exc}", 0.0
 
 
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # http://, s3://, file://: a URL, not a path
+
+
 def _audio_problem(path: Path) -> tuple[str | None, float]:
     if path.is_dir():
         return f"{path} is a directory, not an audio file (give the path of a WAV/FLAC/OGG file)", 0.0
+    if path.exists() and not path.is_file():
+        return (f"{path} is not a regular file (a FIFO, a device or a socket): give the path of a "
+                "WAV/FLAC/OGG file"), 0.0
     if not path.is_file():
-        return f"file not found: {path}", 0.0
+        why = "a broken symlink" if path.is_symlink() else "file not found"
+        return f"{why}: {path}", 0.0
     try:
         import soundfile as sf
 
@@ -189,7 +196,11 @@ def _audio_problem(path: Path) -> tuple[str | None, float]:
         return f"unreadable audio {path}: {exc}", 0.0
     if info.frames <= 0:
         return f"audio has no samples: {path}", 0.0
-    from cosyclone.frontend.audio import MAX_PROMPT_SECONDS, MIN_SAMPLE_RATE  # the frontend's own limits
+    from cosyclone.frontend.audio import (  # the frontend's own limits
+        MAX_PROMPT_SECONDS,
+        MIN_PROMPT_SECONDS,
+        MIN_SAMPLE_RATE,
+    )
 
     seconds = float(info.frames) / float(info.samplerate or 1)
     if info.samplerate < MIN_SAMPLE_RATE:
@@ -198,7 +209,20 @@ def _audio_problem(path: Path) -> tuple[str | None, float]:
     if seconds > MAX_PROMPT_SECONDS:
         return (f"{path} is {seconds:.2f} s; the speech tokenizer accepts at most {MAX_PROMPT_SECONDS:g} s "
                 "(trim the prompt)"), seconds
-    return None, seconds
+    if seconds < MIN_PROMPT_SECONDS:
+        return (f"{path} is {info.frames} samples ({seconds:.3f} s); the frontend needs at least "
+                f"{MIN_PROMPT_SECONDS:g} s of speech"), seconds
+    return _samples_problem(path), seconds
+
+
+def _samples_problem(path: Path) -> str | None:
+    """Why the prompt's samples cannot be used (NaN or inf, as the frontend refuses them), None when fine."""
+    import numpy as np
+    import soundfile as sf
+
+    data, _ = sf.read(str(path), dtype="float32", always_2d=True)
+    bad = int(data.size - np.isfinite(data).sum())
+    return f"{path} holds {bad} NaN/inf samples: the frontend cannot use it" if bad else None
 
 
 def parse_row(obj: object, *, line: int, base: Path, check_audio: bool = True,
@@ -266,6 +290,9 @@ def parse_row(obj: object, *, line: int, base: Path, check_audio: bool = True,
         raise ManifestError("speed must be a number in [0.25, 4]", line=line, field="speed", row_id=rid_s)
     if not obj["prompt_audio"].strip():
         raise ManifestError("prompt_audio is empty", line=line, field="prompt_audio", row_id=rid_s)
+    if _URL.match(obj["prompt_audio"].strip()):
+        raise ManifestError(f"{short_repr(obj['prompt_audio'])} is a URL: prompts are read from local files; "
+                            "download it and give its path", line=line, field="prompt_audio", row_id=rid_s)
     audio = _prompt_path(base, obj["prompt_audio"])
     seconds = 0.0
     if check_audio:

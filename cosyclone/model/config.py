@@ -218,6 +218,16 @@ class ModelConfig:
             raise ModelDirError(f"no model directory: cannot open {name} (dummy weights were requested)")
         return self.model_dir / name
 
+    def talker_file(self, name: str) -> Path:
+        """The talker checkpoint ``name`` (``--llm``) of the model directory; a missing one is a
+        :class:`ModelDirError` naming the talker files the folder does hold."""
+        path = self.path(name)
+        if not path.is_file():
+            held = sorted(p.name for p in path.parent.glob("llm*.pt")) if path.parent.is_dir() else []
+            raise ModelDirError(f"--llm {name}: no such file in {self.model_dir} (talker files there: "
+                                f"{', '.join(held) or 'none'})")
+        return path
+
 
 def released_config() -> ModelConfig:
     """The released Fun-CosyVoice3-0.5B geometry, for ``--load-format dummy`` without a directory."""

@@ -7,6 +7,11 @@ hundred rows or so, and a prompt shared by many of them is encoded once). Only t
 ``MAX_SECONDS`` of a file are embedded: a row that babbled to the cap can run for minutes, and its
 first seconds already say so. The listed rows are bounded, so the page's size is too, however many
 rows the folder holds.
+
+Each file is read as its record allows (:mod:`cosyclone.folder.checked_read`, through the ``read`` the
+page passes): a row's audio as a regular file that is no symlink, a prompt only when its bytes are the
+prompt the row was made from; anything else gets a note instead of a player, so a swapped path never
+puts another file into the page.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import base64
 import io
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,13 +40,16 @@ class AudioSource:
     note: str  # "" or why it is missing or cut
 
 
-def embed(path: Path) -> AudioSource:
-    """``path`` as an Ogg Vorbis ``data:`` URI (its first MAX_SECONDS, mono, 16 kHz)."""
+Reader = Callable[[Path], bytes]  # a file's bytes as its record allows (raises OSError with why not)
+
+
+def embed(path: Path, data: bytes) -> AudioSource:
+    """``path``'s bytes ``data`` as an Ogg Vorbis ``data:`` URI (its first MAX_SECONDS, mono, 16 kHz)."""
     import soundfile as sf
     import soxr
 
     try:
-        with sf.SoundFile(str(path)) as fh:
+        with sf.SoundFile(io.BytesIO(data)) as fh:
             rate, frames = fh.samplerate, fh.frames
             wave = fh.read(min(frames, int(MAX_SECONDS * rate)), dtype="float32", always_2d=True)
     except (OSError, RuntimeError, sf.LibsndfileError) as exc:
@@ -66,25 +74,30 @@ def link(path: Path, page_dir: Path) -> AudioSource:
     return AudioSource(quote(rel.as_posix()), "")
 
 
-def source(path: Path | None, page_dir: Path, *, link_audio: bool) -> AudioSource:
-    """The player source of ``path`` (embedded unless ``link_audio``)."""
+def source(path: Path | None, page_dir: Path, *, link_audio: bool, read: Reader) -> AudioSource:
+    """The player source of ``path`` (embedded unless ``link_audio``), read by ``read``."""
     if path is None:
         return AudioSource(None, "no audio file")
-    if not path.is_file():
+    try:
+        data = read(path)
+    except FileNotFoundError:
         return AudioSource(None, f"{path} is missing")
-    return link(path, page_dir) if link_audio else embed(path)
+    except OSError as exc:
+        return AudioSource(None, f"{path} is not played: {exc.strerror or exc}")
+    return link(path, page_dir) if link_audio else embed(path, data)
 
 
-def sources(paths: Sequence[Path | None], page_dir: Path, *, link_audio: bool) -> list[AudioSource]:
-    """:func:`source` of each path, each distinct file read once, on a thread per core (libsndfile's
-    encoder runs outside the GIL)."""
-    distinct = list(dict.fromkeys(p for p in paths if p is not None))
+def sources(paths: Sequence[tuple[Path | None, Reader]], page_dir: Path, *,
+            link_audio: bool) -> list[AudioSource]:
+    """:func:`source` of each (path, reader), each distinct file read once, on a thread per core
+    (libsndfile's encoder runs outside the GIL)."""
+    distinct = list(dict.fromkeys((p, r) for p, r in paths if p is not None))
     with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
         done = dict(
             zip(
                 distinct,
-                pool.map(lambda p: source(p, page_dir, link_audio=link_audio), distinct),
+                pool.map(lambda pr: source(pr[0], page_dir, link_audio=link_audio, read=pr[1]), distinct),
                 strict=True,
             )
         )
-    return [done[p] if p is not None else source(None, page_dir, link_audio=link_audio) for p in paths]
+    return [done[(p, r)] if p is not None else AudioSource(None, "no audio file") for p, r in paths]

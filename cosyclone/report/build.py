@@ -4,30 +4,37 @@ The folders are merged as ``report`` merges them (shards of one dataset: the lat
 wins), so the page's totals are the table's.
 Only the listed rows' audio is read; every other figure comes from the row records, eval's
 records and ``runs.jsonl``. The folders are only read: the page and ``<page>.redo.jsonl`` are
-the only files written.
+the only files written, where :mod:`cosyclone.report.target` allows (never inside a run folder, never
+over a file report did not write).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
+import os
+import shlex
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cosyclone.base.atomic import write_atomic
 from cosyclone.base.version import __version__
 from cosyclone.eval.summary import load_eval_summary
+from cosyclone.export.rows import prompt_blob
 from cosyclone.folder import layout as runfolder
 from cosyclone.folder import totals as totals_mod
+from cosyclone.folder.checked_read import audio_cap, read_checked
 from cosyclone.folder.row_record import RowRecord
 from cosyclone.report import page as html_page
-from cosyclone.report.audio import sources
+from cosyclone.report.audio import Reader, sources
 from cosyclone.report.figures import Figures, measure, normalized_text, read_eval, stop_reason
 from cosyclone.report.history import read_history
 from cosyclone.report.listing import Listed, select
-from cosyclone.report.outliers import find_outliers, redo_path_for, write_redo
+from cosyclone.report.outliers import find_outliers, redo_bytes, redo_path_for
+from cosyclone.report.target import check_page, check_redo, write_new
 
 FAILED_SHOWN = 200  # failed rows the page lists by name (the totals count them all)
 
@@ -52,8 +59,9 @@ class HtmlReport:
         return [
             f"wrote {self.path}: {self.bytes / 1e6:.1f} MB, {self.rows} rows, {self.plots} plots, "
             f"{self.listed} rows to listen to, in {self.seconds:.1f} s",
-            f"wrote {self.redo_path}: {self.outliers} outlier rows (cosyclone synth {self.redo_path} --out "
-            f"{self.folders[0] if len(self.folders) == 1 else 'OUT'} redoes them)",
+            f"wrote {self.redo_path}: {self.outliers} outlier rows (cosyclone synth "
+            f"{shlex.quote(str(self.redo_path))} --out "
+            f"{shlex.quote(str(self.folders[0])) if len(self.folders) == 1 else 'OUT'} redoes them)",
         ]
 
 
@@ -87,6 +95,7 @@ def _figures_of(figures: Figures, i: int) -> tuple[tuple[str, str], ...]:
             ("WER", _fmt(scored.wer)),
             ("CER", _fmt(scored.cer)),
             ("similarity", _fmt(scored.similarity)),
+            ("DNSMOS OVRL", _fmt(scored.dnsmos)),
         ]
         if scored.fails:
             pairs.append(("eval fails", "; ".join(scored.fails)))
@@ -111,8 +120,8 @@ def _cards(
     figures: Figures, listed: Sequence[Listed], where: Mapping[str, Path], page_dir: Path, *, link_audio: bool
 ) -> list[html_page.Card]:
     recs = [figures.records[item.index] for item in listed]
-    outputs = [runfolder.audio_path(where[rec.id], rec) for rec in recs]
-    prompts = [Path(rec.prompt_audio) if rec.prompt_audio else None for rec in recs]
+    outputs = [(runfolder.audio_path(where[rec.id], rec), _audio_reader(rec.samples)) for rec in recs]
+    prompts = [(Path(rec.prompt_audio) if rec.prompt_audio else None, _prompt_reader(rec)) for rec in recs]
     audio = sources(outputs + prompts, page_dir, link_audio=link_audio)
     cards = []
     for k, (item, rec) in enumerate(zip(listed, recs, strict=True)):
@@ -133,6 +142,29 @@ def _cards(
             )
         )
     return cards
+
+
+@functools.cache
+def _audio_reader(samples: int | None) -> Reader:
+    """A row's audio as its record allows: a regular file, no symlink, at most its samples' bytes."""
+    return functools.partial(_read_audio, cap=audio_cap(samples))
+
+
+def _read_audio(path: Path, *, cap: int) -> bytes:
+    return read_checked(path, cap)
+
+
+def _prompt_reader(rec: RowRecord) -> Reader:
+    """The row's prompt, only when its bytes are the prompt the row was made from (its recorded hash)."""
+    parts = rec.fingerprint_parts
+
+    def read(path: Path) -> bytes:
+        got = prompt_blob(str(path), parts)
+        if isinstance(got, tuple):
+            raise OSError(0, got[1].removeprefix(f"{path}: "), str(path))
+        return got.data
+
+    return read
 
 
 def _totals_table(totals: Mapping[str, Any]) -> str:
@@ -164,6 +196,19 @@ def _failed_table(records: Sequence[RowRecord]) -> str:
     )
 
 
+def _write_both(page: Path, data: bytes, redo_path: Path, redo: bytes) -> None:
+    """The redo manifest, then the page; a new redo manifest is taken back when the page cannot be written."""
+    existed = os.path.lexists(redo_path)
+    write_new(redo_path, redo)
+    try:
+        write_new(page, data)
+    except BaseException:
+        if not existed:
+            with contextlib.suppress(OSError):
+                os.unlink(redo_path)
+        raise
+
+
 def write_html_report(folders: Sequence[Path], page: Path, *, link_audio: bool = False) -> HtmlReport:
     """Write ``page`` (and ``<page stem>.redo.jsonl`` beside it) for the merged ``folders``."""
     from cosyclone.report.plots import all_plots  # matplotlib: only when a page is asked for
@@ -171,15 +216,16 @@ def write_html_report(folders: Sequence[Path], page: Path, *, link_audio: bool =
     t0 = time.perf_counter()
     folders = [Path(f) for f in folders]
     page = Path(page)
+    check_page(page, folders)
+    redo_path = redo_path_for(page)
+    check_redo(page, redo_path)
     records, where, warnings = merge_records(folders)
     totals = totals_mod.folder_totals(records.values())
     figures = measure(records.values(), read_eval(folders, records))
     outliers, spreads = find_outliers(figures)
     plots = all_plots(figures, spreads)
     listed = select(figures, outliers)
-    page.parent.mkdir(parents=True, exist_ok=True)
     cards = _cards(figures, listed, where, page.parent, link_audio=link_audio)
-    redo_path = write_redo(redo_path_for(page), [figures.records[o.index] for o in outliers])
     evals = {str(f): e for f in folders if (e := load_eval_summary(f)) is not None}
     ids = [r.id for r in figures.records]
     title = "cosyclone report: " + ", ".join(str(f) for f in folders)
@@ -196,7 +242,7 @@ def write_html_report(folders: Sequence[Path], page: Path, *, link_audio: bool =
         f"audio {'linked relative to this page' if link_audio else 'embedded (Ogg Vorbis, 16 kHz)'}",
     )
     data = text.encode("utf-8")
-    write_atomic(page, data)
+    _write_both(page, data, redo_path, redo_bytes([figures.records[o.index] for o in outliers]))
     return HtmlReport(
         path=page,
         bytes=len(data),

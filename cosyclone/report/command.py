@@ -30,6 +30,7 @@ def report_command(
     With --html PAGE, also one self-contained page: plots, outliers, the rows to listen to (docs/output.md).
     """
     from cosyclone.eval.summary import load_eval_summary
+    from cosyclone.folder import layout as runfolder
     from cosyclone.folder import totals as totals_mod
     from cosyclone.options import build
     from cosyclone.report.options import ReportOptions
@@ -37,6 +38,9 @@ def report_command(
     for path in folders:
         if not path.is_dir():
             _fail(f"{path}: not a folder")
+        if not (runfolder.record_sources(path) or (path / runfolder.RUNS_NAME).is_file()
+                or runfolder.state_dir(path).is_dir()):
+            _fail(f"{path}: not a run folder (no {runfolder.DIAG_NAME}, journal or {runfolder.RUNS_NAME})")
     try:
         page: ReportOptions = build(ReportOptions, options)
     except CosycloneError as exc:
@@ -49,7 +53,8 @@ def report_command(
         _fail(str(exc))
     totals["flags"] = totals_mod.running_writers(folders) + totals["flags"]
     totals["versions"] = totals_mod.versions_mix(folders, totals)
-    totals.pop("runs", None)  # rows per run: read above as the versions' mix
+    totals["talkers"] = totals_mod.talkers_mix(folders, totals)
+    totals.pop("runs", None)  # rows per run: read above as the versions' and talkers' mixes
     evals = {str(f): e for f in folders if (e := load_eval_summary(f)) is not None}
     for w in warnings:
         typer.echo(f"warning: {w}", err=True)

@@ -49,6 +49,7 @@ class EvalFigures:
     wer: float | None  # word error rate
     cer: float | None  # character error rate
     similarity: float | None  # speaker similarity to the prompt (the first backend eval ran)
+    dnsmos: float | None  # DNSMOS P.835 overall quality (OVRL, 1..5)
     transcript: str  # what the ASR heard
     fails: tuple[str, ...]  # why it failed eval's thresholds, one entry per threshold
 
@@ -85,6 +86,7 @@ def read_eval(folders: Sequence[Path], records: Mapping[str, RowRecord]) -> Eval
                 wer=_num(obj.get("wer")),
                 cer=_num(obj.get("cer")),
                 similarity=_num(sims.get(backend)) if backend else None,
+                dnsmos=_num(obj.get("dnsmos_ovrl")),
                 transcript=str(obj.get("transcript") or ""),
                 fails=tuple(
                     str(x)
@@ -142,6 +144,7 @@ class Figures:
     stage_seconds: dict[str, FloatArray]  # stage -> the row's wall seconds in it
     error_rate: FloatArray  # eval's WER/CER (NaN: not scored)
     similarity: FloatArray  # eval's speaker similarity (NaN: not scored)
+    dnsmos: FloatArray  # eval's DNSMOS OVRL (NaN: not scored)
     evals: EvalTable = field(default_factory=lambda: EvalTable({}, None))  # eval's figures by id
 
     @property
@@ -154,7 +157,8 @@ class Figures:
 
     @property
     def has_eval(self) -> bool:
-        return bool(np.isfinite(self.error_rate).any() or np.isfinite(self.similarity).any())
+        return bool(np.isfinite(self.error_rate).any() or np.isfinite(self.similarity).any()
+                    or np.isfinite(self.dnsmos).any())
 
 
 def measure(records: Iterable[RowRecord], evals: EvalTable) -> Figures:
@@ -164,7 +168,7 @@ def measure(records: Iterable[RowRecord], evals: EvalTable) -> Figures:
     nan = np.full(n, np.nan)
     ok = np.zeros(n, dtype=bool)
     duration, rate, ratio = nan.copy(), nan.copy(), nan.copy()
-    err, sim = nan.copy(), nan.copy()
+    err, sim, mos = nan.copy(), nan.copy(), nan.copy()
     capped = np.zeros(n, dtype=bool)
     events = {name: np.zeros(n, dtype=np.int64) for name, _ in SAMPLER_EVENTS}
     stages: dict[str, FloatArray] = {s: nan.copy() for s in STAGES}
@@ -190,6 +194,7 @@ def measure(records: Iterable[RowRecord], evals: EvalTable) -> Figures:
         if scored is not None:
             err[i] = np.nan if scored.error_rate is None else scored.error_rate
             sim[i] = np.nan if scored.similarity is None else scored.similarity
+            mos[i] = np.nan if scored.dnsmos is None else scored.dnsmos
     stages = {k: v for k, v in stages.items() if np.isfinite(v).any()}
     return Figures(
         records=recs,
@@ -202,5 +207,6 @@ def measure(records: Iterable[RowRecord], evals: EvalTable) -> Figures:
         stage_seconds=stages,
         error_rate=err,
         similarity=sim,
+        dnsmos=mos,
         evals=evals,
     )

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cosyclone.folder.layout import RUNS_NAME, iter_jsonl
+from cosyclone.folder.totals import talker_of
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class RunLine:
     rows_per_s: float  # rows written per wall second
     audio_s_per_s: float  # audio seconds per wall second
     device: str  # the device and dtype, with the GPUs' or processor's name
+    talker: str  # the talker file (llm.pt, llm.rl.pt; a run recorded before --llm read llm.pt)
     peak_memory: str  # host and GPU peaks
     bound_by: str  # the stage that bounded the run, where recorded
     stopped_by: str  # the signal that stopped it, or "-"
@@ -68,6 +70,7 @@ def run_line(folder: str, run: Mapping[str, Any]) -> RunLine:
         rows_per_s=float(run.get("rows_per_s") or 0.0),
         audio_s_per_s=float(run.get("throughput_audio_s_per_s") or 0.0),
         device=f"{device} ({named})" if named else device,
+        talker=talker_of(run),
         peak_memory=", ".join(peaks) or "-",
         bound_by=bounding_stage(run),
         stopped_by=str(run.get("stopped_by") or "-"),

@@ -37,7 +37,8 @@ def _top(keys: FloatArray, candidates: npt.NDArray[np.bool_], *, lowest: bool = 
 
 
 def select(figures: Figures, outliers: list[Outlier]) -> list[Listed]:
-    """The listed rows: highest WER, lowest similarity, outliers, cut at the cap, sampler events, sample."""
+    """The listed rows: highest WER, lowest similarity, lowest DNSMOS, outliers, cut at the cap, sampler
+    events, sample."""
     ok = figures.ok
     reasons: dict[int, list[str]] = {}
 
@@ -48,6 +49,7 @@ def select(figures: Figures, outliers: list[Outlier]) -> list[Listed]:
     err, sim = figures.error_rate, figures.similarity
     add(_top(err, ok & np.isfinite(err) & (err > 0)), "highest WER/CER")
     add(_top(sim, ok & np.isfinite(sim), lowest=True), "lowest speaker similarity")
+    add(_top(figures.dnsmos, ok & np.isfinite(figures.dnsmos), lowest=True), "lowest DNSMOS")
     for measure in dict.fromkeys(o.measure for o in outliers):
         picked = [o for o in outliers if o.measure == measure][:PER_REASON]
         add([o.index for o in picked], f"outlier: {picked[0].label}")

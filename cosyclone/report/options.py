@@ -16,7 +16,8 @@ from cosyclone.options import OUTPUT, REPORT, check, opt
 class ReportOptions:
     """What ``cosyclone report`` prints (a table or JSON) and writes beside it: the folders' one HTML page."""
 
-    # write the folders' page here (totals, run history, plots, the rows to listen to, outliers)
+    # write the folders' page here (totals, run history, plots, the rows to listen to, outliers): outside
+    # every run folder, in a folder that exists, over no file but a page report wrote (report/target.py)
     html: Path | None = opt(None, "write one self-contained HTML page here", panel=OUTPUT, metavar="PAGE",
                             commands=(REPORT,))
     # the page's players name the audio files relative to the page instead of holding them

@@ -2,11 +2,9 @@
 
 A row that babbles to the token cap has far more speech tokens per text token, and far fewer
 characters per second of audio, than its neighbours; a row cut short has the opposite. Both show
-against the folder's own figures, whatever the language or voice: a measure's robust z-score
-``0.6745 (x - median) / MAD`` (Iglewicz and Hoaglin's modified z-score) past ``Z_LIMIT`` flags the
-row. The median and the MAD ignore the outliers themselves, which a mean and a standard deviation
-would chase. When more than half the rows share one value (MAD 0) the mean absolute deviation,
-scaled to match the MAD of a normal distribution, stands in; when that is 0 too, nothing is flagged.
+against the folder's own figures, whatever the language or voice: a measure's value outside the
+interquartile fences of the folder's ok rows (:mod:`cosyclone.base.fences`, the rule ``cosyclone
+eval`` flags speaking rates with) flags the row.
 
 The redo manifest is the one ``cosyclone eval`` writes (:mod:`cosyclone.eval.redo`): each flagged
 row's manifest fields from its record, the prompt's path absolute, the next seed of its redo chain.
@@ -21,14 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from cosyclone.base.atomic import write_atomic
+from cosyclone.base.fences import Fences, fences
 from cosyclone.eval.redo import redo_seed
 from cosyclone.folder.row_record import RowRecord
 from cosyclone.report.figures import Figures, FloatArray
-
-Z_LIMIT = 3.5  # modified z-score past which a row is an outlier (Iglewicz and Hoaglin's cut)
-MIN_ROWS = 8  # fewer rows with a figure than this: no distribution to stand out from
-MEAN_AD_TO_MAD = 1.2533  # mean absolute deviation -> the MAD's scale, for a normal distribution
 
 #: the screened measures: (Figures attribute, label, what a high value means, what a low value means)
 MEASURES: tuple[tuple[str, str, str, str], ...] = (
@@ -43,22 +37,6 @@ MEASURES: tuple[tuple[str, str, str, str], ...] = (
 
 
 @dataclass(frozen=True)
-class Spread:
-    """A measure's centre and scale over the folder's ok rows."""
-
-    median: float
-    scale: float  # the MAD (or its stand-in); 0: no spread, nothing is flagged
-    n: int  # rows with the figure
-
-    def limits(self) -> tuple[float, float] | None:
-        """The values past which a row is flagged (None: nothing is)."""
-        if self.scale <= 0 or self.n < MIN_ROWS:
-            return None
-        half = Z_LIMIT * self.scale / 0.6745
-        return self.median - half, self.median + half
-
-
-@dataclass(frozen=True)
 class Outlier:
     """One flagged row under one measure."""
 
@@ -66,40 +44,29 @@ class Outlier:
     measure: str  # the Figures attribute
     label: str  # the measure in words
     value: float  # the row's figure
-    z: float  # its modified z-score (signed)
+    excess: float  # how far past the nearer fence, in IQRs (negative: below the low fence)
     meaning: str  # what the direction suggests
 
 
-def spread(values: FloatArray) -> Spread:
-    """Median and MAD of the finite ``values`` (mean absolute deviation scaled when the MAD is 0)."""
-    x = values[np.isfinite(values)]
-    if x.size == 0:
-        return Spread(0.0, 0.0, 0)
-    med = float(np.median(x))
-    dev = np.abs(x - med)
-    mad = float(np.median(dev))
-    if mad <= 0:
-        mad = float(dev.mean()) / MEAN_AD_TO_MAD
-    return Spread(med, mad, int(x.size))
+def spread(values: FloatArray) -> Fences:
+    """The fences of a measure's values (the shared rule; kept under the page's name for its callers)."""
+    return fences(values)
 
 
-def find_outliers(figures: Figures) -> tuple[list[Outlier], dict[str, Spread]]:
-    """The flagged rows, most extreme first, and each measure's spread (for the plots' limit lines)."""
+def find_outliers(figures: Figures) -> tuple[list[Outlier], dict[str, Fences]]:
+    """The flagged rows, most extreme first, and each measure's fences (for the plots' limit lines)."""
     found: list[Outlier] = []
-    spreads: dict[str, Spread] = {}
+    spreads: dict[str, Fences] = {}
     for attr, label, high, low in MEASURES:
         values: FloatArray = getattr(figures, attr)
-        s = spreads[attr] = spread(values)
-        if s.limits() is None:
-            continue
-        with np.errstate(invalid="ignore"):
-            z = 0.6745 * (values - s.median) / s.scale
-            hits = np.flatnonzero(np.abs(z) > Z_LIMIT)
+        f = spreads[attr] = fences(values[figures.ok])
+        excess = f.excess(values)
+        hits = np.flatnonzero(figures.ok & f.outside(values))
         found += [
-            Outlier(int(i), attr, label, float(values[i]), float(z[i]), high if z[i] > 0 else low)
+            Outlier(int(i), attr, label, float(values[i]), float(excess[i]), high if excess[i] > 0 else low)
             for i in hits
         ]
-    found.sort(key=lambda o: (-abs(o.z), figures.records[o.index].id))
+    found.sort(key=lambda o: (-abs(o.excess), figures.records[o.index].id))
     return found, spreads
 
 
@@ -116,6 +83,8 @@ def redo_line(rec: RowRecord) -> dict[str, Any]:
         obj["instruct"] = rec.instruct
     if rec.speed != 1.0:
         obj["speed"] = rec.speed
+    if rec.meta is not None:  # the row's meta goes with it, as into eval's redo.jsonl: a redo keeps it
+        obj["meta"] = rec.meta
     obj["seed"] = redo_seed(rec.id, rec.seed if rec.seed >= 0 else _derived_seed(rec.id))
     return obj
 
@@ -132,13 +101,12 @@ def redo_path_for(page: Path) -> Path:
     return page.with_name(page.stem + ".redo.jsonl")
 
 
-def write_redo(path: Path, records: list[RowRecord]) -> Path:
-    """Write the redo manifest of ``records`` (each id once, in order) atomically; empty when none."""
+def redo_bytes(records: list[RowRecord]) -> bytes:
+    """The redo manifest of ``records`` (each id once, in order); empty when none."""
     seen: set[str] = set()
     lines = []
     for rec in records:
         if rec.id not in seen:
             seen.add(rec.id)
             lines.append(json.dumps(redo_line(rec), ensure_ascii=False) + "\n")
-    write_atomic(path, "".join(lines).encode("utf-8"))
-    return path
+    return "".join(lines).encode("utf-8")

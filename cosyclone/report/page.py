@@ -9,6 +9,7 @@ fetched).
 from __future__ import annotations
 
 import html
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ from cosyclone.report.audio import AudioSource
 from cosyclone.report.history import RunLine
 from cosyclone.report.outliers import Outlier
 from cosyclone.report.plots import Plot
+from cosyclone.report.target import GENERATOR
 
 STYLE = """
 body{font:14px/1.45 system-ui,sans-serif;margin:0 auto;max-width:1320px;padding:16px 24px;color:#222}
@@ -84,6 +86,7 @@ def history_table(runs: Sequence[RunLine], *, several: bool) -> str:
         "rows/s",
         "audio-s/s",
         "device",
+        "talker",
         "peak memory",
         "bound by",
         "stopped by",
@@ -99,6 +102,7 @@ def history_table(runs: Sequence[RunLine], *, several: bool) -> str:
             f"{r.rows_per_s:.3f}",
             f"{r.audio_s_per_s:.3f}",
             r.device,
+            r.talker,
             r.peak_memory,
             r.bound_by,
             r.stopped_by,
@@ -150,13 +154,14 @@ def outlier_table(outliers: Sequence[Outlier], ids: Sequence[str], redo_name: st
     if not outliers:
         return f"<p>No row lies outside the folder's spread ({esc(redo_name)} is empty).</p>"
     rows = [
-        (ids[o.index], o.label, f"{o.value:.3g}", f"{o.z:+.1f}", o.meaning) for o in outliers[:OUTLIERS_SHOWN]
+        (ids[o.index], o.label, f"{o.value:.3g}", f"{o.excess:+.1f}", o.meaning)
+        for o in outliers[:OUTLIERS_SHOWN]
     ]
     more = f" The {OUTLIERS_SHOWN} most extreme:" if len(outliers) > OUTLIERS_SHOWN else ""
     return (
         f"<p>{len(outliers)} flagged ({len(set(ids[o.index] for o in outliers))} rows), all written as a "
-        f"redo manifest: <code>cosyclone synth {esc(redo_name)} --out OUT</code>.{more}</p>"
-        + table(("id", "measure", "value", "robust z", "suggests"), rows, numeric={2, 3})
+        f"redo manifest: <code>cosyclone synth {esc(shlex.quote(redo_name))} --out OUT</code>.{more}</p>"
+        + table(("id", "measure", "value", "IQRs past the fence", "suggests"), rows, numeric={2, 3})
     )
 
 
@@ -204,6 +209,7 @@ def render(
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
+{GENERATOR}
 <link rel="icon" href="data:,"><style>{STYLE}</style></head>
 <body><h1>{esc(title)}</h1>
 <h2 id="totals">Totals</h2>{totals}{evals}

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from cosyclone.base.fences import Fences
 from cosyclone.errors import CosycloneError
 from cosyclone.report.figures import SAMPLER_EVENTS, Figures, FloatArray
-from cosyclone.report.outliers import Spread
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -64,7 +64,7 @@ def histogram(
     xlabel: str,
     values: FloatArray,
     *,
-    spread: Spread | None = None,
+    spread: Fences | None = None,
     log_y: bool = False,
 ) -> Plot | None:
     """A histogram of the finite ``values`` (None when there are none); ``spread`` draws its limits."""
@@ -152,7 +152,7 @@ def sampler_plot(figures: Figures) -> Plot:
     return Plot("sampler", "Sampler events", caption, _uri(fig))
 
 
-def all_plots(figures: Figures, spreads: dict[str, Spread]) -> list[Plot]:
+def all_plots(figures: Figures, spreads: dict[str, Fences]) -> list[Plot]:
     """Every plot the folder's figures allow, in the page's order."""
     try:
         import matplotlib  # noqa: F401  (Figure objects draw with Agg: no display, no global state)
@@ -184,6 +184,7 @@ def all_plots(figures: Figures, spreads: dict[str, Spread]) -> list[Plot]:
             "cosine similarity",
             figures.similarity[ok],
         ),
+        histogram("dnsmos", "DNSMOS OVRL (eval)", "DNSMOS P.835 overall (1..5)", figures.dnsmos[ok]),
         sampler_plot(figures),
     )
     return [p for p in made if p is not None]

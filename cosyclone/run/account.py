@@ -87,6 +87,11 @@ class RunInputs:
     output: dict[str, Any]  # how the audio files are written (format, encoding, rate, trimming)
     stage_dtypes: dict[str, str]  # each stage's compute dtype: talker (its backbone), flow (the DiT), hift
     engine: str  # local | ray
+    llm: str  # the talker file (--llm: llm.pt, llm.rl.pt); dummy: random weights (--load-format dummy)
+    provenance: dict[str, Any]
+    # what made the audio, as the exports' cards state it: cosyclone's version, the talker, model_files (each
+    # file read: file, bytes, sha256), the folder's licence (file, sha256, id, text; null: none), whether
+    # the files are tagged, and the statement they carry
 
 
 @dataclass(frozen=True)
@@ -127,8 +132,9 @@ class RunRecord(RunInputs):
     # this process's peaks: host_rss_bytes, and on a GPU gpu_allocated_bytes
     # and gpu_reserved_bytes (a Ray run's actors are other processes: their engine_facts are not here)
     engine_facts: dict[str, Any] | None  # what the local engine chose and measured: sizes (talker slots,
-    # code2wav budgets, prompt workers), graphs captured and reused, peak memory, stage seconds; None when no
-    # engine ran here
+    # code2wav budgets, prompt workers), graphs captured and reused, peak memory, stage seconds, decode
+    # occupancy (mean_live_slots: running rows per decode step; decode_buckets: steps per slot bucket);
+    # None when no engine ran here
     stage_seconds: dict[str, Any] | None
     # where the time went (a StageSeconds): each stage's busy and waiting
     # seconds, the talker's idle-with-work seconds and the stage that bounds the run; None when no engine ran

@@ -276,6 +276,8 @@ class SynthJob:
             stage_dtypes=p.policy.stage_dtypes,
             text_frontend=p.opts.text_frontend,
             engine=p.folder.engine,
+            llm=p.provenance.llm,
+            provenance=p.provenance.as_record(),
             graphs_resolved=p.opts.cuda_graphs,
         )
 
@@ -325,6 +327,7 @@ def _stamp(row: ManifestRow, fp: tuple[str, dict[str, str]] | None, run_id: str,
         meta=row.meta,
         device=ctx.device,
         threads=ctx.threads,
+        llm=ctx.llm,
     )
 
 

@@ -23,10 +23,11 @@ from cosyclone.engine import Engine, RowResult, model_config, resolve_options
 from cosyclone.engine.outcome import failed_result
 from cosyclone.engine.stages import row_seed_of
 from cosyclone.errors import CosycloneError, ManifestError
-from cosyclone.folder import fingerprint
+from cosyclone.folder import fingerprint, provenance
 from cosyclone.folder import layout as runfolder
 from cosyclone.folder.audio_out import AudioOutput
 from cosyclone.folder.index import FolderIndex
+from cosyclone.folder.provenance import Provenance
 from cosyclone.manifest import Manifest, ManifestRow, iter_manifest
 from cosyclone.manifest import stream as manifest_stream
 from cosyclone.model.config import ModelConfig
@@ -34,6 +35,18 @@ from cosyclone.options import MODEL_FIELDS, FolderOptions, RunOptions, audio_val
 from cosyclone.run.job_types import JobPlan, Prepared
 from cosyclone.run.parts import ResumeTotals, plan_parts, split_parts
 from cosyclone.run.resume import ResumePlan, plan_resume
+
+
+def _provenance(cfg: ModelConfig, opts: RunOptions, folder: FolderOptions) -> Provenance:
+    """The run's :class:`~cosyclone.folder.provenance.Provenance` (the model files hashed through the shared
+    cache: once per file, not per run); an unreadable model file stops the run."""
+    hashes = fingerprint.HashCache()
+    try:
+        found = provenance.of_model(cfg, opts, hashes, tagged=not folder.no_provenance_tag)
+    except OSError as exc:
+        raise CosycloneError(f"cannot hash the model files: {exc}") from exc
+    hashes.save()
+    return found
 
 
 class RunPlan:
@@ -62,7 +75,10 @@ class RunPlan:
         self.on_rejected = on_rejected or (lambda err: None)  # each rejected line, as it is found
         self.out, self.opts, self.cfg, self.policy, self.model_dir = Path(out), opts, cfg, policy, model_dir
         self.folder = folder
-        self.output = AudioOutput.of(folder)  # the files' rate, format, encoding and trimming
+        # what made the audio (model files, talker, version), its statement tagged into every file
+        self.provenance = _provenance(cfg, opts, folder)
+        # the files' rate, format, encoding, trimming and tag
+        self.output = AudioOutput.of(folder, self.provenance.statement())
         self.manifest_label = manifest_label if manifest_label is not None else str(manifest.path)
         self.tag = runfolder.shard_tag(folder.shard)
         self.started_at = time.time() if started_at is None else started_at
@@ -91,6 +107,8 @@ class RunPlan:
         if loaded is not None:
             policy = loaded.policy  # as the model was loaded (what was requested included)
         cfg = loaded.cfg if loaded is not None else model_config(model_dir, opts.load_format)
+        if opts.load_format != "dummy":
+            cfg.talker_file(opts.llm)  # a missing --llm file stops the run before any work
         if folder.engine == "ray":
             from cosyclone.ray.cluster import require_ray
 
@@ -203,6 +221,7 @@ class RunPlan:
                 device=self.policy.backend,
                 threads=fingerprint.cpu_threads(self.policy, self.actor_threads()),
                 options={**audio_values(self.opts), **self.output.fingerprint_values()},
+                llm=self.provenance.llm,
             )
         except OSError as exc:
             raise CosycloneError(f"cannot hash the inputs: {exc}") from exc

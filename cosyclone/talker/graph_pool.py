@@ -7,7 +7,7 @@ and over, each capture a stall. Here the step (with its buffers and its graphs) 
 process: a session borrows an idle pooled step of its shape (talker, slot count, sampler
 options), resets its slot state in place (the addresses the graphs read stay),
 and gives it back when it closes; the next session of that shape replays the graphs already
-captured. One capture per (slots, ``kv_len`` bucket) per process, as long as the step's cache
+captured. One capture per (slots, slot bucket, ``kv_len`` bucket) per process, as long as the step's cache
 needs no growth (the engine reserves the cache a slot is sized for up front on a GPU).
 
 A failed capture turns graphs off for the process (:meth:`ProcessGraphs.disable`): torch 2.11's
@@ -16,14 +16,14 @@ nothing may capture again, and nothing may call ``torch.cuda.empty_cache()`` (th
 :func:`free_device_cache` asks first). The reason is kept (:attr:`ProcessGraphs.disabled`) so every
 path (static, continuous, isolation retries) records it.
 
-The pool holds no session: a session's graphs are keyed on its step's ``_kv_len`` attribute, not
-on a closure over the session, so a closed (or dropped) session frees what it owned at once, and
-an idle pooled step is dropped after :data:`MAX_IDLE` others (or by :func:`free_device_cache`).
+The pool holds no session: a session's graphs are keyed on its step's shape
+(:meth:`SlotStep.shape_key`: the slot bucket and ``kv_len`` the runner set), not on a closure over
+the session, so a closed (or dropped) session frees what it owned at once, and an idle pooled step
+is dropped after :data:`MAX_IDLE` others (or by :func:`free_device_cache`).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import weakref
@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cosyclone.base.capture_guard import CAPTURE_GUARD
 from cosyclone.talker.graphs import CaptureBackend, CudaGraphCapture, GraphedStep
 from cosyclone.talker.step import SlotStep
 
@@ -69,7 +70,7 @@ class PooledStep:
     def _wrap(self, reason: str | None) -> GraphedStep:
         graphed = GraphedStep(
             self.step.step,
-            key=functools.partial(getattr, self.step, "_kv_len"),
+            key=self.step.shape_key,
             backend=self._backend(),
             counts=self._owner.counts,
             on_failure=self._owner.disable,
@@ -87,7 +88,7 @@ class PooledStep:
         their addresses; stale cache cells are hidden by the lengths, as in any reused slot)."""
         for buf in (*self.step.state.buffers(), self.step.cache.get_buffer("lengths")):
             buf.zero_()
-        self.step._kv_len = None
+        self.step._kv_len = self.step._bucket = None
 
 
 class ProcessGraphs:
@@ -195,9 +196,19 @@ PROCESS = ProcessGraphs()
 def free_device_cache(device: torch.device | str) -> bool:
     """After an out-of-memory error: forget idle pooled steps and, unless a capture failed in this
     process, return the caching allocator's free blocks (``torch.cuda.empty_cache``). Returns
-    whether ``empty_cache`` ran. Every OOM recovery must call this, never ``empty_cache`` itself."""
-    PROCESS.drop_idle()
-    if torch.device(device).type != "cuda" or not PROCESS.may_empty_cache():
-        return False
-    torch.cuda.empty_cache()
-    return True
+    whether ``empty_cache`` ran. Every OOM recovery must call this, never ``empty_cache`` itself.
+
+    It waits while a capture is under way or waiting (:data:`CAPTURE_GUARD`: torch refuses a free
+    during a capture with an assert that would end the run), and it never raises: it runs in
+    recovery paths, where a second error would turn one failed row into a failed run."""
+    try:
+        with CAPTURE_GUARD.device_work():
+            PROCESS.drop_idle()
+            if torch.device(device).type != "cuda" or not PROCESS.may_empty_cache():
+                return False
+            torch.cuda.empty_cache()
+            return True
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+    log.warning("freeing the device cache failed (%s); the run goes on without it", reason)
+    return False

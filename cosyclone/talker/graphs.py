@@ -23,8 +23,10 @@ arguments by ``copy_`` and it returns the graph's static outputs, valid until th
 
 The capture mechanism is a :class:`CaptureBackend`: :class:`CudaGraphCapture` (``torch.cuda``)
 on a GPU, :class:`EagerCapture` (the same state machine and buffer copies, no graph) so the
-wrapper's logic is tested on CPU. A capture that raises switches the wrapper to eager for the
-rest of the decode, with the reason recorded (:attr:`GraphedStep.reason`), and tells its owner
+wrapper's logic is tested on CPU. A capture runs under the process's capture guard
+(:mod:`cosyclone.base.capture_guard`: code2wav paused, no cache free meanwhile). A capture that
+raises switches the wrapper to eager for the rest of the decode (the eager step runs after the
+handler), with the reason recorded (:attr:`GraphedStep.reason`), and tells its owner
 (``on_failure``: the process's graphs go off for good, :mod:`cosyclone.talker.graph_pool`); what
 really ran is counted (:attr:`GraphedStep.replayed`; per row ``graph_steps`` in the sampler
 diagnostics, per session ``TalkerSession.graphs_used`` / ``graph_capture_error``). Graphs are
@@ -48,6 +50,7 @@ from typing import Any, Literal, Protocol, get_args
 import torch
 from torch import Tensor
 
+from cosyclone.base.capture_guard import CAPTURE_GUARD
 from cosyclone.base.streams import capture_stream
 from cosyclone.options import CudaGraphs
 
@@ -253,6 +256,20 @@ class GraphedStep:
                 b.copy_(a)
         return bufs
 
+    def _capture(self, key: Hashable, bufs: tuple[Tensor, ...]) -> tuple[Callable[[], None], Any] | None:
+        """Capture ``key``'s step while no code2wav call and no cache free runs (the process's
+        :data:`~cosyclone.base.capture_guard.CAPTURE_GUARD`); None when the capture failed (graphs go
+        off, the reason kept). Nothing runs in the handler: only the reason leaves it."""
+        try:
+            with CAPTURE_GUARD.capturing():
+                return self.backend.capture(lambda: self.fn(*bufs))
+        except Exception as exc:
+            self.reason = f"capture failed for key {key!r}: {type(exc).__name__}: {exc}"
+        log.warning("CUDA graphs off for this decode: %s", self.reason)
+        if self.on_failure is not None:
+            self.on_failure(self.reason)
+        return None
+
     def __call__(self, *args: Tensor) -> Any:
         self.last_replayed = False
         if self.reason is not None:
@@ -265,13 +282,8 @@ class GraphedStep:
             self.calls[key] = n + 1
             if n < self.warmup:
                 return self.backend.warmup(lambda: self.fn(*bufs))
-            try:
-                done = self.backend.capture(lambda: self.fn(*bufs))
-            except Exception as exc:  # capture refused: decode on eagerly (capture ran nothing)
-                self.reason = f"capture failed for key {key!r}: {type(exc).__name__}: {exc}"
-                log.warning("CUDA graphs off for this decode: %s", self.reason)
-                if self.on_failure is not None:
-                    self.on_failure(self.reason)
+            done = self._capture(key, bufs)
+            if done is None:  # capture refused: decode on eagerly (capture ran nothing), outside the handler
                 return self.fn(*args)
             self.replays[key] = done
             if self.counts is not None:

@@ -29,6 +29,9 @@ class SlotKVCache(nn.Module):
     v: Tensor
     lengths: Tensor
 
+    #: per-slot buffers and the dimension of their slot (slot_views: a bucket's views, a row's move)
+    SLOT_DIMS = {"k": 1, "v": 1, "lengths": 0}
+
     def __init__(self, geometry: QwenGeometry, slots: int, capacity: int, *, dtype: torch.dtype,
                  device: torch.device | str) -> None:
         super().__init__()

@@ -27,7 +27,7 @@ from cosyclone.base.device import DevicePolicy
 from cosyclone.errors import ModelDirError
 from cosyclone.model.checkpoint import CheckpointKeyError, LoadReport, init_dummy, load_module_file
 from cosyclone.model.config import QWEN_DIR, ModelConfig, TalkerConfig, validate_geometry
-from cosyclone.options import LoadFormat
+from cosyclone.options import DEFAULT_LLM, LoadFormat
 from cosyclone.talker.kv_cache import SlotKVCache
 from cosyclone.talker.qwen2 import Admission, Qwen2Encoder, Qwen2Model, attention_mask
 
@@ -184,10 +184,11 @@ class CosyVoice3LM(nn.Module):
 
 
 def build_talker(cfg: ModelConfig, policy: DevicePolicy, load_format: LoadFormat = "auto", *,
-                 seed: int = 0) -> CosyVoice3LM:
+                 seed: int = 0, llm: str = DEFAULT_LLM) -> CosyVoice3LM:
     """Build the talker on ``policy.device`` in ``policy.dtype`` (its speech-token head in fp32).
 
-    ``"auto"`` strict-loads ``<model_dir>/llm.pt`` (ignoring the tied lm_head copy); ``"dummy"``
+    ``"auto"`` strict-loads ``<model_dir>/<llm>`` (``llm.pt``, or ``llm.rl.pt``, the RL-tuned talker of the
+    same architecture; the tied lm_head copy ignored); ``"dummy"``
     fills seeded random weights and never opens a file. The module is built on the meta device and
     materialised directly on the target device, so no full-size CPU copy is made first.
     """
@@ -202,7 +203,7 @@ def build_talker(cfg: ModelConfig, policy: DevicePolicy, load_format: LoadFormat
     if load_format == "dummy":
         init_dummy(model, seed=seed)
     else:
-        load_talker_weights(model, cfg.path("llm.pt"), qwen_config=cfg.path(f"{QWEN_DIR}/config.json"))
+        load_talker_weights(model, cfg.talker_file(llm), qwen_config=cfg.path(f"{QWEN_DIR}/config.json"))
     cpu_gemm.apply(model, policy.cpu_gemm)
     return model.eval().requires_grad_(False)
 

@@ -170,6 +170,7 @@ class TalkerSession:
         Finished slots are freed at once and their values queued for the host; with lagged reads
         they are read one window later, after the next window's steps are queued."""
         queued, self.reading = self.reading, []
+        self.runner.move(self.scheduler.compact())  # before admission: newcomers fill what is left
         admit = self._admit()
         if self.active:
             self._steps(admit)
@@ -187,7 +188,8 @@ class TalkerSession:
         running = self.scheduler.running
         kv_len = runner.kv_len(max(s.position(self.g) + window for s in running))
         newcomers = [s for s in running if admit is not None and s.slot in admit.slots]
-        seconds, replayed = runner.window(admit, kv_len, lambda _: self._started(newcomers))
+        seconds, replayed = runner.window(admit, kv_len, lambda _: self._started(newcomers),
+                                          bucket=self.scheduler.bucket(), live=len(running))
         self.g += window
         flags: Flags | None = runner.flags(self.scheduler.slots)
         if runner.lagged:  # read the window before this one, queued meanwhile

@@ -76,6 +76,9 @@ class SlotSampler(nn.Module):
     stat_flip: Tensor
     ok_gated: Tensor
 
+    #: per-slot buffers and the dimension of their slot (slot_views: a bucket's views, a row's move)
+    SLOT_DIMS = {"keys": 0, "min_len": 0, "hist": 0, "counters": 1, "err": 1, "lanes": 2, "keys_hi": 0}
+
     def __init__(self, options: SamplerOptions, *, slots: int, vocab: int, speech_token_size: int,
                  device: torch.device | str) -> None:
         super().__init__()

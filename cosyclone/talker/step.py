@@ -10,9 +10,11 @@ handed to the next row of the manifest at once (continuous batching, scheduled b
 One step, all on the device (:meth:`SlotStep.step`): draw a token per slot from the logits
 the previous forward left in :attr:`SlotState.logits` (:class:`SlotSampler`), apply the stop
 rules (stop id, sampler abort, max length) and record the token, then feed every slot's token
-through the model at its own position and keep the new logits. Slots that are not running
-compute too (fixed shape) but change nothing that is read. The host reads ``running`` every few
-steps and, when a slot has finished, its tokens and counters, in one read.
+through the model at its own position and keep the new logits. The step runs over the first
+``_bucket`` slots (the smallest bucket that holds every running row, :meth:`SlotStep.bucket_view`);
+slots inside it that are not running compute too (fixed shape) but change nothing that is read.
+The host reads ``running`` every few steps and, when a slot has finished, its tokens and counters,
+in one read.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from torch import Tensor, nn
 from cosyclone.talker.kv_cache import SlotKVCache
 from cosyclone.talker.model import CosyVoice3LM
 from cosyclone.talker.slot_sampler import SlotSampler
+from cosyclone.talker.slot_views import move_slot, narrowed
 
 #: Per-slot ``reason`` codes (0 = still running or never used).
 RUNNING, EOS, MAX_LEN, ABORTED = 0, 1, 2, 3
@@ -84,6 +87,9 @@ class SlotState(nn.Module):
     running: Tensor
     tokens: Tensor
 
+    #: every buffer is per slot, first dimension (slot_views: a bucket's views, a row's move)
+    SLOT_DIMS = {name: 0 for name in ("logits", "steps", "n_emit", "max_len", "reason", "running", "tokens")}
+
     def __init__(self, slots: int, token_capacity: int, vocab: int, device: torch.device | str) -> None:
         super().__init__()
         i64: dict[str, Any] = {"dtype": torch.int64, "device": device}
@@ -134,6 +140,7 @@ class SlotStep(nn.Module):
         self.state = SlotState(slots, token_capacity, model.cfg.decoder_size, model.device)
         self.sampler = sampler
         self.speech_token_size = model.cfg.speech_token_size
+        self._views: dict[int, SlotStep] = {}  # bucket -> the step over its first slots (bucket_view)
 
     # -- host side ----------------------------------------------------------------------------------
 
@@ -168,7 +175,46 @@ class SlotStep(nn.Module):
         tokens = torch.zeros(self.n_slots, token_capacity, dtype=st.tokens.dtype, device=st.tokens.device)
         tokens[:, :st.tokens.shape[1]] = st.tokens
         st.tokens = tokens
+        self._views.clear()  # they viewed the old buffers
         return True
+
+    def free_cells(self) -> None:
+        """Let the cache's cells go (a closed runner's own step): one cell left, no view kept."""
+        self._views.clear()
+        self.cache = self.model.new_cache(self.n_slots, 1)
+
+    def bucket_view(self, n: int) -> SlotStep:
+        """The step over slots ``0..n-1`` only: the same model, views of this step's buffers.
+
+        Why: a step costs what the slots it computes cost, so a step over the smallest bucket that
+        holds every running row follows the live rows (:mod:`.slot_views`); the views start at the
+        same addresses, so a graph captured on one stays valid while this step's buffers live."""
+        if n >= self.n_slots:
+            return self
+        view = self._views.get(n)
+        if view is None:
+            view = SlotStep.__new__(SlotStep)
+            nn.Module.__init__(view)
+            view.model, view.n_slots, view.speech_token_size = self.model, n, self.speech_token_size
+            view.cache = narrowed(self.cache, n)
+            view.state = narrowed(self.state, n)
+            view.sampler = None if self.sampler is None else narrowed(self.sampler, n)
+            view._views = {}
+            self._views[n] = view
+        return view
+
+    def move(self, src: int, dst: int) -> None:
+        """The row in slot ``src`` goes on in the free slot ``dst``: its cache cells, length, state
+        and sampler state are copied (the draws it makes next do not depend on its slot), and
+        ``src`` stops running. Why: a long row left alone in a high slot would keep every step
+        over the largest bucket (:meth:`~cosyclone.talker.scheduler.SlotScheduler.compact`)."""
+        parts: list[nn.Module] = [self.cache, self.state]
+        if self.sampler is not None:
+            parts.append(self.sampler)
+            self.sampler.generators[dst] = self.sampler.generators[src]
+        for part in parts:
+            move_slot(part, src, dst)
+        self.state.running[src] = False
 
     def admit(self, slots: Sequence[int], embeds: Tensor, lengths: Tensor, max_len: Sequence[int]) -> None:
         """Prefill new rows (right-padded ``embeds`` (b, T, D), ``lengths`` (b,)) into ``slots``."""
@@ -241,13 +287,21 @@ class SlotStep(nn.Module):
         self._start(idx, admit.max_len)
 
     _kv_len: int | None = None  # cells each step reads (None: the capacity); set by the scheduler
+    _bucket: int | None = None  # slots each step computes (None: all); every running row is below it
+
+    def shape_key(self) -> tuple[int, int | None]:
+        """What a captured step's shape depends on: (slots computed, cells read)."""
+        return (min(self._bucket or self.n_slots, self.n_slots), self._kv_len)
 
     def step(self, admit: Admit | None = None) -> None:
-        """One fused decode step with the in-step sampler (what a graph captures; ``admit`` only eager)."""
-        assert self.sampler is not None
-        st = self.state
-        tokens, aborted = self.sampler(st.logits, st.running, st.steps)
-        self.advance(tokens, aborted, admit)
+        """One fused decode step with the in-step sampler over the first ``_bucket`` slots (what a
+        graph captures; ``admit`` only eager)."""
+        run = self.bucket_view(self._bucket or self.n_slots)
+        run._kv_len = self._kv_len
+        assert run.sampler is not None
+        st = run.state
+        tokens, aborted = run.sampler(st.logits, st.running, st.steps)
+        run.advance(tokens, aborted, admit)
 
 
 @dataclass(frozen=True)

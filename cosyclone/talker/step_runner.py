@@ -3,7 +3,9 @@
 Why apart from the scheduler (:mod:`.scheduler`): everything that touches the device is here
 (cache sizing and growth, prefill, the fixed-shape step as a CUDA graph, a compiled function or
 eager, the finished flags on their way to the host), everything that decides is there. The
-runner knows slots, not requests: the session hands it prompts and slot numbers.
+runner knows slots, not requests: the session hands it prompts, slot numbers, the bucket of slots
+each window steps over and the rows to move down (the scheduler's :meth:`compact`); it tallies the
+steps' occupancy for the run record (:mod:`.occupancy`).
 
 Cache: with CUDA graphs the step is the process's pooled one (:mod:`.graph_pool`), otherwise its
 own; either way the cells a slot is sized for (``DecodeOptions.reserve_positions``, the sizing
@@ -24,6 +26,7 @@ from torch import Tensor
 from cosyclone.talker.graph_pool import PROCESS, PooledStep
 from cosyclone.talker.graphs import GraphChoice, GraphedStep, resolve_cuda_graphs
 from cosyclone.talker.model import CosyVoice3LM
+from cosyclone.talker.occupancy import PROCESS_OCCUPANCY
 from cosyclone.talker.request import DecodeOptions, TalkerRequest, prompt_batch
 from cosyclone.talker.sampler import SamplerOptions
 from cosyclone.talker.slot_sampler import SlotSampler, legacy_generator
@@ -166,12 +169,27 @@ class StepRunner:
             for s, key, (seed, segment) in zip(slots, keys, seeds, strict=True):
                 sampler.generators[s] = legacy_generator(seed, segment, key, dev)
 
+    def move(self, moves: Sequence[tuple[int, int]]) -> None:
+        """Rows go on in lower free slots ((from, to) pairs, the scheduler's :meth:`compact`)."""
+        for src, dst in moves:
+            self.engine.move(src, dst)
+        if moves:
+            PROCESS_OCCUPANCY.moved(len(moves))
+
     def window(
-        self, admit: Admit | None, kv_len: int | None, on_admitted: Callable[[Admit], None]
+        self, admit: Admit | None, kv_len: int | None, on_admitted: Callable[[Admit], None], *,
+        bucket: int | None = None, live: int = 0
     ) -> tuple[float, int]:
-        """``sync_every`` steps (the first carrying ``admit``); returns (seconds, steps replayed)."""
+        """``sync_every`` steps (the first carrying ``admit``) over the first ``bucket`` slots (None:
+        all; every running row and newcomer is below it); ``live``: rows running, for the tally.
+        Returns (seconds, steps replayed)."""
         t0 = time.perf_counter()
+        if self.options.mechanics.compile:  # one compiled shape: every slot, whatever runs
+            bucket = None
         self.engine._kv_len = kv_len
+        self.engine._bucket = bucket
+        PROCESS_OCCUPANCY.add(steps=self.sync_every, live=live,
+                              bucket=min(bucket or self.n_slots, self.n_slots))
         replayed = 0
         for _ in range(self.sync_every):
             if admit is not None:
@@ -212,4 +230,4 @@ class StepRunner:
         if self.pooled is not None:
             self._release()  # once: the finalizer does nothing after this
         else:
-            self.engine.cache = self.model.new_cache(self.n_slots, 1)  # the cells go; a closed runner is done
+            self.engine.free_cells()  # the cells go; a closed runner is done

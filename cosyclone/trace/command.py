@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -51,8 +52,8 @@ def trace_command(
         topts = build(TraceOptions, trace_values)
         if source.is_dir():
             if row_id is None or topts.id is not None:
-                fail(f"{source} is a run folder: give the row as `cosyclone trace {source} ROW_ID` "
-                     "(--id is for a manifest)")
+                fail(f"{source} is a run folder: give the row as "
+                     f"`cosyclone trace {shlex.quote(str(source))} ROW_ID` (--id is for a manifest)")
             ignored = [k for k, v in run_values.items() if k not in _WHERE and v != _default(k)]
             for name in ignored:
                 typer.echo(f"warning: --{name.replace('_', '-')} is ignored: a folder's row is replayed "

@@ -70,7 +70,7 @@ def replay_row(engine: Engine, row: ManifestRow, *, layers: bool, top: int = 5) 
     """Replay ``row`` on ``engine`` (its options) with the step probe (``layers``: the layer probes too)."""
     stages, opts = engine.stages, engine.opts
     prepared = stage_calls.prepare_batch(stages, [row], opts)
-    dec = replace(stage_calls.decode_options(stages.cfg, opts), slots=1, cuda_graphs="off",
+    dec = replace(stage_calls.decode_options(stages.cfg, opts, stages.sizing), slots=1, cuda_graphs="off",
                   mechanics=StepMechanics(fused_admission=False, sync_every=1, lagged_reads=False))
     speech_size = stages.cfg.talker.speech_token_size
     segments: list[SegmentTrace] = []

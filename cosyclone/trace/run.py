@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from cosyclone.engine.runner import Engine
+from cosyclone.folder.checked_read import audio_cap, read_checked
 from cosyclone.options import RunOptions
 from cosyclone.trace import output
 from cosyclone.trace.options import TraceOptions
@@ -34,7 +35,7 @@ def run_trace(source: Path, row_id: str, topts: TraceOptions, *, model_dir: Path
         label = f"{source} line {got.row.line}"
     engine = load_engine(got.model_dir, got.opts)
     first = replay_row(engine, got.row, layers=topts.layers, top=topts.top)
-    audio = got.audio_file.read_bytes() if got.audio_file is not None and got.audio_file.is_file() else None
+    audio = _recorded_audio(got)
     verdict = judge(first, got.record, got.records, audio_bytes=audio, output=got.output)
     trace = output.Trace(row_id=row_id, source=label, replay=first, verdict=verdict)
     other = _compare_options(got, first, topts) if manifest_opts is None else None
@@ -73,3 +74,13 @@ def _compare_options(got: TraceInput, first: Replay, topts: TraceOptions) -> tup
         return None
     label = ", ".join(f"{k.replace('_', '-')} {v}" for k, v in changes.items())
     return replace(got.opts, **changes), label
+
+
+def _recorded_audio(got: TraceInput) -> bytes | None:
+    """The row's file as its record allows (a regular file, no symlink, capped); None: none to compare."""
+    if got.audio_file is None or got.record is None:
+        return None
+    try:
+        return read_checked(got.audio_file, audio_cap(got.record.samples))
+    except OSError:
+        return None

@@ -19,6 +19,7 @@ from cosyclone.folder import layout as runfolder
 from cosyclone.folder.audio_out import AudioOutput
 from cosyclone.folder.row_record import RowRecord
 from cosyclone.manifest import ManifestRow, read_manifest
+from cosyclone.manifest.rows import check_id
 from cosyclone.options import FolderOptions, RunOptions, build
 
 
@@ -43,6 +44,9 @@ def from_folder(out: Path, row_id: str, *, model_dir: Path | None, device: str |
     ``model_dir``: the model, when it has moved)."""
     if not runfolder.record_sources(out) and not runfolder.state_dir(out).is_dir():
         raise CosycloneError(f"{out}: not a run folder (no {runfolder.DIAG_NAME})")
+    bad = check_id(row_id)
+    if bad is not None:  # the id names the trace's file: a manifest's rule
+        raise CosycloneError(f"row id {row_id!r} {bad}: no row of a run folder has it")
     records = runfolder.read_records(out)
     rec = records.get(row_id)
     if rec is None:
@@ -57,7 +61,9 @@ def from_folder(out: Path, row_id: str, *, model_dir: Path | None, device: str |
         values["threads"] = int(rec.threads)
     opts = build(RunOptions, values)
     folder_values = {k: v for k, v in run.get("output", {}).items() if k in _FOLDER_FIELDS}
-    output = AudioOutput.of(build(FolderOptions, folder_values))
+    tagged = run.get("output", {}).get("provenance_tag", False)  # the statement its files carry, if any
+    statement = (run.get("provenance") or {}).get("statement") if tagged else None
+    output = AudioOutput.of(build(FolderOptions, folder_values), statement)
     model = str(model_dir) if model_dir is not None else run.get("model_dir")
     row = ManifestRow(line=rec.line, id=rec.id, prompt_audio=Path(rec.prompt_audio),
                       prompt_text=rec.prompt_text, text=rec.text, mode=rec.mode, instruct=rec.instruct,
@@ -66,7 +72,14 @@ def from_folder(out: Path, row_id: str, *, model_dir: Path | None, device: str |
         raise CosycloneError(f"row {row_id!r}: its prompt recording {row.prompt_audio} is gone")
     return TraceInput(row=row, opts=opts, model_dir=model, record=rec, output=output,
                       audio_file=runfolder.audio_path(out, rec), records=tuple(records.values()),
-                      trace_path=out / "traces" / f"{row_id}.jsonl")
+                      trace_path=folder_trace_dir(out) / f"{row_id}.jsonl")
+
+
+def folder_trace_dir(out: Path) -> Path:
+    """Where a folder's traces go: ``OUT/traces/``, or the current directory's ``traces/`` when the folder
+    cannot be written (a read-only mount, another user's folder: a trace only reads the folder)."""
+    own = out / "traces"
+    return own if runfolder.writable(own if own.is_dir() else out) else Path("traces") / out.resolve().name
 
 
 def from_manifest(manifest: Path, row_id: str, *, model_dir: Path | None, opts: RunOptions,

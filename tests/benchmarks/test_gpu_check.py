@@ -97,6 +97,20 @@ def test_checker_refuses_a_bundle_over_its_limit(tmp_path: Path) -> None:
     assert gb.check([w], {"big": "1.0"}, {}, "3.12", [], limit_mb=1) == []
 
 
+def test_a_bundled_wheels_unused_requirements_are_passed_over_and_only_theirs(tmp_path: Path) -> None:
+    """s3tokenizer lists pre-commit and torchaudio, speakerlab-slim modelscope: nothing the check runs
+    imports them (gpu_bundle.UNUSED), so they need not be bundled; cosyclone's own needs still must be."""
+    wheels = [_wheel(tmp_path, "s3tokenizer", "0.3.0", ["pre-commit", "torchaudio", "einops"]),
+              _wheel(tmp_path, "speakerlab-slim", "0.1.0", ["modelscope>=1.33.0", "scipy>=1.7"])]
+    pins: dict[str, str | None] = {"s3tokenizer": "0.3.0", "speakerlab-slim": "0.1.0"}
+    image: dict[str, str | None] = {"einops": None, "scipy": "1.16.0"}
+    assert gb.check(wheels, pins, image, "3.12", []) == []
+    assert gb.check(wheels, pins, image, "3.12", ["modelscope"]) == [
+        "cosyclone needs modelscope: neither bundled nor on the image (add it to gpu_bundle_pins.txt)"]
+    assert gb.check(wheels, pins, {"einops": None}, "3.12", []) == [
+        "speakerlab-slim needs scipy>=1.7: neither bundled nor on the image (add it to gpu_bundle_pins.txt)"]
+
+
 def test_real_pins_follow_the_project_and_leave_the_image_alone() -> None:
     """The bundle's pins are the project's own (pyproject pins wetext and inflect), none of them is on
     the image (it would shadow it), and every cosyclone requirement is pinned or on the image."""
@@ -300,7 +314,7 @@ def _stub(tmp_path: Path, cases: str) -> Path:
 
 
 E2E_NO_GRAPHS = ('{"part": "e2e", "rows": 48, "ok": 48, "graph_steps": 0, "decode_steps": 9600, '
-                 '"capture_errors": []}')
+                 '"capture_errors": [], "frontend_prompts_per_s": 5.2}')
 
 
 @pytest.mark.parametrize("figures,why", [
@@ -321,7 +335,7 @@ def test_a_hanging_part_is_interrupted_or_killed_and_the_next_still_runs(tmp_pat
     """The script with short limits (a copy: 2 s parts, KILL 1 s): a part that ignores SIGINT is
     KILLED after limit + KILL, one that dies of it is TIMEOUT, each within its margin."""
     code = _script()
-    for old, new in (("LIMITS=(45 70 117 120 50)", "LIMITS=(45 2 2 120 50)"), ("\nKILL=5 ", "\nKILL=1 ")):
+    for old, new in (("LIMITS=(45 55 132 120 50)", "LIMITS=(45 2 2 120 50)"), ("\nKILL=5 ", "\nKILL=1 ")):
         assert old in code, old
         code = code.replace(old, new)
     copy = tmp_path / "repo" / "benchmarks" / "gpu_check.sh"
@@ -348,8 +362,9 @@ def test_synth_rejects_unknown_cuda_graphs_value(tmp_path: Path) -> None:
 
 
 def test_e2e_gives_every_row_a_prompt_of_its_own_of_varied_length(tmp_path: Path) -> None:
-    """Part 3's prompts: distinct content per row (each a prompt-cache miss), 3-15 s, and the warm-up's
-    (another salt) distinct from the timed run's."""
+    """Part 3's prompts: distinct content per row (each a prompt-cache miss), 5-29 s (within the
+    frontend's 30 s; with 375-token targets a row is about the sizing rule's 30 s design row), and
+    the warm-up's (another salt, the same lengths: the timed shape) distinct from the timed run's."""
     import hashlib
 
     import soundfile as sf
@@ -363,7 +378,10 @@ def test_e2e_gives_every_row_a_prompt_of_its_own_of_varied_length(tmp_path: Path
     assert len(set(digests)) == 14
     seconds = [sf.info(str(tmp_path / "run" / n)).duration for n in timed]
     assert {round(x, 1) for x in seconds} == {round(x, 1) for x in PROMPT_SECONDS}
-    assert min(seconds) >= 3 and max(seconds) <= 15
+    assert min(seconds) >= 5 and max(seconds) < 30
+    assert sum(PROMPT_SECONDS) / len(PROMPT_SECONDS) + 375 / 25 >= 30  # the check's rows reach the design row
+    warm_seconds = [sf.info(str(tmp_path / "warm" / n)).duration for n in warm]
+    assert warm_seconds == seconds[:4]
 
 
 def test_the_decode_part_measures_the_sized_slots_once() -> None:

@@ -83,13 +83,18 @@ def test_decode_and_e2e_verdicts_need_graphs_and_equal_tokens(tmp_path: Path) ->
     ok, why = gv.decode_verdict(bad)
     assert not ok and "row 3 step 40" in why and "batch 16: no decode step ran as a graph" in why
     assert gv.decode_verdict(None) == (False, "the decode part left no figures")
-    fig = {"rows": 48, "ok": 48, "graph_steps": 0, "decode_steps": 9600, "capture_errors": []}
+    fig = {"rows": 48, "ok": 48, "graph_steps": 0, "decode_steps": 9600, "capture_errors": [],
+           "frontend_prompts_per_s": 5.2}
     assert gv.e2e_verdict(fig, require_graphs=False)[0]  # the CPU dry run: no CUDA graph there
+    no_frontend = {k: v for k, v in fig.items() if k != "frontend_prompts_per_s"}
+    assert gv.e2e_verdict(no_frontend, require_graphs=False) == (
+        False, "the frontend of the released geometry did not run (no frontend prompts/s)")
     assert gv.e2e_verdict(fig) == (False, "no decode step ran as a CUDA graph (graph steps 0/9600)")
     assert not gv.e2e_verdict({**fig, "graph_steps": 9000, "capture_errors": ["oom"]})[0]
     assert not gv.e2e_verdict({**fig, "graph_steps": 9000, "ok": 47})[0]
     within = {**fig, "graph_steps": 9000, "peak_vs_plan": 0.62, "peak_reserved_gib": 40.1, "plan_gib": 64.7}
-    assert gv.e2e_verdict(within) == (True, "48/48 rows, graph steps 9000/9600, peak 0.62 of the plan")
+    assert gv.e2e_verdict(within) == (
+        True, "48/48 rows, graph steps 9000/9600, frontend 5.2 prompts/s, peak 0.62 of the plan")
     over = gv.e2e_verdict({**within, "peak_vs_plan": 1.08, "peak_reserved_gib": 69.9})
     assert over == (False, "peak GPU memory 69.9 GiB reserved is 1.08 of the sizing plan's 64.7 GiB")
     figures = tmp_path / "figures.jsonl"

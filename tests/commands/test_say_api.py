@@ -87,12 +87,16 @@ def test_api_say_and_synth_give_byte_identical_audio(tts, tiny_model_dir: Path, 
     assert res.exit_code == 0, res.output
     cli = {r["id"]: wav_path(tmp_path / "out", r['id']).read_bytes() for r in rows}
 
+    # the run's files carry its provenance statement: the API's audio written with it gives the same bytes
+    last_run = json.loads((tmp_path / "out" / "summary.json").read_text())["last_run"]
+    statement = last_run["provenance"]["statement"]
     results = tts.synthesize_rows(rows, base=tmp_path)
     assert [r.id for r in results] == ["seeded", "derived"] and all(r.ok for r in results)
     for r in results:
         assert r.sample_rate == 24000 and r.audio is not None and r.audio.dtype == np.float32
         path = tmp_path / "api" / f"{r.id}.wav"
-        write_audio_atomic(path, r.audio, model_rate=r.sample_rate, output=AudioOutput(encoding="pcm16"))
+        output = AudioOutput(encoding="pcm16", tag=statement)
+        write_audio_atomic(path, r.audio, model_rate=r.sample_rate, output=output)
         assert path.read_bytes() == cli[r.id], r.id
 
     one = tts.synthesize("Hello there, how are you?", prompt_audio=tmp_path / "prompts" / "speaker1.wav",

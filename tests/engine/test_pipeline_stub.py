@@ -127,7 +127,7 @@ class StubOps(RealOps):
     module is patched."""
 
     def __init__(self, stages: pipeline.Stages, opts: RunOptions, *, talker: Any = None, tokens: Any = None):
-        super().__init__(stages, opts, pipeline.decode_options(stages.cfg, opts), tokens)
+        super().__init__(stages, opts, pipeline.decode_options(stages.cfg, opts, stages.sizing), tokens)
         self.talker = talker if talker is not None else generate
 
     @override

@@ -54,9 +54,10 @@ def test_a_kv_cell_is_derived_from_the_config() -> None:
 def _rule(free: int, policy: DevicePolicy, opts: RunOptions, frontend: int = 0) -> tuple[int, int, int, int]:
     """The documented rule, spelled out: (slots, hift frames, flow tokens, batch rows)."""
     usable = int(free * (opts.gpu_memory_fraction or Z.GPU_MEMORY_FRACTION)) - Z.RESERVE_BYTES - frontend
-    per_slot = Z.POSITIONS_PER_SLOT * kv_bytes_per_position(CFG, policy.dtype) + 64 * CFG.talker.decoder_size
+    positions = Z.slot_positions(CFG, opts)
+    per_slot = positions * kv_bytes_per_position(CFG, policy.dtype) + 64 * CFG.talker.decoder_size
     per_position = Z.prefill_bytes_per_position(CFG)
-    usable -= max(Z.POSITIONS_PER_SLOT, int(usable * Z.PREFILL_SHARE) // per_position) * per_position
+    usable -= max(positions, int(usable * Z.PREFILL_SHARE) // per_position) * per_position
     slots = max(1, min(Z.MAX_SLOTS, int(usable * Z.TALKER_SHARE) // per_slot))
     half = (usable - slots * per_slot) // 2
     hift = max(1500, half // Z.HIFT_BYTES_PER_FRAME)
@@ -70,7 +71,7 @@ def test_on_a_gpu_the_sizes_follow_the_free_memory(free_gib: int) -> None:
     s = plan_sizing(CFG, policy, opts, free_bytes=free_gib * GIB, frontend_bytes=0)
     assert s.sized and (s.talker_slots, s.hift_max_frames, s.flow_max_tokens, s.batch_size) == _rule(
         free_gib * GIB, policy, opts)
-    assert s.reserve_positions == Z.POSITIONS_PER_SLOT and s.free_bytes == free_gib * GIB
+    assert s.reserve_positions == Z.slot_positions(CFG, opts) == 2560 and s.free_bytes == free_gib * GIB
     slots = _n(s.talker_slots) * (
         _n(s.reserve_positions) * s.kv_bytes_per_position + 64 * CFG.talker.decoder_size
     )
@@ -84,7 +85,7 @@ def test_on_a_gpu_the_sizes_follow_the_free_memory(free_gib: int) -> None:
 
 def test_an_80_gb_card_gets_many_slots_and_a_full_code2wav_batch() -> None:
     s = plan_sizing(CFG, _gpu(), RunOptions(), free_bytes=76 * GIB)
-    assert s.talker_slots == Z.MAX_SLOTS  # 256 slots x 2048 positions x 24 KiB = 12 GiB of fp32 cache
+    assert s.talker_slots == Z.MAX_SLOTS  # 256 slots x 2560 positions x 24 KiB = 15 GiB of fp32 cache
     assert s.batch_size >= 32 and s.hift_max_frames >= 32 * 1500  # 32 rows of 30 s per HiFT call at least
 
 
@@ -188,3 +189,33 @@ def test_the_frontends_gpu_arenas_are_held_back() -> None:
     assert onnx.as_record()["frontend_bytes"] == 4 * GIB
     assert "frontend ONNX arenas 4.0 GiB" in "\n".join(onnx.describe())
     assert plan_sizing(CFG, resolve("cpu", "fp32"), opts).frontend_bytes == 0  # CPU: nothing held back
+
+
+def test_a_30_s_prompt_with_its_longest_segment_fits_the_reserve_without_growing_the_cache() -> None:
+    """The sized cache (allocated up front) holds the longest prompt a run accepts with the longest
+    segment the splitter packs and every token it may generate: the session never grows it."""
+    from cosyclone.engine.stages import decode_options
+    from cosyclone.frontend.text_rules import TOKEN_MAX_N
+    from cosyclone.talker import TalkerRequest, TalkerSession
+    from tests.talker.test_talker_decode import _model
+
+    fe = CFG.frontend
+    opts = RunOptions(max_len_ratio=20.0)  # the released ratio, given: the tiny model below has its own
+    s = plan_sizing(CFG, _gpu(), opts, free_bytes=24 * GIB, frontend_bytes=0)
+    dec = replace(decode_options(CFG, opts, s), cuda_graphs="off", sampler=None)
+    assert dec.reserve_positions == s.reserve_positions and dec.prefill_tokens == s.prefill_tokens
+    speech = int(fe.max_prompt_seconds * fe.token_frame_rate)  # 750
+    transcript = int(fe.max_prompt_seconds * Z.PROMPT_TEXT_IDS_PER_SECOND)  # 120
+    req = TalkerRequest(row_id="long", text_ids=torch.ones(transcript + TOKEN_MAX_N, dtype=torch.long),
+                        target_len=TOKEN_MAX_N, prompt_speech_tokens=torch.ones(speech, dtype=torch.long))
+    session = TalkerSession(_model(), dec, slots=2)
+    capacity = session.engine.capacity
+    assert capacity == s.reserve_positions
+    session.add([req])
+    seq = session.seqs[0]
+    assert seq.cells() == 2 + transcript + TOKEN_MAX_N + speech + 20 * TOKEN_MAX_N <= capacity
+    session.poll()  # admitted and a first window decoded
+    assert seq.status in ("running", "finished") and session.engine.capacity == capacity  # not grown
+    session.close()
+    cpu = decode_options(CFG, opts, plan_sizing(CFG, resolve("cpu", "fp32"), opts))
+    assert cpu.reserve_positions is None and cpu.prefill_tokens is None  # CPU grows as rows need

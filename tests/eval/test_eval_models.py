@@ -27,7 +27,7 @@ _models = pytest.importorskip(
 )
 
 from cosyclone.eval.asr import AsrOptions, WhisperASR  # noqa: E402
-from cosyclone.eval.evaluate import EVAL_NAME, EvalOptions, evaluate  # noqa: E402
+from cosyclone.eval.evaluate import EVAL_NAME, EvalOptions, Models, evaluate  # noqa: E402
 from cosyclone.eval.redo import REDO_NAME, redo_seed  # noqa: E402
 from cosyclone.eval.speaker import ResemblyzerEncoder, resemblyzer_weights  # noqa: E402
 from cosyclone.eval.thresholds import Thresholds  # noqa: E402
@@ -71,7 +71,7 @@ def _copy(
 
 def _run(out: Path, models, **kw):
     asr, enc = models
-    return evaluate(out, out / "manifest.jsonl", EvalOptions(asr=ASR, **kw), asr=asr, encoders=[enc])
+    return evaluate(out, out / "manifest.jsonl", EvalOptions(asr=ASR, **kw), models=Models(asr, [enc]))
 
 
 @pytest.fixture(scope="module")

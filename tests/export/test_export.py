@@ -130,7 +130,7 @@ def test_parquet_loads_with_datasets_as_the_folders_ok_rows(run_folder: Path) ->
     assert summary.to_dir == run_folder / "export" / "parquet" and len(lines) == 1 and "5 rows" in lines[0]
     assert ds["id"] == EXPORTED and summary.rows == 5 and summary.records == 8
     assert summary.skipped == {"failed": 1, "audio_missing": 1, "audio_mismatch": 1, "not_passed": 0,
-                               "prompt_missing": 0}
+                               "prompt_missing": 0, "prompt_mismatch": 0, "corrupt_record": 0}
     assert isinstance(ds.features["audio"], datasets.Audio) and ds.features["audio"].sampling_rate == RATE
     records = runfolder.read_records(run_folder)
     for row in ds:

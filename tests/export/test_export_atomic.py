@@ -152,6 +152,11 @@ def test_a_swap_cut_between_its_two_renames_is_put_back_by_the_next_export(
 
 def test_a_target_holding_folders_of_its_own_is_refused(folder: Path, tmp_path: Path) -> None:
     (tmp_path / "data" / "mine").mkdir(parents=True)
-    with pytest.raises(CosycloneError, match="holds folders .*mine.* no export wrote"):
+    with pytest.raises(CosycloneError, match=r"holds files \(mine\) and no export.json"):
         export(folder, to_dir=tmp_path / "data")
     assert (tmp_path / "data" / "mine").is_dir()
+    export(folder, to_dir=tmp_path / "set")
+    (tmp_path / "set" / "mine").mkdir()  # an earlier export's, with a folder put in it
+    with pytest.raises(CosycloneError, match="holds folders .*mine.* no export wrote"):
+        export(folder, to_dir=tmp_path / "set")
+    assert (tmp_path / "set" / "mine").is_dir()

@@ -4,6 +4,7 @@ command's options taken from the option registry."""
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import io
 import json
@@ -103,9 +104,9 @@ def test_the_prompt_recording_is_embedded_when_asked(tmp_path: Path) -> None:
     prompt = tmp_path / "voice.wav"
     sf.write(str(prompt), tone(3, 0.5), 16000)
     out = tmp_path / "out"
-    write(
-        out, [Row("p1", 1, prompt_audio=str(prompt)), Row("p2", 2, prompt_audio=str(tmp_path / "gone.wav"))]
-    )
+    digest = {"fingerprint_parts": {"prompt_audio": hashlib.sha256(prompt.read_bytes()).hexdigest()[:16]}}
+    write(out, [Row("p1", 1, prompt_audio=str(prompt), extra=digest),
+                Row("p2", 2, prompt_audio=str(tmp_path / "gone.wav"), extra=digest)])
     summary = export(out, fmt="parquet", to_dir=tmp_path / "pq", include_prompt_audio=True)
     assert summary.rows == 1 and summary.skipped["prompt_missing"] == 1
     ds = datasets.load_dataset(str(tmp_path / "pq"), split="train")

@@ -261,8 +261,12 @@ def test_a_records_file_gives_only_the_suffix_of_its_audio_path(tmp_path: Path) 
 
 
 def test_the_default_output_keeps_the_fingerprints_folders_already_have() -> None:
-    assert AudioOutput().fingerprint_values() == {"float_wav": False}  # what runs always put into "options"
-    assert AudioOutput(encoding="float").fingerprint_values() == {"float_wav": True}
-    changed = AudioOutput(sample_rate=16000, format="flac", encoding="pcm24", trim_silence=True)
+    tagged = "synthetic speech"  # a run's files carry its provenance statement by default
+    # what runs always put into "options"
+    assert AudioOutput(tag=tagged).fingerprint_values() == {"float_wav": False}
+    assert AudioOutput(encoding="float", tag=tagged).fingerprint_values() == {"float_wav": True}
+    changed = AudioOutput(sample_rate=16000, format="flac", encoding="pcm24", trim_silence=True, tag=tagged)
     assert changed.fingerprint_values() == {"float_wav": False, "sample_rate": 16000, "audio_format": "flac",
                                             "audio_encoding": "pcm24", "trim_silence": True}
+    # untagged files (--no-provenance-tag) have other bytes: a rerun that switches the tag redoes its rows
+    assert AudioOutput().fingerprint_values() == {"float_wav": False, "provenance_tag": False}

@@ -8,6 +8,7 @@ memory an index build peaks at does not grow with the folder.
 from __future__ import annotations
 
 import json
+import os
 import tracemalloc
 from pathlib import Path
 
@@ -73,12 +74,18 @@ def metadata(out: Path) -> dict[str, str]:
 
 
 def blank_all_but_first_line(path: Path) -> None:
-    """Every record line after the first replaced by spaces of its length: the file's size and head stay,
-    so the index is still taken as up to date; whatever reads those records from now on reads nothing."""
-    data = path.read_bytes()
+    """Every record line after the first, up to the index's tail bytes, replaced by spaces of its length,
+    the modification time put back: the file's size, time, head and tail stay, so the index is still taken
+    as up to date; whatever reads those records from now on reads nothing."""
+    from cosyclone.folder.index import TAIL_BYTES
+
+    data, st = path.read_bytes(), path.stat()
     first = data.index(b"\n") + 1
+    last = data.rfind(b"\n", 0, len(data) - TAIL_BYTES) + 1
     path.write_bytes(data[:first] + b"".join(b" " * (len(x) - 1) + b"\n"
-                                               for x in data[first:].splitlines(keepends=True)))
+                                               for x in data[first:last].splitlines(keepends=True))
+                     + data[last:])
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 def test_a_run_appends_its_records_and_reads_none_of_the_folders_others(tmp_path: Path) -> None:

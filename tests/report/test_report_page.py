@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from cosyclone.cli import app
 from cosyclone.eval.asr import AsrOptions, Transcript
-from cosyclone.eval.evaluate import EvalOptions, evaluate
+from cosyclone.eval.evaluate import EvalOptions, Models, evaluate
 from cosyclone.eval.thresholds import Thresholds
 from tests.browser import open_page, require_chromium
 
@@ -76,8 +76,7 @@ def evaluated(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
             speaker_models=("loudness",),
             thresholds=Thresholds(max_wer=0.1),
         ),
-        asr=HeardEverything(texts),  # type: ignore[arg-type]  # evaluate names the class, not a protocol
-        encoders=[Loudness()],
+        models=Models(asr=HeardEverything(texts), encoders=[Loudness()]),  # type: ignore[arg-type]
     )
     assert (out / "scores.jsonl").is_file() and (out / "scores_summary.json").is_file()
     return out
@@ -93,6 +92,7 @@ def test_the_page_of_an_evaluated_folder_renders_offline_with_every_plot_and_pla
     evaluated: Path, tmp_path: Path
 ) -> None:
     page = tmp_path / "laptop" / "night.html"
+    page.parent.mkdir()
     res = _report([str(evaluated), "--html", str(page)])
     assert f"wrote {page}" in res.output and "rows to listen to" in res.output
     text = page.read_text(encoding="utf-8")

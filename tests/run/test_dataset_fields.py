@@ -141,7 +141,7 @@ def test_the_folder_loads_as_an_audiofolder_with_exact_values_after_eval(run: tu
                                                                          tmp_path: Path) -> None:
     datasets = pytest.importorskip("datasets")
     from cosyclone.eval.asr import AsrOptions, Transcript
-    from cosyclone.eval.evaluate import EvalOptions, evaluate
+    from cosyclone.eval.evaluate import EvalOptions, Models, evaluate
     from cosyclone.eval.record import EvalRecord
 
     manifest, out, _ = run
@@ -160,8 +160,8 @@ def test_the_folder_loads_as_an_audiofolder_with_exact_values_after_eval(run: tu
         def transcribe(self, waves: list, hints: list) -> list[Transcript]:
             return [Transcript("hello", "en", "forced", None) for _ in waves]
 
-    result = evaluate(folder, manifest, EvalOptions(asr=AsrOptions(model="-")), asr=HeardAll(),  # type: ignore[arg-type]
-                      encoders=[])
+    result = evaluate(folder, manifest, EvalOptions(asr=AsrOptions(model="-")),
+                      models=Models(asr=HeardAll(), encoders=[]))  # type: ignore[arg-type]
     assert all(isinstance(r, EvalRecord) for r in result.records) and len(result.records) == 4
     assert (folder / "scores.jsonl").is_file() and (folder / "scores_summary.json").is_file()
     assert not (folder / "eval.jsonl").exists() and not (folder / "eval_summary.json").exists()

@@ -60,3 +60,7 @@ def test_a_tiny_cpu_run_records_graphs_peak_memory_stage_dtypes_and_sizes(tiny_m
     facts = line["engine_facts"]
     assert facts["stage_dtypes"] == line["stage_dtypes"] and facts["peak_memory"]["host_rss_bytes"] > 0
     assert facts["sizing"]["batch_size"] == 8 and facts["sizing"]["sized"] is False  # CPU keeps its defaults
+    # decode occupancy on CPU too: every step's bucket holds its live rows, at most the run's slots
+    buckets = {int(b): n for b, n in facts["decode_buckets"].items()}
+    assert buckets and sum(buckets.values()) == facts["decode_steps"] > 0
+    assert 0 < facts["mean_live_slots"] <= max(buckets)

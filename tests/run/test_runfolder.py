@@ -188,7 +188,7 @@ def test_nan_totals_are_the_same_for_one_run_a_resumed_run_and_four_shards(nan_m
     # the NaN embeddings
     assert s["rows_all_nan"] >= 1 and totals["failed_reasons"].get("no_finite_logits", 0) >= 1
     summary = json.loads((one / "summary.json").read_text())
-    own = ("eval", "versions")  # report's own: eval's summary, the library versions read from runs.jsonl
+    own = ("eval", "versions", "talkers")  # report's own: eval's summary; versions, talkers from runs.jsonl
     assert {k: summary[k] for k in totals if k not in own} == {
         k: v for k, v in totals.items() if k not in own
     }
