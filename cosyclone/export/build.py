@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -255,99 +255,72 @@ def export(
             with contextlib.suppress(OSError):
                 target.parent.mkdir(exist_ok=True)
         with ExportTarget(target) as place:
-            return _write(
-                place,
-                sources,
-                cols,
-                backends if with_eval else None,
-                fmt=fmt,
-                rate=rate or MODEL_RATE,
-                limit=shard_size_bytes,
-                rows_per_shard=rows_per_shard,
-                parts=parts,
-                only_passed=only_passed,
-                prompt=include_prompt_audio,
-                log=log,
-            )
+            layout = _Layout(fmt=fmt, cols=cols, backends=backends if with_eval else None,
+                             rate=rate or MODEL_RATE, limit=shard_size_bytes, rows_per_shard=rows_per_shard,
+                             parts=parts, only_passed=only_passed, prompt=include_prompt_audio, log=log)
+            return _write(place, sources, layout)
 
 
-def _write(
-    place: ExportTarget,
-    sources: Sequence[Source],
-    cols: ColumnSet,
-    backends: tuple[str, ...] | None,
-    *,
-    fmt: ExportFormat,
-    rate: int,
-    limit: int,
-    rows_per_shard: int | None,
-    parts: tuple[tuple[str, float], ...],
-    only_passed: bool,
-    prompt: bool,
-    log: Callable[[str], None],
-) -> ExportSummary:
-    staging = place.staging
+@dataclass(frozen=True)
+class _Layout:
+    """How an export's rows are written: the choices every part of :func:`_write` shares."""
 
-    def sink(split: str) -> Sink:
-        if fmt == "nemo":
-            return NemoManifest(staging, split, cols, log)
-        if fmt == "lhotse":
-            return LhotseManifests(staging, split, cols, log)
+    fmt: ExportFormat  # the format
+    cols: ColumnSet  # the columns every row carries
+    backends: tuple[str, ...] | None  # eval's speaker backends (None: no eval columns)
+    rate: int  # the rows' sample rate
+    limit: int  # bytes per shard
+    rows_per_shard: int | None  # rows per shard (None: by bytes alone)
+    parts: tuple[tuple[str, float], ...]  # the --split NAME=F shares (empty: one split)
+    only_passed: bool  # only the rows eval passed
+    prompt: bool  # the prompt recordings embedded
+    log: Callable[[str], None]  # where the notes go
 
-        def make(path: Path) -> shards.Shard:
-            if fmt == "parquet":
-                return shards.ParquetShard(path, sample_rate=rate, cols=cols, prompt=prompt)
-            return shards.TarShard(path, cols)
-        return _Shards(shards.ShardWriter(staging, fmt, split, limit, rows_per_shard, make, log))
+    def sink(self, staging: Path, split: str) -> Sink:
+        """Where split ``split``'s rows go: a manifest (NeMo, Lhotse) or shards (Parquet, WebDataset)."""
+        if self.fmt == "nemo":
+            return NemoManifest(staging, split, self.cols, self.log)
+        if self.fmt == "lhotse":
+            return LhotseManifests(staging, split, self.cols, self.log)
+        writer = shards.ShardWriter(staging, self.fmt, split, self.limit, self.rows_per_shard, self.shard,
+                                    self.log)
+        return _Shards(writer)
 
-    names = [n for n, _ in parts] + ["train"] if parts else [shards.SHARD_PREFIX]
+    def shard(self, path: Path) -> shards.Shard:
+        if self.fmt == "parquet":
+            return shards.ParquetShard(path, sample_rate=self.rate, cols=self.cols, prompt=self.prompt)
+        return shards.TarShard(path, self.cols)
+
+
+@dataclass
+class _Written:
+    """What the rows' pass wrote, as the card, the marker and the summary count it."""
+
+    counts: dict[str, int]  # split -> rows
+    per_source: list[int] = field(default_factory=list)  # rows exported of each source folder, in order
+    suffixes: dict[str, str] = field(default_factory=dict)  # the first row's audio and prompt suffixes
+    runs_of: dict[Path, set[str | None]] = field(default_factory=dict)  # folder -> the runs of its rows
+    shards: list[ShardInfo] = field(default_factory=list)  # the files written, once the sinks are closed
+
+
+def _write(place: ExportTarget, sources: Sequence[Source], layout: _Layout) -> ExportSummary:
+    names = [n for n, _ in layout.parts] + ["train"] if layout.parts else [shards.SHARD_PREFIX]
     sinks: dict[str, Sink] = {}
-    skipped, per_source, counts = Skipped(), [], dict.fromkeys(names, 0)
-    suffixes: dict[str, str] = {}  # the first row's audio and prompt suffixes (the card's member names)
-    runs_of: dict[Path, set[str | None]] = {}  # folder -> the runs that made its exported rows (provenance)
+    skipped, out = Skipped(), _Written(counts=dict.fromkeys(names, 0))
     try:
         for src in sources:
-            for where in src.index.corrupt:
-                skipped.add(str(src.folder), "", CORRUPT_RECORD, where)
-            for row_id, reason in src.index.failed():
-                skipped.add(str(src.folder), row_id, "failed", reason)
-            done = 0
-            for row in iter_rows(
-                src, cols, backends, only_passed=only_passed, prompt=prompt, skipped=skipped
-            ):
-                split = split_of(row.row_id, parts)
-                if split not in sinks:
-                    sinks[split] = sink(split)
-                sinks[split].add(row)
-                suffixes.setdefault("audio", row.audio.suffix)
-                if row.prompt is not None:
-                    suffixes.setdefault("prompt", row.prompt.suffix)
-                counts[split] += 1
-                done += 1
-                runs_of.setdefault(src.folder, set()).add(row.columns.get("run_id"))
-            per_source.append(done)
-        rows = sum(counts.values())
+            out.per_source.append(_pass(src, layout, place.staging, sinks, skipped, out))
+        rows = sum(out.counts.values())
         if rows == 0:
             raise NothingToExport(
                 f"no row of {' '.join(str(s.folder) for s in sources)} can be exported "
                 f"({', '.join(f'{k} {v}' for k, v in skipped.counts.items() if v) or 'no ok row'})"
                 f"; {place.target} keeps what it held"
             )
-        written = [info for name in names if name in sinks for info in sinks.pop(name).close()]
-        makers = made_by(runs_of)
-        if fmt in shards.EXTENSIONS:
-            text = card(
-                cols,
-                fmt,
-                sample_rate=rate,
-                audio_ext=suffixes["audio"],
-                prompt_ext=suffixes.get("prompt"),
-                splits=[n for n in names if counts[n]],
-                rows={k: v for k, v in counts.items() if v},
-                sizes={n: sum(i.bytes for i in written if i.split == n) for n in names},
-                makers=makers,
-            )
-            runfolder.write_bytes_atomic(staging / CARD, text.encode())
+        out.shards = [info for name in names if name in sinks for info in sinks.pop(name).close()]
+        makers = made_by(out.runs_of)
+        if layout.fmt in shards.EXTENSIONS:
+            _write_card(place.staging, layout, names, out, makers)
     except BaseException as exc:
         for s in sinks.values():
             with contextlib.suppress(Exception):
@@ -357,17 +330,77 @@ def _write(
                                               f"{exc.strerror or exc}") from exc
         raise
     records = sum(s.index.rows for s in sources)
-    marker = {
-        "format": fmt,
-        "rows": rows,
+    place.commit(_marker(layout, sources, out, skipped, records, makers))
+    return ExportSummary(
+        format=layout.fmt,
+        to_dir=place.target,
+        sample_rate=layout.rate,
+        records=records,
+        rows=rows,
+        shards=tuple(ShardInfo(place.target / i.path.name, i.rows, i.bytes, i.split) for i in out.shards),
+        skipped=dict(skipped.counts),
+        eval_columns=layout.backends is not None,
+        splits={k: v for k, v in out.counts.items() if v} if layout.parts else {},
+        corrupt=tuple(line for s in sources for line in s.index.corrupt),
+        empty_splits=tuple(k for k, v in out.counts.items() if layout.parts and not v),
+    )
+
+
+def _pass(src: Source, layout: _Layout, staging: Path, sinks: dict[str, Sink], skipped: Skipped,
+          out: _Written) -> int:
+    """One source folder's rows into their splits' sinks (opened as a split's first row comes); its
+    skipped rows noted. Returns the rows exported."""
+    for where in src.index.corrupt:
+        skipped.add(str(src.folder), "", CORRUPT_RECORD, where)
+    for row_id, reason in src.index.failed():
+        skipped.add(str(src.folder), row_id, "failed", reason)
+    done = 0
+    for row in iter_rows(src, layout.cols, layout.backends, only_passed=layout.only_passed,
+                         prompt=layout.prompt, skipped=skipped):
+        split = split_of(row.row_id, layout.parts)
+        if split not in sinks:
+            sinks[split] = layout.sink(staging, split)
+        sinks[split].add(row)
+        out.suffixes.setdefault("audio", row.audio.suffix)
+        if row.prompt is not None:
+            out.suffixes.setdefault("prompt", row.prompt.suffix)
+        out.counts[split] += 1
+        done += 1
+        out.runs_of.setdefault(src.folder, set()).add(row.columns.get("run_id"))
+    return done
+
+
+def _write_card(staging: Path, layout: _Layout, names: list[str], out: _Written,
+                makers: list[dict[str, Any]]) -> None:
+    """The dataset card of a sharded export (its columns, splits, sizes and what made the rows)."""
+    text = card(
+        layout.cols,
+        layout.fmt,
+        sample_rate=layout.rate,
+        audio_ext=out.suffixes["audio"],
+        prompt_ext=out.suffixes.get("prompt"),
+        splits=[n for n in names if out.counts[n]],
+        rows={k: v for k, v in out.counts.items() if v},
+        sizes={n: sum(i.bytes for i in out.shards if i.split == n) for n in names},
+        makers=makers,
+    )
+    runfolder.write_bytes_atomic(staging / CARD, text.encode())
+
+
+def _marker(layout: _Layout, sources: Sequence[Source], out: _Written, skipped: Skipped, records: int,
+            makers: list[dict[str, Any]]) -> dict[str, Any]:
+    """``export.json``: what the export holds and where each of its rows came from."""
+    return {
+        "format": layout.fmt,
+        "rows": sum(out.counts.values()),
         "records": records,
-        "sample_rate": rate,
+        "sample_rate": layout.rate,
         "created_at": time.time(),
-        "splits": {k: v for k, v in counts.items() if v} if parts else {},
+        "splits": {k: v for k, v in out.counts.items() if v} if layout.parts else {},
         "shards": [
-            {"file": i.path.name, "split": i.split, "rows": i.rows, "bytes": i.bytes} for i in written
+            {"file": i.path.name, "split": i.split, "rows": i.rows, "bytes": i.bytes} for i in out.shards
         ],
-        "columns": [{"name": c.name, "type": c.type} for c in cols.columns],
+        "columns": [{"name": c.name, "type": c.type} for c in layout.cols.columns],
         "sources": [
             {
                 "folder": str(s.folder.resolve()),
@@ -377,23 +410,9 @@ def _write(
                 "exported": n,
                 "eval": s.evals is not None,
             }
-            for s, n in zip(sources, per_source, strict=True)
+            for s, n in zip(sources, out.per_source, strict=True)
         ],
         "skipped": skipped.rows,
         "made_by": makers,  # what made the rows (the card's provenance; NeMo and Lhotse have no card)
         "pid": os.getpid(),
     }
-    place.commit(marker)
-    return ExportSummary(
-        format=fmt,
-        to_dir=place.target,
-        sample_rate=rate,
-        records=records,
-        rows=rows,
-        shards=tuple(ShardInfo(place.target / i.path.name, i.rows, i.bytes, i.split) for i in written),
-        skipped=dict(skipped.counts),
-        eval_columns=backends is not None,
-        splits={k: v for k, v in counts.items() if v} if parts else {},
-        corrupt=tuple(line for s in sources for line in s.index.corrupt),
-        empty_splits=tuple(k for k, v in counts.items() if parts and not v),
-    )
