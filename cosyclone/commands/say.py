@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -13,6 +13,13 @@ from cosyclone.commands.common import fail
 from cosyclone.commands.options import ModelDirOptions, UtteranceOptions
 from cosyclone.errors import CosycloneError, Exit
 from cosyclone.options import build
+
+if TYPE_CHECKING:  # annotations only (the command loads the engine's modules when it runs)
+    from pathlib import Path
+
+    from cosyclone.engine import RowResult
+    from cosyclone.folder.audio_out import AudioOutput
+    from cosyclone.folder.row_record import FileFacts
 
 UTTERANCE_FIELDS = tuple(f.name for f in fields(UtteranceOptions))
 OUTPUT_FIELDS = ("float_wav", "sample_rate", "audio_format", "audio_encoding", "trim_silence",
@@ -87,7 +94,15 @@ def say_command(
     except (OSError, CosycloneError) as exc:  # disk full, no permission: nothing partial is left
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(Exit.WRITE) from None
-    wall = time.perf_counter() - t0
+    ran_on = f"{tts.policy.device}, {tts.policy.dtype_name}"
+    _tell(out, res, written, output, mode, time.perf_counter() - t0, ran_on)
+    raise typer.Exit(Exit.OK)
+
+
+def _tell(out: Path, res: RowResult, written: FileFacts, output: AudioOutput, mode: str, wall: float,
+          ran_on: str) -> None:
+    """The utterance's lines: the file written, its tokens and sampler counters, the time it took
+    (``ran_on``: device and dtype); a warning when sampler steps had NaN logits."""
     nan = sum(s.nan_steps for s in res.sampler)
     trimmed = (f", trimmed {written.trimmed_lead_seconds:.2f} s + {written.trimmed_trail_seconds:.2f} s"
                if output.trim_silence else "")
@@ -96,14 +111,10 @@ def say_command(
     typer.echo(f"  {len(res.tokens)} segment(s), tokens {list(res.tokens)}, stop {list(res.stop_reasons)}; "
                f"sampler steps {sum(s.steps for s in res.sampler)}, NaN steps {nan}, "
                f"RAS fallbacks {sum(s.ras_fallbacks for s in res.sampler)}")
-    typer.echo(
-        f"  {wall:.1f} s in all with loading; synthesis "
-        + ", ".join(f"{k} {v:.2f} s" for k, v in res.seconds.items())
-        + f" ({tts.policy.device}, {tts.policy.dtype_name})"
-    )
+    typer.echo(f"  {wall:.1f} s in all with loading; synthesis "
+               + ", ".join(f"{k} {v:.2f} s" for k, v in res.seconds.items()) + f" ({ran_on})")
     if nan:
         typer.echo(
             f"warning: {nan} sampler steps had NaN logits (excluded; see docs/precision.md, --dtype)",
             err=True,
         )
-    raise typer.Exit(Exit.OK)
