@@ -12,7 +12,7 @@ import torch
 from cosyclone.base.device import DevicePolicy, resolve
 from cosyclone.code2wav.hift import CPU_CHUNK_FRAMES
 from cosyclone.code2wav.token2wav import FLOW_CPU_CHUNK_TOKENS
-from cosyclone.engine import sizing as Z
+from cosyclone.engine import sizing
 from cosyclone.engine.sizing import frontend_plan, kv_bytes_per_position, plan_sizing
 from cosyclone.model.config import released_config
 from cosyclone.options import RunOptions
@@ -41,7 +41,7 @@ def test_cpu_keeps_its_defaults_whatever_memory_there_is() -> None:
         assert (s.sized, s.batch_size, s.talker_slots, s.reserve_positions) == (False, 8, None, None)
         assert (s.hift_max_frames, s.flow_max_tokens, s.hift_bucket, s.flow_bucket) == (200, 1400, 0, 0)
     # the defaults named here are the stages' own CPU chunk sizes
-    assert (Z.CPU_HIFT_FRAMES, Z.CPU_FLOW_TOKENS) == (CPU_CHUNK_FRAMES, FLOW_CPU_CHUNK_TOKENS)
+    assert (sizing.CPU_HIFT_FRAMES, sizing.CPU_FLOW_TOKENS) == (CPU_CHUNK_FRAMES, FLOW_CPU_CHUNK_TOKENS)
     assert "CPU defaults" in "\n".join(s.describe())
 
 
@@ -53,15 +53,16 @@ def test_a_kv_cell_is_derived_from_the_config() -> None:
 
 def _rule(free: int, policy: DevicePolicy, opts: RunOptions, frontend: int = 0) -> tuple[int, int, int, int]:
     """The documented rule, spelled out: (slots, hift frames, flow tokens, batch rows)."""
-    usable = int(free * (opts.gpu_memory_fraction or Z.GPU_MEMORY_FRACTION)) - Z.RESERVE_BYTES - frontend
-    positions = Z.slot_positions(CFG, opts)
+    fraction = opts.gpu_memory_fraction or sizing.GPU_MEMORY_FRACTION
+    usable = int(free * fraction) - sizing.RESERVE_BYTES - frontend
+    positions = sizing.slot_positions(CFG, opts)
     per_slot = positions * kv_bytes_per_position(CFG, policy.dtype) + 64 * CFG.talker.decoder_size
-    per_position = Z.prefill_bytes_per_position(CFG)
-    usable -= max(positions, int(usable * Z.PREFILL_SHARE) // per_position) * per_position
-    slots = max(1, min(Z.MAX_SLOTS, int(usable * Z.TALKER_SHARE) // per_slot))
+    per_position = sizing.prefill_bytes_per_position(CFG)
+    usable -= max(positions, int(usable * sizing.PREFILL_SHARE) // per_position) * per_position
+    slots = max(1, min(sizing.MAX_SLOTS, int(usable * sizing.TALKER_SHARE) // per_slot))
     half = (usable - slots * per_slot) // 2
-    hift = max(1500, half // Z.HIFT_BYTES_PER_FRAME)
-    flow = max(1500, half // Z.FLOW_BYTES_PER_TOKEN["bf16"])
+    hift = max(1500, half // sizing.HIFT_BYTES_PER_FRAME)
+    flow = max(1500, half // sizing.FLOW_BYTES_PER_TOKEN["bf16"])
     return slots, hift, flow, max(1, min(slots, hift // 1500, flow // 1500))
 
 
@@ -71,13 +72,14 @@ def test_on_a_gpu_the_sizes_follow_the_free_memory(free_gib: int) -> None:
     s = plan_sizing(CFG, policy, opts, free_bytes=free_gib * GIB, frontend_bytes=0)
     assert s.sized and (s.talker_slots, s.hift_max_frames, s.flow_max_tokens, s.batch_size) == _rule(
         free_gib * GIB, policy, opts)
-    assert s.reserve_positions == Z.slot_positions(CFG, opts) == 2560 and s.free_bytes == free_gib * GIB
+    assert s.reserve_positions == sizing.slot_positions(CFG, opts) == 2560 and s.free_bytes == free_gib * GIB
     slots = _n(s.talker_slots) * (
         _n(s.reserve_positions) * s.kv_bytes_per_position + 64 * CFG.talker.decoder_size
     )
-    c2w = s.hift_max_frames * Z.HIFT_BYTES_PER_FRAME + s.flow_max_tokens * Z.FLOW_BYTES_PER_TOKEN["bf16"]
+    c2w = (s.hift_max_frames * sizing.HIFT_BYTES_PER_FRAME
+           + s.flow_max_tokens * sizing.FLOW_BYTES_PER_TOKEN["bf16"])
     if free_gib >= 12:  # above the one-design-row minimums, what is planned fits what was usable
-        prefill = _n(s.prefill_tokens) * Z.prefill_bytes_per_position(CFG)
+        prefill = _n(s.prefill_tokens) * sizing.prefill_bytes_per_position(CFG)
         assert slots + prefill + c2w <= _n(s.usable_bytes)
     text = "\n".join(s.describe())
     assert f"{free_gib}.0 GiB free" in text and f"talker slots {s.talker_slots}" in text
@@ -85,7 +87,7 @@ def test_on_a_gpu_the_sizes_follow_the_free_memory(free_gib: int) -> None:
 
 def test_an_80_gb_card_gets_many_slots_and_a_full_code2wav_batch() -> None:
     s = plan_sizing(CFG, _gpu(), RunOptions(), free_bytes=76 * GIB)
-    assert s.talker_slots == Z.MAX_SLOTS  # 256 slots x 2560 positions x 24 KiB = 15 GiB of fp32 cache
+    assert s.talker_slots == sizing.MAX_SLOTS  # 256 slots x 2560 positions x 24 KiB = 15 GiB of fp32 cache
     assert s.batch_size >= 32 and s.hift_max_frames >= 32 * 1500  # 32 rows of 30 s per HiFT call at least
 
 
@@ -99,7 +101,7 @@ def test_more_memory_never_gives_smaller_sizes() -> None:
 def test_a_small_card_still_runs_one_design_row() -> None:
     s = plan_sizing(CFG, _gpu(), RunOptions(), free_bytes=GIB)  # less than the reserve
     assert (s.usable_bytes, s.talker_slots, s.batch_size) == (0, 1, 1)
-    assert s.hift_max_frames == s.flow_max_tokens == Z.DESIGN_ROW_SECONDS * 50
+    assert s.hift_max_frames == s.flow_max_tokens == sizing.DESIGN_ROW_SECONDS * 50
 
 
 def test_options_override_the_rule_and_the_fraction_shrinks_it() -> None:
@@ -117,7 +119,7 @@ def test_bf16_talker_halves_the_cache_per_slot_and_rocm_buckets_its_shapes() -> 
     assert bf16.kv_bytes_per_position * 2 == fp32.kv_bytes_per_position
     assert _n(bf16.talker_slots) > _n(fp32.talker_slots)
     rocm = plan_sizing(CFG, _gpu(backend="rocm"), RunOptions(), free_bytes=8 * GIB)
-    assert (rocm.hift_bucket, rocm.flow_bucket) == (Z.ROCM_HIFT_BUCKET, Z.ROCM_FLOW_BUCKET)
+    assert (rocm.hift_bucket, rocm.flow_bucket) == (sizing.ROCM_HIFT_BUCKET, sizing.ROCM_FLOW_BUCKET)
     assert (fp32.hift_bucket, fp32.flow_bucket) == (0, 0)
 
 
@@ -132,7 +134,7 @@ def test_prompt_workers_take_the_cores_torch_leaves() -> None:
     assert frontend_plan(opts, gpu=False, cores=2, torch_threads=2) == (1, 1)
     assert frontend_plan(opts, gpu=False, cores=16, torch_threads=4) == (12, 1)
     # GPU: torch only queues work
-    assert frontend_plan(opts, gpu=True, cores=16) == (16 - Z.GPU_HOST_THREADS, 1)
+    assert frontend_plan(opts, gpu=True, cores=16) == (16 - sizing.GPU_HOST_THREADS, 1)
     assert frontend_plan(replace(opts, threads=6), gpu=True, cores=16) == (10, 1)
     assert frontend_plan(replace(opts, frontend_threads=4), gpu=True, cores=16) == (3, 4)
     assert frontend_plan(replace(opts, frontend_workers=5, frontend_threads=2), gpu=True, cores=16) == (5, 2)
@@ -148,10 +150,10 @@ def test_resolving_options_gives_a_batch_size_and_keeps_a_given_one() -> None:
 
 def test_a_dry_run_subtracts_the_weights_in_each_stages_dtype() -> None:
     """Before loading, free memory less the weights: the DiT in bf16 (mixed) weighs less than in fp32."""
-    fp32 = Z.weights_bytes(CFG, resolve("cpu", "fp32"))
-    mixed = Z.weights_bytes(CFG, resolve("cpu", "mixed"))
+    fp32 = sizing.weights_bytes(CFG, resolve("cpu", "fp32"))
+    mixed = sizing.weights_bytes(CFG, resolve("cpu", "mixed"))
     assert 2.5e9 < fp32 < 4.5e9 and 0 < fp32 - mixed < fp32 / 2
-    assert not Z.dry_run_sizing(CFG, resolve("cpu", "fp32"), RunOptions()).sized  # CPU: no memory read
+    assert not sizing.dry_run_sizing(CFG, resolve("cpu", "fp32"), RunOptions()).sized  # CPU: no memory read
 
 
 def _fake_gpu_memory(
@@ -165,15 +167,15 @@ def _fake_gpu_memory(
 def test_free_memory_counts_the_allocators_idle_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """What the driver reports free, plus what torch's cache holds with no tensor in it (reused first)."""
     _fake_gpu_memory(monkeypatch, free=10 * GIB, reserved=5 * GIB, allocated=3 * GIB)
-    assert Z.free_device_bytes(torch.device("cuda")) == 12 * GIB
-    assert Z.free_device_bytes(torch.device("cpu")) is None
+    assert sizing.free_device_bytes(torch.device("cuda")) == 12 * GIB
+    assert sizing.free_device_bytes(torch.device("cpu")) is None
 
 
 def test_a_dry_run_on_a_gpu_plans_for_what_the_load_will_leave(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_gpu_memory(monkeypatch, free=40 * GIB)
     policy = _gpu()
-    s = Z.dry_run_sizing(CFG, policy, RunOptions())
-    assert s.sized and s.free_bytes == 40 * GIB - Z.weights_bytes(CFG, policy)
+    s = sizing.dry_run_sizing(CFG, policy, RunOptions())
+    assert s.sized and s.free_bytes == 40 * GIB - sizing.weights_bytes(CFG, policy)
     assert s == plan_sizing(CFG, policy, RunOptions(), free_bytes=s.free_bytes)  # the same rule as after load
 
 
@@ -205,17 +207,17 @@ def test_a_30_s_prompt_with_its_longest_segment_fits_the_reserve_without_growing
     dec = replace(decode_options(CFG, opts, s), cuda_graphs="off", sampler=None)
     assert dec.reserve_positions == s.reserve_positions and dec.prefill_tokens == s.prefill_tokens
     speech = int(fe.max_prompt_seconds * fe.token_frame_rate)  # 750
-    transcript = int(fe.max_prompt_seconds * Z.PROMPT_TEXT_IDS_PER_SECOND)  # 120
+    transcript = int(fe.max_prompt_seconds * sizing.PROMPT_TEXT_IDS_PER_SECOND)  # 120
     req = TalkerRequest(row_id="long", text_ids=torch.ones(transcript + TOKEN_MAX_N, dtype=torch.long),
                         target_len=TOKEN_MAX_N, prompt_speech_tokens=torch.ones(speech, dtype=torch.long))
     session = TalkerSession(_model(), dec, slots=2)
-    capacity = session.engine.capacity
+    capacity = session.runner.engine.capacity
     assert capacity == s.reserve_positions
     session.add([req])
     seq = session.seqs[0]
     assert seq.cells() == 2 + transcript + TOKEN_MAX_N + speech + 20 * TOKEN_MAX_N <= capacity
     session.poll()  # admitted and a first window decoded
-    assert seq.status in ("running", "finished") and session.engine.capacity == capacity  # not grown
+    assert seq.status in ("running", "finished") and session.runner.engine.capacity == capacity  # not grown
     session.close()
     cpu = decode_options(CFG, opts, plan_sizing(CFG, resolve("cpu", "fp32"), opts))
     assert cpu.reserve_positions is None and cpu.prefill_tokens is None  # CPU grows as rows need
