@@ -46,6 +46,7 @@ class Segment:
 
     row_id: str
     steps: int
+    segment: int = 0  # the segment's index in its row (the stage-0 checkpoint's key)
 
 
 class StandInFrontend:

@@ -33,7 +33,7 @@ import json
 import os
 import socket
 import sqlite3
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -319,6 +319,17 @@ class Journal:
     def append_line(self, line: bytes) -> int:
         """A whole line (ending in ``\\n``) as it is; the byte offset it starts at."""
         return self._write(line)
+
+    def append_all(self, objs: Sequence[Mapping[str, Any]]) -> list[int]:
+        """Objects as lines, written and fsynced together (a writer's group: one flush, not one per
+        line); the byte offset each line starts at."""
+        lines = [json.dumps(o, ensure_ascii=False, sort_keys=True, default=str).encode() + b"\n" for o in objs]
+        start = self._write(b"".join(lines))
+        offsets = []
+        for line in lines:
+            offsets.append(start)
+            start += len(line)
+        return offsets
 
     def close(self) -> None:
         os.close(self._fd)
