@@ -204,15 +204,17 @@ def tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
 
 
-def write_bytes_atomic(path: Path, data: bytes, *, tmp_dir: Path | None = None) -> None:
+def write_bytes_atomic(path: Path, data: bytes, *, tmp_dir: Path | None = None,
+                       tmp: Path | None = None) -> None:
     """``data`` to a temporary file, fsync, rename over ``path``, fsync the directory. The temporary
     lies beside ``path``, or in ``tmp_dir`` (on the same filesystem: the ``wavs/`` shards keep theirs in
     ``wavs/`` itself, so that a killed run's leftovers are found without listing every shard).
 
     On any error the temporary file is removed and :class:`OutputFolderError` names the file and the
     system's reason (``No space left on device``, ``File too large``, ...): nothing torn is left.
+    ``tmp``: the name the temporary is made from instead (``path``'s, in ``tmp_dir`` or beside it).
     """
-    tmp = tmp_name(tmp_dir / path.name if tmp_dir is not None else path)
+    tmp = tmp_name(tmp if tmp is not None else tmp_dir / path.name if tmp_dir is not None else path)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
@@ -323,7 +325,8 @@ class Journal:
     def append_all(self, objs: Sequence[Mapping[str, Any]]) -> list[int]:
         """Objects as lines, written and fsynced together (a writer's group: one flush, not one per
         line); the byte offset each line starts at."""
-        lines = [json.dumps(o, ensure_ascii=False, sort_keys=True, default=str).encode() + b"\n" for o in objs]
+        lines = [json.dumps(o, ensure_ascii=False, sort_keys=True, default=str).encode() + b"\n"
+                 for o in objs]
         start = self._write(b"".join(lines))
         offsets = []
         for line in lines:

@@ -14,6 +14,7 @@ of the row after its record is down (:mod:`cosyclone.run.index`). A write that f
 from __future__ import annotations
 
 import json
+import posixpath
 import queue
 import sqlite3
 import threading
@@ -29,6 +30,7 @@ import numpy as np
 from cosyclone.engine import RowResult
 from cosyclone.run import folder as runfolder
 from cosyclone.run.audio_out import SUFFIXES, AudioOutput, process
+from cosyclone.run.columns import metadata_line
 from cosyclone.run.index import FolderIndex
 from cosyclone.run.index_rows import meta_dir
 from cosyclone.run.row_record import NO_FILE, FileFacts, RowRecord, RowStamp, make_record
@@ -82,7 +84,9 @@ class BackgroundWriter:
 
     def __init__(self, options: WriterOptions, journal: Path, *, index: FolderIndex | None = None,
                  max_queue: int = 256, group: int = 64, file_threads: int = 16,
-                 on_commit: Callable[[RowRecord], None] | None = None) -> None:
+                 on_commit: Callable[[RowRecord], None] | None = None, spool_metadata: bool = False) -> None:
+        """``spool_metadata``: keep each committed row's ``metadata.jsonl`` line in :attr:`meta_spool`, so
+        that the run's end writes its directories without reading every record back."""
         self.options = options
         self._journal = runfolder.Journal(journal)
         # without one given, the folder's is opened here and closed by close()
@@ -97,7 +101,12 @@ class BackgroundWriter:
         )
         self.group = max(1, group)
         self.on_commit = on_commit
-        self._files = ThreadPoolExecutor(max_workers=max(1, file_threads), thread_name_prefix="cosyclone-file")
+        # the committed rows' metadata lines (row id, directory, line), appended as they commit, no fsync: a
+        # temporary of this process (a killed run's goes), read once by the run's end (settle.read_spool)
+        self.meta_spool = runfolder.tmp_name(journal.with_name(f"{journal.stem}.metadata"))
+        self._spool = self.meta_spool.open("w", encoding="utf-8") if spool_metadata else None
+        self._files = ThreadPoolExecutor(max_workers=max(1, file_threads),
+                                         thread_name_prefix="cosyclone-file")
         self._error: BaseException | None = None
         self.written = 0
         self.written_ids: set[str] = set()  # the rows this writer made (a run's own work, not the folder's)
@@ -188,8 +197,11 @@ class BackgroundWriter:
             was = self.index.put_many(lines, self._src, offsets, self._journal.end)
         except sqlite3.Error as exc:  # a full disk: the records stand, the next run indexes them
             raise runfolder.OutputFolderError(f"cannot write {self.index.path}: {exc}") from exc
+        if self._spool is not None:
+            self._spool.write("".join(_spool_line(record) for record, _ in records))
         for (record, made), before in zip(records, was, strict=True):
-            self.touched.update(d for d in (before, meta_dir(record.file) if record.ok else None) if d is not None)
+            here = meta_dir(record.file) if record.ok else None
+            self.touched.update(d for d in (before, here) if d is not None)
             if made:
                 self.written += 1
                 self.written_ids.add(record.id)
@@ -213,10 +225,25 @@ class BackgroundWriter:
         self._thread.join()
         self._files.shutdown(wait=True)
         self._journal.close()
+        if self._spool is not None:
+            self._spool.close()
         if self._own_index:
             self.index.close()
         if self._error is not None:
             raise self._error
+
+
+def _spool_line(record: RowRecord) -> str:
+    """A committed row's metadata spool line: its id (JSON), its directory and its ``metadata.jsonl`` line
+    (empty: the row has no file now), tab-separated (JSON text holds no tab or newline)."""
+    directory = meta_dir(record.file) if record.ok else None
+    text = ""
+    if directory is not None and record.file:
+        name = record.file if directory == "" else posixpath.relpath(record.file, directory)
+        # as the record reads back from its line (what a directory's lines are otherwise made from)
+        back = RowRecord.from_json(json.loads(json.dumps(record.to_json(), default=str)))
+        text = json.dumps(metadata_line(back, name), ensure_ascii=False)
+    return f"{json.dumps(record.id)}\t{directory or ''}\t{text}\n"
 
 
 def _remove_other_files(out: Path, row_id: str, *, keep: Path | None) -> None:
