@@ -87,7 +87,9 @@ class LocalSource:
             self.engine = self._load()
             self.graph_errors = self.engine.graph_errors
         if self.pipeline is None:
-            self.pipeline = self.engine.pipeline(opts=self.opts, tokens=self.tokens, stop=self.stop)
+            # records in any order: a batch goes to code2wav once its own segments are out
+            self.pipeline = self.engine.pipeline(opts=self.opts, tokens=self.tokens, stop=self.stop,
+                                                 ordered=False)
         yield from self.pipeline.feed(batches)
 
     def drain(self) -> Iterator[RowResult]:
