@@ -36,21 +36,17 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
-from cosyclone.base.device import resolve
-from cosyclone.engine import Engine, RowResult
-from cosyclone.engine.clock import StageClock
-from cosyclone.engine.schedule import StageSchedule
-from cosyclone.engine.stages import Stages
-from cosyclone.model.config import released_config
+from cosyclone.engine import RowResult
 from cosyclone.options import RunOptions
 from cosyclone.run.job import SynthJob
-from tests.stand_in_stages import Costs, StandInFrontend, StandInOps
+from tests.stand_in_stages import Costs, StandInRunEngine
 
 #: Audio seconds each stand-in row stands for (its decode steps at 25 tokens a second; code2wav's cost).
 ROW_AUDIO_S = 2.0
 #: The H100 cost table's stage times (docs/performance.md): a prompt 1.4 s on one of 14 workers, a decode
 #: step 41 ms (one stand-in window is one step), code2wav 5 ms per audio second.
-H100 = Costs(prompt_s=1.4, window_s=0.041, code2wav_s=0.005 * ROW_AUDIO_S, steps=int(25 * ROW_AUDIO_S))
+H100 = Costs(prompt_s=1.4, window_s=0.041, code2wav_s=0.005 * ROW_AUDIO_S, steps=int(25 * ROW_AUDIO_S),
+             prompt_cache=True)
 ZERO = Costs(steps=3)
 H100_WORKERS, H100_SLOTS = 14, 64
 
@@ -64,23 +60,6 @@ class HostConfig:
     prompts: int  # distinct prompt files the rows share
     batch_size: int  # rows per batch
     out: Path  # the run's folder (and the manifest's)
-
-
-class StandInEngine(Engine):
-    """An engine over no model whose pipelines run the stand-in stages (the seam the projection tests use)."""
-
-    def __init__(self, costs: Costs, opts: RunOptions) -> None:
-        stages = Stages(released_config(), resolve("cpu", "fp32"), StandInFrontend(costs),  # type: ignore[arg-type]
-                        None, None, None)
-        super().__init__(stages, opts)
-        self.costs = costs
-        self.clock: StageClock | None = None
-
-    def pipeline(self, **kw: Any) -> StageSchedule:
-        kw.pop("ops", None)
-        workers = self.sizing.frontend_workers
-        self.clock = StageClock(frontend_workers=workers)
-        return super().pipeline(ops=StandInOps(self.costs), clock=self.clock, **kw)
 
 
 class Tenths:
@@ -133,8 +112,9 @@ def write_inputs(cfg: HostConfig) -> Path:
     manifest = cfg.out / "manifest.jsonl"
     with manifest.open("w") as fh:
         for i in range(cfg.rows):
-            fh.write(json.dumps({"id": f"r{i:07d}", "prompt_audio": str(prompts / f"p{i % cfg.prompts}.wav"),
-                                 "prompt_text": "reference words", "text": f"row number {i} of the night"}) + "\n")
+            prompt = str(prompts / f"p{i % cfg.prompts}.wav")
+            fh.write(json.dumps({"id": f"r{i:07d}", "prompt_audio": prompt, "prompt_text": "reference words",
+                                 "text": f"row number {i} of the night"}) + "\n")
     return manifest
 
 
@@ -142,20 +122,20 @@ def run(cfg: HostConfig) -> dict[str, Any]:
     """One job over the stand-in stages; its figures."""
     h100 = cfg.costs == "h100"
     costs = H100 if h100 else ZERO
-    opts = RunOptions(device="cpu", dtype="fp32", cpu_gemm="aten", cuda_graphs="off", text_frontend="none",
-                      code2wav_thread=True, batch_size=cfg.batch_size,
-                      talker_slots=H100_SLOTS if h100 else None,
-                      frontend_workers=H100_WORKERS if h100 else None)
-    engine = StandInEngine(costs, opts)
+    run_opts: dict[str, Any] = {
+        "batch_size": cfg.batch_size, "code2wav_thread": True,  # code2wav on its own thread, as on a GPU
+        "talker_slots": H100_SLOTS if h100 else None, "frontend_workers": H100_WORKERS if h100 else None}
+    model = {"device": "cpu", "dtype": "fp32", "cpu_gemm": "aten", "text_frontend": "none"}
+    engine = StandInRunEngine(costs, RunOptions(cuda_graphs="off", **model, **run_opts))
     manifest = write_inputs(cfg)
-    job = SynthJob.open(manifest, cfg.out / "run", loaded=engine, batch_size=cfg.batch_size,
-                        text_frontend="none", device="cpu", dtype="fp32", cpu_gemm="aten")
+    job = SynthJob.open(manifest, cfg.out / "run", loaded=engine, **model, **run_opts)
     sink = Tenths(cfg.rows)
     sink.t0 = time.perf_counter()
     summary = job.run(progress=sink)
     end = time.perf_counter()
     if len(sink.times) != cfg.rows or summary.failed:
-        raise SystemExit(f"bench_host: {len(sink.times)} of {cfg.rows} rows committed, {summary.failed} failed")
+        raise SystemExit(f"bench_host: {len(sink.times)} of {cfg.rows} rows committed, "
+                         f"{len(summary.failed)} failed")
     tenths = sink.per_tenth()
     out: dict[str, Any] = {
         "rows": cfg.rows, "costs": cfg.costs, "prompts": cfg.prompts, "batch_size": cfg.batch_size,
@@ -178,12 +158,13 @@ def run(cfg: HostConfig) -> dict[str, Any]:
 def describe(fig: dict[str, Any]) -> str:
     lines = [f"host ceiling, {fig['rows']} rows, stand-in stages ({fig['costs']}), {fig['prompts']} prompts, "
              f"batch {fig['batch_size']}, WAV of 10 samples a row:",
-             f"  {fig['rows_per_s']} rows/s overall; tenths {fig['tenths']} (last/first {fig['last_over_first']})",
-             f"  RSS {fig['rss_mb_first_tenth']} MB after the first tenth, {fig['rss_mb_end']} MB at the end, "
-             f"peak {fig['rss_mb_peak']} MB; {fig['exit_tail_s']} s from the last row to the job's return"]
+             f"  {fig['rows_per_s']} rows/s overall; tenths {fig['tenths']} "
+             f"(last/first {fig['last_over_first']})",
+             f"  RSS {fig['rss_mb_first_tenth']} MB after the first tenth, {fig['rss_mb_end']} MB at the end,"
+             f" peak {fig['rss_mb_peak']} MB; {fig['exit_tail_s']} s from the last row to the job's return"]
     if "talker_busy_s" in fig:
-        lines.append(f"  talker busy {fig['talker_busy_s']} s, idle with work {fig['talker_idle_with_work_s']} s "
-                     f"({100 * fig['idle_share']:.2f}%)")
+        lines.append(f"  talker busy {fig['talker_busy_s']} s, idle with work "
+                     f"{fig['talker_idle_with_work_s']} s ({100 * fig['idle_share']:.2f}%)")
     return "\n".join(lines)
 
 

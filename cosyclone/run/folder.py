@@ -322,11 +322,9 @@ class Journal:
         """A whole line (ending in ``\\n``) as it is; the byte offset it starts at."""
         return self._write(line)
 
-    def append_all(self, objs: Sequence[Mapping[str, Any]]) -> list[int]:
-        """Objects as lines, written and fsynced together (a writer's group: one flush, not one per
-        line); the byte offset each line starts at."""
-        lines = [json.dumps(o, ensure_ascii=False, sort_keys=True, default=str).encode() + b"\n"
-                 for o in objs]
+    def append_all(self, lines: Sequence[bytes]) -> list[int]:
+        """Whole lines (each :func:`encode_line`'s), written and fsynced together (a writer's group: one
+        flush, not one per line); the byte offset each line starts at."""
         start = self._write(b"".join(lines))
         offsets = []
         for line in lines:
@@ -336,6 +334,11 @@ class Journal:
 
     def close(self) -> None:
         os.close(self._fd)
+
+
+def encode_line(obj: Mapping[str, Any]) -> bytes:
+    """One object as the journal's line (what :meth:`Journal.append` writes)."""
+    return json.dumps(obj, ensure_ascii=False, sort_keys=True, default=str).encode() + b"\n"
 
 
 def append_jsonl(path: Path, obj: Mapping[str, Any]) -> None:

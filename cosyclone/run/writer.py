@@ -14,7 +14,6 @@ of the row after its record is down (:mod:`cosyclone.run.index`). A write that f
 from __future__ import annotations
 
 import json
-import posixpath
 import queue
 import sqlite3
 import threading
@@ -192,13 +191,15 @@ class BackgroundWriter:
         if not records:
             return
         lines = [record.to_json() for record, _ in records]
-        offsets = self._journal.append_all(lines)
+        encoded = [runfolder.encode_line(line) for line in lines]
+        offsets = self._journal.append_all(encoded)
         try:
             was = self.index.put_many(lines, self._src, offsets, self._journal.end)
         except sqlite3.Error as exc:  # a full disk: the records stand, the next run indexes them
             raise runfolder.OutputFolderError(f"cannot write {self.index.path}: {exc}") from exc
         if self._spool is not None:
-            self._spool.write("".join(_spool_line(record) for record, _ in records))
+            self._spool.write("".join(_spool_line(record, line) for (record, _), line in zip(records, encoded,
+                                                                                               strict=True)))
         for (record, made), before in zip(records, was, strict=True):
             here = meta_dir(record.file) if record.ok else None
             self.touched.update(d for d in (before, here) if d is not None)
@@ -233,15 +234,16 @@ class BackgroundWriter:
             raise self._error
 
 
-def _spool_line(record: RowRecord) -> str:
+def _spool_line(record: RowRecord, line: bytes) -> str:
     """A committed row's metadata spool line: its id (JSON), its directory and its ``metadata.jsonl`` line
-    (empty: the row has no file now), tab-separated (JSON text holds no tab or newline)."""
+    (empty: the row has no file now), tab-separated (JSON text holds no tab or newline). ``line``: its
+    journal line."""
     directory = meta_dir(record.file) if record.ok else None
     text = ""
     if directory is not None and record.file:
-        name = record.file if directory == "" else posixpath.relpath(record.file, directory)
+        name = record.file if directory == "" else record.file[len(directory) + 1:]
         # as the record reads back from its line (what a directory's lines are otherwise made from)
-        back = RowRecord.from_json(json.loads(json.dumps(record.to_json(), default=str)))
+        back = RowRecord.from_json(json.loads(line))
         text = json.dumps(metadata_line(back, name), ensure_ascii=False)
     return f"{json.dumps(record.id)}\t{directory or ''}\t{text}\n"
 
