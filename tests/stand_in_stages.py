@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from typing_extensions import override
 
 from cosyclone.base.device import resolve
 from cosyclone.engine import Engine, RowResult
@@ -175,13 +176,14 @@ class StandInRunEngine(Engine):
 
     def __init__(self, costs: Costs, opts: RunOptions,
                  on_poll: Callable[[FakeSession], None] | None = None) -> None:
-        stages = Stages(released_config(), resolve("cpu", "fp32"), StandInFrontend(costs),  # type: ignore[arg-type]
-                        None, None, None)
+        frontend: Any = StandInFrontend(costs)
+        stages = Stages(released_config(), resolve("cpu", "fp32"), frontend, None, None, None)  # type: ignore[arg-type]
         super().__init__(stages, opts)
         self.costs, self.on_poll = costs, on_poll
         self.clock: StageClock | None = None
         self.ops: StandInOps | None = None
 
+    @override
     def pipeline(self, **kw: Any) -> StageSchedule:
         kw.pop("ops", None)
         kw.pop("clock", None)

@@ -244,7 +244,7 @@ def _spool_line(record: RowRecord, line: bytes) -> str:
         name = record.file if directory == "" else record.file[len(directory) + 1:]
         # as the record reads back from its line (what a directory's lines are otherwise made from)
         back = RowRecord.from_json(json.loads(line))
-        text = json.dumps(metadata_line(back, name), ensure_ascii=False)
+        text = json.dumps(metadata_line(back, name), ensure_ascii=False) if back is not None else ""
     return f"{json.dumps(record.id)}\t{directory or ''}\t{text}\n"
 
 
