@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import sys
 import tempfile
@@ -48,7 +49,7 @@ ROW_AUDIO_S = 2.0
 H100 = Costs(prompt_s=1.4, window_s=0.041, code2wav_s=0.005 * ROW_AUDIO_S, steps=int(25 * ROW_AUDIO_S),
              prompt_cache=True)
 ZERO = Costs(steps=3)
-H100_WORKERS, H100_SLOTS = 14, 64
+H100_WORKERS, H100_SLOTS = 14, 256  # the cost table's prompt workers and decode slots
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,8 @@ def describe(fig: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_host", description=__doc__.split("\n")[0])
-    ap.add_argument("--rows", type=int, default=100_000, help="manifest rows (100000)")
+    ap.add_argument("--rows", type=int, default=int(os.environ.get("COSYCLONE_BENCH_HOST_ROWS", "100000")),
+                    help="manifest rows ($COSYCLONE_BENCH_HOST_ROWS, 100000)")
     ap.add_argument("--costs", choices=("zero", "h100"), default="zero", help="stand-in stage costs (zero)")
     ap.add_argument("--prompts", type=int, default=16, help="distinct prompt files the rows share (16)")
     ap.add_argument("--batch-size", type=int, default=16, help="rows per batch (16)")
