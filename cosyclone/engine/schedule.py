@@ -134,8 +134,11 @@ class StageSchedule:
         """Add one part's ``batches``; yields records until each of them is admitted (the tail stays in
         flight for the next part or :meth:`drain`)."""
         self.batches.extend(batches)
-        self.unadmitted += sum(len(b) for b in batches)
+        fed = sum(len(b) for b in batches)
+        self.unadmitted += fed
         self._start()
+        # never more than half a part held back: small parts run as they come (a first row comes out early)
+        self.holding = min(self.reserve, fed // 2)
         assert self.frontend is not None
         self.frontend.fill()
         if self.opts.schedule == "static":
@@ -188,6 +191,7 @@ class StageSchedule:
         # before the look-ahead (prompt workers, frontend) runs dry at the part's end
         ahead = self.prompt_workers.ahead_rows if self.prompt_workers is not None else 0
         self.reserve = ahead + self.frontend.depth * per_batch if self.prefetch else 0
+        self.holding = 0  # rows this part's feed leaves to admit (at most the reserve)
         # code2wav's backlog, in rows: beyond it the talker waits for code2wav (host memory stays bounded
         # and a stop drains a bounded amount)
         self.backlog_rows = max(4 * self.slots, 2 * per_batch, 64)
@@ -237,7 +241,7 @@ class StageSchedule:
     def _turns(self, *, final: bool) -> Iterator[RowResult]:
         """Turns until the fed batches are admitted down to the look-ahead's reserve (``final``: all of
         them, and every record is out)."""
-        while (self.unadmitted > (0 if final else self.reserve) and self.next < len(self.batches)) or (
+        while (self.unadmitted > (0 if final else self.holding) and self.next < len(self.batches)) or (
                 final and (self.flight or self.finishing)):
             if self._stopping():
                 self.next, self.unadmitted = len(self.batches), 0  # no batch joins after a stop request

@@ -195,19 +195,28 @@ class PartsAhead:
     def __init__(self, parts: Iterable[tuple[Manifest, Prepared]]) -> None:
         self._it = iter(parts)
         self._ready: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1)
+        self._wanted = threading.Semaphore(1)  # released as a part is taken: the next one is read then
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._read, name="cosyclone-parts", daemon=True)
         self._thread.start()
 
     def _read(self) -> None:
         try:
-            for item in self._it:
-                self._put(("part", item))
-                if self._stop.is_set():
+            while self._wait_wanted():
+                item = next(self._it, None)
+                if item is None:
+                    self._put(("end", None))
                     return
-            self._put(("end", None))
+                self._put(("part", item))
         except BaseException as exc:  # handed to the reader of the parts, raised there
             self._put(("error", exc))
+
+    def _wait_wanted(self) -> bool:
+        """Wait until the part before is taken (one part ahead, no more); False once stopped."""
+        while not self._stop.is_set():
+            if self._wanted.acquire(timeout=0.1):
+                return not self._stop.is_set()
+        return False
 
     def _put(self, item: tuple[str, Any]) -> None:
         while not self._stop.is_set():
@@ -228,6 +237,7 @@ class PartsAhead:
         if kind == "end":
             self._stop.set()
             return None
+        self._wanted.release()
         return cast(tuple[Manifest, Prepared], value)
 
     def close(self) -> None:
