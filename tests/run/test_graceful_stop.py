@@ -68,6 +68,24 @@ def signal_after(proc: subprocess.Popen, out: Path, rows: int, *signals: signal.
     return before, stdout, stderr
 
 
+def wait_for_handlers(proc: subprocess.Popen, timeout: float = 240.0) -> None:
+    """Wait until ``proc`` catches SIGTERM (the doors' ``catch_signals`` is in place: an ordering
+    check, where a fixed sleep lost the race to a slow start under load)."""
+    t0 = time.time()
+    while not _catches(proc.pid, signal.SIGTERM):
+        assert proc.poll() is None, f"the command ended first: {proc.communicate()}"
+        assert time.time() - t0 < timeout, "the command never caught signals"
+        time.sleep(0.02)
+
+
+def _catches(pid: int, sig: signal.Signals) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (its SigCgt mask in /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (int(sig) - 1) & 1)
+    return False
+
+
 def assert_folder_whole(out: Path) -> list[dict]:
     """What a stopped run must leave: an ok record for every file and a whole file for every ok record,
     metadata of the ok rows, no lock, no journal, no temporary file. Returns the records."""
@@ -156,7 +174,7 @@ def test_say_stopped_by_ctrl_c_exits_130_and_writes_no_file(tiny_model_dir: Path
            "--model-dir", str(tiny_model_dir), "--device", "cpu", "--n-timesteps", "1", "-o", str(wav)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
-    time.sleep(6.0)  # the tiny model loads in 2-3 s; its synthesis of these 80 segments takes 15 s more
+    wait_for_handlers(proc)  # the command catches signals now (a signal during imports would not be its)
     assert proc.poll() is None, proc.communicate()
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
