@@ -145,7 +145,7 @@ def run(cfg: HostConfig) -> dict[str, Any]:
         "last_over_first": round(tenths[-1] / tenths[0], 3) if tenths else None,
         "rss_mb_first_tenth": round(sink.rss[0], 1) if sink.rss else None,
         "rss_mb_end": round(rss_mb(), 1),
-        "rss_mb_peak": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3, 1),
+        "rss_mb_peak": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6, 1),  # KiB
         "exit_tail_s": round(end - sink.times[-1], 3),
     }
     if h100 and engine.clock is not None:
