@@ -33,7 +33,7 @@ import json
 import os
 import socket
 import sqlite3
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -204,15 +204,17 @@ def tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
 
 
-def write_bytes_atomic(path: Path, data: bytes, *, tmp_dir: Path | None = None) -> None:
+def write_bytes_atomic(path: Path, data: bytes, *, tmp_dir: Path | None = None,
+                       tmp: Path | None = None) -> None:
     """``data`` to a temporary file, fsync, rename over ``path``, fsync the directory. The temporary
     lies beside ``path``, or in ``tmp_dir`` (on the same filesystem: the ``wavs/`` shards keep theirs in
     ``wavs/`` itself, so that a killed run's leftovers are found without listing every shard).
 
     On any error the temporary file is removed and :class:`OutputFolderError` names the file and the
     system's reason (``No space left on device``, ``File too large``, ...): nothing torn is left.
+    ``tmp``: the name the temporary is made from instead (``path``'s, in ``tmp_dir`` or beside it).
     """
-    tmp = tmp_name(tmp_dir / path.name if tmp_dir is not None else path)
+    tmp = tmp_name(tmp if tmp is not None else tmp_dir / path.name if tmp_dir is not None else path)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
@@ -329,8 +331,23 @@ class Journal:
         """A whole line (ending in ``\\n``) as it is; the byte offset it starts at."""
         return self._write(line)
 
+    def append_all(self, lines: Sequence[bytes]) -> list[int]:
+        """Whole lines (each :func:`encode_line`'s), written and fsynced together (a writer's group: one
+        flush, not one per line); the byte offset each line starts at."""
+        start = self._write(b"".join(lines))
+        offsets = []
+        for line in lines:
+            offsets.append(start)
+            start += len(line)
+        return offsets
+
     def close(self) -> None:
         os.close(self._fd)
+
+
+def encode_line(obj: Mapping[str, Any]) -> bytes:
+    """One object as the journal's line (what :meth:`Journal.append` writes)."""
+    return json.dumps(obj, ensure_ascii=False, sort_keys=True, default=str).encode() + b"\n"
 
 
 def append_jsonl(path: Path, obj: Mapping[str, Any]) -> None:
