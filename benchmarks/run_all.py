@@ -22,6 +22,8 @@ skips);
 (100000);
 * ``COSYCLONE_BENCH_FOLDER_RECORDS`` records of bench_folder's synthetic folder (1000000: 4-row synth, report
   and resume plan against it);
+* ``COSYCLONE_BENCH_HOST_ROWS`` rows of bench_host's zero-cost night (100000);
+  ``COSYCLONE_BENCH_HOST_H100_ROWS`` rows of its run with stages timed like an H100 (1000);
 * ``COSYCLONE_BENCH_ROWS`` rows (16); ``COSYCLONE_BENCH_BATCH`` rows per batch (= rows);
 * ``COSYCLONE_BENCH_TOKENS`` speech tokens per row (100);
 * ``COSYCLONE_BENCH_DTYPE`` ``--dtype`` (fp32, as the baseline); ``COSYCLONE_BENCH_DEVICE`` (auto);
@@ -106,6 +108,7 @@ STAGE_BENCHMARKS = (
     "bench_folder",
     "bench_report_html",
     "bench_ray",
+    "bench_host",
 )
 
 
@@ -118,7 +121,13 @@ def run_stage_benchmarks() -> None:
             print(f"[{name}] ray not installed (pip install -e '.[ray]'), skipped")
             continue
         print(f"[{name}]")
-        importlib.import_module(f"benchmarks.{name}").main()
+        module = importlib.import_module(f"benchmarks.{name}")
+        if name == "bench_host":  # the host's ceiling over a night of zero-cost stages, then card-timed rows
+            module.main([])
+            module.main(["--costs", "h100", "--rows",
+                         os.environ.get("COSYCLONE_BENCH_HOST_H100_ROWS", "1000")])
+        else:
+            module.main()
 
 
 def _frontend(cfg: E2EConfig):

@@ -111,7 +111,7 @@ class HostSession(TalkerSession):
         super().close()
         if self.host_sampler is None:
             return
-        n = len(self.seqs)
+        n = self.tickets  # every ticket handed out (returned ones leave the session)
         assert sorted(self.returned) == list(range(n)), "close() before every result was returned"
         ends = [self.returned[t] for t in range(n)]
         diags = self.host_sampler.finish(

@@ -18,11 +18,14 @@ from typing import Any
 
 import numpy as np
 import torch
+from typing_extensions import override
 
 from cosyclone.base.device import resolve
 from cosyclone.engine import Engine, RowResult
+from cosyclone.engine.clock import StageClock
 from cosyclone.engine.outcome import Failure, RowOutcome
 from cosyclone.engine.prefetch import PromptAhead
+from cosyclone.engine.schedule import StageSchedule
 from cosyclone.engine.stages import PreparedBatch, Stages
 from cosyclone.manifest import ManifestRow
 from cosyclone.model.config import released_config
@@ -38,6 +41,7 @@ class Costs:
     window_s: float = 0.0  # per decode window (all slots together)
     code2wav_s: float = 0.0  # per row
     steps: int = 3  # decode windows a row needs
+    prompt_cache: bool = False  # a prompt costs prompt_s once (as the real frontend's prompt cache)
 
 
 @dataclass
@@ -46,6 +50,7 @@ class Segment:
 
     row_id: str
     steps: int
+    segment: int = 0  # the segment's index in its row (the stage-0 checkpoint's key)
 
 
 class StandInFrontend:
@@ -54,10 +59,13 @@ class StandInFrontend:
     def __init__(self, costs: Costs) -> None:
         self.costs = costs
         self.threads: list[threading.Thread] = []
+        self.seen: set[str] = set()  # prompts computed once
 
     def prompt_features(self, audio: Any, *, row_id: str | None = None) -> dict[str, torch.Tensor]:
         self.threads.append(threading.current_thread())
-        time.sleep(self.costs.prompt_s)
+        if not (self.costs.prompt_cache and str(audio) in self.seen):
+            time.sleep(self.costs.prompt_s)
+        self.seen.add(str(audio))
         return {"speech_token": torch.zeros(1)}
 
 
@@ -164,6 +172,29 @@ def stand_in_engine(costs: Costs, **opts: Any) -> Engine:
     """An engine over no model: a stand-in frontend (prompt features only), CPU sizing from ``opts``."""
     stages = Stages(released_config(), resolve("cpu", "fp32"), StandInFrontend(costs), None, None, None)  # type: ignore[arg-type]
     return Engine(stages, RunOptions(device="cpu", dtype="fp32", cpu_gemm="aten", cuda_graphs="off", **opts))
+
+
+class StandInRunEngine(Engine):
+    """An engine over no model whose every pipeline runs the stand-in stages: what a whole run (a
+    :class:`~cosyclone.run.job.SynthJob` given it as its loaded engine) drives from manifest to folder.
+    ``clock``: the last pipeline's stage accounting; ``ops``: its stand-in calls."""
+
+    def __init__(self, costs: Costs, opts: RunOptions,
+                 on_poll: Callable[[FakeSession], None] | None = None) -> None:
+        frontend: Any = StandInFrontend(costs)
+        stages = Stages(released_config(), resolve("cpu", "fp32"), frontend, None, None, None)  # type: ignore[arg-type]
+        super().__init__(stages, opts)
+        self.costs, self.on_poll = costs, on_poll
+        self.clock: StageClock | None = None
+        self.ops: StandInOps | None = None
+
+    @override
+    def pipeline(self, **kw: Any) -> StageSchedule:
+        kw.pop("ops", None)
+        kw.pop("clock", None)
+        self.clock = StageClock(frontend_workers=self.sizing.frontend_workers)
+        self.ops = StandInOps(self.costs, on_poll=self.on_poll)
+        return super().pipeline(ops=self.ops, clock=self.clock, **kw)
 
 
 def rows(

@@ -66,6 +66,8 @@ class PromptAhead:
         self.lock = threading.Lock()
         self.submitted = 0  # rows (in batch order) whose prompts were submitted
         self.submitted_batches = 0
+        self.counted = 0  # batches whose rows ``past`` holds (counted once each, not summed again per batch)
+        self.past = 0  # rows of batches 0 .. counted - 1
         self.computed = 0  # distinct prompt jobs run (a prompt repeated across rows counts once)
 
     @staticmethod
@@ -76,7 +78,10 @@ class PromptAhead:
     def keep_ahead(self, k: int) -> None:
         """Batch ``k`` is being prepared: submit the prompts of the batches after it until
         ``ahead_rows`` rows past batch ``k`` are covered."""
-        past = sum(len(b) for b in self.batches[:k + 1])
+        while self.counted <= k:
+            self.past += len(self.batches[self.counted])
+            self.counted += 1
+        past = self.past
         while self.submitted_batches < len(self.batches) and (self.submitted_batches <= k
                                                              or self.submitted < past + self.ahead_rows):
             for row in self.batches[self.submitted_batches]:

@@ -97,11 +97,12 @@ class Engine:
 
     def pipeline(self, *, opts: RunOptions | None = None, tokens: TokenCheckpoint | None = None,
                  prefetch: bool = True, stop: StopRequest | None = None, ops: StageOps | None = None,
-                 clock: StageClock | None = None) -> StageSchedule:
+                 clock: StageClock | None = None, ordered: bool = True) -> StageSchedule:
         """One run's pipeline, to be fed part by part (:meth:`StageSchedule.feed`, then
         :meth:`StageSchedule.drain` and :meth:`StageSchedule.close`): its prompt workers and talker
         session live across the parts. Arguments as :meth:`run`; ``ops``/``clock``: stand-in stage
-        calls and clock (stand-in stages)."""
+        calls and clock (stand-in stages); ``ordered``: records in batch order (a run folder, which
+        takes them in any order, lets a batch with a long row hold only itself)."""
         run_opts = (
             self.opts
             if opts is None
@@ -117,7 +118,8 @@ class Engine:
         )
         self._occupancy0 = PROCESS_OCCUPANCY.figures()  # this run's decode steps are what comes after
         self._last = StageSchedule(self.stages, run_opts, tokens=tokens, prefetch=prefetch,
-                                   graph_errors=self.graph_errors, stop=stop, ops=ops, clock=clock)
+                                   graph_errors=self.graph_errors, stop=stop, ops=ops, clock=clock,
+                                   ordered=ordered)
         return self._last
 
     def _graphs(self, opts: RunOptions) -> CudaGraphs:

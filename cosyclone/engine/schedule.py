@@ -36,6 +36,7 @@ from cosyclone.base.stop import StopRequest
 from cosyclone.base.streams import code2wav_stream
 from cosyclone.engine import isolation as I
 from cosyclone.engine import stages as S
+from cosyclone.engine.batch_window import BatchWindow
 from cosyclone.engine.clock import StageClock, TalkerState
 from cosyclone.engine.outcome import Failure, RowResult
 from cosyclone.engine.prefetch import FrontendPrefetch, PromptAhead
@@ -78,8 +79,11 @@ class StageSchedule:
         stop: StopRequest | None = None,
         ops: StageOps | None = None,
         clock: StageClock | None = None,
+        ordered: bool = True,
     ) -> None:
-        """``ops``: the stage calls (default: the loaded stages'); ``clock``: the stage accounting."""
+        """``ops``: the stage calls (default: the loaded stages'); ``clock``: the stage accounting;
+        ``ordered``: records in batch order (False: a batch goes to code2wav as soon as its segments are
+        out, so a long row holds only its own batch; a run folder takes records in any order)."""
         self.stages, self.opts, self.tokens, self.prefetch = stages, opts, tokens, prefetch
         self.stop = stop  # a stop request: no batch starts after it; an immediate one ends the run
         self.graph_errors = graph_errors if graph_errors is not None else []  # failed CUDA graph captures
@@ -89,13 +93,16 @@ class StageSchedule:
         workers = sizing.frontend_workers if sizing is not None else 1
         self.clock = clock if clock is not None else StageClock(frontend_workers=workers,
                                                                  shared_device=self.ops.shared_device)
-        self.batches: list[list[ManifestRow]] = []  # every batch fed so far (grows part by part)
+        self.ordered = ordered
+        # the batches fed and not yet admitted, by run index (the admitted ones are forgotten)
+        self.batches = BatchWindow()
+        self.unadmitted = 0  # rows of the fed batches not yet admitted
         self.slots = 0  # talker slots, set at the first feed
         self.session: TalkerSessionLike | None = None
         self.owner: dict[int, tuple[_InFlight, int]] = {}  # ticket -> (batch, segment index)
         self.flight: list[_InFlight] = []
         self.next = 0  # next batch to admit
-        self.finishing: list[Future[list[RowResult]]] = []
+        self.finishing: list[tuple[Future[list[RowResult]], int]] = []  # code2wav's backlog: (records, rows)
         self.frontend: FrontendPrefetch | None = None
         self.prompt_workers: PromptAhead | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -123,8 +130,12 @@ class StageSchedule:
     def feed(self, batches: Sequence[Sequence[ManifestRow]]) -> Iterator[RowResult]:
         """Add one part's ``batches``; yields records until each of them is admitted (the tail stays in
         flight for the next part or :meth:`drain`)."""
-        self.batches.extend(list(b) for b in batches)
+        self.batches.extend(batches)
+        fed = sum(len(b) for b in batches)
+        self.unadmitted += fed
         self._start()
+        # never more than half a part held back: small parts run as they come (a first row comes out early)
+        self.holding = min(self.reserve, fed // 2)
         assert self.frontend is not None
         self.frontend.fill()
         if self.opts.schedule == "static":
@@ -133,7 +144,7 @@ class StageSchedule:
             yield from self._turns(final=False)
 
     def drain(self) -> Iterator[RowResult]:
-        """Every record still in flight."""
+        """Every record still in flight (the last part's batches not yet admitted included)."""
         if self.opts.schedule == "continuous" and self.frontend is not None:
             yield from self._turns(final=True)
 
@@ -163,7 +174,7 @@ class StageSchedule:
         per_batch = (
             (sizing.talker_slots if sizing is not None and sizing.sized else None) or opts.batch_size or 8
         )
-        self.slots = max(1, opts.talker_slots or min(per_batch, sum(len(b) for b in self.batches)))
+        self.slots = max(1, opts.talker_slots or min(per_batch, self.batches.rows_from(0)))
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cosyclone-frontend")
         frontend = self.stages.frontend
         if self.prefetch and sizing is not None and PromptAhead.usable(frontend):
@@ -173,6 +184,14 @@ class StageSchedule:
                                               on_seconds=functools.partial(self.clock.add, "prompts"))
         self.frontend = FrontendPrefetch(self._pool, self._prepare_timed, self.batches, enabled=self.prefetch,
                                          prompts=self.prompt_workers)
+        # feed() hands back while this many rows are still to admit: the driver brings the next part
+        # before the look-ahead (prompt workers, frontend) runs dry at the part's end
+        ahead = self.prompt_workers.ahead_rows if self.prompt_workers is not None else 0
+        self.reserve = ahead + self.frontend.depth * per_batch if self.prefetch else 0
+        self.holding = 0  # rows this part's feed leaves to admit (at most the reserve)
+        # code2wav's backlog, in rows: beyond it the talker waits for code2wav (host memory stays bounded
+        # and a stop drains a bounded amount)
+        self.backlog_rows = max(4 * self.slots, 2 * per_batch, 64)
         self.clock.start()
 
     def _prepare_timed(self, rows: Sequence[ManifestRow]) -> PreparedBatch:
@@ -193,7 +212,7 @@ class StageSchedule:
             if self._stopping():
                 return
             k, batch = self.next, self.batches[self.next]
-            self.next += 1
+            self._admitted(k)
             prepared = self.frontend.take(k)
             failure: Failure | None = None
             with torch.inference_mode():
@@ -208,11 +227,22 @@ class StageSchedule:
 
     # -- continuous --------------------------------------------------------------------------------------
 
+    def _admitted(self, k: int) -> None:
+        """Batch ``k`` leaves the window of batches to admit (with those before it no reader still wants)."""
+        self.next = k + 1
+        self.unadmitted -= len(self.batches[k])
+        keep = self.next
+        if self.prompt_workers is not None:  # the prompt look-ahead counts and submits batches in order
+            keep = min(keep, self.prompt_workers.counted, self.prompt_workers.submitted_batches)
+        self.batches.forget_before(keep)
+
     def _turns(self, *, final: bool) -> Iterator[RowResult]:
-        """Turns until every fed batch is admitted (``final``: and every record is out)."""
-        while self.next < len(self.batches) or (final and (self.flight or self.finishing)):
+        """Turns until the fed batches are admitted down to the look-ahead's reserve (``final``: all of
+        them, and every record is out)."""
+        while (self.unadmitted > (0 if final else self.holding) and self.next < len(self.batches)) or (
+                final and (self.flight or self.finishing)):
             if self._stopping():
-                self.next = len(self.batches)  # no batch joins after a stop request
+                self.next, self.unadmitted = len(self.batches), 0  # no batch joins after a stop request
                 if self.stop is not None and self.stop.immediate:
                     return  # what is in flight is dropped, unrecorded (it runs on the resume)
                 if not final or (not self.flight and not self.finishing):
@@ -229,6 +259,8 @@ class StageSchedule:
                 self._finish_ready()
             self.clock.mark(self._talker_state())
             yield from self._finished(wait=final and not self.flight and self.next >= len(self.batches))
+            while sum(rows for _, rows in self.finishing) > self.backlog_rows:  # code2wav sets the pace
+                yield from self._finished(wait=True)
 
     def _talker_state(self) -> TalkerState:
         return "idle_with_work" if self.session is not None and not self.session.idle else "waiting"
@@ -244,15 +276,14 @@ class StageSchedule:
             k = self.next
             if self._has_work() and not self.frontend.ready(k):
                 return  # never wait while there is work: the batch joins once prepared
-            self.next += 1
+            rows = self.batches[k]
+            self._admitted(k)
             try:
-                prepared = self.frontend.take(k) or self._prepare_timed(self.batches[k])
+                prepared = self.frontend.take(k) or self._prepare_timed(rows)
             except Exception as exc:  # outside the per-row guards: each row alone
-                self.flight.append(
-                    _InFlight(rows=list(self.batches[k]), prepared=None, error=Failure.of(exc))
-                )
+                self.flight.append(_InFlight(rows=rows, prepared=None, error=Failure.of(exc)))
                 continue
-            f = _InFlight(rows=list(self.batches[k]), prepared=prepared)
+            f = _InFlight(rows=rows, prepared=prepared)
             segs = prepared.segments
             alive = [i for i, (rid, _) in enumerate(segs) if prepared.outcomes[rid].status == "ok"]
             f.results, todo = I.stored_results(self.tokens, segs, alive)
@@ -332,15 +363,19 @@ class StageSchedule:
     # -- code2wav ----------------------------------------------------------------------------------------
 
     def _finish_ready(self) -> None:
-        """Batches with nothing left in the talker go to code2wav (in batch order)."""
-        while self.flight and not self.flight[0].todo:
-            f = self.flight.pop(0)
+        """Batches with nothing left in the talker go to code2wav: in batch order, or (not ``ordered``)
+        each as soon as its own segments are out, whatever batches before it still decode."""
+        while True:
+            k = next((k for k, f in enumerate(self.flight) if not f.todo), None)
+            if k is None or (self.ordered and k > 0):
+                return
+            f = self.flight.pop(k)
             if self.code2wav is None:
                 done: Future[list[RowResult]] = Future()
                 done.set_result(self._finish(f))
             else:
                 done = self.code2wav.submit(self._finish_on_stream, f)
-            self.finishing.append(done)
+            self.finishing.append((done, len(f.rows)))
 
     def _finish(self, f: _InFlight) -> list[RowResult]:
         t0 = self.clock.clock()
@@ -371,6 +406,6 @@ class StageSchedule:
 
     def _finished(self, *, wait: bool) -> Iterator[RowResult]:
         """Finished batches' records in batch order (``wait``: the next one at least)."""
-        while self.finishing and (wait or self.finishing[0].done()):
-            yield from self.finishing.pop(0).result()
+        while self.finishing and (wait or self.finishing[0][0].done()):
+            yield from self.finishing.pop(0)[0].result()
             wait = False

@@ -240,13 +240,20 @@ class FolderIndex(IndexReads):
     def put(self, obj: Mapping[str, Any], src: str, offset: int, end: int) -> str | None:
         """A record line just written at ``offset`` of records file ``src`` (which now ends at ``end``);
         the metadata directory of the row's earlier file (None: it had none)."""
-        rec = parse_record(obj)
+        return self.put_many([obj], src, [offset], end)[0]
+
+    def put_many(self, objs: Sequence[Mapping[str, Any]], src: str, offsets: Sequence[int],
+                 end: int) -> list[str | None]:
+        """:meth:`put` for lines written together (one transaction: a writer's group costs one commit)."""
+        was: list[str | None] = []
         with self._tx():
-            was = self._put(row_values(rec, src, offset)) if rec is not None else None
+            for obj, offset in zip(objs, offsets, strict=True):
+                rec = parse_record(obj)
+                was.append(self._put(row_values(rec, src, offset)) if rec is not None else None)
             path = self.out_dir / src
             self.db.execute("UPDATE sources SET size = ?, mtime = ?, tail = ? WHERE name = ? AND size < ?",
                             (end, os.stat(path).st_mtime_ns, _tail(path, end), src, end))
-            if offset == 0:  # the file's first line: what tells it from a rewritten one
+            if offsets and min(offsets) == 0:  # the file's first line: what tells it from a rewritten one
                 self.db.execute(
                     "UPDATE sources SET head = ? WHERE name = ?", (_head(self.out_dir / src), src)
                 )

@@ -33,7 +33,7 @@ import json
 import os
 import socket
 import sqlite3
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -191,16 +191,19 @@ def pid_alive(pid: int) -> bool:
 
 # ----------------------------------------------------------------------------- durability
 
-def write_bytes_atomic(path: Path, data: bytes, *, tmp_dir: Path | None = None) -> None:
+def write_bytes_atomic(path: Path, data: bytes, *, tmp_dir: Path | None = None,
+                       tmp: Path | None = None) -> None:
     """``data`` written over ``path`` atomically (:func:`cosyclone.base.atomic.write_atomic`), its
     temporary beside ``path``, or in ``tmp_dir`` (on the same filesystem: the ``wavs/`` shards keep theirs
     in ``wavs/`` itself, so that a killed run's leftovers are found without listing every shard).
+    ``tmp``: the name the temporary is made from instead (``path``'s, in ``tmp_dir`` or beside it).
 
     On any error :class:`OutputFolderError` names the file and the system's reason (``No space left on
     device``, ``File too large``, ...): nothing torn is left.
     """
     try:
-        write_atomic(path, data, tmp=tmp_name(tmp_dir / path.name if tmp_dir is not None else path))
+        base = tmp if tmp is not None else tmp_dir / path.name if tmp_dir is not None else path
+        write_atomic(path, data, tmp=tmp_name(base))
     except OSError as exc:
         raise OutputFolderError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
@@ -303,8 +306,23 @@ class Journal:
         """A whole line (ending in ``\\n``) as it is; the byte offset it starts at."""
         return self._write(line)
 
+    def append_all(self, lines: Sequence[bytes]) -> list[int]:
+        """Whole lines (each :func:`encode_line`'s), written and fsynced together (a writer's group: one
+        flush, not one per line); the byte offset each line starts at."""
+        start = self._write(b"".join(lines))
+        offsets = []
+        for line in lines:
+            offsets.append(start)
+            start += len(line)
+        return offsets
+
     def close(self) -> None:
         os.close(self._fd)
+
+
+def encode_line(obj: Mapping[str, Any]) -> bytes:
+    """One object as the journal's line (what :meth:`Journal.append` writes)."""
+    return json.dumps(obj, ensure_ascii=False, sort_keys=True, default=str).encode() + b"\n"
 
 
 def append_jsonl(path: Path, obj: Mapping[str, Any]) -> None:

@@ -149,6 +149,8 @@ class SynthActor:
         finally:
             self.engine.stages.frontend.prompt_bytes = {}
             self._stop = None
+            if tokens is not None:
+                tokens.close()  # its queued writes down before the task says it ended
         yield TaskEnd(
             hits=tokens.hits if tokens is not None else 0, graph_errors=tuple(self.engine.graph_errors)
         )

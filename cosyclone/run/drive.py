@@ -14,9 +14,11 @@ every result, and the sources look at it while they wait.
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, cast
 
 from cosyclone.base.stop import StopRequest
 from cosyclone.engine import Engine, RowResult
@@ -87,7 +89,9 @@ class LocalSource:
             self.engine = self._load()
             self.graph_errors = self.engine.graph_errors
         if self.pipeline is None:
-            self.pipeline = self.engine.pipeline(opts=self.opts, tokens=self.tokens, stop=self.stop)
+            # records in any order: a batch goes to code2wav once its own segments are out
+            self.pipeline = self.engine.pipeline(opts=self.opts, tokens=self.tokens, stop=self.stop,
+                                                 ordered=False)
         yield from self.pipeline.feed(batches)
 
     def drain(self) -> Iterator[RowResult]:
@@ -142,13 +146,12 @@ class Driver:
         After a stop request no part is fed; once it is immediate, the results the source still
         holds are dropped (:meth:`RowSource.cancel`), unrecorded: they run on the resume.
         """
-        todo = iter(parts)
+        todo = PartsAhead(parts)
         try:
             while True:
-                if stop is not None and stop.requested:  # before the next part is read and fingerprinted
-                    _close_iter(todo)  # (a streamed manifest's reader stops its normalizing pool)
+                if stop is not None and stop.requested:  # no part is fed after a stop request
                     break
-                item = next(todo, None)
+                item = todo.next()
                 if item is None:
                     break
                 part, prep = item
@@ -167,6 +170,7 @@ class Driver:
             source.cancel()
             return DriveEnd(write_error=str(exc), stopped_by=stop.signal_name if stop is not None else None)
         finally:
+            todo.close()  # (a streamed manifest's reader stops its normalizing pool)
             self.tally.hits = source.hits
         return DriveEnd(write_error=None, stopped_by=stop.signal_name if stop is not None else None)
 
@@ -178,6 +182,68 @@ class Driver:
                 _close_iter(results)  # the engine's finally blocks run now: it frees its talker session
                 return False
         return True
+
+
+class PartsAhead:
+    """The run's parts read, validated, fingerprinted and planned against the index one part ahead, on
+    a thread of their own: the thread that steps the talker takes each part ready (a part of 2048 lines
+    costs a second or more of the host's time, and the talker's slots would sit idle meanwhile).
+
+    :meth:`close` stops the reading: it waits for the part being read (if any) to be done, then closes
+    the iterator on this thread (its ``finally`` blocks run here: a streamed reader's pool stops)."""
+
+    def __init__(self, parts: Iterable[tuple[Manifest, Prepared]]) -> None:
+        self._it = iter(parts)
+        self._ready: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1)
+        self._wanted = threading.Semaphore(1)  # released as a part is taken: the next one is read then
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, name="cosyclone-parts", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            while self._wait_wanted():
+                item = next(self._it, None)
+                if item is None:
+                    self._put(("end", None))
+                    return
+                self._put(("part", item))
+        except BaseException as exc:  # handed to the reader of the parts, raised there
+            self._put(("error", exc))
+
+    def _wait_wanted(self) -> bool:
+        """Wait until the part before is taken (one part ahead, no more); False once stopped."""
+        while not self._stop.is_set():
+            if self._wanted.acquire(timeout=0.1):
+                return not self._stop.is_set()
+        return False
+
+    def _put(self, item: tuple[str, Any]) -> None:
+        while not self._stop.is_set():
+            try:
+                self._ready.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def next(self) -> tuple[Manifest, Prepared] | None:
+        """The next part (waiting for it if it is still being read); None after the last."""
+        if self._stop.is_set():
+            return None
+        kind, value = self._ready.get()
+        if kind == "error":
+            self._stop.set()
+            raise value
+        if kind == "end":
+            self._stop.set()
+            return None
+        self._wanted.release()
+        return cast(tuple[Manifest, Prepared], value)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        _close_iter(self._it)
 
 
 def _close_iter(it: Iterator[object]) -> None:

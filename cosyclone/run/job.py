@@ -32,7 +32,6 @@ from cosyclone.errors import ManifestError
 from cosyclone.folder import fingerprint, lock
 from cosyclone.folder import layout as runfolder
 from cosyclone.folder.index import FolderIndex
-from cosyclone.folder.index_rows import IndexedRow
 from cosyclone.folder.row_record import RowRecord, RowStamp
 from cosyclone.folder.settle import settle
 from cosyclone.folder.token_store import TokenStore
@@ -150,8 +149,11 @@ class SynthJob:
             WriterOptions(out_dir=p.out, output=p.output, model_rate=p.cfg.hift.sampling_rate),
             runfolder.journal_path(p.out, p.tag),
             index=index,
+            on_commit=lambda rec: tokens.committed(rec.id, rec.ok),  # an ok row's tokens go once it is down
+            spool_metadata=True,
         )
         total = ResumeTotals()
+        # the rows fed and not yet stamped (each entry goes as its result comes: bounded by what is in flight)
         fps: dict[str, tuple[str, dict[str, str]]] = {}
         rows: dict[str, ManifestRow] = {}
         failed_before = 0
@@ -159,17 +161,21 @@ class SynthJob:
         def on_part(part: Manifest, prep: Prepared) -> None:
             nonlocal failed_before
             total.add(prep.resume)
-            fps.update(prep.fps)
-            rows.update((r.id, r) for r in part.rows)
             failed_before += len(prep.failed)
-            _restamp_meta(index, writer, prep.resume.done, rows)
+            by_id = {r.id: r for r in part.rows}
+            _restamp_meta(index, writer, prep.resume.done, by_id)
             exclude = getattr(sink, "exclude", None)  # a caller's own sink (the API's) may not take it
             if p.streamed and exclude is not None:  # counted from the lines: not these
                 exclude(len(part.errors) + len(prep.resume.done))
-            tokens.keys.update({rid: fingerprint.token_key(parts) for rid, (_, parts) in prep.fps.items()})
+            fed = [r.id for r in prep.resume.todo] + [r.id for r in prep.failed]
+            fps.update((rid, prep.fps[rid]) for rid in fed if rid in prep.fps)
+            rows.update((rid, by_id[rid]) for rid in fed)
+            tokens.add_keys({r.id: fingerprint.token_key(prep.fps[r.id][1]) for r in prep.resume.todo})
+            tokens.discard_done({rid: fingerprint.token_key(prep.fps[rid][1]) for rid in prep.resume.done})
 
         def stamp(result: RowResult) -> RowStamp:
-            return _stamp(rows[result.id], fps.get(result.id), run_id, p.manifest_label, p.folder.shard, ctx)
+            return _stamp(rows.pop(result.id), fps.pop(result.id, None), run_id, p.manifest_label,
+                          p.folder.shard, ctx)
 
         count = (
             p.lines() if p.streamed else sum(len(prep.resume.todo) + len(prep.failed) for _, prep in prepared)
@@ -195,9 +201,9 @@ class SynthJob:
         if p.streamed and resume.describe():
             self.log(resume.describe())
         wall = time.perf_counter() - t_model
-        settle_error = self._settle(index, writer.touched)
+        settle_error = self._settle(index, writer.touched, writer.meta_spool)
         write_error = end.write_error or close_error or settle_error
-        self._tidy_tokens(tokens, fps, index)
+        self._tidy_tokens(tokens)
         facts = self._facts(run_id, ctx)
         engine_facts = self.engine.facts().as_record() if self.engine is not None else None
         record = run_record(
@@ -290,22 +296,21 @@ class SynthJob:
         if said:
             self.log(said)
 
-    def _settle(self, index: FolderIndex, touched: Iterable[str]) -> str | None:
+    def _settle(self, index: FolderIndex, touched: Iterable[str], spool: Path) -> str | None:
         """This writer's journal appended to the records and the metadata written (why that failed)."""
         try:
-            settle(self.planned.out, self.planned.tag, index=index, touched=touched)
+            settle(self.planned.out, self.planned.tag, index=index, touched=touched, spool=spool)
         except runfolder.OutputFolderError as exc:
             return str(exc)
         return None
 
-    def _tidy_tokens(self, tokens: TokenStore, fps: Mapping[str, tuple[str, dict[str, str]]],
-                     index: FolderIndex) -> None:
-        """Drop the stage-0 checkpoint of every row now written (and, for the whole manifest, strays)."""
-        for rec in index.get_many(fps):
-            if rec.ok and _same_inputs(index, rec, *fps[rec.id]):
-                tokens.discard(rec.id)
-        if self.planned.tag == "all":  # other shards' rows are not in fps: only a whole-manifest run prunes
+    def _tidy_tokens(self, tokens: TokenStore) -> None:
+        """The stage-0 checkpoint settled: each ok row's segments went as its record went down (known
+        names, O(rows)); a whole-manifest run also drops strays, in one listing; the removals are waited
+        for."""
+        if self.planned.tag == "all":  # other shards' rows are not in this run: only a whole run prunes
             tokens.prune()
+        tokens.close()
 
 
 def _stamp(row: ManifestRow, fp: tuple[str, dict[str, str]] | None, run_id: str, manifest: str,
@@ -328,14 +333,6 @@ def _stamp(row: ManifestRow, fp: tuple[str, dict[str, str]] | None, run_id: str,
         device=ctx.device,
         threads=ctx.threads,
         llm=ctx.llm,
-    )
-
-
-def _same_inputs(index: FolderIndex, rec: IndexedRow, fp: str, parts: Mapping[str, str]) -> bool:
-    """Whether an indexed row was made from the inputs that give ``fp`` (its stored parts read only
-    when the fingerprints differ: where a row ran is not an input)."""
-    return rec.fingerprint == fp or fingerprint.same_inputs(
-        rec.fingerprint, index.fingerprint_parts(rec), fp, parts
     )
 
 

@@ -57,7 +57,9 @@ class TalkerSession:
         self.n_slots = self.runner.n_slots
         self.sampler_options = self.runner.sampler_options
         self.scheduler = SlotScheduler(self.n_slots, prefill_tokens=options.prefill_tokens)
-        self.seqs: list[Seq] = []  # by ticket
+        # by ticket: the requests not yet returned (a session may serve a whole night: a returned one goes)
+        self.seqs: dict[int, Seq] = {}
+        self.tickets = 0  # tickets handed out (the next one's number)
         self.g = 0  # global step
         self.reading: list[tuple[list[Seq], PendingHarvest]] = []  # harvests queued, not yet read
         self.unread: Flags | None = None  # the last window's flags, when reads lag a window
@@ -100,9 +102,10 @@ class TalkerSession:
         tickets = []
         for req in requests:
             lo, hi = length_limits(self.model, self.options, req)
-            seq = Seq(ticket=len(self.seqs), request=req, key=stream_key(req.seed, req.segment),
+            seq = Seq(ticket=self.tickets, request=req, key=stream_key(req.seed, req.segment),
                       prompt_len=prompt_length(req), min_len=lo, max_len=hi)
-            self.seqs.append(seq)
+            self.seqs[seq.ticket] = seq
+            self.tickets += 1
             self.scheduler.add(seq)
             tickets.append(seq.ticket)
         return tickets
@@ -222,6 +225,7 @@ class TalkerSession:
         out = [(s.ticket, self._result(s.ticket)) for s in ready]
         for s in ready:  # a session may run all night: keep nothing of a returned request
             s.harvest, s.request = None, None
+            del self.seqs[s.ticket]
         self.scheduler.finished.clear()
         return out
 

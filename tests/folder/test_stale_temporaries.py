@@ -29,6 +29,7 @@ def test_stale_temporaries_of_dead_writers_are_removed_everywhere(tmp_path: Path
     tokens = runfolder.state_dir(tmp_path) / runfolder.TOKEN_DIR
     store = TokenStore(tokens, {"a": "f00d"})
     store.put("a", 0, TalkerResult(row_id="a", tokens=[1, 2], raw_tokens=[1, 2], stop_reason="eos"))
+    store.close()  # its I/O thread wrote it
     written = tokens / "f00d-0.cch"
     assert written.is_file() and not list(tokens.glob("*.tmp"))  # the put renamed its temporary
     stale = [

@@ -6,6 +6,8 @@ A stopped run admits no new row, lets the rows in flight finish within ``--grace
 accounts (diagnostics, metadata, summary, a runs.jsonl line naming the signal), releases the lock,
 says in one line how far it got and exits 143 or 130; the rerun makes the remaining rows, each once.
 A second signal stops at once, and still nothing is torn; ``say`` writes no file when stopped.
+No assertion times a wall clock (one failed under load): each is an ordering check, what happened
+before what, read from the folder and the process's own words.
 """
 
 from __future__ import annotations
@@ -50,20 +52,38 @@ def start(manifest: Path, model: Path, out: Path, *args: str) -> subprocess.Pope
 
 
 def signal_after(proc: subprocess.Popen, out: Path, rows: int, *signals: signal.Signals,
-                 timeout: float = 240.0) -> tuple[float, str, str]:
-    """Send ``signals`` (one after the other) once ``rows`` rows are written; seconds from the first to
-    the exit, and the process's stdout and stderr."""
+                 timeout: float = 240.0) -> tuple[int, str, str]:
+    """Send ``signals`` (one after the other) once ``rows`` rows are written; the rows written when the
+    first was sent, and the process's stdout and stderr."""
     t0 = time.time()
     while journal_lines(out) < rows:
         assert proc.poll() is None, f"the run ended before the signal: {proc.communicate()}"
         assert time.time() - t0 < timeout, "no progress"
         time.sleep(0.02)
-    sent = time.monotonic()
+    before = journal_lines(out)
     for sig in signals:
         proc.send_signal(sig)
         time.sleep(0.05)
     stdout, stderr = proc.communicate(timeout=GRACE + 60)
-    return time.monotonic() - sent, stdout, stderr
+    return before, stdout, stderr
+
+
+def wait_for_handlers(proc: subprocess.Popen, timeout: float = 240.0) -> None:
+    """Wait until ``proc`` catches SIGTERM (the doors' ``catch_signals`` is in place: an ordering
+    check, where a fixed sleep lost the race to a slow start under load)."""
+    t0 = time.time()
+    while not _catches(proc.pid, signal.SIGTERM):
+        assert proc.poll() is None, f"the command ended first: {proc.communicate()}"
+        assert time.time() - t0 < timeout, "the command never caught signals"
+        time.sleep(0.02)
+
+
+def _catches(pid: int, sig: signal.Signals) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (its SigCgt mask in /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (int(sig) - 1) & 1)
+    return False
 
 
 def assert_folder_whole(out: Path) -> list[dict]:
@@ -93,13 +113,11 @@ def test_a_signal_stops_the_run_with_its_accounts_and_the_rerun_makes_the_rest(
 ) -> None:
     manifest, out = write_manifest(tmp_path, N_ROWS), tmp_path / "out"
     proc = start(manifest, tiny_model_dir, out, *QUICK, "--grace", f"{GRACE:g}")
-    seconds, _, stderr = signal_after(proc, out, 4, sig)
-    print(f"{sig.name}: exit {proc.returncode} {seconds:.1f} s after the signal")
+    before, _, stderr = signal_after(proc, out, 4, sig)
 
-    assert proc.returncode == code, stderr
-    assert seconds < GRACE + 5
+    assert proc.returncode == code, stderr  # it ended by itself, within the grace (not killed at its end)
     done = assert_folder_whole(out)
-    assert 4 <= len(done) < N_ROWS  # the rows in flight finished, nothing new started
+    assert before <= len(done) < N_ROWS  # the rows in flight finished, nothing new started
     summary = json.loads((out / "summary.json").read_text())
     assert summary["done"] == len(done) and summary["last_run"]["stopped_by"] == sig.name
     runs = [json.loads(x) for x in (out / "runs.jsonl").read_text().splitlines()]
@@ -131,13 +149,13 @@ def test_a_second_signal_drops_the_rows_in_flight_at_once_and_tears_nothing(tiny
     long_rows = ["--device", "cpu", "--max-tokens", "2000", "--min-tokens", "2000", "--n-timesteps", "1",
                  "--batch-size", "2", "--grace", "120"]
     proc = start(manifest, tiny_model_dir, out, *long_rows)
-    seconds, _, stderr = signal_after(proc, out, 2, signal.SIGTERM, signal.SIGTERM)
-    print(f"two SIGTERMs: exit {proc.returncode} {seconds:.1f} s after the first")
+    before, _, stderr = signal_after(proc, out, 2, signal.SIGTERM, signal.SIGTERM)
 
     assert proc.returncode == 143, stderr
-    assert seconds < 5  # far inside the grace: the batch in flight was not waited for
     assert "SIGTERM: stopping at once" in stderr
-    assert len(assert_folder_whole(out)) == 2  # the first batch; the second was in the talker, and dropped
+    # the order of events, not a clock: the second batch was in the talker at the signals and is not
+    # recorded, though the grace (120 s) would have let it finish: it was dropped, not waited for
+    assert before == 2 and len(assert_folder_whole(out)) == 2
     assert json.loads((out / "runs.jsonl").read_text().splitlines()[-1])["stopped_by"] == "SIGTERM"
 
     again = start(manifest, tiny_model_dir, out, *long_rows)
@@ -156,15 +174,10 @@ def test_say_stopped_by_ctrl_c_exits_130_and_writes_no_file(tiny_model_dir: Path
            "--model-dir", str(tiny_model_dir), "--device", "cpu", "--n-timesteps", "1", "-o", str(wav)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
-    time.sleep(6.0)  # the tiny model loads in 2-3 s; its synthesis of these 80 segments takes 15 s more
+    wait_for_handlers(proc)  # the command catches signals now (a signal during imports would not be its)
     assert proc.poll() is None, proc.communicate()
-    sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=60)
-    print(f"say SIGINT: exit {proc.returncode} {time.monotonic() - sent:.1f} s after the signal")
-    assert proc.returncode == 130, stderr
-    # within a 30-second kill window: the stop lands at the next decode window (seconds), or after the
-    # model load if the signal came during it (slower on a loaded 2-core machine)
-    assert time.monotonic() - sent < 25
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr  # the signal came before the synthesis ended, and stopped it
     assert stderr.strip().splitlines()[-1] == "interrupted by SIGINT: no WAV written"
     assert list(tmp_path.iterdir()) == []  # no file, whole or partial

@@ -81,7 +81,7 @@ def test_a_session_keeps_one_object_per_segment() -> None:
     session = TalkerSession(model, DecodeOptions(), slots=2)
     reqs: list[TalkerRequest] = _requests(3, seed=2)
     session.add(reqs)
-    seqs = list(session.seqs)
+    seqs = list(session.seqs.values())
     assert [s.status for s in seqs] == ["waiting"] * 3 and [s.ticket for s in seqs] == [0, 1, 2]
     with torch.no_grad():
         session.poll()
