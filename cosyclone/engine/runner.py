@@ -134,7 +134,8 @@ class Engine:
         graphs = GraphFacts(resolved=self.opts.cuda_graphs, captures=g.captures, replays=g.replays,
                             sessions=g.sessions, reused=g.reused, disabled=PROCESS.disabled)
         last = self._last
-        slots = (last.slots or None) if last is not None and last.opts.schedule == "continuous" else None
+        continuous = last is not None and last.opts.schedule == "continuous"
+        slots = (last.talker.slots or None) if last is not None and continuous else None
         stages = self._last.clock.seconds() if self._last is not None else StageSeconds.empty()
         return EngineFacts(
             device=str(policy.device),

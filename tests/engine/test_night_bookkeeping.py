@@ -53,7 +53,7 @@ def test_the_pipeline_forgets_admitted_batches_and_returned_segments() -> None:
         assert pipeline.batches.base >= pipeline.next - 3  # admitted batches are forgotten as they go
     out += pipeline.drain()
     assert len(out) == 30 and len(pipeline.batches) == 15 and pipeline.batches.base == 15
-    assert not pipeline.owner and not pipeline.flight and not pipeline.finishing
+    assert not pipeline.talker.owner and not pipeline.talker.batches and not pipeline.code2wav.pending
     pipeline.close()
 
 
