@@ -27,6 +27,7 @@ from typing_extensions import override
 from cosyclone.talker import DecodeOptions, TalkerRequest, TalkerResult, TalkerSession, decode
 from cosyclone.talker.diagnostics import StopReason
 from cosyclone.talker.model import CosyVoice3LM
+from cosyclone.talker.results import harvest_tokens
 from cosyclone.talker.step import Admit, SlotStep
 
 #: ``(logits (b, V) fp32, rows (b,) tickets, step) -> logits (b, V)``
@@ -64,15 +65,16 @@ class HostSession(TalkerSession):
         # CUDA graphs off: Python runs inside each step, which a captured graph would not replay
         host = replace(options or DecodeOptions(), cuda_graphs="off")
         super().__init__(model, host, slots=slots, capacity=capacity, token_capacity=token_capacity)
-        self.engine.step = self._host_step  # type: ignore[method-assign]  # the admitting (eager) steps
+        self.runner.engine.step = self._host_step  # type: ignore[method-assign]  # the admitting (eager) steps
         self.runner.step_fn = self._host_step  # the others (no compile, no graphs)
 
     def _host_step(self, admit: Admit | None = None) -> None:
-        eng = self.engine
+        eng = self.runner.engine
         st = eng.state
         running, steps = st.running.tolist(), st.steps.tolist()
         groups: dict[int, list[int]] = {}
-        for s, r in enumerate(self.slot_row):
+        slot_row = [s.ticket if s is not None else None for s in self.scheduler.slots]  # tickets by slot
+        for s, r in enumerate(slot_row):
             if r is not None and running[s]:
                 groups.setdefault(steps[s], []).append(s)
         dev = st.logits.device
@@ -80,7 +82,7 @@ class HostSession(TalkerSession):
         aborted = torch.zeros(self.n_slots, dtype=torch.bool, device=dev)
         for step, slots in sorted(groups.items()):
             idx = torch.tensor(slots, dtype=torch.int64, device=dev)
-            rows = torch.tensor([self.slot_row[s] for s in slots], dtype=torch.int64, device=dev)
+            rows = torch.tensor([slot_row[s] for s in slots], dtype=torch.int64, device=dev)
             if self.logits_hook is not None:
                 st.logits[idx] = self.logits_hook(st.logits[idx], rows, step)
             if self.host_sampler is not None:
@@ -96,7 +98,8 @@ class HostSession(TalkerSession):
         if self.host_sampler is None:
             return super()._result(t)
         req = self._request(t)
-        raw, kept, reason = self._tokens(t)  # "aborted" until close() asks the sampler why
+        # "aborted" until close() asks the sampler why
+        raw, kept, reason = harvest_tokens(self.seqs[t].harvest)
         seq = self.seqs[t]
         if reason == "aborted":  # the sampler says why at close()
             self.aborted.add(t)

@@ -34,7 +34,8 @@ def generate(model: CosyVoice3LM, requests: Sequence[TalkerRequest], options: De
                            token_capacity=max(1, max(max_len)))
     session.add(requests)
     # only checks: a fixed ``options.mechanics.capacity`` below a row's need raises
-    session._fit(list(range(n)))
+    seqs = list(session.seqs.values())
+    session.runner.fit(max(s.cells() for s in seqs), max(s.max_len for s in seqs))
     found: dict[int, TalkerResult] = {}
     try:
         found.update(session.drain())

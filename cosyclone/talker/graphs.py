@@ -29,7 +29,7 @@ raises switches the wrapper to eager for the rest of the decode (the eager step 
 handler), with the reason recorded (:attr:`GraphedStep.reason`), and tells its owner
 (``on_failure``: the process's graphs go off for good, :mod:`cosyclone.talker.graph_pool`); what
 really ran is counted (:attr:`GraphedStep.replayed`; per row ``graph_steps`` in the sampler
-diagnostics, per session ``TalkerSession.graphs_used`` / ``graph_capture_error``). Graphs are
+diagnostics, per session ``StepRunner.graphs_used`` / ``TalkerSession.graph_capture_error``). Graphs are
 captured once per process and step shape: the pooled steps of :mod:`~cosyclone.talker.graph_pool`
 outlive the sessions that use them.
 

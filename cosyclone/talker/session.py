@@ -29,11 +29,11 @@ import torch
 from cosyclone.talker.graphs import GraphChoice
 from cosyclone.talker.model import CosyVoice3LM
 from cosyclone.talker.request import DecodeOptions, TalkerRequest, length_limits, prompt_length
-from cosyclone.talker.results import TalkerResult, harvest_tokens, talker_result
+from cosyclone.talker.results import TalkerResult, talker_result
 from cosyclone.talker.sampler import stream_key
 from cosyclone.talker.scheduler import SlotScheduler
 from cosyclone.talker.sequence import Seq
-from cosyclone.talker.step import Admit, PendingHarvest, SlotStep
+from cosyclone.talker.step import Admit, PendingHarvest
 from cosyclone.talker.step_runner import Flags, StepRunner
 
 
@@ -66,34 +66,13 @@ class TalkerSession:
         # at close(): the choice as it ended, captured
         self.graphs_ended: tuple[GraphChoice, int] | None = None
 
-    # -- what the runner owns, as the session's callers read it --------------------------------------
-
-    @property
-    def engine(self) -> SlotStep:
-        return self.runner.engine
-
-    @property
-    def graphs(self) -> GraphChoice:
-        return self.runner.graphs
-
-    def graph_report(self) -> tuple[GraphChoice, int]:
-        """The graph choice as the decode ended and the graphs this session captured."""
-        return self.runner.graph_report()
-
-    @property
-    def graphs_used(self) -> bool:
-        """True once a decode step really ran as a replayed CUDA graph (not what was asked: what ran)."""
-        return self.runner.graphs_used
+    # -- what the runner owns: its step (``runner.engine``), graphs (``runner.graphs``, ``graph_report()``,
+    # ``graphs_used``) as the session's callers read them
 
     @property
     def graph_capture_error(self) -> str | None:
         """Why a capture failed (the session decodes eagerly since), None when none did."""
         return self.runner.graphed.reason if self.runner.graphed is not None else None
-
-    @property
-    def slot_row(self) -> list[int | None]:
-        """The ticket each slot holds (None: free)."""
-        return [s.ticket if s is not None else None for s in self.scheduler.slots]
 
     # -- requests in ----------------------------------------------------------------------------------
 
@@ -132,11 +111,6 @@ class TalkerSession:
 
     # -- decoding -------------------------------------------------------------------------------------
 
-    def _fit(self, tickets: Sequence[int]) -> None:
-        """Grow the cache so that ``tickets`` fit (prompt + max_len cells, max_len token cells)."""
-        seqs = [self.seqs[t] for t in tickets]
-        self.runner.fit(max(s.cells() for s in seqs), max(s.max_len for s in seqs))
-
     def _admit(self) -> Admit | None:
         """The scheduler's newcomers, prefilled together: now, or, with fused admission while rows
         run, as the next step's :class:`Admit` (their first draw is then the step after)."""
@@ -144,7 +118,8 @@ class TalkerSession:
         newcomers = self.scheduler.admissions()
         if not newcomers:
             return None
-        self._fit([s.ticket for s in newcomers])
+        # the cache grown so that they fit (prompt + max_len cells, max_len token cells)
+        self.runner.fit(max(s.cells() for s in newcomers), max(s.max_len for s in newcomers))
         slots = [s.slot for s in newcomers]
         assert all(s is not None for s in slots)
         admit = self.runner.prefill(
@@ -246,10 +221,6 @@ class TalkerSession:
     def close(self) -> None:
         """Free what the session owns: its own cache goes, or its pooled step goes back to the process
         (cache and graphs kept for the next). What its graphs did stays readable (:attr:`graphs_ended`)."""
-        self.graphs_ended = self.graph_report()
+        self.graphs_ended = self.runner.graph_report()
         self.scheduler.abort_all()
         self.runner.close()
-
-    def _tokens(self, t: int) -> tuple[list[int], list[int], str]:
-        """Ticket ``t``'s raw tokens, kept tokens and engine stop reason (:func:`harvest_tokens`)."""
-        return harvest_tokens(self.seqs[t].harvest)

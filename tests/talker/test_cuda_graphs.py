@@ -134,7 +134,7 @@ def test_session_says_what_really_ran() -> None:
             session.add(reqs)
             res = [r for _, r in session.drain()]
             session.close()
-        assert len(res) == 4 and session.graphs_used is used, mode
+        assert len(res) == 4 and session.runner.graphs_used is used, mode
         assert (session.graph_capture_error or "").startswith(error or "") and (error is None) == (
             session.graph_capture_error is None)
         assert (sum(diag(r).graph_steps for r in res) > 0) is used

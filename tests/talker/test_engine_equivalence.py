@@ -231,13 +231,13 @@ def test_a_session_fed_while_it_decodes_equals_todays_loop(slots: int, chunk: in
     session = (TalkerSession(model, session_opts, slots=slots) if hook is None
                else HostSession(model, session_opts, slots=slots, logits_hook=hook))  # type: ignore[arg-type]
     grown: list[int] = []
-    real_grow = session.engine.grow
+    real_grow = session.runner.engine.grow
 
     def grow(capacity: int, token_capacity: int) -> bool:
         grown.append(capacity)
         return real_grow(capacity, token_capacity)
 
-    session.engine.grow = grow  # type: ignore[method-assign]
+    session.runner.engine.grow = grow  # type: ignore[method-assign]
     got: dict[int, object] = {}
     fed = 0
     while fed < len(reqs) or not session.idle:

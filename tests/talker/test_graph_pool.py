@@ -58,10 +58,10 @@ def test_sessions_of_one_shape_share_one_step_and_capture_each_bucket_once() -> 
     runs = [_decode(model, reqs, backend, reserve_positions=160) for _ in range(3)]
     (first, s1), (second, s2), (third, s3) = runs
     # one step, one set of graphs
-    assert s1.engine is s2.engine is s3.engine and s1.runner.graphed is s3.runner.graphed
+    assert s1.runner.engine is s2.runner.engine is s3.runner.engine and s1.runner.graphed is s3.runner.graphed
     assert s3.runner.graphed is not None
     assert backend.captures == len(s3.runner.graphed.replays) >= 2  # no bucket captured twice
-    assert s3.graph_report()[1] == 0 and s3.graphs_used  # the third only replays
+    assert s3.runner.graph_report()[1] == 0 and s3.runner.graphs_used  # the third only replays
     assert _without_graph_steps(first) == _without_graph_steps(third) == _without_graph_steps(eager)
     assert (PROCESS.counts.sessions, PROCESS.counts.reused, PROCESS.counts.captures) == (
         3,
@@ -116,12 +116,12 @@ def test_a_closed_or_dropped_session_frees_what_it_owned_without_a_full_gc() -> 
             dropped = TalkerSession(
                 model, DecodeOptions(sampler=SAMPLER, mechanics=StepMechanics(kv_bucket=8)), slots=3
             )
-            step = dropped.engine
+            step = dropped.runner.engine
             del dropped  # never closed: its pooled step still goes back
             again = TalkerSession(
                 model, DecodeOptions(sampler=SAMPLER, mechanics=StepMechanics(kv_bucket=8)), slots=3
             )
-            assert again.engine is step
+            assert again.runner.engine is step
             again.close()
     finally:
         gc.enable()
@@ -133,7 +133,7 @@ def test_a_closed_or_dropped_session_frees_what_it_owned_without_a_full_gc() -> 
     session.add(reqs)
     session.drain()
     session.close()
-    assert session.engine.cache.capacity == 1  # an eager session's own cache goes at close
+    assert session.runner.engine.cache.capacity == 1  # an eager session's own cache goes at close
 
 
 def test_a_failed_capture_turns_graphs_off_for_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -147,10 +147,10 @@ def test_a_failed_capture_turns_graphs_off_for_the_process(monkeypatch: pytest.M
     failed, s1 = _decode(model, reqs, _Refuses())
     assert s1.graph_capture_error is not None and PROCESS.disabled == s1.graph_capture_error
     later, s2 = _decode(model, reqs, EagerCapture())  # a capture that would work: not tried again
-    assert not s2.graphs.enabled and s2.graphs.reason.startswith(
+    assert not s2.runner.graphs.enabled and s2.runner.graphs.reason.startswith(
         "off for this process since a capture failed"
     )
-    assert not s2.graphs_used and s2.graph_capture_error is None
+    assert not s2.runner.graphs_used and s2.graph_capture_error is None
     assert _without_graph_steps(failed) == _without_graph_steps(later) == _without_graph_steps(eager)
     # the allocator may still be capturing: no empty_cache
     assert not free_device_cache("cuda") and emptied == [1]
@@ -178,9 +178,9 @@ def test_the_process_capture_backend_serves_every_session() -> None:
 
     with captured_with(factory=factory):
         _, session = _decode(model, _requests(3, 5), None)
-    assert session.graphs.enabled and session.graphs_used and made and made[-1].captures >= 1
+    assert session.runner.graphs.enabled and session.runner.graphs_used and made and made[-1].captures >= 1
     _, plain = _decode(model, _requests(3, 5), None)
-    assert not plain.graphs.enabled  # CPU without the stand-in: off
+    assert not plain.runner.graphs.enabled  # CPU without the stand-in: off
 
 
 def test_every_path_of_an_engine_run_records_a_failed_capture(tiny_model_dir: Any) -> None:

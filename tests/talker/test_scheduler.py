@@ -59,17 +59,17 @@ def test_the_eager_fallback_after_a_failed_capture_reserves_its_cache() -> None:
     session = TalkerSession(model, opts, slots=3)
     assert (
         session.runner.graphed is None
-        and session.engine.capacity == 256
-        and session.engine.token_capacity == 256
+        and session.runner.engine.capacity == 256
+        and session.runner.engine.token_capacity == 256
     )
     grown: list[int] = []
-    real = session.engine.grow
+    real = session.runner.engine.grow
 
     def grow(capacity: int, token_capacity: int) -> bool:
         grown.append(capacity)
         return real(capacity, token_capacity)
 
-    session.engine.grow = grow  # type: ignore[method-assign]
+    session.runner.engine.grow = grow  # type: ignore[method-assign]
     session.add([replace(r, seed=1) for r in _requests(4, seed=1)])
     session.drain()
     session.close()
@@ -85,7 +85,8 @@ def test_a_session_keeps_one_object_per_segment() -> None:
     assert [s.status for s in seqs] == ["waiting"] * 3 and [s.ticket for s in seqs] == [0, 1, 2]
     with torch.no_grad():
         session.poll()
-    assert sum(s.status == "running" for s in seqs) == 2 and session.slot_row == [0, 1]
+    slot_row = [s.ticket if s is not None else None for s in session.scheduler.slots]  # tickets by slot
+    assert sum(s.status == "running" for s in seqs) == 2 and slot_row == [0, 1]
     session.drain()
     assert all(s.status == "finished" and s.request is None and s.harvest is None for s in seqs)
     session.close()
