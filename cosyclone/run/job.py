@@ -23,7 +23,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from cosyclone import options as O
 from cosyclone.base.device import DevicePolicy
 from cosyclone.base.memory import read_peaks
 from cosyclone.base.stop import StopRequest
@@ -37,9 +36,10 @@ from cosyclone.folder.settle import settle
 from cosyclone.folder.token_store import TokenStore
 from cosyclone.folder.writer import BackgroundWriter, WriterOptions
 from cosyclone.manifest import Manifest, ManifestRow
+from cosyclone.options import RunOptions
 from cosyclone.run.account import JobSummary, RunFacts, RunTally, run_record, write_accounts
-from cosyclone.run.drive import Driver, LocalSource, RowSource
-from cosyclone.run.job_types import JobPlan, Prepared, ProgressFactory
+from cosyclone.run.drive import DriveEnd, Driver, LocalSource, RowSource
+from cosyclone.run.job_types import JobPlan, Prepared, ProgressFactory, ProgressSink
 from cosyclone.run.parts import ResumeTotals
 from cosyclone.run.plan import RunPlan
 
@@ -88,7 +88,7 @@ class SynthJob:
         return self.planned.out
 
     @property
-    def opts(self) -> O.RunOptions:
+    def opts(self) -> RunOptions:
         return self.planned.opts
 
     @property
@@ -134,15 +134,7 @@ class SynthJob:
             self.log(f"indexed the folder's {index.count()} row records")
         hashes = fingerprint.HashCache()
         ctx = p.context(hashes)
-        prepared: Iterable[tuple[Manifest, Prepared]] = (
-            (part, p.prepare(part.rows, ctx, hashes, index)) for part in p.parts())
-        if p.streamed:  # the first part before this run's threads start: its normalizing pool may fork
-            first = next(iter(prepared), None)
-            prepared = itertools.chain([first] if first is not None else [], prepared)
-        else:  # read whole: every part prepared first, so the plan is told and counted before any row runs
-            prepared = list(prepared)
-            self._tell_resume([prep for _, prep in prepared], index)
-        run_id = uuid.uuid4().hex[:12]
+        prepared = self._prepared(ctx, hashes, index)
         # stage-0 checkpoint, owned by this run: a row that failed after the talker keeps its tokens
         tokens = TokenStore(runfolder.state_dir(p.out) / runfolder.TOKEN_DIR, {})
         writer = BackgroundWriter(
@@ -152,83 +144,74 @@ class SynthJob:
             on_commit=lambda rec: tokens.committed(rec.id, rec.ok),  # an ok row's tokens go once it is down
             spool_metadata=True,
         )
-        total = ResumeTotals()
-        # the rows fed and not yet stamped (each entry goes as its result comes: bounded by what is in flight)
-        fps: dict[str, tuple[str, dict[str, str]]] = {}
-        rows: dict[str, ManifestRow] = {}
-        failed_before = 0
-
-        def on_part(part: Manifest, prep: Prepared) -> None:
-            nonlocal failed_before
-            total.add(prep.resume)
-            failed_before += len(prep.failed)
-            by_id = {r.id: r for r in part.rows}
-            _restamp_meta(index, writer, prep.resume.done, by_id)
-            exclude = getattr(sink, "exclude", None)  # a caller's own sink (the API's) may not take it
-            if p.streamed and exclude is not None:  # counted from the lines: not these
-                exclude(len(part.errors) + len(prep.resume.done))
-            fed = [r.id for r in prep.resume.todo] + [r.id for r in prep.failed]
-            fps.update((rid, prep.fps[rid]) for rid in fed if rid in prep.fps)
-            rows.update((rid, by_id[rid]) for rid in fed)
-            tokens.add_keys({r.id: fingerprint.token_key(prep.fps[r.id][1]) for r in prep.resume.todo})
-            tokens.discard_done({rid: fingerprint.token_key(prep.fps[rid][1]) for rid in prep.resume.done})
-
-        def stamp(result: RowResult) -> RowStamp:
-            return _stamp(rows.pop(result.id), fps.pop(result.id, None), run_id, p.manifest_label,
-                          p.folder.shard, ctx)
-
+        feed = _Feed(p, ctx, index, writer, tokens, run_id=uuid.uuid4().hex[:12])
         count = (
             p.lines() if p.streamed else sum(len(prep.resume.todo) + len(prep.failed) for _, prep in prepared)
         )
-        sink = progress(count) if progress is not None else None
+        feed.sink = progress(count) if progress is not None else None
         tally = RunTally()
-        driver = Driver(writer.submit, tally, sink, stamp)
-        source = self._source(tokens)
         t_model = time.perf_counter()
-        close_error: str | None = None
-        try:
-            end = driver.drive(prepared, source, batch_size=p.batch_size, token_budget=p.opts.token_budget,
-                               stop=self.stop, on_part=on_part)
-        finally:  # also when the source raised (a Ray run that lost rows): what was written is committed
-            try:
-                source.close()  # a Ray pool's actors stop here, before the accounts
-            finally:
-                close_error = _close(writer)
-                if sink is not None:
-                    sink.close()
+        end, close_error, source = self._drive(prepared, feed, tally, writer, tokens)
         hashes.save()
-        resume = p.finish_resume(total, index)
+        resume = p.finish_resume(feed.total, index)
         if p.streamed and resume.describe():
             self.log(resume.describe())
         wall = time.perf_counter() - t_model
         settle_error = self._settle(index, writer.touched, writer.meta_spool)
         write_error = end.write_error or close_error or settle_error
         self._tidy_tokens(tokens)
-        facts = self._facts(run_id, ctx)
-        engine_facts = self.engine.facts().as_record() if self.engine is not None else None
         record = run_record(
-            facts,
+            self._facts(feed.run_id, ctx),
             resume,
             tally,
-            prepared_failures=failed_before,
+            prepared_failures=feed.failed_before,
             wall=wall,
             write_error=write_error,
             stopped_by=end.stopped_by,
             graph_errors=source.graph_errors,
             ray=self._ray_record,
-            engine_facts=engine_facts,
+            engine_facts=self.engine.facts().as_record() if self.engine is not None else None,
             peak_memory=read_peaks(p.policy.device).as_record(),
             written={rid for rid in resume.redone if rid in writer.written_ids},
         )
-        return write_accounts(
-            p.out,
-            record,
-            _kept_totals(index),
-            write_error=write_error,
-            failed=tally.failed,
-            written=writer.written,
-            rows_total=self._rows_total(end.stopped_by),
-        )
+        return write_accounts(p.out, record, _kept_totals(index), write_error=write_error,
+                              failed=tally.failed, written=writer.written,
+                              rows_total=self._rows_total(end.stopped_by))
+
+    def _prepared(self, ctx: fingerprint.RunContext, hashes: fingerprint.HashCache,
+                  index: FolderIndex) -> Iterable[tuple[Manifest, Prepared]]:
+        """The manifest's parts, each planned against the index as the driver reaches it (streamed), or
+        every part planned first (read whole: the plan is told and counted before any row runs)."""
+        p = self.planned
+        prepared: Iterable[tuple[Manifest, Prepared]] = (
+            (part, p.prepare(part.rows, ctx, hashes, index)) for part in p.parts())
+        if p.streamed:  # the first part before this run's threads start: its normalizing pool may fork
+            first = next(iter(prepared), None)
+            return itertools.chain([first] if first is not None else [], prepared)
+        whole = list(prepared)
+        self._tell_resume([prep for _, prep in whole], index)
+        return whole
+
+    def _drive(self, prepared: Iterable[tuple[Manifest, Prepared]], feed: _Feed, tally: RunTally,
+               writer: BackgroundWriter, tokens: TokenStore) -> tuple[DriveEnd, str | None, RowSource]:
+        """The one driver loop over the parts; the writer closed and the source stopped whatever happens
+        (also when the source raised: what was written is committed). Returns how it ended, the writer's
+        closing error and the source."""
+        p = self.planned
+        driver = Driver(writer.submit, tally, feed.sink, feed.stamp)
+        source = self._source(tokens)
+        close_error: str | None = None
+        try:
+            end = driver.drive(prepared, source, batch_size=p.batch_size, token_budget=p.opts.token_budget,
+                               stop=self.stop, on_part=feed.on_part)
+        finally:
+            try:
+                source.close()  # a Ray pool's actors stop here, before the accounts
+            finally:
+                close_error = _close(writer)
+                if feed.sink is not None:
+                    feed.sink.close()
+        return end, close_error, source
 
     def _rows_total(self, stopped_by: str | None) -> int:
         """The rows the end line counts against: the shard's valid rows, or, when a stop came before a
@@ -311,6 +294,43 @@ class SynthJob:
         if self.planned.tag == "all":  # other shards' rows are not in this run: only a whole run prunes
             tokens.prune()
         tokens.close()
+
+
+class _Feed:
+    """What the driver's parts leave with the run as they come: the resume totals, the failures before
+    any stage, and the rows fed and not yet stamped (an entry goes as its result comes: bounded by what
+    is in flight)."""
+
+    def __init__(self, planned: RunPlan, ctx: fingerprint.RunContext, index: FolderIndex,
+                 writer: BackgroundWriter, tokens: TokenStore, *, run_id: str) -> None:
+        self.planned, self.ctx, self.index, self.writer, self.tokens = planned, ctx, index, writer, tokens
+        self.run_id = run_id  # this invocation's id (its line of runs.jsonl)
+        self.total = ResumeTotals()  # the parts' resume, summed
+        self.failed_before = 0  # rows failed before any stage (their prompt could not be read, ...)
+        self.fps: dict[str, tuple[str, dict[str, str]]] = {}  # fed row id -> its fingerprint and parts
+        self.rows: dict[str, ManifestRow] = {}  # fed row id -> its manifest row
+        self.sink: ProgressSink | None = None  # the progress (set once the rows are counted)
+
+    def on_part(self, part: Manifest, prep: Prepared) -> None:
+        """A part reaches the driver: its resume counted, its done rows' meta restamped, its fed rows kept
+        until stamped, the token checkpoint told which rows it keeps."""
+        self.total.add(prep.resume)
+        self.failed_before += len(prep.failed)
+        by_id = {r.id: r for r in part.rows}
+        _restamp_meta(self.index, self.writer, prep.resume.done, by_id)
+        exclude = getattr(self.sink, "exclude", None)  # a caller's own sink (the API's) may not take it
+        if self.planned.streamed and exclude is not None:  # counted from the lines: not these
+            exclude(len(part.errors) + len(prep.resume.done))
+        fed = [r.id for r in prep.resume.todo] + [r.id for r in prep.failed]
+        self.fps.update((rid, prep.fps[rid]) for rid in fed if rid in prep.fps)
+        self.rows.update((rid, by_id[rid]) for rid in fed)
+        self.tokens.add_keys({r.id: fingerprint.token_key(prep.fps[r.id][1]) for r in prep.resume.todo})
+        self.tokens.discard_done({rid: fingerprint.token_key(prep.fps[rid][1]) for rid in prep.resume.done})
+
+    def stamp(self, result: RowResult) -> RowStamp:
+        p = self.planned
+        return _stamp(self.rows.pop(result.id), self.fps.pop(result.id, None), self.run_id, p.manifest_label,
+                      p.folder.shard, self.ctx)
 
 
 def _stamp(row: ManifestRow, fp: tuple[str, dict[str, str]] | None, run_id: str, manifest: str,
