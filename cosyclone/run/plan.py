@@ -107,7 +107,7 @@ class RunPlan:
         if loaded is not None:
             policy = loaded.policy  # as the model was loaded (what was requested included)
         cfg = loaded.cfg if loaded is not None else model_config(model_dir, opts.load_format)
-        if opts.load_format != "dummy":
+        if opts.load_format != "dummy" and cfg.model_dir is not None:
             cfg.talker_file(opts.llm)  # a missing --llm file stops the run before any work
         if folder.engine == "ray":
             from cosyclone.ray.cluster import require_ray

@@ -146,8 +146,10 @@ def test_a_second_signal_drops_the_rows_in_flight_at_once_and_tears_nothing(tiny
     alone would wait for the batch in the talker; the second ends the run at the next decode window,
     dropping that batch unrecorded."""
     manifest, out = write_manifest(tmp_path, 6), tmp_path / "out"
+    # two talker slots: the second batch can only enter the talker once the first has left it, so at the
+    # signals (sent once the first batch is written) the second is decoding its 2000 tokens, whatever the load
     long_rows = ["--device", "cpu", "--max-tokens", "2000", "--min-tokens", "2000", "--n-timesteps", "1",
-                 "--batch-size", "2", "--grace", "120"]
+                 "--batch-size", "2", "--talker-slots", "2", "--grace", "120"]
     proc = start(manifest, tiny_model_dir, out, *long_rows)
     before, _, stderr = signal_after(proc, out, 2, signal.SIGTERM, signal.SIGTERM)
 
