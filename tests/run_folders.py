@@ -127,3 +127,31 @@ def samples_per_token(model_dir: Path) -> int:
     for r in cfg.hift.upsample_rates:
         hop *= int(r)
     return cfg.flow.token_mel_ratio * hop * cfg.hift.hop_len
+
+
+FAST_SYNTH = ["--max-tokens", "8", "--n-timesteps", "2", "--device", "cpu", "--quiet"]  # a short CLI run
+PROMPT = str(ROOT / "manifests" / "prompts" / "speaker1.wav")  # the project's own prompt recording
+
+
+def two_row_manifest(tmp: Path) -> Path:
+    """A manifest of two short rows of the project's prompt recording, in ``tmp``."""
+    m = tmp / "m.jsonl"
+    rows = [{"id": f"r{i}", "prompt_audio": PROMPT, "prompt_text": "This is the reference speaker talking.",
+             "text": text} for i, text in enumerate(("Hello there.", "A second row to say."))]
+    m.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return m
+
+
+def synth_cli(manifest: Path, model: Path, out: Path, *extra: str) -> dict[str, Any]:
+    """``cosyclone synth`` in-process, short (:data:`FAST_SYNTH`); its exit 0 asserted; the run's
+    ``summary.json`` ``last_run``."""
+    from typer.testing import CliRunner
+
+    from cosyclone.cli import app
+
+    res = CliRunner().invoke(app, ["synth", str(manifest), "--model-dir", str(model), "--out", str(out),
+                                   *FAST_SYNTH, *extra])
+    assert res.exit_code == 0, res.output
+    last_run: dict[str, Any] = json.loads((out / "summary.json").read_text())["last_run"]
+    return last_run
+

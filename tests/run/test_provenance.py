@@ -23,26 +23,9 @@ from cosyclone.folder.audio_out import encode
 from cosyclone.folder.fingerprint import HashCache
 from cosyclone.folder.provenance import USED_FILES, find_licence
 from cosyclone.options import AudioEncoding, AudioFormat
-from tests.run_folders import ROOT
+from tests.run_folders import synth_cli, two_row_manifest
 
-FAST = ["--max-tokens", "8", "--n-timesteps", "2", "--device", "cpu", "--quiet"]
-PROMPT = str(ROOT / "manifests" / "prompts" / "speaker1.wav")
 STATED = "synthetic speech made by cosyclone"
-
-
-def _manifest(tmp: Path) -> Path:
-    m = tmp / "m.jsonl"
-    rows = [{"id": f"r{i}", "prompt_audio": PROMPT, "prompt_text": "This is the reference speaker talking.",
-             "text": text} for i, text in enumerate(("Hello there.", "A second row to say."))]
-    m.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return m
-
-
-def _synth(manifest: Path, model: Path, out: Path, *extra: str) -> dict:
-    res = CliRunner().invoke(app, ["synth", str(manifest), "--model-dir", str(model), "--out", str(out),
-                                   *FAST, *extra])
-    assert res.exit_code == 0, res.output
-    return json.loads((out / "summary.json").read_text())["last_run"]
 
 
 def _files(out: Path) -> dict[str, bytes]:
@@ -61,7 +44,7 @@ def _assert_states_the_model(data: bytes, model: Path, talker: str = "llm.pt") -
 def run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     work = tmp_path_factory.mktemp("prov")
     out = work / "out"
-    return out, _synth(_manifest(work), tiny_model_dir, out)
+    return out, synth_cli(two_row_manifest(work), tiny_model_dir, out)
 
 
 def test_the_run_record_holds_the_model_files_talker_and_version(run: tuple[Path, dict],
@@ -90,11 +73,12 @@ def test_every_file_states_it_and_equal_runs_write_equal_bytes(run: tuple[Path, 
         with wave.open(io.BytesIO(data)) as w:  # the samples stay where plain readers look for them
             assert w.getnframes() > 0
     again = tmp_path / "again"
-    _synth(_manifest(tmp_path), tiny_model_dir, again)
+    synth_cli(two_row_manifest(tmp_path), tiny_model_dir, again)
     assert _files(again) == files  # no time in the tag
 
     flac = tmp_path / "flac"
-    _synth(_manifest(tmp_path), tiny_model_dir, flac, "--audio-format", "flac", "--audio-encoding", "pcm24")
+    synth_cli(two_row_manifest(tmp_path), tiny_model_dir, flac, "--audio-format", "flac",
+              "--audio-encoding", "pcm24")
     for name, data in _files(flac).items():
         _assert_states_the_model(data, tiny_model_dir)
         same, _ = sf.read(io.BytesIO(files[name.replace(".flac", ".wav")]), dtype="int32")
@@ -103,10 +87,10 @@ def test_every_file_states_it_and_equal_runs_write_equal_bytes(run: tuple[Path, 
 
 def test_no_provenance_tag_writes_untagged_files_is_recorded_and_redoes_the_rows(tiny_model_dir: Path,
                                                                                  tmp_path: Path) -> None:
-    m, out = _manifest(tmp_path), tmp_path / "out"
-    _synth(m, tiny_model_dir, out)
+    m, out = two_row_manifest(tmp_path), tmp_path / "out"
+    synth_cli(m, tiny_model_dir, out)
     tagged = _files(out)
-    last = _synth(m, tiny_model_dir, out, "--no-provenance-tag")
+    last = synth_cli(m, tiny_model_dir, out, "--no-provenance-tag")
     assert last["redone_by"] == {"options": 2} and last["output"]["provenance_tag"] is False
     assert not last["provenance"]["tagged"]
     for name, data in _files(out).items():

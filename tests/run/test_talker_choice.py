@@ -15,11 +15,8 @@ from typer.testing import CliRunner
 from cosyclone.cli import app
 from cosyclone.errors import CosycloneError
 from cosyclone.options import RunOptions, audio_values
-from tests.run_folders import ROOT
+from tests.run_folders import FAST_SYNTH, synth_cli, two_row_manifest
 from tests.run_tokens import talker_tokens
-
-FAST = ["--max-tokens", "8", "--n-timesteps", "2", "--device", "cpu", "--quiet"]
-PROMPT = str(ROOT / "manifests" / "prompts" / "speaker1.wav")
 
 
 @pytest.fixture(scope="module")
@@ -28,20 +25,6 @@ def rl_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     res = CliRunner().invoke(app, ["make-tiny-model", str(d), "--force", "--rl-talker"])
     assert res.exit_code == 0, res.output
     return d
-
-
-def _manifest(tmp: Path) -> Path:
-    m = tmp / "m.jsonl"
-    rows = [{"id": f"r{i}", "prompt_audio": PROMPT, "prompt_text": "This is the reference speaker talking.",
-             "text": text} for i, text in enumerate(("Hello there.", "A second row to say."))]
-    m.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return m
-
-
-def _synth(manifest: Path, model: Path, out: Path, *extra: str) -> None:
-    res = CliRunner().invoke(app, ["synth", str(manifest), "--model-dir", str(model), "--out", str(out),
-                                   *FAST, *extra])
-    assert res.exit_code == 0, res.output
 
 
 def _records(out: Path) -> dict[str, dict]:
@@ -63,15 +46,15 @@ def test_the_rl_talker_has_the_released_keys_and_other_weights(rl_model: Path) -
 
 def test_the_rl_talker_gives_other_tokens_and_a_rerun_with_it_redoes_every_row(rl_model: Path,
                                                                                 tmp_path: Path) -> None:
-    m, out = _manifest(tmp_path), tmp_path / "out"
+    m, out = two_row_manifest(tmp_path), tmp_path / "out"
     with talker_tokens() as released:
-        _synth(m, rl_model, out)
+        synth_cli(m, rl_model, out)
     assert {r["llm"] for r in _records(out).values()} == {"llm.pt"}
     last = json.loads((out / "summary.json").read_text())["last_run"]
     assert last["llm"] == "llm.pt" and last["options"]["llm"] == "llm.pt"
 
     with talker_tokens() as rl:
-        _synth(m, rl_model, out, "--llm", "llm.rl.pt")
+        synth_cli(m, rl_model, out, "--llm", "llm.rl.pt")
     assert released and rl.keys() == released.keys()
     assert any(rl[k] != released[k] for k in rl), "llm.rl.pt's weights gave the same tokens"
     last = json.loads((out / "summary.json").read_text())["last_run"]
@@ -79,9 +62,9 @@ def test_the_rl_talker_gives_other_tokens_and_a_rerun_with_it_redoes_every_row(r
     assert last["llm"] == "llm.rl.pt" and last["provenance"]["llm"] == "llm.rl.pt"
     assert {r["llm"] for r in _records(out).values()} == {"llm.rl.pt"}
 
-    _synth(m, rl_model, out, "--llm", "llm.rl.pt")  # the same talker again: nothing to redo
+    synth_cli(m, rl_model, out, "--llm", "llm.rl.pt")  # the same talker again: nothing to redo
     assert json.loads((out / "summary.json").read_text())["last_run"]["skipped"] == 2
-    _synth(m, rl_model, out)  # and back to llm.pt: every row again
+    synth_cli(m, rl_model, out)  # and back to llm.pt: every row again
     last = json.loads((out / "summary.json").read_text())["last_run"]
     assert last["redone"] == 2 and {r["llm"] for r in _records(out).values()} == {"llm.pt"}
     res = CliRunner().invoke(app, ["report", str(out), "--json"])
@@ -90,9 +73,9 @@ def test_the_rl_talker_gives_other_tokens_and_a_rerun_with_it_redoes_every_row(r
 
 def test_a_missing_talker_file_or_one_of_another_shape_is_refused_before_any_row(rl_model: Path,
                                                                                    tmp_path: Path) -> None:
-    m = _manifest(tmp_path)
+    m = two_row_manifest(tmp_path)
     res = CliRunner().invoke(app, ["synth", str(m), "--model-dir", str(rl_model), "--out",
-                                   str(tmp_path / "a"), "--llm", "llm.sft.pt", *FAST])
+                                   str(tmp_path / "a"), "--llm", "llm.sft.pt", *FAST_SYNTH])
     assert res.exit_code == 2, res.output
     assert "--llm llm.sft.pt: no such file" in res.output and "llm.pt, llm.rl.pt" in res.output
     assert not (tmp_path / "a" / "diagnostics.jsonl").exists()
@@ -101,7 +84,7 @@ def test_a_missing_talker_file_or_one_of_another_shape_is_refused_before_any_row
     shutil.copytree(rl_model, other)
     shutil.copy(other / "flow.pt", other / "llm.rl.pt")  # a checkpoint of another module under the name
     res = CliRunner().invoke(app, ["synth", str(m), "--model-dir", str(other), "--out", str(tmp_path / "b"),
-                                   "--llm", "llm.rl.pt", *FAST])
+                                   "--llm", "llm.rl.pt", *FAST_SYNTH])
     assert res.exit_code != 0 and "llm.rl.pt" in res.output, res.output
     assert not (tmp_path / "b" / "diagnostics.jsonl").exists() or all(
         r["status"] != "ok" for r in _records(tmp_path / "b").values())
