@@ -159,3 +159,40 @@ def test_building_the_index_holds_a_batch_of_rows_not_the_folder(tmp_path: Path)
         assert index.rebuilt and index.count() == n
         index.close()
     assert peaks[20_000] < 1.5 * peaks[5_000], peaks
+
+
+def test_a_whole_journal_moves_as_its_bytes_with_no_line_read_again(tmp_path: Path) -> None:
+    write_lines(tmp_path / "diagnostics.jsonl", [record(f"old{i}", i + 1) for i in range(3)])
+    runfolder.open_index(tmp_path).close()
+    old = (tmp_path / "diagnostics.jsonl").read_bytes()
+    ids = [f"new{i:02d}" for i in range(40)]
+    touched = write(tmp_path, [(rid, i + 10, True) for i, rid in enumerate(ids)])
+    journal = runfolder.journal_path(tmp_path, "all")
+    blank_all_but_first_line(journal)  # what a line-by-line move would drop as not JSON
+    blanked = journal.read_bytes()
+
+    settle(tmp_path, "all", touched=touched)
+    assert (tmp_path / "diagnostics.jsonl").read_bytes() == old + blanked and not journal.exists()
+    index = runfolder.open_index(tmp_path)
+    assert not index.rebuilt and index.count() == 43
+    kept = [rid for rid in ids if f'"id": "{rid}"'.encode() in blanked]  # the first line and the tail's
+    assert ids[0] in kept and ids[-1] in kept and len(kept) < len(ids)
+    for row in index.get_many(kept):  # each row's offset moved with its line
+        assert (index.record(row) or {}).get("id") == row.id
+    index.close()
+
+
+def test_a_journal_with_a_torn_line_moves_line_by_line_without_it(tmp_path: Path) -> None:
+    write(tmp_path, [("a", 1, True), ("b", 2, False)])
+    journal = runfolder.journal_path(tmp_path, "all")
+    with open(journal, "ab") as fh:
+        fh.write(b'{"id": "torn", "sta')  # a killed run's last line
+    touched = write(tmp_path, [("c", 3, True)])  # the next run starts on a fresh line
+
+    settle(tmp_path, "all", touched=touched)
+    lines = (tmp_path / "diagnostics.jsonl").read_bytes().splitlines()
+    assert [json.loads(x)["id"] for x in lines] == ["a", "b", "c"]
+    index = runfolder.open_index(tmp_path)
+    assert not index.rebuilt and index.count() == 3
+    assert {r.id: (index.record(r) or {}).get("id") for r in index.get_many("abc")} == {x: x for x in "abc"}
+    index.close()
