@@ -196,3 +196,27 @@ def test_a_journal_with_a_torn_line_moves_line_by_line_without_it(tmp_path: Path
     assert not index.rebuilt and index.count() == 3
     assert {r.id: (index.record(r) or {}).get("id") for r in index.get_many("abc")} == {x: x for x in "abc"}
     index.close()
+
+
+def test_a_night_of_many_directories_stages_its_metadata_as_one_file_at_a_time_would(tmp_path: Path) -> None:
+    from cosyclone.run.index_rows import meta_dir
+    from cosyclone.run.settle import STAGED_DIRS, write_metadata
+
+    ids = [f"m{i:03d}" for i in range(3 * STAGED_DIRS)]
+    settle(tmp_path, "all", touched=write(tmp_path, [(rid, i + 1, True) for i, rid in enumerate(ids)]))
+    failed = ids[::2]  # redone and failed: their directories lose them (some all their rows)
+    touched = write(tmp_path, [(rid, ids.index(rid) + 1, False) for rid in failed])
+    assert len(touched) > STAGED_DIRS
+    settle(tmp_path, "all", touched=touched)
+
+    assert metadata(tmp_path) == {rid: runfolder.wav_path(tmp_path, rid).relative_to(tmp_path).as_posix()
+                                  for rid in ids if rid not in failed}
+    assert not list(tmp_path.rglob("*.tmp"))
+    staged = {p: p.read_bytes() for p in tmp_path.rglob("metadata.jsonl")}
+    index = runfolder.open_index(tmp_path)
+    for rid in ids:  # each directory again, atomically on its own: the same bytes
+        d = meta_dir(runfolder.wav_path(tmp_path, rid).relative_to(tmp_path).as_posix())
+        assert d is not None
+        write_metadata(tmp_path, index, d)
+    index.close()
+    assert {p: p.read_bytes() for p in tmp_path.rglob("metadata.jsonl")} == staged
