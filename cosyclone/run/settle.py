@@ -177,18 +177,23 @@ def _write_all_metadata(out_dir: Path, index: FolderIndex, dirs: list[str], line
                 done.result()
             return
         jobs = [pool.submit(_stage_metadata, out_dir, index, d, lines) for d in dirs]
-        staged = [(tmp, target) for job in jobs for tmp, target in [job.result()] if tmp is not None]
+    staged = [(tmp, target) for job in jobs if job.exception() is None
+              for tmp, target in [job.result()] if tmp is not None]
     try:
+        for job in jobs:
+            job.result()  # the first directory that failed, if one did (every temporary goes below)
         os.sync()  # Linux waits for the writes (and the unlinks of directories left empty)
         for tmp, target in staged:
             os.replace(tmp, target)
         os.sync()
-    except OSError as exc:
+    except BaseException as exc:
         for tmp, _ in staged:
             with contextlib.suppress(OSError):
-                tmp.unlink()
-        raise runfolder.OutputFolderError(f"cannot write the metadata of {len(dirs)} directories: "
-                                          f"{exc.strerror or exc}") from exc
+                tmp.unlink()  # (gone once renamed)
+        if isinstance(exc, OSError):
+            raise runfolder.OutputFolderError(f"cannot write the metadata of {len(dirs)} directories: "
+                                              f"{exc.strerror or exc}") from exc
+        raise
 
 
 def _stage_metadata(out_dir: Path, index: FolderIndex, directory: str,

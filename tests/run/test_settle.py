@@ -220,3 +220,17 @@ def test_a_night_of_many_directories_stages_its_metadata_as_one_file_at_a_time_w
         write_metadata(tmp_path, index, d)
     index.close()
     assert {p: p.read_bytes() for p in tmp_path.rglob("metadata.jsonl")} == staged
+
+
+def test_a_staged_metadata_file_that_cannot_go_in_place_fails_the_settle_and_leaves_no_temporary(
+        tmp_path: Path) -> None:
+    import pytest
+
+    from cosyclone.run.settle import STAGED_DIRS
+
+    ids = [f"m{i:03d}" for i in range(3 * STAGED_DIRS)]
+    touched = write(tmp_path, [(rid, i + 1, True) for i, rid in enumerate(ids)])
+    (runfolder.wav_path(tmp_path, ids[5]).parent / "metadata.jsonl").mkdir()  # a name that takes no file
+    with pytest.raises(runfolder.OutputFolderError, match="cannot write the metadata"):
+        settle(tmp_path, "all", touched=touched)
+    assert not list(tmp_path.rglob("*.tmp"))
