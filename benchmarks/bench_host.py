@@ -126,7 +126,9 @@ def run(cfg: HostConfig) -> dict[str, Any]:
     run_opts: dict[str, Any] = {
         "batch_size": cfg.batch_size, "code2wav_thread": True,  # code2wav on its own thread, as on a GPU
         "talker_slots": H100_SLOTS if h100 else None, "frontend_workers": H100_WORKERS if h100 else None}
-    model: dict[str, Any] = {"device": "cpu", "dtype": "fp32", "cpu_gemm": "aten", "text_frontend": "none"}
+    # dummy: the stand-in engine reads no talker file (a real load_format would look for llm.pt)
+    model: dict[str, Any] = {"load_format": "dummy", "device": "cpu", "dtype": "fp32", "cpu_gemm": "aten",
+                             "text_frontend": "none"}
     engine = StandInRunEngine(costs, RunOptions(cuda_graphs="off", **model, **run_opts))
     manifest = write_inputs(cfg)
     job = SynthJob.open(manifest, cfg.out / "run", loaded=engine, **model, **run_opts)

@@ -308,12 +308,37 @@ class FolderIndex(IndexReads):
         with self._tx():
             self.db.executemany("UPDATE rows SET src = ?, offset = ? WHERE id = ? AND src = ? AND offset = ?",
                                 ((dst, new, rid, src, old) for rid, old, new in lines))
-            self.db.execute("DELETE FROM sources WHERE name = ?", (src,))
-            self.db.execute("DELETE FROM corrupt WHERE src = ?", (src,))
-            path = self.out_dir / dst
-            st = os.stat(path)
-            self.db.execute("INSERT OR REPLACE INTO sources VALUES (?, ?, ?, ?, ?, ?)",
-                            (dst, st.st_ino, dst_end, _head(path), st.st_mtime_ns, _tail(path, dst_end)))
+            self._followed(src, dst, dst_end)
+
+    def whole_records(self, src: str) -> bool:
+        """Whether every line of records file ``src`` is a record the index read (none torn, none
+        corrupt, none past where it stopped): then the file may move as bytes (:meth:`moved_whole`)."""
+        with self._lock:
+            known = self.db.execute("SELECT size FROM sources WHERE name = ?", (src,)).fetchone()
+            bad = self.db.execute("SELECT 1 FROM corrupt WHERE src = ? LIMIT 1", (src,)).fetchone()
+        return known is not None and bad is None and known[0] == os.stat(self.out_dir / src).st_size
+
+    def dirs_in(self, src: str) -> set[str]:
+        """The metadata directories of the ``ok`` rows whose current record lies in ``src``."""
+        with self._lock:
+            return {r[0] for r in self.db.execute(
+                "SELECT DISTINCT meta_dir FROM rows WHERE src = ? AND meta_dir IS NOT NULL", (src,))}
+
+    def moved_whole(self, src: str, dst: str, base: int, dst_end: int) -> None:
+        """All of ``src`` now lies in ``dst`` from byte ``base`` on, as it was: :meth:`moved` in one
+        statement (each row's offset shifted by ``base``), no line read again."""
+        with self._tx():
+            self.db.execute("UPDATE rows SET src = ?, offset = offset + ? WHERE src = ?", (dst, base, src))
+            self._followed(src, dst, dst_end)
+
+    def _followed(self, src: str, dst: str, dst_end: int) -> None:
+        """``src`` no longer followed, ``dst`` indexed up to ``dst_end`` (in a transaction)."""
+        self.db.execute("DELETE FROM sources WHERE name = ?", (src,))
+        self.db.execute("DELETE FROM corrupt WHERE src = ?", (src,))
+        path = self.out_dir / dst
+        st = os.stat(path)
+        self.db.execute("INSERT OR REPLACE INTO sources VALUES (?, ?, ?, ?, ?, ?)",
+                        (dst, st.st_ino, dst_end, _head(path), st.st_mtime_ns, _tail(path, dst_end)))
 
     # ------------------------------------------------------------------ reading
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from cosyclone.base.atomic import fsync_dir
+from cosyclone.base.atomic import fsync_dir, tmp_name
 from cosyclone.folder import layout as runfolder
 from cosyclone.folder.columns import metadata_line
 from cosyclone.folder.index import FolderIndex
@@ -26,6 +27,7 @@ from cosyclone.folder.record_line import RecordLine, parse_record
 from cosyclone.folder.row_record import RowRecord
 
 CHUNK_BYTES = 4 << 20  # journal bytes appended per write
+STAGED_DIRS = 32  # metadata directories past which a settle stages them all and syncs the disk twice
 
 
 def settle(
@@ -40,7 +42,8 @@ def settle(
     ``spool``: the writer's metadata spool (:attr:`~cosyclone.folder.writer.BackgroundWriter.meta_spool`):
     the lines of the rows it committed, so that a night's directories are written without reading each
     record back (a fraction of a millisecond a row: a minute after a night of 100,000 rows); removed
-    here. The directories are written on several threads, whose fsyncs the disk folds together."""
+    here. The directories are made on several threads; past :data:`STAGED_DIRS` of them, every file is
+    staged first and the disk synced twice (:func:`_write_all_metadata`), not fsynced file by file."""
     out_dir = Path(out_dir)
     own = index is None
     with runfolder.settle_lock(out_dir):
@@ -49,9 +52,7 @@ def settle(
             idx.sync(runfolder.record_sources(out_dir))  # other shards' lines, a killed run's
             dirs = set(touched) | _append_journal(out_dir, tag, idx)
             lines = read_spool(spool) if spool is not None else {}
-            with ThreadPoolExecutor(max_workers=16, thread_name_prefix="cosyclone-metadata") as pool:
-                for done in [pool.submit(write_metadata, out_dir, idx, d, lines) for d in sorted(dirs)]:
-                    done.result()
+            _write_all_metadata(out_dir, idx, sorted(dirs), lines)
         except sqlite3.Error as exc:
             raise runfolder.OutputFolderError(f"cannot write {idx.path}: {exc}") from exc
         finally:
@@ -85,6 +86,8 @@ def _append_journal(out_dir: Path, tag: str, index: FolderIndex) -> set[str]:
     if not journal.is_file():
         return set()
     src = f"{runfolder.STATE_DIR}/{journal.name}"
+    if index.whole_records(src):
+        return _append_whole(out_dir, journal, src, index)
     diag = runfolder.Journal(out_dir / runfolder.DIAG_NAME)
     moved: list[tuple[str, int, int]] = []
     dirs: set[str] = set()
@@ -115,10 +118,42 @@ def _append_journal(out_dir: Path, tag: str, index: FolderIndex) -> set[str]:
     finally:
         diag.close()
     index.moved(src, runfolder.DIAG_NAME, moved, end)
+    _remove(journal)
+    return dirs
+
+
+def _append_whole(out_dir: Path, journal: Path, src: str, index: FolderIndex) -> set[str]:
+    """A journal the index read whole (every line a record): its bytes appended as they are, in chunks of
+    whole lines, and the index's rows moved by one offset, with no line parsed (the run's end costs a
+    copy, not a JSON parse and an index update per row). Same order of steps as line by line: the
+    records down in ``diagnostics.jsonl``, then the index, then the journal removed."""
+    dirs = index.dirs_in(src)
+    diag = runfolder.Journal(out_dir / runfolder.DIAG_NAME)
+    try:
+        base = diag.end
+        with open(journal, "rb") as fh:
+            rest = b""
+            while chunk := fh.read(CHUNK_BYTES):
+                cut = chunk.rfind(b"\n") + 1
+                if cut:  # whole lines only: a kill between two writes leaves no torn record
+                    diag.append_line(rest + chunk[:cut])
+                    rest = chunk[cut:]
+                else:
+                    rest += chunk
+        if rest:  # never: the index read the whole file, so it ends a line
+            diag.append_line(rest)
+        end = diag.end
+    finally:
+        diag.close()
+    index.moved_whole(src, runfolder.DIAG_NAME, base, end)
+    _remove(journal)
+    return dirs
+
+
+def _remove(journal: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         journal.unlink()
         fsync_dir(journal.parent)
-    return dirs
 
 
 def _record(raw: bytes) -> RecordLine | None:
@@ -126,11 +161,81 @@ def _record(raw: bytes) -> RecordLine | None:
     return parse_record(raw) if raw.endswith(b"\n") else None
 
 
+def _write_all_metadata(out_dir: Path, index: FolderIndex, dirs: list[str], lines: Mapping[str, str]) -> None:
+    """The ``metadata.jsonl`` of ``dirs``. A few: each written atomically (its own fsyncs). Many (a night
+    touches all 4,096 shards): every file's temporary written unsynced, one ``sync`` (every temporary
+    down), the renames, one ``sync`` again (the renames down): two flushes of the disk, not 8,192
+    fsyncs, with the same order per file: its bytes durable before its name points at them (a kill
+    between leaves temporaries in ``wavs/``, which the next run removes)."""
+    with ThreadPoolExecutor(max_workers=16, thread_name_prefix="cosyclone-metadata") as pool:
+        if len(dirs) <= STAGED_DIRS:
+            for done in [pool.submit(write_metadata, out_dir, index, d, lines) for d in dirs]:
+                done.result()
+            return
+        jobs = [pool.submit(_stage_metadata, out_dir, index, d, lines) for d in dirs]
+    staged = [(tmp, target) for job in jobs if job.exception() is None
+              for tmp, target in [job.result()] if tmp is not None]
+    try:
+        for job in jobs:
+            job.result()  # the first directory that failed, if one did (every temporary goes below)
+        os.sync()  # Linux waits for the writes (and the unlinks of directories left empty)
+        for tmp, target in staged:
+            os.replace(tmp, target)
+        os.sync()
+    except BaseException as exc:
+        for tmp, _ in staged:
+            with contextlib.suppress(OSError):
+                tmp.unlink()  # (gone once renamed)
+        if isinstance(exc, OSError):
+            raise runfolder.OutputFolderError(f"cannot write the metadata of {len(dirs)} directories: "
+                                              f"{exc.strerror or exc}") from exc
+        raise
+
+
+def _stage_metadata(out_dir: Path, index: FolderIndex, directory: str,
+                    known: Mapping[str, str]) -> tuple[Path | None, Path]:
+    """``directory``'s ``metadata.jsonl`` written unsynced to its temporary (None: it lists no row, and an
+    earlier one was removed); with the file it goes to."""
+    target, tmp = _metadata_paths(out_dir, directory)
+    text = _metadata_text(out_dir, index, directory, known)
+    if not text:
+        with contextlib.suppress(FileNotFoundError):
+            target.unlink()
+        return None, target
+    staged = tmp_name(tmp if tmp is not None else target)
+    try:
+        staged.write_bytes(text.encode())
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            staged.unlink()
+        raise runfolder.OutputFolderError(f"cannot write {target}: {exc.strerror or exc}") from exc
+    return staged, target
+
+
+def _metadata_paths(out_dir: Path, directory: str) -> tuple[Path, Path | None]:
+    """``directory``'s ``metadata.jsonl`` and the name its temporary is made from (in ``wavs/``: a killed
+    run's are found there, one name per directory; None: beside it, for the folder's root)."""
+    target = (out_dir / directory if directory else out_dir) / runfolder.METADATA_NAME
+    flat = directory.replace("/", "-")
+    return target, out_dir / runfolder.WAV_DIR / f"{flat}-{target.name}" if directory else None
+
+
 def write_metadata(out_dir: Path, index: FolderIndex, directory: str,
                    known: Mapping[str, str] | None = None) -> None:
-    """``directory``'s ``metadata.jsonl`` (``""``: the folder's root, for flat files) from the index:
-    one line per ``ok`` row whose file lies there, manifest order; removed when none does. ``known``:
-    lines this process committed (row id -> line), taken as they are instead of reading the record."""
+    """``directory``'s ``metadata.jsonl`` (``""``: the folder's root, for flat files) from the index,
+    atomically (:func:`_metadata_text`); removed when it lists no row."""
+    target, tmp = _metadata_paths(out_dir, directory)
+    text = _metadata_text(out_dir, index, directory, known)
+    if text:
+        runfolder.write_bytes_atomic(target, text.encode(), tmp=tmp)
+    elif target.exists():
+        target.unlink()
+        fsync_dir(target.parent)
+
+
+def _metadata_text(out_dir: Path, index: FolderIndex, directory: str, known: Mapping[str, str] | None) -> str:
+    """One line per ``ok`` row whose file lies in ``directory``, manifest order. ``known``: lines this
+    process committed (row id -> line), taken as they are instead of reading the record."""
     base = out_dir / directory if directory else out_dir
     lines = []
     for row in index.in_dir(directory):
@@ -145,12 +250,4 @@ def write_metadata(out_dir: Path, index: FolderIndex, directory: str,
             continue
         name = path.relative_to(base).as_posix()
         lines.append(json.dumps(metadata_line(rec, name), ensure_ascii=False) + "\n")
-    target = base / runfolder.METADATA_NAME
-    if lines:
-        # the temporaries lie in wavs/ (a killed run's are found there), one name per directory
-        flat = directory.replace("/", "-")
-        tmp = out_dir / runfolder.WAV_DIR / f"{flat}-{target.name}" if directory else None
-        runfolder.write_bytes_atomic(target, "".join(lines).encode(), tmp=tmp)
-    elif target.exists():
-        target.unlink()
-        fsync_dir(base)
+    return "".join(lines)

@@ -151,6 +151,9 @@ class TokenStore:
 
     def _write(self, key: str, segment: int, res: TalkerResult) -> None:
         try:
+            with self._lock:
+                if segment not in self._known.get(key, ()):
+                    return  # its row went down ok meanwhile (a thread that lags catches up, not writes it)
             path = self._path(key, segment)
             diag = res.diagnostics.to_dict() if res.diagnostics is not None else None
             payload: dict[str, Any] = {

@@ -159,3 +159,80 @@ def test_building_the_index_holds_a_batch_of_rows_not_the_folder(tmp_path: Path)
         assert index.rebuilt and index.count() == n
         index.close()
     assert peaks[20_000] < 1.5 * peaks[5_000], peaks
+
+
+def test_a_whole_journal_moves_as_its_bytes_with_no_line_read_again(tmp_path: Path) -> None:
+    write_lines(tmp_path / "diagnostics.jsonl", [record(f"old{i}", i + 1) for i in range(3)])
+    runfolder.open_index(tmp_path).close()
+    old = (tmp_path / "diagnostics.jsonl").read_bytes()
+    ids = [f"new{i:02d}" for i in range(40)]
+    touched = write(tmp_path, [(rid, i + 10, True) for i, rid in enumerate(ids)])
+    journal = runfolder.journal_path(tmp_path, "all")
+    blank_all_but_first_line(journal)  # what a line-by-line move would drop as not JSON
+    blanked = journal.read_bytes()
+
+    settle(tmp_path, "all", touched=touched)
+    assert (tmp_path / "diagnostics.jsonl").read_bytes() == old + blanked and not journal.exists()
+    index = runfolder.open_index(tmp_path)
+    assert not index.rebuilt and index.count() == 43
+    kept = [rid for rid in ids if f'"id": "{rid}"'.encode() in blanked]  # the first line and the tail's
+    assert ids[0] in kept and ids[-1] in kept and len(kept) < len(ids)
+    for row in index.get_many(kept):  # each row's offset moved with its line
+        rec = index.record(row)
+        assert rec is not None and rec.id == row.id
+    index.close()
+
+
+def test_a_journal_with_a_torn_line_moves_line_by_line_without_it(tmp_path: Path) -> None:
+    write(tmp_path, [("a", 1, True), ("b", 2, False)])
+    journal = runfolder.journal_path(tmp_path, "all")
+    with open(journal, "ab") as fh:
+        fh.write(b'{"id": "torn", "sta')  # a killed run's last line
+    touched = write(tmp_path, [("c", 3, True)])  # the next run starts on a fresh line
+
+    settle(tmp_path, "all", touched=touched)
+    lines = (tmp_path / "diagnostics.jsonl").read_bytes().splitlines()
+    assert [json.loads(x)["id"] for x in lines] == ["a", "b", "c"]
+    index = runfolder.open_index(tmp_path)
+    assert not index.rebuilt and index.count() == 3
+    found = {r.id: getattr(index.record(r), "id", None) for r in index.get_many("abc")}
+    assert found == {x: x for x in "abc"}
+    index.close()
+
+
+def test_a_night_of_many_directories_stages_its_metadata_as_one_file_at_a_time_would(tmp_path: Path) -> None:
+    from cosyclone.folder.index_rows import meta_dir
+    from cosyclone.folder.settle import STAGED_DIRS, write_metadata
+
+    ids = [f"m{i:03d}" for i in range(3 * STAGED_DIRS)]
+    settle(tmp_path, "all", touched=write(tmp_path, [(rid, i + 1, True) for i, rid in enumerate(ids)]))
+    failed = ids[::2]  # redone and failed: their directories lose them (some all their rows)
+    touched = write(tmp_path, [(rid, ids.index(rid) + 1, False) for rid in failed])
+    assert len(touched) > STAGED_DIRS
+    settle(tmp_path, "all", touched=touched)
+
+    assert metadata(tmp_path) == {rid: runfolder.wav_path(tmp_path, rid).relative_to(tmp_path).as_posix()
+                                  for rid in ids if rid not in failed}
+    assert not list(tmp_path.rglob("*.tmp"))
+    staged = {p: p.read_bytes() for p in tmp_path.rglob("metadata.jsonl")}
+    index = runfolder.open_index(tmp_path)
+    for rid in ids:  # each directory again, atomically on its own: the same bytes
+        d = meta_dir(runfolder.wav_path(tmp_path, rid).relative_to(tmp_path).as_posix())
+        assert d is not None
+        write_metadata(tmp_path, index, d)
+    index.close()
+    assert {p: p.read_bytes() for p in tmp_path.rglob("metadata.jsonl")} == staged
+
+
+def test_a_staged_metadata_file_that_cannot_go_in_place_fails_the_settle_and_leaves_no_temporary(
+        tmp_path: Path) -> None:
+    import pytest
+
+    from cosyclone.folder.settle import STAGED_DIRS
+
+    ids = [f"m{i:03d}" for i in range(3 * STAGED_DIRS)]
+    touched = write(tmp_path, [(rid, i + 1, True) for i, rid in enumerate(ids)])
+    (runfolder.wav_path(tmp_path, ids[5]).parent / "metadata.jsonl").mkdir()  # a name that takes no file
+    with pytest.raises(runfolder.OutputFolderError, match="cannot write the metadata"):
+        settle(tmp_path, "all", touched=touched)
+    assert not list(tmp_path.rglob("*.tmp"))

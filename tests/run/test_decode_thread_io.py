@@ -84,7 +84,9 @@ def test_no_file_write_or_stat_on_the_thread_that_steps_the_talker(tmp_path: Pat
         monkeypatch.setattr(os, name, RECORDER.wrap(f"os.{name}", getattr(os, name)))
     rows = 200
     run_opts: dict[str, Any] = {"batch_size": 8, "code2wav_thread": True, "talker_slots": 16}
-    model: dict[str, Any] = {"device": "cpu", "dtype": "fp32", "cpu_gemm": "aten", "text_frontend": "none"}
+    # dummy: the stand-in engine reads no talker file
+    model: dict[str, Any] = {"load_format": "dummy", "device": "cpu", "dtype": "fp32", "cpu_gemm": "aten",
+                             "text_frontend": "none"}
     engine = StandInRunEngine(Costs(steps=3), RunOptions(cuda_graphs="off", **model, **run_opts),
                               on_poll=RECORDER.poll)
     puts: list[int] = []

@@ -72,3 +72,28 @@ def test_a_torn_file_is_caught_by_its_checksum_and_prune_keeps_live_keys(tmp_pat
     again.prune()
     again.close()
     assert sorted(p.name for p in root.iterdir()) == ["k1-0.cch"]  # k1 is live (its row is in flight)
+
+
+def test_a_put_whose_row_went_down_before_the_io_thread_reached_it_is_never_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from cosyclone.base import handoff
+
+    release, dumped = threading.Event(), []
+    real = handoff.dumps
+
+    def held(payload: Any) -> bytes:  # the I/O thread held on the first write, as one that lags
+        dumped.append(payload["tokens"].tolist())
+        release.wait(30)
+        return real(payload)
+
+    monkeypatch.setattr(handoff, "dumps", held)
+    store = TokenStore(tmp_path / "tokens", {"a": "k1", "b": "k2"})
+    store.put("a", 0, _res("a", [1]))
+    store.put("b", 0, _res("b", [2]))
+    store.discard("b")  # b's record went down while its put waited behind a's
+    release.set()
+    store.close()
+    assert dumped == [[1]]
+    assert sorted(p.name for p in (tmp_path / "tokens").iterdir()) == ["k1-0.cch"]
