@@ -11,6 +11,7 @@ from pathlib import Path
 
 from cosyclone.folder import layout as runfolder
 from cosyclone.folder.current import current_records, reading
+from tests.every_record import read_records
 from tests.folder.test_index import many, record, write_lines
 
 
@@ -31,7 +32,7 @@ def _listing(out: Path) -> dict[str, bytes]:
 
 def test_the_current_records_are_what_reading_every_record_gives(tmp_path: Path) -> None:
     _folder(tmp_path)
-    whole = runfolder.read_records(tmp_path)
+    whole = read_records(tmp_path)
     assert current_records(tmp_path) == whole
     looked_up = current_records(tmp_path, ["r3", "r4", "late", "nope"])
     assert looked_up == {k: whole[k] for k in ("r3", "r4", "late")}
@@ -52,6 +53,6 @@ def test_a_folder_that_cannot_hold_an_index_is_read_through_one_built_aside(tmp_
         aside = index.path
         assert not aside.is_relative_to(tmp_path) and index.count() == 40
     assert not aside.exists()  # removed after
-    assert current_records(tmp_path) == runfolder.read_records(tmp_path)
+    assert current_records(tmp_path) == read_records(tmp_path)
     assert current_records(tmp_path)["r2"].status == "failed"
     assert _listing(tmp_path) == before
