@@ -213,10 +213,10 @@ def synth_args(cfg: E2EConfig, manifest: Path, out: Path) -> list[str]:
 
 def summarize(cfg: E2EConfig, out: Path) -> dict:
     """The figures of a finished run from ``summary.json`` and ``diagnostics.jsonl``."""
-    from cosyclone.folder.layout import read_records
+    from cosyclone.folder.current import current_records
 
     summary = json.loads((out / "summary.json").read_text())
-    lines = list(read_records(out).values())
+    lines = list(current_records(out).values())
     ok = [d for d in lines if d.ok]
     stages = {
         k: sum(float(d.seconds.get(k, 0.0)) for d in lines) for k in ("frontend", "talker", "flow", "hift")

@@ -9,24 +9,14 @@ folder and keeps working while the folder's bookkeeping evolves.
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cosyclone.errors import CosycloneError, ManifestError
-from cosyclone.folder.index import FolderIndex
-from cosyclone.folder.layout import (
-    audio_path,
-    flat_path,
-    open_index,
-    read_records,
-    record_sources,
-    settle_lock,
-    wav_path,
-)
+from cosyclone.folder.current import current_records, reading
+from cosyclone.folder.layout import audio_path, flat_path, record_sources, wav_path
 from cosyclone.folder.row_record import RowRecord
 from cosyclone.manifest import ManifestRow, read_manifest
 
@@ -67,7 +57,7 @@ class Folder:
 
 def read_status(out_dir: Path) -> dict[str, RowRecord]:
     """The current record per id, as synth and ``report`` read it (diagnostics plus any journal)."""
-    return read_records(Path(out_dir))
+    return current_records(Path(out_dir))
 
 
 def read_folder(out_dir: str | Path, manifest: str | Path) -> Folder:
@@ -78,7 +68,7 @@ def read_folder(out_dir: str | Path, manifest: str | Path) -> Folder:
     m = read_manifest(manifest)
     # manifest lines end at \n only (as it is read)
     lines = Path(m.path).read_text(encoding="utf-8").split("\n")
-    status = _records_of(out_dir, [row.id for row in m.rows])
+    status = current_records(out_dir, [row.id for row in m.rows])  # looked up, not every record read
     folder = Folder(out_dir=out_dir, manifest=Path(m.path), invalid=list(m.errors))
     for row in m.rows:
         raw = json.loads(lines[row.line - 1])
@@ -95,7 +85,7 @@ def read_folder(out_dir: str | Path, manifest: str | Path) -> Folder:
         folder.rows.append(FolderRow(row=row, raw=raw, wav=wav, record=rec, skip=skip))
     known = {r.row.id for r in folder.rows}
     if record_sources(out_dir):
-        with _index(out_dir) as index:
+        with reading(out_dir) as index:
             folder.unknown_ids = [i for i in index.ids() if i not in known]  # streamed, in id order
     return folder
 
@@ -104,27 +94,3 @@ def _unnamed(out_dir: Path, row_id: str) -> Path:
     """Where a row's WAV lies when no record names it: an earlier version's flat place if it is there."""
     flat = flat_path(out_dir, row_id)
     return flat if flat.is_file() else wav_path(out_dir, row_id)
-
-
-@contextlib.contextmanager
-def _index(out_dir: Path) -> Iterator[FolderIndex]:
-    with settle_lock(out_dir):
-        index = open_index(out_dir)
-    try:
-        yield index
-    finally:
-        index.close()
-
-
-def _records_of(out_dir: Path, ids: list[str]) -> dict[str, RowRecord]:
-    """The current record of each of ``ids`` the folder has (looked up, not a read of every record)."""
-    found: dict[str, RowRecord] = {}
-    if not record_sources(out_dir):  # nothing synthesized yet: no index made in the folder
-        return found
-    with _index(out_dir) as index:
-        for row in index.get_many(ids):
-            line = index.record(row)
-            rec = RowRecord.from_json(line) if line is not None else None
-            if rec is not None:
-                found[rec.id] = rec
-    return found

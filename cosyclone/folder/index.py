@@ -16,8 +16,8 @@ place (even at the same size: its modification time moved while its size did not
 missing, unreadable or of another schema, makes the index be built again from every records file,
 streaming. A whole line that is not a record (:func:`~cosyclone.folder.record_line.parse_record`) is
 kept in a ``corrupt`` table by file and byte offset, so ``report`` names it. The current record of an id
-is the one with the latest ``finished_at``, a later line winning a tie (as
-:func:`cosyclone.folder.layout.read_records`). Totals
+is the one with the latest ``finished_at``, a later line winning a tie (every reader of a row's current
+record goes through this index: :mod:`cosyclone.folder.current`). Totals
 are exact in any order rows arrive in (a resume, shards, a row redone): counts are integers, and
 audio seconds are summed as integers of 2^-40 s.
 """

@@ -90,6 +90,19 @@ class IndexReads:
                 return
             last = page[-1]
 
+    def rows(self) -> Iterator[IndexedRow]:
+        """Every row of the folder whatever its current record says, streamed in id order (a page per
+        query)."""
+        last = ""
+        while True:
+            with self._lock:
+                page = [IndexedRow(*r) for r in self.db.execute(
+                    f"SELECT {_BRIEF} FROM rows WHERE id > ? ORDER BY id LIMIT ?", (last, PAGE))]
+            yield from page
+            if len(page) < PAGE:
+                return
+            last = page[-1].id
+
     def ok_rows(self) -> Iterator[IndexedRow]:
         """The current ``ok`` rows in manifest-line order (ties by id), streamed a page per query."""
         line, last = -(2**62), ""

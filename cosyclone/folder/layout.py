@@ -41,7 +41,6 @@ from cosyclone.base.atomic import tmp_name, write_atomic
 from cosyclone.errors import CosycloneError
 from cosyclone.folder.audio_out import SUFFIXES
 from cosyclone.folder.index import FolderIndex
-from cosyclone.folder.row_record import RowRecord
 
 DIAG_NAME = "diagnostics.jsonl"
 METADATA_NAME = "metadata.jsonl"
@@ -88,25 +87,6 @@ def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
             continue
         if isinstance(obj, dict):
             yield obj
-
-
-def read_records(out_dir: Path) -> dict[str, RowRecord]:
-    """The current record per row id: ``diagnostics.jsonl`` and every journal, latest ``finished_at`` wins."""
-    out_dir = Path(out_dir)
-    sources = [out_dir / DIAG_NAME, *sorted(state_dir(out_dir).glob("journal-*.jsonl"))]
-    found: dict[str, RowRecord] = {}
-    for path in sources:
-        for obj in iter_jsonl(path):
-            try:
-                rec = RowRecord.from_json(obj)
-            except (TypeError, ValueError):  # a line no version of cosyclone wrote: not a record
-                continue
-            if rec is None:
-                continue
-            prev = found.get(rec.id)
-            if prev is None or rec.finished_at >= prev.finished_at:
-                found[rec.id] = rec
-    return found
 
 
 def shard_of(row_id: str) -> str:

@@ -3,11 +3,11 @@ grows by a few bytes a row (:class:`RecordIndex`).
 
 Why beside the SQLite index: ``export`` reads every row of a folder of any size, often one it must not
 write into, so it builds this index aside, in memory; records are never held, only where they lie. One
-pass over ``diagnostics.jsonl`` and every journal (the sources :func:`cosyclone.folder.layout.read_records`
+pass over ``diagnostics.jsonl`` and every journal (the sources :func:`cosyclone.folder.layout.record_sources`
 reads, in its order) notes per line a 128-bit hash of the id, ``finished_at``, the source and byte
 offset, the manifest line, whether it says ``ok`` and its sample rate: 46 bytes a line in flat arrays
 (about twice that for a moment while they are sorted). The current record of an id is its latest
-``finished_at``, a later line winning a tie (the same rule as ``read_records``); it is read again from
+``finished_at``, a later line winning a tie (the same rule as the folder's index); it is read again from
 its offset when its row is exported.
 
 Why a hash and not the id: a million ids as Python strings in a dict cost about 300 MB; the hash

@@ -27,6 +27,7 @@ from cosyclone.export.rows import prompt_blob
 from cosyclone.folder import layout as runfolder
 from cosyclone.folder import totals as totals_mod
 from cosyclone.folder.checked_read import audio_cap, read_checked
+from cosyclone.folder.current import current_records
 from cosyclone.folder.row_record import RowRecord
 from cosyclone.report import page as html_page
 from cosyclone.report.audio import Reader, sources
@@ -72,7 +73,7 @@ def merge_records(folders: Sequence[Path]) -> tuple[dict[str, RowRecord], dict[s
     where: dict[str, Path] = {}
     warnings = []
     for folder in folders:
-        for rid, rec in runfolder.read_records(folder).items():
+        for rid, rec in current_records(folder).items():
             if rid in merged:
                 warnings.append(f"row {rid!r} is in {where[rid]} and {folder}: the later attempt counts")
                 if rec.finished_at < merged[rid].finished_at:

@@ -17,6 +17,7 @@ from typing import Any
 from cosyclone.errors import CosycloneError
 from cosyclone.folder import layout as runfolder
 from cosyclone.folder.audio_out import AudioOutput
+from cosyclone.folder.current import current_records
 from cosyclone.folder.row_record import RowRecord
 from cosyclone.manifest import ManifestRow, read_manifest
 from cosyclone.manifest.rows import check_id
@@ -47,7 +48,7 @@ def from_folder(out: Path, row_id: str, *, model_dir: Path | None, device: str |
     bad = check_id(row_id)
     if bad is not None:  # the id names the trace's file: a manifest's rule
         raise CosycloneError(f"row id {row_id!r} {bad}: no row of a run folder has it")
-    records = runfolder.read_records(out)
+    records = current_records(out)
     rec = records.get(row_id)
     if rec is None:
         raise CosycloneError(f"{out}: no record of row {row_id!r} ({len(records)} rows recorded)")

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 
 from tests import docs_tables
+from tests.every_record import read_records
 
 
 @pytest.mark.parametrize("name", sorted(docs_tables.TABLES))
@@ -51,6 +52,6 @@ def test_a_text_holding_a_line_separator_keeps_its_record(tmp_path) -> None:
     writer = BackgroundWriter(WriterOptions(out_dir=tmp_path), runfolder.journal_path(tmp_path, "all"))
     writer.submit(RowResult(id="sep", line=1, seed=0, status="failed", error="x"), stamp)
     writer.close()
-    assert runfolder.read_records(tmp_path)["sep"].text == text
+    assert read_records(tmp_path)["sep"].text == text
     settle(tmp_path, "all")
-    assert runfolder.read_records(tmp_path)["sep"].text == text  # and once appended to diagnostics.jsonl
+    assert read_records(tmp_path)["sep"].text == text  # and once appended to diagnostics.jsonl

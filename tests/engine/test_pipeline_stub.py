@@ -304,9 +304,10 @@ def test_released_config_loads_without_dir() -> None:
 def test_writer_atomic_float_and_torn_line(tmp_path: Path) -> None:
     from cosyclone.engine import RowResult
     from cosyclone.folder.audio_out import AudioOutput
-    from cosyclone.folder.layout import is_complete, journal_path, read_records
+    from cosyclone.folder.layout import is_complete, journal_path
     from cosyclone.folder.row_record import RowStamp
     from cosyclone.folder.writer import BackgroundWriter, WriterOptions
+    from tests.every_record import read_records
 
     stamp = RowStamp(
         fingerprint=None,

@@ -31,6 +31,7 @@ from cosyclone.folder.layout import wav_path
 from cosyclone.folder.row_record import RowStamp
 from cosyclone.folder.settle import settle
 from cosyclone.folder.writer import BackgroundWriter, WriterOptions
+from tests.every_record import read_records
 
 RATE = 24000
 
@@ -132,7 +133,7 @@ def test_parquet_loads_with_datasets_as_the_folders_ok_rows(run_folder: Path) ->
     assert summary.skipped == {"failed": 1, "audio_missing": 1, "audio_mismatch": 1, "not_passed": 0,
                                "prompt_missing": 0, "prompt_mismatch": 0, "corrupt_record": 0}
     assert isinstance(ds.features["audio"], datasets.Audio) and ds.features["audio"].sampling_rate == RATE
-    records = runfolder.read_records(run_folder)
+    records = read_records(run_folder)
     for row in ds:
         rec = records[row["id"]]
         wav, rate = sf.read(str(wav_path(run_folder, row['id'])), dtype="float64")

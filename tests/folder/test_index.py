@@ -14,6 +14,7 @@ from typing import Any
 
 from cosyclone.folder import layout as runfolder
 from cosyclone.folder.totals import folder_totals, merged_totals, totals_of
+from tests.every_record import read_records
 
 
 def record(rid: str, line: int, *, status: str = "ok", finished_at: float = 1000.0, seconds: float = 0.1,
@@ -53,7 +54,7 @@ def index_totals(out: Path) -> dict[str, Any]:
 
 
 def read_totals(out: Path) -> dict[str, Any]:
-    return folder_totals(runfolder.read_records(out).values())
+    return folder_totals(read_records(out).values())
 
 
 def many(n: int, seed: int) -> list[dict[str, Any]]:
@@ -78,7 +79,7 @@ def test_a_folder_of_an_earlier_version_is_indexed_once_from_its_records(tmp_pat
     assert index_totals(tmp_path) == read_totals(tmp_path)
     again = runfolder.open_index(tmp_path)  # up to date: not built again
     assert not again.rebuilt
-    current = runfolder.read_records(tmp_path)
+    current = read_records(tmp_path)
     assert [r.id for r in again.ok_rows()] == [
         r.id for r in sorted(current.values(), key=lambda r: r.line) if r.ok
     ]
@@ -151,7 +152,7 @@ def test_report_merges_shard_folders_the_later_attempt_counting(tmp_path: Path) 
         ],
     )
     totals, warnings = merged_totals([a, b])
-    merged = {**runfolder.read_records(b), **{k: v for k, v in runfolder.read_records(a).items() if k == "x"}}
+    merged = {**read_records(b), **{k: v for k, v in read_records(a).items() if k == "x"}}
     assert totals == folder_totals(merged.values())
     assert totals["done"] == 3 and totals["audio_seconds"] == 4.5 and totals["sampler"]["rows_with_nan"] == 0
     assert len(warnings) == 2 and all("the later attempt counts" in w for w in warnings)

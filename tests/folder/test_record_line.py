@@ -13,6 +13,7 @@ from cosyclone.folder.index_rows import COLUMNS, row_values
 from cosyclone.folder.record_line import RecordLine, fingerprint_parts, parse_record, why_not_a_record
 from cosyclone.folder.record_scan import RecordIndex
 from cosyclone.folder.row_record import RowRecord
+from tests.every_record import read_records
 
 KEYED = ("id", "status", "file", "audio_format", "line", "finished_at", "samples", "sample_rate",
          "fingerprint")
@@ -73,7 +74,7 @@ def test_every_line_shape_reads_by_the_one_rule() -> None:
 def test_every_reader_of_a_folder_takes_the_same_lines_as_records(tmp_path: Path) -> None:
     (tmp_path / runfolder.DIAG_NAME).write_bytes(b"\n".join(raw for raw, _ in SHAPES) + b"\n")
     records = {str(want[0]): want for _, want in SHAPES if want is not None}
-    whole = runfolder.read_records(tmp_path)
+    whole = read_records(tmp_path)
     assert {rid: _keyed(rec) for rid, rec in whole.items()} == records
     index = runfolder.open_index(tmp_path)
     try:

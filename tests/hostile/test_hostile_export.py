@@ -23,6 +23,7 @@ from cosyclone.export.build import export
 from cosyclone.export.lock import read_marker
 from cosyclone.folder import layout as runfolder
 from cosyclone.folder.row_record import RowRecord
+from tests.every_record import read_records
 from tests.run_folders import ROOT, Row, tone, write
 
 
@@ -32,7 +33,7 @@ def _folder(out: Path, n: int = 3, **row: object) -> Path:
 
 
 def _audio(out: Path, row_id: str) -> Path:
-    rec = runfolder.read_records(out)[row_id]
+    rec = read_records(out)[row_id]
     path = runfolder.audio_path(out, rec)
     assert path is not None
     return path

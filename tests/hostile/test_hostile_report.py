@@ -72,8 +72,8 @@ def test_a_page_path_that_cannot_be_a_page_is_one_line_and_leaves_nothing(target
 
 
 def test_the_redo_manifest_keeps_meta_and_the_command_is_shell_quoted(tmp_path: Path) -> None:
-    from cosyclone.folder.layout import read_records
     from cosyclone.report.outliers import redo_bytes
+    from tests.every_record import read_records
 
     out = _folder(tmp_path / "it's a run")
     recs = sorted(read_records(out).values(), key=lambda r: r.line)
@@ -131,9 +131,10 @@ def test_the_page_plays_only_checked_files(tmp_path: Path) -> None:
 
     import soundfile as sf
 
-    from cosyclone.folder.layout import audio_path, read_records
+    from cosyclone.folder.layout import audio_path
     from cosyclone.report.audio import source
     from cosyclone.report.build import _audio_reader, _prompt_reader
+    from tests.every_record import read_records
     from tests.run_folders import tone
 
     prompt, secret = tmp_path / "voice.wav", tmp_path / "secret.wav"

@@ -306,7 +306,7 @@ def test_a_model_that_does_not_load_in_the_actors_stops_the_run_as_locally(ray_p
                                    "--device", "cpu", "--engine", "ray"])
     assert res.exit_code == 2, res.output
     assert "flow.pt: cannot read as a torch checkpoint" in res.output
-    from cosyclone.folder.layout import read_records
+    from tests.every_record import read_records
 
     assert read_records(tmp_path / "out") == {}  # no row written (journal or diagnostics)
 

@@ -18,6 +18,7 @@ from cosyclone.folder.audio_out import AudioOutput
 from cosyclone.folder.row_record import RowStamp
 from cosyclone.folder.settle import settle
 from cosyclone.folder.writer import BackgroundWriter, WriterOptions
+from tests.every_record import read_records
 from tests.run_folders import metadata_lines
 
 
@@ -95,7 +96,7 @@ def test_summary_json_counts_the_files_not_the_models_audio(tmp_path: Path) -> N
     out = tmp_path / "out"
     # as if trimmed to 0.1 s
     _write(out, ["a"], AudioOutput(sample_rate=8000), "run1", "2", model_seconds=5.0)
-    (rec,) = runfolder.read_records(out).values()
+    (rec,) = read_records(out).values()
     assert rec.samples == 800 and rec.audio_seconds == 5.0
     assert folder_totals([rec])["audio_seconds"] == 0.1
     assert metadata_lines(out)["a"]["duration"] == 0.1
