@@ -30,7 +30,7 @@ from cosyclone.talker.occupancy import PROCESS_OCCUPANCY
 from cosyclone.talker.request import DecodeOptions, TalkerRequest, prompt_batch
 from cosyclone.talker.sampler import SamplerOptions
 from cosyclone.talker.slot_sampler import SlotSampler, legacy_generator
-from cosyclone.talker.step import Admit, HostRead, PendingHarvest, SlotStep, to_device
+from cosyclone.talker.step import Admit, HostRead, PendingHarvest, SlotStep, StepKey, to_device
 
 
 class Flags:
@@ -76,7 +76,7 @@ class StepRunner:
             self.graphed = self.pooled.graphed
         else:
             self.engine = self._new_step(capacity, token_capacity)
-        self.step_fn: Callable[[], None] = self.engine.step if self.graphed is None else self.graphed
+        self.step_fn: Callable[[StepKey], None] = self.engine.step if self.graphed is None else self.graphed
         if mech.compile:
             self.step_fn = torch.compile(self.engine.step, fullgraph=True, backend=mech.compile)
         lagged = mech.lagged_reads
@@ -186,18 +186,17 @@ class StepRunner:
         t0 = time.perf_counter()
         if self.options.mechanics.compile:  # one compiled shape: every slot, whatever runs
             bucket = None
-        self.engine._kv_len = kv_len
-        self.engine._bucket = bucket
+        key = self.engine.shape_key(bucket, kv_len)
         PROCESS_OCCUPANCY.add(steps=self.sync_every, live=live,
                               bucket=min(bucket or self.n_slots, self.n_slots))
         replayed = 0
         for _ in range(self.sync_every):
             if admit is not None:
-                self.engine.step(admit)  # eager: a step that admits has its own shapes
+                self.engine.step(key, admit)  # eager: a step that admits has its own shapes
                 on_admitted(admit)
                 admit = None
             else:
-                self.step_fn()
+                self.step_fn(key)
                 replayed += self.graphed is not None and self.graphed.last_replayed
         return time.perf_counter() - t0, replayed
 
