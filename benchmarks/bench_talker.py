@@ -34,7 +34,7 @@ from cosyclone.talker.model import CosyVoice3LM, build_talker
 from cosyclone.talker.sampler import SamplerOptions
 from cosyclone.talker.scheduler import bucket_for, decode_buckets
 from cosyclone.talker.slot_sampler import SlotSampler
-from cosyclone.talker.step import SlotStep
+from cosyclone.talker.step import SlotStep, StepKey
 
 
 def _tests():
@@ -123,10 +123,10 @@ def run(report: Callable[[str], None] = print, batches: tuple[int, ...] = (1, 4,
     return out
 
 
-def _occupied_step(model: CosyVoice3LM, slots: int, live: int, cells: int) -> SlotStep:
+def _occupied_step(model: CosyVoice3LM, slots: int, live: int, cells: int) -> tuple[SlotStep, StepKey]:
     """A slot step of ``slots`` slots whose first ``live`` rows run with ``cells`` cache cells each (zero
-    K/V: the arithmetic of a step does not depend on the values), stop ids blocked, the bucket set as a
-    session sets it (the smallest that holds every running row)."""
+    K/V: the arithmetic of a step does not depend on the values), stop ids blocked, and its shape key,
+    the bucket chosen as a session chooses it (the smallest that holds every running row)."""
     cfg = model.cfg
     sampler = SlotSampler(SamplerOptions.from_config(cfg.sampling), slots=slots, vocab=cfg.decoder_size,
                           speech_token_size=cfg.speech_token_size, device=model.device)
@@ -135,9 +135,7 @@ def _occupied_step(model: CosyVoice3LM, slots: int, live: int, cells: int) -> Sl
     step.cache.lengths[idx] = cells
     step._start(idx, [1 << 30] * live)
     sampler.reset(idx, idx + 1, torch.full((live,), 1 << 30))
-    step._bucket = bucket_for(live, decode_buckets(slots))
-    step._kv_len = cells + 64
-    return step
+    return step, step.shape_key(bucket_for(live, decode_buckets(slots)), cells + 64)
 
 
 def step_seconds(step: Callable[[], object], device: torch.device, repeat: int = 1) -> float:
@@ -154,11 +152,12 @@ def step_seconds(step: Callable[[], object], device: torch.device, repeat: int =
         return (time.perf_counter() - t0) / repeat
 
 
-def _timed_call(step: SlotStep) -> Callable[[], object]:
+def _timed_call(step: SlotStep, key: StepKey) -> Callable[[], object]:
     """What a run calls per step: on CUDA the step as captured graphs (one per shape), else eager."""
     if step.model.device.type != "cuda":
-        return step.step
-    return GraphedStep(step.step, key=step.shape_key, backend=CudaGraphCapture(step.model.device))
+        return lambda: step.step(key)
+    graphed = GraphedStep(step.step, backend=CudaGraphCapture(step.model.device))
+    return lambda: graphed(key)
 
 
 def occupancy(report: Callable[[str], None] = print, *, rounds: int = 5, cells: int = 128,
@@ -180,7 +179,7 @@ def occupancy(report: Callable[[str], None] = print, *, rounds: int = 5, cells: 
     model = build_talker(cfg or released_config(), policy, load_format="dummy")
     shapes = {"step_ms_slots16": (16, 16), "step_ms_live16_of256": (256, 16), "step_ms_live256": (256, 256)}
     steps = {name: _occupied_step(model, slots, live, cells) for name, (slots, live) in shapes.items()}
-    calls = {name: _timed_call(step) for name, step in steps.items()}
+    calls = {name: _timed_call(*step) for name, step in steps.items()}
     repeat = 1 if cpu else 20
     for call in calls.values():  # warm-up (and, on CUDA, the captures)
         step_seconds(call, dev, 1 if cpu else 3)
@@ -192,7 +191,7 @@ def occupancy(report: Callable[[str], None] = print, *, rounds: int = 5, cells: 
     out: dict[str, float] = {name: round(1e3 * statistics.median(t), 2) for name, t in times.items()}
     for name, (slots, live) in shapes.items():
         report(f"  {name}: {out[name]:.1f} ms per step ({live} live of {slots} slots, bucket "
-               f"{steps[name]._bucket}, {cells} cached cells per row)")
+               f"{steps[name][1][0]}, {cells} cached cells per row)")
     out["ratio_live16_of256_to_slots16"] = round(out["step_ms_live16_of256"] / out["step_ms_slots16"], 3)
     where = cpu_name() if cpu else torch.cuda.get_device_name(dev)
     report(f"on {where}, {torch.get_num_threads()} threads, released talker geometry, dummy weights, "

@@ -28,7 +28,7 @@ from cosyclone.talker import DecodeOptions, TalkerRequest, TalkerResult, TalkerS
 from cosyclone.talker.diagnostics import StopReason
 from cosyclone.talker.model import CosyVoice3LM
 from cosyclone.talker.results import harvest_tokens
-from cosyclone.talker.step import Admit, SlotStep
+from cosyclone.talker.step import Admit, SlotStep, StepKey
 
 #: ``(logits (b, V) fp32, rows (b,) tickets, step) -> logits (b, V)``
 LogitsHook = Callable[[Tensor, Tensor, int], Tensor]
@@ -68,7 +68,7 @@ class HostSession(TalkerSession):
         self.runner.engine.step = self._host_step  # type: ignore[method-assign]  # the admitting (eager) steps
         self.runner.step_fn = self._host_step  # the others (no compile, no graphs)
 
-    def _host_step(self, admit: Admit | None = None) -> None:
+    def _host_step(self, key: StepKey, admit: Admit | None = None) -> None:
         eng = self.runner.engine
         st = eng.state
         running, steps = st.running.tolist(), st.steps.tolist()
@@ -89,9 +89,9 @@ class HostSession(TalkerSession):
                 tok, ab = self.host_sampler.sample(st.logits[idx], rows, step)
                 tokens[idx], aborted[idx] = tok.long().to(dev), ab.bool().to(dev)
         if self.host_sampler is None:
-            SlotStep.step(eng, admit)  # the product's in-step sampler draws from the (changed) logits
+            SlotStep.step(eng, key, admit)  # the product's in-step sampler draws from the (changed) logits
         else:
-            eng.advance(tokens, aborted, admit)
+            eng.advance(tokens, aborted, admit, key[1])
 
     @override
     def _result(self, t: int) -> TalkerResult:

@@ -17,7 +17,7 @@ nothing may capture again, and nothing may call ``torch.cuda.empty_cache()`` (th
 path (static, continuous, isolation retries) records it.
 
 The pool holds no session: a session's graphs are keyed on its step's shape
-(:meth:`SlotStep.shape_key`: the slot bucket and ``kv_len`` the runner set), not on a closure over
+(:meth:`SlotStep.shape_key`: the slot bucket and ``kv_len`` the runner passes), not on a closure over
 the session, so a closed (or dropped) session frees what it owned at once, and an idle pooled step
 is dropped after :data:`MAX_IDLE` others (or by :func:`free_device_cache`).
 """
@@ -70,7 +70,6 @@ class PooledStep:
     def _wrap(self, reason: str | None) -> GraphedStep:
         graphed = GraphedStep(
             self.step.step,
-            key=self.step.shape_key,
             backend=self._backend(),
             counts=self._owner.counts,
             on_failure=self._owner.disable,
@@ -88,7 +87,6 @@ class PooledStep:
         their addresses; stale cache cells are hidden by the lengths, as in any reused slot)."""
         for buf in (*self.step.state.buffers(), self.step.cache.get_buffer("lengths")):
             buf.zero_()
-        self.step._kv_len = self.step._bucket = None
 
 
 class ProcessGraphs:

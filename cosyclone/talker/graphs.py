@@ -206,9 +206,10 @@ def _copy_into(dst: Any, src: Any) -> None:
 
 
 class GraphedStep:
-    """Call ``fn(*tensors)`` through per-key captured graphs with static input/output buffers.
+    """Call ``fn(key, *tensors)`` through per-key captured graphs with static input/output buffers.
 
-    ``key()`` names the current step shape (the engine's ``kv_len``). For each key the first
+    ``key``, passed with each call, names the step shape (the step's slot bucket and ``kv_len``,
+    :meth:`~cosyclone.talker.step.SlotStep.shape_key`). For each key the first
     ``warmup`` calls run ``fn`` for real on the key's static inputs, the next one captures and
     replays, the rest replay. The returned outputs are the graph's static buffers: read or copy
     them before the next call. After a failed capture every call runs ``fn`` eagerly on its own
@@ -218,7 +219,6 @@ class GraphedStep:
     def __init__(
         self,
         fn: Callable[..., Any],
-        key: Callable[[], Hashable],
         backend: CaptureBackend,
         *,
         warmup: int = 2,
@@ -229,7 +229,6 @@ class GraphedStep:
         :class:`~cosyclone.talker.graph_pool.GraphCounts`); ``on_failure``: told the reason once a
         capture failed (the process turns graphs off)."""
         self.fn = fn
-        self.key = key
         self.backend = backend
         self.counts = counts
         self.on_failure = on_failure
@@ -262,7 +261,7 @@ class GraphedStep:
         off, the reason kept). Nothing runs in the handler: only the reason leaves it."""
         try:
             with CAPTURE_GUARD.capturing():
-                return self.backend.capture(lambda: self.fn(*bufs))
+                return self.backend.capture(lambda: self.fn(key, *bufs))
         except Exception as exc:
             self.reason = f"capture failed for key {key!r}: {type(exc).__name__}: {exc}"
         log.warning("CUDA graphs off for this decode: %s", self.reason)
@@ -270,21 +269,20 @@ class GraphedStep:
             self.on_failure(self.reason)
         return None
 
-    def __call__(self, *args: Tensor) -> Any:
+    def __call__(self, key: Hashable, *args: Tensor) -> Any:
         self.last_replayed = False
         if self.reason is not None:
-            return self.fn(*args)
-        key = self.key()
+            return self.fn(key, *args)
         bufs = self._static(key, args)
         done = self.replays.get(key)
         if done is None:
             n = self.calls.get(key, 0)
             self.calls[key] = n + 1
             if n < self.warmup:
-                return self.backend.warmup(lambda: self.fn(*bufs))
+                return self.backend.warmup(lambda: self.fn(key, *bufs))
             done = self._capture(key, bufs)
             if done is None:  # capture refused: decode on eagerly (capture ran nothing), outside the handler
-                return self.fn(*args)
+                return self.fn(key, *args)
             self.replays[key] = done
             if self.counts is not None:
                 self.counts.captures += 1

@@ -120,27 +120,10 @@ class TalkerSession:
             return None
         # the cache grown so that they fit (prompt + max_len cells, max_len token cells)
         self.runner.fit(max(s.cells() for s in newcomers), max(s.max_len for s in newcomers))
-        slots = [s.slot for s in newcomers]
-        assert all(s is not None for s in slots)
-        admit = self.runner.prefill(
-            [s for s in slots if s is not None],
-            [self._request(s.ticket) for s in newcomers],
-            [s.max_len for s in newcomers],
-            ride_along=running > 0,
-        )
+        admit = self.runner.prefill(newcomers, ride_along=running > 0)
         for s in newcomers:
             s.admitted_at = self.g + (admit is not None)
-        if admit is None:
-            self._started(newcomers)
         return admit
-
-    def _started(self, newcomers: Sequence[Seq]) -> None:
-        self.runner.started(
-            [s.slot for s in newcomers if s.slot is not None],
-            [s.key for s in newcomers],
-            [s.min_len for s in newcomers],
-            [(self._request(s.ticket).seed, self._request(s.ticket).segment) for s in newcomers],
-        )
 
     def _window(self) -> None:
         """Admit, run a window of steps, read the finished slots once.
@@ -166,8 +149,8 @@ class TalkerSession:
         running = self.scheduler.running
         kv_len = runner.kv_len(max(s.position(self.g) + window for s in running))
         newcomers = [s for s in running if admit is not None and s.slot in admit.slots]
-        seconds, replayed = runner.window(admit, kv_len, lambda _: self._started(newcomers),
-                                          bucket=self.scheduler.bucket(), live=len(running))
+        seconds, replayed = runner.window(admit, newcomers, kv_len, bucket=self.scheduler.bucket(),
+                                          live=len(running))
         self.g += window
         flags: Flags | None = runner.flags(self.scheduler.slots)
         if runner.lagged:  # read the window before this one, queued meanwhile

@@ -35,6 +35,9 @@ from cosyclone.talker.slot_views import move_slot, narrowed
 RUNNING, EOS, MAX_LEN, ABORTED = 0, 1, 2, 3
 REASONS = {EOS: "eos", MAX_LEN: "max_len", ABORTED: "aborted"}
 
+#: A step's shape (:meth:`SlotStep.shape_key`): (slots computed, cache cells read; None: the capacity).
+StepKey = tuple[int, int | None]
+
 
 def to_device(
     values: Sequence[int] | Tensor, device: torch.device | str, dtype: torch.dtype = torch.int64
@@ -249,9 +252,11 @@ class SlotStep(nn.Module):
 
     # -- the step (device only: no host values, fixed shapes) ---------------------------------------
 
-    def advance(self, tokens: Tensor, aborted: Tensor, admit: Admit | None = None) -> None:
+    def advance(self, tokens: Tensor, aborted: Tensor, admit: Admit | None = None,
+                kv_len: int | None = None) -> None:
         """Stop rules and bookkeeping for one draw ``tokens``/``aborted`` (slots,), then the feed
-        (which also prefills ``admit``'s newcomers into their free slots, see :class:`Admit`)."""
+        (which also prefills ``admit``'s newcomers into their free slots, see :class:`Admit`), each
+        step reading ``kv_len`` cache cells (None: the capacity)."""
         st = self.state
         live = st.running
         stop_id = tokens >= self.speech_token_size
@@ -266,42 +271,41 @@ class SlotStep(nn.Module):
         st.steps.add_(live.to(torch.int64))
         still = emit & ~full
         st.running.copy_(still)
-        self._feed(tokens, still, admit)
+        self._feed(tokens, still, admit, kv_len)
 
-    def _feed(self, tokens: Tensor, still: Tensor, admit: Admit | None = None) -> None:
+    def _feed(self, tokens: Tensor, still: Tensor, admit: Admit | None, kv_len: int | None) -> None:
         """Feed every slot's token at its position; rows that go on grow by one cell."""
         model = self.model
         cache = self.cache
         pos = cache.lengths.clamp(max=cache.capacity - 1)
         feed = model.embed_speech(tokens.clamp(0, model.cfg.decoder_size - 1))[:, None]
         if admit is None:
-            self.state.logits.copy_(model.step(feed, pos, self._kv_len, cache=cache))
+            self.state.logits.copy_(model.step(feed, pos, kv_len, cache=cache))
             cache.lengths.add_(still.to(torch.int64))
             return
         idx = to_device(admit.slots, tokens.device)
         # the newcomers' rows of these logits are their prompts' (model.step puts them there)
-        self.state.logits.copy_(model.step(feed, pos, self._kv_len, cache=cache,
+        self.state.logits.copy_(model.step(feed, pos, kv_len, cache=cache,
                                            admit=(admit.embeds, admit.lengths, idx)))
         # newcomers' slots were free: their lengths stay their prompts'
         cache.lengths.add_(still.to(torch.int64))
         self._start(idx, admit.max_len)
 
-    _kv_len: int | None = None  # cells each step reads (None: the capacity); set by the scheduler
-    _bucket: int | None = None  # slots each step computes (None: all); every running row is below it
+    def shape_key(self, bucket: int | None, kv_len: int | None) -> StepKey:
+        """What a captured step's shape depends on: (slots computed, cells read), from the slots a
+        step computes (``bucket``, None: all; every running row is below it) and the cache cells it
+        reads (``kv_len``, None: the capacity)."""
+        return (min(bucket or self.n_slots, self.n_slots), kv_len)
 
-    def shape_key(self) -> tuple[int, int | None]:
-        """What a captured step's shape depends on: (slots computed, cells read)."""
-        return (min(self._bucket or self.n_slots, self.n_slots), self._kv_len)
-
-    def step(self, admit: Admit | None = None) -> None:
-        """One fused decode step with the in-step sampler over the first ``_bucket`` slots (what a
-        graph captures; ``admit`` only eager)."""
-        run = self.bucket_view(self._bucket or self.n_slots)
-        run._kv_len = self._kv_len
+    def step(self, key: StepKey, admit: Admit | None = None) -> None:
+        """One fused decode step with the in-step sampler of shape ``key`` (:meth:`shape_key`; what
+        a graph captures, keyed by it; ``admit`` only eager)."""
+        bucket, kv_len = key
+        run = self.bucket_view(bucket)
         assert run.sampler is not None
         st = run.state
         tokens, aborted = run.sampler(st.logits, st.running, st.steps)
-        run.advance(tokens, aborted, admit)
+        run.advance(tokens, aborted, admit, kv_len)
 
 
 @dataclass(frozen=True)

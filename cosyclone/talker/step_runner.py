@@ -3,9 +3,10 @@
 Why apart from the scheduler (:mod:`.scheduler`): everything that touches the device is here
 (cache sizing and growth, prefill, the fixed-shape step as a CUDA graph, a compiled function or
 eager, the finished flags on their way to the host), everything that decides is there. The
-runner knows slots, not requests: the session hands it prompts, slot numbers, the bucket of slots
-each window steps over and the rows to move down (the scheduler's :meth:`compact`); it tallies the
-steps' occupancy for the run record (:mod:`.occupancy`).
+session hands it the segments to start (:class:`~cosyclone.talker.sequence.Seq`, in the slots the
+scheduler gave them), the bucket of slots each window steps over and the rows to move down (the
+scheduler's :meth:`compact`); it calls nothing back, and it tallies the steps' occupancy for the
+run record (:mod:`.occupancy`).
 
 Cache: with CUDA graphs the step is the process's pooled one (:mod:`.graph_pool`), otherwise its
 own; either way the cells a slot is sized for (``DecodeOptions.reserve_positions``, the sizing
@@ -19,6 +20,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -30,7 +32,10 @@ from cosyclone.talker.occupancy import PROCESS_OCCUPANCY
 from cosyclone.talker.request import DecodeOptions, TalkerRequest, prompt_batch
 from cosyclone.talker.sampler import SamplerOptions
 from cosyclone.talker.slot_sampler import SlotSampler, legacy_generator
-from cosyclone.talker.step import Admit, HostRead, PendingHarvest, SlotStep, to_device
+from cosyclone.talker.step import Admit, HostRead, PendingHarvest, SlotStep, StepKey, to_device
+
+if TYPE_CHECKING:  # annotations only
+    from cosyclone.talker.sequence import Seq
 
 
 class Flags:
@@ -76,7 +81,7 @@ class StepRunner:
             self.graphed = self.pooled.graphed
         else:
             self.engine = self._new_step(capacity, token_capacity)
-        self.step_fn: Callable[[], None] = self.engine.step if self.graphed is None else self.graphed
+        self.step_fn: Callable[[StepKey], None] = self.engine.step if self.graphed is None else self.graphed
         if mech.compile:
             self.step_fn = torch.compile(self.engine.step, fullgraph=True, backend=mech.compile)
         lagged = mech.lagged_reads
@@ -147,27 +152,32 @@ class StepRunner:
 
     # -- rows in and out -----------------------------------------------------------------------------
 
-    def prefill(self, slots: Sequence[int], requests: Sequence[TalkerRequest], max_len: Sequence[int], *,
-                ride_along: bool) -> Admit | None:
-        """Prefill ``requests`` into ``slots``: now, or (``ride_along`` with fused admission) returned
-        as the next step's :class:`Admit`."""
-        embeds, lengths = prompt_batch(self.model, requests)
+    def prefill(self, newcomers: Sequence[Seq], *, ride_along: bool) -> Admit | None:
+        """Prefill ``newcomers`` (each in the slot the scheduler gave it) into their slots, and start
+        them (:meth:`started`): now, or (``ride_along`` with fused admission) returned as the next
+        step's :class:`Admit` (:meth:`window` starts them once its step has prefilled them)."""
+        slots = [_slot(s) for s in newcomers]
+        embeds, lengths = prompt_batch(self.model, [_request(s) for s in newcomers])
+        max_len = [s.max_len for s in newcomers]
         if self.fuse and ride_along:
             return Admit(slots=slots, embeds=embeds, lengths=lengths, max_len=max_len)
         self.engine.admit(slots, embeds, lengths, max_len)
+        self.started(newcomers)
         return None
 
-    def started(self, slots: Sequence[int], keys: Sequence[int], min_len: Sequence[int],
-                seeds: Sequence[tuple[int, int]]) -> None:
-        """The in-step sampler's state for rows just prefilled into ``slots`` (``seeds``: (seed, segment))."""
+    def started(self, newcomers: Sequence[Seq]) -> None:
+        """The in-step sampler's state for segments just prefilled into their slots."""
         sampler = self.engine.sampler
         if sampler is None:
             return
         dev = self.model.device
+        slots = [_slot(s) for s in newcomers]
+        keys, min_len = [s.key for s in newcomers], [s.min_len for s in newcomers]
         sampler.reset(to_device(slots, dev), to_device(keys, dev), to_device(min_len, dev))
         if sampler.options.draw == "legacy-multinomial":
-            for s, key, (seed, segment) in zip(slots, keys, seeds, strict=True):
-                sampler.generators[s] = legacy_generator(seed, segment, key, dev)
+            for slot, s in zip(slots, newcomers, strict=True):
+                req = _request(s)
+                sampler.generators[slot] = legacy_generator(req.seed, req.segment, s.key, dev)
 
     def move(self, moves: Sequence[tuple[int, int]]) -> None:
         """Rows go on in lower free slots ((from, to) pairs, the scheduler's :meth:`compact`)."""
@@ -177,27 +187,27 @@ class StepRunner:
             PROCESS_OCCUPANCY.moved(len(moves))
 
     def window(
-        self, admit: Admit | None, kv_len: int | None, on_admitted: Callable[[Admit], None], *,
-        bucket: int | None = None, live: int = 0
+        self, admit: Admit | None, newcomers: Sequence[Seq], kv_len: int | None, *, bucket: int | None = None,
+        live: int = 0
     ) -> tuple[float, int]:
-        """``sync_every`` steps (the first carrying ``admit``) over the first ``bucket`` slots (None:
-        all; every running row and newcomer is below it); ``live``: rows running, for the tally.
+        """``sync_every`` steps (the first carrying ``admit``, the prefill of the segments
+        ``newcomers``, which it starts after that step) over the first ``bucket`` slots (None: all;
+        every running row and newcomer is below it); ``live``: rows running, for the tally.
         Returns (seconds, steps replayed)."""
         t0 = time.perf_counter()
         if self.options.mechanics.compile:  # one compiled shape: every slot, whatever runs
             bucket = None
-        self.engine._kv_len = kv_len
-        self.engine._bucket = bucket
+        key = self.engine.shape_key(bucket, kv_len)
         PROCESS_OCCUPANCY.add(steps=self.sync_every, live=live,
                               bucket=min(bucket or self.n_slots, self.n_slots))
         replayed = 0
         for _ in range(self.sync_every):
             if admit is not None:
-                self.engine.step(admit)  # eager: a step that admits has its own shapes
-                on_admitted(admit)
+                self.engine.step(key, admit)  # eager: a step that admits has its own shapes
+                self.started(newcomers)
                 admit = None
             else:
-                self.step_fn()
+                self.step_fn(key)
                 replayed += self.graphed is not None and self.graphed.last_replayed
         return time.perf_counter() - t0, replayed
 
@@ -231,3 +241,15 @@ class StepRunner:
             self._release()  # once: the finalizer does nothing after this
         else:
             self.engine.free_cells()  # the cells go; a closed runner is done
+
+
+def _slot(seq: Seq) -> int:
+    """The slot a segment being started holds (the scheduler gave it one)."""
+    assert seq.slot is not None, f"segment {seq.ticket} holds no slot"
+    return seq.slot
+
+
+def _request(seq: Seq) -> TalkerRequest:
+    """A segment's request while it decodes (dropped only once its result was returned)."""
+    assert seq.request is not None, f"ticket {seq.ticket} was already returned"
+    return seq.request

@@ -22,7 +22,7 @@ def test_occupancy_times_each_shape_over_the_bucket_a_session_would_use() -> Non
     assert all(v > 0 for v in out.values())
     assert "16 live of 256 slots, bucket 16" in "\n".join(lines)
     model = build_talker(cfg, DevicePolicy(torch.device("cpu"), torch.float32, "cpu"), load_format="dummy")
-    step = _occupied_step(model, 256, 16, 8)
-    step.step()
+    step, key = _occupied_step(model, 256, 16, 8)
+    step.step(key)
     assert bool(step.state.running[:16].all()) and not bool(step.state.running[16:].any())
     assert step.cache.lengths[:16].tolist() == [9] * 16 and step.cache.lengths[16:].sum() == 0

@@ -129,8 +129,8 @@ def test_code2wav_oom_while_a_capture_is_pending_costs_at_most_one_row(
             return real_inference(*args, **kwargs)
         # the first code2wav call: a decode step's capture becomes pending meanwhile (here from a
         # thread of its own, so that it surely overlaps this call), then this call runs out of memory
-        step = GraphedStep(lambda: None, key=lambda: "step", backend=SlowCapture(timeline), warmup=1)
-        side.append(threading.Thread(target=lambda: (step(), step())))
+        step = GraphedStep(lambda key: None, backend=SlowCapture(timeline), warmup=1)
+        side.append(threading.Thread(target=lambda: (step("step"), step("step"))))
         side[0].start()
         injected.append(pending.wait(timeout=30.0))
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")

@@ -17,13 +17,14 @@ from typing import Any
 
 import pytest
 from typer.testing import CliRunner
+from typing_extensions import override
 
 from cosyclone.cli import app
-from cosyclone.engine import stages as pipeline
+from cosyclone.engine import Engine
+from cosyclone.engine.stage_ops import RealOps
+from cosyclone.engine.stages import decode_options
 from cosyclone.folder.layout import wav_path
-from cosyclone.talker import decode
 from tests.engine.test_batch_invariance import _manifest
-from tests.engine_run import run as engine_run
 from tests.run_folders import ROOT, diags, wav_bytes
 
 TEXTS = ["Hi.", "A much longer sentence, with a comma and a few more words in it.", "Short one.",
@@ -67,35 +68,68 @@ def _rows(tts: Any) -> list:
                          for i, text in enumerate(TEXTS)])
 
 
-def _synth(tts: Any, monkeypatch: pytest.MonkeyPatch, **opts: Any) -> tuple[dict[str, tuple], list[tuple]]:
+class _SpySession:
+    """A talker session that notes each admission ("add", first row id) in ``events``."""
+
+    def __init__(self, session: Any, events: list[tuple[str, str]]) -> None:
+        self.session, self.events = session, events
+
+    def add(self, requests: Any) -> list[int]:
+        self.events.append(("add", requests[0].row_id))
+        return list(self.session.add(requests))
+
+    def poll(self) -> Any:
+        return self.session.poll()
+
+    @property
+    def waiting(self) -> int:
+        return int(self.session.waiting)
+
+    @property
+    def idle(self) -> bool:
+        return bool(self.session.idle)
+
+    def close(self) -> None:
+        self.session.close()
+
+
+class _SpyOps(RealOps):
+    """The loaded stages' calls, noting the talker's admissions (a session's or a static batch's) and
+    code2wav's batches ("code2wav", first row id) in ``events``."""
+
+    def __init__(self, engine: Engine, events: list[tuple[str, str]]) -> None:
+        stages = engine.stages
+        super().__init__(stages, engine.opts, decode_options(stages.cfg, engine.opts, engine.sizing), None)
+        self.events = events
+
+    @override
+    def talk(self, requests: Any, dec: Any) -> Any:
+        self.events.append(("add", requests[0].row_id))
+        return super().talk(requests, dec)
+
+    @override
+    def session(self, slots: int) -> Any:
+        return _SpySession(super().session(slots), self.events)
+
+    @override
+    def finish(self, prepared: Any, results: Any) -> Any:
+        self.events.append(("code2wav", prepared.rows[0].id))
+        return super().finish(prepared, results)
+
+
+def _synth(tts: Any, **opts: Any) -> tuple[dict[str, tuple], list[tuple]]:
     """Records (diagnostics without wall times, WAV bytes) by id, and the order of talker admissions
     ("add", first row id) and code2wav batches ("code2wav", first row id)."""
     events: list[tuple[str, str]] = []
-    add, finish = decode.TalkerSession.add, pipeline.finish_batch
-
-    def spy_add(self: Any, requests: Any) -> Any:
-        events.append(("add", requests[0].row_id))
-        return add(self, requests)
-
-    def spy_finish(stages: Any, prepared: Any, *args: Any) -> Any:
-        events.append(("code2wav", prepared.rows[0].id))
-        return finish(stages, prepared, *args)
-
-    monkeypatch.setattr(decode.TalkerSession, "add", spy_add)
-    monkeypatch.setattr(pipeline, "finish_batch", spy_finish)
-    got: dict[str, tuple] = {}
-
-    def submit(rec: Any) -> None:
-        # wall times differ
-        got[rec.id] = (replace(rec, seconds={}), b"" if rec.audio is None else rec.audio.tobytes())
-
-    engine_run(tts.stages, _rows(tts), replace(tts.options, **opts), submit)
-    monkeypatch.undo()
+    engine = Engine(tts.stages, replace(tts.options, **opts))
+    # wall times differ
+    got = {rec.id: (replace(rec, seconds={}), b"" if rec.audio is None else rec.audio.tobytes())
+           for rec in engine.run(_rows(tts), ops=_SpyOps(engine, events))}
     return got, events
 
 
-def test_continuous_across_batches_gives_the_static_bytes(tts: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    static, static_events = _synth(tts, monkeypatch, schedule="static")
+def test_continuous_across_batches_gives_the_static_bytes(tts: Any) -> None:
+    static, static_events = _synth(tts, schedule="static")
     assert len(static) == len(TEXTS) and all(d.ok and w for d, w in static.values())
     assert len({sum(d.tokens) for d, _ in static.values()}) > 3  # rows of many lengths
     batches = [rid for kind, rid in static_events if kind == "code2wav"]
@@ -111,7 +145,7 @@ def test_continuous_across_batches_gives_the_static_bytes(tts: Any, monkeypatch:
             fe.prompt_cache = type(cache)(0)  # every prompt encoded again: misses only
         try:
             opts = {k: v for k, v in variant.items() if k != "prompt_cache"}
-            cont, events = _synth(tts, monkeypatch, schedule="continuous", **opts)
+            cont, events = _synth(tts, schedule="continuous", **opts)
         finally:
             fe.prompt_cache = cache
         assert cont.keys() == static.keys(), variant

@@ -54,7 +54,7 @@ def _run(tts: Any, prefetch: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[Ran
         got.append((rec.id, replace(rec, seconds={}), b"" if rec.audio is None else rec.audio.tobytes()))
 
     engine_run(tts.stages, rows, tts.options, submit, prefetch=prefetch)
-    monkeypatch.setattr(type(fe), "prepare", real)
+    monkeypatch.undo()  # the real frontend again, for the next run
     return got, threads
 
 

@@ -265,16 +265,19 @@ def test_a_full_disk_is_a_clear_error_with_no_torn_file_and_the_rerun_completes(
     assert json.loads((out / "summary.json").read_text())["last_run"]["skipped"] == kept
 
 
-def test_an_unwritable_out_is_refused_before_the_model_loads(tiny_model_dir: Path, tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-
-    def no_loading(*args, **kwargs):
-        raise AssertionError("the model must not load for an unwritable folder")
-
-    monkeypatch.setattr(pipeline, "load_stages", no_loading)
+def test_an_unwritable_out_is_refused_before_the_model_loads(tiny_model_dir: Path, tmp_path: Path) -> None:
+    # the model's configuration and files, none of them weights: loading fails ("cannot read as a
+    # torch checkpoint"), so the refusal below shows that the model did not load first
+    unloadable = tmp_path / "unloadable"
+    shutil.copytree(tiny_model_dir, unloadable)
+    for p in unloadable.glob("*.pt"):
+        p.write_text("not weights")
+    for p in unloadable.glob("*.onnx"):
+        p.write_text("not weights")
     m = write_manifest(tmp_path, 2)
+    assert "cannot read as a torch checkpoint" in cli(m, unloadable, tmp_path / "out").output
     (tmp_path / "a-file").write_text("not a folder")
-    res = cli(m, tiny_model_dir, tmp_path / "a-file" / "out")
+    res = cli(m, unloadable, tmp_path / "a-file" / "out")
     assert res.exit_code == 4 and "is not writable" in res.output, res.output
 
 

@@ -145,23 +145,23 @@ def test_static_buffers_copy_inputs_and_alias_outputs() -> None:
     outputs are the same static tensors every call (valid until the next call), per key."""
     calls: list[tuple[int, ...]] = []
 
-    def fn(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def fn(k: int, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         calls.append((a.data_ptr(), b.data_ptr()))
         return a * 2 + b, a - b
 
     key = {"k": 0}
-    step = GraphedStep(fn, key=lambda: key["k"], backend=EagerCapture(), warmup=1)
+    step = GraphedStep(fn, backend=EagerCapture(), warmup=1)
     outs = []
     for i in range(5):
         a, b = torch.full((3,), float(i)), torch.arange(3.0)
-        y, z = step(a, b)
+        y, z = step(key["k"], a, b)
         assert torch.equal(y, a * 2 + b) and torch.equal(z, a - b)
         outs.append(y)
     assert len({p for p in calls}) == 1  # fn always read the key's static buffers, never the arguments
     assert outs[1] is outs[2] is outs[4]  # replays return the same static output tensors
     assert step.captured == 1
     key["k"] = 1  # a new step shape: its own buffers, warm-up and capture
-    y, _ = step(torch.ones(3), torch.zeros(3))
+    y, _ = step(key["k"], torch.ones(3), torch.zeros(3))
     assert torch.equal(y, torch.full((3,), 2.0)) and step.captured == 1 and len(step.inputs) == 2
 
 
