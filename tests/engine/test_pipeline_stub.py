@@ -20,12 +20,14 @@ from typing_extensions import override
 
 from cosyclone.base.device import resolve
 from cosyclone.cli import app
+from cosyclone.engine import Engine
 from cosyclone.engine import stages as pipeline
 from cosyclone.engine.batches import plan_batches, row_cost
 from cosyclone.engine.stage_ops import RealOps
 from cosyclone.folder.layout import wav_path
 from cosyclone.model.config import released_config
 from cosyclone.options import RunOptions
+from cosyclone.run.job import SynthJob
 from cosyclone.talker.diagnostics import SamplerRowDiagnostics
 
 
@@ -157,18 +159,31 @@ class Hift:
         return wav, mel_len * 480
 
 
-@pytest.fixture()
-def stubbed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Stub the stages on the real modules (replacing whole modules in sys.modules broke any import
-    of their other names, e.g. the frontend's ``Request``, depending on test order)."""
-    import cosyclone.engine.stages as cond
-    import cosyclone.talker.decode as dec
+class StubEngine(Engine):
+    """An engine over the stub stages whose every pipeline runs :class:`StubOps`: a whole run (a
+    :class:`~cosyclone.run.job.SynthJob` given it as its loaded engine) from manifest to folder,
+    with no module patched."""
 
-    monkeypatch.setattr(cond, "to_talker_request", lambda r: r)
-    monkeypatch.setattr(dec, "generate", generate)
-    monkeypatch.setattr(dec, "TalkerSession", GenerateSession)
-    monkeypatch.setattr(pipeline, "load_stages", lambda cfg, policy, fmt, **kw: pipeline.Stages(
-        cfg, policy, cast(Any, Frontend()), cast(Any, None), cast(Any, Flow()), cast(Any, Hift())))
+    def __init__(self, opts: RunOptions) -> None:
+        stages = pipeline.Stages(released_config(), resolve("cpu", "fp32"), cast(Any, Frontend()),
+                                 cast(Any, None), cast(Any, Flow()), cast(Any, Hift()))
+        super().__init__(stages, opts)
+
+    @override
+    def pipeline(self, **kw: Any) -> Any:
+        opts = kw.get("opts") or self.opts
+        kw["ops"] = StubOps(self.stages, opts, tokens=kw.get("tokens"))
+        return super().pipeline(**kw)
+
+
+MODEL: dict[str, Any] = {"load_format": "dummy", "device": "cpu", "dtype": "fp32"}
+
+
+def stub_job(manifest: Path, out: Path, **options: Any) -> SynthJob:
+    """A job over the manifest run on a fresh :class:`StubEngine` (model options as the CLI tests'
+    ``--load-format dummy --device cpu``)."""
+    engine = StubEngine(RunOptions(cuda_graphs="off", **MODEL))
+    return SynthJob.open(manifest, out, loaded=engine, **MODEL, **options)
 
 
 def make_manifest(tmp: Path, texts: dict[str, str]) -> Path:
@@ -178,23 +193,10 @@ def make_manifest(tmp: Path, texts: dict[str, str]) -> Path:
     return tmp / "m.jsonl"
 
 
-def test_cli_on_stub_stages(stubbed: None, tmp_path: Path) -> None:
+def test_run_on_stub_stages(tmp_path: Path) -> None:
     m = make_manifest(tmp_path, {"a": "one|two", "b": "three", "nan1": "x", "c": "frontend-fail"})
     out = tmp_path / "out"
-    args = [
-        "synth",
-        str(m),
-        "--load-format",
-        "dummy",
-        "--out",
-        str(out),
-        "--device",
-        "cpu",
-        "--max-tokens",
-        "4",
-    ]
-    res = CliRunner().invoke(app, args)
-    assert res.exit_code == 3, res.output
+    stub_job(m, out, max_tokens=4).run()
     d = {x["id"]: x for x in map(json.loads, (out / "diagnostics.jsonl").read_text().splitlines())}
     assert d["a"]["status"] == "ok" and len(d["a"]["stop_reasons"]) == 2
     assert d["nan1"]["status"] == "failed" and "no_finite_logits" in d["nan1"]["error"]
@@ -208,20 +210,17 @@ def test_cli_on_stub_stages(stubbed: None, tmp_path: Path) -> None:
     wav_path(out, "b").unlink()
     text = (out / "diagnostics.jsonl").read_text()
     (out / "diagnostics.jsonl").write_text(text[:-5])  # killed mid-line
-    res = CliRunner().invoke(app, args)
+    stub_job(m, out, max_tokens=4).run()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["last_run"]["skipped"] == 1 and wav_path(out, "b").is_file()
     assert wav_path(out, "a").read_bytes() == before
 
 
-def test_min_tokens_reaches_decode_options(stubbed: None, tmp_path: Path) -> None:
+def test_min_tokens_reaches_decode_options(tmp_path: Path) -> None:
     m = make_manifest(tmp_path, {"a": "one", "b": "three"})
     out = tmp_path / "out"
     SEEN_OPTIONS.clear()
-    args = ["synth", str(m), "--load-format", "dummy", "--out", str(out), "--device", "cpu",
-            "--max-tokens", "9", "--min-tokens", "9"]
-    res = CliRunner().invoke(app, args)
-    assert res.exit_code == 3, res.output  # the `{oops` line
+    stub_job(m, out, max_tokens=9, min_tokens=9).run()
     assert SEEN_OPTIONS and all(o.min_len_override == 9 and o.max_len_override == 9 for o in SEEN_OPTIONS)
     d = {x["id"]: x for x in map(json.loads, (out / "diagnostics.jsonl").read_text().splitlines())}
     assert d["a"]["tokens"] == [9] and d["b"]["tokens"] == [9]
@@ -230,7 +229,8 @@ def test_min_tokens_reaches_decode_options(stubbed: None, tmp_path: Path) -> Non
         summary["last_run"]["options"]["min_tokens"] == 9
         and summary["last_run"]["options"]["token_budget"] is None
     )
-    bad = CliRunner().invoke(app, [*args[:-4], "--max-tokens", "4", "--min-tokens", "5"])
+    args = ["synth", str(m), "--load-format", "dummy", "--out", str(out), "--device", "cpu"]
+    bad = CliRunner().invoke(app, [*args, "--max-tokens", "4", "--min-tokens", "5"])
     assert bad.exit_code == 2 and "--min-tokens 5 is above --max-tokens 4" in bad.output
     assert "--min-tokens" not in CliRunner().invoke(app, ["synth", "--help"]).output  # advanced: hidden
 
@@ -282,7 +282,7 @@ def test_plan_batches_with_token_budget() -> None:
             assert all(len(batch) == 1 or len(batch) * max(map(row_cost, batch)) <= budget for batch in a)
 
 
-def test_cli_token_budget_plans_batches(stubbed: None, tmp_path: Path) -> None:
+def test_cli_token_budget_plans_batches(tmp_path: Path) -> None:
     m = make_manifest(tmp_path, {"a": "one", "b": "three", "c": "seven"})
     args = ["synth", str(m), "--load-format", "dummy", "--out", str(tmp_path / "o"), "--device", "cpu"]
     wide = CliRunner().invoke(app, [*args, "--dry-run"])
@@ -290,8 +290,7 @@ def test_cli_token_budget_plans_batches(stubbed: None, tmp_path: Path) -> None:
     # row costs: 3 (prompt_text) + text + 25 (1 s prompt) = 31, 33, 33 -> [a, b] (2 x 33), [c]
     tight = CliRunner().invoke(app, [*args, "--dry-run", "--token-budget", "66"])
     assert "3 to synthesize in 2 batches" in tight.output, tight.output
-    res = CliRunner().invoke(app, [*args, "--token-budget", "66"])
-    assert res.exit_code == 3, res.output
+    stub_job(m, tmp_path / "o", token_budget=66).run()
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert summary["last_run"]["done"] == 3 and summary["last_run"]["options"]["token_budget"] == 66
     assert CliRunner().invoke(app, [*args, "--token-budget", "0"]).exit_code == 2
