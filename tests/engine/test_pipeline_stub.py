@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
-import pytest
 import soundfile as sf
 import torch
 from typer.testing import CliRunner
