@@ -14,7 +14,6 @@ import torch
 from typer.testing import CliRunner
 from typing_extensions import override
 
-import cosyclone.talker.decode as dec
 from cosyclone.base.device import resolve
 from cosyclone.cli import app
 from cosyclone.engine import RowResult
@@ -29,11 +28,11 @@ from cosyclone.talker.sampler import row_seed
 from tests.engine.test_pipeline_stub import (
     Flow,
     Frontend,
-    GenerateSession,
     Hift,
     StubOps,
     generate,
     make_manifest,
+    stub_job,
 )
 from tests.engine_run import run as engine_run
 
@@ -271,27 +270,23 @@ def test_a_frontend_bug_outside_the_row_guards_loses_no_row(schedule: str) -> No
     assert ["bug"] in calls  # its batch was retried row by row
 
 
-def test_cli_summary_counts_nonfinite_audio_and_failure_reasons(monkeypatch: pytest.MonkeyPatch,
-                                                                tmp_path: Path) -> None:
-    """Through the command, which loads its own stages: the stubs stand in on the real modules."""
-    monkeypatch.setattr(pipeline, "to_talker_request", lambda r: r)
-    monkeypatch.setattr(dec, "generate", generate)
-    monkeypatch.setattr(dec, "TalkerSession", GenerateSession)
-    monkeypatch.setattr(pipeline, "load_stages", lambda cfg, policy, fmt, **kw: _stages())
+def test_run_summary_counts_nonfinite_audio_and_failure_reasons(tmp_path: Path) -> None:
+    """A whole run (the job on an engine over the marking stubs) to its folder's summary."""
     m = make_manifest(tmp_path, {"a": "fine", "n": "nanwav", "i": "infwav"})
-    base = ["synth", str(m), "--load-format", "dummy", "--device", "cpu", "--max-tokens", "4"]
-    res = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "fail")])
-    assert res.exit_code == 3, res.output
+    stages = replace(_stages(), policy=resolve("cpu", "auto"))  # as a run given no --dtype resolves it
+    stub_job(m, tmp_path / "fail", stages, max_tokens=4).run()
     s = json.loads((tmp_path / "fail" / "summary.json").read_text())
     assert (s["nonfinite_audio_rows"], s["nonfinite_audio_samples"]) == (2, 15)
     run = s["last_run"]
     assert s["failed_reasons"] == {"nonfinite_audio": 2} and run["options"]["nonfinite_audio"] == "fail"
     assert run["options"]["dtype"] == "fp32" and run["dtype"] == "fp32" and run["dtype_requested"] == "auto"
-    res = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "zero"), "--nonfinite-audio", "zero"])
-    assert res.exit_code == 3, res.output  # only the manifest's invalid line
+    stub_job(m, tmp_path / "zero", _stages(), max_tokens=4, nonfinite_audio="zero").run()
     s = json.loads((tmp_path / "zero" / "summary.json").read_text())
     assert s["done"] == 3 and (s["nonfinite_audio_rows"], s["nonfinite_audio_samples"]) == (2, 15)
-    assert "--nonfinite-audio zero" in res.output
+    base = ["synth", str(m), "--load-format", "dummy", "--device", "cpu", "--max-tokens", "4"]
+    res = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "y"), "--nonfinite-audio", "zero",
+                                   "--dry-run"])
+    assert "--nonfinite-audio zero" in res.output, res.output  # the command warns of it
     assert (
         CliRunner().invoke(app, [*base, "--out", str(tmp_path / "x"), "--nonfinite-audio", "skip"]).exit_code
         == 2

@@ -163,9 +163,9 @@ class StubEngine(Engine):
     :class:`~cosyclone.run.job.SynthJob` given it as its loaded engine) from manifest to folder,
     with no module patched."""
 
-    def __init__(self, opts: RunOptions) -> None:
-        stages = pipeline.Stages(released_config(), resolve("cpu", "fp32"), cast(Any, Frontend()),
-                                 cast(Any, None), cast(Any, Flow()), cast(Any, Hift()))
+    def __init__(self, opts: RunOptions, stages: pipeline.Stages | None = None) -> None:
+        stages = stages or pipeline.Stages(released_config(), resolve("cpu", "fp32"), cast(Any, Frontend()),
+                                           cast(Any, None), cast(Any, Flow()), cast(Any, Hift()))
         super().__init__(stages, opts)
 
     @override
@@ -175,13 +175,13 @@ class StubEngine(Engine):
         return super().pipeline(**kw)
 
 
-MODEL: dict[str, Any] = {"load_format": "dummy", "device": "cpu", "dtype": "fp32"}
+MODEL: dict[str, Any] = {"load_format": "dummy", "device": "cpu"}
 
 
-def stub_job(manifest: Path, out: Path, **options: Any) -> SynthJob:
-    """A job over the manifest run on a fresh :class:`StubEngine` (model options as the CLI tests'
-    ``--load-format dummy --device cpu``)."""
-    engine = StubEngine(RunOptions(cuda_graphs="off", **MODEL))
+def stub_job(manifest: Path, out: Path, stages: pipeline.Stages | None = None, **options: Any) -> SynthJob:
+    """A job over the manifest run on a fresh :class:`StubEngine` over ``stages`` (default: the stub
+    stages; model options as the CLI tests' ``--load-format dummy --device cpu``)."""
+    engine = StubEngine(RunOptions(cuda_graphs="off", **MODEL), stages)
     return SynthJob.open(manifest, out, loaded=engine, **MODEL, **options)
 
 
