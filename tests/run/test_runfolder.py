@@ -12,19 +12,26 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import soundfile as sf
 import torch
 from typer.testing import CliRunner
+from typing_extensions import override
 
 from cosyclone.base import cpu_gemm
 from cosyclone.cli import app
-from cosyclone.engine import stages as pipeline
+from cosyclone.engine import Engine
 from cosyclone.engine.batches import plan_batches
+from cosyclone.engine.stage_ops import RealOps
+from cosyclone.engine.stages import decode_options, finish_batch
 from cosyclone.folder.layout import wav_path
 from cosyclone.manifest import read_manifest
+from cosyclone.options import RunOptions
+from cosyclone.run.job import SynthJob
 from tests.run_folders import ROOT, diag_lines, diags, samples_per_token
 
 MAX_TOKENS = 6
@@ -314,34 +321,73 @@ def test_progress_prints_a_line_per_interval_in_a_log_and_nothing_with_quiet(tin
     assert "cosyclone synth" in quiet.output  # the end summary only
 
 
+class _FailingOps(RealOps):
+    """The loaded stages' calls, noting each row the talker decodes in ``decoded``, with a HiFT that
+    runs out of memory for a batch holding a row of ``fail`` (code2wav's failure, after the talker)."""
+
+    def __init__(self, engine: _SpyEngine, opts: RunOptions, tokens: Any) -> None:
+        stages = engine.stages
+        super().__init__(stages, opts, decode_options(stages.cfg, opts, engine.sizing), tokens)
+        self.decoded, self.fail = engine.decoded, engine.fail
+
+    @override
+    def talk(self, requests: Any, dec: Any) -> Any:
+        self.decoded.extend(r.row_id for r in requests)
+        return super().talk(requests, dec)
+
+    @override
+    def session(self, slots: int) -> Any:
+        session = super().session(slots)
+        add = session.add
+
+        def spy(requests: Any) -> Any:  # every request the talker decodes is added to the run's session
+            self.decoded.extend(r.row_id for r in requests)
+            return add(requests)
+
+        session.add = spy
+        return session
+
+    @override
+    def finish(self, prepared: Any, results: Any) -> Any:
+        if any(row.id in self.fail for row in prepared.rows):
+            stages = replace(self.stages, hift=_OutOfMemory())
+            return finish_batch(stages, prepared, results, self.opts)
+        return super().finish(prepared, results)
+
+
+class _OutOfMemory:
+    def inference(self, *a: Any, **k: Any) -> Any:
+        raise MemoryError("code2wav stub: out of memory")
+
+
+class _SpyEngine(Engine):
+    """The tiny model's engine whose every pipeline runs :class:`_FailingOps`."""
+
+    decoded: list[str]
+    fail: set[str]
+
+    @override
+    def pipeline(self, **kw: Any) -> Any:
+        kw["ops"] = _FailingOps(self, kw.get("opts") or self.opts, kw.get("tokens"))
+        return super().pipeline(**kw)
+
+
 def test_a_row_that_failed_after_the_talker_reuses_its_tokens_on_the_rerun(
-    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     """The stage-0 checkpoint (.cosyclone/tokens, handoff format): code2wav fails for one row, the
     rerun decodes only what it must and the row gets the tokens a fresh run gives it."""
-    import cosyclone.talker.decode as dec
-
     m = write_manifest(tmp_path, 3)
     fresh = tmp_path / "fresh"
     assert cli(m, tiny_model_dir, fresh).exit_code == 0
 
-    real_code2wav, real_add = pipeline._code2wav, dec.TalkerSession.add
-    decoded: list[str] = []
-
-    def failing_code2wav(stages, live, results, opts, outcomes):
-        if any(rid == "r01" for _, rid, _ in live):
-            raise MemoryError("code2wav stub: out of memory")
-        return real_code2wav(stages, live, results, opts, outcomes)
-
-    def spy(session, requests):  # every request the talker decodes is added to the run's session
-        decoded.extend(r.row_id for r in requests)
-        return real_add(session, requests)
-
-    monkeypatch.setattr(dec.TalkerSession, "add", spy)
-    monkeypatch.setattr(pipeline, "_code2wav", failing_code2wav)
+    model: dict[str, Any] = {"device": "cpu", "max_tokens": MAX_TOKENS, "n_timesteps": 2}
+    engine = _SpyEngine.load(tiny_model_dir, RunOptions(**model))
+    engine.decoded, engine.fail = [], {"r01"}
     out = tmp_path / "out"
-    assert cli(m, tiny_model_dir, out, "--batch-size", "1").exit_code == 3
-    assert sorted(decoded) == ["r00", "r01", "r02"]  # the spy sees what the talker decodes
+    summary = SynthJob.open(m, out, loaded=engine, batch_size=1, **model).run()
+    assert [r.id for r in summary.failed] == ["r01"]
+    assert sorted(engine.decoded) == ["r00", "r01", "r02"]  # the spy sees what the talker decodes
     assert diags(out)["r01"]["status"] == "failed" and "MemoryError" in diags(out)["r01"]["error"]
     kept = list((out / ".cosyclone" / "tokens").glob("*.cch"))
     from cosyclone.folder.fingerprint import token_key
@@ -349,11 +395,11 @@ def test_a_row_that_failed_after_the_talker_reuses_its_tokens_on_the_rerun(
     # only the failed row's, keyed by its fingerprint without the thread count (tokens do not depend on it)
     assert [p.name.rsplit("-", 1)[0] for p in kept] == [token_key(diags(out)["r01"]["fingerprint_parts"])]
 
-    monkeypatch.setattr(pipeline, "_code2wav", real_code2wav)
-    decoded.clear()
-    res = cli(m, tiny_model_dir, out, "--batch-size", "1")
-    assert res.exit_code == 0, res.output
-    assert "r01" not in decoded  # the talker did not run again for it
+    engine.decoded.clear()
+    engine.fail.clear()
+    summary = SynthJob.open(m, out, loaded=engine, batch_size=1, **model).run()
+    assert not summary.failed
+    assert "r01" not in engine.decoded  # the talker did not run again for it
     assert json.loads((out / "summary.json").read_text())["last_run"]["talker_checkpoint_hits"] == 1
     again, first = diags(out)["r01"], diags(fresh)["r01"]
     assert again["tokens"] == first["tokens"] and again["stop_reasons"] == first["stop_reasons"]
