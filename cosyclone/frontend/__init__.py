@@ -37,10 +37,9 @@ class Frontend:
     """Builds conditioning for the talker/flow from a model directory's ONNX models and tokenizer."""
 
     def __init__(self, cfg: ModelConfig, providers: list[str] | None = None, *,
-                 text_frontend: TextFrontendName = "wetext", prompt_cache_entries: int | None = None) -> None:
+                 text_frontend: TextFrontendName = "wetext",
+                 prompt_cache_entries: int = prompt_cache.DEFAULT_ENTRIES) -> None:
         self.cfg = cfg
-        if prompt_cache_entries is None:  # read at build time, so a run (or test) can set it process-wide
-            prompt_cache_entries = prompt_cache.DEFAULT_ENTRIES
         self.text = TextFrontend(cfg.path(QWEN_DIR), text_frontend=text_frontend,  # fails first when unusable
                                  prompt_cache_entries=prompt_cache_entries)
         self.onnx = OnnxModels(cfg.path("campplus.onnx").parent, providers)

@@ -164,12 +164,11 @@ class TextFrontend:
     """Qwen2 tokenizer + CosyVoice3's added tokens, and the per-mode plan of what the LLM reads."""
 
     def __init__(self, qwen_dir: str | Path, *, text_frontend: TextFrontendName = "wetext",
-                 prompt_cache_entries: int | None = None) -> None:
+                 prompt_cache_entries: int = prompt_cache.DEFAULT_ENTRIES) -> None:
         from transformers import AutoTokenizer
 
         # a prompt transcript (or instruction) shared by many rows is tokenized once
-        entries = prompt_cache.DEFAULT_ENTRIES if prompt_cache_entries is None else prompt_cache_entries
-        self.prompt_ids_cache: LRUCache[tuple[int, ...]] = LRUCache(entries)
+        self.prompt_ids_cache: LRUCache[tuple[int, ...]] = LRUCache(prompt_cache_entries)
 
         self.normalizer = get_normalizer(text_frontend)  # first: a missing normalizer fails at load
         self.text_frontend = text_frontend

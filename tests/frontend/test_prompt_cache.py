@@ -13,9 +13,11 @@ import torch
 from typer.testing import CliRunner
 
 from cosyclone.cli import app
-from cosyclone.frontend import prompt_cache
+from cosyclone.engine import Engine
 from cosyclone.frontend.onnx import OnnxModels
 from cosyclone.frontend.prompt_cache import LRUCache, audio_digest
+from cosyclone.options import RunOptions
+from cosyclone.run.job import SynthJob
 from tests.run_folders import diags, wav_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,8 +83,11 @@ def test_cache_hits_give_byte_identical_wavs_and_run_onnx_once_per_prompt(
     assert len(calls) == 4 and set(calls.values()) == {1}, calls  # 2 distinct prompts x 2 models, once each
 
     calls.clear()
-    monkeypatch.setattr(prompt_cache, "DEFAULT_ENTRIES", 0)  # the next run's frontend caches nothing
-    plain = _run(manifest, tiny_model_dir, tmp_path / "plain")
+    engine = Engine.load(tiny_model_dir, RunOptions(device="cpu", n_timesteps=2))
+    engine.stages.frontend.prompt_cache = LRUCache(0)  # this run's frontend caches no prompt's features
+    SynthJob.open(manifest, tmp_path / "plain", loaded=engine, device="cpu", n_timesteps=2, batch_size=4,
+                  seed=3).run()
+    plain = diags(tmp_path / "plain")
     # no content cache: the prompt workers still prepare each prompt file once for the rows ahead,
     # but the copy under another name is encoded again (3 files x 2 models)
     assert len(calls) == 4 and sum(calls.values()) == 2 * 3, calls
