@@ -14,7 +14,7 @@ from cosyclone.talker.request import DecodeOptions, TalkerRequest, length_limits
 from cosyclone.talker.results import TalkerResult
 from cosyclone.talker.session import TalkerSession
 
-__all__ = ["TalkerSession", "generate"]  # the session is looked up here, so a caller may stand one in
+__all__ = ["TalkerSession", "generate"]
 
 
 @torch.no_grad()
