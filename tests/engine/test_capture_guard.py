@@ -91,6 +91,16 @@ def test_a_free_waits_for_a_capture_and_never_raises(monkeypatch: pytest.MonkeyP
     assert free_device_cache("cpu") is False  # logged, not raised: it runs inside recovery paths
 
 
+class _Flow:
+    """A loaded flow whose ``inference`` is ``inference``; anything else is the flow's own."""
+
+    def __init__(self, flow: Any, inference: Any) -> None:
+        self.flow, self.inference = flow, inference
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.flow, name)
+
+
 def test_code2wav_oom_while_a_capture_is_pending_costs_at_most_one_row(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -135,14 +145,14 @@ def test_code2wav_oom_while_a_capture_is_pending_costs_at_most_one_row(
         injected.append(pending.wait(timeout=30.0))
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(flow, "inference", inference)
+    stages = replace(engine.stages, flow=_Flow(flow, inference))  # the loaded flow, its inference stood in
     rows = rows_from_dicts(
         [{"id": f"r{i}", "prompt_audio": str(ROOT / "manifests" / "prompts" / "speaker1.wav"),
           "prompt_text": "reference words", "text": t}
          for i, t in enumerate(["Hello there.", "Short.", "One more line.", "The end."])]
     ).rows
     PROCESS.reset()
-    run = Engine(engine.stages, replace(engine.opts, cuda_graphs="on", schedule="continuous",
+    run = Engine(stages, replace(engine.opts, cuda_graphs="on", schedule="continuous",
                                         code2wav_thread=True))
     with captured_with(factory=lambda: SlowCapture(timeline, slow=False)):  # the talker's own captures
         recs = list(run.run(rows))

@@ -117,6 +117,20 @@ def test_a_failed_computation_lets_the_waiting_thread_compute_its_own() -> None:
     assert cache.get_or_compute("k", lambda: 3) == 3 and len(cache) == 1
 
 
+class _SpyOnnx:
+    """The loaded frontend's ONNX models, noting in ``where`` the thread of each speech-token call."""
+
+    def __init__(self, onnx: Any, where: list[str]) -> None:
+        self.onnx, self.where = onnx, where
+
+    def speech_tokens(self, wave16: torch.Tensor) -> torch.Tensor:
+        self.where.append(threading.current_thread().name)
+        return self.onnx.speech_tokens(wave16)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.onnx, name)
+
+
 def test_a_run_with_prompt_workers_writes_what_a_run_without_them_writes(
         tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Real tiny model: every row its own prompt file (so the prompts are the frontend's main cost),
@@ -125,7 +139,6 @@ def test_a_run_with_prompt_workers_writes_what_a_run_without_them_writes(
     import shutil
 
     from cosyclone.engine import Engine
-    from cosyclone.frontend.onnx import OnnxModels
     from cosyclone.manifest import rows_from_dicts
     from cosyclone.options import RunOptions
 
@@ -145,13 +158,7 @@ def test_a_run_with_prompt_workers_writes_what_a_run_without_them_writes(
     engine = Engine.load(tiny_model_dir, RunOptions(device="cpu", max_tokens=6, n_timesteps=1, batch_size=2,
                                                     frontend_workers=2, frontend_threads=1))
     where: list[str] = []
-    real = OnnxModels.speech_tokens
-
-    def spy(self: OnnxModels, wave16: torch.Tensor) -> torch.Tensor:
-        where.append(threading.current_thread().name)
-        return real(self, wave16)
-
-    monkeypatch.setattr(OnnxModels, "speech_tokens", spy)
+    engine.stages.frontend.onnx = _SpyOnnx(engine.stages.frontend.onnx, where)
     engine.stages.frontend.prompt_cache._data.clear()
 
     def run(prefetch: bool) -> list[tuple[str, RowResult, bytes]]:
