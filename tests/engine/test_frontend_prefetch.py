@@ -32,18 +32,26 @@ def tts(tiny_model_dir: Path):
 Ran = list[tuple[str, "RowResult", bytes]]
 
 
-def _run(tts: Any, prefetch: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[Ran, set[str]]:
-    fe = tts.stages.frontend
-    real = type(fe).prepare
-    threads: set[str] = set()
+class _Frontend:
+    """The loaded frontend, noting in ``threads`` the thread of each ``prepare`` and failing the
+    row ``boom`` there; anything else is the frontend's own."""
 
-    def prepare(self: Any, row_id: str, *args: Any, **kwargs: Any) -> Any:
-        threads.add(threading.current_thread().name)
+    def __init__(self, fe: Any, threads: set[str]) -> None:
+        self.fe, self.threads = fe, threads
+
+    def prepare(self, row_id: str, *args: Any, **kwargs: Any) -> Any:
+        self.threads.add(threading.current_thread().name)
         if row_id == "boom":
             raise RuntimeError("frontend stub: cannot read this prompt")
-        return real(self, row_id, *args, **kwargs)
+        return self.fe.prepare(row_id, *args, **kwargs)
 
-    monkeypatch.setattr(type(fe), "prepare", prepare)
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fe, name)
+
+
+def _run(tts: Any, prefetch: bool) -> tuple[Ran, set[str]]:
+    threads: set[str] = set()
+    stages = replace(tts.stages, frontend=_Frontend(tts.stages.frontend, threads))
     rows = tts.validate([{"id": "boom" if i == 3 else f"row{i}", "text": text,
                           "prompt_audio": str(ROOT / "manifests" / "prompts" / f"speaker{i % 3 + 1}.wav"),
                           "prompt_text": "reference words"} for i, text in enumerate(TEXTS)])
@@ -53,14 +61,13 @@ def _run(tts: Any, prefetch: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[Ran
         # wall times differ
         got.append((rec.id, replace(rec, seconds={}), b"" if rec.audio is None else rec.audio.tobytes()))
 
-    engine_run(tts.stages, rows, tts.options, submit, prefetch=prefetch)
-    monkeypatch.undo()  # the real frontend again, for the next run
+    engine_run(stages, rows, tts.options, submit, prefetch=prefetch)
     return got, threads
 
 
-def test_prefetch_gives_the_same_records_and_bytes(tts: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    plain, plain_threads = _run(tts, False, monkeypatch)
-    ahead, ahead_threads = _run(tts, True, monkeypatch)
+def test_prefetch_gives_the_same_records_and_bytes(tts: Any) -> None:
+    plain, plain_threads = _run(tts, False)
+    ahead, ahead_threads = _run(tts, True)
     assert plain_threads == {threading.current_thread().name}
     assert ahead_threads and all(t.startswith("cosyclone-frontend") for t in ahead_threads)  # never inline
     assert [r for r, _, _ in ahead] == [r for r, _, _ in plain] and len(plain) == len(TEXTS)
