@@ -278,17 +278,19 @@ def test_the_runs_actors_follow_the_plan(ray_pid_file: Path, tiny_model_dir: Pat
     assert CPU_SHARE * threads * (2 // threads) <= 1.0  # at least one CPU stays free for the driver and Ray
 
 
-def test_an_actor_switches_tf32_off_in_its_own_process(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_actor_switches_tf32_off_in_its_own_process(monkeypatch: pytest.MonkeyPatch,
+                                                       tiny_model_dir: Path) -> None:
     """The driver's resolve() sets the no-TF32 switches for its process only; each actor sets its own."""
     import torch
 
-    from cosyclone.engine import Engine
+    from cosyclone.engine.setup import model_config
     from cosyclone.options import RunOptions
     from cosyclone.ray import actor as ray_actor
 
-    monkeypatch.setattr(Engine, "load", lambda *a, **k: None)
+    opts = RunOptions(device="cpu")
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)  # a fresh process's default
-    ray_actor.SynthActor(None, None, RunOptions(), None)  # type: ignore[arg-type]
+    actor = ray_actor.SynthActor(model_config(tiny_model_dir, opts.load_format), None, opts, None)  # type: ignore[arg-type]
+    assert actor.load_error is None
     assert torch.backends.cudnn.allow_tf32 is False
 
 
