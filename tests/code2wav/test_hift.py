@@ -83,10 +83,10 @@ def test_adapter_legacy_and_prefix() -> None:
     assert CausalHiFTGenerator.adapt_keys(legacy).keys() == model.state_dict().keys()
 
 
-def _dummy(std: float = 0.02) -> CausalHiFTGenerator:
-    """Tiny HiFT with seeded weights; a larger ``std`` makes the source branch loud enough that a
-    wrong STFT/iSTFT edge at a row's end shows (~1e-3) far above float rounding (~1e-7)."""
-    model = CausalHiFTGenerator(SMALL)
+def _dummy(std: float = 0.02, cls: type[CausalHiFTGenerator] = CausalHiFTGenerator) -> CausalHiFTGenerator:
+    """Tiny HiFT (a ``cls``) with seeded weights; a larger ``std`` makes the source branch loud enough
+    that a wrong STFT/iSTFT edge at a row's end shows (~1e-3) far above float rounding (~1e-7)."""
+    model = cls(SMALL)
     init_dummy(model, std=std)
     model.f0_predictor.double()
     model.fold_weight_norm().eval()
@@ -133,25 +133,27 @@ def test_row_chunks_equal_one_padded_batch() -> None:
     assert torch.all(got[4] == 0)
 
 
-def test_rows_side_by_side_on_cpu_threads_equal_one_padded_batch(monkeypatch) -> None:
+def test_rows_side_by_side_on_cpu_threads_equal_one_padded_batch() -> None:
     """On CPU with two threads, chunks run on two worker threads (one intra-op thread each): each
     row is what one padded batch gives, the noise table is grown once before them, the caller
     keeps its own thread count, one thread gives the same bytes, and no worker outlives the call
     (a live thread would stop the text pool from forking)."""
-    model = _dummy(std=0.3)
+    ran: list[tuple[str, int]] = []
+
+    class SpyHiFT(CausalHiFTGenerator):
+        """Notes the thread (and its torch thread count) of each chunk's batch."""
+
+        def padded_batch(self, mel, mel_len):  # type: ignore[no-untyped-def]
+            ran.append((threading.current_thread().name, torch.get_num_threads()))
+            return super().padded_batch(mel, mel_len)
+
+    model = _dummy(std=0.3, cls=SpyHiFT)
     model.sine_waves = model.sine_waves[:, :0]  # the workers need more noise than the model holds
     lens = torch.tensor([20, 3, 11, 5, 9, 14])
     torch.manual_seed(3)
     mel = torch.randn(len(lens), 80, 20)
     whole, _ = model.inference(mel, lens, max_frames=0)
-    ran: list[tuple[str, int]] = []
-    real = CausalHiFTGenerator.padded_batch
-
-    def spy(self, mel, mel_len):
-        ran.append((threading.current_thread().name, torch.get_num_threads()))
-        return real(self, mel, mel_len)
-
-    monkeypatch.setattr(CausalHiFTGenerator, "padded_batch", spy)
+    ran.clear()
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:

@@ -132,7 +132,7 @@ class _SpyOnnx:
 
 
 def test_a_run_with_prompt_workers_writes_what_a_run_without_them_writes(
-        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tiny_model_dir: Path, tmp_path: Path) -> None:
     """Real tiny model: every row its own prompt file (so the prompts are the frontend's main cost),
     two workers: the ONNX models run on the workers, once per prompt content, and the records and
     WAV bytes equal a run that prepares everything inline."""
