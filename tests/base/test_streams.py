@@ -61,9 +61,8 @@ def test_the_process_getters_hand_back_one_stream_each_and_never_the_same(
     from cosyclone.base import streams
 
     pool = RoundRobinPool(size=2)
-    monkeypatch.setattr(streams.PROCESS_STREAMS, "_make", pool)
-    monkeypatch.setattr(streams.PROCESS_STREAMS, "_default", lambda device: None)
-    monkeypatch.setattr(streams.PROCESS_STREAMS, "_streams", {})
+    # this process's streams, made fresh over the stand-in pool (the getters read the module's)
+    monkeypatch.setattr(streams, "PROCESS_STREAMS", ProcessStreams(make=pool, default=lambda device: None))
     c2w = streams.code2wav_stream("cuda")
     pool(torch.device("cuda"))  # a foreign draw: the pool wraps onto code2wav's handle next
     cap = streams.capture_stream("cuda")
