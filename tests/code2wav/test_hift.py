@@ -7,6 +7,7 @@ import threading
 from dataclasses import replace
 
 import torch
+from typing_extensions import override
 
 from cosyclone.base.batching import chunks_by_length
 from cosyclone.code2wav.hift import CausalHiFTGenerator
@@ -143,7 +144,8 @@ def test_rows_side_by_side_on_cpu_threads_equal_one_padded_batch() -> None:
     class SpyHiFT(CausalHiFTGenerator):
         """Notes the thread (and its torch thread count) of each chunk's batch."""
 
-        def padded_batch(self, mel, mel_len):  # type: ignore[no-untyped-def]
+        @override
+        def padded_batch(self, mel: torch.Tensor, mel_len: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             ran.append((threading.current_thread().name, torch.get_num_threads()))
             return super().padded_batch(mel, mel_len)
 

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -145,7 +145,8 @@ def test_code2wav_oom_while_a_capture_is_pending_costs_at_most_one_row(
         injected.append(pending.wait(timeout=30.0))
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    stages = replace(engine.stages, flow=_Flow(flow, inference))  # the loaded flow, its inference stood in
+    # the loaded flow, its inference stood in
+    stages = replace(engine.stages, flow=cast(Any, _Flow(flow, inference)))
     rows = rows_from_dicts(
         [{"id": f"r{i}", "prompt_audio": str(ROOT / "manifests" / "prompts" / "speaker1.wav"),
           "prompt_text": "reference words", "text": t}

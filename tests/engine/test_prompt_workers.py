@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -158,7 +158,7 @@ def test_a_run_with_prompt_workers_writes_what_a_run_without_them_writes(
     engine = Engine.load(tiny_model_dir, RunOptions(device="cpu", max_tokens=6, n_timesteps=1, batch_size=2,
                                                     frontend_workers=2, frontend_threads=1))
     where: list[str] = []
-    engine.stages.frontend.onnx = _SpyOnnx(engine.stages.frontend.onnx, where)
+    engine.stages.frontend.onnx = cast(Any, _SpyOnnx(engine.stages.frontend.onnx, where))
     engine.stages.frontend.prompt_cache._data.clear()
 
     def run(prefetch: bool) -> list[tuple[str, RowResult, bytes]]:

@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import soundfile as sf
@@ -337,22 +337,29 @@ class _FailingOps(RealOps):
 
     @override
     def session(self, slots: int) -> Any:
-        session = super().session(slots)
-        add = session.add
-
-        def spy(requests: Any) -> Any:  # every request the talker decodes is added to the run's session
-            self.decoded.extend(r.row_id for r in requests)
-            return add(requests)
-
-        session.add = spy
-        return session
+        return _SpySession(super().session(slots), self.decoded)
 
     @override
     def finish(self, prepared: Any, results: Any) -> Any:
         if any(row.id in self.fail for row in prepared.rows):
-            stages = replace(self.stages, hift=_OutOfMemory())
+            stages = replace(self.stages, hift=cast(Any, _OutOfMemory()))
             return finish_batch(stages, prepared, results, self.opts)
         return super().finish(prepared, results)
+
+
+class _SpySession:
+    """A talker session noting each row added to it (every request the talker decodes is added to
+    the run's session); anything else is the session's own."""
+
+    def __init__(self, session: Any, decoded: list[str]) -> None:
+        self.session, self.decoded = session, decoded
+
+    def add(self, requests: Any) -> Any:
+        self.decoded.extend(r.row_id for r in requests)
+        return self.session.add(requests)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.session, name)
 
 
 class _OutOfMemory:
@@ -383,6 +390,7 @@ def test_a_row_that_failed_after_the_talker_reuses_its_tokens_on_the_rerun(
 
     model: dict[str, Any] = {"device": "cpu", "max_tokens": MAX_TOKENS, "n_timesteps": 2}
     engine = _SpyEngine.load(tiny_model_dir, RunOptions(**model))
+    assert isinstance(engine, _SpyEngine)
     engine.decoded, engine.fail = [], {"r01"}
     out = tmp_path / "out"
     summary = SynthJob.open(m, out, loaded=engine, batch_size=1, **model).run()
