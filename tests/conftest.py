@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -89,3 +90,20 @@ def _fresh_process_graphs():
     yield
     if "cosyclone.talker.graph_pool" in sys.modules:
         sys.modules["cosyclone.talker.graph_pool"].PROCESS.reset()
+
+
+@pytest.fixture()
+def normalized(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The texts the real normalization (``TextNormalizer._normalize``) runs on in this process, each
+    call recorded, then done: what a run or a dry run paid wetext for."""
+    seen: list[str] = []
+    from cosyclone.frontend.normalize import TextNormalizer
+
+    real = TextNormalizer._normalize
+
+    def recording(self: Any, text: str) -> Any:
+        seen.append(text)
+        return real(self, text)
+
+    monkeypatch.setattr(TextNormalizer, "_normalize", recording)
+    return seen

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from cosyclone.frontend.normalize import TextNormalizer, get_normalizer
+from cosyclone.frontend.normalize import get_normalizer
 from cosyclone.manifest import read_manifest, text_cache, text_pool
 from cosyclone.manifest import stream as manifest_stream
 from cosyclone.manifest.rows import _REFUSED, BIDI_CONTROLS
@@ -46,18 +46,6 @@ def _forget() -> None:
     norm.overlay = {}
 
 
-@pytest.fixture()
-def spy(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The texts the real normalization runs on in this process (each call recorded, then done)."""
-    seen: list[str] = []
-    real = TextNormalizer._normalize
-
-    def recording(self: TextNormalizer, text: str) -> Any:
-        seen.append(text)
-        return real(self, text)
-
-    monkeypatch.setattr(TextNormalizer, "_normalize", recording)
-    return seen
 
 
 def write(folder: Path, rows: list[dict[str, Any]], raw_lines: dict[int, str] | None = None) -> Path:
@@ -91,45 +79,46 @@ def summary(m: Any) -> tuple[list[Any], list[tuple[int | None, str | None, str]]
             [(e.line, e.field, str(e)) for e in m.errors], m.total_lines)
 
 
-def test_second_dry_run_normalizes_nothing(tmp_path: Path, spy: list[str], tiny_model_dir: Path) -> None:
+def test_second_dry_run_normalizes_nothing(tmp_path: Path, normalized: list[str],
+                                           tiny_model_dir: Path) -> None:
     from cosyclone.run.job import SynthJob
 
     path = write(tmp_path / "m", rows_of(TEXTS))
     first = SynthJob.open(path, tmp_path / "out", model_dir=tiny_model_dir, device="cpu").plan()
-    assert sorted(spy) == sorted(t.strip() for t in TEXTS)  # each text normalized once, for real
-    spy.clear()
+    assert sorted(normalized) == sorted(t.strip() for t in TEXTS)  # each text normalized once, for real
+    normalized.clear()
     _forget()
     second = SynthJob.open(path, tmp_path / "out", model_dir=tiny_model_dir, device="cpu").plan()
-    assert spy == []
+    assert normalized == []
     assert second == first
     cache = text_cache.text_cache_for(get_normalizer("wetext"))
     assert cache is not None and cache.hits >= len(TEXTS)
 
 
-def test_a_changed_text_alone_is_normalized_again(tmp_path: Path, spy: list[str]) -> None:
+def test_a_changed_text_alone_is_normalized_again(tmp_path: Path, normalized: list[str]) -> None:
     read_manifest(write(tmp_path / "m", rows_of(TEXTS)))
     changed = [*TEXTS[:2], "Now it costs $7.50.", *TEXTS[3:]]
-    spy.clear()
+    normalized.clear()
     _forget()
     m = read_manifest(write(tmp_path / "m", rows_of(changed)))
-    assert spy == ["Now it costs $7.50."]
+    assert normalized == ["Now it costs $7.50."]
     assert [r.text for r in m.rows] == changed
 
 
-def test_entries_are_keyed_by_content_not_by_id_or_line(tmp_path: Path, spy: list[str]) -> None:
+def test_entries_are_keyed_by_content_not_by_id_or_line(tmp_path: Path, normalized: list[str]) -> None:
     read_manifest(write(tmp_path / "a", rows_of(TEXTS, prefix="a")))
-    spy.clear()
+    normalized.clear()
     _forget()
     renamed = list(reversed(rows_of(TEXTS, prefix="other-")))  # new ids, other lines, another folder
     m = read_manifest(write(tmp_path / "b", renamed))
-    assert spy == []
+    assert normalized == []
     assert [r.id for r in m.rows] == [r["id"] for r in renamed]
     db = sqlite3.connect(tmp_path / "cache" / text_cache.CACHE_NAME)
     # one entry per text, not per row
     assert db.execute("SELECT count(*) FROM norm").fetchone()[0] == len(TEXTS)
 
 
-def test_a_corrupt_entry_is_ignored_and_recomputed(tmp_path: Path, spy: list[str]) -> None:
+def test_a_corrupt_entry_is_ignored_and_recomputed(tmp_path: Path, normalized: list[str]) -> None:
     texts = ["I have 2 cats.", "Hello there."]
     path = write(tmp_path / "m", rows_of(texts))
     read_manifest(path)
@@ -137,25 +126,25 @@ def test_a_corrupt_entry_is_ignored_and_recomputed(tmp_path: Path, spy: list[str
     db.execute("UPDATE norm SET text = '...'")  # nothing to speak, were it believed; its checksum fails
     db.commit()
     db.close()
-    spy.clear()
+    normalized.clear()
     _forget()
     m = read_manifest(path)
-    assert sorted(spy) == sorted(texts)  # recomputed, not believed
+    assert sorted(normalized) == sorted(texts)  # recomputed, not believed
     assert [r.text for r in m.rows] == texts and m.errors == []
     assert get_normalizer("wetext").normalize("I have 2 cats.").text == "I have two cats."
-    spy.clear()
+    normalized.clear()
     _forget()
     read_manifest(path)  # and written back sound
-    assert spy == []
+    assert normalized == []
 
 
-def test_a_cache_file_that_is_not_a_database_is_set_aside(tmp_path: Path, spy: list[str]) -> None:
+def test_a_cache_file_that_is_not_a_database_is_set_aside(tmp_path: Path, normalized: list[str]) -> None:
     path = write(tmp_path / "m", rows_of(TEXTS[:2]))
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / text_cache.CACHE_NAME).write_bytes(b"not a database at all" * 100)
     text_cache._CACHES.clear()
     m = read_manifest(path)
-    assert len(m.rows) == 2 and sorted(spy) == sorted(TEXTS[:2])
+    assert len(m.rows) == 2 and sorted(normalized) == sorted(TEXTS[:2])
     assert list((tmp_path / "cache").glob(f"{text_cache.CACHE_NAME}.corrupt-*"))
 
 
