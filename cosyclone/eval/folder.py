@@ -55,11 +55,6 @@ class Folder:
     unknown_ids: list[str] = field(default_factory=list)  # ids with diagnostics but not in the manifest
 
 
-def read_status(out_dir: Path) -> dict[str, RowRecord]:
-    """The current record per id, as synth and ``report`` read it (diagnostics plus any journal)."""
-    return current_records(Path(out_dir))
-
-
 def read_folder(out_dir: str | Path, manifest: str | Path) -> Folder:
     """Pair every valid row of ``manifest`` with its WAV and latest status in ``out_dir``."""
     out_dir = Path(out_dir)

@@ -35,12 +35,6 @@ class IndexReads:
         with self._lock:
             return {k: int(v) for k, v in self.db.execute("SELECT key, value FROM totals")}
 
-    def folder_format(self) -> int | None:
-        """The folder format version the index was built under (None: an index built before it said)."""
-        with self._lock:
-            row = self.db.execute("SELECT value FROM meta WHERE key = 'folder_format'").fetchone()
-        return int(row[0]) if row is not None else None
-
     def corrupt_lines(self) -> list[str]:
         """Each whole line of the records files that is not a record, named by file, line and byte offset
         (the line's number counted from the file's start: only read when there is such a line)."""

@@ -29,7 +29,8 @@ def test_a_run_writes_its_folder_format_in_the_summary_and_the_index(tiny_model_
     assert json.loads((out / "summary.json").read_text())["folder_format"] == FOLDER_FORMAT
     index = runfolder.open_index(out)
     try:
-        assert index.folder_format() == FOLDER_FORMAT
+        row = index.db.execute("SELECT value FROM meta WHERE key = 'folder_format'").fetchone()
+        assert row is not None and int(row[0]) == FOLDER_FORMAT
     finally:
         index.close()
 
