@@ -78,31 +78,15 @@ def manifest(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def _args(manifest: Path, model_dir: Path, out: Path) -> list[str]:
+    """The short synth run every test here makes (the engine chosen apart)."""
+    return ["synth", str(manifest), "--model-dir", str(model_dir), "--out", str(out), "--device", "cpu",
+            "--max-tokens", "6", "--n-timesteps", "2", "--float-wav", "--batch-size", str(BATCH),
+            "--seed", "3"]
+
+
 def _synth(manifest: Path, model_dir: Path, out: Path, engine: str) -> str:
-    res = CliRunner().invoke(
-        app,
-        [
-            "synth",
-            str(manifest),
-            "--model-dir",
-            str(model_dir),
-            "--out",
-            str(out),
-            "--device",
-            "cpu",
-            "--max-tokens",
-            "6",
-            "--n-timesteps",
-            "2",
-            "--float-wav",
-            "--batch-size",
-            str(BATCH),
-            "--seed",
-            "3",
-            "--engine",
-            engine,
-        ],
-    )
+    res = CliRunner().invoke(app, [*_args(manifest, model_dir, out), "--engine", engine])
     assert res.exit_code == 0, res.output
     return res.output
 
@@ -346,28 +330,7 @@ def test_ray_actors_read_and_keep_the_folders_token_checkpoint(
     try:
         with monkeypatch.context() as m:
             m.setattr(stages, "_code2wav", broken)
-            res = CliRunner().invoke(
-                app,
-                [
-                    "synth",
-                    str(manifest),
-                    "--model-dir",
-                    str(tiny_model_dir),
-                    "--out",
-                    str(out),
-                    "--device",
-                    "cpu",
-                    "--max-tokens",
-                    "6",
-                    "--n-timesteps",
-                    "2",
-                    "--float-wav",
-                    "--batch-size",
-                    str(BATCH),
-                    "--seed",
-                    "3",
-                ],
-            )
+            res = CliRunner().invoke(app, _args(manifest, tiny_model_dir, out))
     finally:
         torch.set_num_threads(threads)
     assert res.exit_code == 3, res.output
